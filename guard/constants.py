@@ -1,0 +1,24 @@
+"""The record's constants: their own values, deliberately not aliases of anything else (HC-R04)."""
+
+from typing import Final
+
+SCHEMA_V1: Final = "st2.harness-context.v1"
+SCHEMA_V2: Final = "st2.harness-context.v2"
+ACCEPTED_SCHEMAS: Final = frozenset({SCHEMA_V1, SCHEMA_V2})
+STATE_SCHEMA: Final = "st2.harness-state.v1"
+
+HARNESS_CONTEXT_STALE_MS: Final = 60 * 60 * 1000
+HARNESS_CONTEXT_FUTURE_SKEW_MS: Final = 60 * 1000
+HARNESS_CONTEXT_BUCKET_PERCENT: Final = 1
+HARNESS_CONTEXT_WARN_PERCENT: Final = 80
+HARNESS_CONTEXT_HEARTBEAT_MS: Final = 300 * 1000
+
+# The names the replication transport's include list must carry (HC-T08). Renaming one here
+# without the other side silently stops replication, so a test pins these exact strings.
+CONTEXT_RECORD_NAME: Final = "harness-context"
+STATE_RECORD_NAME: Final = "harness-state"
+REPLICATED_RECORD_NAMES: Final = (STATE_RECORD_NAME, CONTEXT_RECORD_NAME)
+CONTEXT_LOCK_NAME: Final = ".harness-context.lock"
+CONTROL_DIR_NAME: Final = ".st2"
+STAGING_DIR_NAME: Final = "harness-context-staging"
+AGENTS_DIR_NAME: Final = "agents"

@@ -1,0 +1,119 @@
+"""The write policy (HC-R09, HC-R10): bucket, compaction edge, exhaustion edge, heartbeat.
+
+A producer hands the guard `Reading`s; the guard decides which become records. It never stamps
+`observedAtMs` itself, so a record can only age, never look refreshed without a new reading.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from guard.constants import HARNESS_CONTEXT_BUCKET_PERCENT, HARNESS_CONTEXT_HEARTBEAT_MS
+from guard.record import ContextFields, HarnessContext
+
+WriteReason = Literal["compaction", "bucket", "exhaustion", "heartbeat"]
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """What a producer measured: the record's reading fields, plus whether this is a compaction edge."""
+
+    fields: ContextFields
+    compaction_edge: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Write:
+    record: HarnessContext
+    reason: WriteReason
+
+
+Bucket = tuple[int | None, int | None]
+
+
+def bucket(fields: ContextFields) -> Bucket:
+    """`floor(used / (BUCKET_PERCENT% of window))` keyed by its window; None where it is withheld.
+
+    A move between withheld and known is a change of bucket. With no window, the harness's own
+    percent (Claude publishes one before its window) quantizes instead, at the same 1% step.
+    """
+    used, window = fields.used_tokens, fields.window_tokens
+    if used is not None and window:
+        return window, math.floor(used * 100 / (window * HARNESS_CONTEXT_BUCKET_PERCENT))
+    if fields.used_percent is not None:
+        return window, math.floor(fields.used_percent / HARNESS_CONTEXT_BUCKET_PERCENT)
+    return window, None
+
+
+def account_exhausted(fields: ContextFields) -> bool:
+    """Proven Claude account-window exhaustion: a window the harness itself reports at 100%.
+
+    Codex is excluded on purpose: it can continue on credits this record cannot see.
+    """
+    limits = fields.rate_limits
+    if fields.harness != "claude" or limits is None:
+        return False
+    return any(used is not None and used >= 100 for used in (limits.five_hour, limits.seven_day))
+
+
+class WriteGuard:
+    """Per-record write policy state: the last written record and the newest reading held back."""
+
+    def __init__(self, agent: str, incarnation: str, last: HarnessContext | None = None) -> None:
+        self.agent = agent
+        self.incarnation = incarnation
+        self.last = last
+        self.held: ContextFields | None = None
+
+    def offer(self, reading: Reading, now_ms: int) -> Write | None:
+        fields = reading.fields
+        reason = self._reason(reading, now_ms)
+        if reason is None:
+            if self.last is None or fields.observed_at_ms > self.last.observed_at_ms:
+                self.held = fields
+            return None
+        return self._write(fields, reason, now_ms)
+
+    def _reason(self, reading: Reading, now_ms: int) -> WriteReason | None:
+        last, fields = self.last, reading.fields
+        if reading.compaction_edge:
+            return "compaction"
+        if last is None or bucket(fields) != bucket(last):
+            return "bucket"
+        if account_exhausted(fields) != account_exhausted(last):
+            return "exhaustion"
+        fresh = fields.observed_at_ms > last.observed_at_ms
+        if fresh and now_ms - last.written_at_ms >= HARNESS_CONTEXT_HEARTBEAT_MS:
+            return "heartbeat"
+        return None
+
+    def heartbeat_due_ms(self) -> int | None:
+        """When the heartbeat would write the held reading; None while nothing fresh is held."""
+        if self.held is None or self.last is None:
+            return None
+        return self.last.written_at_ms + HARNESS_CONTEXT_HEARTBEAT_MS
+
+    def tick(self, now_ms: int) -> Write | None:
+        """The heartbeat: re-publish a reading taken since the last write, never re-stamp one."""
+        due = self.heartbeat_due_ms()
+        if due is None or now_ms < due or self.held is None:
+            return None
+        return self._write(self.held, "heartbeat", now_ms)
+
+    def _write(self, fields: ContextFields, reason: WriteReason, now_ms: int) -> Write:
+        written_at = now_ms if self.last is None else max(now_ms, self.last.written_at_ms + 1)
+        record = HarnessContext(
+            **dict(fields),
+            agent=self.agent,
+            incarnation=self.incarnation,
+            written_at_ms=written_at,
+        )
+        return Write(record, reason)
+
+    def committed(self, write: Write) -> None:
+        """Call once the write is durable: the policy's next decisions are relative to it."""
+        self.last = write.record
+        if self.held is not None and self.held.observed_at_ms <= write.record.observed_at_ms:
+            self.held = None

@@ -1,0 +1,63 @@
+"""What a reader projects from a record (HC-R06, HC-R07): the evaluation-order table, nothing else."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from guard.constants import HARNESS_CONTEXT_FUTURE_SKEW_MS, HARNESS_CONTEXT_STALE_MS
+from guard.record import HarnessContext, RecordRefused, parse_record
+
+log = logging.getLogger(__name__)
+
+# Records are a few hundred bytes; anything past this is not a record and is not read whole.
+MAX_RECORD_BYTES = 64 * 1024
+
+# The roster's `context` keys, in the spec's Exposure order. `incarnation` and `writtenAtMs`
+# are deliberately absent: provenance and write mechanism, not something a roster consumer uses.
+CONTEXT_KEYS = (
+    "harness", "usedTokens", "windowTokens", "usedPercent", "model", "costUsd",
+    "sessionTotalTokens", "rateLimits", "compactions", "lastCompactionMs",
+    "lastCompactionTrigger", "observedAtMs", "ageMs", "stale",
+)  # fmt: skip
+
+
+def project(record: HarnessContext, now_ms: int) -> dict[str, Any] | None:
+    """The roster's `context` object for a decoded record, or None past the future-skew bound."""
+    if record.observed_at_ms > now_ms + HARNESS_CONTEXT_FUTURE_SKEW_MS:
+        log.warning(
+            "context record observed %d ms in the future; clock untrusted, reading as absent",
+            record.observed_at_ms - now_ms,
+        )
+        return None
+    age_ms = max(0, now_ms - record.observed_at_ms)
+    fields = record.model_dump(mode="json", by_alias=True)
+    fields["ageMs"] = age_ms
+    fields["stale"] = record.observed_at_ms <= now_ms - HARNESS_CONTEXT_STALE_MS
+    return {key: fields[key] for key in CONTEXT_KEYS}
+
+
+def load_record(path: str, *, source: str | None = None) -> HarnessContext | None:
+    """The record at `path`; None when there is none or it is not trustworthy (logged)."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_RECORD_BYTES + 1)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        log.warning("context record %s unreadable: %s", source or path, exc)
+        return None
+    if len(data) > MAX_RECORD_BYTES:
+        log.warning("context record %s is over %d bytes; refused", source or path, MAX_RECORD_BYTES)
+        return None
+    try:
+        return parse_record(data)
+    except RecordRefused as exc:
+        log.warning("context record %s refused: %s", source or path, exc)
+        return None
+
+
+def read_context(path: str, now_ms: int) -> dict[str, Any] | None:
+    """The whole table: no file, refused, future-skewed -> None; else the reading with its age."""
+    record = load_record(path)
+    return None if record is None else project(record, now_ms)

@@ -1,0 +1,131 @@
+"""The `st2.harness-context.v1` record (HC-R01) and its reading of bytes off disk."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic.alias_generators import to_camel
+
+from guard.constants import ACCEPTED_SCHEMAS, SCHEMA_V1
+
+Harness = Literal["claude", "codex", "pi", "omp", "opencode"]
+HARNESSES: tuple[Harness, ...] = get_args(Harness)
+
+CompactionTrigger = Literal["manual", "auto", "threshold", "overflow", "idle", "unknown"]
+COMPACTION_TRIGGERS: tuple[CompactionTrigger, ...] = get_args(CompactionTrigger)
+
+
+def _trigger_or_unknown(value: object) -> object:
+    """Additive-tolerant on read: a word this version does not know is `unknown`, never a guess."""
+    if value is None or value in COMPACTION_TRIGGERS:
+        return value
+    return "unknown"
+
+
+Trigger = Annotated[CompactionTrigger, BeforeValidator(_trigger_or_unknown)]
+Count = Annotated[int, Field(ge=0, strict=True)]
+Millis = Annotated[int, Field(ge=0, strict=True)]
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True)
+
+
+class RateLimits(_Wire):
+    """Account-scoped window occupancy as the harness reported it; an absent window is null."""
+
+    five_hour: FiniteFloat | None = None
+    seven_day: FiniteFloat | None = None
+
+
+class ContextFields(_Wire):
+    """The reading a producer publishes: every record field except provenance and stamps."""
+
+    harness: Harness
+    used_tokens: Count | None = None
+    window_tokens: Count | None = None
+    # A float that may exceed 100 (an overrun is an observation) and is never clamped here.
+    used_percent: FiniteFloat | None = None
+    model: str | None = None
+    cost_usd: FiniteFloat | None = None
+    session_total_tokens: Count | None = None
+    rate_limits: RateLimits | None = None
+    compactions: Count = 0
+    last_compaction_ms: Millis | None = None
+    last_compaction_trigger: Trigger | None = None
+    observed_at_ms: Millis
+
+
+class HarnessContext(ContextFields):
+    """One JSON object at `<agent-dir>/harness-context`, replaced atomically."""
+
+    schema_id: Literal["st2.harness-context.v1", "st2.harness-context.v2"] = Field(
+        default=SCHEMA_V1, alias="schema"
+    )
+    agent: str
+    incarnation: str
+    written_at_ms: Millis
+
+    def to_json(self) -> str:
+        """The exact bytes written: the spec's key order, newline-terminated."""
+        fields = self.model_dump(mode="json", by_alias=True)
+        ordered = {name: fields[name] for name in _FIELD_ORDER}
+        return json.dumps(ordered, ensure_ascii=False, allow_nan=False) + "\n"
+
+
+_FIELD_ORDER = (
+    "schema", "agent", "harness", "usedTokens", "windowTokens", "usedPercent", "model", "costUsd",
+    "sessionTotalTokens", "rateLimits", "compactions", "lastCompactionMs", "lastCompactionTrigger",
+    "incarnation", "observedAtMs", "writtenAtMs",
+)  # fmt: skip
+
+
+class RecordRefused(ValueError):
+    """The bytes are not a record this reader may interpret; the message says why."""
+
+
+def parse_record(data: bytes | str) -> HarnessContext:
+    """Decode a record, refusing (never guessing at) anything outside the accepted contract."""
+    try:
+        raw: Any = json.loads(data, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError) as exc:
+        raise RecordRefused(f"not JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise RecordRefused(f"not a JSON object but {type(raw).__name__}")
+    schema = raw.get("schema")
+    if schema not in ACCEPTED_SCHEMAS:
+        raise RecordRefused(f"schema {schema!r} is not one this reader accepts")
+    harness = raw.get("harness")
+    if harness not in HARNESSES:
+        raise RecordRefused(f"harness {harness!r} is not one whose arithmetic this reader knows")
+    try:
+        return HarnessContext.model_validate(raw, by_alias=True)
+    except ValidationError as exc:
+        raise RecordRefused(f"invalid record: {_first_error(exc)}") from None
+
+
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _first_error(exc: ValidationError) -> str:
+    error = exc.errors()[0]
+    where = ".".join(str(part) for part in error["loc"]) or "record"
+    return f"{where}: {error['msg']}"
+
+
+def record_json_schema() -> dict[str, Any]:
+    schema = HarnessContext.model_json_schema(by_alias=True, mode="serialization")
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = SCHEMA_V1
+    properties = schema["properties"]
+    schema["properties"] = {name: properties[name] for name in _FIELD_ORDER}
+    return schema
+
+
+def is_finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)

@@ -1,0 +1,234 @@
+"""The catalog on disk: layout, lock, staging outside the replicated subtree, atomic replace.
+
+Every directory below the catalog root is opened component by component with O_NOFOLLOW and
+used through its descriptor, so a symlink anywhere in the ancestry is refused rather than followed
+and cannot be swapped in between the check and the rename.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import re
+import secrets
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from guard.constants import (
+    AGENTS_DIR_NAME,
+    CONTEXT_LOCK_NAME,
+    CONTEXT_RECORD_NAME,
+    CONTROL_DIR_NAME,
+    STAGING_DIR_NAME,
+)
+from guard.projection import MAX_RECORD_BYTES
+from guard.record import HarnessContext, RecordRefused, parse_record
+
+# Earlier writers staged beside the record and could leave exactly this behind after a crash.
+LEGACY_STAGING_NAME = re.compile(r"\.harness-context\.tmp-[0-9]+-[0-9]+")
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@+-]{0,127}")
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class CatalogError(OSError):
+    """The catalog cannot be used safely as laid out; the message names the path and the reason."""
+
+
+def check_name(kind: str, name: str) -> str:
+    """Host and identity names become path components: one plain component, nothing else."""
+    if not _NAME.fullmatch(name) or name in {".", ".."}:
+        raise CatalogError(f"{kind} {name!r} is not a valid name (letters, digits, _ . @ + -)")
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class AgentDir:
+    catalog: Path
+    host: str
+    identity: str
+
+    def __post_init__(self) -> None:
+        check_name("host", self.host)
+        check_name("identity", self.identity)
+
+    @property
+    def path(self) -> Path:
+        return self.catalog / AGENTS_DIR_NAME / self.host / self.identity
+
+    @property
+    def context_path(self) -> Path:
+        return self.path / CONTEXT_RECORD_NAME
+
+
+def control_dir(catalog: Path) -> Path:
+    """`<catalog>/.st2`: host-local, outside the replicated `agents/` subtree."""
+    return catalog / CONTROL_DIR_NAME
+
+
+def staging_dir(catalog: Path) -> Path:
+    return control_dir(catalog) / STAGING_DIR_NAME
+
+
+def _open_dir(parent_fd: int | None, name: str, path: Path, *, create: bool) -> int:
+    if create:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(name, 0o755, dir_fd=parent_fd)
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise CatalogError(f"{path} is not a real directory (symlink or file); refusing") from None
+        raise
+
+
+def _open_chain(root: Path, components: tuple[str, ...], *, create: bool) -> int:
+    """Open `root/components...` without following a symlink at any step; the caller closes."""
+    root = Path(os.path.abspath(root))
+    fd = _open_dir(None, str(root), root, create=False)
+    path = root
+    try:
+        for name in components:
+            path = path / name
+            child = _open_dir(fd, name, path, create=create)
+            os.close(fd)
+            fd = child
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+@contextlib.contextmanager
+def _dirs(agent: AgentDir, *, create: bool) -> Iterator[tuple[int, int]]:
+    """The agent directory and its staging directory, both checked, on the same device."""
+    agent_fd = _open_chain(agent.catalog, (AGENTS_DIR_NAME, agent.host, agent.identity), create=create)
+    try:
+        staging_fd = _open_chain(agent.catalog, (CONTROL_DIR_NAME, STAGING_DIR_NAME), create=create)
+        try:
+            if _device(staging_fd) != _device(agent_fd):
+                raise CatalogError(
+                    f"{staging_dir(agent.catalog)} and {agent.path} are on different filesystems; "
+                    "an atomic rename between them is impossible, so nothing is written"
+                )
+            yield agent_fd, staging_fd
+        finally:
+            os.close(staging_fd)
+    finally:
+        os.close(agent_fd)
+
+
+def _device(fd: int) -> int:
+    return os.fstat(fd).st_dev
+
+
+@contextlib.contextmanager
+def _locked(agent_fd: int) -> Iterator[None]:
+    fd = os.open(
+        CONTEXT_LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=agent_fd
+    )
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def write_json_atomic(dir_fd: int, name: str, data: bytes, staging_fd: int) -> None:
+    """Stage in `staging_fd`, fsync, rename over `name` in `dir_fd`, fsync the directory."""
+    temp = f"{name}.{os.getpid()}.{secrets.token_hex(6)}"
+    fd = os.open(
+        temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=staging_fd
+    )
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temp, name, src_dir_fd=staging_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp, dir_fd=staging_fd)
+        raise
+    os.fsync(dir_fd)
+
+
+def _read_existing(agent_fd: int) -> HarnessContext | None:
+    try:
+        fd = os.open(CONTEXT_RECORD_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=agent_fd)
+    except FileNotFoundError:
+        return None
+    try:
+        data = os.read(fd, MAX_RECORD_BYTES + 1)
+    finally:
+        os.close(fd)
+    try:
+        return parse_record(data)
+    except RecordRefused:
+        return None
+
+
+def write_context(agent: AgentDir, record: HarnessContext) -> HarnessContext:
+    """Publish `record` atomically under the agent's lock; returns what was written.
+
+    `writtenAtMs` is raised above whatever record is on disk, so it stays strictly monotonic even
+    across writers (a straggler from an old incarnation) and within one millisecond.
+    """
+    with _dirs(agent, create=True) as (agent_fd, staging_fd), _locked(agent_fd):
+        existing = _read_existing(agent_fd)
+        if existing is not None and record.written_at_ms <= existing.written_at_ms:
+            record = record.model_copy(update={"written_at_ms": existing.written_at_ms + 1})
+        write_json_atomic(agent_fd, CONTEXT_RECORD_NAME, record.to_json().encode(), staging_fd)
+    return record
+
+
+def remove_context(agent: AgentDir) -> bool:
+    """The relaunch claim's removal: a reader sees `null`, not the previous incarnation's fill."""
+    with _dirs(agent, create=True) as (agent_fd, _), _locked(agent_fd):
+        try:
+            os.unlink(CONTEXT_RECORD_NAME, dir_fd=agent_fd)
+        except FileNotFoundError:
+            return False
+        os.fsync(agent_fd)
+        return True
+
+
+def write_agent_file(agent: AgentDir, name: str, data: bytes) -> None:
+    """Another record of the agent directory (harness-state), staged the same safe way."""
+    with _dirs(agent, create=True) as (agent_fd, staging_fd):
+        write_json_atomic(agent_fd, name, data, staging_fd)
+
+
+def iter_hosts(catalog: Path) -> list[str]:
+    return sorted(_strict_children(catalog / AGENTS_DIR_NAME, legacy_ok=False))
+
+
+def iter_identities(catalog: Path, host: str) -> list[str]:
+    """Identity directories of one host, passing over exactly the legacy staging file."""
+    return sorted(_strict_children(catalog / AGENTS_DIR_NAME / check_name("host", host), legacy_ok=True))
+
+
+def _strict_children(directory: Path, *, legacy_ok: bool) -> Iterator[str]:
+    try:
+        info = os.lstat(directory)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(info.st_mode):
+        raise CatalogError(f"{directory} is not a real directory")
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            if (
+                legacy_ok
+                and LEGACY_STAGING_NAME.fullmatch(entry.name)
+                and entry.is_file(follow_symlinks=False)
+            ):
+                continue  # possibly a live old writer's: left untouched
+            if not entry.is_dir(follow_symlinks=False) or not _NAME.fullmatch(entry.name):
+                raise CatalogError(f"unexpected entry {Path(directory, entry.name)} in the catalog")
+            yield entry.name

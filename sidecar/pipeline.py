@@ -1,0 +1,45 @@
+"""Frames to writes: a producer feeding a write guard. Sans-I/O, shared by sidecar and replay."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from guard.policy import Write, WriteGuard
+from sidecar.producers.base import Frame, FrameRejected, Producer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Pipeline:
+    producer: Producer
+    guard: WriteGuard
+    dropped: int = field(default=0, init=False)
+
+    def feed(self, frame: Frame, now_ms: int) -> list[Write]:
+        """Writes this frame calls for, each to be committed (or abandoned) before the next feed."""
+        writes = self.tick(now_ms)
+        try:
+            readings = self.producer.feed(frame, now_ms)
+        except FrameRejected as exc:
+            self.dropped += 1
+            log.warning("frame dropped: %s", exc, extra={"event": "frame-dropped", "why": str(exc)})
+            return writes
+        except Exception:  # a producer bug must cost one frame, never the sidecar
+            self.dropped += 1
+            log.exception("producer failed on a frame; dropped", extra={"event": "frame-dropped"})
+            return writes
+        for reading in readings:
+            write = self.guard.offer(reading, now_ms)
+            if write is not None:
+                self.guard.committed(write)
+                writes.append(write)
+        return writes
+
+    def tick(self, now_ms: int) -> list[Write]:
+        write = self.guard.tick(now_ms)
+        if write is None:
+            return []
+        self.guard.committed(write)
+        return [write]

@@ -1,0 +1,40 @@
+"""The contract every producer keeps: sans-I/O, frames in, readings out.
+
+A producer owns no socket, no file and no clock: the transport hands it decoded frames with the
+time they arrived, and it answers with the readings the write guard should consider. The very same
+objects run live in the sidecar and offline in `hctx replay`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+from guard.policy import Reading
+from guard.record import Harness
+
+Frame = dict[str, Any]
+
+
+class FrameRejected(ValueError):
+    """A frame the producer will not interpret; the message is the log line's reason."""
+
+
+class Producer(Protocol):
+    harness: Harness
+
+    def feed(self, frame: Frame, now_ms: int) -> list[Reading]:
+        """Fold one frame into the producer's state; the readings it yields, oldest first.
+
+        Raises FrameRejected for a frame it refuses (malformed, hostile, not its own); must never
+        raise anything else for any input, and never fabricate a number the frame did not carry.
+        """
+        ...
+
+
+class Recording(Protocol):
+    """How `hctx replay` turns one harness's recorded stream into timed frames."""
+
+    def __call__(self, data: bytes) -> Iterator[tuple[int | None, Frame]]:
+        """(arrival time in ms if the recording has one, frame) for every frame in `data`."""
+        ...
