@@ -28,7 +28,8 @@ def _trigger_or_unknown(value: object) -> object:
 Trigger = Annotated[CompactionTrigger, BeforeValidator(_trigger_or_unknown)]
 Count = Annotated[int, Field(ge=0, strict=True)]
 Millis = Annotated[int, Field(ge=0, strict=True)]
-FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+# Strict: a JSON `true` or "33" is not a number the harness published, so it is never read as one.
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False, strict=True)]
 
 
 class _Wire(BaseModel):
@@ -97,7 +98,7 @@ def parse_record(data: bytes | str) -> HarnessContext:
     if not isinstance(raw, dict):
         raise RecordRefused(f"not a JSON object but {type(raw).__name__}")
     schema = raw.get("schema")
-    if schema not in ACCEPTED_SCHEMAS:
+    if not isinstance(schema, str) or schema not in ACCEPTED_SCHEMAS:  # a list would raise TypeError
         raise RecordRefused(f"schema {schema!r} is not one this reader accepts")
     harness = raw.get("harness")
     if harness not in HARNESSES:

@@ -13,6 +13,7 @@ import fcntl
 import os
 import re
 import secrets
+import socket
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,6 +33,20 @@ from guard.record import HarnessContext, RecordRefused, parse_record
 LEGACY_STAGING_NAME = re.compile(r"\.harness-context\.tmp-[0-9]+-[0-9]+")
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@+-]{0,127}")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def default_catalog() -> Path:
+    """`$HCTX_CATALOG`, else the XDG state directory: what every command uses without --catalog."""
+    if explicit := os.environ.get("HCTX_CATALOG"):
+        return Path(explicit)
+    state_home = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return Path(state_home) / "hctx"
+
+
+def default_host() -> str:
+    """This machine's short host name, made a valid catalog component."""
+    short = socket.gethostname().split(".")[0]
+    return re.sub(r"[^A-Za-z0-9_.@+-]", "-", short).lstrip(".-") or "localhost"
 
 
 class CatalogError(OSError):
@@ -88,6 +103,8 @@ def _open_dir(parent_fd: int | None, name: str, path: Path, *, create: bool) -> 
 def _open_chain(root: Path, components: tuple[str, ...], *, create: bool) -> int:
     """Open `root/components...` without following a symlink at any step; the caller closes."""
     root = Path(os.path.abspath(root))
+    if create:
+        os.makedirs(root, mode=0o755, exist_ok=True)
     fd = _open_dir(None, str(root), root, create=False)
     path = root
     try:

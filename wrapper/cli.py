@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -35,6 +36,51 @@ def _replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _wrap(args: argparse.Namespace) -> int:
+    from guard.store import AgentDir, CatalogError
+    from wrapper.launcher import WrapOptions, parse_command, run_wrap
+
+    try:
+        argv = parse_command(args.command_line)
+        agent = AgentDir(args.catalog.absolute(), args.host, args.agent)
+    except (ValueError, CatalogError) as exc:
+        print(f"hctx wrap: {exc}", file=sys.stderr)
+        return 2
+    options = WrapOptions(
+        agent=agent,
+        harness=args.harness,
+        argv=argv,
+        restart=args.restart,
+        max_restarts=args.max_restarts,
+        restart_delay_s=args.restart_delay,
+        restart_delay_max_s=args.restart_delay_max,
+    )
+    try:
+        return run_wrap(options)
+    except* OSError as group:
+        for error in group.exceptions:
+            print(f"hctx wrap: {error}", file=sys.stderr)
+    return 2
+
+
+def _non_negative(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a non-negative number")
+    return value
+
+
+def add_catalog_option(parser: argparse.ArgumentParser) -> None:
+    from guard.store import default_catalog
+
+    parser.add_argument(
+        "--catalog",
+        type=Path,
+        default=default_catalog(),
+        help="catalog directory (default: $HCTX_CATALOG, else $XDG_STATE_HOME/hctx; now %(default)s)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hctx",
@@ -55,13 +101,50 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--harness", required=True, choices=HARNESSES)
     replay.add_argument("files", nargs="+", metavar="FILE", help="a recorded stream of that harness")
     replay.set_defaults(run=_replay)
+
+    from guard.store import default_host
+
+    wrap = commands.add_parser(
+        "wrap",
+        help="launch a harness as a managed agent, with a sidecar writing its context record",
+        description="Claim the agent (a new incarnation), remove its old context record, start its "
+        "sidecar, then run COMMAND with HCTX_CHANNEL, HCTX_AGENT, HCTX_INCARNATION and HCTX_CATALOG "
+        "set. The harness keeps the terminal; the wrapper exits with its exit status.",
+    )
+    wrap.add_argument("--agent", required=True, metavar="ID", help="the agent's identity in the catalog")
+    wrap.add_argument("--harness", required=True, choices=HARNESSES)
+    add_catalog_option(wrap)
+    wrap.add_argument("--host", default=default_host(), help="catalog host name (default: %(default)s)")
+    wrap.add_argument(
+        "--restart",
+        choices=("no", "on-failure", "always"),
+        default="no",
+        help="relaunch the harness when it exits (each relaunch is a new incarnation; default: no)",
+    )
+    wrap.add_argument("--max-restarts", type=int, metavar="N", help="stop relaunching after N relaunches")
+    wrap.add_argument(
+        "--restart-delay", type=_non_negative, default=1.0, metavar="S",
+        help="first relaunch back-off in seconds, doubling each time (default: %(default)s)",
+    )  # fmt: skip
+    wrap.add_argument(
+        "--restart-delay-max", type=_non_negative, default=60.0, metavar="S",
+        help="back-off cap in seconds (default: %(default)s)",
+    )  # fmt: skip
+    wrap.add_argument("command_line", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]")
+    wrap.set_defaults(run=_wrap)
+    __import__("wrapper.readers").readers.add_reader_commands(commands)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     run: Command = args.run
-    return run(args)
+    try:
+        return run(args)
+    except BrokenPipeError:
+        # A reader piped into `head` is a normal ending, not an error worth a traceback.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

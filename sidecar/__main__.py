@@ -1,0 +1,56 @@
+"""`python -m sidecar`: started by `hctx wrap`, bound to one incarnation of one agent."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import trio
+
+from guard.record import HARNESSES
+from sidecar import logs
+from sidecar.app import SidecarConfig, run_sidecar
+
+
+def parse_args(argv: Sequence[str] | None) -> SidecarConfig:
+    parser = argparse.ArgumentParser(prog="python -m sidecar", description=__doc__)
+    parser.add_argument("--catalog", type=Path, required=True)
+    parser.add_argument("--host", required=True)
+    parser.add_argument("--agent", required=True)
+    parser.add_argument("--harness", required=True, choices=HARNESSES)
+    parser.add_argument("--incarnation", required=True)
+    parser.add_argument("--channel", type=Path, required=True, help="unix socket path to listen on")
+    parser.add_argument("--lifeline-fd", type=int, help="exit when this inherited pipe reaches EOF")
+    parser.add_argument("--ready-fd", type=int, help="write 'ready' here once the channel listens")
+    parser.add_argument("--transport", type=json.loads, default={}, help="JSON for the transport")
+    args = parser.parse_args(argv)
+    return SidecarConfig(
+        catalog=args.catalog,
+        host=args.host,
+        agent=args.agent,
+        harness=args.harness,
+        incarnation=args.incarnation,
+        channel=args.channel,
+        lifeline_fd=args.lifeline_fd,
+        ready_fd=args.ready_fd,
+        transport=args.transport,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    config = parse_args(argv)
+    logs.configure(config.catalog, config.host, config.agent)
+    try:
+        trio.run(run_sidecar, config)
+    except Exception:
+        logging.getLogger("sidecar").exception("sidecar failed", extra={"event": "crash"})
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""The unix-socket channel: newline-delimited JSON frames from the harness's own processes.
+
+Hostile input costs a log line and the frame, never the sidecar: oversized lines are skipped to the
+next newline without being buffered, malformed JSON and frames without a `type` are dropped, and a
+peer of another uid is refused before a byte is read.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import struct
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from sidecar.producers.base import Frame
+
+log = logging.getLogger(__name__)
+
+MAX_FRAME_BYTES = 1024 * 1024
+MAX_CONNECTIONS = 128
+# AF_UNIX sun_path is 108 bytes including the terminating NUL.
+MAX_SOCKET_PATH = 107
+_READ_SIZE = 64 * 1024
+_UCRED = struct.Struct("3i")
+
+Submit = Callable[[Frame], None]
+
+
+class ChannelPathError(ValueError):
+    pass
+
+
+def peer_uid(sock: trio.socket.SocketType) -> int:
+    """The connecting process's uid, from the kernel (SO_PEERCRED), not from anything it sent."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+    uid: int = _UCRED.unpack(creds)[1]
+    return uid
+
+
+def check_channel_path(path: Path) -> None:
+    if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+        raise ChannelPathError(f"channel path {path} is longer than {MAX_SOCKET_PATH} bytes")
+    parent = path.parent.stat()
+    if parent.st_uid != os.getuid() or parent.st_mode & 0o077:
+        raise ChannelPathError(f"{path.parent} must be owned by this user and closed to others (0700)")
+
+
+def decode_frame(line: bytes) -> Frame | str:
+    """The frame in one line, or why it was dropped."""
+    try:
+        frame: Any = json.loads(line)
+    except (ValueError, RecursionError) as exc:
+        return f"malformed JSON: {str(exc)[:120]}"
+    if not isinstance(frame, dict):
+        return f"not a JSON object but {type(frame).__name__}"
+    if not isinstance(frame.get("type"), str):
+        return "no string 'type'"
+    return frame
+
+
+async def serve(
+    path: Path, submit: Submit, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """Listen at `path` (0600) and submit every well-formed frame; runs until cancelled."""
+    check_channel_path(path)
+    path.unlink(missing_ok=True)
+    listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    with listener:
+        # Bind under a 0077 umask so the socket is never, even briefly, open to others.
+        old_umask = os.umask(0o177)
+        try:
+            await listener.bind(os.fspath(path))
+        finally:
+            os.umask(old_umask)
+        listener.listen(MAX_CONNECTIONS)
+        slots = trio.Semaphore(MAX_CONNECTIONS)
+        task_status.started()
+        try:
+            async with trio.open_nursery() as nursery:
+                while True:
+                    await slots.acquire()
+                    try:
+                        conn, _ = await listener.accept()
+                    except OSError as exc:  # EMFILE and friends: back off, keep serving
+                        slots.release()
+                        log.warning("channel accept failed: %s", exc)
+                        await trio.sleep(0.05)
+                        continue
+                    nursery.start_soon(_connection, conn, submit, slots)
+        finally:
+            path.unlink(missing_ok=True)
+
+
+async def _connection(conn: trio.socket.SocketType, submit: Submit, slots: trio.Semaphore) -> None:
+    try:
+        with conn:
+            uid = peer_uid(conn)
+            if uid != os.getuid():
+                log.warning("channel peer of uid %d refused", uid, extra={"event": "peer-refused"})
+                return
+            await _read_frames(conn, submit)
+    except OSError as exc:
+        log.info("channel connection ended: %s", exc)
+    finally:
+        slots.release()
+
+
+async def _read_frames(conn: trio.socket.SocketType, submit: Submit) -> None:
+    buffer = bytearray()
+    skipping = False  # inside an oversized line: discard until its newline
+    while data := await conn.recv(_READ_SIZE):
+        start = 0
+        while (end := data.find(b"\n", start)) != -1:
+            if skipping:
+                skipping = False
+            else:
+                buffer += data[start:end]
+                if len(buffer) > MAX_FRAME_BYTES:
+                    _drop(f"frame over {MAX_FRAME_BYTES} bytes")
+                else:
+                    _deliver(bytes(buffer), submit)
+            buffer.clear()
+            start = end + 1
+        if not skipping:
+            buffer += data[start:]
+            if len(buffer) > MAX_FRAME_BYTES:
+                _drop(f"frame over {MAX_FRAME_BYTES} bytes")
+                buffer.clear()
+                skipping = True
+    if buffer.strip():
+        _drop(f"truncated frame ({len(buffer)} bytes without a newline)")
+
+
+def _deliver(line: bytes, submit: Submit) -> None:
+    if not line.strip():
+        return
+    frame = decode_frame(line)
+    if isinstance(frame, str):
+        _drop(frame)
+    else:
+        submit(frame)
+
+
+def _drop(why: str) -> None:
+    log.warning("frame dropped: %s", why, extra={"event": "frame-dropped", "why": why})

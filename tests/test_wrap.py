@@ -1,0 +1,180 @@
+"""`hctx wrap` and the sidecar as real processes: claim, record, relaunch, death, signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from guard.record import parse_record
+from tests.wrapping import (
+    STANDIN,
+    agent_dir,
+    context_frame,
+    env,
+    log_events,
+    pid_gone,
+    read_json,
+    run,
+    wait_for,
+    wrap_argv,
+)
+
+
+def test_a_frame_from_the_harness_becomes_the_record_of_its_incarnation(tmp_path: Path) -> None:
+    catalog = tmp_path / "catalog"
+    result = run(wrap_argv(catalog, "agent-1", "pi", sys.executable, "-c", STANDIN, context_frame(2500, 10000, 25.0)))
+    assert result.returncode == 0, result.stderr
+    record = parse_record((agent_dir(catalog, "agent-1") / "harness-context").read_bytes())
+    state = read_json(agent_dir(catalog, "agent-1") / "harness-state")
+    assert (record.used_tokens, record.window_tokens, record.used_percent) == (2500, 10000, 25.0)
+    assert record.incarnation == state["incarnation"]
+    assert state["schema"] == "st2.harness-state.v1"
+    assert state["desiredState"] == "stopped"  # the wrapper exited normally
+    events = [event["event"] for event in log_events(catalog, "agent-1")]
+    assert events[0] == "start" and "write" in events and events[-1] == "exit"
+    write = next(e for e in log_events(catalog, "agent-1") if e["event"] == "write")
+    assert write["reason"] == "bucket"
+
+
+def test_the_harness_sees_its_channel_and_identity_and_the_exit_status_is_its_own(tmp_path: Path) -> None:
+    script = (
+        "import os, sys; print(os.environ['HCTX_AGENT'], os.environ['HCTX_INCARNATION'], "
+        "os.environ['HCTX_CATALOG'], os.path.exists(os.environ['HCTX_CHANNEL'])); sys.exit(7)"
+    )
+    result = run(wrap_argv(tmp_path / "c", "agent-2", "pi", sys.executable, "-c", script))
+    agent, incarnation, catalog, listening = result.stdout.split()
+    assert result.returncode == 7
+    assert (agent, catalog, listening) == ("agent-2", str(tmp_path / "c"), "True")
+    assert read_json(agent_dir(tmp_path / "c", "agent-2") / "harness-state")["incarnation"] == incarnation
+
+
+def test_a_harness_killed_by_a_signal_exits_the_wrapper_with_128_plus_the_signal(tmp_path: Path) -> None:
+    result = run(wrap_argv(tmp_path, "a", "pi", sys.executable, "-c", "import os; os.kill(os.getpid(), 15)"))
+    assert result.returncode == 128 + signal.SIGTERM
+
+
+def test_a_missing_command_is_a_clear_error_not_a_traceback(tmp_path: Path) -> None:
+    result = run(wrap_argv(tmp_path, "a", "pi", "/nonexistent/harness"))
+    assert result.returncode == 127
+    assert "cannot start '/nonexistent/harness'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--agent", "../evil", "--harness", "pi", "--", "true"], "identity '../evil' is not a valid name"),
+        (["--agent", "a", "--harness", "pi"], "no harness command given"),
+        (["--agent", "a", "--harness", "pi", "--host", "a/b", "--", "true"], "host 'a/b' is not a valid name"),
+    ],
+)
+def test_bad_arguments_are_refused_with_a_clear_message(tmp_path: Path, args: list[str], message: str) -> None:
+    result = run([sys.executable, "-m", "wrapper.cli", "wrap", "--catalog", str(tmp_path), *args])
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert not (tmp_path / "agents").exists()
+
+
+CRASHER = r"""
+import json, os, socket, sys, time
+record = os.path.join(os.environ["HCTX_CATALOG"], "agents", "testhost", os.environ["HCTX_AGENT"], "harness-context")
+with open(sys.argv[1], "a") as seen:
+    seen.write(json.dumps({"incarnation": os.environ["HCTX_INCARNATION"], "record": os.path.exists(record)}) + "\n")
+s = socket.socket(socket.AF_UNIX)
+s.connect(os.environ["HCTX_CHANNEL"])
+s.sendall(sys.argv[2].encode() + b"\n")
+s.close()
+deadline = time.monotonic() + 5
+while not os.path.exists(record) and time.monotonic() < deadline:
+    time.sleep(0.01)
+sys.exit(1)
+"""
+
+
+def test_a_crash_loop_is_21_incarnations_each_starting_with_no_record_and_leaves_no_sidecar(
+    tmp_path: Path,
+) -> None:
+    catalog, seen = tmp_path / "catalog", tmp_path / "seen.jsonl"
+    argv = wrap_argv(
+        catalog, "looper", "pi", sys.executable, "-c", CRASHER, str(seen), context_frame(10, 100, 10.0),
+        extra=("--restart", "on-failure", "--max-restarts", "20", "--restart-delay", "0.01",
+               "--restart-delay-max", "0.05"),
+    )  # fmt: skip
+    result = run(argv, timeout=120)
+    assert result.returncode == 1
+    runs = [json.loads(line) for line in seen.read_text().splitlines()]
+    assert len(runs) == 21
+    assert not any(r["record"] for r in runs), "a claim left the previous incarnation's record in place"
+    state = read_json(agent_dir(catalog, "looper") / "harness-state")
+    claimed = [state["incarnation"]] + [past["incarnation"] for past in state["history"]]
+    assert len(set(claimed)) == 21
+    assert claimed == [r["incarnation"] for r in reversed(runs)]
+    starts = [e for e in log_events(catalog, "looper") if e["event"] == "start"]
+    assert len(starts) == 21
+    assert all(pid_gone(e["pid"]) for e in starts)
+    record = parse_record((agent_dir(catalog, "looper") / "harness-context").read_bytes())
+    assert record.incarnation == state["incarnation"]
+
+
+def _start_wrapped_sleeper(tmp_path: Path, **popen: object) -> tuple[subprocess.Popen[bytes], int, int]:
+    pidfile = tmp_path / "harness.pid"
+    script = f"import os, time; open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    wrapper = subprocess.Popen(wrap_argv(tmp_path / "c", "sleeper", "pi", sys.executable, "-c", script),
+                               env=env(), **popen)  # type: ignore[call-overload]  # fmt: skip
+    harness_pid = int(wait_for(lambda: pidfile.exists() and pidfile.read_text(), what="harness start"))
+    start = wait_for(lambda: [e for e in log_events(tmp_path / "c", "sleeper") if e["event"] == "start"])
+    return wrapper, harness_pid, int(start[0]["pid"])
+
+
+def test_a_sigkilled_wrapper_takes_its_sidecar_within_a_second_and_leaves_no_orphan(tmp_path: Path) -> None:
+    wrapper, harness_pid, sidecar_pid = _start_wrapped_sleeper(tmp_path)
+    wrapper.kill()
+    wrapper.wait()
+    killed_at = time.monotonic()
+    wait_for(lambda: pid_gone(sidecar_pid), timeout=1.0, what="sidecar exit")
+    assert time.monotonic() - killed_at < 1.0
+    wait_for(lambda: pid_gone(harness_pid), timeout=2.0, what="harness exit")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_signals_to_the_wrapper_reach_the_harness_and_stop_relaunching(tmp_path: Path, signum: int) -> None:
+    wrapper, harness_pid, sidecar_pid = _start_wrapped_sleeper(tmp_path, stdin=subprocess.DEVNULL)
+    wrapper.send_signal(signum)
+    assert wrapper.wait(timeout=10) == 128 + signum
+    assert pid_gone(harness_pid) and pid_gone(sidecar_pid)
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+def test_ctrl_c_in_a_terminal_reaches_the_harness_exactly_once(tmp_path: Path) -> None:
+    counter = tmp_path / "sigints"
+    script = (
+        "import signal, sys, time\n"
+        f"def on_int(*_):\n    open({str(counter)!r}, 'a').write('INT\\n')\n"
+        "signal.signal(signal.SIGINT, on_int)\nprint('READY', flush=True)\ntime.sleep(3)\nsys.exit(3)\n"
+    )
+    (tmp_path / "harness.py").write_text(script)
+    command = " ".join(wrap_argv(tmp_path / "c", "tty", "pi", sys.executable, str(tmp_path / "harness.py")))
+    session = f"hctx-test-{os.getpid()}"
+    done = tmp_path / "done"
+    shell = f"PYTHONPATH={os.fspath(Path(__file__).parent.parent)} {command}; echo $? > {done}"
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "120", "-y", "20", shell], check=True)
+    try:
+        wait_for(
+            lambda: "READY" in subprocess.run(["tmux", "capture-pane", "-p", "-t", session],
+                                              capture_output=True, text=True).stdout,
+            what="harness ready in tmux",
+        )  # fmt: skip
+        subprocess.run(["tmux", "send-keys", "-t", session, "C-c"], check=True)
+        wait_for(done.exists, timeout=10, what="wrapper exit")
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+    assert counter.read_text() == "INT\n"  # delivered by the terminal, not doubled by the wrapper
+    assert done.read_text().strip() == "3"

@@ -1,0 +1,85 @@
+"""Helpers for tests that run `hctx wrap` and the sidecar as real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+HOST = "testhost"
+
+
+def hctx(*args: str) -> list[str]:
+    return [sys.executable, "-m", "wrapper.cli", *args]
+
+
+def wrap_argv(catalog: Path, agent: str, harness: str, *command: str, extra: tuple[str, ...] = ()) -> list[str]:
+    return hctx(
+        "wrap", "--agent", agent, "--harness", harness, "--catalog", str(catalog), "--host", HOST, *extra,
+        "--", *command,
+    )  # fmt: skip
+
+
+def env() -> dict[str, str]:
+    return os.environ | {"PYTHONPATH": str(REPO)}
+
+
+def agent_dir(catalog: Path, agent: str) -> Path:
+    return catalog / "agents" / HOST / agent
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(path.read_text())
+
+
+def log_events(catalog: Path, agent: str) -> list[dict[str, Any]]:
+    path = catalog / ".st2" / "logs" / f"{HOST}.{agent}.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def pid_gone(pid: int) -> bool:
+    """Dead or a zombie nobody reaped yet: either way, not a running process."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] in {"Z", "X"}
+    except FileNotFoundError:
+        return True
+
+
+def run(argv: list[str], timeout: float = 60.0, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, env=env(), capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+# A stand-in harness: sends the frames given as JSON arguments to the channel, one connection each.
+STANDIN = r"""
+import json, os, socket, sys, time
+for frame in sys.argv[1:]:
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(os.environ["HCTX_CHANNEL"])
+    s.sendall(frame.encode() + b"\n")
+    s.close()
+"""
+
+
+def context_frame(tokens: int, window: int, percent: float) -> str:
+    """A pi extension frame, the simplest real channel frame a stand-in can send."""
+    reading = {"tokens": tokens, "contextWindow": window, "percent": percent, "model": "m", "costUsd": None}
+    return json.dumps({"type": "context", "reading": reading, "compaction": None})
