@@ -30,7 +30,9 @@ from tests.wrapping import (
 
 def test_a_frame_from_the_harness_becomes_the_record_of_its_incarnation(tmp_path: Path) -> None:
     catalog = tmp_path / "catalog"
-    result = run(wrap_argv(catalog, "agent-1", "pi", sys.executable, "-c", STANDIN, context_frame(2500, 10000, 25.0)))
+    result = run(
+        wrap_argv(catalog, "agent-1", "pi", sys.executable, "-c", STANDIN, context_frame(2500, 10000, 25.0))
+    )
     assert result.returncode == 0, result.stderr
     record = parse_record((agent_dir(catalog, "agent-1") / "harness-context").read_bytes())
     state = read_json(agent_dir(catalog, "agent-1") / "harness-state")
@@ -73,10 +75,12 @@ def test_a_missing_command_is_a_clear_error_not_a_traceback(tmp_path: Path) -> N
     [
         (["--agent", "../evil", "--harness", "pi", "--", "true"], "identity '../evil' is not a valid name"),
         (["--agent", "a", "--harness", "pi"], "no harness command given"),
-        (["--agent", "a", "--harness", "pi", "--host", "a/b", "--", "true"], "host 'a/b' is not a valid name"),
+        (["--agent", "a", "--harness", "pi", "--host", "a/b", "--", "true"], "host 'a/b' is not a valid"),
     ],
 )
-def test_bad_arguments_are_refused_with_a_clear_message(tmp_path: Path, args: list[str], message: str) -> None:
+def test_bad_arguments_are_refused_with_a_clear_message(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
     result = run([sys.executable, "-m", "wrapper.cli", "wrap", "--catalog", str(tmp_path), *args])
     assert result.returncode == 2
     assert message in result.stderr
@@ -85,9 +89,11 @@ def test_bad_arguments_are_refused_with_a_clear_message(tmp_path: Path, args: li
 
 CRASHER = r"""
 import json, os, socket, sys, time
-record = os.path.join(os.environ["HCTX_CATALOG"], "agents", "testhost", os.environ["HCTX_AGENT"], "harness-context")
-with open(sys.argv[1], "a") as seen:
-    seen.write(json.dumps({"incarnation": os.environ["HCTX_INCARNATION"], "record": os.path.exists(record)}) + "\n")
+catalog, agent = os.environ["HCTX_CATALOG"], os.environ["HCTX_AGENT"]
+record = os.path.join(catalog, "agents", "testhost", agent, "harness-context")
+seen = {"incarnation": os.environ["HCTX_INCARNATION"], "record": os.path.exists(record)}
+with open(sys.argv[1], "a") as log:
+    log.write(json.dumps(seen) + "\n")
 s = socket.socket(socket.AF_UNIX)
 s.connect(os.environ["HCTX_CHANNEL"])
 s.sendall(sys.argv[2].encode() + b"\n")

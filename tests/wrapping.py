@@ -19,7 +19,9 @@ def hctx(*args: str) -> list[str]:
     return [sys.executable, "-m", "wrapper.cli", *args]
 
 
-def wrap_argv(catalog: Path, agent: str, harness: str, *command: str, extra: tuple[str, ...] = ()) -> list[str]:
+def wrap_argv(
+    catalog: Path, agent: str, harness: str, *command: str, extra: tuple[str, ...] = ()
+) -> list[str]:
     return hctx(
         "wrap", "--agent", agent, "--harness", harness, "--catalog", str(catalog), "--host", HOST, *extra,
         "--", *command,

@@ -1,0 +1,79 @@
+"""A recording stand-in for the sidecar's channel: a unix stream socket that keeps every frame.
+
+The extension asset is tested against this rather than against a mock of its socket code, so the
+bytes it really writes (newline framing included) are what the tests assert.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+
+
+@dataclass
+class ChannelRecording:
+    path: Path
+    lines: list[bytes] = field(default_factory=list)
+    # (arrival ms, frame) for every line that parsed as a JSON object
+    frames: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    arrived: trio.Event = field(default_factory=trio.Event)
+
+    def record(self, line: bytes) -> None:
+        self.lines.append(line)
+        try:
+            frame = json.loads(line)
+        except ValueError:
+            return
+        if isinstance(frame, dict):
+            self.frames.append((int(time.time() * 1000), frame))
+            self.arrived.set()
+            self.arrived = trio.Event()
+
+    def jsonl(self) -> bytes:
+        """The frames as a replayable recording: each stamped with its arrival time as `atMs`."""
+        return b"".join(
+            json.dumps({**frame, "atMs": at_ms}, separators=(",", ":")).encode() + b"\n"
+            for at_ms, frame in self.frames
+        )
+
+    async def wait_for(self, count: int, timeout_s: float) -> None:
+        with trio.move_on_after(timeout_s):
+            while len(self.frames) < count:
+                await self.arrived.wait()
+
+
+async def _serve(listener: trio.SocketListener, recording: ChannelRecording) -> None:
+    async def connection(stream: trio.SocketStream) -> None:
+        buffer = b""
+        async with stream:
+            async for chunk in stream:
+                buffer += chunk
+                *complete, buffer = buffer.split(b"\n")
+                for line in complete:
+                    recording.record(line)
+
+    await trio.serve_listeners(connection, [listener])
+
+
+@asynccontextmanager
+async def recording_channel(path: Path) -> AsyncIterator[ChannelRecording]:
+    """Listen on `path` for the duration of the block; the recording fills as frames arrive."""
+    sock = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
+    await sock.bind(os.fspath(path))
+    sock.listen(16)
+    recording = ChannelRecording(path)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_serve, trio.SocketListener(sock), recording)
+        try:
+            yield recording
+        finally:
+            nursery.cancel_scope.cancel()
+            path.unlink(missing_ok=True)

@@ -1,0 +1,367 @@
+"""The OpenCode producer over the lab's verbatim captures of opencode-ai 1.18.25 and 1.18.33.
+
+Session labels (A: three turns, a manual summarize, a fourth; B/C: prompted at once; D: auto
+compaction; G: how tokens are computed) come from the capture's own `steps.jsonl`.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from guard.policy import Write, WriteGuard
+from guard.record import ContextFields
+from sidecar.pipeline import Pipeline
+from sidecar.producers import producer_for, recording_for
+from sidecar.producers.base import Frame
+from sidecar.producers.opencode import (
+    OPENCODE_CONTEXT_VERIFIED_VERSIONS,
+    OpenCodeProducer,
+    decode_recording,
+    providers_frame,
+)
+from sidecar.replay import replay
+from wrapper import cli
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "opencode"
+VERSIONS = ("1.18.25", "1.18.33")
+WINDOW = 128_000
+
+
+@dataclass
+class Capture:
+    version: str
+    providers: bytes
+    events: bytes
+    frames: list[tuple[int | None, Frame]]
+    sessions: dict[str, str]  # label -> sessionID
+
+    def times_of(self, predicate: Any) -> list[int]:
+        return [at for at, frame in self.frames if at is not None and predicate(frame)]
+
+
+def load(version: str) -> Capture:
+    root = FIXTURES / f"v{version}"
+    events = (root / "events.jsonl").read_bytes()
+    sessions = {}
+    for line in (root / "steps.jsonl").read_text().splitlines():
+        step = json.loads(line)
+        if step["step"] == "session-create":
+            sessions[step["label"]] = step["id"]
+    return Capture(
+        version,
+        (root / "config_providers.json").read_bytes(),
+        events,
+        list(decode_recording(events)),
+        sessions,
+    )
+
+
+@pytest.fixture(params=VERSIONS, ids=lambda v: f"v{v}")
+def capture(request: pytest.FixtureRequest) -> Capture:
+    return load(request.param)
+
+
+def info(frame: Frame) -> dict[str, Any]:
+    result: dict[str, Any] = frame["properties"]["info"]
+    return result
+
+
+def is_completion(frame: Frame) -> bool:
+    return (
+        frame.get("type") == "message.updated"
+        and info(frame).get("role") == "assistant"
+        and "total" in info(frame).get("tokens", {})
+    )
+
+
+def is_summary_completion(frame: Frame) -> bool:
+    return is_completion(frame) and info(frame).get("summary") is True
+
+
+def feed_all(
+    capture: Capture, *, providers: bool = True
+) -> tuple[OpenCodeProducer, list[tuple[Frame, list[Any]]]]:
+    producer = OpenCodeProducer()
+    fed: list[tuple[Frame, list[Any]]] = []
+    if providers:
+        producer.feed(providers_frame(json.loads(capture.providers)), 0)
+    for at, frame in capture.frames:
+        assert at is not None
+        fed.append((frame, producer.feed(frame, at)))
+    return producer, fed
+
+
+def writes(capture: Capture) -> list[Write]:
+    return list(replay("opencode", [capture.providers, capture.events]))
+
+
+def test_the_captures_are_of_the_versions_they_claim(capture: Capture) -> None:
+    versions = {
+        info(frame)["version"]
+        for _, frame in capture.frames
+        if frame.get("type") in {"session.created", "session.updated"} and "version" in info(frame)
+    }
+    assert versions == {capture.version}
+    assert capture.version in OPENCODE_CONTEXT_VERIFIED_VERSIONS
+    assert (
+        (FIXTURES / f"v{capture.version}" / "run-info.txt")
+        .read_text()
+        .startswith(f"version={capture.version}")
+    )
+
+
+def test_registry_selects_this_producer_and_decoder() -> None:
+    assert isinstance(producer_for("opencode"), OpenCodeProducer)
+    assert recording_for("opencode") is decode_recording
+
+
+def test_the_turns_publish_the_assistant_total_over_the_providers_window(capture: Capture) -> None:
+    """Session A, turn by turn (lab worked example): the join and the unrounded, unclamped percent."""
+    session_a = capture.sessions["A"]
+    published = [
+        w.record
+        for w in writes(capture)
+        if w.reason == "bucket"
+        and w.record.observed_at_ms
+        in capture.times_of(lambda f: is_completion(f) and info(f)["sessionID"] == session_a)
+    ]
+    assert [r.used_tokens for r in published] == [11390, 21490, 31590, 21490]
+    for record in published:
+        assert record.window_tokens == WINDOW
+        assert record.model == "fake/fake-model"
+        assert record.used_percent == record.used_tokens * 100 / WINDOW  # not rounded to 24.68 or 25
+    assert published[2].used_percent == pytest.approx(24.6796875, abs=1e-12)
+
+
+def test_neither_summary_is_ever_the_reading(capture: Capture) -> None:
+    """After each compaction the newest assistant message is the summarizer's: 14,543 tokens, 11.4%.
+
+    The reading stays the last real turn's: 24.68% (A, 31,590) and 98.05% (D, 125,500).
+    """
+    producer, fed = feed_all(capture)
+    summary_totals = [info(f)["tokens"]["total"] for f, _ in fed if is_summary_completion(f)]
+    assert summary_totals == [14543, 14543, 14543, 14543]  # A and D, each completion frame twice
+    readings = [r for _, rs in fed for r in rs]
+    assert 14543 not in {r.fields.used_tokens for r in readings}
+    held_after_summary = []
+    for frame, produced in fed:
+        if is_summary_completion(frame):
+            assert produced == []
+        if frame.get("type") == "session.compacted":
+            (edge,) = produced
+            held_after_summary.append((edge.fields.used_tokens, edge.fields.used_percent))
+    assert held_after_summary == [(31590, 31590 * 100 / WINDOW), (125500, 125500 * 100 / WINDOW)]
+    assert held_after_summary[0][1] == pytest.approx(24.68, abs=0.005)
+    assert 14543 * 100 / WINDOW == pytest.approx(11.36, abs=0.005)  # what taking the summary would show
+
+
+def test_a_user_message_summary_object_is_not_a_compaction_summary(capture: Capture) -> None:
+    user_with_diffs = [
+        f for _, f in capture.frames
+        if f.get("type") == "message.updated" and info(f)["role"] == "user" and isinstance(info(f).get("summary"), dict)
+    ]  # fmt: skip
+    assert user_with_diffs
+    producer = OpenCodeProducer()
+    assert all(producer.feed(frame, 1) == [] for frame in user_with_diffs)
+
+
+def test_cumulative_session_tokens_are_the_session_total_and_never_the_occupancy(capture: Capture) -> None:
+    producer, fed = feed_all(capture)
+    assert all(rs == [] for f, rs in fed if f.get("type") == "session.updated")
+    session_a = capture.sessions["A"]
+    turn_four = [
+        r.fields for f, rs in fed for r in rs
+        if is_completion(f) and info(f)["sessionID"] == session_a and not r.compaction_edge
+    ][-1]  # fmt: skip
+    # The cumulative tokens folded in before turn 4 landed: turns 1–3 plus the summary call.
+    assert turn_four.used_tokens == 21490
+    assert turn_four.session_total_tokens == 79013
+    assert turn_four.cost_usd == pytest.approx(0.072503)
+    # Every published numerator is a message's own total, never a session sum.
+    totals = {info(f)["tokens"]["total"] for f, _ in fed if is_completion(f)}
+    assert {r.fields.used_tokens for _, rs in fed for r in rs} <= totals
+
+
+def test_duplicated_completion_frames_land_one_write(capture: Capture) -> None:
+    producer, fed = feed_all(capture)
+    completions = [f for f, _ in fed if is_completion(f) and not is_summary_completion(f)]
+    landed = [f for f, rs in fed if is_completion(f) and rs]
+    message_ids = [info(f)["id"] for f in completions]
+    assert len(completions) == 2 * len(set(message_ids))  # every completion frame comes twice
+    assert len(landed) == len(set(message_ids))
+    frame = completions[0]
+    assert producer.feed(copy.deepcopy(frame), 10**13) == []
+    # Through the guard: one write per message and none for its duplicate.
+    all_writes = writes(capture)
+    assert len([w for w in all_writes if w.reason == "bucket"]) == len(set(message_ids))
+
+
+def test_a_captured_compaction_counts_once_with_an_unknown_trigger_and_no_restamp(capture: Capture) -> None:
+    all_writes = writes(capture)
+    edges = [w for w in all_writes if w.reason == "compaction"]
+    compacted_at = capture.times_of(lambda f: f.get("type") == "session.compacted")
+    assert len(compacted_at) == 2 and len(edges) == 2
+    for edge, at, count in zip(edges, compacted_at, (1, 2), strict=True):
+        previous = all_writes[all_writes.index(edge) - 1].record
+        assert edge.record.compactions == count
+        assert edge.record.last_compaction_trigger == "unknown"
+        assert edge.record.last_compaction_ms == at
+        assert edge.record.observed_at_ms == previous.observed_at_ms < at  # the held reading's own time
+    assert all_writes[-1].record.compactions == 2
+    producer, fed = feed_all(capture)
+    compacted = next(f for f, _ in fed if f.get("type") == "session.compacted")
+    assert producer.feed(compacted, 10**13) == []  # the same event again is not a third compaction
+    assert producer.compactions == 2
+
+
+def test_an_unjoined_model_withholds_the_window_and_the_percent_until_the_pull_lands(
+    capture: Capture,
+) -> None:
+    producer, fed = feed_all(capture, providers=False)
+    first = next(r.fields for _, rs in fed for r in rs)
+    assert (first.used_tokens, first.window_tokens, first.used_percent) == (11390, None, None)
+    assert producer.missing_windows == {("fake", "fake-model")}
+    last = producer.last_reading
+    assert last is not None
+    (joined,) = producer.feed(providers_frame(json.loads(capture.providers)), 10**13)
+    assert joined.fields.window_tokens == WINDOW
+    assert joined.fields.used_percent == last.used_tokens * 100 / WINDOW  # type: ignore[operator]
+    assert joined.fields.observed_at_ms == last.observed_at_ms  # joined, not re-taken
+    assert joined.fields.compactions == 2
+    assert producer.missing_windows == frozenset()
+    assert producer.feed(providers_frame(json.loads(capture.providers)), 10**13 + 1) == []
+
+
+def test_a_model_change_makes_the_window_pull_due_without_retagging_the_reading(capture: Capture) -> None:
+    producer, fed = feed_all(capture)
+    held = producer.last_reading
+    assert held is not None and held.model == "fake/fake-model"
+    assert producer.missing_windows == frozenset()
+    creation, completion = _creation_and_completion(fed)
+    for frame in (creation, completion):
+        info(frame).update(providerID="fake", modelID="fake-model-xl", id="msg_other")
+    assert producer.feed(creation, 10**13) == []
+    assert producer.missing_windows == {("fake", "fake-model-xl")}
+    assert producer.last_reading == held  # the held reading keeps its own model and window
+    (other,) = producer.feed(completion, 10**13 + 1)
+    assert other.fields.model == "fake/fake-model-xl"
+    assert (other.fields.window_tokens, other.fields.used_percent) == (None, None)
+    providers = json.loads(capture.providers)
+    fake = next(p for p in providers["providers"] if p["id"] == "fake")
+    fake["models"]["fake-model-xl"] = {"limit": {"context": 200_000, "output": 32_000}}
+    (joined,) = producer.feed(providers_frame(providers), 10**13 + 2)
+    assert joined.fields.window_tokens == 200_000
+    assert joined.fields.observed_at_ms == 10**13 + 1
+
+
+def _creation_and_completion(fed: list[tuple[Frame, list[Any]]]) -> tuple[Frame, Frame]:
+    creation = next(
+        f for f, _ in fed
+        if f.get("type") == "message.updated" and info(f)["role"] == "assistant" and "total" not in info(f)["tokens"]
+    )  # fmt: skip
+    message_id = info(creation)["id"]
+    completion = next(f for f, _ in fed if is_completion(f) and info(f)["id"] == message_id)
+    return copy.deepcopy(creation), copy.deepcopy(completion)
+
+
+def test_two_interleaved_sessions_last_writer_wins(capture: Capture) -> None:
+    """B and C were prompted at once. One record for the server: the newest landed reading wins,
+    carrying its own session's facts (the spec's v1 rule, DQ-C10)."""
+    producer, fed = feed_all(capture)
+    b, c = capture.sessions["B"], capture.sessions["C"]
+    landed: list[tuple[str, ContextFields]] = [
+        (info(f)["sessionID"], rs[0].fields) for f, rs in fed if is_completion(f) and rs and info(f)["sessionID"] in (b, c)
+    ]  # fmt: skip
+    assert {session: fields.used_tokens for session, fields in landed} == {b: 31222, c: 61333}
+    # Their frames really interleave on the stream.
+    order = [
+        info(f)["sessionID"]
+        for f, _ in fed
+        if f.get("type") == "message.updated" and info(f)["sessionID"] in (b, c)
+    ]
+    switches = sum(1 for x, y in zip(order, order[1:], strict=False) if x != y)
+    assert switches >= 3
+    after_both = [w.record for w in writes(capture) if w.record.used_tokens in (31222, 61333)]
+    assert [r.used_tokens for r in after_both] == [fields.used_tokens for _, fields in landed]
+    assert after_both[-1].used_tokens == landed[-1][1].used_tokens
+
+
+def test_how_opencode_counts_tokens(capture: Capture) -> None:
+    """G: a lying total_tokens (99,999) is not what OpenCode stores; no usage is no reading;
+    a tool-call turn is two messages and the last step is the context."""
+    producer, fed = feed_all(capture)
+    g = capture.sessions["G"]
+    landed = [
+        rs[0].fields.used_tokens for f, rs in fed if is_completion(f) and rs and info(f)["sessionID"] == g
+    ]
+    assert landed == [10100, 20300, 30100, 50100, 55150]
+    assert 99999 not in landed
+    no_usage = [
+        f for f, _ in fed
+        if f.get("type") == "message.updated" and info(f)["sessionID"] == g and info(f).get("finish") == "stop"
+        and "total" not in info(f)["tokens"]
+    ]  # fmt: skip
+    assert no_usage and all(rs == [] for f, rs in fed if f in no_usage)
+
+
+def test_hctx_replay_prints_every_write_with_its_reason(
+    capture: Capture, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = FIXTURES / f"v{capture.version}"
+    assert (
+        cli.main(
+            [
+                "replay",
+                "--harness",
+                "opencode",
+                str(root / "config_providers.json"),
+                str(root / "events.jsonl"),
+            ]
+        )
+        == 0
+    )
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [line["reason"] for line in lines].count("compaction") == 2
+    assert all(line["harness"] == "opencode" and line["windowTokens"] == WINDOW for line in lines)
+    assert [line["usedTokens"] for line in lines][:5] == [11390, 21490, 31590, 31590, 21490]
+    assert lines[3]["usedPercent"] == 24.6796875 and lines[3]["compactions"] == 1
+    assert len(lines) == len(writes(capture))
+
+
+def test_other_recording_shapes_decode_to_the_same_frames(capture: Capture, tmp_path: Path) -> None:
+    """SSE text (what `/event` sends) and plain JSONL of events replay like the lab's capture."""
+    events = [f for _, f in capture.frames]
+    sse = "".join(f"data: {json.dumps(f)}\n\n" for f in events).encode()
+    jsonl = "".join(json.dumps(f) + "\n" for f in events).encode()
+    assert [f for _, f in decode_recording(sse)] == events
+    assert [f for _, f in decode_recording(jsonl)] == events
+    expected = [(w.reason, w.record.used_tokens) for w in writes(capture)]
+    assert [
+        (w.reason, w.record.used_tokens) for w in replay("opencode", [capture.providers, sse])
+    ] == expected
+    assert all(at is None for at, _ in decode_recording(sse))
+
+
+def test_only_the_instance_stream_is_replayed(capture: Capture) -> None:
+    streams = {json.loads(line)["stream"] for line in capture.events.splitlines()}
+    assert {"event", "global"} <= streams
+    assert len(capture.frames) == sum(
+        1 for line in capture.events.splitlines() if json.loads(line)["stream"] == "event"
+    )
+
+
+def test_a_quiet_stream_writes_nothing_however_long(capture: Capture) -> None:
+    """No heartbeat for this harness: server.heartbeat frames for an hour re-stamp nothing."""
+    pipeline = Pipeline(OpenCodeProducer(), WriteGuard("a", "i"))
+    pipeline.feed(providers_frame(json.loads(capture.providers)), 0)
+    completion = next(f for _, f in capture.frames if is_completion(f))
+    assert len(pipeline.feed(completion, 1_000)) == 1
+    heartbeat = next(f for _, f in capture.frames if f.get("type") == "server.heartbeat")
+    for second in range(10, 3600, 10):
+        assert pipeline.feed(heartbeat, second * 1000) == []
