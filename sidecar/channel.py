@@ -78,7 +78,8 @@ async def serve(
             await listener.bind(os.fspath(path))
         finally:
             os.umask(old_umask)
-        listener.listen(MAX_CONNECTIONS)
+        # A deep backlog absorbs bursts (a fleet of status-line refreshes) while handlers are busy.
+        listener.listen(socket.SOMAXCONN)
         slots = trio.Semaphore(MAX_CONNECTIONS)
         task_status.started()
         try:

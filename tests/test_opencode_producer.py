@@ -7,6 +7,7 @@ compaction; G: how tokens are computed) come from the capture's own `steps.jsonl
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,6 +71,10 @@ def capture(request: pytest.FixtureRequest) -> Capture:
 def info(frame: Frame) -> dict[str, Any]:
     result: dict[str, Any] = frame["properties"]["info"]
     return result
+
+
+def is_message(frame: Frame) -> bool:
+    return frame.get("type") == "message.updated"
 
 
 def is_completion(frame: Frame) -> bool:
@@ -144,7 +149,7 @@ def test_neither_summary_is_ever_the_reading(capture: Capture) -> None:
 
     The reading stays the last real turn's: 24.68% (A, 31,590) and 98.05% (D, 125,500).
     """
-    producer, fed = feed_all(capture)
+    _, fed = feed_all(capture)
     summary_totals = [info(f)["tokens"]["total"] for f, _ in fed if is_summary_completion(f)]
     assert summary_totals == [14543, 14543, 14543, 14543]  # A and D, each completion frame twice
     readings = [r for _, rs in fed for r in rs]
@@ -158,13 +163,14 @@ def test_neither_summary_is_ever_the_reading(capture: Capture) -> None:
             held_after_summary.append((edge.fields.used_tokens, edge.fields.used_percent))
     assert held_after_summary == [(31590, 31590 * 100 / WINDOW), (125500, 125500 * 100 / WINDOW)]
     assert held_after_summary[0][1] == pytest.approx(24.68, abs=0.005)
-    assert 14543 * 100 / WINDOW == pytest.approx(11.36, abs=0.005)  # what taking the summary would show
+    taking_the_summary = 14543 * 100 / WINDOW
+    assert taking_the_summary == pytest.approx(11.36, abs=0.005)
 
 
 def test_a_user_message_summary_object_is_not_a_compaction_summary(capture: Capture) -> None:
     user_with_diffs = [
         f for _, f in capture.frames
-        if f.get("type") == "message.updated" and info(f)["role"] == "user" and isinstance(info(f).get("summary"), dict)
+        if is_message(f) and info(f)["role"] == "user" and isinstance(info(f).get("summary"), dict)
     ]  # fmt: skip
     assert user_with_diffs
     producer = OpenCodeProducer()
@@ -172,7 +178,7 @@ def test_a_user_message_summary_object_is_not_a_compaction_summary(capture: Capt
 
 
 def test_cumulative_session_tokens_are_the_session_total_and_never_the_occupancy(capture: Capture) -> None:
-    producer, fed = feed_all(capture)
+    _, fed = feed_all(capture)
     assert all(rs == [] for f, rs in fed if f.get("type") == "session.updated")
     session_a = capture.sessions["A"]
     turn_four = [
@@ -263,7 +269,7 @@ def test_a_model_change_makes_the_window_pull_due_without_retagging_the_reading(
 def _creation_and_completion(fed: list[tuple[Frame, list[Any]]]) -> tuple[Frame, Frame]:
     creation = next(
         f for f, _ in fed
-        if f.get("type") == "message.updated" and info(f)["role"] == "assistant" and "total" not in info(f)["tokens"]
+        if is_message(f) and info(f)["role"] == "assistant" and "total" not in info(f)["tokens"]
     )  # fmt: skip
     message_id = info(creation)["id"]
     completion = next(f for f, _ in fed if is_completion(f) and info(f)["id"] == message_id)
@@ -273,10 +279,12 @@ def _creation_and_completion(fed: list[tuple[Frame, list[Any]]]) -> tuple[Frame,
 def test_two_interleaved_sessions_last_writer_wins(capture: Capture) -> None:
     """B and C were prompted at once. One record for the server: the newest landed reading wins,
     carrying its own session's facts (the spec's v1 rule, DQ-C10)."""
-    producer, fed = feed_all(capture)
+    _, fed = feed_all(capture)
     b, c = capture.sessions["B"], capture.sessions["C"]
     landed: list[tuple[str, ContextFields]] = [
-        (info(f)["sessionID"], rs[0].fields) for f, rs in fed if is_completion(f) and rs and info(f)["sessionID"] in (b, c)
+        (info(f)["sessionID"], rs[0].fields)
+        for f, rs in fed
+        if is_completion(f) and rs and info(f)["sessionID"] in (b, c)
     ]  # fmt: skip
     assert {session: fields.used_tokens for session, fields in landed} == {b: 31222, c: 61333}
     # Their frames really interleave on the stream.
@@ -285,7 +293,7 @@ def test_two_interleaved_sessions_last_writer_wins(capture: Capture) -> None:
         for f, _ in fed
         if f.get("type") == "message.updated" and info(f)["sessionID"] in (b, c)
     ]
-    switches = sum(1 for x, y in zip(order, order[1:], strict=False) if x != y)
+    switches = sum(1 for x, y in itertools.pairwise(order) if x != y)
     assert switches >= 3
     after_both = [w.record for w in writes(capture) if w.record.used_tokens in (31222, 61333)]
     assert [r.used_tokens for r in after_both] == [fields.used_tokens for _, fields in landed]
@@ -295,7 +303,7 @@ def test_two_interleaved_sessions_last_writer_wins(capture: Capture) -> None:
 def test_how_opencode_counts_tokens(capture: Capture) -> None:
     """G: a lying total_tokens (99,999) is not what OpenCode stores; no usage is no reading;
     a tool-call turn is two messages and the last step is the context."""
-    producer, fed = feed_all(capture)
+    _, fed = feed_all(capture)
     g = capture.sessions["G"]
     landed = [
         rs[0].fields.used_tokens for f, rs in fed if is_completion(f) and rs and info(f)["sessionID"] == g
@@ -304,7 +312,7 @@ def test_how_opencode_counts_tokens(capture: Capture) -> None:
     assert 99999 not in landed
     no_usage = [
         f for f, _ in fed
-        if f.get("type") == "message.updated" and info(f)["sessionID"] == g and info(f).get("finish") == "stop"
+        if is_message(f) and info(f)["sessionID"] == g and info(f).get("finish") == "stop"
         and "total" not in info(f)["tokens"]
     ]  # fmt: skip
     assert no_usage and all(rs == [] for f, rs in fed if f in no_usage)

@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Whole-process time of the Claude status-line tee against a bare interpreter, in one run.
+
+Claude spawns the status-line command every few seconds per seat and waits for it, so what counts
+is the process from fork to exit. Every variant gets the same captured 2.1.250 payload on stdin,
+a listening channel socket (so the frame is really sent) and a trivial renderer (`echo ok`);
+variants run round-robin so they share the machine's noise. Ratios are medians over medians.
+
+    python scripts/bench_claude_tee.py [--runs 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+TEE = REPO / "sidecar" / "claude_tee.py"
+PAYLOAD = (REPO / "fixtures" / "claude" / "statusline-2.1.250.jsonl").read_bytes().splitlines()[1]
+PRE_COMPACT = (REPO / "fixtures" / "claude" / "precompact-2.1.250.jsonl").read_bytes().splitlines()[0]
+
+
+def variants() -> dict[str, tuple[list[str], bytes]]:
+    python = sys.executable
+    found = {
+        "python -S -c pass (bare)": ([python, "-S", "-c", "pass"], b""),
+        "python -c pass": ([python, "-c", "pass"], b""),
+        # What wrapper.harnesses.claude renders into .claude/settings.local.json.
+        "tee: python -I -S claude_tee.py": ([python, "-I", "-S", str(TEE), "statusline"], PAYLOAD),
+        "tee: python -m sidecar.claude_tee": ([python, "-m", "sidecar.claude_tee", "statusline"], PAYLOAD),
+        "hook: python -I -S claude_tee.py": ([python, "-I", "-S", str(TEE), "hook"], PRE_COMPACT),
+    }
+    console = shutil.which("hctx-statusline")
+    if console:
+        found["tee: hctx-statusline (console script)"] = ([console], PAYLOAD)
+    return found
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--runs", type=int, default=60)
+    args = parser.parse_args()
+    runs = variants()
+    with tempfile.TemporaryDirectory() as scratch:
+        channel = os.path.join(scratch, "channel.sock")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(channel)
+        listener.listen(128)
+        listener.setblocking(False)
+        env = os.environ | {
+            "HCTX_CHANNEL": channel,
+            "ST_CLAUDE_STATUSLINE_RENDERER": "echo ok",
+            "PYTHONPATH": str(REPO),
+        }
+        times: dict[str, list[float]] = {name: [] for name in runs}
+        received = 0
+        for _ in range(args.runs):
+            for name, (argv, stdin) in runs.items():
+                start = time.perf_counter()
+                done = subprocess.run(argv, input=stdin, env=env, capture_output=True, check=False)
+                times[name].append((time.perf_counter() - start) * 1000)
+                if done.returncode != 0 or (b"statusline" in argv[-1].encode() and done.stdout != b"ok\n"):
+                    print(f"{name} failed: rc={done.returncode} {done.stdout!r} {done.stderr!r}")
+                    return 1
+                received += _drain(listener)
+        listener.close()
+    bare = statistics.median(times["python -S -c pass (bare)"])
+    plain = statistics.median(times["python -c pass"])
+    print(f"{args.runs} runs each, round-robin; frames received by the channel: {received}")
+    print(f"{'variant':42} {'median ms':>10} {'p90 ms':>8} {'x bare -S':>10} {'x python':>9}")
+    for name, samples in times.items():
+        median = statistics.median(samples)
+        p90 = statistics.quantiles(samples, n=10)[-1]
+        print(f"{name:42} {median:10.2f} {p90:8.2f} {median / bare:10.2f} {median / plain:9.2f}")
+    return 0
+
+
+def _drain(listener: socket.socket) -> int:
+    frames = 0
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except BlockingIOError:
+            return frames
+        with conn:
+            conn.setblocking(True)
+            data = b""
+            while chunk := conn.recv(65536):
+                data += chunk
+            frames += data.count(b"\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

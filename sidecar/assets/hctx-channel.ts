@@ -1,0 +1,211 @@
+// hctx-channel.ts: the pi / omp extension hctx loads with `--extension` (pi via jiti, omp via bun).
+//
+// It reports the harness's own context reading to the hctx sidecar: one newline-terminated JSON
+// frame per lifecycle event on the unix stream socket named by $HCTX_CHANNEL,
+//
+//   {"type":"context","event":E,
+//    "reading":{"tokens","contextWindow","percent","model","costUsd"} | null,
+//    "compaction":null | {"reason","count"},
+//    "compactions": <compaction entries in the session store> | null}
+//
+// `reading` is ctx.getContextUsage() exactly as the harness answers it: unclamped, nulls kept (pi
+// answers null tokens/percent right after a compaction, and that null is the measurement). It is null
+// as a whole only when the harness gives no usage object at all. No imports from either harness, so
+// one file loads in both; it must never break the harness, so every telemetry pull and every socket
+// operation fails open, quietly.
+import { createConnection } from "node:net";
+import type { Socket } from "node:net";
+
+const CHANNEL_ENV = "HCTX_CHANNEL";
+// A sidecar that stops reading must not grow the harness's memory without bound.
+const MAX_BUFFERED_BYTES = 1 << 20;
+// A dead sidecar is retried at most this often, not on every event.
+const RECONNECT_AFTER_MS = 1000;
+// pi: turn_end carries a settled usage, message_end the finest boundary (a tool loop is one long
+// turn of many messages); agent_settled is pi's, session_stop omp's (where omp's numbers settle).
+const READING_EVENTS = ["session_start", "message_end", "turn_end", "agent_end", "agent_settled", "session_stop"];
+
+interface Reading {
+	tokens: number | null;
+	contextWindow: number | null;
+	percent: number | null;
+	model: string | null;
+	costUsd: number | null;
+}
+
+interface Compaction {
+	reason: string | null;
+	count: number | null;
+}
+
+function attempt<T>(pull: () => T): T | undefined {
+	try {
+		return pull();
+	} catch {
+		return undefined;
+	}
+}
+
+function numberOrNull(value: unknown): number | null {
+	return typeof value === "number" && Number.isFinite(value) ? value : null;
+}
+
+function stringOrNull(value: unknown): string | null {
+	return typeof value === "string" ? value : null;
+}
+
+function entriesOf(ctx: any): unknown[] | null {
+	const entries = attempt(() => ctx.sessionManager.getEntries());
+	return Array.isArray(entries) ? entries : null;
+}
+
+// The harness-durable count: compaction entries in the session store, or null when it cannot be read.
+function compactionCount(ctx: any): number | null {
+	const entries = entriesOf(ctx);
+	if (entries === null) return null;
+	const count = attempt(() => entries.filter((entry: any) => entry?.type === "compaction").length);
+	return count === undefined ? null : count;
+}
+
+function assistantCost(message: any): number | null {
+	if (attempt(() => message.role) !== "assistant") return null;
+	return numberOrNull(attempt(() => message.usage.cost.total));
+}
+
+// The cost of the newest assistant message already in the session store (null for a fresh session).
+function storedCost(ctx: any): number | null {
+	const entries = entriesOf(ctx);
+	if (entries === null) return null;
+	for (let index = entries.length - 1; index >= 0; index--) {
+		const entry: any = entries[index];
+		if (attempt(() => entry.type === "message" && entry.message.role === "assistant")) {
+			return assistantCost(entry.message);
+		}
+	}
+	return null;
+}
+
+class Channel {
+	private socket: Socket | null = null;
+	private connected = false;
+	private queue: string[] = [];
+	private queuedBytes = 0;
+	private failedAt = Number.NEGATIVE_INFINITY;
+
+	constructor(private readonly path: string) {}
+
+	send(line: string): void {
+		try {
+			const socket = this.socket ?? this.open();
+			if (socket === null) return;
+			if (!this.connected) {
+				if (this.queuedBytes + line.length <= MAX_BUFFERED_BYTES) {
+					this.queue.push(line);
+					this.queuedBytes += line.length;
+				}
+				return;
+			}
+			if (socket.writableLength <= MAX_BUFFERED_BYTES) socket.write(line);
+		} catch {
+			this.drop(this.socket);
+		}
+	}
+
+	private open(): Socket | null {
+		if (Date.now() - this.failedAt < RECONNECT_AFTER_MS) return null;
+		const socket = createConnection(this.path);
+		this.socket = socket;
+		this.connected = false;
+		// The channel never keeps the harness alive; it lives exactly as long as the harness does.
+		attempt(() => socket.unref());
+		socket.on("error", () => this.drop(socket));
+		socket.on("close", () => this.drop(socket));
+		socket.on("data", () => undefined);
+		socket.on("connect", () => {
+			if (this.socket !== socket) return;
+			this.connected = true;
+			const queued = this.queue;
+			this.queue = [];
+			this.queuedBytes = 0;
+			for (const line of queued) this.send(line);
+		});
+		return socket;
+	}
+
+	private drop(socket: Socket | null): void {
+		if (socket === null) return;
+		if (this.socket === socket) {
+			this.socket = null;
+			this.connected = false;
+			this.queue = [];
+			this.queuedBytes = 0;
+			this.failedAt = Date.now();
+		}
+		attempt(() => socket.destroy());
+	}
+}
+
+export default function hctxChannel(pi: any): void {
+	const path = attempt(() => process.env[CHANNEL_ENV]);
+	if (!path) return; // not launched by `hctx wrap`: stay inert
+	const channel = new Channel(path);
+	// The last assistant message's cost, restated on every frame: a frame without it would erase the
+	// published cost at the next event that carries no message.
+	let costUsd: number | null = null;
+	// omp names its auto-compaction's reason only on auto_compaction_start, never on session_compact.
+	let pendingReason: string | null = null;
+
+	function reading(ctx: any): Reading | null {
+		const usage: any = attempt(() => ctx.getContextUsage());
+		if (usage === null || typeof usage !== "object") return null;
+		return {
+			tokens: numberOrNull(attempt(() => usage.tokens)),
+			contextWindow: numberOrNull(attempt(() => usage.contextWindow)),
+			percent: numberOrNull(attempt(() => usage.percent)),
+			model: stringOrNull(attempt(() => ctx.model.id)),
+			costUsd,
+		};
+	}
+
+	function emit(event: string, ctx: any, compaction: Compaction | null, count: number | null): void {
+		const now = reading(ctx);
+		if (now === null && compaction === null) return;
+		const frame = { type: "context", event, reading: now, compaction, compactions: count };
+		channel.send(`${JSON.stringify(frame)}\n`);
+	}
+
+	function on(event: string, handler: (payload: any, ctx: any) => void): void {
+		attempt(() =>
+			pi.on(event, (payload: any, ctx: any) => {
+				attempt(() => handler(payload, ctx));
+				return undefined;
+			}),
+		);
+	}
+
+	for (const event of READING_EVENTS) {
+		on(event, (payload, ctx) => {
+			if (event === "session_start") {
+				// A new or resumed session restates its own last cost, never its predecessor's.
+				costUsd = storedCost(ctx);
+			} else if (event === "message_end") {
+				const cost = assistantCost(attempt(() => payload.message));
+				if (cost !== null) costUsd = cost;
+			}
+			emit(event, ctx, null, compactionCount(ctx));
+		});
+	}
+	on("auto_compaction_start", (payload) => {
+		pendingReason = stringOrNull(attempt(() => payload.reason));
+	});
+	on("auto_compaction_end", () => {
+		pendingReason = null;
+	});
+	on("session_compact", (payload, ctx) => {
+		const reason = stringOrNull(attempt(() => payload.reason)) ?? pendingReason;
+		pendingReason = null;
+		// Read inside the handler, the store already holds this compaction's entry.
+		const count = compactionCount(ctx);
+		emit("session_compact", ctx, { reason, count }, count);
+	});
+}

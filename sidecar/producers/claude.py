@@ -1,0 +1,354 @@
+"""Claude Code: status-line payloads carry the window, compaction hooks carry the count.
+
+Frames (sent by `hctx-statusline` / `hctx-hook`, see `sidecar.claude_tee`):
+    {"type": "claude.statusline", "payload": <statusLine stdin JSON>}
+    {"type": "claude.hook",       "payload": <PreCompact | PostCompact | SessionStart stdin JSON>}
+
+Measured on 2.1.250 and 2.1.332 (lab/claude): `current_usage` is null until the first reply, while
+`total_input_tokens` already reads 0 beside it, so that 0 is Claude saying it does not know yet, not
+a measurement. One compaction raises PreCompact, then SessionStart(source=compact), then
+PostCompact, all three carrying the same `prompt_id`; it counts once.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from guard.policy import Reading
+from guard.record import CompactionTrigger, ContextFields, Harness, RateLimits
+from sidecar.producers.base import Frame, FrameRejected
+
+STATUSLINE_FRAME = "claude.statusline"
+HOOK_FRAME = "claude.hook"
+
+# The versions whose payloads the fixtures pin (HC-R13); a bump is re-measured, not assumed.
+VERIFIED_VERSIONS = ("2.1.250", "2.1.332")
+
+# The words Claude's hooks carry; anything else it might say later is recorded as unknown.
+_TRIGGERS: dict[str, CompactionTrigger] = {"manual": "manual", "auto": "auto"}
+# A model id is a short identifier; anything longer is not one we publish.
+_MAX_MODEL_ID = 256
+# Prompt ids of counted compactions, kept only to recognise the later edges of the same one.
+_REMEMBERED_COMPACTIONS = 64
+
+_Count = Annotated[int, Field(strict=True, ge=0)]
+_Percent = Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)]
+_Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+
+
+class _Tolerant(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class _Envelope(_Tolerant):
+    type: Literal["claude.statusline", "claude.hook"]
+    payload: dict[str, Any]
+
+
+class _ContextWindow(_Tolerant):
+    total_input_tokens: _Count | None = None
+    context_window_size: _Count | None = None
+    current_usage: dict[str, Any] | None = None
+    used_percentage: _Percent | None = None
+
+
+class _StatusLine(_Tolerant):
+    context_window: _ContextWindow
+
+
+class _Model(_Tolerant):
+    id: Annotated[str, Field(strict=True, min_length=1, max_length=_MAX_MODEL_ID)]
+
+
+class _Cost(_Tolerant):
+    total_cost_usd: _Percent  # non-negative and finite, like a percent
+
+
+class _RateWindow(_Tolerant):
+    used_percentage: _Number
+    resets_at: _Number | None = None  # epoch seconds
+
+
+class _Hook(_Tolerant):
+    hook_event_name: Annotated[str, Field(strict=True)]
+    prompt_id: Annotated[str, Field(strict=True)] | None = None
+    trigger: Annotated[str, Field(strict=True)] | None = None
+    source: Annotated[str, Field(strict=True)] | None = None
+
+
+def _optional(model: type[_Tolerant], value: object) -> Any:
+    """An adjacent fact decoded conservatively: absent or malformed is null, never a guess."""
+    if value is None:
+        return None
+    try:
+        return model.model_validate(value)
+    except ValidationError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class _Compaction:
+    count: int = 0
+    last_ms: int | None = None
+    trigger: CompactionTrigger | None = None
+
+
+class ClaudeProducer:
+    harness: Harness = "claude"
+
+    def __init__(self) -> None:
+        self._reading: ContextFields | None = None
+        self._compaction = _Compaction()
+        self._counted: OrderedDict[str, None] = OrderedDict()
+        # Set between a counted edge and its PostCompact, for edges that carry no prompt_id.
+        self._episode_open = False
+        # A compaction counted before any reading existed rides the first reading as its edge.
+        self._edge_pending = False
+
+    def feed(self, frame: Frame, now_ms: int) -> list[Reading]:
+        try:
+            envelope = _Envelope.model_validate(frame)
+        except ValidationError as exc:
+            raise FrameRejected(f"not a claude frame: {_why(exc)}") from None
+        except (RecursionError, TypeError, ValueError) as exc:
+            raise FrameRejected(f"not a claude frame: {type(exc).__name__}") from None
+        if envelope.type == STATUSLINE_FRAME:
+            return [self._statusline(envelope.payload, now_ms)]
+        return self._hook(envelope.payload, now_ms)
+
+    def _statusline(self, payload: dict[str, Any], now_ms: int) -> Reading:
+        try:
+            window = _StatusLine.model_validate(payload).context_window
+        except ValidationError as exc:
+            raise FrameRejected(f"status line without a readable context_window: {_why(exc)}") from None
+        measured = window.current_usage is not None
+        model: _Model | None = _optional(_Model, payload.get("model"))
+        cost: _Cost | None = _optional(_Cost, payload.get("cost"))
+        try:
+            fields = ContextFields(
+                harness="claude",
+                used_tokens=window.total_input_tokens if measured else None,
+                window_tokens=window.context_window_size or None,
+                used_percent=window.used_percentage if measured else None,
+                model=model.id if model else None,
+                cost_usd=cost.total_cost_usd if cost else None,
+                session_total_tokens=None,
+                rate_limits=_rate_limits(payload.get("rate_limits"), now_ms),
+                compactions=self._compaction.count,
+                last_compaction_ms=self._compaction.last_ms,
+                last_compaction_trigger=self._compaction.trigger,
+                observed_at_ms=now_ms,
+            )
+        except ValidationError as exc:
+            raise FrameRejected(f"status line out of range: {_why(exc)}") from None
+        self._reading = fields
+        edge, self._edge_pending = self._edge_pending, False
+        return Reading(fields, compaction_edge=edge)
+
+    def _hook(self, payload: dict[str, Any], now_ms: int) -> list[Reading]:
+        if payload.get("agent_id") is not None:
+            return []  # a subagent's compaction; this record is the top-level window (DQ-C9)
+        try:
+            hook = _Hook.model_validate(payload)
+        except ValidationError as exc:
+            raise FrameRejected(f"unreadable hook payload: {_why(exc)}") from None
+        event = hook.hook_event_name
+        if event == "PreCompact":
+            return self._compaction_edge(hook, now_ms, always_new=True)
+        if event == "SessionStart" and hook.source == "compact":
+            return self._compaction_edge(hook, now_ms, always_new=False)
+        if event == "PostCompact":
+            readings = self._compaction_edge(hook, now_ms, always_new=False)
+            self._episode_open = False
+            return readings
+        return []  # SessionStart startup/resume/clear and other events carry no context
+
+    def _compaction_edge(self, hook: _Hook, now_ms: int, *, always_new: bool) -> list[Reading]:
+        """Count one compaction per prompt_id, whichever of its three edges arrives first."""
+        if hook.prompt_id is not None:
+            seen = hook.prompt_id in self._counted
+        else:
+            seen = self._episode_open and not always_new
+        if seen:
+            if hook.hook_event_name == "PostCompact":
+                # The same compaction, now finished: lastCompactionMs moves to when the window
+                # emptied, and rides the next reading rather than writing again.
+                self._compaction = _Compaction(self._compaction.count, now_ms, self._compaction.trigger)
+            return []
+        if hook.prompt_id is not None:
+            self._counted[hook.prompt_id] = None
+            while len(self._counted) > _REMEMBERED_COMPACTIONS:
+                self._counted.popitem(last=False)
+        self._episode_open = True
+        trigger = _TRIGGERS.get(hook.trigger or "", "unknown")
+        self._compaction = _Compaction(self._compaction.count + 1, now_ms, trigger)
+        if self._reading is None:
+            self._edge_pending = True
+            return []
+        # The held reading, never re-stamped: only the compaction fields are new.
+        self._reading = self._reading.model_copy(
+            update={
+                "compactions": self._compaction.count,
+                "last_compaction_ms": now_ms,
+                "last_compaction_trigger": trigger,
+            }
+        )
+        return [Reading(self._reading, compaction_edge=True)]
+
+
+def _rate_limits(value: object, now_ms: int) -> RateLimits | None:
+    """`rate_limits.{five_hour,seven_day}.used_percentage` in whichever form the version gives.
+
+    A window whose `resets_at` has passed no longer describes the account; Claude itself drops
+    it from the payload once it notices, and it must not hold an exhaustion edge up meanwhile.
+    """
+    if not isinstance(value, dict):
+        return None
+
+    def window(name: str) -> float | None:
+        parsed: _RateWindow | None = _optional(_RateWindow, value.get(name))
+        if parsed is None:
+            return None
+        if parsed.resets_at is not None and parsed.resets_at * 1000 <= now_ms:
+            return None
+        return parsed.used_percentage
+
+    five_hour, seven_day = window("five_hour"), window("seven_day")
+    if five_hour is None and seven_day is None:
+        return None
+    return RateLimits(five_hour=five_hour, seven_day=seven_day)
+
+
+def _why(exc: ValidationError) -> str:
+    error = exc.errors()[0]
+    where = ".".join(str(part) for part in error["loc"]) or "frame"
+    return f"{where}: {error['msg']}"
+
+
+def make_producer(harness: Harness) -> ClaudeProducer:
+    if harness != "claude":
+        raise ValueError(f"the claude producer does not read {harness!r}")
+    return ClaudeProducer()
+
+
+# --- recordings -------------------------------------------------------------------------------
+
+
+def decode_recording(data: bytes) -> Iterator[tuple[int | None, Frame]]:
+    """JSONL of channel frames (`type`, `payload`, optional `atMs`), or raw captured payloads.
+
+    A raw line (what the lab's capture scripts stored: the stdin JSON itself) is a hook payload
+    when it names `hook_event_name` and a status-line payload otherwise. Lines that are not JSON
+    objects are skipped: a truncated tail is what a killed capture leaves.
+    """
+    for line in data.splitlines():
+        item = _json_object(line)
+        if item is not None:
+            yield _timed_frame(item, None)
+
+
+def _json_object(line: bytes) -> dict[str, Any] | None:
+    if not line.strip():
+        return None
+    try:
+        item = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    return item if isinstance(item, dict) else None
+
+
+def _timed_frame(item: dict[str, Any], at_ms: int | None) -> tuple[int | None, Frame]:
+    if "type" in item:
+        stamp = item.get("atMs")
+        own = stamp if isinstance(stamp, int) and not isinstance(stamp, bool) and stamp >= 0 else None
+        return (own if own is not None else at_ms), item
+    kind = HOOK_FRAME if "hook_event_name" in item else STATUSLINE_FRAME
+    return at_ms, {"type": kind, "payload": item}
+
+
+# Measured arrival order of one compaction's three hooks, on both versions.
+_HOOK_ORDER = {"PreCompact": 0, "SessionStart": 1, "PostCompact": 2}
+
+
+def load_recordings(paths: Sequence[Path]) -> list[bytes]:
+    """Merge capture files into one timed channel-frame stream for `hctx replay`.
+
+    A capture `X.jsonl` is timed by its sibling `X.times` (one ISO-8601 instant per line) when
+    there is one; channel frames by their own `atMs`. Timed frames run in time order. The lab
+    kept no times for the hook captures, so an untimed hook is placed just before the first
+    status-line payload of the same `prompt_id` (each compaction's hooks fire before the payload
+    that follows it) and takes that payload's time; a hook with no prompt_id (SessionStart at
+    startup) goes first; one whose prompt never shows up goes last.
+    """
+    spine: list[tuple[int | None, Frame]] = []
+    loose: list[Frame] = []
+    for path in paths:
+        times = _times_beside(path)
+        for index, item in enumerate(filter(None, map(_json_object, path.read_bytes().splitlines()))):
+            at_ms, frame = _timed_frame(item, times[index] if index < len(times) else None)
+            if at_ms is None and frame.get("type") == HOOK_FRAME:
+                loose.append(frame)
+            else:
+                spine.append((at_ms, frame))
+    if all(at is not None for at, _ in spine):
+        spine.sort(key=lambda timed: timed[0] or 0)
+    first: list[Frame] = []
+    anchored: dict[str, list[Frame]] = {}
+    for hook in sorted(
+        loose, key=lambda hook: _HOOK_ORDER.get(str(_payload(hook).get("hook_event_name")), 3)
+    ):
+        prompt = _payload(hook).get("prompt_id")
+        if isinstance(prompt, str):
+            anchored.setdefault(prompt, []).append(hook)
+        else:
+            first.append(hook)
+    merged: list[tuple[int | None, Frame]] = []
+    for at_ms, frame in spine:
+        prompt = _payload(frame).get("prompt_id")
+        hooks = first + (anchored.pop(prompt, []) if isinstance(prompt, str) else [])
+        first = []
+        merged.extend((at_ms, hook) for hook in hooks)
+        merged.append((at_ms, frame))
+    merged.extend((None, hook) for hook in first + [hook for hooks in anchored.values() for hook in hooks])
+    lines = []
+    for at_ms, frame in merged:
+        stamped = frame if at_ms is None else {**frame, "atMs": at_ms}
+        lines.append(json.dumps(stamped, ensure_ascii=False) + "\n")
+    return ["".join(lines).encode()]
+
+
+def _hook_rank(hook: Frame) -> int:
+    return _HOOK_ORDER.get(str(_payload(hook).get("hook_event_name")), len(_HOOK_ORDER))
+
+
+def _payload(frame: Frame) -> dict[str, Any]:
+    payload = frame.get("payload")
+    return payload if isinstance(payload, dict) else {}
+
+
+def _times_beside(path: Path) -> list[int | None]:
+    try:
+        text = path.with_suffix(".times").read_text()
+    except OSError:
+        return []
+    return [_instant_ms(line.strip()) for line in text.splitlines()]
+
+
+def _instant_ms(text: str) -> int | None:
+    try:
+        instant = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    if instant.tzinfo is None:
+        return None
+    millis = instant.timestamp() * 1000
+    return round(millis) if math.isfinite(millis) and millis >= 0 else None

@@ -1,0 +1,226 @@
+"""A fake OpenAI-compatible chat-completions server on 127.0.0.1 for the pi and omp live tests.
+
+It follows the lab's (`../shared/lab/pi/README.md`): the usage a reply reports is dictated by a
+marker in the last user message, so a test decides exactly what the harness is told it spent.
+
+- `[[u:IN:OUT]]` / `[[u:IN:OUT:CACHED]]`: `prompt_tokens=IN, completion_tokens=OUT`, and CACHED of
+  the prompt reported as `prompt_tokens_details.cached_tokens` (pi: input IN-CACHED, cacheRead CACHED).
+- `[[overflow]]`: the first request carrying that user text gets HTTP 400 "maximum context length".
+- a summarization request (pi's summarization system prompt, omp's summarizer or its "Write a
+  handoff document" user message) gets usage 700/120 and a unique summary: pi finds the saved
+  compaction entry by its summary text, so repeated summaries would make it report the wrong one.
+- anything else: usage 1300/20.
+
+Streaming (SSE, with `stream_options.include_usage`) and plain JSON replies are both served. Every
+request body is kept in `requests` for assertions. Only 127.0.0.1 is ever bound, on an ephemeral port.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import h11
+import trio
+
+HOST = "127.0.0.1"
+MARKER = re.compile(r"\[\[u:(\d+):(\d+)(?::(\d+))?\]\]")
+OVERFLOW_MARKER = "[[overflow]]"
+OVERFLOW_MESSAGE = (
+    "This model's maximum context length is 4000 tokens. However, your messages resulted in 5200 tokens. "
+    "Please reduce the length of the messages."
+)
+SUMMARY_USAGE = (700, 120, 0)
+DEFAULT_USAGE = (1300, 20, 0)
+MAX_BODY_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Served:
+    kind: str  # "marker" | "summary" | "default" | "overflow_error"
+    usage: tuple[int, int, int] | None
+    body: dict[str, Any]
+
+
+@dataclass
+class FakeModel:
+    port: int = 0
+    requests: list[Served] = field(default_factory=list)
+    _overflowed: set[str] = field(default_factory=set)
+    _summaries: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{HOST}:{self.port}/v1"
+
+    def answer(self, body: dict[str, Any]) -> tuple[int, Any, bool]:
+        """(status, payload, stream) for one chat-completions request."""
+        messages = body.get("messages") if isinstance(body.get("messages"), list) else []
+        last_user = _last_user_text(messages)
+        stream = bool(body.get("stream"))
+        if _is_summary_request(messages, last_user):
+            number = next(self._summaries)
+            text = f"## Goal\nLive run (fake summary #{number}).\n## Progress\n- turns summarised by the fake model"
+            self.requests.append(Served("summary", SUMMARY_USAGE, body))
+            return 200, (text, SUMMARY_USAGE), stream
+        if OVERFLOW_MARKER in last_user and last_user not in self._overflowed:
+            self._overflowed.add(last_user)
+            self.requests.append(Served("overflow_error", None, body))
+            error = {"message": OVERFLOW_MESSAGE, "type": "invalid_request_error", "code": "context_length_exceeded"}
+            return 400, {"error": error}, False
+        found = MARKER.search(last_user)
+        if found is None:
+            self.requests.append(Served("default", DEFAULT_USAGE, body))
+            return 200, ("ok (fake reply)", DEFAULT_USAGE), stream
+        usage = (int(found[1]), int(found[2]), int(found[3] or 0))
+        self.requests.append(Served("marker", usage, body))
+        return 200, (f"ok (fake reply for marker {found[0]})", usage), stream
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return ""
+
+
+def _last_user_text(messages: list[Any]) -> str:
+    for message in reversed(messages):
+        if isinstance(message, dict) and message.get("role") == "user":
+            return _text_of(message.get("content"))
+    return ""
+
+
+def _is_summary_request(messages: list[Any], last_user: str) -> bool:
+    system = " ".join(
+        _text_of(message.get("content"))
+        for message in messages
+        if isinstance(message, dict) and message.get("role") in ("system", "developer")
+    ).lower()
+    return (
+        "summarization assistant" in system
+        or system.startswith("summarize")
+        or "write a handoff document" in last_user.lower()
+    )
+
+
+def _usage_json(usage: tuple[int, int, int]) -> dict[str, Any]:
+    prompt, completion, cached = usage
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+
+
+def _sse_events(model: str, text: str, usage: tuple[int, int, int]) -> list[bytes]:
+    base = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0, "model": model}
+    chunks: list[dict[str, Any]] = [
+        {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": text}, "finish_reason": None}]},
+        {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+        {**base, "choices": [], "usage": _usage_json(usage)},
+    ]
+    return [f"data: {json.dumps(chunk)}\n\n".encode() for chunk in chunks] + [b"data: [DONE]\n\n"]
+
+
+def _completion(model: str, text: str, usage: tuple[int, int, int]) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion",
+        "created": 0,
+        "model": model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+        "usage": _usage_json(usage),
+    }
+
+
+async def _respond(conn: h11.Connection, stream: trio.SocketStream, events: list[Any]) -> None:
+    for event in events:
+        data = conn.send(event)
+        if data:
+            await stream.send_all(data)
+
+
+async def _handle(model: FakeModel, stream: trio.SocketStream) -> None:
+    conn = h11.Connection(h11.SERVER)
+    async with stream:
+        try:
+            while await _one_exchange(model, conn, stream):
+                conn.start_next_cycle()
+        except (h11.ProtocolError, trio.BrokenResourceError, trio.ClosedResourceError):
+            return
+
+
+async def _one_exchange(model: FakeModel, conn: h11.Connection, stream: trio.SocketStream) -> bool:
+    """Read one request and answer it; False once the connection is done."""
+    request: h11.Request | None = None
+    body = bytearray()
+    while True:
+        event = conn.next_event()
+        if event is h11.NEED_DATA:
+            conn.receive_data(await stream.receive_some(65536))
+        elif isinstance(event, h11.Request):
+            request = event
+        elif isinstance(event, h11.Data):
+            body += event.data
+            if len(body) > MAX_BODY_BYTES:
+                return False
+        elif isinstance(event, h11.EndOfMessage) and request is not None:
+            break
+        elif isinstance(event, h11.ConnectionClosed):
+            return False
+    await _serve_one(model, conn, stream, request, bytes(body))
+    return conn.our_state is h11.DONE and conn.their_state is h11.DONE
+
+
+async def _serve_one(
+    model: FakeModel, conn: h11.Connection, stream: trio.SocketStream, request: h11.Request, body: bytes
+) -> None:
+    path = request.target.decode().split("?")[0]
+    if request.method != b"POST" or not path.endswith("/chat/completions"):
+        payload = json.dumps({"error": {"message": f"no route {path}"}}).encode()
+        await _respond(conn, stream, _json_response(404, payload))
+        return
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        parsed = {}
+    status, answer, streaming = model.answer(parsed if isinstance(parsed, dict) else {})
+    name = str(parsed.get("model", "fake")) if isinstance(parsed, dict) else "fake"
+    if status != 200:
+        await _respond(conn, stream, _json_response(status, json.dumps(answer).encode()))
+        return
+    text, usage = answer
+    if not streaming:
+        await _respond(conn, stream, _json_response(200, json.dumps(_completion(name, text, usage)).encode()))
+        return
+    headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+    events: list[Any] = [h11.Response(status_code=200, headers=headers)]
+    events += [h11.Data(data=chunk) for chunk in _sse_events(name, text, usage)]
+    events.append(h11.EndOfMessage())
+    await _respond(conn, stream, events)
+
+
+def _json_response(status: int, payload: bytes) -> list[Any]:
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+    return [h11.Response(status_code=status, headers=headers), h11.Data(data=payload), h11.EndOfMessage()]
+
+
+@asynccontextmanager
+async def fake_model() -> AsyncIterator[FakeModel]:
+    """Serve on 127.0.0.1:<ephemeral> for the duration of the block."""
+    model = FakeModel()
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(trio.serve_tcp, lambda s: _handle(model, s), 0, host=HOST)
+        model.port = listeners[0].socket.getsockname()[1]
+        try:
+            yield model
+        finally:
+            nursery.cancel_scope.cancel()

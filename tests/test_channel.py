@@ -1,0 +1,138 @@
+"""The channel under hostile input, in-process: what is dropped, what survives, who is refused."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import stat
+from pathlib import Path
+
+import pytest
+import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sidecar import channel
+from sidecar.producers.base import Frame
+
+
+@pytest.fixture
+def socket_path(tmp_path: Path) -> Path:
+    directory = tmp_path / "ch"
+    directory.mkdir(mode=0o700)
+    return directory / "s"
+
+
+class Received(list[Frame]):
+    """Frames the channel submitted, with a way to wait for a count without polling."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.changed = trio.Event()
+
+    def submit(self, frame: Frame) -> None:
+        self.append(frame)
+        self.changed.set()
+        self.changed = trio.Event()
+
+
+async def _serve(nursery: trio.Nursery, path: Path) -> Received:
+    received = Received()
+    await nursery.start(channel.serve, path, received.submit)
+    return received
+
+
+async def _send(path: Path, *chunks: bytes) -> None:
+    stream = await trio.open_unix_socket(os.fspath(path))
+    async with stream:
+        for chunk in chunks:
+            await stream.send_all(chunk)
+
+
+async def _settle(received: Received, count: int) -> None:
+    with trio.fail_after(10):
+        while len(received) < count:
+            await received.changed.wait()
+
+
+async def test_the_socket_is_private_to_its_owner(socket_path: Path) -> None:
+    async with trio.open_nursery() as nursery:
+        await _serve(nursery, socket_path)
+        assert stat.S_IMODE(os.stat(socket_path).st_mode) == 0o600
+        nursery.cancel_scope.cancel()
+    assert not socket_path.exists()
+
+
+def test_a_world_readable_directory_or_an_overlong_path_is_refused(tmp_path: Path) -> None:
+    open_dir = tmp_path / "open"
+    open_dir.mkdir(mode=0o755)
+    open_dir.chmod(0o755)
+    with pytest.raises(channel.ChannelPathError, match="0700"):
+        channel.check_channel_path(open_dir / "s")
+    deep = tmp_path / ("d" * 100)
+    deep.mkdir(mode=0o700)
+    with pytest.raises(channel.ChannelPathError, match="longer than 107"):
+        channel.check_channel_path(deep / "s")
+
+
+async def test_garbage_oversized_and_half_frames_are_dropped_and_the_good_ones_arrive(
+    socket_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING)
+    good = {"type": "context", "n": 1}
+    async with trio.open_nursery() as nursery:
+        received = await _serve(nursery, socket_path)
+        await _send(socket_path, b"\x00\xff garbage\n", b"[1,2]\n", b'{"no":"type"}\n', b'{"type":7}\n')
+        await _send(socket_path, b"x" * (10 * 1024 * 1024) + b"\n" + json.dumps(good).encode() + b"\n")
+        await _send(socket_path, json.dumps(good).encode() + b"\n" + b'{"type":"context","half')
+        await _send(socket_path, b"[" * 100_000 + b"\n")
+        await _settle(received, 2)
+        await trio.sleep(0.05)
+        nursery.cancel_scope.cancel()
+    assert received == [good, good]
+    reasons = " | ".join(r.getMessage() for r in caplog.records)
+    for why in ("malformed JSON", "not a JSON object but list", "no string 'type'", "over 1048576 bytes",
+                "truncated frame"):  # fmt: skip
+        assert why in reasons
+
+
+async def test_a_frame_split_across_many_writes_arrives_whole(socket_path: Path) -> None:
+    frame = json.dumps({"type": "context", "payload": "y" * 200_000}).encode() + b"\n"
+    async with trio.open_nursery() as nursery:
+        received = await _serve(nursery, socket_path)
+        await _send(socket_path, *(frame[i : i + 7919] for i in range(0, len(frame), 7919)))
+        await _settle(received, 1)
+        nursery.cancel_scope.cancel()
+    assert received[0]["payload"] == "y" * 200_000
+
+
+async def test_a_peer_of_another_uid_is_refused_before_a_byte_is_read(
+    socket_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(channel, "peer_uid", lambda sock: os.getuid() + 1)
+    async with trio.open_nursery() as nursery:
+        received = await _serve(nursery, socket_path)
+        await _send(socket_path, b'{"type":"context"}\n')
+        await trio.sleep(0.1)
+        nursery.cancel_scope.cancel()
+    assert received == []
+    assert any("refused" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_thousand_connections_in_a_burst_all_land(socket_path: Path) -> None:
+    async with trio.open_nursery() as nursery:
+        received = await _serve(nursery, socket_path)
+        async with trio.open_nursery() as clients:
+            for n in range(1000):
+                clients.start_soon(_send, socket_path, json.dumps({"type": "t", "n": n}).encode() + b"\n")
+        await _settle(received, 1000)
+        nursery.cancel_scope.cancel()
+    assert sorted(frame["n"] for frame in received) == list(range(1000))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=4096))
+def test_decode_frame_answers_every_input_with_a_frame_or_a_reason(line: bytes) -> None:
+    result = channel.decode_frame(line)
+    assert isinstance(result, str) or isinstance(result.get("type"), str)

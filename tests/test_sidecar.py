@@ -1,0 +1,103 @@
+"""The sidecar process on its own: hostile channel input end to end, stragglers, the lifeline."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from guard.record import HarnessContext, parse_record
+from guard.state import read_state
+from guard.store import AgentDir
+from tests.wrapping import HOST, agent_dir, context_frame, env, log_events, pid_gone, wait_for
+from wrapper.launcher import WrapOptions, claim
+
+
+@contextmanager
+def sidecar(catalog: Path, agent: str, incarnation: str) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    directory = Path(os.environ.get("TMPDIR", "/tmp")) / f"hctx-t-{os.getpid()}-{incarnation[:8]}"
+    directory.mkdir(mode=0o700)
+    path = directory / "ch"
+    lifeline_read, lifeline_write = os.pipe()
+    argv = [
+        *(sys.executable, "-m", "sidecar", "--harness", "pi", "--catalog", str(catalog), "--host", HOST),
+        *("--agent", agent, "--incarnation", incarnation, "--channel", str(path)),
+        *("--lifeline-fd", str(lifeline_read)),
+    ]
+    process = subprocess.Popen(argv, env=env(), pass_fds=(lifeline_read,))
+    os.close(lifeline_read)
+    try:
+        wait_for(path.exists, what="channel socket")
+        yield process, path
+    finally:
+        os.close(lifeline_write)
+        process.wait(timeout=10)
+        directory.rmdir()
+
+
+def send(path: Path, data: bytes) -> None:
+    with socket.socket(socket.AF_UNIX) as client:
+        client.connect(str(path))
+        client.sendall(data)
+
+
+def record_of(catalog: Path, agent: str) -> HarnessContext | None:
+    path = agent_dir(catalog, agent) / "harness-context"
+    return parse_record(path.read_bytes()) if path.exists() else None
+
+
+def test_hostile_input_leaves_the_sidecar_running_and_the_record_correct(tmp_path: Path) -> None:
+    with sidecar(tmp_path, "victim", "inc-1") as (process, path):
+        send(path, context_frame(300, 1000, 30.0).encode() + b"\n")
+        wait_for(lambda: record_of(tmp_path, "victim"), what="first record")
+        send(path, b"\x00garbage\n" + b"z" * (10 * 1024 * 1024) + b"\n" + b'{"type":"context","half')
+        send(path, b'{"type":"context","reading":{"tokens":"many","contextWindow":-5}}\n')
+        send(path, b'{"type":"nonsense"}\n{"type":"context","reading":[]}\n')
+        for _ in range(200):
+            send(path, b'{"type":"context"')  # a burst of half frames, each cut by a closed connection
+        send(path, context_frame(520, 1000, 52.0).encode() + b"\n")
+        record = wait_for(
+            lambda: (r := record_of(tmp_path, "victim")) is not None and r.used_tokens == 520 and r,
+            what="the good frame after the garbage",
+        )
+        assert process.poll() is None
+    assert record.used_percent == 52.0 and record.window_tokens == 1000
+    dropped = [e for e in log_events(tmp_path, "victim") if e["event"] == "frame-dropped"]
+    assert len(dropped) >= 205
+    assert log_events(tmp_path, "victim")[-1]["event"] == "exit"
+
+
+def test_a_straggler_from_an_old_incarnation_lands_visibly_older_and_is_overwritten(tmp_path: Path) -> None:
+    agent = AgentDir(tmp_path, HOST, "relaunched")
+    options = WrapOptions(agent=agent, harness="pi", argv=("true",))
+    old = claim(options)
+    with sidecar(tmp_path, "relaunched", old) as (_, old_path):
+        new = claim(options)  # the relaunch: new claim, record removed
+        assert record_of(tmp_path, "relaunched") is None
+        send(old_path, context_frame(900, 1000, 90.0).encode() + b"\n")
+        straggler = wait_for(lambda: record_of(tmp_path, "relaunched"), what="straggler write")
+    state = read_state(agent)
+    assert state is not None and state.incarnation == new
+    assert straggler.incarnation == old != state.incarnation
+    with sidecar(tmp_path, "relaunched", new) as (_, new_path):
+        time.sleep(0.01)
+        send(new_path, context_frame(100, 1000, 10.0).encode() + b"\n")
+        current = wait_for(
+            lambda: (r := record_of(tmp_path, "relaunched")) is not None and r.incarnation == new and r,
+            what="the new incarnation's reading",
+        )
+    assert current.used_tokens == 100
+    assert current.observed_at_ms > straggler.observed_at_ms
+    assert current.written_at_ms > straggler.written_at_ms
+
+
+def test_the_sidecar_exits_when_its_lifeline_closes(tmp_path: Path) -> None:
+    with sidecar(tmp_path, "mortal", "inc") as (process, _):
+        pid = process.pid
+    assert process.returncode == 0
+    assert pid_gone(pid)

@@ -1,0 +1,270 @@
+"""`hctx top`: every agent's fill, full-screen, live.
+
+Plain ANSI on the alternate screen: no curses, no dependency. The catalog is re-read every second
+for the ages, and its files' stat signature is polled five times a second so a changed record shows
+within a second. `q`, Ctrl-C, SIGTERM/SIGHUP or EOF on stdin quit and restore the terminal.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import shutil
+import signal
+import sys
+import termios
+import time
+import tty
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from guard.constants import AGENTS_DIR_NAME, CONTEXT_RECORD_NAME, STATE_RECORD_NAME
+from wrapper.readers import (
+    AgentRow,
+    CatalogUnreadable,
+    Roster,
+    Tint,
+    age_text,
+    collect_roster,
+    colour_enabled,
+    cost_text,
+    fill_tint,
+    list_agents,
+    now_ms,
+    paint,
+    percent_text,
+    tokens_text,
+)
+
+REFRESH_S = 1.0
+POLL_S = 0.2
+BAR_CELLS = 20
+
+Segment = tuple[str, Tint]
+
+
+def fill_order(row: AgentRow) -> tuple[int, float, str, str]:
+    """Fullest first; rows whose percent is withheld next; rows with no reading last."""
+    context = row.context
+    if context is None:
+        return (2, 0.0, row.host, row.identity)
+    percent = context["usedPercent"]
+    if percent is None:
+        return (1, 0.0, row.host, row.identity)
+    return (0, -percent, row.host, row.identity)
+
+
+def bar(context: dict[str, Any] | None) -> str:
+    """The fill bar, clamped to its cells for layout only; the percent beside it is the raw value."""
+    if context is None or context["usedPercent"] is None:
+        return " " * BAR_CELLS
+    share = min(max(context["usedPercent"], 0.0), 100.0) / 100.0
+    filled = int(share * BAR_CELLS + 0.5)
+    return "█" * filled + "░" * (BAR_CELLS - filled)
+
+
+COLUMNS = ("AGENT", "HARNESS", "FILL", "PCT", "TOKENS", "WINDOW", "⟳", "AGE", "COST")
+
+
+def _cells(row: AgentRow) -> list[Segment]:
+    context = row.context
+    tint = fill_tint(context)
+    if context is None:
+        return [(row.name, None), (row.harness or "-", None), (bar(None), None), ("-", None),
+                ("", None), ("", None), ("", None), ("", None), ("", None)]  # fmt: skip
+    percent = context["usedPercent"]
+    age = age_text(context["ageMs"]) + (" stale" if context["stale"] else "")
+    return [
+        (row.name, None),
+        (context["harness"], None),
+        (bar(context), tint),
+        ("?" if percent is None else percent_text(percent), tint),
+        (tokens_text(context["usedTokens"]), None),
+        (tokens_text(context["windowTokens"]), None),
+        (str(context["compactions"]), None),
+        (age, None),
+        (cost_text(context["costUsd"]), None),
+    ]
+
+
+def _fit(segments: list[Segment], width: int | None, colour: bool) -> str:
+    """Join segments, cut to `width` terminal cells, paint what survives."""
+    out = []
+    room = width
+    for text, tint in segments:
+        if room is not None:
+            if room <= 0:
+                break
+            text = text[:room]
+            room -= len(text)
+        out.append(paint(text, tint, colour))
+    return "".join(out).rstrip()
+
+
+def render_frame(
+    roster: Roster | None,
+    now: int,
+    *,
+    catalog: Path,
+    width: int | None,
+    height: int | None,
+    colour: bool,
+    problem: str | None = None,
+) -> list[str]:
+    """The screen's lines (no trailing newline on any); `height` bounds them, `width` cuts them."""
+    clock = time.strftime("%H:%M:%S", time.localtime(now / 1000))
+    rows = [] if roster is None else sorted(roster.rows, key=fill_order)
+    title = f"hctx top · {len(rows)} agent{'' if len(rows) == 1 else 's'} · {catalog} · {clock}"
+    lines = [_fit([(title, None)], width, False), _fit([("q quits", None)], width, False), ""]
+    if problem is not None:
+        lines.append(_fit([(f"cannot read the catalog: {problem}", "red")], width, colour))
+        return lines if height is None else lines[:height]
+
+    header: list[Segment] = [(title, None) for title in COLUMNS]
+    table = [header, *(_cells(row) for row in rows)]
+    widths = [max(len(cells[index][0]) for cells in table) for index in range(len(COLUMNS))]
+    body = []
+    for cells in table:
+        segments: list[Segment] = []
+        for index, ((text, tint), column_width) in enumerate(zip(cells, widths, strict=True)):
+            right = index in (3, 4, 5, 6)  # numbers align right
+            pad = " " * (column_width - len(text))
+            if index:
+                segments.append(("  ", None))
+            segments.extend([(pad, None), (text, tint)] if right else [(text, tint), (pad, None)])
+        body.append(_fit(segments, width, colour))
+
+    refused = 0 if roster is None else len(roster.all_warnings())
+    plural = "s" if refused != 1 else ""
+    footer = [f"{refused} warning{plural}: `hctx agents` names them"] if refused else []
+    if height is not None:
+        room = max(1, height - len(lines) - len(footer))
+        if len(body) > room:
+            hidden = len(body) - (room - 1)
+            body = [*body[: room - 1], f"… {hidden} more"]
+    lines.extend(body)
+    lines.extend(_fit([(line, None)], width, False) for line in footer)
+    return lines
+
+
+def signature(catalog: Path) -> tuple[object, ...]:
+    """Cheap fingerprint of every record and claim: it moves when any of them is replaced."""
+    marks: list[object] = []
+    try:
+        agents, _ = list_agents(catalog)
+    except CatalogUnreadable as exc:
+        return (str(exc),)
+    for host, identity in agents:
+        base = catalog / AGENTS_DIR_NAME / host / identity
+        for name in (CONTEXT_RECORD_NAME, STATE_RECORD_NAME):
+            try:
+                info = os.stat(base / name, follow_symlinks=False)
+            except OSError:
+                marks.append(None)
+                continue
+            marks.append((info.st_ino, info.st_mtime_ns, info.st_size))
+        marks.append((host, identity))
+    return tuple(marks)
+
+
+@dataclass(slots=True)
+class Screen:
+    catalog: Path
+    here: str
+    colour: bool
+
+    def frame(self, width: int | None, height: int | None) -> list[str]:
+        now = now_ms()
+        try:
+            roster = collect_roster(self.catalog, now, here=self.here)
+        except CatalogUnreadable as exc:
+            return render_frame(None, now, catalog=self.catalog, width=width, height=height,
+                                colour=self.colour, problem=str(exc))  # fmt: skip
+        return render_frame(roster, now, catalog=self.catalog, width=width, height=height, colour=self.colour)
+
+
+def _once_width() -> int | None:
+    if sys.stdout.isatty():
+        return shutil.get_terminal_size().columns
+    columns = os.environ.get("COLUMNS", "")
+    return int(columns) if columns.isdigit() and int(columns) > 0 else None
+
+
+class _Quit(Exception):
+    pass
+
+
+def _raise_quit(signum: int, frame: FrameType | None) -> None:
+    raise _Quit
+
+
+@contextmanager
+def _terminal(fd: int) -> Iterator[None]:
+    """Alternate screen, hidden cursor, no echo, key-at-a-time; all undone however the view ends."""
+    saved = termios.tcgetattr(fd)
+    handlers = {sig: signal.signal(sig, _raise_quit) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        tty.setcbreak(fd)  # keeps ISIG, so Ctrl-C still arrives as SIGINT
+        sys.stdout.write("\x1b[?1049h\x1b[?25l\x1b[2J")
+        sys.stdout.flush()
+        yield
+    finally:
+        sys.stdout.write("\x1b[0m\x1b[?25h\x1b[?1049l")
+        sys.stdout.flush()
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+
+
+def _quit_requested(fd: int, timeout: float) -> bool:
+    readable, _, _ = select.select([fd], [], [], max(0.0, timeout))
+    if not readable:
+        return False
+    keys = os.read(fd, 64)
+    return not keys or any(key in keys for key in (b"q", b"Q", b"\x03"))
+
+
+def _draw(lines: list[str]) -> None:
+    sys.stdout.write("\x1b[H" + "\x1b[K\n".join(lines) + "\x1b[K\x1b[J")
+    sys.stdout.flush()
+
+
+def live(screen: Screen, fd: int) -> None:
+    last_frame: list[str] | None = None
+    last_size: os.terminal_size | None = None
+    last_mark: tuple[object, ...] | None = None
+    next_refresh = 0.0
+    while True:
+        size = shutil.get_terminal_size()
+        mark = signature(screen.catalog)
+        clock = time.monotonic()
+        if clock >= next_refresh or mark != last_mark or size != last_size:
+            frame = screen.frame(size.columns, size.lines)
+            if frame != last_frame or size != last_size:
+                _draw(frame)
+            last_frame, last_size, last_mark = frame, size, mark
+            next_refresh = clock + REFRESH_S
+        if _quit_requested(fd, min(POLL_S, next_refresh - time.monotonic())):
+            return
+
+
+def run(catalog: Path, *, here: str, once: bool) -> int:
+    if once:
+        screen = Screen(catalog, here, colour_enabled(sys.stdout))
+        sys.stdout.write("\n".join(screen.frame(_once_width(), None)) + "\n")
+        return 0
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        print("hctx top: needs a terminal on stdin and stdout (use --once for one frame)", file=sys.stderr)
+        return 2
+    fd = sys.stdin.fileno()
+    screen = Screen(catalog, here, colour_enabled(sys.stdout))
+    try:
+        with _terminal(fd):
+            live(screen, fd)
+    except (KeyboardInterrupt, _Quit):
+        pass
+    return 0
