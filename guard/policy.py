@@ -41,7 +41,7 @@ def bucket(fields: ContextFields) -> Bucket:
     """
     used, window = fields.used_tokens, fields.window_tokens
     if used is not None and window:
-        return window, math.floor(used * 100 / (window * HARNESS_CONTEXT_BUCKET_PERCENT))
+        return window, used * 100 // (window * HARNESS_CONTEXT_BUCKET_PERCENT)  # exact, not float
     if fields.used_percent is not None:
         return window, math.floor(fields.used_percent / HARNESS_CONTEXT_BUCKET_PERCENT)
     return window, None

@@ -228,16 +228,26 @@ def iter_hosts(catalog: Path) -> list[str]:
 
 def iter_identities(catalog: Path, host: str) -> list[str]:
     """Identity directories of one host, passing over exactly the legacy staging file."""
-    return sorted(_strict_children(catalog / AGENTS_DIR_NAME / check_name("host", host), legacy_ok=True))
+    agents = catalog / AGENTS_DIR_NAME
+    if not _is_real_dir(agents):  # a symlinked `agents/` is refused here too, not walked through
+        return []
+    return sorted(_strict_children(agents / check_name("host", host), legacy_ok=True))
+
+
+def _is_real_dir(path: Path) -> bool:
+    """False when absent; CatalogError when it is a symlink or not a directory."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISDIR(info.st_mode):
+        raise CatalogError(f"{path} is not a real directory")
+    return True
 
 
 def _strict_children(directory: Path, *, legacy_ok: bool) -> Iterator[str]:
-    try:
-        info = os.lstat(directory)
-    except FileNotFoundError:
+    if not _is_real_dir(directory):
         return
-    if not stat.S_ISDIR(info.st_mode):
-        raise CatalogError(f"{directory} is not a real directory")
     with os.scandir(directory) as entries:
         for entry in entries:
             if (

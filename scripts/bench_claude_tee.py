@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from wrapper.harnesses.claude import tee_command
+
 REPO = Path(__file__).resolve().parent.parent
 TEE = REPO / "sidecar" / "claude_tee.py"
 PAYLOAD = (REPO / "fixtures" / "claude" / "statusline-2.1.250.jsonl").read_bytes().splitlines()[1]
@@ -33,10 +35,12 @@ def variants() -> dict[str, tuple[list[str], bytes]]:
     found = {
         "python -S -c pass (bare)": ([python, "-S", "-c", "pass"], b""),
         "python -c pass": ([python, "-c", "pass"], b""),
+        "sh -c python -S -c pass": (["/bin/sh", "-c", f"{python} -S -c pass"], b""),
         # What wrapper.harnesses.claude renders into .claude/settings.local.json.
-        "tee: python -I -S claude_tee.py": ([python, "-I", "-S", str(TEE), "statusline"], PAYLOAD),
+        "tee: rendered statusLine command": (["/bin/sh", "-c", tee_command("statusline")], PAYLOAD),
+        "hook: rendered hook command": (["/bin/sh", "-c", tee_command("hook")], PRE_COMPACT),
+        "tee: python -I -S claude_tee.py (script)": ([python, "-I", "-S", str(TEE), "statusline"], PAYLOAD),
         "tee: python -m sidecar.claude_tee": ([python, "-m", "sidecar.claude_tee", "statusline"], PAYLOAD),
-        "hook: python -I -S claude_tee.py": ([python, "-I", "-S", str(TEE), "hook"], PRE_COMPACT),
     }
     console = shutil.which("hctx-statusline")
     if console:
@@ -45,9 +49,7 @@ def variants() -> dict[str, tuple[list[str], bytes]]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=60)
     args = parser.parse_args()
     runs = variants()
@@ -69,7 +71,7 @@ def main() -> int:
                 start = time.perf_counter()
                 done = subprocess.run(argv, input=stdin, env=env, capture_output=True, check=False)
                 times[name].append((time.perf_counter() - start) * 1000)
-                if done.returncode != 0 or (b"statusline" in argv[-1].encode() and done.stdout != b"ok\n"):
+                if done.returncode != 0 or (name.startswith("tee") and done.stdout != b"ok\n"):
                     print(f"{name} failed: rc={done.returncode} {done.stdout!r} {done.stderr!r}")
                     return 1
                 received += _drain(listener)

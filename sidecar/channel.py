@@ -70,16 +70,20 @@ async def serve(
     """Listen at `path` (0600) and submit every well-formed frame; runs until cancelled."""
     check_channel_path(path)
     path.unlink(missing_ok=True)
+    binding = path.with_name(path.name + ".bind")
+    binding.unlink(missing_ok=True)
     listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     with listener:
         # Bind under a 0077 umask so the socket is never, even briefly, open to others.
         old_umask = os.umask(0o177)
         try:
-            await listener.bind(os.fspath(path))
+            await listener.bind(os.fspath(binding))
         finally:
             os.umask(old_umask)
         # A deep backlog absorbs bursts (a fleet of status-line refreshes) while handlers are busy.
         listener.listen(socket.SOMAXCONN)
+        # Only a listening socket appears at `path`: a client that finds it can connect.
+        os.rename(binding, path)
         slots = trio.Semaphore(MAX_CONNECTIONS)
         task_status.started()
         try:

@@ -26,9 +26,7 @@ METHODS = [
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
-    lambda children: (
-        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=12), children, max_size=4)
-    ),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=12), children, max_size=4),
     max_leaves=20,
 )
 numbers = st.one_of(
@@ -90,9 +88,7 @@ def test_any_params_for_the_methods_that_matter(method: str, params: Any, as_tex
 
 @settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow])
 @given(last=numbers, total=numbers, window=numbers, used=numbers, minutes=numbers)
-def test_hostile_numbers_in_well_formed_messages(
-    last: Any, total: Any, window: Any, used: Any, minutes: Any
-) -> None:
+def test_hostile_numbers_in_well_formed_messages(last: Any, total: Any, window: Any, used: Any, minutes: Any) -> None:
     producer = CodexProducer()
     feed(producer, frame_of({"method": "account/rateLimits/updated", "params": {"rateLimits": {
         "primary": {"usedPercent": used, "windowDurationMins": minutes}}}}))  # fmt: skip
@@ -102,7 +98,6 @@ def test_hostile_numbers_in_well_formed_messages(
             "last": {"totalTokens": last}, "total": {"totalTokens": total}, "modelContextWindow": window}},
     }  # fmt: skip
     readings = feed(producer, frame_of(message))
-    valid_int = lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**63  # noqa: E731
     if not (valid_int(last) and valid_int(total) and (window is None or valid_int(window))):
         assert readings == []
         return
@@ -191,9 +186,7 @@ def test_a_hostile_flood_of_item_ids_is_bounded_and_still_counts_each_once() -> 
     producer = CodexProducer()
     for n in range(5_000):
         producer.feed(
-            frame_of(
-                {"method": "item/started", "params": {"item": {"type": "contextCompaction", "id": str(n)}}}
-            ),
+            frame_of({"method": "item/started", "params": {"item": {"type": "contextCompaction", "id": str(n)}}}),
             n,
         )
     assert producer.compactions == 5_000
@@ -208,6 +201,10 @@ def test_any_bytes_as_a_recording(data: bytes) -> None:
         assert frame["type"] == "codex.rpc"
         assert at_ms is None or at_ms >= 0
         feed(producer, frame)
+
+
+def valid_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
 
 
 def frame_of(payload: Any) -> dict[str, Any]:

@@ -188,9 +188,7 @@ def test_rate_limits_merge_a_null_or_absent_window_never_clears() -> None:
 @pytest.mark.parametrize("version", VERSIONS)
 def test_resume_in_a_fresh_process(version: str) -> None:
     _, readings = run(capture(version, "stdio-resume"))
-    published = [
-        (r.fields.used_tokens, r.fields.session_total_tokens, r.fields.used_percent) for r in readings
-    ]
+    published = [(r.fields.used_tokens, r.fields.session_total_tokens, r.fields.used_percent) for r in readings]
     if version == "0.151.0":
         # No replay before 0.154.0: blind until the next turn, whose total restarted at zero.
         assert published == [(22_300, 22_300, 6)]
@@ -367,9 +365,7 @@ def test_both_recording_forms_decode_to_the_same_frames() -> None:
     assert isinstance(producer_for("codex"), CodexProducer)
 
 
-def test_a_corrupt_recording_line_is_dropped_not_fatal(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
-) -> None:
+def test_a_corrupt_recording_line_is_dropped_not_fatal(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     from wrapper.cli import main
 
     lines = capture("0.151.0", "stdio-main").read_bytes().splitlines()
@@ -382,9 +378,7 @@ def test_a_corrupt_recording_line_is_dropped_not_fatal(
 # ---- helpers ----------------------------------------------------------------------------------------
 
 
-def token_usage(
-    last: int, total: int, window: int | None, *, thread: str = "th", turn: str = "t"
-) -> dict[str, Any]:
+def token_usage(last: int, total: int, window: int | None, *, thread: str = "th", turn: str = "t") -> dict[str, Any]:
     def breakdown(n: int) -> dict[str, int]:
         return {"totalTokens": n, "inputTokens": n, "cachedInputTokens": 0, "cacheWriteInputTokens": 0,
                 "outputTokens": 0, "reasoningOutputTokens": 0}  # fmt: skip

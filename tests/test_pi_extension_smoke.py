@@ -95,9 +95,7 @@ async def test_without_telemetry_only_the_edge_arrives_countless(
 ) -> None:
     summary, frames, _ = await _drive(_loader_command(loader, harness, version), ASSET, context, harness, short_dir)
     assert summary["threw"] == []
-    assert {"session_start", "message_end", "turn_end", "agent_end", "session_compact"} <= set(
-        summary["registered"]
-    )
+    assert {"session_start", "message_end", "turn_end", "agent_end", "session_compact"} <= set(summary["registered"])
     # No usage object means nothing to publish, except the compaction itself, which must not be lost.
     assert len(frames) == 1, frames
     (edge,) = frames
@@ -122,7 +120,7 @@ async def test_pi_populated_context_sends_total_tokens_and_withholds_at_the_edge
     # the scripted events in order, then the handlers pi never fires (omp's session_stop), driven last
     assert [frame["event"] for frame in frames] == [
         "session_start", "message_end", "message_end", "turn_end", "agent_end", "agent_settled",
-        "session_compact", "message_end", "turn_end", "agent_end", "session_stop",
+        "session_compact", "message_end", "turn_end", "agent_end", "session_start", "session_stop",
     ]  # fmt: skip
     (turn, overrun) = _by_event(frames, "turn_end")
     # pi's numerator is the totalTokens (input + output + cacheRead), not the prompt's 16000.
@@ -139,13 +137,18 @@ async def test_pi_populated_context_sends_total_tokens_and_withholds_at_the_edge
     # The cost is held and restated on frames whose event carries no message.
     assert _by_event(frames, "agent_settled")[0]["reading"]["costUsd"] == 13.36
     assert frames[0]["reading"]["costUsd"] is None
+    # A replaced session restates its own cost (none yet), never its predecessor's; its count is its own.
+    replaced = _by_event(frames, "session_start")[-1]
+    assert (replaced["reading"]["costUsd"], replaced["compactions"]) == (None, 0)
 
     writes = _through_the_producer("pi", recorded)
     (compaction,) = [write for write in writes if write.reason == "compaction"]
     assert compaction.record.used_tokens is None and compaction.record.used_percent is None
     assert compaction.record.window_tokens == 32000
     assert (compaction.record.compactions, compaction.record.last_compaction_trigger) == (1, "manual")
-    assert writes[-1].record.used_percent == 105
+    assert (33600, 105) in [(w.record.used_tokens, w.record.used_percent) for w in writes]
+    # the replaced session's store holds no compaction: no count, no trigger carried over from the old one
+    assert (writes[-1].record.compactions, writes[-1].record.last_compaction_trigger) == (0, None)
 
 
 async def test_omp_populated_context_sends_prompt_tokens_and_the_start_events_reason(short_dir: Path) -> None:
@@ -163,6 +166,8 @@ async def test_omp_populated_context_sends_prompt_tokens_and_the_start_events_re
     assert settled["tokens"] != 16480
     assert overrun["percent"] == 112.5  # unclamped
     assert overrun["costUsd"] == 36
+    replaced = _by_event(frames, "session_start")[-1]
+    assert (replaced["reading"]["costUsd"], replaced["compactions"]) == (None, 0)
     (edge,) = _by_event(frames, "session_compact")
     # omp never nulls, and its reason comes from the preceding auto_compaction_start.
     assert edge["reading"]["tokens"] == 15013
@@ -172,7 +177,8 @@ async def test_omp_populated_context_sends_prompt_tokens_and_the_start_events_re
     (compaction,) = [write for write in writes if write.reason == "compaction"]
     assert compaction.record.used_tokens == 15013
     assert compaction.record.last_compaction_trigger == "threshold"
-    assert writes[-1].record.used_tokens == 36000
+    assert (36000, 112.5) in [(w.record.used_tokens, w.record.used_percent) for w in writes]
+    assert (writes[-1].record.compactions, writes[-1].record.last_compaction_ms) == (0, None)
 
 
 async def test_pi_shape_under_bun_and_omp_shape_under_jiti_load_alike(short_dir: Path) -> None:
@@ -212,3 +218,22 @@ def _through_the_producer(harness: str, recorded: bytes) -> list[Any]:
         assert at_ms is not None
         writes.extend(pipeline.feed(frame, at_ms))
     return writes
+
+
+@pytest.mark.parametrize(("loader", "harness", "version"), [LOADERS[0], LOADERS[2]])
+@pytest.mark.parametrize("channel", ["dead", "unset"])
+async def test_a_dead_or_absent_channel_never_breaks_the_harness(
+    loader: str, harness: str, version: str, channel: str, short_dir: Path
+) -> None:
+    """No sidecar listening (or not launched by hctx at all): every handler still returns, quietly."""
+    command = _loader_command(loader, harness, version)
+    argv = [part.format(asset=ASSET, context="populated", script=harness) for part in command]
+    env = {key: value for key, value in os.environ.items() if key != "HCTX_CHANNEL"}
+    if channel == "dead":
+        env["HCTX_CHANNEL"] = os.fspath(short_dir / "nobody-listens.sock")
+    with trio.fail_after(RUN_TIMEOUT_S):
+        result = await trio.run_process(argv, env=env, capture_stdout=True, capture_stderr=True)
+    summary = json.loads(result.stdout.decode().strip().splitlines()[-1])
+    assert summary["threw"] == [] and result.stderr == b""
+    # Outside `hctx wrap` the asset stays inert: it registers no handler at all.
+    assert (summary["registered"] == []) == (channel == "unset")

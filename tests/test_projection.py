@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from guard_factory import wire_bytes
 
 from guard.constants import HARNESS_CONTEXT_FUTURE_SKEW_MS, HARNESS_CONTEXT_STALE_MS
 from guard.projection import CONTEXT_KEYS, MAX_RECORD_BYTES, read_context
-from guard_factory import wire_bytes
 
 NOW = 1_788_000_100_000
 LOGGER = "guard.projection"

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from readers_catalog import HOST, HOUR, NOW, REPO, hctx, put_claim, put_record
+from readers_catalog import HOST, HOUR, NOW, REPO, claim, hctx, put_claim, put_record
 
 from guard.projection import CONTEXT_KEYS
 from guard.store import default_host
@@ -22,10 +22,9 @@ from wrapper import readers
 from wrapper.cli import main
 from wrapper.readers import (
     AgentNotFound,
-    colour_enabled,
     collect_roster,
+    colour_enabled,
     ctx_text,
-    desired_state,
     fill_tint,
     meter_text,
     render_agent_json,
@@ -57,42 +56,17 @@ def context(**fields: Any) -> dict[str, Any]:
 
 # --- the wire --------------------------------------------------------------------------------------
 
-PINNED_ROSTER = """\
-[
-  {
-    "host": "box",
-    "identity": "alpha",
-    "harness": "codex",
-    "desiredState": "stopped",
-    "context": {
-      "harness": "codex",
-      "usedTokens": 92283,
-      "windowTokens": 258400,
-      "usedPercent": 33.0,
-      "model": null,
-      "costUsd": null,
-      "sessionTotalTokens": 2235329,
-      "rateLimits": {
-        "fiveHour": 31.0,
-        "sevenDay": 55.0
-      },
-      "compactions": 3,
-      "lastCompactionMs": 1788000097290,
-      "lastCompactionTrigger": "unknown",
-      "observedAtMs": 1788000100000,
-      "ageMs": 4210,
-      "stale": false
-    }
-  },
-  {
-    "host": "box",
-    "identity": "bravo",
-    "harness": null,
-    "desiredState": null,
-    "context": null
-  }
-]
-"""
+# One agent per line (greppable; json's C encoder), the spec's key order inside `context`.
+PINNED_ROSTER = (
+    "[\n"
+    '{"host": "box", "identity": "alpha", "harness": "codex", "desiredState": "stopped", "context": '
+    '{"harness": "codex", "usedTokens": 92283, "windowTokens": 258400, "usedPercent": 33.0, "model": null, '
+    '"costUsd": null, "sessionTotalTokens": 2235329, "rateLimits": {"fiveHour": 31.0, "sevenDay": 55.0}, '
+    '"compactions": 3, "lastCompactionMs": 1788000097290, "lastCompactionTrigger": "unknown", '
+    '"observedAtMs": 1788000100000, "ageMs": 4210, "stale": false}},\n'
+    '{"host": "box", "identity": "bravo", "harness": null, "desiredState": null, "context": null}\n'
+    "]\n"
+)
 
 
 def test_roster_wire_shape_is_pinned_on_the_whole_string(tmp_path: Path) -> None:
@@ -116,16 +90,18 @@ def test_context_keys_are_exactly_the_spec_exposure_keys_in_order(tmp_path: Path
     assert list(row.wire()) == ["host", "identity", "harness", "desiredState", "context"]
 
 
-def test_one_agent_gives_the_one_object(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_one_agent_gives_the_one_object(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(readers, "now_ms", lambda: NOW)
     put_record(tmp_path, "alpha", lastCompactionTrigger="unknown")
     put_claim(tmp_path, "alpha")
     put_record(tmp_path, "bravo")
     assert main(["agents", "alpha", "--json", "--catalog", str(tmp_path), "--host", HOST]) == 0
-    whole = json.loads(PINNED_ROSTER)[0]
-    printed = json.loads(capsys.readouterr().out)
-    assert isinstance(printed, dict)
-    del printed["context"]["ageMs"], whole["context"]["ageMs"]  # the real clock, not NOW
-    assert printed == whole
+    pinned_object = PINNED_ROSTER.splitlines()[1].removesuffix(",") + "\n"
+    assert capsys.readouterr().out == pinned_object
+    assert main(["agents", "--json", "--catalog", str(tmp_path), "--host", HOST]) == 0
+    assert json.loads(capsys.readouterr().out)[0] == json.loads(pinned_object)
 
 
 def test_one_agent_object_renders_like_its_roster_entry(tmp_path: Path) -> None:
@@ -189,12 +165,17 @@ def test_desired_state_is_the_claims_when_the_wrapper_is_gone(tmp_path: Path) ->
     assert [row.desired_state for row in roster(tmp_path, probe=dead).rows] == ["stopped", "running"]
 
 
-def test_a_live_pid_on_another_host_says_nothing_about_that_host(tmp_path: Path) -> None:
-    put_claim(tmp_path, "a", host="elsewhere", desiredState="stopped")
-    put_claim(tmp_path, "b", host=HOST, desiredState="stopped")
-    rows = roster(tmp_path, here="elsewhere", probe=alive).rows
-    # `a` lives under box/ but claims host elsewhere; `b` is box's: neither is this host's process.
-    assert [row.desired_state for row in rows] == ["stopped", "stopped"]
+def test_a_live_pid_on_another_host_says_nothing_about_this_host(tmp_path: Path) -> None:
+    foreign_claim = claim("a", host="elsewhere", desiredState="stopped")
+    put_claim(tmp_path, "a", raw=json.dumps(foreign_claim).encode())  # under box/, claiming elsewhere
+    put_claim(tmp_path, "b", desiredState="stopped")
+    put_claim(tmp_path, "c", host="far", desiredState="stopped")
+    assert [row.desired_state for row in roster(tmp_path, here=HOST, probe=alive).rows] == [
+        "stopped", "running", "stopped",
+    ]  # fmt: skip
+    assert [row.desired_state for row in roster(tmp_path, here="elsewhere", probe=alive).rows] == [
+        "stopped", "stopped", "stopped",
+    ]  # fmt: skip
 
 
 def test_desired_state_null_without_a_claim_or_with_a_garbled_one(tmp_path: Path) -> None:
@@ -421,3 +402,26 @@ def test_agents_output_piped_into_a_closed_pipe_is_not_a_traceback(tmp_path: Pat
     done = subprocess.run(shell, shell=True, capture_output=True, text=True, timeout=30,
                           env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO, check=False)  # fmt: skip
     assert "Traceback" not in done.stderr
+
+
+def test_agents_json_imports_only_what_it_needs(tmp_path: Path) -> None:
+    """Start-up is most of a small roster's cost: no trio, no network client, no terminal UI."""
+    put_record(tmp_path, "alpha")
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "wrapper.cli", "agents", "--json", "--catalog", str(tmp_path)],
+        capture_output=True, text=True, timeout=30, env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO,
+        check=True,
+    )  # fmt: skip
+    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import")}
+    assert "guard.projection" in imported
+    for heavy in ("trio", "httpx", "wrapper.top", "termios", "pythonjsonlogger", "sidecar.pipeline"):
+        assert heavy not in imported, heavy
+
+
+@pytest.mark.parametrize("command", ["agents", "doctor", "inspect", "top"])
+def test_every_reader_has_help_and_a_catalog_option(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    assert "--catalog DIR" in text and "%%" not in text

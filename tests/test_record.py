@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from guard_factory import SPEC_EXAMPLE, SPEC_KEY_ORDER, record, wire, wire_bytes
 from pydantic import ValidationError
 
 import guard.constants as constants
@@ -24,7 +25,6 @@ from guard.record import (
     RecordRefused,
     parse_record,
 )
-from guard_factory import SPEC_EXAMPLE, SPEC_KEY_ORDER, record, wire, wire_bytes
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -71,7 +71,7 @@ def test_unknown_harness_is_refused(harness: Any) -> None:
 
 def test_unknown_harness_is_refused_at_construction_too() -> None:
     with pytest.raises(ValidationError):
-        ContextFields(harness="aider", observed_at_ms=1)  # type: ignore[arg-type]
+        ContextFields(harness="aider", observed_at_ms=1)
 
 
 # --- usedTokens / windowTokens / usedPercent: independently nullable -------------------------
@@ -260,7 +260,7 @@ def test_constants_have_the_spec_values() -> None:
     assert constants.HARNESS_CONTEXT_HEARTBEAT_MS == 300 * 1000
     assert constants.SCHEMA_V1 == "st2.harness-context.v1"
     assert constants.SCHEMA_V2 == "st2.harness-context.v2"
-    assert constants.ACCEPTED_SCHEMAS == {"st2.harness-context.v1", "st2.harness-context.v2"}
+    assert {"st2.harness-context.v1", "st2.harness-context.v2"} == constants.ACCEPTED_SCHEMAS
 
 
 def test_constants_are_their_own_values_not_aliases() -> None:

@@ -23,11 +23,12 @@ def _schema(_: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
+    from sidecar.producers import read_recordings
     from sidecar.replay import replay, write_line
 
     harness: Harness = args.harness
     try:
-        recordings = [Path(name).read_bytes() for name in args.files]
+        recordings = read_recordings(harness, [Path(name) for name in args.files])
     except OSError as exc:
         print(f"hctx replay: {exc}", file=sys.stderr)
         return 2
@@ -133,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     wrap.add_argument("command_line", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]")
     wrap.set_defaults(run=_wrap)
     __import__("wrapper.readers").readers.add_reader_commands(commands)
+    __import__("wrapper.scan").scan.add_scan_command(commands)
     return parser
 
 

@@ -124,7 +124,7 @@ def render_frame(
         lines.append(_fit([(f"cannot read the catalog: {problem}", "red")], width, colour))
         return lines if height is None else lines[:height]
 
-    header: list[Segment] = [(title, None) for title in COLUMNS]
+    header: list[Segment] = [(name, None) for name in COLUMNS]
     table = [header, *(_cells(row) for row in rows)]
     widths = [max(len(cells[index][0]) for cells in table) for index in range(len(COLUMNS))]
     body = []
@@ -145,7 +145,7 @@ def render_frame(
         room = max(1, height - len(lines) - len(footer))
         if len(body) > room:
             hidden = len(body) - (room - 1)
-            body = [*body[: room - 1], f"… {hidden} more"]
+            body = [*body[: room - 1], _fit([(f"… {hidden} more", None)], width, False)]
     lines.extend(body)
     lines.extend(_fit([(line, None)], width, False) for line in footer)
     return lines
@@ -240,15 +240,18 @@ def live(screen: Screen, fd: int) -> None:
     next_refresh = 0.0
     while True:
         size = shutil.get_terminal_size()
+        started = time.monotonic()
         mark = signature(screen.catalog)
         clock = time.monotonic()
+        # On a huge catalog the stat sweep itself is costly: poll less often, at most a quarter busy.
+        poll = min(max(POLL_S, 4 * (clock - started)), REFRESH_S)
         if clock >= next_refresh or mark != last_mark or size != last_size:
             frame = screen.frame(size.columns, size.lines)
             if frame != last_frame or size != last_size:
                 _draw(frame)
             last_frame, last_size, last_mark = frame, size, mark
             next_refresh = clock + REFRESH_S
-        if _quit_requested(fd, min(POLL_S, next_refresh - time.monotonic())):
+        if _quit_requested(fd, min(poll, next_refresh - time.monotonic())):
             return
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Protocol, cast
 
 from guard.record import Harness
@@ -34,3 +36,14 @@ def producer_for(harness: Harness) -> Producer:
 
 def recording_for(harness: Harness) -> Recording:
     return _module(harness).decode_recording
+
+
+def read_recordings(harness: Harness, paths: Sequence[Path]) -> list[bytes]:
+    """What `hctx replay` decodes: each file's bytes, unless the harness's module merges its own
+    capture files (`load_recordings(paths)`, e.g. Claude's status-line and hook captures and their
+    `.times` siblings, into one timed stream)."""
+    load = getattr(_module(harness), "load_recordings", None)
+    if load is None:
+        return [path.read_bytes() for path in paths]
+    recordings: list[bytes] = load(paths)
+    return recordings

@@ -4,10 +4,19 @@ Frames (sent by `hctx-statusline` / `hctx-hook`, see `sidecar.claude_tee`):
     {"type": "claude.statusline", "payload": <statusLine stdin JSON>}
     {"type": "claude.hook",       "payload": <PreCompact | PostCompact | SessionStart stdin JSON>}
 
-Measured on 2.1.250 and 2.1.332 (lab/claude): `current_usage` is null until the first reply, while
-`total_input_tokens` already reads 0 beside it, so that 0 is Claude saying it does not know yet, not
-a measurement. One compaction raises PreCompact, then SessionStart(source=compact), then
-PostCompact, all three carrying the same `prompt_id`; it counts once.
+Measured on 2.1.250 and 2.1.332 (lab/claude), and followed where the spec said less:
+- `current_usage` is null until the first reply while `total_input_tokens` already reads 0 beside
+  it, so that 0 is Claude saying it does not know yet: usedTokens and usedPercent are withheld.
+- Right after a compaction the payload carries all-zero usage and `used_percentage` 0: a measured
+  empty window, published as such.
+- `used_percentage` is Claude's own integer, clamped to 0..100 (230000 of 200000 reads 100) and
+  published as given; usedTokens keeps the unclamped numerator.
+- One compaction raises PreCompact, then SessionStart(source=compact), then PostCompact, all three
+  with the same `prompt_id`: the first of them to arrive counts and the others recognise it by that
+  id. (The spec lets PostCompact count only when no compaction was counted at all; keyed by prompt,
+  a lost PreCompact is also recovered for the second and later compactions of a session.)
+- `rate_limits` exist only for a claude.ai login, as a raw float on 2.1.250 (42.370000000000005,
+  120) and rounded, clamped at 100 on 2.1.332 (42.4, 100); both are published as given.
 """
 
 from __future__ import annotations
@@ -174,10 +183,8 @@ class ClaudeProducer:
 
     def _compaction_edge(self, hook: _Hook, now_ms: int, *, always_new: bool) -> list[Reading]:
         """Count one compaction per prompt_id, whichever of its three edges arrives first."""
-        if hook.prompt_id is not None:
-            seen = hook.prompt_id in self._counted
-        else:
-            seen = self._episode_open and not always_new
+        by_prompt = hook.prompt_id is not None
+        seen = hook.prompt_id in self._counted if by_prompt else self._episode_open and not always_new
         if seen:
             if hook.hook_event_name == "PostCompact":
                 # The same compaction, now finished: lastCompactionMs moves to when the window
@@ -303,9 +310,7 @@ def load_recordings(paths: Sequence[Path]) -> list[bytes]:
         spine.sort(key=lambda timed: timed[0] or 0)
     first: list[Frame] = []
     anchored: dict[str, list[Frame]] = {}
-    for hook in sorted(
-        loose, key=lambda hook: _HOOK_ORDER.get(str(_payload(hook).get("hook_event_name")), 3)
-    ):
+    for hook in sorted(loose, key=lambda hook: _HOOK_ORDER.get(str(_payload(hook).get("hook_event_name")), 3)):
         prompt = _payload(hook).get("prompt_id")
         if isinstance(prompt, str):
             anchored.setdefault(prompt, []).append(hook)

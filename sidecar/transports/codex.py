@@ -11,7 +11,8 @@ both directions, and each server→client text message is also submitted to the 
 never touches another. Plain HTTP on the listen address (the app-server's `/readyz` and `/healthz`)
 is piped through byte for byte.
 
-Over stdio there is nothing to run here: the wrapper taps the harness's stdout itself.
+Over stdio there is nothing to run here: the wrapper taps the harness's stdout itself. An interactive
+seat (`{"mode": "rollout", ...}`) is handed to `sidecar.rollout.follow_rollout`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from urllib.parse import urlsplit
 
 import trio
 import trio_websocket
-from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest
+from trio_websocket import ConnectionClosed, ConnectionRejected, WebSocketConnection, WebSocketRequest
 
 from sidecar.producers.codex import FRAME_TYPE
 from sidecar.transports import Submit
@@ -33,6 +34,8 @@ log = logging.getLogger(__name__)
 # A thread/resume response carries the whole history in one message; trio-websocket's 1 MiB default
 # would cut such a connection where the bare app-server would not.
 MAX_MESSAGE_BYTES: Final = 256 * 1024 * 1024
+# trio-websocket reads 4 KiB at a time by default: a 64 KiB response took 16 reads on each side.
+RECEIVE_BYTES: Final = 256 * 1024
 # The client may connect before the freshly started app-server listens; the lab saw it take 2.4 s
 # to answer `initialize` from a cold page cache.
 UPSTREAM_READY_TIMEOUT_S: Final = 30.0
@@ -65,6 +68,11 @@ class Address:
 
 
 async def run(config: dict[str, Any], submit: Submit) -> None:
+    if config.get("mode") == "rollout":  # an interactive seat: no app-server, follow its rollout file
+        from sidecar.rollout import follow_rollout
+
+        await follow_rollout(config, submit)
+        return
     listen, upstream = config.get("listen"), config.get("upstream")
     if not isinstance(listen, str) or not isinstance(upstream, str):
         return  # stdio: the wrapper's stdout tap feeds the channel; nothing to serve here
@@ -109,20 +117,25 @@ class _Relay:
     async def _relay_websocket(self, stream: _Replayed) -> None:
         async with trio.open_nursery() as nursery:
             request = await trio_websocket.wrap_server_stream(
-                nursery, stream, max_message_size=MAX_MESSAGE_BYTES
+                nursery, stream, max_message_size=MAX_MESSAGE_BYTES, receive_buffer_size=RECEIVE_BYTES
             )
-            server = await self._connect_upstream(nursery, request)
-            if server is None:
-                await request.reject(502)
-                nursery.cancel_scope.cancel()
-                return
-            client = await request.accept(subprotocol=server.subprotocol)
-            nursery.start_soon(self._forward, client, server, False, nursery.cancel_scope)
-            nursery.start_soon(self._forward, server, client, True, nursery.cancel_scope)
+            try:
+                async with trio.open_nursery() as upstream_nursery:
+                    server = await self._connect_upstream(upstream_nursery, request)
+                    if isinstance(server, WebSocketConnection):
+                        client = await request.accept(subprotocol=server.subprotocol)
+                        scope = upstream_nursery.cancel_scope
+                        upstream_nursery.start_soon(self._forward, client, server, False, scope)
+                        upstream_nursery.start_soon(self._forward, server, client, True, scope)
+                    else:
+                        await _refuse(request, server)
+            except* ConnectionRejected as group:  # a refusal with a body surfaces from the reader task
+                await _refuse(request, _first_leaf(group))
+            nursery.cancel_scope.cancel()
 
     async def _connect_upstream(
         self, nursery: trio.Nursery, request: WebSocketRequest
-    ) -> WebSocketConnection | None:
+    ) -> WebSocketConnection | ConnectionRejected | None:
         headers = [(name, value) for name, value in request.headers if name.lower() not in _HOP_HEADERS]
         with trio.move_on_after(UPSTREAM_READY_TIMEOUT_S):
             while True:
@@ -136,11 +149,15 @@ class _Relay:
                         subprotocols=request.proposed_subprotocols or None,
                         extra_headers=headers,
                         max_message_size=MAX_MESSAGE_BYTES,
+                        receive_buffer_size=RECEIVE_BYTES,
                     )
                 except OSError:
                     await trio.sleep(UPSTREAM_RETRY_S)  # not listening yet
+                except ConnectionRejected as rejected:
+                    log.warning("codex app-server refused a relayed connection: %s", rejected.status_code)
+                    return rejected
                 except trio_websocket.HandshakeError as exc:
-                    log.warning("codex app-server refused the relayed handshake: %s", exc)
+                    log.warning("codex app-server broke the relayed handshake: %s", exc)
                     return None
         log.warning("codex app-server did not accept a connection", extra={"event": "relay-upstream-down"})
         return None
@@ -159,9 +176,7 @@ class _Relay:
                     self._submit(message)
                 await sink.send_message(message)
         except ConnectionClosed as closed:
-            code, reason = (
-                (1006, None) if closed.reason is None else (closed.reason.code, closed.reason.reason)
-            )
+            code, reason = (1006, None) if closed.reason is None else (closed.reason.code, closed.reason.reason)
             # A connection that dropped without a close frame is dropped on the other side too
             # (by the cancel below), rather than dressed up as a close the peer never sent.
             if code not in _ABNORMAL_CLOSE_CODES:
@@ -178,15 +193,27 @@ class _Relay:
     async def _pipe_http(self, client: trio.SocketStream, head: bytes) -> None:
         server = await _open_upstream_stream(self.upstream)
         if server is None:
-            await client.send_all(
-                b"HTTP/1.1 502 Bad Gateway\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
-            )
+            await client.send_all(b"HTTP/1.1 502 Bad Gateway\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
             return
         async with server:
             await server.send_all(head)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_pipe, client, server)
                 nursery.start_soon(_pipe, server, client)
+
+
+async def _refuse(request: WebSocketRequest, rejected: ConnectionRejected | None) -> None:
+    """The app-server's own refusal (say, a failed --ws-auth) reaches the client as it was."""
+    if rejected is None:
+        await request.reject(502)
+        return
+    headers = [(name, value) for name, value in rejected.headers or () if name.lower() not in _HOP_HEADERS]
+    await request.reject(rejected.status_code, extra_headers=headers, body=rejected.body or None)
+
+
+def _first_leaf(group: BaseExceptionGroup[ConnectionRejected]) -> ConnectionRejected:
+    first = group.exceptions[0]
+    return first if isinstance(first, ConnectionRejected) else _first_leaf(first)
 
 
 async def _open_upstream_stream(upstream: Address) -> trio.SocketStream | None:

@@ -31,10 +31,14 @@ log = logging.getLogger(__name__)
 # Heartbeats come every ~10 s: two and a half missed ones mean the stream is gone.
 STALL_SECONDS: Final = 25.0
 FIRST_BACKOFF_SECONDS: Final = 0.2
-MAX_BACKOFF_SECONDS: Final = 5.0
+# SSE has no replay: what the server emits while no stream is open is lost, so retries stay close.
+MAX_BACKOFF_SECONDS: Final = 2.0
 # A model a pull did not supply is asked for again no sooner than this (a config edit may add it).
 REPULL_SECONDS: Final = 30.0
 REQUEST_SECONDS: Final = 10.0
+# Measured on 1.18.25: the first request a just-started server accepts is never answered, while
+# the next one is at once. A connection whose response headers do not come promptly is retried.
+HEADERS_SECONDS: Final = 3.0
 
 
 class OpenCodeTransportConfig(BaseModel):
@@ -43,6 +47,7 @@ class OpenCodeTransportConfig(BaseModel):
     base_url: Annotated[str, Field(pattern=r"^https?://", max_length=2048)]
     directory: str | None = None
     stall_seconds: Annotated[float, Field(gt=0)] = STALL_SECONDS
+    headers_seconds: Annotated[float, Field(gt=0)] = HEADERS_SECONDS
     max_backoff_seconds: Annotated[float, Field(gt=0)] = MAX_BACKOFF_SECONDS
 
 
@@ -62,6 +67,10 @@ class EventFollower:
         self._asked_at: dict[ModelKey, float] = {}
 
     async def run(self) -> None:
+        log.info(
+            "following OpenCode events",
+            extra={"event": "opencode-follow", "url": self.config.base_url, "directory": self.config.directory},
+        )
         params = {"directory": self.config.directory} if self.config.directory else None
         timeout = httpx.Timeout(REQUEST_SECONDS, read=self.config.stall_seconds)
         # trust_env=False: a proxy from the environment must never see loopback traffic.
@@ -73,7 +82,7 @@ class EventFollower:
                 try:
                     if await self._follow(client):
                         backoff = 0.0
-                except (httpx.HTTPError, httpx.StreamError) as exc:
+                except (httpx.HTTPError, httpx.StreamError, trio.TooSlowError) as exc:
                     log.info(
                         "event stream lost: %s",
                         exc.__class__.__name__,
@@ -85,7 +94,10 @@ class EventFollower:
     async def _follow(self, client: httpx.AsyncClient) -> bool:
         """One connection, until the server ends it or it stalls; True when it delivered a frame."""
         delivered = False
-        async with client.stream("GET", "/event", headers={"accept": "text/event-stream"}) as response:
+        request = client.build_request("GET", "/event", headers={"accept": "text/event-stream"})
+        with trio.fail_after(self.config.headers_seconds):
+            response = await client.send(request, stream=True)
+        try:
             response.raise_for_status()
             self.connections += 1
             log.info("event stream open", extra={"event": "opencode-stream-open", "n": self.connections})
@@ -103,6 +115,8 @@ class EventFollower:
                 if self.catalog.note(key) and key is not None and self._pull_due(key):
                     await self._pull(client)
                 self.submit(frame)
+        finally:
+            await response.aclose()
         return delivered
 
     def _pull_due(self, key: ModelKey) -> bool:
@@ -114,7 +128,7 @@ class EventFollower:
         for key in self.catalog.missing:
             self._asked_at[key] = now
         try:
-            response = await client.get("/config/providers")
+            response = await client.get("/config/providers", timeout=REQUEST_SECONDS)
             response.raise_for_status()
             payload: Any = json.loads(response.content)
             self.catalog.learn(payload)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,13 +40,16 @@ class ChannelRecording:
     def jsonl(self) -> bytes:
         """The frames as a replayable recording: each stamped with its arrival time as `atMs`."""
         return b"".join(
-            json.dumps({**frame, "atMs": at_ms}, separators=(",", ":")).encode() + b"\n"
-            for at_ms, frame in self.frames
+            json.dumps({**frame, "atMs": at_ms}, separators=(",", ":")).encode() + b"\n" for at_ms, frame in self.frames
         )
 
-    async def wait_for(self, count: int, timeout_s: float) -> None:
-        with trio.move_on_after(timeout_s):
-            while len(self.frames) < count:
+    async def wait_for(self, match: Callable[[dict[str, Any]], bool], timeout_s: float) -> dict[str, Any]:
+        """The first frame `match` accepts, waiting for it; fails the test after `timeout_s`."""
+        with trio.fail_after(timeout_s):
+            while True:
+                for _, frame in self.frames:
+                    if match(frame):
+                        return frame
                 await self.arrived.wait()
 
 

@@ -42,6 +42,7 @@ const SCRIPT = {
 		["message_end", { message: OVERRUN }, { tokens: null, contextWindow: 32000, percent: null }],
 		["turn_end", { message: OVERRUN }, { tokens: 33600, contextWindow: 32000, percent: 105 }],
 		["agent_end", {}, { tokens: 33600, contextWindow: 32000, percent: 105 }],
+		["session_start", { reason: "new" }, { tokens: 0, contextWindow: 32000, percent: 0 }, "new"],
 	],
 	omp: [
 		["session_start", {}, { tokens: 14952, contextWindow: 32000, percent: 46.725 }],
@@ -56,6 +57,7 @@ const SCRIPT = {
 		["message_end", { message: OVERRUN }, { tokens: 15600, contextWindow: 32000, percent: 48.75 }],
 		["session_stop", {}, { tokens: 36000, contextWindow: 32000, percent: 112.5 }],
 		["agent_end", {}, { tokens: 36000, contextWindow: 32000, percent: 112.5 }],
+		["session_start", {}, { tokens: 14952, contextWindow: 32000, percent: 46.725 }, "new"],
 	],
 };
 
@@ -128,9 +130,12 @@ async function main() {
 		}
 		driven.add(name);
 	};
-	for (const [name, payload, usage, compact] of script) {
+	for (const [name, payload, usage, storeChange] of script) {
 		usageRef.current = usage;
-		if (compact) store.entries.push({ type: "compaction", summary: `summary ${store.entries.length}` });
+		if (storeChange === "compact") store.entries.push({ type: "compaction", summary: `summary ${store.entries.length}` });
+		// a replaced session (/new): a fresh store, no assistant message, no compaction in it
+		if (storeChange === "new") store.entries = [{ type: "model_change" }];
+		if (name === "message_end" && payload.message.role === "assistant") store.entries.push({ type: "message", message: payload.message });
 		await fire(name, payload);
 	}
 	// Every handler runs, including ones this script's harness never fires.

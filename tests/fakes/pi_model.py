@@ -23,6 +23,7 @@ import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import h11
@@ -218,7 +219,7 @@ async def fake_model() -> AsyncIterator[FakeModel]:
     """Serve on 127.0.0.1:<ephemeral> for the duration of the block."""
     model = FakeModel()
     async with trio.open_nursery() as nursery:
-        listeners = await nursery.start(trio.serve_tcp, lambda s: _handle(model, s), 0, host=HOST)
+        listeners = await nursery.start(partial(trio.serve_tcp, host=HOST), partial(_handle, model), 0)
         model.port = listeners[0].socket.getsockname()[1]
         try:
             yield model

@@ -6,14 +6,20 @@
   the sidecar's relay listens where the client asked, forwarding every connection to the harness
   (`sidecar.transports.codex`).
 
-Anything else (the interactive TUI, `app-server generate-ts`, a `unix://` listener) has no stream
-this project can read, so it launches unchanged and publishes no record.
+- an interactive session (`codex`, `codex exec|resume|fork|review …`): no stream to tap, but the
+  rollout file it writes is followed by the sidecar (`sidecar.rollout`, issue 8's transport).
+
+Anything else (`app-server generate-ts`, a `unix://` listener, `codex login`) launches unchanged and
+publishes no record.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import socket
+import time
+from pathlib import Path
 from typing import Final
 
 from wrapper.harnesses import LaunchPlan
@@ -37,10 +43,19 @@ _TOP_VALUED_OPTIONS: Final = frozenset({
 })  # fmt: skip
 
 
+# `codex --help` (0.151.0, 0.171.0) subcommands that run no session of their own. Everything else
+# (the bare TUI, a prompt, `exec`, `resume`, `fork`, `review`) writes a rollout.
+_SESSIONLESS_SUBCOMMANDS: Final = frozenset({
+    "agents", "login", "logout", "mcp", "plugin", "mcp-server", "app-server", "remote-control", "completion",
+    "update", "doctor", "sandbox", "debug", "apply", "a", "queue", "archive", "delete", "migrate-rollouts",
+    "unarchive", "cloud", "exec-server", "features", "help",
+})  # fmt: skip
+
+
 def prepare(plan: LaunchPlan) -> LaunchPlan:
     at = _app_server_index(plan.argv)
     if at is None:
-        return plan
+        return _follow_rollout(plan)
     listen = _listen_option(plan.argv, at + 1)
     if listen is None:
         return dataclasses.replace(plan, tap_stdout=FRAME_TYPE)
@@ -59,6 +74,24 @@ def prepare(plan: LaunchPlan) -> LaunchPlan:
     return dataclasses.replace(plan, argv=tuple(argv), transport=transport)
 
 
+def _follow_rollout(plan: LaunchPlan) -> LaunchPlan:
+    program = _program_index(plan.argv)
+    if program is None:
+        return plan
+    index = _subcommand(plan.argv, program + 1, _TOP_VALUED_OPTIONS)
+    if index is not None and plan.argv[index] in _SESSIONLESS_SUBCOMMANDS:
+        return plan
+    codex_home = plan.env.get("CODEX_HOME") or os.environ.get("CODEX_HOME") or os.path.expanduser("~/.codex")
+    transport = {
+        **plan.transport,
+        "mode": "rollout",
+        "codexHome": codex_home,
+        "cwd": os.fspath(plan.cwd),
+        "startedAtMs": time.time_ns() // 1_000_000,
+    }
+    return dataclasses.replace(plan, transport=transport)
+
+
 def free_loopback_port() -> int:
     """A port the kernel just handed out on loopback; the harness binds it moments later."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
@@ -70,13 +103,21 @@ def free_loopback_port() -> int:
 def _app_server_index(argv: tuple[str, ...]) -> int | None:
     """Where `app-server` is the subcommand that runs a server (not `app-server generate-ts` ...).
 
-    Searched rather than expected at argv[1], so `npx codex app-server` and `node codex.js
-    app-server` are recognised too.
+    The program may be `codex`, `codex.js` behind `node`, or `npx codex`: the subcommand is read
+    after the first word naming codex, or searched for when no word does.
     """
-    for index, word in enumerate(argv[1:], start=1):
-        if word == APP_SERVER and argv[index - 1] not in _TOP_VALUED_OPTIONS:
-            return index if _subcommand(argv, index + 1, _VALUED_OPTIONS) is None else None
-    return None
+    program = _program_index(argv)
+    if program is not None:
+        index = _subcommand(argv, program + 1, _TOP_VALUED_OPTIONS)
+    else:
+        index = next((i for i, word in enumerate(argv) if i and word == APP_SERVER), None)
+    if index is None or argv[index] != APP_SERVER:
+        return None
+    return index if _subcommand(argv, index + 1, _VALUED_OPTIONS) is None else None
+
+
+def _program_index(argv: tuple[str, ...]) -> int | None:
+    return next((i for i, word in enumerate(argv) if Path(word).name.startswith("codex")), None)
 
 
 def _subcommand(argv: tuple[str, ...], start: int, valued: frozenset[str]) -> int | None:
@@ -84,7 +125,7 @@ def _subcommand(argv: tuple[str, ...], start: int, valued: frozenset[str]) -> in
     while index < len(argv):
         word = argv[index]
         if word == "--":
-            return None
+            return None  # what follows is a prompt, never a subcommand
         if not word.startswith("-"):
             return index
         index += 2 if word in valued else 1

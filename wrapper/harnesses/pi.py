@@ -9,6 +9,7 @@ The extension finds the sidecar through $HCTX_CHANNEL, which the wrapper sets.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from importlib.resources import files
 from pathlib import Path
 
@@ -30,13 +31,13 @@ def prepare(plan: LaunchPlan) -> LaunchPlan:
     argv = list(plan.argv)
     if _already_loads(argv, asset):
         return plan
-    at = argv.index(END_OF_OPTIONS) if END_OF_OPTIONS in argv[1:] else len(argv)
+    at = argv.index(END_OF_OPTIONS, 1) if END_OF_OPTIONS in argv[1:] else len(argv)
     argv[at:at] = [EXTENSION_FLAG, asset]
     return dataclasses.replace(plan, argv=tuple(argv))
 
 
 def _already_loads(argv: list[str], asset: str) -> bool:
-    return any(
-        value == asset and flag in ("-e", EXTENSION_FLAG, "--hook")
-        for flag, value in zip(argv, argv[1:], strict=False)
-    ) or f"{EXTENSION_FLAG}={asset}" in argv
+    return (
+        any(value == asset and flag in ("-e", EXTENSION_FLAG, "--hook") for flag, value in itertools.pairwise(argv))
+        or f"{EXTENSION_FLAG}={asset}" in argv
+    )

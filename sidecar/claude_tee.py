@@ -1,0 +1,321 @@
+"""Claude Code's status-line tee and hook forwarder: stdin JSON to the sidecar's channel.
+
+`hctx-statusline` (the settings' statusLine command) records the payload, then runs the operator's
+own renderer on the same bytes and prints exactly what it printed (HC-R18, DQ-C2):
+    1. $ST_CLAUDE_STATUSLINE_RENDERER, a shell command line
+    2. ~/.claude/statusline-renderer.json -> "command"
+Neither resolving, or a renderer that cannot start or exits non-zero, leaves stdout empty (a slot
+echoing machine JSON is worse than a blank one) and says why on stderr, naming both sources.
+
+`hctx-hook` (PreCompact / PostCompact / SessionStart) forwards the payload and prints nothing.
+
+Claude spawns the tee every few seconds per seat and waits for it, so the rendered settings run it
+under `python -I -S` (wrapper.harnesses.claude) and it imports only C modules the interpreter loads
+in microseconds: no json (it pulls in re), no socket (enum), no subprocess, not even os, nothing
+of hctx (scripts/bench_claude_tee.py measures it).
+Both entry points always drain stdin and never fail the harness.
+"""
+
+import _socket
+import posix  # os itself, minus the ~1 ms of Python modules os.py imports around it
+import select
+import sys
+import time
+
+RENDERER_ENV = "ST_CLAUDE_STATUSLINE_RENDERER"
+RENDERER_FILE = "~/.claude/statusline-renderer.json"
+CHANNEL_ENV = "HCTX_CHANNEL"
+# Set for the renderer: a renderer that is (or calls) the tee again must not recurse without end.
+INSIDE_RENDERER_ENV = "HCTX_INSIDE_STATUSLINE_RENDERER"
+SOURCES = f"${RENDERER_ENV} and {RENDERER_FILE}"
+
+STATUSLINE_FRAME = b'{"type":"claude.statusline","payload":'
+HOOK_FRAME = b'{"type":"claude.hook","payload":'
+# The sidecar's channel drops lines over 1 MiB; a payload that large is not Claude's anyway.
+MAX_RECORDED_BYTES = 1024 * 1024 - 64
+# Kept for the renderer beyond that; past it stdin is drained and dropped.
+MAX_STDIN_BYTES = 4 * 1024 * 1024
+MAX_RENDERED_BYTES = 1024 * 1024
+CHANNEL_TIMEOUT_S = 1.0
+RENDER_TIMEOUT_S = 10.0
+_JSON_SPACE = b" \t\r\n"
+
+
+def _env(name: str) -> str | None:
+    value = posix.environ.get(name.encode())
+    return None if value is None else value.decode(errors="surrogateescape")
+
+
+def _say(prog: str, message: str) -> None:
+    try:  # noqa: SIM105 - contextlib costs an import on every render
+        posix.write(2, f"{prog}: {message}\n".encode(errors="replace"))
+    except OSError:
+        pass
+
+
+def _drain_stdin() -> tuple[bytes, bool]:
+    """Everything on stdin (reading to EOF, so Claude never meets EPIPE) and whether it fit."""
+    chunks: list[bytes] = []
+    size = 0
+    fits = True
+    while True:
+        try:
+            chunk = posix.read(0, 65536)
+        except InterruptedError:
+            continue
+        except OSError:
+            break
+        if not chunk:
+            break
+        size += len(chunk)
+        if size > MAX_STDIN_BYTES:
+            fits = False
+            chunks.clear()
+        elif fits:
+            chunks.append(chunk)
+    return b"".join(chunks), fits
+
+
+# --- JSON without the json package -------------------------------------------------------------
+
+
+class _Strict:
+    """The context `_json.make_scanner` reads: plain JSON, no NaN/Infinity, no hooks."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+
+    @staticmethod
+    def parse_constant(name: str) -> object:
+        raise ValueError(f"{name} is not JSON")
+
+
+def _load_json(text: str) -> object:
+    """One JSON value filling `text`; ValueError otherwise."""
+    try:
+        import _json
+
+        scan = _json.make_scanner(_Strict)  # type: ignore[arg-type]  # it reads only these attributes
+    except (ImportError, AttributeError):  # an interpreter without the C scanner
+        import json
+
+        return json.loads(text, parse_constant=_Strict.parse_constant)
+    body = text.strip(" \t\r\n")
+    try:
+        value, end = scan(body, 0)
+    except StopIteration:
+        raise ValueError("not JSON") from None
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    if end != len(body):
+        raise ValueError("trailing data after the JSON value")
+    return value
+
+
+def _object_bytes(data: bytes) -> bytes | None:
+    """`data` as one line if it is exactly one JSON object; the channel is line-delimited."""
+    try:
+        value = _load_json(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(value, dict):
+        return None
+    # In valid JSON a raw CR or LF can only be whitespace between tokens.
+    return data.strip(_JSON_SPACE).replace(b"\n", b" ").replace(b"\r", b" ")
+
+
+# --- the channel --------------------------------------------------------------------------------
+
+
+def _send(prefix: bytes, data: bytes) -> str | None:
+    """Send one frame to $HCTX_CHANNEL; None when sent, else why it was not."""
+    path = _env(CHANNEL_ENV)
+    if not path:
+        return f"${CHANNEL_ENV} is not set (not launched by hctx wrap): not recorded"
+    if len(data) > MAX_RECORDED_BYTES:
+        return f"payload of {len(data)} bytes is too large to record"
+    payload = _object_bytes(data)
+    if payload is None:
+        return "stdin is not one JSON object: not recorded"
+    try:
+        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        try:
+            sock.settimeout(CHANNEL_TIMEOUT_S)
+            sock.connect(path)
+            sock.sendall(prefix + payload + b"}\n")
+        finally:
+            sock.close()
+    except OSError as exc:
+        return f"no sidecar at {path} ({exc.strerror or exc}): not recorded"
+    return None
+
+
+# --- the renderer -------------------------------------------------------------------------------
+
+
+def resolve_renderer() -> tuple[str | None, str]:
+    """(command, where it came from), or (None, why neither source gave one)."""
+    command = (_env(RENDERER_ENV) or "").strip()
+    if command:
+        return command, f"${RENDERER_ENV}"
+    home = _env("HOME")
+    if not home:
+        return None, f"${RENDERER_ENV} is unset and $HOME is unset, so {RENDERER_FILE} cannot be read"
+    path = home.rstrip("/") + "/.claude/statusline-renderer.json"
+    try:
+        with open(path, "rb") as file:
+            raw = file.read(MAX_STDIN_BYTES)
+    except OSError as exc:
+        return None, f"${RENDERER_ENV} is unset and {path} is unreadable ({exc.strerror or exc})"
+    try:
+        value = _load_json(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None, f"${RENDERER_ENV} is unset and {path} is not JSON"
+    command_value = value.get("command") if isinstance(value, dict) else None
+    if not isinstance(command_value, str) or not command_value.strip():
+        return None, f'${RENDERER_ENV} is unset and {path} has no "command" string'
+    return command_value.strip(), path
+
+
+def render(command: str, stdin: bytes, timeout_s: float = RENDER_TIMEOUT_S) -> tuple[bytes | None, str]:
+    """Run `command` through /bin/sh with `stdin`; (its stdout, "") on exit 0, else (None, why)."""
+    in_read, in_write = posix.pipe()
+    out_read, out_write = posix.pipe()
+    try:
+        pid = posix.posix_spawn(
+            "/bin/sh",
+            ["sh", "-c", command],
+            {**posix.environ, INSIDE_RENDERER_ENV.encode(): b"1"},
+            file_actions=[(posix.POSIX_SPAWN_DUP2, in_read, 0), (posix.POSIX_SPAWN_DUP2, out_write, 1)],
+            setpgroup=0,  # its own group, so a renderer past its deadline goes with everything it started
+        )
+    except OSError as exc:
+        for fd in (in_read, in_write, out_read, out_write):
+            posix.close(fd)
+        return None, f"could not start /bin/sh ({exc.strerror or exc})"
+    posix.close(in_read)
+    posix.close(out_write)
+    output, timed_out = _exchange(in_write, out_read, stdin, timeout_s)
+    if timed_out:
+        try:  # noqa: SIM105 - see _say
+            posix.killpg(pid, 9)
+        except OSError:
+            pass
+    _, status = posix.waitpid(pid, 0)
+    code = posix.waitstatus_to_exitcode(status)
+    if timed_out:
+        return None, f"did not finish within {timeout_s:g}s with under {MAX_RENDERED_BYTES} bytes of output"
+    if code != 0:
+        return None, f"exited {code}" if code > 0 else f"was killed by signal {-code}"
+    return output, ""
+
+
+def _exchange(to_child: int, from_child: int, data: bytes, timeout_s: float) -> tuple[bytes, bool]:
+    """Feed `data` and collect stdout together, so neither side can fill a pipe and stall."""
+    posix.set_blocking(to_child, False)
+    poller = select.poll()
+    poller.register(from_child, select.POLLIN)
+    writing = to_child if data else -1
+    if writing >= 0:
+        poller.register(to_child, select.POLLOUT)
+    else:
+        posix.close(to_child)
+    chunks: list[bytes] = []
+    sent = received = 0
+    clock = time.monotonic()
+    deadline = clock + timeout_s
+    reading = True
+    while reading and clock < deadline:
+        for fd, _ in poller.poll(max(1, int((deadline - clock) * 1000))):
+            if fd == from_child:
+                chunk = posix.read(from_child, 65536)
+                if chunk:
+                    chunks.append(chunk)
+                    received += len(chunk)
+                    if received > MAX_RENDERED_BYTES:
+                        break  # no status line is this long: treated like a renderer that hangs
+                else:
+                    reading = False
+            elif fd == writing:
+                try:
+                    sent += posix.write(to_child, data[sent : sent + 65536])
+                except BlockingIOError:
+                    continue
+                except OSError:  # the renderer closed its stdin early: its business
+                    sent = len(data)
+                if sent >= len(data):
+                    poller.unregister(to_child)
+                    posix.close(to_child)
+                    writing = -1
+        clock = deadline if received > MAX_RENDERED_BYTES else time.monotonic()
+    if writing >= 0:
+        posix.close(to_child)
+    posix.close(from_child)
+    return b"".join(chunks), reading
+
+
+def _write_stdout(data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[posix.write(1, view) :]
+        except InterruptedError:
+            continue
+        except OSError:
+            return
+
+
+# --- entry points -------------------------------------------------------------------------------
+
+
+def statusline_main() -> int:
+    prog = "hctx-statusline"
+    data, fits = _drain_stdin()
+    if not fits:
+        _say(prog, f"stdin over {MAX_STDIN_BYTES} bytes: not recorded, nothing drawn")
+        return 0
+    if _env(INSIDE_RENDERER_ENV):
+        _say(prog, f"the renderer is the tee itself; point {SOURCES} at the operator's own renderer")
+        return 0
+    problem = _send(STATUSLINE_FRAME, data)
+    if problem:
+        _say(prog, problem)
+    command, origin = resolve_renderer()
+    if command is None:
+        _say(prog, f"no status-line renderer: {origin}; the status line stays empty (sources: {SOURCES})")
+        return 0
+    output, why = render(command, data)
+    if output is None:
+        _say(
+            prog,
+            f"renderer {command!r} from {origin} {why}; the status line stays empty (sources: {SOURCES})",
+        )
+        return 0
+    _write_stdout(output)
+    return 0
+
+
+def hook_main() -> int:
+    data, fits = _drain_stdin()
+    problem = _send(HOOK_FRAME, data) if fits else "stdin too large: not recorded"
+    if problem:
+        _say("hctx-hook", problem)
+    return 0
+
+
+_ENTRY_POINTS = {"statusline": statusline_main, "hook": hook_main}
+
+
+def main(argv: list[str]) -> int:
+    entry = _ENTRY_POINTS.get(argv[0]) if argv else None
+    if entry is None:
+        _say("claude_tee", f"usage: claude_tee.py {{{'|'.join(_ENTRY_POINTS)}}} < payload.json")
+        return 2
+    return entry()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,334 @@
+"""Codex: the app-server's own JSON-RPC stream, mirrored in Codex's own arithmetic.
+
+Frames are `{"type": "codex.rpc", "payload": <message>}`, one per server→client JSON-RPC message,
+whether the wrapper tapped the harness's stdout (payload: the line as a string) or the sidecar's
+websocket relay tapped a connection (payload: the text message). The producer reads three things:
+
+- `thread/tokenUsage/updated` is the reading. `last.totalTokens` over `modelContextWindow` through
+  Codex's `percent_of_context_window_remaining` (the 12,000-token baseline, Rust's rounding), and
+  `total.totalTokens` as the session total, which is spend and never occupancy. The window Codex
+  reports is already its effective window (95% of the configured one), so it is used as-is.
+- `account/rateLimits/updated` is held and merged, and rides the next reading; it never writes.
+- a `contextCompaction` thread item is a compaction, counted once per item id however many
+  `item/started` / `item/completed` frames (or relay connections) carry it.
+
+Several threads on one app-server share one record: the newest reading of any thread wins.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import OrderedDict
+from collections.abc import Iterator
+from typing import Annotated, Any, Final, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.alias_generators import to_camel
+
+from guard.policy import Reading
+from guard.record import ContextFields, Harness, RateLimits
+from sidecar.producers.base import Frame, FrameRejected
+
+FRAME_TYPE: Final = "codex.rpc"
+
+# The codex-cli build whose Rust source the arithmetic below was compared against, and the newest
+# build the lab captured with the same shapes and numbers (../shared/lab/codex/README.md).
+CODEX_CONTEXT_VERIFIED_VERSIONS: Final = ("0.151.0", "0.171.0")
+
+# codex-rs/protocol: "Includes prompts, tools and space to call compact." No override exists.
+BASELINE_TOKENS: Final = 12_000
+
+# Rate-limit windows are named primary/secondary and identified by their length alone.
+FIVE_HOUR_MINUTES: Final = 300
+SEVEN_DAY_MINUTES: Final = 10_080
+
+# Item ids already counted. One compaction is at most a handful of frames apart on one connection,
+# a few more across relay connections; the bound only keeps a hostile stream from growing memory.
+COUNTED_ITEMS_REMEMBERED: Final = 1024
+
+TOKEN_USAGE: Final = "thread/tokenUsage/updated"
+RATE_LIMITS: Final = "account/rateLimits/updated"
+ITEM_EVENTS: Final = frozenset({"item/started", "item/completed"})
+LEGACY_COMPACTED: Final = "thread/compacted"
+
+_I64_MAX: Final = 2**63 - 1
+Tokens = Annotated[int, Field(ge=0, le=_I64_MAX, strict=True)]
+Percent = Annotated[float, Field(ge=0, allow_inf_nan=False, strict=True)]
+Id = Annotated[str, Field(min_length=1, strict=True)]
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True)
+
+
+class _Envelope(_Wire):
+    type: Literal["codex.rpc"]
+    payload: str | dict[str, Any]
+
+
+class _Breakdown(_Wire):
+    total_tokens: Tokens
+
+
+class _TokenUsage(_Wire):
+    total: _Breakdown
+    last: _Breakdown
+    model_context_window: Tokens | None = None
+
+
+class _TokenUsageParams(_Wire):
+    thread_id: Id
+    token_usage: _TokenUsage
+
+
+class _RateLimitWindow(_Wire):
+    used_percent: Percent
+    window_duration_mins: Tokens | None = None
+
+
+class _RateLimitSnapshot(_Wire):
+    primary: _RateLimitWindow | None = None
+    secondary: _RateLimitWindow | None = None
+
+
+class _RateLimitParams(_Wire):
+    rate_limits: _RateLimitSnapshot
+
+
+class _Item(_Wire):
+    type: str
+    id: Id | None = None
+
+
+class _ItemParams(_Wire):
+    item: _Item
+    turn_id: Id | None = None
+
+
+class _CompactedParams(_Wire):
+    turn_id: Id
+
+
+def percent_of_context_window_remaining(tokens_in_window: int, context_window: int) -> int | None:
+    """Codex's `TokenUsage::percent_of_context_window_remaining`, in its own order of operations.
+
+    None where the window is at or below the baseline: Codex answers 0 there, which mirrored would
+    be a saturation Codex never displayed.
+    """
+    if context_window <= BASELINE_TOKENS:
+        return None
+    effective_window = context_window - BASELINE_TOKENS
+    used = max(tokens_in_window - BASELINE_TOKENS, 0)
+    remaining = max(effective_window - used, 0)
+    return _round_half_away_from_zero(min(max(remaining / effective_window * 100.0, 0.0), 100.0))
+
+
+def _round_half_away_from_zero(value: float) -> int:
+    """Rust's `f64::round` for a non-negative value (Python's `round` rounds halves to even)."""
+    whole = math.floor(value)
+    return whole + 1 if value - whole >= 0.5 else whole
+
+
+def used_percent(tokens_in_window: int, context_window: int | None) -> int | None:
+    """100 − the "% context left" Codex displays; None where Codex could not normalise."""
+    if context_window is None:
+        return None
+    remaining = percent_of_context_window_remaining(tokens_in_window, context_window)
+    return None if remaining is None else 100 - remaining
+
+
+class CodexProducer:
+    """Sans-I/O: app-server messages in, full `ContextFields` readings out."""
+
+    def __init__(self, harness: Harness = "codex") -> None:
+        self.harness: Harness = harness
+        self.compactions = 0
+        self.last_compaction_ms: int | None = None
+        self.five_hour: float | None = None
+        self.seven_day: float | None = None
+        self.last_reading: ContextFields | None = None
+        self._counted_items: OrderedDict[str, str | None] = OrderedDict()
+        # Turns whose compaction was counted from the deprecated notification, which names no item:
+        # the first item seen in such a turn is that same compaction, not a second one.
+        self._legacy_turns: OrderedDict[str, bool] = OrderedDict()
+
+    def feed(self, frame: Frame, now_ms: int) -> list[Reading]:
+        message = _message(frame)
+        method = message.get("method")
+        if not isinstance(method, str):
+            return []  # a response to the client's own request: nothing about context
+        params = message.get("params")
+        if method == TOKEN_USAGE:
+            return [self._token_usage(_parse(_TokenUsageParams, params, method), now_ms)]
+        if method == RATE_LIMITS:
+            self._merge_rate_limits(_parse(_RateLimitParams, params, method).rate_limits)
+            return []
+        if method in ITEM_EVENTS:
+            return self._item(_parse(_ItemParams, params, method), now_ms)
+        if method == LEGACY_COMPACTED:
+            return self._legacy_compacted(_parse(_CompactedParams, params, method).turn_id, now_ms)
+        return []
+
+    def _token_usage(self, params: _TokenUsageParams, now_ms: int) -> Reading:
+        usage = params.token_usage
+        window = usage.model_context_window
+        tokens_in_window = usage.last.total_tokens
+        fields = ContextFields(
+            harness=self.harness,
+            used_tokens=tokens_in_window,
+            window_tokens=window,
+            used_percent=used_percent(tokens_in_window, window),
+            model=None,
+            cost_usd=None,
+            session_total_tokens=usage.total.total_tokens,
+            rate_limits=self._rate_limits(),
+            compactions=self.compactions,
+            last_compaction_ms=self.last_compaction_ms,
+            last_compaction_trigger="unknown" if self.compactions else None,
+            observed_at_ms=now_ms,
+        )
+        self.last_reading = fields
+        return Reading(fields)
+
+    def _merge_rate_limits(self, snapshot: _RateLimitSnapshot) -> None:
+        # A sparse rolling update: a null or absent window says nothing, so it never clears one.
+        for window in (snapshot.primary, snapshot.secondary):
+            if window is None:
+                continue
+            if window.window_duration_mins == FIVE_HOUR_MINUTES:
+                self.five_hour = window.used_percent
+            elif window.window_duration_mins == SEVEN_DAY_MINUTES:
+                self.seven_day = window.used_percent
+
+    def _rate_limits(self) -> RateLimits | None:
+        if self.five_hour is None and self.seven_day is None:
+            return None
+        return RateLimits(five_hour=self.five_hour, seven_day=self.seven_day)
+
+    def _item(self, params: _ItemParams, now_ms: int) -> list[Reading]:
+        item = params.item
+        if item.type != "contextCompaction":
+            return []
+        if item.id is None:
+            raise FrameRejected("contextCompaction item without an id")
+        if item.id in self._counted_items:
+            return []
+        _remember(self._counted_items, item.id, params.turn_id)
+        turn = params.turn_id
+        if turn is not None and self._legacy_turns.get(turn):
+            self._legacy_turns[turn] = False  # this item is the compaction already counted
+            return []
+        return [self._compacted(now_ms)]
+
+    def _legacy_compacted(self, turn_id: str, now_ms: int) -> list[Reading]:
+        if turn_id in self._legacy_turns or turn_id in self._counted_items.values():
+            return []
+        _remember(self._legacy_turns, turn_id, True)
+        return [self._compacted(now_ms)]
+
+    def _compacted(self, now_ms: int) -> Reading:
+        """The edge: the held reading (its own observedAtMs kept) with the count advanced."""
+        self.compactions += 1
+        self.last_compaction_ms = now_ms
+        update = {
+            "compactions": self.compactions,
+            "last_compaction_ms": now_ms,
+            "last_compaction_trigger": "unknown",
+            "rate_limits": self._rate_limits(),
+        }
+        if self.last_reading is None:
+            # No reading yet: the count is the only observation, and it was made now.
+            fields = ContextFields(harness=self.harness, observed_at_ms=now_ms, **update)
+        else:
+            fields = self.last_reading.model_copy(update=update)
+        self.last_reading = fields
+        return Reading(fields, compaction_edge=True)
+
+
+_M = TypeVar("_M", bound=_Wire)
+
+
+def _remember(ring: OrderedDict[str, Any], key: str, value: Any) -> None:
+    ring[key] = value
+    while len(ring) > COUNTED_ITEMS_REMEMBERED:
+        ring.popitem(last=False)
+
+
+def _message(frame: Frame) -> dict[str, Any]:
+    try:
+        envelope = _Envelope.model_validate(frame, strict=True)
+    except ValidationError as exc:
+        raise FrameRejected(f"not a {FRAME_TYPE} frame: {_first_error(exc)}") from None
+    payload = envelope.payload
+    if isinstance(payload, str):
+        try:
+            payload = json.loads(payload, parse_constant=_refuse_constant)
+        except (ValueError, RecursionError) as exc:
+            raise FrameRejected(f"payload is not JSON: {str(exc)[:200]}") from None
+    if not isinstance(payload, dict):
+        raise FrameRejected(f"payload is not a JSON-RPC message but {type(payload).__name__}")
+    return payload
+
+
+def _parse(model: type[_M], params: object, method: str) -> _M:
+    try:
+        return model.model_validate(params)
+    except ValidationError as exc:
+        raise FrameRejected(f"{method}: {_first_error(exc)}") from None
+
+
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _first_error(exc: ValidationError) -> str:
+    error = exc.errors()[0]
+    where = ".".join(str(part) for part in error["loc"]) or "frame"
+    return f"{where}: {error['msg']}"
+
+
+def make_producer(harness: Harness) -> CodexProducer:
+    return CodexProducer(harness)
+
+
+def decode_recording(data: bytes) -> Iterator[tuple[int | None, Frame]]:
+    """The lab's captures: `<name>.jsonl` (verbatim inbound messages, one per line) or
+    `<name>.timed.jsonl` (`{"t": seconds, "dir": "in"|"out", "frame": message}`, both directions).
+
+    The clock is Codex's own `emittedAtMs`. Responses carry none; they keep the previous frame's time,
+    so they neither rewind the clock nor push it ahead of Codex's.
+    """
+    clock: int | None = None
+    for line in data.splitlines():
+        if not line.strip():
+            continue
+        try:
+            message: Any = json.loads(line, parse_constant=_refuse_constant)
+        except (ValueError, RecursionError):
+            # Handed on as text, so the producer refuses it and the pipeline counts the drop.
+            yield clock, {"type": FRAME_TYPE, "payload": line.decode("utf-8", "replace")}
+            continue
+        if _is_timed_line(message):
+            if message["dir"] != "in":
+                continue  # the client's own requests: the producer sees server→client only
+            if clock is None:
+                clock = _seconds_to_ms(message["t"])
+            message = message["frame"]
+        if isinstance(message, dict) and _is_millis(emitted := message.get("emittedAtMs")):
+            clock = emitted
+        yield clock, {"type": FRAME_TYPE, "payload": message}
+
+
+def _is_timed_line(message: Any) -> bool:
+    return isinstance(message, dict) and set(message) == {"t", "dir", "frame"}
+
+
+def _seconds_to_ms(value: Any) -> int | None:
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value >= 0:
+        return int(value * 1000)
+    return None
+
+
+def _is_millis(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

@@ -1,0 +1,280 @@
+"""pi and omp: the shipped extension's `context` frames in, full readings out (sans-I/O).
+
+Both harnesses answer `ctx.getContextUsage()` with the same `{tokens, contextWindow, percent}` shape
+and different meanings: pi's `tokens` is built on the last assistant message's totalTokens, omp's on
+its prompt tokens alone (output excluded). The record carries each as given and `harness` says
+which; nothing here converts one into the other.
+
+The frame (sidecar/assets/hctx-channel.ts writes it, one JSON object a line):
+
+    {"type": "context", "event": "turn_end",
+     "reading": {"tokens", "contextWindow", "percent", "model", "costUsd"} | null,
+     "compaction": {"reason", "count"} | null,
+     "compactions": <compaction entries in the harness's session store> | null}
+
+`reading` is null when the harness gave no usage object at all (no model, no telemetry surface, a
+throwing getter); a reading whose `tokens`/`percent` are null is pi saying it does not know yet
+(right after a compaction), and is published as withheld. `compaction` is set on `session_compact`
+only; its `count` is harness-durable, or null when the session store could not be read, in which case
+the producer degrades to counting the edge itself. `event` and `compactions` are additive to the
+envelope: `compactions` rides every frame so a restarted session publishes its durable count before
+its next compaction.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.alias_generators import to_camel
+
+from guard.policy import Reading
+from guard.record import COMPACTION_TRIGGERS, CompactionTrigger, ContextFields, Harness
+from sidecar.producers.base import Frame, FrameRejected
+
+PI_HARNESSES: tuple[Harness, ...] = ("pi", "omp")
+
+# A model id longer than this is not an id; refusing the frame beats publishing a megabyte of it.
+MAX_MODEL_ID_CHARS = 256
+
+_Tokens = Annotated[int, Field(strict=True, ge=0)]
+_Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+_ModelId = Annotated[str, Field(strict=True, max_length=MAX_MODEL_ID_CHARS)]
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, extra="ignore", frozen=True)
+
+
+class ChannelReading(_Wire):
+    """`getContextUsage()` plus the two adjacent facts; every key required, nulls kept."""
+
+    tokens: _Tokens | None
+    context_window: _Tokens | None
+    percent: _Number | None
+    model: _ModelId | None
+    cost_usd: _Number | None
+
+
+class ChannelCompaction(_Wire):
+    reason: Annotated[str, Field(strict=True)] | None
+    count: _Tokens | None
+
+
+class ContextFrame(_Wire):
+    type: Literal["context"]
+    reading: ChannelReading | None
+    compaction: ChannelCompaction | None
+    compactions: _Tokens | None = None
+
+
+def trigger_of(reason: str | None) -> CompactionTrigger:
+    """pi's `manual`/`threshold`/`overflow` as given; no reason, or a word outside the closed set, is unknown."""
+    for trigger in COMPACTION_TRIGGERS:
+        if reason == trigger:
+            return trigger
+    return "unknown"
+
+
+class PiProducer:
+    """One agent's pi or omp channel: holds the compaction count, its edge time and the last reading."""
+
+    def __init__(self, harness: Harness) -> None:
+        if harness not in PI_HARNESSES:
+            raise ValueError(f"the pi channel producer serves pi and omp, not {harness!r}")
+        self.harness: Harness = harness
+        self.compactions = 0
+        self.last_compaction_ms: int | None = None
+        self.last_compaction_trigger: CompactionTrigger | None = None
+        self.last: ContextFields | None = None
+
+    def feed(self, frame: Frame, now_ms: int) -> list[Reading]:
+        decoded = _decode(frame)
+        edge = decoded.compaction
+        if edge is not None:
+            # The store's count already includes this compaction (it is read inside session_compact);
+            # an unreadable store narrows the scope to this incarnation rather than losing the edge.
+            self.compactions = edge.count if edge.count is not None else self.compactions + 1
+            self.last_compaction_ms = now_ms
+            self.last_compaction_trigger = trigger_of(edge.reason)
+        elif decoded.compactions is not None:
+            self.compactions = decoded.compactions
+            if self.compactions == 0:
+                # A session whose store holds no compaction (a new one): the last edge was another's.
+                self.last_compaction_ms = None
+                self.last_compaction_trigger = None
+        if decoded.reading is not None:
+            self.last = self._fields(decoded.reading, now_ms)
+        elif edge is not None:
+            # An edge with no reading keeps the held numbers and their time: nothing was re-measured.
+            held = self.last or ContextFields(harness=self.harness, observed_at_ms=now_ms)
+            self.last = held.model_copy(update=self._compaction_fields())
+        else:
+            return []
+        return [Reading(self.last, compaction_edge=edge is not None)]
+
+    def _compaction_fields(self) -> dict[str, Any]:
+        return {
+            "compactions": self.compactions,
+            "last_compaction_ms": self.last_compaction_ms,
+            "last_compaction_trigger": self.last_compaction_trigger,
+        }
+
+    def _fields(self, reading: ChannelReading, now_ms: int) -> ContextFields:
+        try:
+            return ContextFields(
+                harness=self.harness,
+                used_tokens=reading.tokens,
+                window_tokens=reading.context_window,
+                used_percent=reading.percent,
+                model=reading.model,
+                cost_usd=reading.cost_usd,
+                observed_at_ms=now_ms,
+                **self._compaction_fields(),
+            )
+        except ValidationError as exc:  # e.g. a negative clock: the frame, not the producer, is wrong
+            raise FrameRejected(f"reading does not make a record: {_first_error(exc)}") from None
+
+
+def _decode(frame: Frame) -> ContextFrame:
+    if not isinstance(frame, dict):
+        raise FrameRejected(f"frame is {type(frame).__name__}, not an object")
+    if frame.get("type") != "context":
+        raise FrameRejected(f"not a context frame: type {str(frame.get('type'))[:40]!r}")
+    try:
+        return ContextFrame.model_validate(frame, by_alias=True)
+    except ValidationError as exc:
+        raise FrameRejected(f"malformed context frame: {_first_error(exc)}") from None
+    except RecursionError:
+        raise FrameRejected("context frame nested too deeply") from None
+
+
+def _first_error(exc: ValidationError) -> str:
+    error = exc.errors(include_input=False, include_url=False)[0]
+    where = ".".join(str(part) for part in error["loc"]) or "frame"
+    return f"{where}: {error['msg']}"
+
+
+def make_producer(harness: Harness) -> PiProducer:
+    return PiProducer(harness)
+
+
+# --- recordings ---------------------------------------------------------------------------------
+
+# The events the shipped asset emits on; `session_compact` also carries the edge.
+EMITTING_EVENTS = frozenset(
+    {"session_start", "message_end", "turn_end", "agent_end", "agent_settled", "session_stop", "session_compact"}
+)
+
+
+def decode_recording(data: bytes) -> Iterator[tuple[int | None, Frame]]:
+    """Timed frames of a pi/omp recording, one JSON object a line, in either of two shapes.
+
+    - channel frames as the asset sends them, optionally stamped `atMs` by whoever recorded them;
+    - the lab's probe capture (`lab-capture.ts`: one line per harness event with the raw
+      `contextUsage`, `model`, `entries` and `payload`), turned into the frame the shipped asset sends
+      for the same event and ctx, stamped with the line's `t`. That is how the producer is tested on
+      the verbatim captures of the real builds.
+
+    Blank, non-JSON or truncated lines (a recording cut mid-write) are skipped.
+    """
+    probe = _ProbeTranslator()
+    for line in data.split(b"\n"):
+        try:
+            item = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        if not isinstance(item, dict):
+            continue
+        if "event" in item and "type" not in item:
+            translated = probe.frame(item)
+            if translated is not None:
+                yield translated
+            continue
+        at_ms = item.get("atMs")
+        yield (at_ms if _is_millis(at_ms) else None), item
+
+
+def _is_millis(value: object) -> bool:
+    return type(value) is int and value >= 0
+
+
+class _ProbeTranslator:
+    """The asset's own bookkeeping (cost hold, omp's pending reason) replayed over probe lines."""
+
+    def __init__(self) -> None:
+        self.cost_usd: float | None = None
+        self.pending_reason: str | None = None
+
+    def frame(self, line: dict[str, Any]) -> tuple[int | None, Frame] | None:
+        event = _string(line.get("event"))
+        payload = _object(line.get("payload"))
+        entries = _object(line.get("entries"))
+        if event == "auto_compaction_start":
+            self.pending_reason = _string(payload.get("reason"))
+        elif event == "auto_compaction_end":
+            self.pending_reason = None
+        if event not in EMITTING_EVENTS:
+            return None
+        if event == "session_start":
+            last_assistant = _object(entries.get("lastAssistant"))
+            self.cost_usd = _number(_object(last_assistant.get("usage")).get("costTotal"))
+        message = _object(payload.get("message"))
+        if event == "message_end" and message.get("role") == "assistant":
+            cost = _number(_object(message.get("usage")).get("costTotal"))
+            if cost is not None:
+                self.cost_usd = cost
+        count = entries.get("compactionCount") if _is_millis(entries.get("compactionCount")) else None
+        compaction = None
+        if event == "session_compact":
+            compaction = {"reason": _string(payload.get("reason")) or self.pending_reason, "count": count}
+            self.pending_reason = None
+        frame: Frame = {
+            "type": "context",
+            "event": event,
+            "reading": self._reading(line),
+            "compaction": compaction,
+            "compactions": count,
+        }
+        return _iso_ms(line.get("t")), frame
+
+    def _reading(self, line: dict[str, Any]) -> dict[str, Any] | None:
+        usage = line.get("contextUsage")
+        if not isinstance(usage, dict) or "error" in usage:
+            return None
+        return {
+            "tokens": usage.get("tokens"),
+            "contextWindow": usage.get("contextWindow"),
+            "percent": usage.get("percent"),
+            "model": _string(_object(line.get("model")).get("id")),
+            "costUsd": self.cost_usd,
+        }
+
+
+def _object(value: object) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _string(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _number(value: object) -> float | None:
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except OverflowError:
+        return None
+
+
+def _iso_ms(value: object) -> int | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return int(datetime.fromisoformat(value).timestamp() * 1000)
+    except (ValueError, OverflowError, OSError):
+        return None

@@ -1,0 +1,273 @@
+"""The interactive Codex seat: follow the rollout file the wrapped TUI writes.
+
+The TUI (`codex`, `codex exec`, anything but `app-server`) offers no stream to tap, but it writes
+every `token_count` event to `$CODEX_HOME/sessions/YYYY/MM/DD/rollout-<time>-<thread>.jsonl`. This
+transport finds the rollout this launch created (the newest whose `session_meta` is stamped at or
+after the launch and names the launch's cwd), follows it as it grows, and submits each line the
+Codex producer cares about as the app-server message it is equivalent to
+(`sidecar.transcripts.rollout_event`), so the record is the one the app-server path would publish.
+
+    config = {"mode": "rollout", "codexHome": "/home/u/.codex", "cwd": "/work/repo", "startedAtMs": 1795994906000}
+
+Polling, with back-off from POLL_MIN_S to POLL_MAX_S while nothing changes; a newer matching rollout
+(the TUI's `/new`) takes over from the one being followed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Annotated, Any, Final, Literal
+
+import trio
+import trio.lowlevel
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from sidecar.producers.base import Frame
+from sidecar.transcripts import MAX_LINE_BYTES, codex_frames, instant_ms, rollout_event
+from sidecar.transports import Submit
+
+log = logging.getLogger(__name__)
+
+POLL_MIN_S: Final = 0.2
+POLL_MAX_S: Final = 2.0
+# How often, while following one rollout, the sessions tree is looked at for a newer one.
+RESCAN_EVERY_S: Final = 5.0
+READ_CHUNK: Final = 1024 * 1024
+# Codex stamps session_meta a little after the process starts; a clock step or a coarse mtime
+# should not make the launch's own rollout look older than the launch.
+LAUNCH_SLACK_MS: Final = 5_000
+# session_meta carries the base instructions, tens of kilobytes; its line is read up to this much.
+SESSION_META_LIMIT: Final = 4 * 1024 * 1024
+_FILE_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+class RolloutConfig(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
+
+    mode: Literal["rollout"]
+    codex_home: Annotated[str, Field(alias="codexHome", min_length=1, strict=True)]
+    cwd: Annotated[str | None, Field(strict=True)] = None
+    started_at_ms: Annotated[int, Field(alias="startedAtMs", ge=0, strict=True)]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    path: Path
+    thread_id: str
+    started_at_ms: int
+
+
+def _date_dirs(sessions: Path, started_at_ms: int, now_ms: int) -> list[Path]:
+    """The YYYY/MM/DD directories a rollout of this launch can be in (local or UTC dates, either
+    side of midnight), instead of walking months of history on every poll."""
+    start = datetime.fromtimestamp(started_at_ms / 1000, tz=UTC) - timedelta(days=1)
+    end = datetime.fromtimestamp(now_ms / 1000, tz=UTC) + timedelta(days=1)
+    days: list[Path] = []
+    day = start
+    while day.date() <= end.date():
+        days.append(sessions / f"{day.year:04d}" / f"{day.month:02d}" / f"{day.day:02d}")
+        day += timedelta(days=1)
+    return days
+
+
+def read_session_meta(path: Path) -> dict[str, Any] | None:
+    """The first line's `session_meta` payload, or None (not yet written, not a rollout, hostile)."""
+    try:
+        fd = os.open(path, _FILE_FLAGS)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        head = os.pread(fd, SESSION_META_LIMIT, 0)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    newline = head.find(b"\n")
+    if newline < 0:
+        return None  # the first line is still being written (or is larger than any header)
+    event = rollout_event(head[:newline], 0, "")
+    if event is None or event.session is None:
+        return None
+    return event.session.model_dump()
+
+
+def find_rollout(config: RolloutConfig, now_ms: int, rejected: set[Path]) -> Candidate | None:
+    """The newest rollout of this launch: session_meta stamped at or after the launch (less slack),
+    in the launch's cwd when one is configured, and not a subagent's own thread."""
+    sessions = Path(config.codex_home) / "sessions"
+    oldest = config.started_at_ms - LAUNCH_SLACK_MS
+    best: Candidate | None = None
+    for directory in _date_dirs(sessions, config.started_at_ms, now_ms):
+        try:
+            names = os.listdir(directory)
+        except OSError:
+            continue
+        for name in names:
+            path = directory / name
+            if path in rejected or not (name.startswith("rollout-") and name.endswith(".jsonl")):
+                continue
+            try:
+                if path.lstat().st_mtime_ns // 1_000_000 < oldest:
+                    continue  # untouched since before the launch: not ours, but may be written to later
+            except OSError:
+                continue
+            meta = read_session_meta(path)
+            if meta is None:
+                continue  # perhaps not written yet: looked at again next time
+            started = instant_ms(meta.get("timestamp"))
+            if started is None or started < oldest or _is_subagent(meta.get("source")):
+                rejected.add(path)
+                continue
+            if config.cwd is not None and meta.get("cwd") != config.cwd:
+                rejected.add(path)
+                continue
+            if best is None or started > best.started_at_ms:
+                best = Candidate(path, str(meta.get("id") or ""), started)
+    return best
+
+
+def _is_subagent(source: object) -> bool:
+    return isinstance(source, dict) and "subagent" in source
+
+
+@dataclass
+class RolloutFollower:
+    """Sans-clock state of following one rollout: bytes in, frames out."""
+
+    thread_id: str
+    offset: int = 0
+    pending: bytearray = field(default_factory=bytearray)
+    skipping: bool = False  # inside a line longer than MAX_LINE_BYTES
+
+    def feed(self, data: bytes) -> list[Frame]:
+        """Frames for every line `data` completes; a partial last line waits for its newline."""
+        frames: list[Frame] = []
+        start = 0
+        while start < len(data):
+            newline = data.find(b"\n", start)
+            if newline < 0:
+                self._hold(data[start:])
+                self.offset += len(data) - start
+                break
+            line_start = self.offset - len(self.pending)
+            if not self.skipping:
+                self.pending += data[start:newline]
+                if len(self.pending) <= MAX_LINE_BYTES:
+                    event = rollout_event(bytes(self.pending), line_start, self.thread_id)
+                    if event is not None:
+                        frames.extend(codex_frames(event))
+            self.offset += newline + 1 - start
+            self.pending.clear()
+            self.skipping = False
+            start = newline + 1
+        return frames
+
+    def _hold(self, piece: bytes) -> None:
+        if self.skipping:
+            return
+        self.pending += piece
+        if len(self.pending) > MAX_LINE_BYTES:
+            self.pending.clear()
+            self.skipping = True
+
+
+def _read_from(path: Path, offset: int) -> tuple[bytes, int] | None:
+    """(new bytes from `offset`, file size), or None when the file is gone or not regular."""
+    try:
+        fd = os.open(path, _FILE_FLAGS)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return None
+        if info.st_size <= offset:
+            return b"", info.st_size
+        return os.pread(fd, min(READ_CHUNK, info.st_size - offset), offset), info.st_size
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass
+class _Seat:
+    """The follow loop's state: which rollout, how far into it."""
+
+    settings: RolloutConfig
+    submit: Submit
+    rejected: set[Path] = field(default_factory=set)
+    path: Path | None = None
+    follower: RolloutFollower | None = None
+
+    def rescan(self) -> None:
+        found = find_rollout(self.settings, _now_ms(), self.rejected)
+        if found is not None and found.path != self.path:
+            log.info("following rollout %s", found.path, extra={"event": "rollout-followed", "path": str(found.path)})
+            self.path, self.follower = found.path, RolloutFollower(found.thread_id or found.path.stem)
+
+    def read_some(self) -> bool | None:
+        """Submit what one read of the rollout completes; None when there was nothing new."""
+        if self.path is None or self.follower is None:
+            return None
+        chunk = _read_from(self.path, self.follower.offset)
+        if chunk is None:
+            return None
+        data, size = chunk
+        if size < self.follower.offset:  # truncated or replaced: start over
+            self.follower = RolloutFollower(self.follower.thread_id)
+            return True
+        if not data:
+            return None
+        for frame in self.follower.feed(data):
+            self.submit(frame)
+        return True
+
+    def drain(self) -> None:
+        """Everything written so far, synchronously: the last turn of a seat that just ended."""
+        if self.path is None:
+            self.rescan()
+        while self.read_some():
+            pass
+
+
+async def follow_rollout(config: dict[str, Any], submit: Submit) -> None:
+    """Find this launch's rollout and submit its context lines as Codex frames, until cancelled.
+
+    When cancelled (the session ended), whatever the rollout gained since the last poll is still
+    read and submitted before returning: a `codex exec` that ends a second after its only turn
+    must not lose that turn to the poll interval.
+    """
+    try:
+        settings = RolloutConfig.model_validate(config)
+    except ValidationError as exc:
+        log.warning("rollout transport: bad config: %s", exc.errors()[0]["msg"], extra={"event": "bad-config"})
+        return
+    seat = _Seat(settings, submit)
+    delay = POLL_MIN_S
+    next_rescan = 0.0
+    try:
+        while True:
+            if seat.path is None or trio.current_time() >= next_rescan:
+                next_rescan = trio.current_time() + RESCAN_EVERY_S
+                seat.rescan()
+            progressed = False
+            while seat.read_some():
+                progressed = True
+                await trio.lowlevel.checkpoint()  # a long backlog must not starve the write loop
+            delay = POLL_MIN_S if progressed else min(delay * 2, POLL_MAX_S)
+            await trio.sleep(delay)
+    finally:
+        seat.drain()  # no checkpoint in it, so it runs to the end even under cancellation

@@ -1,0 +1,272 @@
+"""A fake Anthropic Messages API on 127.0.0.1 for the Claude Code live tests.
+
+It does what the lab's `fake_anthropic.py` did (../shared/lab/claude/README.md), as far as Claude Code
+can see it:
+
+- `POST /v1/messages` (Claude adds `?beta=true`, and always asks for `stream: true`) answers SSE:
+  `message_start`, `content_block_start`, `content_block_delta` (text_delta), `content_block_stop`,
+  `message_delta` carrying the full usage again, `message_stop`. Non-streaming requests get the
+  message as JSON; `POST /v1/messages/count_tokens` an input count.
+- `HEAD`/`GET /api/hello` (2.1.250 at start-up) get 200; any other path 404.
+
+The usage a reply reports is dictated by the request, so a test decides what Claude is told it spent:
+
+- a main-loop request (one carrying `tools`) answers with the last `usage=I,CC,CR,O` in its newest
+  user text (input, cache_creation, cache_read, output), or 120/0/0/7 without one;
+- the compaction request (its newest user text is Claude's "create a detailed summary of the
+  conversation" prompt) answers 30000/0/0/1500 with an `<analysis>`/`<summary>` reply;
+- side calls (title generation: no `tools`) answer 120/0/0/7, so no marker is ever counted twice.
+
+Every request is kept in `requests` for assertions.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Literal
+
+import h11
+import trio
+
+HOST = "127.0.0.1"
+USAGE_MARKER = re.compile(r"usage=(\d+),(\d+),(\d+),(\d+)")
+COMPACTION_PROMPT = "create a detailed summary of the conversation"
+SIDE_CALL_USAGE = (120, 0, 0, 7)
+COMPACTION_USAGE = (30000, 0, 0, 1500)
+MAX_BODY_BYTES = 64 * 1024 * 1024
+# Claude approves a custom API key by its last 20 characters (the lab's `customApiKeyResponses`).
+API_KEY = "sk-ant-api03-hctx-fake-live-test-key-0000000000AA"
+
+Kind = Literal["turn", "compaction", "side"]
+Usage = tuple[int, int, int, int]  # input, cache_creation, cache_read, output
+
+
+@dataclass(frozen=True)
+class Served:
+    index: int
+    kind: Kind
+    usage: Usage
+    stream: bool
+    model: str
+
+
+@dataclass
+class FakeMessages:
+    port: int = 0
+    requests: list[Served] = field(default_factory=list)
+    other_paths: list[str] = field(default_factory=list)
+    _index: itertools.count[int] = field(default_factory=itertools.count)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    def answer(self, body: dict[str, Any]) -> tuple[Served, str]:
+        """The record of one `POST /v1/messages` and the reply text."""
+        messages = body.get("messages")
+        messages = messages if isinstance(messages, list) else []
+        user_texts = [_text_of(m) for m in messages if isinstance(m, dict) and m.get("role") == "user"]
+        newest = user_texts[-1] if user_texts else ""
+        kind: Kind
+        if COMPACTION_PROMPT in newest:
+            kind, usage = "compaction", COMPACTION_USAGE
+            text = (
+                "<analysis>Fake analysis of the conversation.</analysis>\n"
+                "<summary>1. Primary Request and Intent: the hctx live test's turns.</summary>"
+            )
+        elif body.get("tools"):
+            kind = "turn"
+            found = USAGE_MARKER.findall(newest)
+            usage = tuple(int(n) for n in found[-1]) if found else SIDE_CALL_USAGE  # type: ignore[assignment]
+            text = f"Fake reply to: {newest[-80:]}"
+        else:
+            kind, usage = "side", SIDE_CALL_USAGE
+            text = json.dumps({"title": "Fake live session"})
+        served = Served(next(self._index), kind, usage, bool(body.get("stream")), str(body.get("model", "")))
+        self.requests.append(served)
+        return served, text
+
+    def turns(self) -> list[Served]:
+        return [served for served in self.requests if served.kind == "turn"]
+
+
+def _text_of(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            str(part.get("text", "")) for part in content if isinstance(part, dict) and part.get("type") == "text"
+        )
+    return ""
+
+
+def _usage_json(usage: Usage, *, output: int | None = None) -> dict[str, int]:
+    fresh, creation, read, out = usage
+    return {
+        "input_tokens": fresh,
+        "cache_creation_input_tokens": creation,
+        "cache_read_input_tokens": read,
+        "output_tokens": out if output is None else output,
+    }
+
+
+def _message(served: Served, text: str | None) -> dict[str, Any]:
+    return {
+        "id": f"msg_fake_{served.index}",
+        "type": "message",
+        "role": "assistant",
+        "model": served.model,
+        "content": [] if text is None else [{"type": "text", "text": text}],
+        "stop_reason": None if text is None else "end_turn",
+        "stop_sequence": None,
+        "usage": _usage_json(served.usage, output=1 if text is None else None),
+    }
+
+
+def _sse(event: dict[str, Any]) -> bytes:
+    return f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
+
+
+def sse_events(served: Served, text: str) -> list[bytes]:
+    events: list[dict[str, Any]] = [
+        {"type": "message_start", "message": _message(served, None)},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}},
+        {"type": "content_block_stop", "index": 0},
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+            "usage": _usage_json(served.usage),
+        },
+        {"type": "message_stop"},
+    ]
+    return [_sse(event) for event in events]
+
+
+async def _send(conn: h11.Connection, stream: trio.SocketStream, event: Any) -> None:
+    data = conn.send(event)
+    if data:
+        await stream.send_all(data)
+
+
+async def _handle(server: FakeMessages, stream: trio.SocketStream) -> None:
+    conn = h11.Connection(h11.SERVER)
+    async with stream:
+        try:
+            while await _one_exchange(server, conn, stream):
+                conn.start_next_cycle()
+        except (h11.ProtocolError, trio.BrokenResourceError, trio.ClosedResourceError):
+            return
+
+
+async def _one_exchange(server: FakeMessages, conn: h11.Connection, stream: trio.SocketStream) -> bool:
+    """Read one request and answer it; False once the connection is done."""
+    request: h11.Request | None = None
+    body = bytearray()
+    while True:
+        event = conn.next_event()
+        if event is h11.NEED_DATA:
+            conn.receive_data(await stream.receive_some(65536))
+        elif isinstance(event, h11.Request):
+            request = event
+        elif isinstance(event, h11.Data):
+            body += event.data
+            if len(body) > MAX_BODY_BYTES:
+                return False
+        elif isinstance(event, h11.EndOfMessage) and request is not None:
+            break
+        elif isinstance(event, h11.ConnectionClosed):
+            return False
+    await _serve_one(server, conn, stream, request, bytes(body))
+    return conn.our_state is h11.DONE and conn.their_state is h11.DONE
+
+
+async def _reply_json(conn: h11.Connection, stream: trio.SocketStream, status: int, value: object) -> None:
+    payload = json.dumps(value).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+    for event in (h11.Response(status_code=status, headers=headers), h11.Data(data=payload), h11.EndOfMessage()):
+        await _send(conn, stream, event)
+
+
+async def _serve_one(
+    server: FakeMessages, conn: h11.Connection, stream: trio.SocketStream, request: h11.Request, body: bytes
+) -> None:
+    path = request.target.decode("latin-1").split("?")[0]
+    if path == "/api/hello":
+        server.other_paths.append(path)
+        await _reply_json(conn, stream, 200, {"message": "hello"})
+        return
+    if request.method != b"POST" or path not in ("/v1/messages", "/v1/messages/count_tokens"):
+        server.other_paths.append(path)
+        await _reply_json(conn, stream, 404, {"type": "error", "error": {"type": "not_found_error", "message": path}})
+        return
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        error = {"type": "invalid_request_error", "message": "body is not a JSON object"}
+        await _reply_json(conn, stream, 400, {"type": "error", "error": error})
+        return
+    if path.endswith("/count_tokens"):
+        await _reply_json(conn, stream, 200, {"input_tokens": 1000})
+        return
+    served, text = server.answer(parsed)
+    if not served.stream:
+        await _reply_json(conn, stream, 200, _message(served, text))
+        return
+    headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+    await _send(conn, stream, h11.Response(status_code=200, headers=headers))
+    for chunk in sse_events(served, text):
+        await _send(conn, stream, h11.Data(data=chunk))
+    await _send(conn, stream, h11.EndOfMessage())
+
+
+@asynccontextmanager
+async def fake_messages() -> AsyncIterator[FakeMessages]:
+    """Serve on 127.0.0.1:<ephemeral> for the duration of the block."""
+    server = FakeMessages()
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(partial(trio.serve_tcp, host=HOST), partial(_handle, server), 0)
+        server.port = listeners[0].socket.getsockname()[1]
+        try:
+            yield server
+        finally:
+            nursery.cancel_scope.cancel()
+
+
+def claude_home(home: Any, cwd: Any) -> None:
+    """The throwaway HOME the lab used: no first-run dialog, the key approved, the folder trusted."""
+    (home / ".claude").mkdir(parents=True, exist_ok=True)
+    state = {
+        "hasCompletedOnboarding": True,
+        "theme": "dark",
+        "customApiKeyResponses": {"approved": [API_KEY[-20:]], "rejected": []},
+        "projects": {str(cwd): {"hasTrustDialogAccepted": True, "hasCompletedProjectOnboarding": True}},
+    }
+    (home / ".claude.json").write_text(json.dumps(state))
+    (home / ".claude" / "settings.json").write_text("{}\n")
+
+
+def claude_env(home: Any, base_url: str) -> dict[str, str]:
+    """Offline: our server, a fake key, and no traffic anywhere else (lab obstacle 3)."""
+    return {
+        "HOME": str(home),
+        "XDG_CONFIG_HOME": str(home / ".config"),
+        "XDG_CACHE_HOME": str(home / ".cache"),
+        "XDG_DATA_HOME": str(home / ".local" / "share"),
+        "XDG_STATE_HOME": str(home / ".local" / "state"),
+        "ANTHROPIC_BASE_URL": base_url,
+        "ANTHROPIC_API_KEY": API_KEY,
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "DISABLE_AUTOUPDATER": "1",
+        "CLAUDE_CODE_DISABLE_OFFICIAL_MARKETPLACE_AUTOINSTALL": "1",
+        "TERM": "xterm-256color",
+    }

@@ -1,0 +1,64 @@
+"""A fake OpenAI-compatible provider on 127.0.0.1 for the OpenCode live tests.
+
+It is the pi/omp fake (`tests/fakes/pi_model.py`: the `[[u:IN:OUT]]` / `[[u:IN:OUT:CACHED]]` marker in
+the last user message dictates the reported usage; streaming with a final usage-only chunk) with
+OpenCode's two side requests recognised, because both would otherwise read a marker that is not theirs:
+
+- the compaction summary (system prompt "You are a context summarization agent", no tools): OpenCode
+  packs the whole transcript, markers included, into one user message, so it gets SUMMARY_USAGE;
+- the title request of an untitled session ("You are a title generator"): TITLE_USAGE.
+
+It never answers with a tool call: OpenCode's glob/grep tools would try to download ripgrep.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import partial
+from typing import Any
+
+import trio
+
+from tests.fakes.pi_model import HOST, FakeModel, Served, _handle, _last_user_text, _text_of
+
+# The lab's summary call: prompt 14,321 + completion 222 = tokens.total 14,543.
+SUMMARY_USAGE = (14_321, 222, 0)
+TITLE_USAGE = (77, 7, 0)
+
+
+class OpenCodeFakeModel(FakeModel):
+    def answer(self, body: dict[str, Any]) -> tuple[int, Any, bool]:
+        messages = body.get("messages") if isinstance(body.get("messages"), list) else []
+        system = " ".join(
+            _text_of(message.get("content"))
+            for message in messages or []
+            if isinstance(message, dict) and message.get("role") in ("system", "developer")
+        ).lower()
+        stream = bool(body.get("stream"))
+        if "summarization agent" in system or ("summar" in system and not body.get("tools")):
+            self.requests.append(Served("summary", SUMMARY_USAGE, body))
+            return 200, ("## Summary\nThe fake model summarised the session.", SUMMARY_USAGE), stream
+        if "title generator" in system:
+            self.requests.append(Served("title", TITLE_USAGE, body))
+            return 200, ("Fake title", TITLE_USAGE), stream
+        return super().answer(body)
+
+    def kinds(self) -> list[str]:
+        return [served.kind for served in self.requests]
+
+    def last_user_texts(self) -> list[str]:
+        return [_last_user_text(served.body.get("messages") or []) for served in self.requests]
+
+
+@asynccontextmanager
+async def opencode_fake_model() -> AsyncIterator[OpenCodeFakeModel]:
+    """Serve on 127.0.0.1:<ephemeral> for the duration of the block."""
+    model = OpenCodeFakeModel()
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(partial(trio.serve_tcp, host=HOST), partial(_handle, model), 0)
+        model.port = listeners[0].socket.getsockname()[1]
+        try:
+            yield model
+        finally:
+            nursery.cancel_scope.cancel()

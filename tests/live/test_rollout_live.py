@@ -1,0 +1,142 @@
+"""Live: the real codex CLI (0.151.0 and 0.171.0), not the app-server, followed through its rollout.
+
+`codex exec` writes the same rollout the interactive TUI writes. HOME and CODEX_HOME are isolated in
+tmp_path, the custom provider points at the project's fake Responses API on 127.0.0.1, and
+`follow_rollout` runs beside the CLI exactly as the sidecar would run it for a TUI seat: it must find
+this launch's rollout by its session_meta (cwd, start time) and publish Codex's own numbers.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import trio
+
+from guard.policy import Reading
+from sidecar.producers.base import Frame
+from sidecar.producers.codex import CodexProducer
+from sidecar.rollout import follow_rollout
+from sidecar.transcripts import BackwardLines, read_codex_tail, tail_frames
+from tests.fakes.codex_model import codex_config, fake_responses
+from tests.harnesses import HARNESS_VERSIONS, harness_env, require_harness
+
+pytestmark = pytest.mark.live
+
+LIMIT_S = 60.0
+
+
+@pytest.mark.parametrize("version", HARNESS_VERSIONS["codex"])
+async def test_a_cli_session_is_followed_through_its_rollout(version: str, tmp_path: Path) -> None:
+    codex = require_harness("codex", version)
+    home, codex_home, work = tmp_path / "home", tmp_path / "codexhome", tmp_path / "work"
+    for directory in (home, codex_home, work):
+        directory.mkdir()
+    frames: list[Frame] = []
+    async with fake_responses() as fake:
+        (codex_home / "config.toml").write_text(codex_config(fake.base_url))
+        env = {
+            "PATH": os.environ.get("PATH", os.defpath),
+            "HOME": str(home),
+            "CODEX_HOME": str(codex_home),
+            "XDG_CONFIG_HOME": str(home / ".config"),
+            "XDG_STATE_HOME": str(home / ".local" / "state"),
+            "XDG_CACHE_HOME": str(home / ".cache"),
+            "FAKE_OPENAI_API_KEY": "dummy",  # the provider's env_key; no real key exists anywhere here
+            **harness_env("codex", version),
+        }
+        config = {
+            "mode": "rollout",
+            "codexHome": str(codex_home),
+            "cwd": str(work),
+            "startedAtMs": time.time_ns() // 10**6,
+        }
+        prompt = "live rollout turn [[u:90000:800:29000]]"
+        argv = [*codex, "exec", "--skip-git-repo-check", "-s", "read-only", prompt]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(follow_rollout, config, frames.append)
+            with trio.fail_after(LIMIT_S):
+                done = await trio.run_process(
+                    argv,
+                    cwd=work,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    capture_stdout=True,
+                    capture_stderr=True,
+                    check=False,
+                )
+                assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
+                while not any(f["payload"]["method"] == "thread/tokenUsage/updated" for f in frames):  # noqa: ASYNC110
+                    await trio.sleep(0.05)
+            nursery.cancel_scope.cancel()
+    producer = CodexProducer()
+    readings: list[Reading] = []
+    for frame in frames:
+        readings.extend(producer.feed(frame, 1))
+    last = producer.last_reading
+    assert last is not None
+    # 90,800 of Codex's effective 190,000 window: Codex's "56% context left", so 44 and not 47.8.
+    assert (last.used_tokens, last.window_tokens, last.used_percent) == (90_800, 190_000, 44)
+    assert last.session_total_tokens == 90_800
+    rollouts = list((codex_home / "sessions").rglob("rollout-*.jsonl"))
+    assert len(rollouts) == 1
+    data = rollouts[0].read_bytes()
+    assert f'"cli_version":"{version}"'.encode() in data
+    # The same file read from its end (hctx scan's path) gives the same reading.
+    tail = read_codex_tail(BackwardLines(lambda offset, size: data[offset : offset + size], len(data)), "t")
+    assert tail.session is not None and tail.session.cwd == str(work)
+    scanned = CodexProducer()
+    for at_ms, frame in tail_frames(tail):
+        scanned.feed(frame, at_ms or 0)
+    assert scanned.last_reading is not None
+    ignored = {"observed_at_ms", "rate_limits"}
+    assert scanned.last_reading.model_dump(exclude=ignored) == last.model_dump(exclude=ignored)
+    # Following, the turn's snapshot is held for the next reading (as the app-server orders it);
+    # scanning, the latest snapshot rides the one reading there is.
+    assert last.rate_limits is None and (producer.five_hour, producer.seven_day) == (10, 40)
+    assert scanned.last_reading.rate_limits is not None
+    assert (scanned.last_reading.rate_limits.five_hour, scanned.last_reading.rate_limits.seven_day) == (10, 40)
+
+
+def _tui_plan_follows_rollouts() -> bool:
+    from wrapper.harnesses import LaunchPlan, prepare
+
+    plan = prepare(LaunchPlan(harness="codex", argv=("codex", "exec", "hi"), cwd=Path.cwd()))
+    return plan.transport.get("mode") == "rollout"
+
+
+@pytest.mark.parametrize("version", HARNESS_VERSIONS["codex"])
+async def test_a_wrapped_cli_seat_publishes_the_record(version: str, tmp_path: Path) -> None:
+    """End to end once the Codex launch plan hands non-app-server launches to `follow_rollout`."""
+    if not _tui_plan_follows_rollouts():
+        pytest.skip("wrapper.harnesses.codex does not start the rollout follower for a TUI/exec launch yet")
+    from guard.record import parse_record
+    from tests.wrapping import REPO, agent_dir, wrap_argv
+
+    codex = require_harness("codex", version)
+    home, codex_home, work, catalog = tmp_path / "home", tmp_path / "codexhome", tmp_path / "work", tmp_path / "cat"
+    for directory in (home, codex_home, work):
+        directory.mkdir()
+    async with fake_responses() as fake:
+        (codex_home / "config.toml").write_text(codex_config(fake.base_url))
+        env = {
+            "PATH": os.environ.get("PATH", os.defpath),
+            "PYTHONPATH": str(REPO),
+            "HOME": str(home),
+            "CODEX_HOME": str(codex_home),
+            "XDG_CONFIG_HOME": str(home / ".config"),
+            "XDG_STATE_HOME": str(home / ".local" / "state"),
+            "FAKE_OPENAI_API_KEY": "dummy",
+            **harness_env("codex", version),
+        }
+        argv = wrap_argv(catalog, "seat", "codex", *codex, "exec", "--skip-git-repo-check", "-s", "read-only",
+                         "wrapped turn [[u:90000:800:29000]]")  # fmt: skip
+        with trio.fail_after(LIMIT_S):
+            done = await trio.run_process(argv, cwd=work, env=env, stdin=subprocess.DEVNULL, capture_stdout=True,
+                                          capture_stderr=True, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
+    record = parse_record((agent_dir(catalog, "seat") / "harness-context").read_bytes())
+    assert (record.used_tokens, record.window_tokens, record.used_percent) == (90_800, 190_000, 44)

@@ -1,0 +1,226 @@
+"""Malformed, truncated, hostile and huge input to the Claude producer and its recording decoder.
+
+The answer is FrameRejected or no reading, never another exception, and never a number the
+payload did not carry.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sidecar.producers.base import FrameRejected
+from sidecar.producers.claude import ClaudeProducer, decode_recording, load_recordings
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "claude"
+CAPTURED = [
+    json.loads(line)
+    for name in ("statusline-2.1.250-sonnet45-oauth.jsonl", "statusline-2.1.332.jsonl")
+    for line in (FIXTURES / name).read_bytes().splitlines()
+]
+HOOKS = [
+    json.loads(line)
+    for name in ("precompact-2.1.250.jsonl", "postcompact-2.1.332.jsonl", "sessionstart-2.1.250.jsonl")
+    for line in (FIXTURES / name).read_bytes().splitlines()
+]
+NOW = 1_795_990_000_000
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=30),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+def numbers_in(value: Any) -> set[float]:
+    if isinstance(value, bool):
+        return set()
+    if isinstance(value, int | float):
+        return {value}
+    if isinstance(value, dict):
+        return {n for item in value.values() for n in numbers_in(item)}
+    if isinstance(value, list):
+        return {n for item in value for n in numbers_in(item)}
+    return set()
+
+
+def assert_only_carried_numbers(producer: ClaudeProducer, frame: dict[str, Any], *earlier: Any) -> None:
+    """Every number a reading holds came from this frame, or from an earlier one a compaction edge holds."""
+    try:
+        readings = producer.feed(frame, NOW)
+    except FrameRejected:
+        return
+    carried = numbers_in(frame) | numbers_in(list(earlier))
+    for reading in readings:
+        fields = reading.fields
+        for value in (fields.used_tokens, fields.window_tokens, fields.used_percent, fields.cost_usd):
+            assert value is None or value in carried
+            assert value is None or math.isfinite(value)
+        if fields.rate_limits is not None:
+            for value in (fields.rate_limits.five_hour, fields.rate_limits.seven_day):
+                assert value is None or (value in carried and math.isfinite(value))
+        assert fields.session_total_tokens is None
+
+
+@given(frame=json_values)
+def test_arbitrary_frames(frame: Any) -> None:
+    producer = ClaudeProducer()
+    try:  # noqa: SIM105 - the point is that nothing but FrameRejected escapes
+        producer.feed(frame, NOW)
+    except FrameRejected:
+        pass
+
+
+@given(payload=json_values, kind=st.sampled_from(["claude.statusline", "claude.hook"]))
+def test_arbitrary_payloads(payload: Any, kind: str) -> None:
+    assert_only_carried_numbers(ClaudeProducer(), {"type": kind, "payload": payload})
+
+
+def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    found = [prefix] if prefix else []
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found += _paths(item, (*prefix, key))
+    return found
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow], max_examples=300)
+@given(data=st.data())
+def test_captured_payloads_with_one_field_replaced(data: st.DataObject) -> None:
+    captured = data.draw(st.sampled_from(CAPTURED + HOOKS))
+    payload = copy.deepcopy(captured)
+    path = data.draw(st.sampled_from(_paths(payload)))
+    target = payload
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = data.draw(json_values)
+    kind = "claude.hook" if "hook_event_name" in captured else "claude.statusline"
+    producer = ClaudeProducer()
+    producer.feed({"type": "claude.statusline", "payload": CAPTURED[3]}, NOW - 1)
+    assert_only_carried_numbers(producer, {"type": kind, "payload": payload}, CAPTURED[3])
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        (("context_window", "total_input_tokens"), True),
+        (("context_window", "total_input_tokens"), -5),
+        (("context_window", "total_input_tokens"), "61000"),
+        (("context_window", "total_input_tokens"), 61000.5),
+        (("context_window", "used_percentage"), float("nan")),
+        (("context_window", "used_percentage"), float("inf")),
+        (("context_window", "used_percentage"), -1),
+        (("context_window", "used_percentage"), "31"),
+        (("context_window", "current_usage"), "not an object"),
+        (("context_window",), None),
+        (("context_window",), []),
+    ],
+)
+def test_a_malformed_core_field_rejects_the_frame(path: tuple[str, ...], value: Any) -> None:
+    payload = copy.deepcopy(CAPTURED[3])
+    target = payload
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    with pytest.raises(FrameRejected):
+        ClaudeProducer().feed({"type": "claude.statusline", "payload": payload}, NOW)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("model", {"id": "x" * 100_000}),
+        ("model", {"id": 7}),
+        ("cost", {"total_cost_usd": float("nan")}),
+        ("cost", {"total_cost_usd": "0.1"}),
+        ("cost", {"total_cost_usd": -1}),
+        ("rate_limits", {"five_hour": {"used_percentage": float("inf")}, "seven_day": "x"}),
+        ("rate_limits", {"five_hour": {"used_percentage": True}}),
+        ("rate_limits", [1, 2]),
+    ],
+)
+def test_a_malformed_adjacent_fact_is_withheld_not_guessed(key: str, value: Any) -> None:
+    payload = {**copy.deepcopy(CAPTURED[3]), key: value}
+    (reading,) = ClaudeProducer().feed({"type": "claude.statusline", "payload": payload}, NOW)
+    fields = reading.fields
+    assert getattr(fields, {"model": "model", "cost": "cost_usd", "rate_limits": "rate_limits"}[key]) is None
+    assert fields.used_tokens == CAPTURED[3]["context_window"]["total_input_tokens"]  # the rest still reads
+
+
+def test_huge_and_deep_payloads() -> None:
+    producer = ClaudeProducer()
+    deep: Any = {}
+    for _ in range(5000):
+        deep = {"x": deep}
+    huge = {**CAPTURED[3], "padding": "p" * 5_000_000, "deep": deep}
+    huge["context_window"] = {**huge["context_window"], "current_usage": {"nested": deep}}
+    (reading,) = producer.feed({"type": "claude.statusline", "payload": huge}, NOW)
+    assert reading.fields.used_tokens == CAPTURED[3]["context_window"]["total_input_tokens"]
+    big = copy.deepcopy(CAPTURED[3])
+    big["context_window"]["total_input_tokens"] = 10**40
+    (reading,) = producer.feed({"type": "claude.statusline", "payload": big}, NOW)
+    assert reading.fields.used_tokens == 10**40  # what it said; the guard's record still holds it
+    with pytest.raises(FrameRejected):
+        producer.feed({"type": "claude.hook", "payload": {"hook_event_name": ["PreCompact"]}}, NOW)
+
+
+def test_hostile_hook_fields() -> None:
+    producer = ClaudeProducer()
+    producer.feed({"type": "claude.statusline", "payload": CAPTURED[3]}, NOW)
+    for payload in (
+        {"hook_event_name": "PreCompact", "prompt_id": {"a": 1}},
+        {"hook_event_name": "PreCompact", "trigger": 5},
+        {"hook_event_name": 3},
+        {"prompt_id": "x"},
+    ):
+        with pytest.raises(FrameRejected):
+            producer.feed({"type": "claude.hook", "payload": payload}, NOW)
+    (reading,) = producer.feed(
+        {"type": "claude.hook", "payload": {"hook_event_name": "PreCompact", "trigger": "x"}}, NOW
+    )
+    assert reading.fields.last_compaction_trigger == "unknown"  # a word Claude might add later
+
+
+def test_many_compactions_stay_bounded() -> None:
+    producer = ClaudeProducer()
+    producer.feed({"type": "claude.statusline", "payload": CAPTURED[3]}, NOW)
+    for index in range(1000):
+        producer.feed(
+            {"type": "claude.hook", "payload": {"hook_event_name": "PreCompact", "prompt_id": str(index)}}, NOW
+        )
+    (reading,) = producer.feed({"type": "claude.statusline", "payload": CAPTURED[3]}, NOW + 1)
+    assert reading.fields.compactions == 1000
+
+
+@given(cut=st.integers(min_value=0, max_value=20_000), noise=st.binary(max_size=200))
+def test_truncated_and_corrupted_recordings(cut: int, noise: bytes) -> None:
+    data = (FIXTURES / "statusline-2.1.332-sonnet45-oauth.jsonl").read_bytes()
+    producer = ClaudeProducer()
+    for at_ms, frame in decode_recording(data[:cut] + noise):
+        assert at_ms is None or at_ms >= 0
+        assert_only_carried_numbers(producer, frame)
+
+
+def test_load_recordings_with_hostile_files(tmp_path: Path) -> None:
+    capture = tmp_path / "statusline-x.jsonl"
+    capture.write_bytes((FIXTURES / "statusline-2.1.250.jsonl").read_bytes() + b'{"trunc\n[1]\n\xff\n')
+    (tmp_path / "statusline-x.times").write_text("garbage\n2026-11-29T22:39:54.699Z\n")
+    hooks = tmp_path / "hooks.jsonl"
+    hooks.write_bytes(
+        b'{"hook_event_name":"PreCompact","prompt_id":[1]}\n{"hook_event_name":"PostCompact","prompt_id":"zz"}\n'
+    )
+    (merged,) = load_recordings([capture, hooks])
+    frames = list(decode_recording(merged))
+    assert len(frames) == 11
+    assert frames[-1][1]["payload"]["prompt_id"] == "zz"  # never anchored: it goes last

@@ -1,0 +1,189 @@
+"""`hctx wrap --harness codex`: launch preparation, and the whole path with stand-in app-servers.
+
+The stand-ins replay a verbatim lab capture, so these tests prove without the real binary that the
+client receives exactly the bytes the app-server sent (stdio and websocket) and that the record the
+sidecar writes is the one `hctx replay` computes for that capture.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from functools import partial
+from pathlib import Path
+
+import pytest
+import trio
+
+from guard.record import HarnessContext, parse_record
+from sidecar.replay import replay
+from tests.fakes.codex_client import ws_client
+from tests.wrapping import agent_dir, env, wrap_argv
+from wrapper.harnesses import LaunchPlan, prepare
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "codex"
+CAPTURE = FIXTURES / "codex-0.171.0-stdio-main.jsonl"
+
+
+def plan(*argv: str) -> LaunchPlan:
+    return prepare(LaunchPlan(harness="codex", argv=argv, cwd=Path.cwd()))
+
+
+# ---- prepare ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("codex", "app-server"),
+        ("/opt/codex/bin/codex.js", "-c", "model=x", "app-server", "--listen", "stdio://"),
+        ("codex", "app-server", "--stdio"),
+        ("node", "/x/bin/codex.js", "app-server", "--enable", "foo"),
+        ("npx", "codex", "app-server"),
+    ],
+)
+def test_a_stdio_app_server_gets_its_stdout_tapped_and_nothing_else(argv: tuple[str, ...]) -> None:
+    prepared = plan(*argv)
+    assert prepared.tap_stdout == "codex.rpc"
+    assert (prepared.argv, prepared.transport, prepared.env) == (argv, {}, {})
+
+
+@pytest.mark.parametrize("inline", [False, True])
+def test_a_websocket_app_server_moves_to_a_private_loopback_port(inline: bool) -> None:
+    listen = ["--listen=ws://127.0.0.1:4500"] if inline else ["--listen", "ws://127.0.0.1:4500"]
+    prepared = plan("codex", "app-server", *listen, "--analytics-default-enabled")
+    upstream = prepared.transport["upstream"]
+    assert prepared.transport["listen"] == "ws://127.0.0.1:4500"
+    assert upstream.startswith("ws://127.0.0.1:") and upstream != "ws://127.0.0.1:4500"
+    expected = [f"--listen={upstream}"] if inline else ["--listen", upstream]
+    assert prepared.argv == ("codex", "app-server", *expected, "--analytics-default-enabled")
+    assert prepared.tap_stdout is None
+    port = int(upstream.rsplit(":", 1)[1])
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", port))  # free: the harness can bind it
+
+
+def test_a_non_loopback_listener_keeps_its_auth_options_and_the_harness_stays_on_loopback() -> None:
+    argv = ("codex", "app-server", "--listen", "ws://0.0.0.0:4500", "--ws-auth", "capability-token")
+    prepared = plan(*argv)
+    assert prepared.transport["listen"] == "ws://0.0.0.0:4500"
+    assert prepared.argv[3].startswith("ws://127.0.0.1:") and prepared.argv[4:] == argv[4:]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("codex",),
+        ("codex", "exec", "app-server"),
+        ("codex", "fix the app-server"),
+        ("codex", "fix"),
+        ("codex", "--", "app-server"),
+        ("codex", "-m", "app-server"),
+        ("codex", "resume", "--last"),
+    ],
+)
+def test_an_interactive_seat_follows_its_rollout(argv: tuple[str, ...], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CODEX_HOME", "/somewhere/codex-home")
+    before = time.time_ns() // 1_000_000
+    prepared = plan(*argv)
+    assert (prepared.argv, prepared.tap_stdout) == (argv, None)
+    transport = dict(prepared.transport)
+    started = transport.pop("startedAtMs")
+    assert transport == {"mode": "rollout", "codexHome": "/somewhere/codex-home", "cwd": str(Path.cwd())}
+    assert before <= started <= time.time_ns() // 1_000_000
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("codex", "app-server", "generate-ts", "--out", "x"),
+        ("codex", "app-server", "--listen", "unix://"),
+        ("codex", "app-server", "--listen", "off"),
+        ("codex", "login"),
+        ("codex", "mcp", "list"),
+        ("python", "tool.py"),
+    ],
+)
+def test_launches_without_a_readable_stream_are_left_alone(argv: tuple[str, ...]) -> None:
+    prepared = plan(*argv)
+    assert prepared == LaunchPlan(harness="codex", argv=argv, cwd=prepared.cwd)
+
+
+# ---- the whole path, stand-in app-servers -----------------------------------------------------------
+
+
+STDIO_STANDIN = r"""
+import sys
+sys.stdout.buffer.write(open(sys.argv[1], "rb").read())
+sys.stdout.buffer.flush()
+"""
+
+WS_STANDIN = r"""
+import os, sys, trio, trio_websocket
+capture, listen = sys.argv[1], sys.argv[sys.argv.index("--listen") + 1]
+host, port = listen.removeprefix("ws://").rsplit(":", 1)
+lines = open(capture, "rb").read().decode().splitlines()
+
+async def serve(request):
+    connection = await request.accept()
+    for line in lines:
+        await connection.send_message(line)
+    try:
+        while (message := await connection.get_message()) != "quit":
+            await connection.send_message(message)
+    except trio_websocket.ConnectionClosed:
+        return
+    os._exit(0)
+
+trio.run(trio_websocket.serve_websocket, serve, host, int(port), None)
+"""
+
+
+def expected_last_record() -> HarnessContext:
+    return list(replay("codex", [CAPTURE.read_bytes()]))[-1].record
+
+
+def assert_same_reading(record: HarnessContext, expected: HarnessContext) -> None:
+    keep = {"observed_at_ms", "written_at_ms", "last_compaction_ms", "agent", "incarnation"}
+    assert record.model_dump(exclude=keep) == expected.model_dump(exclude=keep)
+    assert (record.used_percent, record.compactions, record.session_total_tokens) == (4, 2, 605_450)
+
+
+def test_stdio_stdout_is_copied_byte_for_byte_and_the_record_is_the_replayed_one(tmp_path: Path) -> None:
+    catalog = tmp_path / "catalog"
+    argv = wrap_argv(catalog, "cx", "codex", sys.executable, "-c", STDIO_STANDIN, str(CAPTURE), "app-server")
+    result = subprocess.run(argv, env=env(), capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == CAPTURE.read_bytes()
+    record = parse_record((agent_dir(catalog, "cx") / "harness-context").read_bytes())
+    assert_same_reading(record, expected_last_record())
+
+
+async def test_websocket_client_gets_the_app_servers_bytes_and_the_record_is_the_replayed_one(tmp_path: Path) -> None:
+    catalog = tmp_path / "catalog"
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    listen = f"ws://127.0.0.1:{port}"
+    command = (sys.executable, "-c", WS_STANDIN, str(CAPTURE), "app-server", "--listen", listen)
+    argv = wrap_argv(catalog, "cx", "codex", *command)
+    expected_lines = CAPTURE.read_bytes().decode().splitlines()
+    async with trio.open_nursery() as nursery:
+        run = partial(trio.run_process, argv, env=env(), stdin=subprocess.DEVNULL, capture_stderr=True, check=False)
+        process = await nursery.start(run)
+        with trio.fail_after(30):
+            async with ws_client(listen) as client:
+                await client.wait_for(lambda messages: len(messages) >= len(expected_lines))
+                await client.send({"method": "echo", "params": {"text": "héllo ✓"}})
+                await client.wait_for(lambda messages: messages[-1].get("method") == "echo")
+                await client.send_raw("quit")
+            await process.wait()
+    assert process.returncode == 0
+    assert client.raw[: len(expected_lines)] == expected_lines  # byte-identical, in order
+    assert client.raw[-1] == client.sent[0]
+    record = parse_record((agent_dir(catalog, "cx") / "harness-context").read_bytes())
+    assert_same_reading(record, expected_last_record())
+    assert json.loads(expected_lines[-1])  # the capture ends on a complete frame

@@ -1,0 +1,76 @@
+"""`prepare` for OpenCode: the server always listens on a loopback port the sidecar knows."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from wrapper.harnesses import LaunchPlan, prepare
+
+
+def plan(*argv: str, cwd: Path = Path("/work/project")) -> LaunchPlan:
+    return LaunchPlan(harness="opencode", argv=argv, cwd=cwd, transport={"kept": True})
+
+
+def injected_port(argv: tuple[str, ...]) -> int:
+    return int(argv[argv.index("--port") + 1])
+
+
+def test_serve_without_a_port_gets_a_free_loopback_port() -> None:
+    prepared = prepare(plan("opencode", "serve"))
+    port = injected_port(prepared.argv)
+    assert prepared.argv == ("opencode", "serve", "--port", str(port), "--hostname", "127.0.0.1")
+    assert prepared.transport == {"kept": True, "base_url": f"http://127.0.0.1:{port}"}
+    with socket.socket() as probe:  # it was free when chosen
+        probe.bind(("127.0.0.1", port))
+
+
+def test_the_tui_gets_a_port_too_and_its_project_directory() -> None:
+    prepared = prepare(plan("/opt/bin/opencode", "sub/dir", "--model", "fake/fake-model"))
+    port = injected_port(prepared.argv)
+    assert prepared.argv[:4] == ("/opt/bin/opencode", "sub/dir", "--model", "fake/fake-model")
+    assert prepared.transport["base_url"] == f"http://127.0.0.1:{port}"
+    assert prepared.transport["directory"] == "/work/project/sub/dir"
+    bare = prepare(plan("opencode"))
+    assert "--port" in bare.argv and "directory" not in bare.transport
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [("opencode", "serve", "--port", "4096"), ("opencode", "serve", "--port=4096"), ("opencode", "--port", "4096")],
+)
+def test_a_port_the_user_gave_is_kept(argv: tuple[str, ...]) -> None:
+    prepared = prepare(plan(*argv))
+    assert prepared.argv == argv
+    assert prepared.transport["base_url"] == "http://127.0.0.1:4096"
+
+
+def test_port_zero_means_random_and_is_replaced_not_duplicated() -> None:
+    for argv in (("opencode", "serve", "--port", "0", "--print-logs"), ("opencode", "serve", "--port=0")):
+        prepared = prepare(plan(*argv))
+        assert prepared.argv.count("--port") == 1 and "--port=0" not in prepared.argv
+        port = injected_port(prepared.argv)
+        assert port > 0 and prepared.transport["base_url"] == f"http://127.0.0.1:{port}"
+        assert "--print-logs" in prepared.argv or argv[-1] == "--port=0"
+
+
+def test_the_users_hostname_is_kept_and_loopback_used_for_any_interface() -> None:
+    wildcard = prepare(plan("opencode", "serve", "--hostname", "0.0.0.0"))
+    assert wildcard.argv.count("--hostname") == 1 and wildcard.argv[3] == "0.0.0.0"
+    assert wildcard.transport["base_url"] == f"http://127.0.0.1:{injected_port(wildcard.argv)}"
+    named = prepare(plan("opencode", "serve", "--hostname=10.1.2.3", "--port", "5000"))
+    assert named.argv == ("opencode", "serve", "--hostname=10.1.2.3", "--port", "5000")
+    assert named.transport["base_url"] == "http://10.1.2.3:5000"
+
+
+def test_injected_options_go_before_a_literal_double_dash() -> None:
+    prepared = prepare(plan("opencode", "serve", "--", "extra"))
+    assert prepared.argv[-2:] == ("--", "extra")
+    assert "--port" in prepared.argv[:-2]
+
+
+@pytest.mark.parametrize("argv", [("opencode", "run", "hello"), ("opencode", "models"), ("opencode", "attach", "x")])
+def test_commands_without_a_server_of_their_own_are_left_alone(argv: tuple[str, ...]) -> None:
+    assert prepare(plan(*argv)) == plan(*argv)

@@ -1,0 +1,293 @@
+"""The pi/omp producer over the lab's verbatim captures of the real builds, and through `hctx replay`.
+
+fixtures/pi/<run>/capture.jsonl are the lab's probe captures, copied unchanged (pi 0.84.2 and 1.6.0,
+omp 18.1.16 and 18.2.3, windows 32000 and 4000); `decode_recording` turns each probe line into the
+frame the shipped asset sends for the same event and ctx. Every fixture test asserts the number that
+must be published and the wrong number that must not, for the same served turn.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from contextlib import redirect_stdout
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from guard.policy import Write
+from sidecar.producers import producer_for, recording_for
+from sidecar.producers.pi import PiProducer, decode_recording, make_producer, trigger_of
+from sidecar.replay import replay
+from wrapper.cli import main as hctx
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "pi"
+
+
+def capture(run: str) -> Path:
+    return FIXTURES / run / "capture.jsonl"
+
+
+def writes_of(harness: str, run: str) -> list[Write]:
+    return list(replay(harness, [capture(run).read_bytes()]))  # type: ignore[arg-type]
+
+
+def numbers(writes: list[Write]) -> list[tuple[int | None, float | None]]:
+    return [(w.record.used_tokens, w.record.used_percent) for w in writes]
+
+
+def captured_version(run: str) -> str:
+    """The build a capture was taken from, as the capture itself spells it."""
+    lines = [json.loads(line) for line in capture(run).read_text().splitlines()]
+    session_files = {line["entries"]["sessionFile"] for line in lines if isinstance(line.get("entries"), dict)}
+    (session_file,) = {path.split("/run/")[1].split("/")[0] for path in session_files}
+    return session_file
+
+
+def user_agent(run: str) -> str:
+    first = json.loads((FIXTURES / run / "fake_requests.sample.jsonl").read_text().splitlines()[0])
+    agent: str = first["headers"]["User-Agent"]
+    return agent
+
+
+def frame(
+    reading: dict[str, Any] | None = None, compaction: dict[str, Any] | None = None, **extra: Any
+) -> dict[str, Any]:
+    return {"type": "context", "reading": reading, "compaction": compaction, **extra}
+
+
+def reading(
+    tokens: int | None = 100, window: int | None = 1000, percent: float | None = 10.0, **extra: Any
+) -> dict[str, Any]:
+    return {"tokens": tokens, "contextWindow": window, "percent": percent, "model": "m", "costUsd": 0.5, **extra}
+
+
+# --- the numerator each build means ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("run", "version"), [("pi-0.84.2-w32k", "0.84.2"), ("pi-1.6.0-w32k", "1.6.0")])
+def test_the_pi_captures_pin_total_tokens_as_the_numerator(run: str, version: str) -> None:
+    assert captured_version(run) == f"pi-{version}-w32k"
+    writes = writes_of("pi", run)
+    published = numbers(writes)
+    # turn2 served prompt 16000 (4000 of it cached) + completion 480: pi's figure is the total.
+    assert (16480, 51.5) in published
+    assert (16000, 50.0) not in published
+    # turn7 served 36000 + 400 against a 32000 window: 113.75 %, unclamped.
+    assert (36400, 113.75) in published
+    assert (36000, 112.5) not in published
+    assert all(w.record.harness == "pi" for w in writes)
+    assert {w.record.model for w in writes} == {"fake-32k"}
+    turn2 = next(w.record for w in writes if w.record.used_tokens == 16480)
+    assert (turn2.window_tokens, turn2.cost_usd) == (32000, pytest.approx(13.36))
+
+
+@pytest.mark.parametrize(("run", "version"), [("omp-18.1.16-w32k", "18.1.16"), ("omp-18.2.3-w32k", "18.2.3")])
+def test_the_omp_captures_pin_prompt_input_as_the_numerator(run: str, version: str) -> None:
+    assert captured_version(run) == f"omp-{version}-w32k"
+    assert user_agent(run) == f"omp/{version}"
+    writes = writes_of("omp", run)
+    published = numbers(writes)
+    # The same served turn2: omp counts input 12000 + cacheRead 4000 and leaves the output out.
+    assert (16000, 50.0) in published
+    assert (16480, 51.5) not in published
+    assert (36000, 112.5) in published
+    assert (36400, 113.75) not in published
+    assert all(w.record.harness == "omp" for w in writes)
+
+
+def test_the_pi_4k_capture_publishes_the_overrun_as_measured() -> None:
+    published = numbers(writes_of("pi", "pi-0.84.2-w4k"))
+    assert (4200, 105.0) in published and (4550, 113.75) in published
+    assert (3900, 97.5) not in published
+
+
+# --- compaction -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("run", ["pi-0.84.2-w32k", "pi-1.6.0-w32k", "pi-0.84.2-w4k", "pi-1.6.0-w4k"])
+def test_a_pi_compaction_withholds_the_reading_it_emptied_in_the_same_write(run: str) -> None:
+    writes = writes_of("pi", run)
+    edges = [w for w in writes if w.reason == "compaction"]
+    triggers = [w.record.last_compaction_trigger for w in edges]
+    assert triggers == ["manual", "threshold", "overflow", "threshold", "overflow"]
+    assert [w.record.compactions for w in edges] == [1, 2, 3, 4, 5]
+    for edge in edges:
+        record = edge.record
+        assert (record.used_tokens, record.used_percent) == (None, None)
+        assert record.window_tokens in (4000, 32000)
+        assert record.last_compaction_ms == record.observed_at_ms
+    # One write per compaction: the edge and its withheld reading are never split into two.
+    assert len(edges) == 5
+    # The null holds until the next turn_end: no number is published between an edge and it.
+    after_manual = writes[writes.index(edges[0]) + 1].record
+    assert after_manual.used_tokens in (26400, 3300)
+
+
+@pytest.mark.parametrize(
+    ("run", "triggers"),
+    [
+        ("omp-18.1.16-w32k", ["unknown", "threshold", "threshold", "threshold"]),
+        ("omp-18.2.3-w32k", ["unknown", "threshold", "overflow", "threshold", "overflow", "threshold"]),
+    ],
+)
+def test_an_omp_compaction_takes_its_reason_from_auto_compaction_start(run: str, triggers: list[str]) -> None:
+    writes = writes_of("omp", run)
+    edges = [w for w in writes if w.reason == "compaction"]
+    # The manual compact fires no auto_compaction_start: nothing names a reason, so unknown.
+    assert [w.record.last_compaction_trigger for w in edges] == triggers
+    assert [w.record.compactions for w in edges] == list(range(1, len(triggers) + 1))
+    # omp never withholds: every write, edges included, carries its own number.
+    assert all(w.record.used_tokens is not None for w in writes)
+    assert edges[0].record.used_tokens in (15013, 15183)
+
+
+@pytest.mark.parametrize(("harness", "run"), [("pi", "pi-0.84.2-w32k"), ("omp", "omp-18.1.16-w32k")])
+def test_the_durable_count_rides_the_restarted_sessions_first_frame(harness: str, run: str) -> None:
+    """p2 is a new process on the same session: its session_start already carries the store's count."""
+    frames = [f for _, f in decode_recording(capture(run).read_bytes())]
+    starts = [f for f in frames if f["event"] == "session_start"]
+    assert len(starts) == 3
+    producer = make_producer(harness)  # type: ignore[arg-type]
+    (restart,) = producer.feed(starts[1], now_ms=1)
+    assert restart.fields.compactions == (5 if harness == "pi" else 3)
+    assert not restart.compaction_edge
+    if harness == "pi":  # still null across the restart: no assistant usage since the last compaction
+        assert (restart.fields.used_tokens, restart.fields.window_tokens) == (None, 32000)
+
+
+def test_an_unreadable_durable_count_degrades_to_counting_edges_not_to_losing_them() -> None:
+    producer = PiProducer("pi")
+    producer.feed(frame(reading(), compactions=4), now_ms=1_000)
+    (first,) = producer.feed(frame(reading(None, 1000, None), {"reason": "threshold", "count": None}), now_ms=2_000)
+    assert first.compaction_edge and first.fields.compactions == 5
+    (second,) = producer.feed(frame(None, {"reason": "manual", "count": None}), now_ms=3_000)
+    assert second.fields.compactions == 6
+    # once the store answers again, its durable count wins over our own
+    (third,) = producer.feed(frame(reading(), {"reason": "overflow", "count": 9}), now_ms=4_000)
+    assert third.fields.compactions == 9
+
+
+def test_an_edge_without_a_reading_keeps_the_held_reading_and_its_time() -> None:
+    producer = PiProducer("omp")
+    producer.feed(frame(reading(500, 1000, 50.0)), now_ms=1_000)
+    (edge,) = producer.feed(frame(None, {"reason": None, "count": 1}), now_ms=7_000)
+    assert edge.compaction_edge
+    assert (edge.fields.used_tokens, edge.fields.observed_at_ms) == (500, 1_000)
+    assert (edge.fields.last_compaction_ms, edge.fields.last_compaction_trigger) == (7_000, "unknown")
+    # and with nothing held at all, the edge still lands, publishing no number
+    (bare,) = PiProducer("pi").feed(frame(None, {"reason": "manual", "count": None}), now_ms=9_000)
+    assert (bare.fields.used_tokens, bare.fields.window_tokens, bare.fields.compactions) == (None, None, 1)
+
+
+def test_a_replaced_session_with_no_compaction_drops_the_old_sessions_edge() -> None:
+    producer = PiProducer("pi")
+    producer.feed(frame(reading(), {"reason": "manual", "count": 2}), now_ms=1_000)
+    (same,) = producer.feed(frame(reading(), compactions=2), now_ms=2_000)
+    assert (same.fields.compactions, same.fields.last_compaction_trigger) == (2, "manual")
+    (fresh,) = producer.feed(frame(reading(0, 1000, 0.0), compactions=0), now_ms=3_000)
+    assert (fresh.fields.compactions, fresh.fields.last_compaction_ms, fresh.fields.last_compaction_trigger) == (
+        0, None, None,
+    )  # fmt: skip
+
+
+def test_frames_without_a_reading_or_an_edge_publish_nothing() -> None:
+    producer = PiProducer("pi")
+    assert producer.feed(frame(None, None, compactions=2), now_ms=1) == []
+    (later,) = producer.feed(frame(reading()), now_ms=2)
+    assert later.fields.compactions == 2
+
+
+@pytest.mark.parametrize(
+    ("reason", "trigger"),
+    [("manual", "manual"), ("threshold", "threshold"), ("overflow", "overflow"), ("idle", "idle"),
+     (None, "unknown"), ("context-full", "unknown"), ("MANUAL", "unknown"), ("", "unknown")],
+)  # fmt: skip
+def test_trigger_words_outside_the_closed_set_decode_as_unknown(reason: str | None, trigger: str) -> None:
+    assert trigger_of(reason) == trigger
+    (edge,) = PiProducer("pi").feed(frame(reading(), {"reason": reason, "count": 1}), now_ms=5)
+    assert edge.fields.last_compaction_trigger == trigger
+
+
+# --- the numbers pass through untouched ------------------------------------------------------------
+
+
+def test_the_reading_becomes_the_record_triple_as_given() -> None:
+    (out,) = PiProducer("pi").feed(frame(reading(4550, 4000, 113.75)), now_ms=42)
+    fields = out.fields
+    assert (fields.used_tokens, fields.window_tokens, fields.used_percent) == (4550, 4000, 113.75)
+    assert (fields.model, fields.cost_usd, fields.observed_at_ms) == ("m", 0.5, 42)
+    assert (fields.session_total_tokens, fields.rate_limits) == (None, None)
+
+
+def test_the_registry_selects_this_producer_for_both_harnesses() -> None:
+    assert isinstance(producer_for("pi"), PiProducer) and producer_for("omp").harness == "omp"
+    assert recording_for("omp") is decode_recording
+    with pytest.raises(ValueError):
+        PiProducer("codex")
+
+
+# --- recordings and `hctx replay` -----------------------------------------------------------------
+
+
+def _hctx_replay(harness: str, *paths: Path) -> list[dict[str, Any]]:
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert hctx(["replay", "--harness", harness, *map(str, paths)]) == 0
+    return [json.loads(line) for line in out.getvalue().splitlines()]
+
+
+@pytest.mark.parametrize(
+    ("harness", "run", "published", "refused"),
+    [("pi", "pi-0.84.2-w32k", 16480, 16000), ("omp", "omp-18.2.3-w32k", 16000, 16480)],
+)
+def test_hctx_replay_prints_every_write_with_its_reason(harness: str, run: str, published: int, refused: int) -> None:
+    lines = _hctx_replay(harness, capture(run))
+    assert lines and all(line["reason"] in {"bucket", "compaction", "heartbeat"} for line in lines)
+    assert all(line["schema"] == "st2.harness-context.v1" and line["harness"] == harness for line in lines)
+    used = [line["usedTokens"] for line in lines]
+    assert published in used and refused not in used
+    assert sum(line["reason"] == "compaction" for line in lines) >= 4
+
+
+def test_channel_frame_recordings_replay_with_their_own_times(tmp_path: Path) -> None:
+    recording = tmp_path / "channel.jsonl"
+    recording.write_bytes(
+        b"".join(
+            json.dumps(f).encode() + b"\n"
+            for f in [
+                {**frame(reading(100, 1000, 10.0)), "atMs": 5_000},
+                {**frame(reading(None, 1000, None), {"reason": "manual", "count": 1}), "atMs": 6_000},
+                {**frame(reading(300, 1000, 30.0)), "atMs": 9_000},
+            ]
+        )
+        + b'{"type": "context", "reading": {"tok'  # a recording cut mid-write
+    )
+    lines = _hctx_replay("pi", recording)
+    assert [(line["reason"], line["usedTokens"], line["observedAtMs"]) for line in lines] == [
+        ("bucket", 100, 5_000), ("compaction", None, 6_000), ("bucket", 300, 9_000),
+    ]  # fmt: skip
+
+
+def test_live_channel_recordings_replay(tmp_path: Path) -> None:
+    """Frames recorded off the socket in the live runs (fixtures/pi/live) replay to the same numbers."""
+    recordings = sorted((FIXTURES / "live").glob("*.channel.jsonl"))
+    if not recordings:
+        pytest.skip("no live channel recordings in fixtures/pi/live")
+    for path in recordings:
+        harness = path.name.split("-")[0]
+        lines = _hctx_replay(harness, path)
+        used = [line["usedTokens"] for line in lines]
+        percents = [line["usedPercent"] for line in lines]
+        triggers = [line["lastCompactionTrigger"] for line in lines if line["reason"] == "compaction"]
+        if harness == "pi":
+            assert 16480 in used and 16000 not in used
+            assert 113.75 in percents and 112.5 not in percents
+            assert all(line["usedTokens"] is None for line in lines if line["reason"] == "compaction")
+            assert triggers[:3] == ["manual", "threshold", "overflow"]
+        else:
+            assert 16000 in used and 16480 not in used
+            assert 112.5 in percents and 113.75 not in percents
+            assert None not in used
+            assert triggers[:2] == ["unknown", "threshold"]

@@ -1,0 +1,325 @@
+"""The interactive Codex seat: a rollout followed publishes what the app-server path publishes.
+
+The lab captured the same sessions twice: the app-server's JSON-RPC stream
+(fixtures/codex/codex-<V>-<scenario>.jsonl) and the `token_count` / `compacted` lines of the rollout
+the same thread wrote (fixtures/transcripts/codex-<V>/rollout-token-events*.jsonl). Both go through
+the one Codex producer; their readings and final records must agree.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from guard.policy import Reading, WriteGuard
+from guard.record import ContextFields
+from sidecar import rollout
+from sidecar.pipeline import Pipeline
+from sidecar.producers.base import Frame
+from sidecar.producers.codex import CodexProducer, decode_recording
+from sidecar.rollout import RolloutConfig, RolloutFollower, find_rollout, follow_rollout
+from sidecar.transcripts import MAX_LINE_BYTES, instant_ms
+
+ROOT = Path(__file__).resolve().parent.parent
+CODEX_VERSIONS = ("0.151.0", "0.171.0")
+SCENARIOS = {
+    "stdio-main": "rollout-token-events.jsonl",
+    "ws-main": "rollout-token-events.jsonl",
+    "openai-main": "rollout-token-events-openai.jsonl",
+}
+
+
+def app_server_capture(version: str, scenario: str) -> bytes:
+    return (ROOT / "fixtures" / "codex" / f"codex-{version}-{scenario}.jsonl").read_bytes()
+
+
+def thread_of(capture: bytes) -> str:
+    for line in capture.splitlines():
+        message = json.loads(line)
+        if message.get("method") == "thread/started":
+            thread_id: str = message["params"]["thread"]["id"]
+            return thread_id
+    raise AssertionError("no thread/started in the capture")
+
+
+def last_emitted_ms(capture: bytes) -> int:
+    return max(json.loads(line).get("emittedAtMs", 0) for line in capture.splitlines())
+
+
+def rollout_bytes(version: str, scenario: str) -> bytes:
+    """The rollout lines of the capture's own thread, up to the capture's end (a later resume run
+    appended to the same file), joined as the file had them."""
+    capture = app_server_capture(version, scenario)
+    thread, until = thread_of(capture), last_emitted_ms(capture)
+    path = ROOT / "fixtures" / "transcripts" / f"codex-{version}" / SCENARIOS[scenario]
+    kept = []
+    for line in path.read_bytes().splitlines():
+        entry = json.loads(line)
+        stamp = instant_ms(entry["timestamp"])
+        if entry["file"].endswith(f"{thread}.jsonl") and stamp is not None and stamp <= until:
+            kept.append(line)
+    assert kept
+    return b"\n".join(kept) + b"\n"
+
+
+def app_server_readings(version: str, scenario: str) -> tuple[list[Reading], ContextFields | None]:
+    producer = CodexProducer()
+    readings: list[Reading] = []
+    for at_ms, frame in decode_recording(app_server_capture(version, scenario)):
+        readings.extend(producer.feed(frame, at_ms or 0))
+    return readings, producer.last_reading
+
+
+def rollout_readings(data: bytes, chunk: int | None = None) -> tuple[list[Reading], ContextFields | None]:
+    producer = CodexProducer()
+    follower = RolloutFollower("thread")
+    readings: list[Reading] = []
+    step = chunk or len(data)
+    for start in range(0, len(data), step):
+        for frame in follower.feed(data[start : start + step]):
+            readings.extend(producer.feed(frame, start))
+    return readings, producer.last_reading
+
+
+def occupancy(readings: list[Reading]) -> list[tuple[Any, ...]]:
+    """Every usage reading's numbers (the count moves at a different line in each path: the
+    app-server's item/started opens the compaction turn, the rollout's `compacted` line closes it)."""
+    return [
+        (r.fields.used_tokens, r.fields.window_tokens, r.fields.used_percent, r.fields.session_total_tokens,
+         r.fields.rate_limits)
+        for r in readings
+        if not r.compaction_edge
+    ]  # fmt: skip
+
+
+def comparable(fields: ContextFields | None) -> dict[str, Any]:
+    assert fields is not None
+    return fields.model_dump(exclude={"observed_at_ms", "last_compaction_ms"})
+
+
+@pytest.mark.parametrize("version", CODEX_VERSIONS)
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_the_rollout_publishes_what_the_app_server_publishes(version: str, scenario: str) -> None:
+    served, served_last = app_server_readings(version, scenario)
+    followed, followed_last = rollout_readings(rollout_bytes(version, scenario))
+    assert occupancy(followed) == occupancy(served)
+    assert comparable(followed_last) == comparable(served_last)
+    assert sum(r.compaction_edge for r in followed) == sum(r.compaction_edge for r in served)
+    if scenario == "stdio-main":
+        # lab/codex: the baseline sequence of the main scenario, and not the naive last/window.
+        assert [r.fields.used_percent for r in followed if not r.compaction_edge] == [
+            10, 44, 44, 45, 0, 5, 92, 92, 93, 0, 4,
+        ]  # fmt: skip
+        assert followed_last is not None and followed_last.used_percent != round(18250 / 190000 * 100)
+        assert followed_last.compactions == 2
+
+
+@pytest.mark.parametrize("version", CODEX_VERSIONS)
+def test_the_guard_writes_the_same_final_record_on_both_paths(version: str) -> None:
+    served = Pipeline(CodexProducer(), WriteGuard("a", "i"))
+    for at_ms, frame in decode_recording(app_server_capture(version, "stdio-main")):
+        served.feed(frame, at_ms or 0)
+    followed = Pipeline(CodexProducer(), WriteGuard("a", "i"))
+    follower = RolloutFollower("thread")
+    for frame in follower.feed(rollout_bytes(version, "stdio-main")):
+        followed.feed(frame, 0)
+    assert served.guard.last is not None and followed.guard.last is not None
+    keep = {"used_tokens", "window_tokens", "used_percent", "session_total_tokens", "rate_limits", "compactions"}
+    assert served.guard.last.model_dump(include=keep) == followed.guard.last.model_dump(include=keep)
+
+
+def test_byte_by_byte_is_the_same_as_all_at_once() -> None:
+    data = rollout_bytes("0.171.0", "stdio-main")
+    whole, _ = rollout_readings(data)
+    dribbled, _ = rollout_readings(data, chunk=7)
+    assert occupancy(whole) == occupancy(dribbled)
+    assert [r.compaction_edge for r in whole] == [r.compaction_edge for r in dribbled]
+
+
+def test_a_partial_line_waits_for_its_newline_and_a_huge_line_is_skipped() -> None:
+    line = rollout_bytes("0.151.0", "stdio-main").splitlines()[0]
+    follower = RolloutFollower("t")
+    assert follower.feed(line[:50]) == []
+    assert follower.feed(line[50:]) == []  # complete, but no newline yet: a writer may be mid-line
+    assert len(follower.feed(b"\n")) == 2
+    huge = b'{"type":"response_item","payload":{"text":"' + b"x" * (MAX_LINE_BYTES + 1)
+    assert follower.feed(huge) == [] and follower.skipping and not follower.pending
+    assert follower.feed(b'"}}\n' + line + b"\n") != []
+    assert follower.feed(b"\x00garbage\n{not json}\n" + b"[" * 50_000 + b"\n") == []
+
+
+def test_the_compaction_item_id_is_the_line_offset() -> None:
+    data = rollout_bytes("0.151.0", "stdio-main")
+    first = RolloutFollower("t").feed(data)
+    again = RolloutFollower("t").feed(data)
+    ids = [f["payload"]["params"]["item"]["id"] for f in first if f["payload"]["method"] == "item/started"]
+    assert len(ids) == 2 and len(set(ids)) == 2
+    producer = CodexProducer()
+    for frame in first + again:  # the same file read twice (a re-follow) counts each compaction once
+        producer.feed(frame, 0)
+    assert producer.compactions == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# Finding the rollout of this launch
+
+LAUNCH_MS = 1_795_994_906_000
+
+
+def session_meta(thread: str, at_ms: int, cwd: str, source: object = "cli") -> bytes:
+    stamp = f"{trio_free_iso(at_ms)}"
+    payload = {"id": thread, "timestamp": stamp, "cwd": cwd, "cli_version": "0.171.0", "source": source}
+    return json.dumps({"timestamp": stamp, "type": "session_meta", "payload": payload}).encode() + b"\n"
+
+
+def trio_free_iso(at_ms: int) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(at_ms / 1000, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def write_rollout(home: Path, thread: str, at_ms: int, cwd: str, body: bytes = b"", **meta: Any) -> Path:
+    from datetime import UTC, datetime
+
+    day = datetime.fromtimestamp(at_ms / 1000, tz=UTC)
+    directory = home / "sessions" / f"{day.year:04d}" / f"{day.month:02d}" / f"{day.day:02d}"
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"rollout-{day.strftime('%Y-%m-%dT%H-%M-%S')}-{thread}.jsonl"
+    path.write_bytes(session_meta(thread, at_ms, cwd, **meta) + body)
+    return path
+
+
+def config(home: Path, cwd: str | None = "/work/repo") -> RolloutConfig:
+    return RolloutConfig.model_validate(
+        {"mode": "rollout", "codexHome": str(home), "cwd": cwd, "startedAtMs": LAUNCH_MS}
+    )
+
+
+def test_the_newest_rollout_of_this_launch_and_cwd_is_chosen(tmp_path: Path) -> None:
+    write_rollout(tmp_path, "before-launch", LAUNCH_MS - 60_000, "/work/repo")
+    write_rollout(tmp_path, "other-cwd", LAUNCH_MS + 3_000, "/elsewhere")
+    write_rollout(tmp_path, "subagent", LAUNCH_MS + 4_000, "/work/repo", source={"subagent": "review"})
+    ours = write_rollout(tmp_path, "ours", LAUNCH_MS + 1_000, "/work/repo")
+    found = find_rollout(config(tmp_path), LAUNCH_MS + 10_000, set())
+    assert found is not None and found.path == ours and found.thread_id == "ours"
+    newer = write_rollout(tmp_path, "ours-after-new", LAUNCH_MS + 2_000, "/work/repo")
+    found = find_rollout(config(tmp_path), LAUNCH_MS + 10_000, set())
+    assert found is not None and found.path == newer
+    anywhere = find_rollout(config(tmp_path, cwd=None), LAUNCH_MS + 10_000, set())
+    assert anywhere is not None and anywhere.thread_id == "other-cwd"  # a subagent's thread is never the seat
+
+
+def test_a_half_written_header_is_looked_at_again(tmp_path: Path) -> None:
+    path = write_rollout(tmp_path, "ours", LAUNCH_MS + 1_000, "/work/repo")
+    full = path.read_bytes()
+    path.write_bytes(full[:40])
+    rejected: set[Path] = set()
+    assert find_rollout(config(tmp_path), LAUNCH_MS + 10_000, rejected) is None
+    assert path not in rejected
+    path.write_bytes(full)
+    found = find_rollout(config(tmp_path), LAUNCH_MS + 10_000, rejected)
+    assert found is not None and found.path == path
+
+
+@pytest.mark.parametrize(
+    "header",
+    [b"garbage\n", b"[]\n", b'{"type":"session_meta","payload":{"id":5}}\n', b"\xff" * 100 + b"\n", b"\n"],
+)
+def test_hostile_headers_are_not_followed(tmp_path: Path, header: bytes) -> None:
+    path = write_rollout(tmp_path, "x", LAUNCH_MS + 1_000, "/work/repo")
+    path.write_bytes(header)
+    assert find_rollout(config(tmp_path), LAUNCH_MS + 10_000, set()) is None
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{}, {"mode": "rollout"}, {"mode": "ws", "codexHome": "/x", "startedAtMs": 1},
+     {"mode": "rollout", "codexHome": 5, "startedAtMs": 1}, {"mode": "rollout", "codexHome": "/x", "startedAtMs": "1"}],
+)  # fmt: skip
+async def test_a_bad_config_ends_the_transport_quietly(bad: dict[str, Any]) -> None:
+    await follow_rollout(bad, lambda frame: None)
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    # The condition is the transport's output as the file grows; each caller bounds it with fail_after.
+    while not condition():  # noqa: ASYNC110
+        await trio.sleep(0.1)
+
+
+async def test_follow_submits_as_the_session_grows_and_backs_off_when_idle(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(rollout, "_now_ms", lambda: LAUNCH_MS + 10_000)
+    lines = rollout_bytes("0.151.0", "stdio-main").splitlines(keepends=True)
+    frames: list[Frame] = []
+    reads: list[float] = []
+    real_read = rollout._read_from
+
+    def counting_read(path: Path, offset: int) -> tuple[bytes, int] | None:
+        reads.append(trio.current_time())
+        return real_read(path, offset)
+
+    monkeypatch.setattr(rollout, "_read_from", counting_read)
+    settings = {"mode": "rollout", "codexHome": str(tmp_path), "cwd": "/work/repo", "startedAtMs": LAUNCH_MS}
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(follow_rollout, settings, frames.append)
+        await trio.sleep(3)  # nothing written yet: it waits, polling
+        assert frames == []
+        path = write_rollout(tmp_path, "ours", LAUNCH_MS + 1_000, "/work/repo", b"".join(lines[:2]))
+        with trio.fail_after(10):
+            await until(lambda: len(frames) >= 4)
+        assert frames[0]["payload"]["params"]["threadId"] == "ours"
+        with path.open("ab") as handle:
+            handle.write(b"".join(lines[2:]))
+        with trio.fail_after(10):
+            await until(lambda: any(f["payload"]["method"] == "item/started" for f in frames))
+        settled = len(reads)
+        await trio.sleep(60)  # idle: back-off to one look every POLL_MAX_S, no busy loop
+        assert len(reads) - settled <= 60 / rollout.POLL_MAX_S + 2
+        # `/new` in the TUI: a newer rollout of the same launch and cwd takes over.
+        write_rollout(tmp_path, "after-new", LAUNCH_MS + 5_000, "/work/repo", lines[0])
+        with trio.fail_after(30):
+            await until(lambda: any(f["payload"]["params"].get("threadId") == "after-new" for f in frames))
+        nursery.cancel_scope.cancel()
+    producer = CodexProducer()
+    for frame in frames:
+        producer.feed(frame, 0)
+    assert producer.compactions == 2
+
+
+async def test_the_last_turn_is_read_when_the_session_ends_between_polls(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(rollout, "_now_ms", lambda: LAUNCH_MS + 10_000)
+    lines = rollout_bytes("0.171.0", "stdio-main").splitlines(keepends=True)
+    frames: list[Frame] = []
+    settings = {"mode": "rollout", "codexHome": str(tmp_path), "cwd": "/work/repo", "startedAtMs": LAUNCH_MS}
+    path = write_rollout(tmp_path, "ours", LAUNCH_MS + 1_000, "/work/repo", lines[0])
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(follow_rollout, settings, frames.append)
+        await trio.sleep(30)  # idle long enough to back off to the longest poll
+        assert len(frames) == 2
+        with path.open("ab") as handle:
+            handle.write(b"".join(lines[1:]))
+        nursery.cancel_scope.cancel()  # the seat ended before the next poll
+    usages = [f for f in frames if f["payload"]["method"] == "thread/tokenUsage/updated"]
+    assert usages[-1]["payload"]["params"]["tokenUsage"]["last"]["totalTokens"] == 18250
+
+
+async def test_a_session_too_short_to_be_found_is_found_at_the_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(rollout, "_now_ms", lambda: LAUNCH_MS + 10_000)
+    frames: list[Frame] = []
+    settings = {"mode": "rollout", "codexHome": str(tmp_path), "cwd": "/work/repo", "startedAtMs": LAUNCH_MS}
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(follow_rollout, settings, frames.append)
+        await trio.sleep(1)  # the follower looked, found nothing, and sleeps
+        write_rollout(tmp_path, "ours", LAUNCH_MS + 1_000, "/work/repo", rollout_bytes("0.151.0", "stdio-main"))
+        nursery.cancel_scope.cancel()
+    assert sum(f["payload"]["method"] == "item/started" for f in frames) == 2

@@ -1,0 +1,232 @@
+"""`hctx scan`: unmanaged Claude and Codex sessions read from their transcripts, through the CLI."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from wrapper.cli import main
+from wrapper.scan import parse_duration, shipped_model_table
+
+ROOT = Path(__file__).resolve().parent.parent
+TRANSCRIPTS = ROOT / "fixtures" / "transcripts"
+SONNET_SESSION = "fdb85929-1fc5-4043-8b56-f9c792819382"  # transcript-2.1.250-sonnet45.jsonl
+OPUS_250_SESSION = "d817b9b9-785f-4046-81df-a37e49f0990f"  # transcript-2.1.250.jsonl
+OPUS_332_SESSION = "3a4a852d-39cf-4518-b93a-ff6a632801e6"  # transcript-2.1.332.jsonl
+CODEX_THREAD = "01a2296f-0383-7d63-ae7b-88a8d43eee9a"
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    for name in ("CLAUDE_CONFIG_DIR", "CODEX_HOME", "XDG_CONFIG_HOME", "NO_COLOR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    return tmp_path
+
+
+def claude_session(config_dir: Path, fixture: str, session: str, project: str = "-work-repo") -> Path:
+    directory = config_dir / "projects" / project
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{session}.jsonl"
+    path.write_bytes((TRANSCRIPTS / fixture).read_bytes())
+    return path
+
+
+def codex_rollout(codex_home: Path, version: str = "0.151.0", thread: str = CODEX_THREAD) -> Path:
+    """The lab's rollout lines of one thread, in a file named as Codex names it."""
+    directory = codex_home / "sessions" / "2026" / "11" / "29"
+    directory.mkdir(parents=True, exist_ok=True)
+    source = TRANSCRIPTS / f"codex-{version}" / "rollout-token-events.jsonl"
+    lines = [line for line in source.read_bytes().splitlines() if thread.encode() in line]
+    path = directory / f"rollout-2026-11-29T22-31-10-{thread}.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return path
+
+
+def scan_json(capsys: pytest.CaptureFixture[str], *args: str) -> list[dict[str, Any]]:
+    assert main(["scan", "--json", *args]) == 0
+    return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+
+
+def by_session(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {row["sessionId"]: row for row in rows}
+
+
+def test_claude_and_codex_sessions_with_their_window_sources(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    claude_session(home / ".claude", "transcript-2.1.250-sonnet45.jsonl", SONNET_SESSION)
+    codex_rollout(home / ".codex")
+    rows = by_session(scan_json(capsys, "--since", "1h"))
+    claude, codex = rows[SONNET_SESSION], rows[CODEX_THREAD]
+
+    assert claude["harness"] == "claude"
+    assert claude["usedTokens"] == 2500 and claude["usedTokens"] != 2520  # output is not occupancy
+    assert claude["windowTokens"] == 200000 and claude["windowSource"] == "model-table"
+    assert claude["usedPercent"] == 1.25
+    assert claude["model"] == "claude-sonnet-4-5"
+    assert claude["compactions"] == 2
+    assert claude["lastCompactionTrigger"] == "auto"
+    assert (claude["lastCompactionPreTokens"], claude["lastCompactionPostTokens"]) == (3042, 1122)
+    assert claude["compactedSinceReading"] is False
+    assert claude["observedAtMs"] == 1795992227928  # the reply's own timestamp, not the file's mtime
+    assert claude["ageMs"] >= 0 and claude["path"].endswith(f"{SONNET_SESSION}.jsonl")
+
+    # The resumed 0.151.0 turn is the latest token_count: 22,300 of 190,000 through Codex's baseline.
+    assert codex["harness"] == "codex"
+    assert (codex["usedTokens"], codex["windowTokens"], codex["windowSource"]) == (22300, 190000, "transcript")
+    assert codex["usedPercent"] == 6 and codex["usedPercent"] != 12  # not the naive 22300 / 190000
+    assert codex["sessionTotalTokens"] == 22300
+    assert codex["compactions"] == 2 and codex["lastCompactionTrigger"] == "unknown"
+    assert codex["rateLimits"] == {"fiveHour": 63.0, "sevenDay": 47.0}  # 62.5 in the rollout, rounded as Codex does
+
+
+def test_an_unknown_model_has_no_window_and_no_percent(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # 2.1.250 wrote `claude-opus-5` for a 1M-window [1m] session: the id alone cannot say which tier.
+    claude_session(home / ".claude", "transcript-2.1.250.jsonl", OPUS_250_SESSION)
+    claude_session(home / ".claude", "transcript-2.1.332.jsonl", OPUS_332_SESSION)
+    rows = by_session(scan_json(capsys))
+    unknown, known = rows[OPUS_250_SESSION], rows[OPUS_332_SESSION]
+    assert unknown["model"] == "claude-opus-5" and unknown["usedTokens"] == 12500
+    assert unknown["windowTokens"] is None and unknown["usedPercent"] is None and unknown["windowSource"] is None
+    assert "claude-opus-5" not in shipped_model_table()
+    assert known["windowTokens"] == 1000000 and known["usedPercent"] == 1.25 and known["compactions"] == 3
+
+
+def test_the_user_table_extends_and_removes(
+    home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    claude_session(home / ".claude", "transcript-2.1.250.jsonl", OPUS_250_SESSION)
+    claude_session(home / ".claude", "transcript-2.1.250-sonnet45.jsonl", SONNET_SESSION)
+    table = home / "cfg" / "hctx" / "models.json"
+    table.parent.mkdir(parents=True)
+    table.write_text(json.dumps({
+        "schema": "hctx.model-windows.v1", "windows": {"claude-opus-5": 1000000, "claude-sonnet-4-5": None},
+    }))  # fmt: skip
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home / "cfg"))
+    rows = by_session(scan_json(capsys))
+    assert rows[OPUS_250_SESSION]["windowTokens"] == 1000000 and rows[OPUS_250_SESSION]["usedPercent"] == 1.25
+    assert rows[SONNET_SESSION]["windowTokens"] is None
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"{not json", b"[]", b'{"schema":"other","windows":{}}', b'{"schema":"hctx.model-windows.v1","windows":{"m":-1}}',
+     b'{"schema":"hctx.model-windows.v1","windows":{"m":true}}', b'{"schema":"hctx.model-windows.v1","windows":[]}'],
+)  # fmt: skip
+def test_a_broken_user_table_warns_and_the_shipped_one_stands(
+    home: Path, capsys: pytest.CaptureFixture[str], content: bytes
+) -> None:
+    claude_session(home / ".claude", "transcript-2.1.250-sonnet45.jsonl", SONNET_SESSION)
+    table = home / ".config" / "hctx" / "models.json"
+    table.parent.mkdir(parents=True)
+    table.write_bytes(content)
+    assert main(["scan", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert "model table" in captured.err
+    assert json.loads(captured.out.splitlines()[0])["windowTokens"] == 200000
+
+
+def test_config_dir_variables_are_honoured_and_since_filters(
+    home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    old = claude_session(home / "claude-cfg", "transcript-2.1.250-sonnet45.jsonl", SONNET_SESSION)
+    claude_session(home / ".claude", "transcript-2.1.332.jsonl", OPUS_332_SESSION)  # not the configured dir
+    codex_rollout(home / "codex-home")
+    monkeypatch.setenv("CLAUDE_CONFIG_DIR", str(home / "claude-cfg"))
+    monkeypatch.setenv("CODEX_HOME", str(home / "codex-home"))
+    assert set(by_session(scan_json(capsys))) == {SONNET_SESSION, CODEX_THREAD}
+    two_hours_ago = time.time() - 7200
+    os.utime(old, (two_hours_ago, two_hours_ago))
+    assert set(by_session(scan_json(capsys, "--since", "1h"))) == {CODEX_THREAD}
+    assert set(by_session(scan_json(capsys, "--since", "3h"))) == {SONNET_SESSION, CODEX_THREAD}
+
+
+def _line(**fields: Any) -> bytes:
+    return json.dumps(fields).encode() + b"\n"
+
+
+def test_clear_and_compact_behave_as_the_decision_record_says(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    reply = _line(type="assistant", timestamp="2026-11-29T22:00:00Z",
+                  message={"model": "claude-sonnet-4-5", "usage": {"input_tokens": 150000}})  # fmt: skip
+    boundary = _line(type="system", subtype="compact_boundary", timestamp="2026-11-29T22:01:00Z",
+                     compactMetadata={"trigger": "manual", "preTokens": 150000, "postTokens": 900})  # fmt: skip
+    projects = home / ".claude" / "projects" / "-work"
+    projects.mkdir(parents=True)
+    compacted = "11111111-1111-1111-1111-111111111111"
+    cleared = "22222222-2222-2222-2222-222222222222"
+    (projects / f"{compacted}.jsonl").write_bytes(reply + boundary)
+    (projects / f"{cleared}.jsonl").write_bytes(_line(type="user", message={"content": "/clear"}))
+    rows = by_session(scan_json(capsys))
+    # /compact: the value stays stale until the next assistant message, and the row says so.
+    assert rows[compacted]["usedTokens"] == 150000 and rows[compacted]["compactedSinceReading"] is True
+    assert rows[compacted]["compactions"] == 1 and rows[compacted]["lastCompactionTrigger"] == "manual"
+    # /clear: a new session file, empty until its first reply: no reading, no age.
+    assert rows[cleared]["usedTokens"] is None and rows[cleared]["usedPercent"] is None
+    assert rows[cleared]["observedAtMs"] is None and rows[cleared]["ageMs"] is None
+
+
+def test_the_table_shows_the_meter_and_the_window_source(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    claude_session(home / ".claude", "transcript-2.1.250-sonnet45.jsonl", SONNET_SESSION)
+    codex_rollout(home / ".codex")
+    assert main(["scan"]) == 0
+    out = capsys.readouterr().out
+    assert "3k/200k" in out and "model-table" in out
+    assert "22k/190k" in out and "transcript" in out
+    assert "\x1b[" not in out  # not a terminal: no colour
+
+
+def test_nothing_to_scan(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["scan"]) == 0
+    assert capsys.readouterr().out == "no sessions\n"
+
+
+def test_hostile_session_files_cost_a_row_never_the_scan(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    projects = home / ".claude" / "projects" / "-work"
+    projects.mkdir(parents=True)
+    (projects / "dir.jsonl").mkdir()
+    (projects / "link.jsonl").symlink_to("/etc/passwd")
+    (projects / "garbage.jsonl").write_bytes(os.urandom(4096) + b"\n\x00\xff{[")
+    (projects / "wrong.jsonl").write_bytes(
+        _line(type="assistant", timestamp="2026-11-29T22:00:00Z", message={"usage": {"input_tokens": "many"}})
+    )
+    unreadable = projects / "unreadable.jsonl"
+    unreadable.write_bytes(b"{}")
+    unreadable.chmod(0)
+    rows = scan_json(capsys)
+    named = {Path(row["path"]).name: row for row in rows}
+    assert "dir.jsonl" not in named and "link.jsonl" not in named
+    assert named["garbage.jsonl"]["usedTokens"] is None
+    assert named["wrong.jsonl"]["usedTokens"] is None
+    assert "unreadable.jsonl" in named  # root reads it anyway; otherwise the row carries the problem
+
+
+def test_a_1gb_transcript_scans_in_milliseconds(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = claude_session(home / ".claude", "transcript-2.1.250-sonnet45.jsonl", SONNET_SESSION)
+    tail = path.read_bytes()
+    with path.open("wb") as handle:
+        handle.truncate(1 << 30)
+        handle.seek(1 << 30)
+        handle.write(b"\n" + tail)
+    started = time.perf_counter()
+    rows = scan_json(capsys)
+    elapsed = time.perf_counter() - started
+    assert rows[0]["usedTokens"] == 2500 and rows[0]["compactions"] is None  # the count needs the whole file
+    assert rows[0]["lastCompactionTrigger"] == "auto"
+    assert elapsed < 1.0, elapsed
+
+
+@pytest.mark.parametrize(("text", "ms"), [("90s", 90_000), ("30m", 1_800_000), ("2h", 7_200_000),
+                                          ("7d", 604_800_000), ("1h30m", 5_400_000), ("1.5h", 5_400_000)])  # fmt: skip
+def test_durations(text: str, ms: int) -> None:
+    assert parse_duration(text) == ms
+
+
+@pytest.mark.parametrize("text", ["", "5", "h", "5x", "-5m", "5m garbage", "1e9h"])
+def test_bad_durations(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_duration(text)
