@@ -47,15 +47,18 @@ def bucket(fields: ContextFields) -> Bucket:
     return window, None
 
 
-def account_exhausted(fields: ContextFields) -> bool:
-    """Proven Claude account-window exhaustion: a window the harness itself reports at 100%.
+def exhausted_windows(fields: ContextFields) -> frozenset[str]:
+    """Proven Claude account-window exhaustion: the windows the harness itself reports at 100%.
 
-    Codex is excluded on purpose: it can continue on credits this record cannot see.
+    The producer publishes a window only while its reset is still ahead, so this is the set of
+    windows exhausted now; a change of the set is an edge. Codex is excluded on purpose: it can
+    continue on credits this record cannot see.
     """
     limits = fields.rate_limits
     if fields.harness != "claude" or limits is None:
-        return False
-    return any(used is not None and used >= 100 for used in (limits.five_hour, limits.seven_day))
+        return frozenset()
+    windows = {"fiveHour": limits.five_hour, "sevenDay": limits.seven_day}
+    return frozenset(name for name, used in windows.items() if used is not None and used >= 100)
 
 
 class WriteGuard:
@@ -82,7 +85,7 @@ class WriteGuard:
             return "compaction"
         if last is None or bucket(fields) != bucket(last):
             return "bucket"
-        if account_exhausted(fields) != account_exhausted(last):
+        if exhausted_windows(fields) != exhausted_windows(last):
             return "exhaustion"
         fresh = fields.observed_at_ms > last.observed_at_ms
         if fresh and now_ms - last.written_at_ms >= HARNESS_CONTEXT_HEARTBEAT_MS:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 from guard.constants import HARNESS_CONTEXT_FUTURE_SKEW_MS, HARNESS_CONTEXT_STALE_MS
+from guard.files import read_bounded
 from guard.record import HarnessContext, RecordRefused, parse_record
 
 log = logging.getLogger(__name__)
@@ -37,27 +39,21 @@ def project(record: HarnessContext, now_ms: int) -> dict[str, Any] | None:
     return {key: fields[key] for key in CONTEXT_KEYS}
 
 
-def load_record(path: str, *, source: str | None = None) -> HarnessContext | None:
+def load_record(path: str | Path) -> HarnessContext | None:
     """The record at `path`; None when there is none or it is not trustworthy (logged)."""
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_RECORD_BYTES + 1)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        log.warning("context record %s unreadable: %s", source or path, exc)
-        return None
-    if len(data) > MAX_RECORD_BYTES:
-        log.warning("context record %s is over %d bytes; refused", source or path, MAX_RECORD_BYTES)
+    raw = read_bounded(None, path, MAX_RECORD_BYTES)
+    if raw.problem is not None:
+        log.warning("context record %s %s", path, raw.problem)
+    if raw.data is None:
         return None
     try:
-        return parse_record(data)
+        return parse_record(raw.data)
     except RecordRefused as exc:
-        log.warning("context record %s refused: %s", source or path, exc)
+        log.warning("context record %s refused: %s", path, exc)
         return None
 
 
-def read_context(path: str, now_ms: int) -> dict[str, Any] | None:
+def read_context(path: str | Path, now_ms: int) -> dict[str, Any] | None:
     """The whole table: no file, refused, future-skewed -> None; else the reading with its age."""
     record = load_record(path)
     return None if record is None else project(record, now_ms)

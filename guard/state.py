@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, ValidationError
 
 from guard.constants import STATE_RECORD_NAME, STATE_SCHEMA
+from guard.files import read_bounded
 from guard.record import Count, Harness, Millis, RecordRefused, _Wire
 from guard.store import AgentDir, write_agent_file
 
@@ -38,9 +39,7 @@ class HarnessState(_Wire):
         return self.model_dump_json(by_alias=True) + "\n"
 
     def claim(self) -> PastClaim:
-        return PastClaim(
-            incarnation=self.incarnation, claimed_at_ms=self.claimed_at_ms, wrapper_pid=self.wrapper_pid
-        )
+        return PastClaim(incarnation=self.incarnation, claimed_at_ms=self.claimed_at_ms, wrapper_pid=self.wrapper_pid)
 
 
 def parse_state(data: bytes | str) -> HarnessState:
@@ -52,12 +51,8 @@ def parse_state(data: bytes | str) -> HarnessState:
 
 def read_state(agent: AgentDir) -> HarnessState | None:
     """The claim on disk, or None when there is none or it cannot be trusted."""
-    try:
-        with open(agent.path / STATE_RECORD_NAME, "rb") as handle:
-            data = handle.read(MAX_STATE_BYTES + 1)
-    except OSError:
-        return None
-    if len(data) > MAX_STATE_BYTES:
+    data = read_bounded(None, agent.path / STATE_RECORD_NAME, MAX_STATE_BYTES).data
+    if data is None:
         return None
     try:
         return parse_state(data)

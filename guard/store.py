@@ -26,6 +26,7 @@ from guard.constants import (
     CONTROL_DIR_NAME,
     STAGING_DIR_NAME,
 )
+from guard.files import read_bounded
 from guard.projection import MAX_RECORD_BYTES
 from guard.record import HarnessContext, RecordRefused, parse_record
 
@@ -177,14 +178,9 @@ def write_json_atomic(dir_fd: int, name: str, data: bytes, staging_fd: int) -> N
 
 
 def _read_existing(agent_fd: int) -> HarnessContext | None:
-    try:
-        fd = os.open(CONTEXT_RECORD_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=agent_fd)
-    except FileNotFoundError:
+    data = read_bounded(agent_fd, CONTEXT_RECORD_NAME, MAX_RECORD_BYTES).data
+    if data is None:
         return None
-    try:
-        data = os.read(fd, MAX_RECORD_BYTES + 1)
-    finally:
-        os.close(fd)
     try:
         return parse_record(data)
     except RecordRefused:

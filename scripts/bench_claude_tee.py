@@ -4,7 +4,8 @@
 Claude spawns the status-line command every few seconds per seat and waits for it, so what counts
 is the process from fork to exit. Every variant gets the same captured 2.1.250 payload on stdin,
 a listening channel socket (so the frame is really sent) and a trivial renderer (`echo ok`);
-variants run round-robin so they share the machine's noise. Ratios are medians over medians.
+variants run round-robin so they share the machine's noise. Ratios are medians over medians; the CPU
+columns (user + system of the whole process tree) are the load-proof view of the same cost.
 
     python scripts/bench_claude_tee.py [--runs 60]
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import socket
 import statistics
@@ -65,12 +67,15 @@ def main() -> int:
             "PYTHONPATH": str(REPO),
         }
         times: dict[str, list[float]] = {name: [] for name in runs}
+        cpu: dict[str, list[float]] = {name: [] for name in runs}
         received = 0
         for _ in range(args.runs):
             for name, (argv, stdin) in runs.items():
+                cpu_before = _children_cpu_ms()
                 start = time.perf_counter()
                 done = subprocess.run(argv, input=stdin, env=env, capture_output=True, check=False)
                 times[name].append((time.perf_counter() - start) * 1000)
+                cpu[name].append(_children_cpu_ms() - cpu_before)
                 if done.returncode != 0 or (name.startswith("tee") and done.stdout != b"ok\n"):
                     print(f"{name} failed: rc={done.returncode} {done.stdout!r} {done.stderr!r}")
                     return 1
@@ -78,13 +83,28 @@ def main() -> int:
         listener.close()
     bare = statistics.median(times["python -S -c pass (bare)"])
     plain = statistics.median(times["python -c pass"])
-    print(f"{args.runs} runs each, round-robin; frames received by the channel: {received}")
-    print(f"{'variant':42} {'median ms':>10} {'p90 ms':>8} {'x bare -S':>10} {'x python':>9}")
+    bare_cpu = statistics.median(cpu["python -S -c pass (bare)"])
+    print(
+        f"{args.runs} runs each, round-robin; frames received by the channel: {received}; load {os.getloadavg()[0]:.1f}"
+    )
+    print(
+        f"{'variant':42} {'median ms':>10} {'p90 ms':>8} {'x bare -S':>10} {'x python':>9} {'cpu ms':>7} {'cpu x':>6}"
+    )
     for name, samples in times.items():
         median = statistics.median(samples)
         p90 = statistics.quantiles(samples, n=10)[-1]
-        print(f"{name:42} {median:10.2f} {p90:8.2f} {median / bare:10.2f} {median / plain:9.2f}")
+        used = statistics.median(cpu[name])
+        print(
+            f"{name:42} {median:10.2f} {p90:8.2f} {median / bare:10.2f} {median / plain:9.2f}"
+            f" {used:7.2f} {used / bare_cpu:6.2f}"
+        )
     return 0
+
+
+def _children_cpu_ms() -> float:
+    """User + system CPU of every waited-for descendant; unlike wall time, barely moved by load."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (usage.ru_utime + usage.ru_stime) * 1000
 
 
 def _drain(listener: socket.socket) -> int:

@@ -25,8 +25,9 @@ from sidecar.transports import transport_for
 log = logging.getLogger("sidecar")
 
 FRAME_QUEUE = 1024
-# After the harness is gone, frames already on their way (a last hook process) still land.
-SHUTDOWN_GRACE_S = 0.3
+# After the harness is gone, frames already on their way (a last hook process) still land; a
+# client that keeps its connection open past this is cut off.
+SHUTDOWN_DRAIN_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -128,13 +129,16 @@ async def run_sidecar(config: SidecarConfig) -> None:
     async with trio.open_nursery() as outer:
         outer.start_soon(writer.run, receive)
         async with trio.open_nursery() as inputs:
-            await inputs.start(channel.serve, config.channel, submit)
             transport = transport_for(config.harness)
             if transport is not None:
                 inputs.start_soon(transport, config.transport, submit)
-            _signal_ready(config.ready_fd)
-            await _until_session_ends(config.lifeline_fd)
-            await trio.sleep(SHUTDOWN_GRACE_S)
+            session_over = trio.Event()
+            async with trio.open_nursery() as channel_nursery:
+                await channel_nursery.start(channel.serve, config.channel, submit, session_over)
+                _signal_ready(config.ready_fd)
+                await _until_session_ends(config.lifeline_fd)
+                session_over.set()
+                channel_nursery.cancel_scope.deadline = trio.current_time() + SHUTDOWN_DRAIN_S
             inputs.cancel_scope.cancel()
         await send.aclose()
     log.info("sidecar exiting", extra={"event": "exit", "dropped": writer.pipeline.dropped})

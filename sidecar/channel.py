@@ -65,9 +65,18 @@ def decode_frame(line: bytes) -> Frame | str:
 
 
 async def serve(
-    path: Path, submit: Submit, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    path: Path,
+    submit: Submit,
+    stop: trio.Event | None = None,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Listen at `path` (0600) and submit every well-formed frame; runs until cancelled."""
+    """Listen at `path` (0600) and submit every well-formed frame.
+
+    Runs until cancelled, or until `stop` is set: then it stops accepting, takes the connections
+    already queued, and returns once every open connection has delivered its frames, so the last
+    status line of a session that just ended is not lost. Bound that drain with a deadline.
+    """
     check_channel_path(path)
     path.unlink(missing_ok=True)
     binding = path.with_name(path.name + ".bind")
@@ -87,19 +96,44 @@ async def serve(
         slots = trio.Semaphore(MAX_CONNECTIONS)
         task_status.started()
         try:
-            async with trio.open_nursery() as nursery:
-                while True:
-                    await slots.acquire()
-                    try:
-                        conn, _ = await listener.accept()
-                    except OSError as exc:  # EMFILE and friends: back off, keep serving
-                        slots.release()
-                        log.warning("channel accept failed: %s", exc)
-                        await trio.sleep(0.05)
-                        continue
-                    nursery.start_soon(_connection, conn, submit, slots)
+            async with trio.open_nursery() as connections:
+                with trio.CancelScope() as accepting:
+                    if stop is not None:
+                        connections.start_soon(_cancel_when_set, stop, accepting)
+                    while True:
+                        await _accept(listener, connections, submit, slots)
+                path.unlink(missing_ok=True)
+                while True:  # connections that were already queued when the session ended
+                    with trio.move_on_after(_QUEUED_WAIT_S) as waited:
+                        await _accept(listener, connections, submit, slots)
+                    if waited.cancelled_caught:
+                        break
         finally:
             path.unlink(missing_ok=True)
+
+
+_QUEUED_WAIT_S = 0.02
+
+
+async def _cancel_when_set(event: trio.Event, scope: trio.CancelScope) -> None:
+    await event.wait()
+    scope.cancel()
+
+
+async def _accept(
+    listener: trio.socket.SocketType, connections: trio.Nursery, submit: Submit, slots: trio.Semaphore
+) -> None:
+    await slots.acquire()
+    try:
+        conn, _ = await listener.accept()
+    except BaseException as exc:
+        slots.release()
+        if not isinstance(exc, OSError):
+            raise
+        log.warning("channel accept failed: %s", exc)  # EMFILE and friends: back off, keep serving
+        await trio.sleep(0.05)
+        return
+    connections.start_soon(_connection, conn, submit, slots)
 
 
 async def _connection(conn: trio.socket.SocketType, submit: Submit, slots: trio.Semaphore) -> None:

@@ -29,7 +29,14 @@ import trio.lowlevel
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sidecar.producers.base import Frame
-from sidecar.transcripts import MAX_LINE_BYTES, codex_frames, instant_ms, rollout_event
+from sidecar.transcripts import (
+    HEAD_BYTES,
+    MAX_LINE_BYTES,
+    codex_frames,
+    instant_ms,
+    oversized_rollout_event,
+    rollout_event,
+)
 from sidecar.transports import Submit
 
 log = logging.getLogger(__name__)
@@ -143,39 +150,40 @@ class RolloutFollower:
     """Sans-clock state of following one rollout: bytes in, frames out."""
 
     thread_id: str
-    offset: int = 0
-    pending: bytearray = field(default_factory=bytearray)
-    skipping: bool = False  # inside a line longer than MAX_LINE_BYTES
+    offset: int = 0  # of the next byte to be fed
+    pending: bytearray = field(default_factory=bytearray)  # the current line (only its head once skipping)
+    line_bytes: int = 0  # the current line's length so far, kept or not
+    skipping: bool = False  # the current line is longer than MAX_LINE_BYTES
 
     def feed(self, data: bytes) -> list[Frame]:
         """Frames for every line `data` completes; a partial last line waits for its newline."""
         frames: list[Frame] = []
-        start = 0
+        base, start = self.offset, 0
         while start < len(data):
             newline = data.find(b"\n", start)
+            self._hold(data[start : len(data) if newline < 0 else newline])
             if newline < 0:
-                self._hold(data[start:])
-                self.offset += len(data) - start
                 break
-            line_start = self.offset - len(self.pending)
-            if not self.skipping:
-                self.pending += data[start:newline]
-                if len(self.pending) <= MAX_LINE_BYTES:
-                    event = rollout_event(bytes(self.pending), line_start, self.thread_id)
-                    if event is not None:
-                        frames.extend(codex_frames(event))
-            self.offset += newline + 1 - start
+            line_start = base + newline - self.line_bytes
+            if self.skipping:
+                event = oversized_rollout_event(bytes(self.pending), line_start, self.thread_id)
+            else:
+                event = rollout_event(bytes(self.pending), line_start, self.thread_id)
+            if event is not None:
+                frames.extend(codex_frames(event))
             self.pending.clear()
-            self.skipping = False
+            self.line_bytes, self.skipping = 0, False
             start = newline + 1
+        self.offset = base + len(data)
         return frames
 
     def _hold(self, piece: bytes) -> None:
+        self.line_bytes += len(piece)
         if self.skipping:
             return
         self.pending += piece
         if len(self.pending) > MAX_LINE_BYTES:
-            self.pending.clear()
+            del self.pending[HEAD_BYTES:]  # keep only what says what kind of line this is
             self.skipping = True
 
 

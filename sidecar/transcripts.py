@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -43,10 +44,17 @@ _MAX_MODEL_ID: Final = 256
 ModelId = Annotated[str, Field(min_length=1, max_length=_MAX_MODEL_ID, strict=True)]
 
 _CLAUDE_TRIGGERS: Final[dict[str, CompactionTrigger]] = {"manual": "manual", "auto": "auto"}
+# JSON structure, not text: inside a string these quotes would be escaped, so no message body matches.
+_CLAUDE_BOUNDARY_KEY: Final = b'"subtype":"compact_boundary"'
+_CODEX_COMPACTED_KEY: Final = b'"type":"compacted"'
 
 
 # ---------------------------------------------------------------------------------------------
 # Lines, newest first, within a budget
+
+
+# Of a line too long to parse, this much of its beginning is kept: enough to see what kind it was.
+HEAD_BYTES: Final = 1024
 
 
 @dataclass
@@ -54,9 +62,10 @@ class BackwardLines:
     """Complete lines of a file from its end: `(offset of the line's first byte, line)`, newest first.
 
     A final line without its newline is still yielded (the reader decides whether it parses: a
-    writer mid-line gives a truncated one). Lines longer than `max_line` are skipped whole without
-    being held in memory. Reading stops after `budget` bytes; `reached_start` then says whether the
-    whole file was covered, which is what makes a count over it exact.
+    writer mid-line gives a truncated one). Lines longer than `max_line` are not yielded and never
+    held whole: only their first HEAD_BYTES land in `skipped_heads`, so a reader that counts can
+    still recognise a line of its kind by its prefix. Reading stops after `budget` bytes;
+    `reached_start` then says whether the whole file was covered, which makes a count over it exact.
     """
 
     read_at: ReadAt
@@ -66,11 +75,16 @@ class BackwardLines:
     max_line: int = MAX_LINE_BYTES
     bytes_read: int = field(default=0, init=False)
     reached_start: bool = field(default=False, init=False)
+    skipped_heads: list[tuple[int, bytes]] = field(default_factory=list, init=False)
+    # Set by a reader mid-iteration once only lines holding one of these byte strings can matter to
+    # it: whole blocks without any are then passed over without being split into lines.
+    only_containing: tuple[bytes, ...] | None = field(default=None, init=False)
 
     def __iter__(self) -> Iterator[tuple[int, bytes]]:
         position = max(self.size, 0)
         later: list[bytes] = []  # pieces of the line being assembled, newest piece first
         later_bytes = 0
+        head = b""  # the first HEAD_BYTES of what has been assembled so far
         oversized = False
         while position > 0:
             if self.bytes_read >= self.budget:
@@ -83,24 +97,63 @@ class BackwardLines:
             self.bytes_read += size
             end = len(chunk)
             newline = chunk.rfind(b"\n", 0, end)
+            wanted = self.only_containing
             while newline >= 0:
-                if not oversized and later_bytes + (end - newline - 1) <= self.max_line:
-                    line = chunk[newline + 1 : end] + b"".join(reversed(later)) if later else chunk[newline + 1 : end]
+                start = newline + 1
+                if not oversized and later_bytes + (end - start) <= self.max_line:
+                    line = chunk[start:end] + b"".join(reversed(later)) if later else chunk[start:end]
                     if line.strip():
-                        yield position + newline + 1, line
-                later, later_bytes, oversized = [], 0, False
+                        yield position + start, line
+                else:
+                    self.skipped_heads.append((position + start, _head(chunk[start:end], head)))
+                later, later_bytes, head, oversized = [], 0, b"", False
                 end = newline
+                if wanted is not None:
+                    # Only lines holding a wanted marker matter: those wholly inside this block are
+                    # found by the markers themselves, the rest of the block is never split.
+                    first = chunk.find(b"\n", 0, end + 1)
+                    for start, stop in _lines_with(chunk, first + 1, end, wanted):
+                        if stop - start <= self.max_line:
+                            yield position + start, chunk[start:stop]
+                        else:
+                            self.skipped_heads.append((position + start, chunk[start : start + HEAD_BYTES]))
+                    end = first
+                    break
                 newline = chunk.rfind(b"\n", 0, end)
+            head = _head(chunk[:end], head)
             if not oversized:
                 later.append(chunk[:end])
                 later_bytes += end
                 if later_bytes > self.max_line:
                     later, later_bytes, oversized = [], 0, True
         self.reached_start = True
-        if not oversized and later_bytes:
+        if oversized:
+            self.skipped_heads.append((0, head))
+        elif later_bytes:
             line = b"".join(reversed(later))
             if line.strip():
                 yield 0, line
+
+
+def _lines_with(chunk: bytes, low: int, high: int, markers: tuple[bytes, ...]) -> list[tuple[int, int]]:
+    """(start, stop) of the lines within chunk[low:high] (whole lines) holding a marker, newest first."""
+    found: set[tuple[int, int]] = set()
+    for marker in markers:
+        at = chunk.find(marker, low, high)
+        while at >= 0:
+            start = chunk.rfind(b"\n", low, at) + 1 or low
+            stop = chunk.find(b"\n", at, high)
+            stop = high if stop < 0 else stop
+            found.add((max(start, low), stop))
+            at = chunk.find(marker, stop, high)
+    return sorted(found, reverse=True)
+
+
+def _head(earlier: bytes, head: bytes) -> bytes:
+    """The first HEAD_BYTES of `earlier + head` without copying more than that."""
+    if len(earlier) >= HEAD_BYTES:
+        return earlier[:HEAD_BYTES]
+    return earlier + head[: HEAD_BYTES - len(earlier)]
 
 
 def forward_lines(data: bytes, max_line: int = MAX_LINE_BYTES) -> Iterator[tuple[int, bytes]]:
@@ -276,6 +329,10 @@ def read_claude_tail(lines: BackwardLines) -> ClaudeTail:
             continue
         if usage is None:
             usage = claude_usage(line, offset)
+            if usage is not None:
+                lines.only_containing = (b"compact_boundary",)
+    # A compact_boundary is small, but one too long to parse still counts (its prefix says what it is).
+    count += sum(_CLAUDE_BOUNDARY_KEY in head for _, head in lines.skipped_heads)
     return ClaudeTail(usage, latest, count if lines.reached_start else None, lines.bytes_read)
 
 
@@ -363,6 +420,7 @@ class RolloutEvent:
     session: _SessionMeta | None = None
 
 
+_TIMESTAMP: Final = re.compile(rb'^\{"timestamp":"([^"]{1,64})"')
 _ROLLOUT_MARKERS: Final = (b'"token_count"', b'"compacted"', b'"turn_context"', b'"session_meta"', b'"task_complete"')
 
 
@@ -383,9 +441,7 @@ def rollout_event(line: bytes, offset: int, thread_id: str) -> RolloutEvent | No
         return None
     at_ms = instant_ms(entry.timestamp)
     if entry.type == "compacted":
-        item = {"type": "contextCompaction", "id": f"rollout-compacted:{thread_id}:{offset}"}
-        message = {"method": "item/started", "params": {"threadId": thread_id, "item": item}}
-        return RolloutEvent("compacted", at_ms, (message,))
+        return compacted_event(offset, thread_id, at_ms)
     if entry.type == "turn_context":
         try:
             return RolloutEvent("turn_context", at_ms, model=_TurnContext.model_validate(entry.payload).model)
@@ -404,6 +460,21 @@ def rollout_event(line: bytes, offset: int, thread_id: str) -> RolloutEvent | No
     if kind != "token_count":
         return None
     return RolloutEvent("token_count", at_ms, token_count_messages(_TokenCount.parse(entry.payload), thread_id))
+
+
+def compacted_event(offset: int, thread_id: str, at_ms: int | None) -> RolloutEvent:
+    item = {"type": "contextCompaction", "id": f"rollout-compacted:{thread_id}:{offset}"}
+    message = {"method": "item/started", "params": {"threadId": thread_id, "item": item}}
+    return RolloutEvent("compacted", at_ms, (message,))
+
+
+def oversized_rollout_event(head: bytes, offset: int, thread_id: str) -> RolloutEvent | None:
+    """A rollout line too long to parse is still a compaction when its prefix says so: Codex writes
+    `{"timestamp":…,"type":"compacted","payload":…}`, the (possibly large) history last."""
+    if _CODEX_COMPACTED_KEY not in head[:256]:
+        return None
+    stamp = _TIMESTAMP.search(head[:256])
+    return compacted_event(offset, thread_id, instant_ms(stamp.group(1).decode()) if stamp else None)
 
 
 def token_count_messages(event: _TokenCount, thread_id: str) -> tuple[dict[str, Any], ...]:
@@ -480,20 +551,22 @@ def read_codex_tail(lines: BackwardLines, thread_id: str) -> CodexTail:
     model: str | None = None
     session: _SessionMeta | None = None
     latest_compaction_ms: int | None = None
+    latest_compaction_offset = -1
     seen_compaction = False
     count = 0
     for offset, line in lines:
-        known = usage is not None and limits is not None and model is not None
-        # Once everything but the count is known, only compactions and the header matter.
-        if known and b'"compacted"' not in line and b'"session_meta"' not in line:
-            continue
+        if usage is not None and limits is not None and model is not None:
+            # Everything but the count is known: only compactions and the header matter now.
+            lines.only_containing = (b'"compacted"', b'"session_meta"')
+            if b'"compacted"' not in line and b'"session_meta"' not in line:
+                continue
         event = rollout_event(line, offset, thread_id)
         if event is None:
             continue
         if event.kind == "compacted":
             count += 1
             if not seen_compaction:
-                latest_compaction_ms, seen_compaction = event.at_ms, True
+                latest_compaction_ms, latest_compaction_offset, seen_compaction = event.at_ms, offset, True
         elif event.kind == "token_count":
             methods = [message["method"] for message in event.messages]
             if usage is None and "thread/tokenUsage/updated" in methods:
@@ -504,6 +577,12 @@ def read_codex_tail(lines: BackwardLines, thread_id: str) -> CodexTail:
             model = event.model
         elif event.kind == "session_meta":
             session = event.session
+    for offset, head in lines.skipped_heads:
+        oversized = oversized_rollout_event(head, offset, thread_id)
+        if oversized is not None:
+            count += 1
+            if not seen_compaction or offset > latest_compaction_offset:
+                latest_compaction_ms, latest_compaction_offset, seen_compaction = oversized.at_ms, offset, True
     return CodexTail(
         usage, limits, model, latest_compaction_ms, count if lines.reached_start else None, session, lines.bytes_read
     )

@@ -25,8 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from guard.record import COMPACTION_TRIGGERS, HARNESSES, HarnessContext, RateLimits  # noqa: E402
-from guard.store import AgentDir, write_context  # noqa: E402
+from guard.record import COMPACTION_TRIGGERS, HARNESSES, HarnessContext, RateLimits
+from guard.store import AgentDir, write_context
 
 PROGRESS = struct.Struct("<qq")  # (attempted, completed); -1 before the first
 COUNTER_STRIDE = 10_000_000  # worker k writes counters k * STRIDE + 0, 1, 2, ...

@@ -30,7 +30,10 @@ AGENT_FILES = {"harness-context", ".harness-context.lock"}
 
 class ForkServer:
     def __init__(self) -> None:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS.parent), os.environ.get("PYTHONPATH")]))}
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS.parent), os.environ.get("PYTHONPATH")])),
+        }
         self.process = subprocess.Popen(
             [sys.executable, str(TESTS / "crash_writer.py")],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1, env=env,
@@ -104,8 +107,8 @@ def test_sigkilled_writer_never_leaves_a_torn_record(fork_server: ForkServer, tm
         # Exactly these can be on disk: the write in flight, else the last completed one, else
         # (nothing completed in this round) whatever the previous round left.
         candidates = [expected_record(agent.identity, worker, n) for n in {attempted, completed} if n >= 0]
-        if completed < 0:
-            candidates.append(on_disk) if on_disk is not None else None
+        if completed < 0 and on_disk is not None:
+            candidates.append(on_disk)
         try:
             data = agent.context_path.read_bytes()
         except FileNotFoundError:
@@ -174,7 +177,9 @@ def test_two_concurrent_writers_never_tear_the_record(fork_server: ForkServer, t
             if previous is not None and current != previous:
                 changes += 1
                 if current.written_at_ms <= previous.written_at_ms:
-                    problems.append(f"read {reads}: writtenAtMs went {previous.written_at_ms} -> {current.written_at_ms}")
+                    problems.append(
+                        f"read {reads}: writtenAtMs went {previous.written_at_ms} -> {current.written_at_ms}"
+                    )
             seen.add(worker)
             previous = current
             if stray := _stray_entries(catalog):
@@ -182,7 +187,9 @@ def test_two_concurrent_writers_never_tear_the_record(fork_server: ForkServer, t
     finally:
         for pid in pids:
             fork_server.kill(pid)
-    print(f"\nconcurrent writers: {reads} reads, {changes} record changes seen, {torn} torn, writers seen {sorted(seen)}")
+    print(
+        f"\nconcurrent writers: {reads} reads, {changes} record changes seen, {torn} torn, writers seen {sorted(seen)}"
+    )
     assert problems == []
     assert torn == 0
     assert seen == {1, 2}, "the two writers never interleaved"

@@ -30,9 +30,7 @@ TYPES = ["message.updated", "session.updated", "session.compacted", "hctx.provid
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
-    lambda children: (
-        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=12), children, max_size=4)
-    ),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=12), children, max_size=4),
     max_leaves=20,
 )
 numbers = st.one_of(
@@ -90,13 +88,9 @@ def test_any_json_value_is_refused_or_ignored(frame: Any) -> None:
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
 @given(kind=st.sampled_from(TYPES), properties=json_values, payload=json_values)
-def test_any_properties_under_a_known_type_never_raise_anything_else(
-    kind: str, properties: Any, payload: Any
-) -> None:
+def test_any_properties_under_a_known_type_never_raise_anything_else(kind: str, properties: Any, payload: Any) -> None:
     producer = primed()
-    for reading in feed(
-        producer, {"type": kind, "id": "evt_1", "properties": properties, "payload": payload}
-    ):
+    for reading in feed(producer, {"type": kind, "id": "evt_1", "properties": properties, "payload": payload}):
         # Only a compaction edge may come out of garbage, and it carries no number.
         assert reading.compaction_edge and reading.fields.used_tokens is None
 
@@ -119,9 +113,7 @@ def test_a_hostile_completion_publishes_only_a_number_it_carried(
             assert fields.used_percent == total * 100 / 128_000
 
 
-@pytest.mark.parametrize(
-    "total", ["11390", 11390.0, True, -1, 2**64, None, float("nan"), [11390], {"n": 11390}]
-)
+@pytest.mark.parametrize("total", ["11390", 11390.0, True, -1, 2**64, None, float("nan"), [11390], {"n": 11390}])
 def test_a_total_of_the_wrong_kind_is_never_a_reading(total: Any) -> None:
     frame = completion()
     frame["properties"]["info"]["tokens"]["total"] = total
@@ -140,9 +132,7 @@ def test_a_missing_total_is_never_zero_and_a_zero_total_is_no_reading() -> None:
 
 @settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
 @given(cost=numbers, input_tokens=numbers, cache_read=numbers)
-def test_hostile_session_facts_are_refused_or_carried_verbatim(
-    cost: Any, input_tokens: Any, cache_read: Any
-) -> None:
+def test_hostile_session_facts_are_refused_or_carried_verbatim(cost: Any, input_tokens: Any, cache_read: Any) -> None:
     producer = primed()
     session = {
         "type": "session.updated",
@@ -248,8 +238,6 @@ def test_many_sessions_and_messages_stay_bounded() -> None:
         frame["properties"]["info"]["tokens"]["total"] = 1000 + i
         feed(producer, frame)
         feed(producer, {"type": "session.updated", "properties": {"info": {"id": f"ses_{i}", "cost": 1.0}}})
-        feed(
-            producer, {"type": "session.compacted", "id": f"evt_{i}", "properties": {"sessionID": f"ses_{i}"}}
-        )
+        feed(producer, {"type": "session.compacted", "id": f"evt_{i}", "properties": {"sessionID": f"ses_{i}"}})
     assert producer.compactions == 5000
     assert len(producer._sessions) <= 1024 and len(producer._landed) <= 4096

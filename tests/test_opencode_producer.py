@@ -89,9 +89,7 @@ def is_summary_completion(frame: Frame) -> bool:
     return is_completion(frame) and info(frame).get("summary") is True
 
 
-def feed_all(
-    capture: Capture, *, providers: bool = True
-) -> tuple[OpenCodeProducer, list[tuple[Frame, list[Any]]]]:
+def feed_all(capture: Capture, *, providers: bool = True) -> tuple[OpenCodeProducer, list[tuple[Frame, list[Any]]]]:
     producer = OpenCodeProducer()
     fed: list[tuple[Frame, list[Any]]] = []
     if providers:
@@ -114,11 +112,7 @@ def test_the_captures_are_of_the_versions_they_claim(capture: Capture) -> None:
     }
     assert versions == {capture.version}
     assert capture.version in OPENCODE_CONTEXT_VERIFIED_VERSIONS
-    assert (
-        (FIXTURES / f"v{capture.version}" / "run-info.txt")
-        .read_text()
-        .startswith(f"version={capture.version}")
-    )
+    assert (FIXTURES / f"v{capture.version}" / "run-info.txt").read_text().startswith(f"version={capture.version}")
 
 
 def test_registry_selects_this_producer_and_decoder() -> None:
@@ -289,9 +283,7 @@ def test_two_interleaved_sessions_last_writer_wins(capture: Capture) -> None:
     assert {session: fields.used_tokens for session, fields in landed} == {b: 31222, c: 61333}
     # Their frames really interleave on the stream.
     order = [
-        info(f)["sessionID"]
-        for f, _ in fed
-        if f.get("type") == "message.updated" and info(f)["sessionID"] in (b, c)
+        info(f)["sessionID"] for f, _ in fed if f.get("type") == "message.updated" and info(f)["sessionID"] in (b, c)
     ]
     switches = sum(1 for x, y in itertools.pairwise(order) if x != y)
     assert switches >= 3
@@ -305,9 +297,7 @@ def test_how_opencode_counts_tokens(capture: Capture) -> None:
     a tool-call turn is two messages and the last step is the context."""
     _, fed = feed_all(capture)
     g = capture.sessions["G"]
-    landed = [
-        rs[0].fields.used_tokens for f, rs in fed if is_completion(f) and rs and info(f)["sessionID"] == g
-    ]
+    landed = [rs[0].fields.used_tokens for f, rs in fed if is_completion(f) and rs and info(f)["sessionID"] == g]
     assert landed == [10100, 20300, 30100, 50100, 55150]
     assert 99999 not in landed
     no_usage = [
@@ -350,9 +340,7 @@ def test_other_recording_shapes_decode_to_the_same_frames(capture: Capture, tmp_
     assert [f for _, f in decode_recording(sse)] == events
     assert [f for _, f in decode_recording(jsonl)] == events
     expected = [(w.reason, w.record.used_tokens) for w in writes(capture)]
-    assert [
-        (w.reason, w.record.used_tokens) for w in replay("opencode", [capture.providers, sse])
-    ] == expected
+    assert [(w.reason, w.record.used_tokens) for w in replay("opencode", [capture.providers, sse])] == expected
     assert all(at is None for at, _ in decode_recording(sse))
 
 

@@ -154,6 +154,9 @@ def test_huge_and_deep_input_is_rejected_not_raised() -> None:
     assert list(decode_recording(b"\x00{[" * 100_000 + b"\n" + b"[" * 100_000)) == []
 
 
-def test_a_negative_clock_is_refused_not_published() -> None:
+@pytest.mark.parametrize("reading", [GOOD_READING, None])
+def test_a_negative_clock_is_refused_before_any_state_changes(reading: dict[str, Any] | None) -> None:
+    producer = PiProducer("pi")
     with pytest.raises(FrameRejected):
-        PiProducer("pi").feed({"type": "context", "reading": GOOD_READING, "compaction": None}, -5)
+        producer.feed({"type": "context", "reading": reading, "compaction": {"reason": "manual", "count": None}}, -5)
+    assert (producer.compactions, producer.last_compaction_ms, producer.last) == (0, None, None)

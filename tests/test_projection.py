@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,10 +57,28 @@ def test_no_agent_directory_reads_null(tmp_path: Path, caplog: pytest.LogCapture
 # --- row 2: unreadable, unparseable, foreign schema -> null, warning logged ------------------
 
 
-def test_unreadable_record_reads_null_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    (tmp_path / "harness-context").mkdir()  # opening it for reading fails (EISDIR) for any user
-    assert read_context(str(tmp_path / "harness-context"), NOW) is None
-    assert any("unreadable" in message for message in _warnings(caplog))
+def _directory(path: Path) -> None:
+    path.mkdir()
+
+
+def _fifo(path: Path) -> None:
+    os.mkfifo(path)  # must not hang the reader
+
+
+def _symlink(path: Path) -> None:
+    path.with_name("elsewhere").write_bytes(wire_bytes(observedAtMs=NOW))
+    path.symlink_to("elsewhere")  # a record is never read through a symlink
+
+
+@pytest.mark.parametrize("make", [_directory, _fifo, _symlink], ids=["directory", "fifo", "symlink"])
+def test_unreadable_record_reads_null_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, make: Callable[[Path], None]
+) -> None:
+    path = tmp_path / "record-dir" / "harness-context"
+    path.parent.mkdir()
+    make(path)
+    assert read_context(str(path), NOW) is None
+    assert any(str(path) in message for message in _warnings(caplog))
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads a mode-000 file anyway")
@@ -67,7 +86,7 @@ def test_permission_denied_reads_null_with_a_warning(tmp_path: Path, caplog: pyt
     path = _place(tmp_path, wire_bytes(observedAtMs=NOW))
     os.chmod(path, 0)
     assert read_context(path, NOW) is None
-    assert any("unreadable" in message for message in _warnings(caplog))
+    assert any(path in message for message in _warnings(caplog))
 
 
 @pytest.mark.parametrize(

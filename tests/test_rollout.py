@@ -23,7 +23,7 @@ from sidecar.pipeline import Pipeline
 from sidecar.producers.base import Frame
 from sidecar.producers.codex import CodexProducer, decode_recording
 from sidecar.rollout import RolloutConfig, RolloutFollower, find_rollout, follow_rollout
-from sidecar.transcripts import MAX_LINE_BYTES, instant_ms
+from sidecar.transcripts import HEAD_BYTES, MAX_LINE_BYTES, instant_ms
 
 ROOT = Path(__file__).resolve().parent.parent
 CODEX_VERSIONS = ("0.151.0", "0.171.0")
@@ -148,7 +148,7 @@ def test_a_partial_line_waits_for_its_newline_and_a_huge_line_is_skipped() -> No
     assert follower.feed(line[50:]) == []  # complete, but no newline yet: a writer may be mid-line
     assert len(follower.feed(b"\n")) == 2
     huge = b'{"type":"response_item","payload":{"text":"' + b"x" * (MAX_LINE_BYTES + 1)
-    assert follower.feed(huge) == [] and follower.skipping and not follower.pending
+    assert follower.feed(huge) == [] and follower.skipping and len(follower.pending) == HEAD_BYTES
     assert follower.feed(b'"}}\n' + line + b"\n") != []
     assert follower.feed(b"\x00garbage\n{not json}\n" + b"[" * 50_000 + b"\n") == []
 
@@ -323,3 +323,23 @@ async def test_a_session_too_short_to_be_found_is_found_at_the_end(
         write_rollout(tmp_path, "ours", LAUNCH_MS + 1_000, "/work/repo", rollout_bytes("0.151.0", "stdio-main"))
         nursery.cancel_scope.cancel()
     assert sum(f["payload"]["method"] == "item/started" for f in frames) == 2
+
+
+def test_a_compaction_line_too_long_to_parse_still_counts() -> None:
+    compacted = (
+        b'{"timestamp":"2026-11-29T22:31:12.640Z","type":"compacted","payload":{"message":"s","replacement_history":"'
+        + b"h" * (MAX_LINE_BYTES + 5)
+        + b'"}}\n'
+    )
+    follower = RolloutFollower("t")
+    frames = [
+        frame for piece in range(0, len(compacted), 65536) for frame in follower.feed(compacted[piece : piece + 65536])
+    ]
+    assert [f["payload"]["method"] for f in frames] == ["item/started"]
+    assert frames[0]["payload"]["params"]["item"]["id"] == "rollout-compacted:t:0"
+    assert (
+        follower.feed(
+            b'{"timestamp":"x","type":"response_item","payload":{"t":"' + b"y" * (MAX_LINE_BYTES + 1) + b'"}}\n'
+        )
+        == []
+    )

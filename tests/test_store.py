@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -189,15 +190,19 @@ def test_writers_serialize_on_the_lock_file(catalog: Path) -> None:
         from pathlib import Path
         from guard.store import AgentDir, write_context
         from guard_factory import record
+        print("writing", flush=True)
         write_context(AgentDir(Path({str(catalog)!r}), "h1", "alice"), record(used_tokens=2, written_at_ms=2))
         """
     )
     lock = os.open(agent.path / ".harness-context.lock", os.O_RDWR)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        writer = subprocess.Popen([sys.executable, "-c", child])
+        writer = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, text=True)
         try:
-            time.sleep(1.0)
+            assert writer.stdout is not None
+            assert select.select([writer.stdout], [], [], 30)[0], "the writer never started"
+            assert writer.stdout.readline() == "writing\n"
+            time.sleep(0.5)
             assert writer.poll() is None, "the writer did not wait for the lock"
             assert parse_record(agent.context_path.read_bytes()).used_tokens == 1
         finally:

@@ -350,3 +350,69 @@ def test_a_broken_rate_limit_block_does_not_cost_the_usage() -> None:
     event = rollout_event(line, 0, "t")
     assert event is not None
     assert [message["method"] for message in event.messages] == ["thread/tokenUsage/updated"]
+
+
+def test_compactions_too_long_to_parse_are_still_counted() -> None:
+    filler = b"z" * (MAX_LINE_BYTES + 3)
+    compact = json.dumps(json.loads(_boundary()), separators=(",", ":")).encode()  # as Claude Code writes JSON
+    claude = compact[:-1] + b',"pad":"' + filler + b'"}\n' + (_assistant(5) + "\n").encode()
+    tail = read_claude_tail(lines_of(claude))
+    assert tail.compactions == 1 and tail.usage is not None and tail.usage.used_tokens == 5
+    codex = (
+        b'{"timestamp":"2026-11-29T22:31:12.640Z","type":"compacted","payload":{"h":"'
+        + filler
+        + b'"}}\n'
+        + rollout_lines("0.151.0")[0]
+        + b"\n"
+    )
+    codex_tail = read_codex_tail(lines_of(codex), "t")
+    assert codex_tail.compactions == 1 and codex_tail.latest_compaction_ms == 1795991472640
+    # A message body that merely quotes the words is not a compaction: its quotes are escaped.
+    quoted = json.dumps(
+        {"type": "user", "text": '"subtype":"compact_boundary" "type":"compacted"' + "q" * MAX_LINE_BYTES}
+    )
+    assert read_claude_tail(lines_of(quoted.encode() + b"\n")).compactions == 0
+    assert read_codex_tail(lines_of(quoted.encode() + b"\n"), "t").compactions == 0
+
+
+@given(
+    st.lists(st.integers(0, 90).map(lambda n: b"k" * n), max_size=30),
+    st.integers(1, 64),
+)
+@settings(max_examples=200, deadline=None)
+def test_skipped_heads_start_where_the_long_lines_start(lengths: list[bytes], block: int) -> None:
+    data = b"\n".join(lengths) + b"\n"
+    lines = lines_of(data, block=block, max_line=40)
+    kept = list(lines)
+    expected_skipped = [(o, line[:1024]) for o, line in forward_lines(data, max_line=10**9) if len(line) > 40]
+    assert sorted(lines.skipped_heads) == expected_skipped
+    assert sorted(kept) == [(o, line) for o, line in forward_lines(data, max_line=40)]
+
+
+@given(
+    st.lists(st.text(alphabet="aM", max_size=30).map(str.encode), max_size=60),
+    st.integers(1, 40),
+)
+@settings(max_examples=300, deadline=None)
+def test_passing_over_blocks_without_a_marker_loses_no_line_that_has_one(pieces: list[bytes], block: int) -> None:
+    data = b"\n".join(pieces) + b"\n"
+    lines = lines_of(data, block=block, max_line=1000)
+    lines.only_containing = (b"MM",)
+    found = [(offset, line) for offset, line in lines if b"MM" in line]
+    expected = [(offset, line) for offset, line in forward_lines(data) if b"MM" in line]
+    assert found == list(reversed(expected))
+
+
+@given(
+    st.lists(st.text(alphabet="aMk", max_size=50).map(str.encode), max_size=60),
+    st.integers(1, 70),
+)
+@settings(max_examples=300, deadline=None)
+def test_marker_mode_keeps_the_long_line_rule(pieces: list[bytes], block: int) -> None:
+    data = b"\n".join(pieces) + b"\n"
+    lines = lines_of(data, block=block, max_line=20)
+    lines.only_containing = (b"MM",)
+    found = [(offset, line) for offset, line in lines if b"MM" in line]
+    assert found == list(reversed([(o, line) for o, line in forward_lines(data, max_line=20) if b"MM" in line]))
+    long_with_marker = {o for o, line in forward_lines(data, max_line=10**9) if len(line) > 20 and b"MM" in line}
+    assert long_with_marker <= {offset for offset, _ in lines.skipped_heads}

@@ -64,6 +64,13 @@ def _wrap(args: argparse.Namespace) -> int:
     return 2
 
 
+def _demo(args: argparse.Namespace) -> int:
+    from wrapper.demo import run_demo
+
+    duration: float = args.duration if args.duration is not None else (15.0 if args.no_top else 60.0)
+    return run_demo(args.catalog, show_top=not args.no_top, duration_s=duration)
+
+
 def _non_negative(text: str) -> float:
     value = float(text)
     if not value >= 0:
@@ -133,6 +140,18 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     wrap.add_argument("command_line", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]")
     wrap.set_defaults(run=_wrap)
+
+    demo = commands.add_parser(
+        "demo",
+        help="a small fleet of recorded real sessions through the real wrapper, sidecar and top view",
+        description="Starts four agents (Claude Code, pi, omp) through `hctx wrap`, each a stand-in "
+        "that plays back a capture of a real session (turns, a compaction, one agent past 80%%), and "
+        "opens `hctx top` on them. q or Ctrl-C stops everything.",
+    )
+    demo.add_argument("--catalog", type=Path, help="where the records go (default: a new temporary directory)")
+    demo.add_argument("--no-top", action="store_true", help="play every session to its end (~15 s) and exit")
+    demo.add_argument("--duration", type=_non_negative, metavar="S", help="seconds each session takes")
+    demo.set_defaults(run=_demo)
     __import__("wrapper.readers").readers.add_reader_commands(commands)
     __import__("wrapper.scan").scan.add_scan_command(commands)
     return parser

@@ -57,14 +57,14 @@ class Session:
 
     def __init__(self) -> None:
         self.stop_requested = False
-        self.process: trio.Process | None = None
+        self.process: subprocess.Popen[bytes] | None = None
 
     async def forward_signals(self) -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
             async for signum in signals:
                 self.stop_requested = True
                 process = self.process
-                if process is None or process.returncode is not None:
+                if process is None or process.poll() is not None:
                     continue
                 if signum == signal.SIGINT and _terminal_delivers_sigint():
                     continue  # the terminal already sent it to the harness: a second would double it
@@ -136,7 +136,11 @@ def _channel_path() -> tuple[Path, Path]:
 async def run_incarnation(options: WrapOptions, session: Session) -> int:
     incarnation = claim(options)
     agent = options.agent
-    plan = prepare(LaunchPlan(harness=options.harness, argv=options.argv, cwd=Path.cwd()))
+    try:
+        plan = prepare(LaunchPlan(harness=options.harness, argv=options.argv, cwd=Path.cwd()))
+    except (OSError, ValueError) as exc:
+        say(f"cannot prepare the {options.harness} launch: {exc}")
+        return 2
     directory, channel = _channel_path()
     lifeline_read, lifeline_write = os.pipe()
     ready_read, ready_write = os.pipe()
@@ -205,13 +209,18 @@ _PR_SET_PDEATHSIG = 1
 
 
 def _die_with_wrapper() -> None:
-    """Runs in the forked harness: a SIGKILLed wrapper takes its harness along, leaving no orphan."""
+    """Runs in the forked harness: a SIGKILLed wrapper takes its harness along, leaving no orphan.
+
+    The death signal follows the forking *thread*, so the harness must be forked from the main
+    thread (not from a trio worker thread, which retires when idle and would take the harness).
+    """
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 async def _run_harness(plan: LaunchPlan, env: dict[str, str], channel: Path, session: Session) -> int:
     try:
-        process = await trio.lowlevel.open_process(
+        # Forked here, on the main thread, on purpose: see _die_with_wrapper.
+        process = subprocess.Popen(  # noqa: ASYNC220
             list(plan.argv),
             env=env,
             cwd=plan.cwd,
@@ -225,11 +234,23 @@ async def _run_harness(plan: LaunchPlan, env: dict[str, str], channel: Path, ses
     try:
         async with trio.open_nursery() as nursery:
             if plan.tap_stdout and process.stdout is not None:
-                nursery.start_soon(_tap_stdout, process.stdout, plan.tap_stdout, channel)
-            returncode = await process.wait()
+                stdout = trio.lowlevel.FdStream(os.dup(process.stdout.fileno()))
+                process.stdout.close()
+                nursery.start_soon(_tap_stdout, stdout, plan.tap_stdout, channel)
+            returncode = await _wait_exit(process)
     finally:
         session.process = None
     return exit_status(returncode)
+
+
+async def _wait_exit(process: subprocess.Popen[bytes]) -> int:
+    """Sleep until the process exits (a pidfd becomes readable), then reap it."""
+    pidfd = os.pidfd_open(process.pid)
+    try:
+        await trio.lowlevel.wait_readable(pidfd)
+    finally:
+        os.close(pidfd)
+    return process.wait()
 
 
 async def _tap_stdout(stdout: trio.abc.ReceiveStream, frame_type: str, channel: Path) -> None:

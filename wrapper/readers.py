@@ -34,6 +34,7 @@ from guard.constants import (
     HARNESS_CONTEXT_WARN_PERCENT,
     STATE_RECORD_NAME,
 )
+from guard.files import RawFile, open_regular, read_bounded
 from guard.projection import MAX_RECORD_BYTES, project
 from guard.record import HarnessContext, RecordRefused, parse_record
 from guard.state import MAX_STATE_BYTES, HarnessState, parse_state
@@ -50,7 +51,6 @@ RAW_SHOWN_BYTES = 4096
 LAUNCH_WINDOW_MS = 60 * 60 * 1000
 PROBLEM_CHARS = 200
 
-_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -83,67 +83,9 @@ class CatalogUnreadable(Exception):
     """The catalog cannot be read at all; the message says where and why."""
 
 
-@dataclass(frozen=True, slots=True)
-class RawFile:
-    """A file as found: absent (`data` and `problem` None), read (`data`), or refused (`problem`)."""
-
-    data: bytes | None = None
-    problem: str | None = None
-
-    @property
-    def absent(self) -> bool:
-        return self.data is None and self.problem is None
-
-
 def _short(text: str) -> str:
     text = printable(text)
     return text if len(text) <= PROBLEM_CHARS else text[: PROBLEM_CHARS - 1] + "…"
-
-
-def _open_regular(name: str | Path, dir_fd: int | None = None) -> tuple[int, int] | str | None:
-    """`(fd, size)` of a regular file, which the caller closes; None when absent; else why not."""
-    try:
-        fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        return "is a symlink; not followed" if exc.errno == errno.ELOOP else f"unreadable: {exc.strerror or exc}"
-    try:
-        info = os.fstat(fd)
-    except OSError as exc:
-        os.close(fd)
-        return f"unreadable: {exc.strerror or exc}"
-    if not stat.S_ISREG(info.st_mode):
-        os.close(fd)
-        return "is not a regular file"
-    return fd, info.st_size
-
-
-def read_bounded(dir_fd: int, name: str, limit: int) -> RawFile:
-    """A regular file named `name` in `dir_fd`, whole if it is at most `limit` bytes."""
-    opened = _open_regular(name, dir_fd)
-    if not isinstance(opened, tuple):
-        return RawFile(problem=opened)
-    fd, size = opened
-    try:
-        if size > limit:
-            return RawFile(problem=f"is {size} bytes, over the {limit}-byte bound; not read")
-        chunks: list[bytes] = []
-        remaining = limit + 1
-        while remaining > 0:
-            chunk = os.read(fd, remaining)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            remaining -= len(chunk)
-    except OSError as exc:
-        return RawFile(problem=f"unreadable: {exc.strerror or exc}")
-    finally:
-        os.close(fd)
-    data = b"".join(chunks)
-    if len(data) > limit:  # grew between fstat and read
-        return RawFile(problem=f"is over the {limit}-byte bound; not read")
-    return RawFile(data=data)
 
 
 def _open_below(catalog: Path, names: tuple[str, ...], parent_fd: int | None = None) -> int:
@@ -486,7 +428,7 @@ def log_path(catalog: Path, host: str, identity: str) -> Path:
 
 def read_log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> tuple[list[str] | None, str | None]:
     """The last `lines` lines of a regular file, read from its end only (None, None when absent)."""
-    opened = _open_regular(path)
+    opened = open_regular(path)
     if not isinstance(opened, tuple):
         return None, opened
     fd, size = opened

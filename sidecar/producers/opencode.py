@@ -89,7 +89,8 @@ class _MessageInfo(_Wire):
     # An object (per-turn diffs) on user messages, `true` on a compaction summary: read, never typed.
     summary: Any = None
     tokens: _MessageTokens | None = None
-    model: _UserModel | None = None
+    # `{providerID, modelID}` on user messages; read only where the message names no model itself.
+    model: Any = None
 
 
 class _MessageProperties(_Wire):
@@ -190,9 +191,11 @@ def model_named_by(frame: Frame) -> ModelKey | None:
 def _model_key(info: _MessageInfo) -> ModelKey | None:
     if info.provider_id is not None and info.model_id is not None:
         return (info.provider_id, info.model_id)
-    if info.model is not None:
-        return (info.model.provider_id, info.model.model_id)
-    return None
+    try:
+        model = _UserModel.model_validate(info.model)
+    except ValidationError:
+        return None
+    return (model.provider_id, model.model_id)
 
 
 class WindowCatalog:

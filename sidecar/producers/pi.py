@@ -93,6 +93,8 @@ class PiProducer:
 
     def feed(self, frame: Frame, now_ms: int) -> list[Reading]:
         decoded = _decode(frame)
+        if type(now_ms) is not int or now_ms < 0:
+            raise FrameRejected(f"arrival time {now_ms!r} is not a time")
         edge = decoded.compaction
         if edge is not None:
             # The store's count already includes this compaction (it is read inside session_compact);
@@ -135,7 +137,7 @@ class PiProducer:
                 observed_at_ms=now_ms,
                 **self._compaction_fields(),
             )
-        except ValidationError as exc:  # e.g. a negative clock: the frame, not the producer, is wrong
+        except ValidationError as exc:  # the frame was validated to the record's own types; defensive
             raise FrameRejected(f"reading does not make a record: {_first_error(exc)}") from None
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import uuid
@@ -26,7 +27,7 @@ import trio
 
 from tests.fakes.claude_model import FakeMessages, claude_env, claude_home, fake_messages
 from tests.harnesses import HARNESS_VERSIONS, harness_env, require_harness
-from tests.wrapping import REPO, agent_dir, wrap_argv
+from tests.wrapping import REPO, agent_dir, log_events, wrap_argv
 
 pytestmark = pytest.mark.live
 
@@ -105,6 +106,11 @@ async def wait_pane(pane: Pane, text: str) -> str:
 @pytest.mark.parametrize("version", HARNESS_VERSIONS["claude"])
 async def test_claude_session_publishes_its_own_numbers_and_counts_the_compaction(version: str, tmp_path: Path) -> None:
     claude = require_harness("claude", version)
+    if shutil.which("tmux") is None:  # the status line renders only in the TUI, so a terminal is needed
+        message = "tmux is not installed (apt-get install -y tmux)"
+        if os.environ.get("CI"):
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
     home, work, catalog = tmp_path / "home", tmp_path / "work", tmp_path / "catalog"
     work.mkdir()
     claude_home(home, work)
@@ -147,6 +153,8 @@ async def test_claude_session_publishes_its_own_numbers_and_counts_the_compactio
             screen = await wait_pane(pane, "OPERATOR-LINE used=3")
             assert '"session_id"' not in screen  # the slot draws the renderer, never the raw payload
 
+    reasons = [event.get("reason") for event in log_events(catalog, "claude-live") if event.get("event") == "write"]
+    assert reasons.count("compaction") == 1  # PreCompact, SessionStart(compact), PostCompact: one write
     kinds = [served.kind for served in server.requests]
     assert kinds.count("compaction") == 1
     assert [served.usage for served in server.turns()][-1] == (1500, 2000, 1500, 99)

@@ -360,9 +360,12 @@ async def _pi_scenario(run: Run, model: FakeModel) -> None:
         # compaction, and the count is the session store's, durable across the restart.
         record = await catalog.settles(lambda r: r.compactions == 3, "the durable count after restart")
         assert (record.used_tokens, record.used_percent, record.window_tokens) == (None, None, WINDOW)
+        # the resumed session restates its own last assistant cost from the store (turn4's 36 + 0.8)
+        assert record.cost_usd == pytest.approx(36.8)
         await rpc.turn(prompt("turn5 after restart [[u:12000:240]]"))
         record = await catalog.settles(lambda r: r.used_tokens is not None, "the first reading after restart")
         assert (record.used_tokens, record.used_percent, record.compactions) == (12240, 38.25, 3)
+        assert record.cost_usd == pytest.approx(12.48)
     assert sum(1 for served in model.requests if served.kind == "summary") >= 3
 
 
