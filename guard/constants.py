@@ -22,3 +22,9 @@ CONTEXT_LOCK_NAME: Final = ".harness-context.lock"
 CONTROL_DIR_NAME: Final = ".st2"
 STAGING_DIR_NAME: Final = "harness-context-staging"
 AGENTS_DIR_NAME: Final = "agents"
+LOGS_DIR_NAME: Final = "logs"
+
+# The channel's wire limits, shared by the sidecar that listens and the wrapper that taps into it.
+CHANNEL_MAX_FRAME_BYTES: Final = 1024 * 1024
+# AF_UNIX sun_path is 108 bytes including the terminating NUL.
+CHANNEL_MAX_SOCKET_PATH: Final = 107

@@ -24,6 +24,7 @@ from guard.constants import (
     CONTEXT_LOCK_NAME,
     CONTEXT_RECORD_NAME,
     CONTROL_DIR_NAME,
+    LOGS_DIR_NAME,
     STAGING_DIR_NAME,
 )
 from guard.files import read_bounded
@@ -83,6 +84,11 @@ class AgentDir:
 def control_dir(catalog: Path) -> Path:
     """`<catalog>/.st2`: host-local, outside the replicated `agents/` subtree."""
     return catalog / CONTROL_DIR_NAME
+
+
+def log_path(catalog: Path, host: str, identity: str) -> Path:
+    """The agent's JSON-lines log: host-local, outside the replicated subtree."""
+    return control_dir(catalog) / LOGS_DIR_NAME / f"{host}.{identity}.jsonl"
 
 
 def staging_dir(catalog: Path) -> Path:
@@ -145,9 +151,7 @@ def _device(fd: int) -> int:
 
 @contextlib.contextmanager
 def _locked(agent_fd: int) -> Iterator[None]:
-    fd = os.open(
-        CONTEXT_LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=agent_fd
-    )
+    fd = os.open(CONTEXT_LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=agent_fd)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -158,9 +162,7 @@ def _locked(agent_fd: int) -> Iterator[None]:
 def write_json_atomic(dir_fd: int, name: str, data: bytes, staging_fd: int) -> None:
     """Stage in `staging_fd`, fsync, rename over `name` in `dir_fd`, fsync the directory."""
     temp = f"{name}.{os.getpid()}.{secrets.token_hex(6)}"
-    fd = os.open(
-        temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=staging_fd
-    )
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=staging_fd)
     try:
         try:
             view = memoryview(data)
@@ -246,11 +248,7 @@ def _strict_children(directory: Path, *, legacy_ok: bool) -> Iterator[str]:
         return
     with os.scandir(directory) as entries:
         for entry in entries:
-            if (
-                legacy_ok
-                and LEGACY_STAGING_NAME.fullmatch(entry.name)
-                and entry.is_file(follow_symlinks=False)
-            ):
+            if legacy_ok and LEGACY_STAGING_NAME.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
                 continue  # possibly a live old writer's: left untouched
             if not entry.is_dir(follow_symlinks=False) or not _NAME.fullmatch(entry.name):
                 raise CatalogError(f"unexpected entry {Path(directory, entry.name)} in the catalog")

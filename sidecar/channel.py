@@ -18,14 +18,14 @@ from typing import Any
 
 import trio
 
+from guard.constants import CHANNEL_MAX_FRAME_BYTES, CHANNEL_MAX_SOCKET_PATH
 from sidecar.producers.base import Frame
 
 log = logging.getLogger(__name__)
 
-MAX_FRAME_BYTES = 1024 * 1024
+MAX_FRAME_BYTES = CHANNEL_MAX_FRAME_BYTES
+MAX_SOCKET_PATH = CHANNEL_MAX_SOCKET_PATH
 MAX_CONNECTIONS = 128
-# AF_UNIX sun_path is 108 bytes including the terminating NUL.
-MAX_SOCKET_PATH = 107
 _READ_SIZE = 64 * 1024
 _UCRED = struct.Struct("3i")
 

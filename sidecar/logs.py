@@ -8,14 +8,10 @@ from pathlib import Path
 
 from pythonjsonlogger.json import JsonFormatter
 
-from guard.store import control_dir
+from guard.store import log_path
 
 LOG_BYTES = 1024 * 1024
 LOG_BACKUPS = 3
-
-
-def log_path(catalog: Path, host: str, agent: str) -> Path:
-    return control_dir(catalog) / "logs" / f"{host}.{agent}.jsonl"
 
 
 def configure(catalog: Path, host: str, agent: str) -> Path:

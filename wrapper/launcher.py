@@ -20,10 +20,11 @@ from typing import Literal
 
 import trio
 
+from guard.constants import CHANNEL_MAX_FRAME_BYTES as MAX_FRAME_BYTES
+from guard.constants import CHANNEL_MAX_SOCKET_PATH as MAX_SOCKET_PATH
 from guard.record import Harness
 from guard.state import new_claim, read_state, write_state
 from guard.store import AgentDir, remove_context
-from sidecar.channel import MAX_FRAME_BYTES, MAX_SOCKET_PATH
 from wrapper.harnesses import LaunchPlan, prepare
 
 RestartPolicy = Literal["no", "on-failure", "always"]

@@ -29,7 +29,6 @@ from typing import IO, Any, Literal
 from guard.constants import (
     AGENTS_DIR_NAME,
     CONTEXT_RECORD_NAME,
-    CONTROL_DIR_NAME,
     HARNESS_CONTEXT_STALE_MS,
     HARNESS_CONTEXT_WARN_PERCENT,
     STATE_RECORD_NAME,
@@ -38,12 +37,11 @@ from guard.files import RawFile, open_regular, read_bounded
 from guard.projection import MAX_RECORD_BYTES, project
 from guard.record import HarnessContext, RecordRefused, parse_record
 from guard.state import MAX_STATE_BYTES, HarnessState, parse_state
-from guard.store import LEGACY_STAGING_NAME, CatalogError, check_name, default_catalog, default_host
+from guard.store import LEGACY_STAGING_NAME, CatalogError, check_name, default_catalog, default_host, log_path
 
 Command = Callable[[argparse.Namespace], int]
 PidProbe = Callable[[int], bool]
 
-LOGS_DIR_NAME = "logs"
 LOG_TAIL_LINES = 20
 LOG_TAIL_BYTES = 64 * 1024
 # A refused record is shown in `inspect` so its damage can be seen, but not megabytes of it.
@@ -418,12 +416,6 @@ class Inspection:
     log_path: Path
     log_tail: list[str] | None  # None: no log file
     log_problem: str | None
-
-
-def log_path(catalog: Path, host: str, identity: str) -> Path:
-    """The agent's JSON-lines log, where the sidecar writes it (sidecar/logs.py; not imported: a
-    reader must not load the sidecar's logging stack for one path)."""
-    return catalog / CONTROL_DIR_NAME / LOGS_DIR_NAME / f"{host}.{identity}.jsonl"
 
 
 def read_log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> tuple[list[str] | None, str | None]:

@@ -239,7 +239,7 @@ async def opencode_under_wrap(
                 try:
                     yield client
                 except (httpx.HTTPError, trio.TooSlowError):
-                    with trio.move_on_after(2):
+                    with trio.move_on_after(10):  # the wrapper first waits for its sidecar to drain
                         await process.wait()
                     if process.returncode == WRAPPER_TERMED:
                         # wrapper/launcher.py sets PR_SET_PDEATHSIG in the harness, and trio forks it
