@@ -179,6 +179,42 @@ def write_json_atomic(dir_fd: int, name: str, data: bytes, staging_fd: int) -> N
     os.fsync(dir_fd)
 
 
+_STAGED_NAME = re.compile(r"[a-z-]+\.([0-9]+)\.[0-9a-f]+")
+
+
+def sweep_staging(catalog: Path) -> int:
+    """Remove staging files whose writer is gone (SIGKILLed mid-write); returns how many.
+
+    A staging file names its writer's pid; a live writer's file is never touched.
+    """
+    removed = 0
+    try:
+        staging_fd = _open_chain(catalog, (CONTROL_DIR_NAME, STAGING_DIR_NAME), create=False)
+    except (FileNotFoundError, CatalogError):
+        return 0
+    try:
+        for name in os.listdir(staging_fd):
+            match = _STAGED_NAME.fullmatch(name)
+            if match is None or _pid_alive(int(match.group(1))):
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name, dir_fd=staging_fd)
+                removed += 1
+    finally:
+        os.close(staging_fd)
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
 def _read_existing(agent_fd: int) -> HarnessContext | None:
     data = read_bounded(agent_fd, CONTEXT_RECORD_NAME, MAX_RECORD_BYTES).data
     if data is None:

@@ -15,7 +15,7 @@ import trio
 
 from guard.policy import Write, WriteGuard
 from guard.record import Harness
-from guard.store import AgentDir, write_context
+from guard.store import AgentDir, sweep_staging, write_context
 from sidecar import channel
 from sidecar.pipeline import Pipeline
 from sidecar.producers import producer_for
@@ -52,6 +52,8 @@ class Writer:
 
     def __init__(self, config: SidecarConfig) -> None:
         self.agent_dir = AgentDir(config.catalog, config.host, config.agent)
+        if swept := sweep_staging(config.catalog):
+            log.info("removed %d staging files of dead writers", swept, extra={"event": "staging-swept"})
         guard = WriteGuard(config.agent, config.incarnation)
         self.pipeline = Pipeline(producer_for(config.harness), guard)
 

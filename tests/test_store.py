@@ -458,3 +458,16 @@ def test_identity_walker_refuses_a_symlinked_host(catalog: Path) -> None:
     (host_dir.parent / "h9").symlink_to("h1")
     with pytest.raises(CatalogError):
         iter_identities(catalog, "h9")
+
+
+def test_staging_files_of_dead_writers_are_swept_and_a_live_writers_are_kept(tmp_path: Path) -> None:
+    store.write_context(store.AgentDir(tmp_path, "h", "a"), record())
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    staging = store.staging_dir(tmp_path)
+    (staging / f"harness-context.{int(dead.stdout)}.0a1b2c").write_text("torn")
+    (staging / f"harness-context.{os.getpid()}.0a1b2c").write_text("in flight")
+    (staging / "unrelated-name").write_text("not ours to judge")
+    assert store.sweep_staging(tmp_path) == 1
+    assert sorted(p.name for p in staging.iterdir()) == sorted(
+        [f"harness-context.{os.getpid()}.0a1b2c", "unrelated-name"]
+    )

@@ -34,12 +34,13 @@ from typing import Any, Literal
 import h11
 import trio
 
+from tests.fakes.http11 import reply_json, send, serve_connection
+
 HOST = "127.0.0.1"
 USAGE_MARKER = re.compile(r"usage=(\d+),(\d+),(\d+),(\d+)")
 COMPACTION_PROMPT = "create a detailed summary of the conversation"
 SIDE_CALL_USAGE = (120, 0, 0, 7)
 COMPACTION_USAGE = (30000, 0, 0, 1500)
-MAX_BODY_BYTES = 64 * 1024 * 1024
 # Claude approves a custom API key by its last 20 characters (the lab's `customApiKeyResponses`).
 API_KEY = "sk-ant-api03-hctx-fake-live-test-key-0000000000AA"
 
@@ -150,62 +151,17 @@ def sse_events(served: Served, text: str) -> list[bytes]:
     return [_sse(event) for event in events]
 
 
-async def _send(conn: h11.Connection, stream: trio.SocketStream, event: Any) -> None:
-    data = conn.send(event)
-    if data:
-        await stream.send_all(data)
-
-
-async def _handle(server: FakeMessages, stream: trio.SocketStream) -> None:
-    conn = h11.Connection(h11.SERVER)
-    async with stream:
-        try:
-            while await _one_exchange(server, conn, stream):
-                conn.start_next_cycle()
-        except (h11.ProtocolError, trio.BrokenResourceError, trio.ClosedResourceError):
-            return
-
-
-async def _one_exchange(server: FakeMessages, conn: h11.Connection, stream: trio.SocketStream) -> bool:
-    """Read one request and answer it; False once the connection is done."""
-    request: h11.Request | None = None
-    body = bytearray()
-    while True:
-        event = conn.next_event()
-        if event is h11.NEED_DATA:
-            conn.receive_data(await stream.receive_some(65536))
-        elif isinstance(event, h11.Request):
-            request = event
-        elif isinstance(event, h11.Data):
-            body += event.data
-            if len(body) > MAX_BODY_BYTES:
-                return False
-        elif isinstance(event, h11.EndOfMessage) and request is not None:
-            break
-        elif isinstance(event, h11.ConnectionClosed):
-            return False
-    await _serve_one(server, conn, stream, request, bytes(body))
-    return conn.our_state is h11.DONE and conn.their_state is h11.DONE
-
-
-async def _reply_json(conn: h11.Connection, stream: trio.SocketStream, status: int, value: object) -> None:
-    payload = json.dumps(value).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
-    for event in (h11.Response(status_code=status, headers=headers), h11.Data(data=payload), h11.EndOfMessage()):
-        await _send(conn, stream, event)
-
-
 async def _serve_one(
     server: FakeMessages, conn: h11.Connection, stream: trio.SocketStream, request: h11.Request, body: bytes
 ) -> None:
     path = request.target.decode("latin-1").split("?")[0]
     if path == "/api/hello":
         server.other_paths.append(path)
-        await _reply_json(conn, stream, 200, {"message": "hello"})
+        await reply_json(conn, stream, 200, {"message": "hello"})
         return
     if request.method != b"POST" or path not in ("/v1/messages", "/v1/messages/count_tokens"):
         server.other_paths.append(path)
-        await _reply_json(conn, stream, 404, {"type": "error", "error": {"type": "not_found_error", "message": path}})
+        await reply_json(conn, stream, 404, {"type": "error", "error": {"type": "not_found_error", "message": path}})
         return
     try:
         parsed = json.loads(body)
@@ -213,20 +169,20 @@ async def _serve_one(
         parsed = None
     if not isinstance(parsed, dict):
         error = {"type": "invalid_request_error", "message": "body is not a JSON object"}
-        await _reply_json(conn, stream, 400, {"type": "error", "error": error})
+        await reply_json(conn, stream, 400, {"type": "error", "error": error})
         return
     if path.endswith("/count_tokens"):
-        await _reply_json(conn, stream, 200, {"input_tokens": 1000})
+        await reply_json(conn, stream, 200, {"input_tokens": 1000})
         return
     served, text = server.answer(parsed)
     if not served.stream:
-        await _reply_json(conn, stream, 200, _message(served, text))
+        await reply_json(conn, stream, 200, _message(served, text))
         return
     headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
-    await _send(conn, stream, h11.Response(status_code=200, headers=headers))
+    await send(conn, stream, h11.Response(status_code=200, headers=headers))
     for chunk in sse_events(served, text):
-        await _send(conn, stream, h11.Data(data=chunk))
-    await _send(conn, stream, h11.EndOfMessage())
+        await send(conn, stream, h11.Data(data=chunk))
+    await send(conn, stream, h11.EndOfMessage())
 
 
 @asynccontextmanager
@@ -234,7 +190,9 @@ async def fake_messages() -> AsyncIterator[FakeMessages]:
     """Serve on 127.0.0.1:<ephemeral> for the duration of the block."""
     server = FakeMessages()
     async with trio.open_nursery() as nursery:
-        listeners = await nursery.start(partial(trio.serve_tcp, host=HOST), partial(_handle, server), 0)
+        listeners = await nursery.start(
+            partial(trio.serve_tcp, host=HOST), partial(serve_connection, partial(_serve_one, server)), 0
+        )
         server.port = listeners[0].socket.getsockname()[1]
         try:
             yield server

@@ -37,13 +37,14 @@ from typing import Any, Literal
 import h11
 import trio
 
+from tests.fakes.http11 import send, serve_connection
+
 HOST = "127.0.0.1"
 TURN_MARKER = re.compile(r"\[\[u:(\d+):(\d+)(?::(\d+))?\]\]")
 COMPACTION_MARKER = re.compile(r"\[\[c:(\d+):(\d+)(?::(\d+))?\]\]")
 COMPACTION_PROMPT = "CONTEXT CHECKPOINT COMPACTION"
 DEFAULT_TURN_USAGE = (1300, 20, 0)
 DEFAULT_COMPACTION_USAGE = (1000, 100, 0)
-MAX_BODY_BYTES = 64 * 1024 * 1024
 FIVE_HOUR_MINUTES = 300
 SEVEN_DAY_MINUTES = 10_080
 
@@ -179,44 +180,6 @@ def _sse_events(served: Served, user_text: str) -> list[bytes]:
     return [_sse(event) for event in events]
 
 
-async def _send(conn: h11.Connection, stream: trio.SocketStream, event: Any) -> None:
-    data = conn.send(event)
-    if data:
-        await stream.send_all(data)
-
-
-async def _handle(server: FakeResponses, stream: trio.SocketStream) -> None:
-    conn = h11.Connection(h11.SERVER)
-    async with stream:
-        try:
-            while await _one_exchange(server, conn, stream):
-                conn.start_next_cycle()
-        except (h11.ProtocolError, trio.BrokenResourceError, trio.ClosedResourceError):
-            return
-
-
-async def _one_exchange(server: FakeResponses, conn: h11.Connection, stream: trio.SocketStream) -> bool:
-    """Read one request and answer it; False once the connection is done."""
-    request: h11.Request | None = None
-    body = bytearray()
-    while True:
-        event = conn.next_event()
-        if event is h11.NEED_DATA:
-            conn.receive_data(await stream.receive_some(65536))
-        elif isinstance(event, h11.Request):
-            request = event
-        elif isinstance(event, h11.Data):
-            body += event.data
-            if len(body) > MAX_BODY_BYTES:
-                return False
-        elif isinstance(event, h11.EndOfMessage) and request is not None:
-            break
-        elif isinstance(event, h11.ConnectionClosed):
-            return False
-    await _serve_one(server, conn, stream, request, bytes(body))
-    return conn.our_state is h11.DONE and conn.their_state is h11.DONE
-
-
 async def _serve_one(
     server: FakeResponses, conn: h11.Connection, stream: trio.SocketStream, request: h11.Request, body: bytes
 ) -> None:
@@ -225,7 +188,7 @@ async def _serve_one(
         payload = json.dumps({"error": {"message": f"no route {request.method.decode()} {path}"}}).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
         for event in (h11.Response(status_code=404, headers=headers), h11.Data(data=payload), h11.EndOfMessage()):
-            await _send(conn, stream, event)
+            await send(conn, stream, event)
         return
     try:
         parsed = json.loads(body)
@@ -234,11 +197,11 @@ async def _serve_one(
     request_headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in request.headers}
     _, chunks, extra = server.answer(request_headers, parsed if isinstance(parsed, dict) else {})
     headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"), *extra]
-    await _send(conn, stream, h11.Response(status_code=200, headers=headers))
+    await send(conn, stream, h11.Response(status_code=200, headers=headers))
     for chunk in chunks:
-        await _send(conn, stream, h11.Data(data=chunk))
+        await send(conn, stream, h11.Data(data=chunk))
         await trio.sleep(server.event_gap_s)
-    await _send(conn, stream, h11.EndOfMessage())
+    await send(conn, stream, h11.EndOfMessage())
 
 
 @asynccontextmanager
@@ -246,7 +209,9 @@ async def fake_responses(*, rate_limit_headers: bool = True) -> AsyncIterator[Fa
     """Serve on 127.0.0.1:<ephemeral> for the duration of the block."""
     server = FakeResponses(rate_limit_headers=rate_limit_headers)
     async with trio.open_nursery() as nursery:
-        listeners = await nursery.start(partial(trio.serve_tcp, host=HOST), partial(_handle, server), 0)
+        listeners = await nursery.start(
+            partial(trio.serve_tcp, host=HOST), partial(serve_connection, partial(_serve_one, server)), 0
+        )
         server.port = listeners[0].socket.getsockname()[1]
         try:
             yield server

@@ -29,6 +29,8 @@ from typing import Any
 import h11
 import trio
 
+from tests.fakes.http11 import json_response, send, serve_connection
+
 HOST = "127.0.0.1"
 MARKER = re.compile(r"\[\[u:(\d+):(\d+)(?::(\d+))?\]\]")
 OVERFLOW_MARKER = "[[overflow]]"
@@ -38,7 +40,6 @@ OVERFLOW_MESSAGE = (
 )
 SUMMARY_USAGE = (700, 120, 0)
 DEFAULT_USAGE = (1300, 20, 0)
-MAX_BODY_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -142,52 +143,13 @@ def _completion(model: str, text: str, usage: tuple[int, int, int]) -> dict[str,
     }
 
 
-async def _respond(conn: h11.Connection, stream: trio.SocketStream, events: list[Any]) -> None:
-    for event in events:
-        data = conn.send(event)
-        if data:
-            await stream.send_all(data)
-
-
-async def _handle(model: FakeModel, stream: trio.SocketStream) -> None:
-    conn = h11.Connection(h11.SERVER)
-    async with stream:
-        try:
-            while await _one_exchange(model, conn, stream):
-                conn.start_next_cycle()
-        except (h11.ProtocolError, trio.BrokenResourceError, trio.ClosedResourceError):
-            return
-
-
-async def _one_exchange(model: FakeModel, conn: h11.Connection, stream: trio.SocketStream) -> bool:
-    """Read one request and answer it; False once the connection is done."""
-    request: h11.Request | None = None
-    body = bytearray()
-    while True:
-        event = conn.next_event()
-        if event is h11.NEED_DATA:
-            conn.receive_data(await stream.receive_some(65536))
-        elif isinstance(event, h11.Request):
-            request = event
-        elif isinstance(event, h11.Data):
-            body += event.data
-            if len(body) > MAX_BODY_BYTES:
-                return False
-        elif isinstance(event, h11.EndOfMessage) and request is not None:
-            break
-        elif isinstance(event, h11.ConnectionClosed):
-            return False
-    await _serve_one(model, conn, stream, request, bytes(body))
-    return conn.our_state is h11.DONE and conn.their_state is h11.DONE
-
-
 async def _serve_one(
     model: FakeModel, conn: h11.Connection, stream: trio.SocketStream, request: h11.Request, body: bytes
 ) -> None:
     path = request.target.decode().split("?")[0]
     if request.method != b"POST" or not path.endswith("/chat/completions"):
         payload = json.dumps({"error": {"message": f"no route {path}"}}).encode()
-        await _respond(conn, stream, _json_response(404, payload))
+        await send(conn, stream, *json_response(404, payload))
         return
     try:
         parsed = json.loads(body)
@@ -196,22 +158,17 @@ async def _serve_one(
     status, answer, streaming = model.answer(parsed if isinstance(parsed, dict) else {})
     name = str(parsed.get("model", "fake")) if isinstance(parsed, dict) else "fake"
     if status != 200:
-        await _respond(conn, stream, _json_response(status, json.dumps(answer).encode()))
+        await send(conn, stream, *json_response(status, json.dumps(answer).encode()))
         return
     text, usage = answer
     if not streaming:
-        await _respond(conn, stream, _json_response(200, json.dumps(_completion(name, text, usage)).encode()))
+        await send(conn, stream, *json_response(200, json.dumps(_completion(name, text, usage)).encode()))
         return
     headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
     events: list[Any] = [h11.Response(status_code=200, headers=headers)]
     events += [h11.Data(data=chunk) for chunk in _sse_events(name, text, usage)]
     events.append(h11.EndOfMessage())
-    await _respond(conn, stream, events)
-
-
-def _json_response(status: int, payload: bytes) -> list[Any]:
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
-    return [h11.Response(status_code=status, headers=headers), h11.Data(data=payload), h11.EndOfMessage()]
+    await send(conn, stream, *events)
 
 
 @asynccontextmanager
@@ -225,3 +182,7 @@ async def fake_model() -> AsyncIterator[FakeModel]:
             yield model
         finally:
             nursery.cancel_scope.cancel()
+
+
+async def _handle(model: FakeModel, stream: trio.SocketStream) -> None:
+    await serve_connection(partial(_serve_one, model), stream)
