@@ -11,6 +11,8 @@ from pathlib import Path
 
 import guard
 from guard.record import HARNESSES, Harness
+from wrapper.readers import add_reader_commands
+from wrapper.scan import add_scan_command
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -152,8 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--no-top", action="store_true", help="play every session to its end (~15 s) and exit")
     demo.add_argument("--duration", type=_non_negative, metavar="S", help="seconds each session takes")
     demo.set_defaults(run=_demo)
-    __import__("wrapper.readers").readers.add_reader_commands(commands)
-    __import__("wrapper.scan").scan.add_scan_command(commands)
+    add_reader_commands(commands)
+    add_scan_command(commands)
     return parser
 
 

@@ -28,12 +28,12 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from guard.record import ContextFields
-from sidecar.producers.base import FrameRejected
-from sidecar.producers.codex import CodexProducer
-from sidecar.transcripts import BackwardLines, read_claude_tail, read_codex_tail, tail_frames
+
+if TYPE_CHECKING:  # the transcript readers load only when `hctx scan` runs, not for every command
+    from sidecar.transcripts import BackwardLines
 
 DEFAULT_SINCE: Final = "24h"
 MODEL_TABLE_SCHEMA: Final = "hctx.model-windows.v1"
@@ -241,6 +241,8 @@ def read_session(session: SessionFile, table: Mapping[str, int]) -> ScanRow:
         problem = exc.strerror or str(exc)
         return ScanRow(None, session.path, session_id, None, session.modified_ms, None, None, {}, problem)
     try:
+        from sidecar.transcripts import BackwardLines
+
         lines = BackwardLines(lambda offset, length: os.pread(fd, length, offset), size)
         if session.harness == "claude":
             return _claude_row(session, session_id, lines, table)
@@ -255,6 +257,8 @@ def read_session(session: SessionFile, table: Mapping[str, int]) -> ScanRow:
 def _claude_row(
     session: SessionFile, session_id: str | None, lines: BackwardLines, table: Mapping[str, int]
 ) -> ScanRow:
+    from sidecar.transcripts import read_claude_tail
+
     tail = read_claude_tail(lines)
     usage, latest = tail.usage, tail.latest_compaction
     model = None if usage is None else usage.model
@@ -283,6 +287,10 @@ def _claude_row(
 
 
 def _codex_row(session: SessionFile, session_id: str | None, lines: BackwardLines) -> ScanRow:
+    from sidecar.producers.base import FrameRejected
+    from sidecar.producers.codex import CodexProducer
+    from sidecar.transcripts import read_codex_tail, tail_frames
+
     thread = session_id or "rollout"
     tail = read_codex_tail(lines, thread)
     producer = CodexProducer()
