@@ -12,7 +12,7 @@ echoing machine JSON is worse than a blank one) and says why on stderr, naming b
 Claude spawns the tee every few seconds per seat and waits for it, so the rendered settings run it
 under `python -I -S` (wrapper.harnesses.claude) and it imports only C modules the interpreter loads
 in microseconds: no json (it pulls in re), no socket (enum), no subprocess, not even os, nothing
-of hctx (scripts/bench_claude_tee.py measures it).
+of hctx (scripts/bench_statusline.py measures it).
 Both entry points always drain stdin and never fail the harness.
 """
 

@@ -333,6 +333,7 @@ async def test_the_sidecar_follows_the_server_across_a_restart(box: Box, tmp_pat
         try:
             async with httpx.AsyncClient(base_url=plan.transport["base_url"], trust_env=False) as client:
                 await wait_healthy(client)
+                await wait_for("the event stream", lambda: box.logged(agent, "opencode-stream-open"), STARTUP_S)
                 session = await new_session(client, "before restart")
                 await prompt(client, session, "before [[u:40000:100]]")
                 await wait_for("first reading", lambda: (r := box.records(agent)) and r.used_tokens == 40100, TURN_S)

@@ -7,7 +7,7 @@ a listening channel socket (so the frame is really sent) and a trivial renderer 
 variants run round-robin so they share the machine's noise. Ratios are medians over medians; the CPU
 columns (user + system of the whole process tree) are the load-proof view of the same cost.
 
-    python scripts/bench_claude_tee.py [--runs 60]
+    python scripts/bench_statusline.py [--runs 60]
 """
 
 from __future__ import annotations
