@@ -131,7 +131,7 @@ def test_a_missing_total_is_never_zero_and_a_zero_total_is_no_reading() -> None:
 
 
 @settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
-@given(cost=numbers, input_tokens=numbers, cache_read=numbers)
+@given(cost=numbers | st.just(2**53 + 1), input_tokens=numbers, cache_read=numbers)
 def test_hostile_session_facts_are_refused_or_carried_verbatim(cost: Any, input_tokens: Any, cache_read: Any) -> None:
     producer = primed()
     session = {

@@ -132,6 +132,7 @@ def test_the_turns_publish_the_assistant_total_over_the_providers_window(capture
     ]
     assert [r.used_tokens for r in published] == [11390, 21490, 31590, 21490]
     for record in published:
+        assert record.used_tokens is not None
         assert record.window_tokens == WINDOW
         assert record.model == "fake/fake-model"
         assert record.used_percent == record.used_tokens * 100 / WINDOW  # not rounded to 24.68 or 25

@@ -137,7 +137,7 @@ def test_back_off_doubles_and_is_capped() -> None:
 
 
 async def test_providers_are_pulled_at_start_and_before_the_message_that_needs_them() -> None:
-    server, frames = FakeOpenCode(), []
+    server, frames = FakeOpenCode(), list[Frame]()
     async with following(server, frames.append):
         await wait_until(lambda: len(frames) == 2)
         assert [f["type"] for f in frames] == ["hctx.providers", "server.connected"]
@@ -159,7 +159,7 @@ async def test_providers_are_pulled_at_start_and_before_the_message_that_needs_t
 
 
 async def test_the_stream_resumes_after_the_server_restarts() -> None:
-    server, frames = FakeOpenCode(), []
+    server, frames = FakeOpenCode(), list[Frame]()
     async with trio.open_nursery() as nursery:
         await nursery.start(server.serve)
         config = {"base_url": f"http://{HOST}:{server.port}", "max_backoff_seconds": 0.3}
@@ -183,7 +183,7 @@ async def test_the_stream_resumes_after_the_server_restarts() -> None:
 
 
 async def test_a_stalled_stream_is_dropped_and_reopened() -> None:
-    server, frames = FakeOpenCode(), []
+    server, frames = FakeOpenCode(), list[Frame]()
     server.silent = True
     async with following(server, frames.append, stall_seconds=0.3, max_backoff_seconds=0.2):
         await wait_until(lambda: server.connections >= 3, seconds=5)
@@ -191,7 +191,7 @@ async def test_a_stalled_stream_is_dropped_and_reopened() -> None:
 
 async def test_a_first_request_left_unanswered_is_retried() -> None:
     """Measured on 1.18.25: the first request after `listening` never gets an answer."""
-    server, frames = FakeOpenCode(), []
+    server, frames = FakeOpenCode(), list[Frame]()
     server.unanswered = 1
     async with following(server, frames.append, headers_seconds=0.3):
         with trio.fail_after(3):

@@ -38,11 +38,13 @@ def expected_bucket(reading: ContextFields) -> tuple[int | None, int | None]:
     return window, None
 
 
-def expected_exhausted(reading: ContextFields) -> bool:
+def expected_exhausted(reading: ContextFields) -> frozenset[str]:
+    """Which Claude windows are exhausted: a change of the set is an edge (issue 4)."""
     limits = reading.rate_limits
     if reading.harness != "claude" or limits is None:
-        return False
-    return any(v is not None and v >= 100 for v in (limits.five_hour, limits.seven_day))
+        return frozenset()
+    windows = {"fiveHour": limits.five_hour, "sevenDay": limits.seven_day}
+    return frozenset(name for name, v in windows.items() if v is not None and v >= 100)
 
 
 def reading_of(record: HarnessContext) -> dict[str, Any]:
@@ -190,9 +192,7 @@ def test_no_write_without_a_fresh_reading(steps: list[Step]) -> None:
         assert write.record.observed_at_ms > before.observed_at_ms, f"step {index} re-stamped"
         assert now - before.written_at_ms >= HEARTBEAT
         if tick:
-            assert any(
-                dict(r.fields) == reading_of(write.record) for i, _, r in run.offered if i < index
-            )
+            assert any(dict(r.fields) == reading_of(write.record) for i, _, r in run.offered if i < index)
     # The skip rule: an offer with no edge, no bucket or exhaustion change and nothing fresh is
     # never written, however much time has passed.
     written = {index for index, *_ in run.writes}
@@ -201,10 +201,9 @@ def test_no_write_without_a_fresh_reading(steps: list[Step]) -> None:
         if not previous or reading.compaction_edge:
             continue
         last, _ = previous[-1]
-        unchanged = (
-            expected_bucket(reading.fields) == expected_bucket(last.record)
-            and expected_exhausted(reading.fields) == expected_exhausted(last.record)
-        )
+        unchanged = expected_bucket(reading.fields) == expected_bucket(last.record) and expected_exhausted(
+            reading.fields
+        ) == expected_exhausted(last.record)
         fresh = reading.fields.observed_at_ms > last.record.observed_at_ms
         if unchanged and not fresh:
             assert index not in written, f"step {index} wrote a reading that was already published"
@@ -361,6 +360,15 @@ def test_claude_seven_day_exhaustion_is_an_edge() -> None:
     )
     writes = _offer_all(guard, [_claude_limits(10.0), exhausted], now_ms=10)
     assert [w.reason for w in writes] == ["bucket", "exhaustion"]
+
+
+def test_a_second_claude_window_exhausting_is_an_edge_of_its_own() -> None:
+    guard = WriteGuard("alice", "inc-1")
+    five_hour = _claude_limits(100.0, at=1)
+    both = five_hour.model_copy(
+        update={"observed_at_ms": 2, "rate_limits": RateLimits(five_hour=100.0, seven_day=100.0)}
+    )
+    assert [w.reason for w in _offer_all(guard, [five_hour, both], now_ms=10)] == ["bucket", "exhaustion"]
 
 
 def test_codex_window_reaching_100_is_not_an_edge() -> None:

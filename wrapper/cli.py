@@ -29,8 +29,14 @@ def _replay(args: argparse.Namespace) -> int:
     from sidecar.replay import replay, write_line
 
     harness: Harness = args.harness
+    if args.providers is not None and harness != "opencode":
+        print("hctx replay: --providers is OpenCode's window source; it goes with --harness opencode", file=sys.stderr)
+        return 2
+    files = [Path(name) for name in args.files]
+    if args.providers is not None:
+        files.insert(0, args.providers)  # the windows must be known before the first reading
     try:
-        recordings = read_recordings(harness, [Path(name) for name in args.files])
+        recordings = read_recordings(harness, files)
     except OSError as exc:
         print(f"hctx replay: {exc}", file=sys.stderr)
         return 2
@@ -109,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
         "Untimed frames advance a simulated clock by one second each.",
     )
     replay.add_argument("--harness", required=True, choices=HARNESSES)
+    replay.add_argument(
+        "--providers", type=Path, metavar="FILE", help="OpenCode only: a recorded GET /config/providers answer"
+    )
     replay.add_argument("files", nargs="+", metavar="FILE", help="a recorded stream of that harness")
     replay.set_defaults(run=_replay)
 

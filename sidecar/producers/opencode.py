@@ -56,7 +56,8 @@ MAX_EVENT_CHARS: Final = 16 * 1024 * 1024
 _MAX_TOKENS: Final = 2**53  # beyond any window; keeps used / window a finite float
 Tokens = Annotated[int, Field(ge=0, le=_MAX_TOKENS, strict=True)]
 Id = Annotated[str, Field(min_length=1, max_length=512, strict=True)]
-Cost = Annotated[float, Field(ge=0, allow_inf_nan=False, strict=True)]
+# Dollars; the bound keeps an integral cost exact as a float (2**53) and is far beyond any session.
+Cost = Annotated[float, Field(ge=0, le=1e12, allow_inf_nan=False, strict=True)]
 
 ModelKey = tuple[str, str]  # (providerID, modelID): modelID alone is ambiguous across providers
 
@@ -279,8 +280,8 @@ class OpenCodeProducer:
             self._session(_parse(_SessionProperties, envelope.properties, SESSION_UPDATED).info)
             return []
         if envelope.type == SESSION_COMPACTED:
-            compacted = _parse(_CompactedProperties, envelope.properties, SESSION_COMPACTED)
-            return self._compacted(envelope.id, compacted.session_id, now_ms)
+            _parse(_CompactedProperties, envelope.properties, SESSION_COMPACTED)  # {sessionID}, nothing more
+            return self._compacted(envelope.id, now_ms)
         return []  # deltas, parts, status, heartbeats: nothing about occupancy
 
     def _message(self, properties: _MessageProperties, now_ms: int) -> list[Reading]:
@@ -341,7 +342,7 @@ class OpenCodeProducer:
             total = tokens.input + tokens.output + tokens.reasoning + tokens.cache.read + tokens.cache.write
         _remember(self._sessions, info.id, _SessionFacts(info.cost, total), SESSIONS_REMEMBERED)
 
-    def _compacted(self, event_id: str | None, session_id: str, now_ms: int) -> list[Reading]:
+    def _compacted(self, event_id: str | None, now_ms: int) -> list[Reading]:
         if event_id is not None:
             if event_id in self._counted_compactions:
                 return []  # the same event delivered twice
