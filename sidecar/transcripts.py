@@ -20,12 +20,12 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Annotated, Any, Final, Literal, TypeVar
+from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from guard.record import CompactionTrigger
-from sidecar.producers.base import Frame
+from sidecar.producers.base import Frame, TolerantModel, optional_model
 from sidecar.producers.codex import FRAME_TYPE as CODEX_FRAME_TYPE
 
 ReadAt = Callable[[int, int], bytes]
@@ -196,29 +196,22 @@ def instant_ms(value: object) -> int | None:
     return ms if ms >= 0 else None
 
 
-class _Tolerant(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-
-_M = TypeVar("_M", bound=_Tolerant)
-
-
 # ---------------------------------------------------------------------------------------------
 # Claude Code session transcripts
 
 
-class _ClaudeUsage(_Tolerant):
+class _ClaudeUsage(TolerantModel):
     input_tokens: Tokens
     cache_read_input_tokens: Tokens = 0
     cache_creation_input_tokens: Tokens = 0
 
 
-class _ClaudeMessage(_Tolerant):
+class _ClaudeMessage(TolerantModel):
     model: ModelId | None = None
     usage: _ClaudeUsage
 
 
-class _ClaudeAssistant(_Tolerant):
+class _ClaudeAssistant(TolerantModel):
     type: Literal["assistant"]
     message: _ClaudeMessage
     isSidechain: bool = False
@@ -227,13 +220,13 @@ class _ClaudeAssistant(_Tolerant):
     timestamp: str
 
 
-class _CompactMetadata(_Tolerant):
+class _CompactMetadata(TolerantModel):
     trigger: str | None = None
     preTokens: Tokens | None = None
     postTokens: Tokens | None = None
 
 
-class _ClaudeBoundary(_Tolerant):
+class _ClaudeBoundary(TolerantModel):
     type: Literal["system"]
     subtype: Literal["compact_boundary"]
     isSidechain: bool = False
@@ -340,7 +333,7 @@ def read_claude_tail(lines: BackwardLines) -> ClaudeTail:
 # Codex rollouts: lines → the app-server messages the Codex producer consumes
 
 
-class _RolloutTokenUsage(_Tolerant):
+class _RolloutTokenUsage(TolerantModel):
     input_tokens: Tokens | None = None
     cached_input_tokens: Tokens | None = None
     cache_write_input_tokens: Tokens | None = None
@@ -349,19 +342,19 @@ class _RolloutTokenUsage(_Tolerant):
     total_tokens: Tokens
 
 
-class _RolloutTokenInfo(_Tolerant):
+class _RolloutTokenInfo(TolerantModel):
     total_token_usage: _RolloutTokenUsage
     last_token_usage: _RolloutTokenUsage
     model_context_window: Tokens | None = None
 
 
-class _RolloutRateWindow(_Tolerant):
+class _RolloutRateWindow(TolerantModel):
     used_percent: Percent
     window_minutes: Tokens | None = None
     resets_at: Tokens | None = None
 
 
-class _RolloutRateLimits(_Tolerant):
+class _RolloutRateLimits(TolerantModel):
     limit_id: str | None = None
     limit_name: str | None = None
     primary: _RolloutRateWindow | None = None
@@ -378,26 +371,18 @@ class _TokenCount:
     @classmethod
     def parse(cls, payload: dict[str, Any]) -> _TokenCount:
         return cls(
-            _optional(_RolloutTokenInfo, payload.get("info")), _optional(_RolloutRateLimits, payload.get("rate_limits"))
+            optional_model(_RolloutTokenInfo, payload.get("info")),
+            optional_model(_RolloutRateLimits, payload.get("rate_limits")),
         )
 
 
-def _optional(model: type[_M], value: object) -> _M | None:
-    if value is None:
-        return None
-    try:
-        return model.model_validate(value)
-    except ValidationError:
-        return None
-
-
-class _RolloutLine(_Tolerant):
+class _RolloutLine(TolerantModel):
     timestamp: str | None = None
     type: str
     payload: dict[str, Any]
 
 
-class _SessionMeta(_Tolerant):
+class _SessionMeta(TolerantModel):
     id: str
     timestamp: str | None = None
     cwd: str | None = None
@@ -405,7 +390,7 @@ class _SessionMeta(_Tolerant):
     source: Any = None
 
 
-class _TurnContext(_Tolerant):
+class _TurnContext(TolerantModel):
     model: ModelId | None = None
 
 

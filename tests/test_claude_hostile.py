@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from sidecar.producers.base import FrameRejected
 from sidecar.producers.claude import ClaudeProducer, decode_recording, load_recordings
+from tests.hostile import json_values, numbers_in
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "claude"
 CAPTURED = [
@@ -31,28 +32,6 @@ HOOKS = [
     for line in (FIXTURES / name).read_bytes().splitlines()
 ]
 NOW = 1_795_990_000_000
-
-json_values = st.recursive(
-    st.none()
-    | st.booleans()
-    | st.integers(min_value=-(2**70), max_value=2**70)
-    | st.floats(allow_nan=True, allow_infinity=True)
-    | st.text(max_size=30),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
-    max_leaves=20,
-)
-
-
-def numbers_in(value: Any) -> set[float]:
-    if isinstance(value, bool):
-        return set()
-    if isinstance(value, int | float):
-        return {value}
-    if isinstance(value, dict):
-        return {n for item in value.values() for n in numbers_in(item)}
-    if isinstance(value, list):
-        return {n for item in value for n in numbers_in(item)}
-    return set()
 
 
 def assert_only_carried_numbers(producer: ClaudeProducer, frame: dict[str, Any], *earlier: Any) -> None:

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from guard.policy import Reading
 from sidecar.producers.base import FrameRejected
 from sidecar.producers.codex import CodexProducer, decode_recording
+from tests.hostile import json_values, numbers, numbers_in
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "codex"
 METHODS = [
@@ -24,36 +25,12 @@ METHODS = [
     "thread/compacted",
 ]
 
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=12), children, max_size=4),
-    max_leaves=20,
-)
-numbers = st.one_of(
-    st.integers(min_value=-(2**70), max_value=2**70),
-    st.floats(allow_nan=True, allow_infinity=True),
-    st.booleans(),
-    st.none(),
-    st.text(max_size=8),
-    st.integers(min_value=0, max_value=300_000),
-)
-
 
 def feed(producer: CodexProducer, frame: Any) -> list[Reading]:
     try:
         return producer.feed(frame, 1_000)
     except FrameRejected:
         return []
-
-
-def numbers_in(value: Any) -> set[Any]:
-    if isinstance(value, dict):
-        return set().union(*(numbers_in(v) for v in value.values())) if value else set()
-    if isinstance(value, list):
-        return set().union(*(numbers_in(v) for v in value)) if value else set()
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return {value}
-    return set()
 
 
 def assert_nothing_fabricated(reading: Reading, message: Any) -> None:

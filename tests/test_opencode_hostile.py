@@ -24,23 +24,10 @@ from sidecar.producers.opencode import (
     sse_payloads,
     windows_from_providers,
 )
+from tests.hostile import json_values, numbers, numbers_in
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "opencode" / "v1.18.25"
 TYPES = ["message.updated", "session.updated", "session.compacted", "hctx.providers", "server.heartbeat"]
-
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=12), children, max_size=4),
-    max_leaves=20,
-)
-numbers = st.one_of(
-    st.integers(min_value=-(2**70), max_value=2**70),
-    st.floats(allow_nan=True, allow_infinity=True),
-    st.booleans(),
-    st.none(),
-    st.text(max_size=8),
-    st.integers(min_value=0, max_value=300_000),
-)
 
 
 def feed(producer: OpenCodeProducer, frame: Any) -> list[Reading]:
@@ -48,16 +35,6 @@ def feed(producer: OpenCodeProducer, frame: Any) -> list[Reading]:
         return producer.feed(frame, 1_000)
     except FrameRejected:
         return []
-
-
-def numbers_in(value: Any) -> set[Any]:
-    if isinstance(value, dict):
-        return set().union(*(numbers_in(v) for v in value.values())) if value else set()
-    if isinstance(value, list):
-        return set().union(*(numbers_in(v) for v in value)) if value else set()
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return {value}
-    return set()
 
 
 CAPTURED = [frame for _, frame in decode_recording((FIXTURES / "events.jsonl").read_bytes())]

@@ -8,12 +8,33 @@ objects run live in the sidecar and offline in `hctx replay`.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from guard.policy import Reading
 from guard.record import Harness
 
 Frame = dict[str, Any]
+
+
+class TolerantModel(BaseModel):
+    """A harness payload's shape: keys a newer build adds are ignored, never an error."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+_Model = TypeVar("_Model", bound=BaseModel)
+
+
+def optional_model(model: type[_Model], value: object) -> _Model | None:
+    """An adjacent fact decoded conservatively: absent or malformed is null, never a guess."""
+    if value is None:
+        return None
+    try:
+        return model.model_validate(value)
+    except ValidationError:
+        return None
 
 
 class FrameRejected(ValueError):

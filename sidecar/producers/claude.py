@@ -30,11 +30,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from guard.policy import Reading
 from guard.record import CompactionTrigger, ContextFields, Harness, RateLimits
-from sidecar.producers.base import Frame, FrameRejected
+from sidecar.producers.base import Frame, FrameRejected, TolerantModel, optional_model
 
 STATUSLINE_FRAME = "claude.statusline"
 HOOK_FRAME = "claude.hook"
@@ -54,54 +54,40 @@ _Percent = Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)]
 _Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 
 
-class _Tolerant(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-
-class _Envelope(_Tolerant):
+class _Envelope(TolerantModel):
     type: Literal["claude.statusline", "claude.hook"]
     payload: dict[str, Any]
 
 
-class _ContextWindow(_Tolerant):
+class _ContextWindow(TolerantModel):
     total_input_tokens: _Count | None = None
     context_window_size: _Count | None = None
     current_usage: dict[str, Any] | None = None
     used_percentage: _Percent | None = None
 
 
-class _StatusLine(_Tolerant):
+class _StatusLine(TolerantModel):
     context_window: _ContextWindow
 
 
-class _Model(_Tolerant):
+class _Model(TolerantModel):
     id: Annotated[str, Field(strict=True, min_length=1, max_length=_MAX_MODEL_ID)]
 
 
-class _Cost(_Tolerant):
+class _Cost(TolerantModel):
     total_cost_usd: _Percent  # non-negative and finite, like a percent
 
 
-class _RateWindow(_Tolerant):
+class _RateWindow(TolerantModel):
     used_percentage: _Number
     resets_at: _Number | None = None  # epoch seconds
 
 
-class _Hook(_Tolerant):
+class _Hook(TolerantModel):
     hook_event_name: Annotated[str, Field(strict=True)]
     prompt_id: Annotated[str, Field(strict=True)] | None = None
     trigger: Annotated[str, Field(strict=True)] | None = None
     source: Annotated[str, Field(strict=True)] | None = None
-
-
-def _optional(model: type[_Tolerant], value: object) -> Any:
-    """An adjacent fact decoded conservatively: absent or malformed is null, never a guess."""
-    if value is None:
-        return None
-    try:
-        return model.model_validate(value)
-    except ValidationError:
-        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,8 +126,8 @@ class ClaudeProducer:
         except ValidationError as exc:
             raise FrameRejected(f"status line without a readable context_window: {_why(exc)}") from None
         measured = window.current_usage is not None
-        model: _Model | None = _optional(_Model, payload.get("model"))
-        cost: _Cost | None = _optional(_Cost, payload.get("cost"))
+        model: _Model | None = optional_model(_Model, payload.get("model"))
+        cost: _Cost | None = optional_model(_Cost, payload.get("cost"))
         try:
             fields = ContextFields(
                 harness="claude",
@@ -222,7 +208,7 @@ def _rate_limits(value: object, now_ms: int) -> RateLimits | None:
         return None
 
     def window(name: str) -> float | None:
-        parsed: _RateWindow | None = _optional(_RateWindow, value.get(name))
+        parsed: _RateWindow | None = optional_model(_RateWindow, value.get(name))
         if parsed is None:
             return None
         if parsed.resets_at is not None and parsed.resets_at * 1000 <= now_ms:
