@@ -152,7 +152,7 @@ async def run_incarnation(options: WrapOptions, session: Session) -> int:
                 *("--catalog", os.fspath(agent.catalog), "--host", agent.host, "--agent", agent.identity),
                 *("--incarnation", incarnation, "--channel", os.fspath(channel)),
                 *("--lifeline-fd", str(lifeline_read), "--ready-fd", str(ready_write)),
-                *("--transport", _json(plan.transport)),
+                *("--transport", json.dumps(plan.transport)),
             ],
             pass_fds=(lifeline_read, ready_write),
             process_group=0,  # its own group: the terminal's Ctrl-C is the harness's, not the sidecar's
@@ -186,10 +186,6 @@ async def run_incarnation(options: WrapOptions, session: Session) -> int:
             sidecar.kill()
             await sidecar.wait()
         shutil.rmtree(directory, ignore_errors=True)
-
-
-def _json(value: object) -> str:
-    return json.dumps(value)
 
 
 def _sidecar_env() -> dict[str, str]:
@@ -260,7 +256,7 @@ async def _tap_stdout(stdout: trio.abc.ReceiveStream, frame_type: str, channel: 
     The copy never waits on the sidecar: lines that find the tap queue full are not tapped.
     """
     send, receive = trio.open_memory_channel[bytes](TAP_QUEUE)
-    prefix = b'{"type":' + _json(frame_type).encode() + b',"payload":'
+    prefix = b'{"type":' + json.dumps(frame_type).encode() + b',"payload":'
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_send_tapped, receive, channel)
         async with send, trio.lowlevel.FdStream(os.dup(sys.stdout.fileno())) as out:
