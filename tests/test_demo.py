@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -55,27 +56,53 @@ def test_the_live_demo_shows_top_and_ctrl_c_leaves_no_process_behind(tmp_path: P
     catalog, done = tmp_path / "catalog", tmp_path / "done"
     session = f"hctx-demo-{os.getpid()}"
     repo = Path(__file__).resolve().parent.parent
-    command = f"cd {repo} && {sys.executable} -m wrapper.cli demo --catalog {catalog} --duration 5; echo $? > {done}"
-    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "140", "-y", "20", command], check=True)
+    # COLUMNS/LINES from the test's environment would override the pane's real size.
+    demo = f"{sys.executable} -m wrapper.cli demo --catalog {catalog} --duration 5"
+    command = f"cd {repo} && env -u COLUMNS -u LINES {demo}; echo $? > {done}"
+    # A private tmux server: one already running would impose its own default size.
+    tmux = ["tmux", "-L", session]
+    subprocess.run([*tmux, "new-session", "-d", "-s", session, "-x", "140", "-y", "20", command], check=True)
 
     def pane() -> str:
-        return subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True).stdout
+        return subprocess.run([*tmux, "capture-pane", "-p", "-t", session], capture_output=True, text=True).stdout
 
     try:
         screen = wait_for(lambda: (text := pane()).count(DEMO_HOST) >= len(FLEET) and text, timeout=30, what="top")
         for agent in FLEET:
             assert agent.identity in screen
-        wait_for(lambda: "⟳" in pane(), timeout=30, what="a compaction on screen")
-        subprocess.run(["tmux", "send-keys", "-t", session, "C-c"], check=True)
+        screen = wait_for(lambda: _past_80(pane()), timeout=30, what="an agent past 80% on screen")
+        _check_readme_screenshot(screen)
+        subprocess.run([*tmux, "send-keys", "-t", session, "C-c"], check=True)
         wait_for(done.exists, timeout=30, what="demo exit")
     finally:
-        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+        subprocess.run([*tmux, "kill-server"], capture_output=True)
     pids = _sidecar_pids(catalog)
     assert len(pids) == len(FLEET)
     wait_for(lambda: all(pid_gone(pid) for pid in pids), timeout=5, what="sidecars gone")
     leftovers = subprocess.run(["pgrep", "-f", f"--catalog {catalog}"], capture_output=True, text=True).stdout
     assert leftovers.strip() == ""
     assert _processes_working_in(catalog) == []  # the stand-in harnesses run inside the catalog
+
+
+def _past_80(screen: str) -> str | None:
+    rows = [line for line in screen.splitlines() if line.startswith(f"{DEMO_HOST}/")]
+    fills = [int(match) for row in rows for match in re.findall(r" (\d+)% ", row)]
+    return screen if any(fill >= 80 for fill in fills) else None
+
+
+def _check_readme_screenshot(screen: str) -> None:
+    """The README's `hctx top` screenshot is this view: the same column header, the same fleet.
+
+    HCTX_SCREENSHOT_OUT=FILE saves the capture, to refresh the README from a test run.
+    """
+    if target := os.environ.get("HCTX_SCREENSHOT_OUT"):
+        Path(target).write_text(screen)
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    shot = readme.split("```\n", 2)[1]
+    header = next(line for line in screen.splitlines() if line.startswith("AGENT"))
+    assert header.split() == next(line for line in shot.splitlines() if line.startswith("AGENT")).split()
+    for agent in FLEET:
+        assert f"{DEMO_HOST}/{agent.identity}" in shot
 
 
 def _processes_working_in(directory: Path) -> list[int]:
