@@ -84,10 +84,8 @@ def test_the_shipped_policy_misses_no_warning_on_occupancy_and_turn_boundary_doe
 
 
 def test_the_lab_app_server_and_rollout_traces_agree(bench: ModuleType) -> None:
-    lab = bench.LAB / "codex" / "captures" / "codex-0.151.0"
-    if not lab.is_dir():
-        pytest.skip("../shared/lab is not beside this checkout")
-    served = bench.codex_app_server_trace(lab / "codex-0.151.0-stdio-main.jsonl")
+    capture = Path(__file__).resolve().parent.parent / "fixtures" / "codex" / "codex-0.151.0-stdio-main.jsonl"
+    served = bench.codex_app_server_trace(capture)
     readings = [e.reading.fields.used_percent for e in served.events if e.reading and not e.compaction]
     assert readings == [10, 44, 44, 45, 0, 5, 92, 92, 93, 0, 4]
 
