@@ -34,9 +34,9 @@ from typing import Any, Literal
 import h11
 import trio
 
-from tests.fakes.http11 import reply_json, send, serve_connection
+from tests.fakes.http11 import LOOPBACK, reply_json, send, serving
 
-HOST = "127.0.0.1"
+HOST = LOOPBACK
 USAGE_MARKER = re.compile(r"usage=(\d+),(\d+),(\d+),(\d+)")
 COMPACTION_PROMPT = "create a detailed summary of the conversation"
 SIDE_CALL_USAGE = (120, 0, 0, 7)
@@ -189,15 +189,9 @@ async def _serve_one(
 async def fake_messages() -> AsyncIterator[FakeMessages]:
     """Serve on 127.0.0.1:<ephemeral> for the duration of the block."""
     server = FakeMessages()
-    async with trio.open_nursery() as nursery:
-        listeners = await nursery.start(
-            partial(trio.serve_tcp, host=HOST), partial(serve_connection, partial(_serve_one, server)), 0
-        )
-        server.port = listeners[0].socket.getsockname()[1]
-        try:
-            yield server
-        finally:
-            nursery.cancel_scope.cancel()
+    async with serving(partial(_serve_one, server)) as port:
+        server.port = port
+        yield server
 
 
 def claude_home(home: Any, cwd: Any) -> None:

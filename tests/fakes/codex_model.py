@@ -37,9 +37,9 @@ from typing import Any, Literal
 import h11
 import trio
 
-from tests.fakes.http11 import send, serve_connection
+from tests.fakes.http11 import LOOPBACK, send, serving
 
-HOST = "127.0.0.1"
+HOST = LOOPBACK
 TURN_MARKER = re.compile(r"\[\[u:(\d+):(\d+)(?::(\d+))?\]\]")
 COMPACTION_MARKER = re.compile(r"\[\[c:(\d+):(\d+)(?::(\d+))?\]\]")
 COMPACTION_PROMPT = "CONTEXT CHECKPOINT COMPACTION"
@@ -208,15 +208,9 @@ async def _serve_one(
 async def fake_responses(*, rate_limit_headers: bool = True) -> AsyncIterator[FakeResponses]:
     """Serve on 127.0.0.1:<ephemeral> for the duration of the block."""
     server = FakeResponses(rate_limit_headers=rate_limit_headers)
-    async with trio.open_nursery() as nursery:
-        listeners = await nursery.start(
-            partial(trio.serve_tcp, host=HOST), partial(serve_connection, partial(_serve_one, server)), 0
-        )
-        server.port = listeners[0].socket.getsockname()[1]
-        try:
-            yield server
-        finally:
-            nursery.cancel_scope.cancel()
+    async with serving(partial(_serve_one, server)) as port:
+        server.port = port
+        yield server
 
 
 def codex_config(base_url: str) -> str:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 import h11
@@ -62,3 +64,17 @@ async def _one_exchange(handler: Handler, conn: h11.Connection, stream: trio.Soc
             return False
     await handler(conn, stream, request, bytes(body))
     return conn.our_state is h11.DONE and conn.their_state is h11.DONE
+
+
+LOOPBACK = "127.0.0.1"
+
+
+@asynccontextmanager
+async def serving(handler: Handler) -> AsyncIterator[int]:
+    """Serve `handler` on 127.0.0.1 at an ephemeral port for the duration of the block; yields the port."""
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(partial(trio.serve_tcp, host=LOOPBACK), partial(serve_connection, handler), 0)
+        try:
+            yield listeners[0].socket.getsockname()[1]
+        finally:
+            nursery.cancel_scope.cancel()

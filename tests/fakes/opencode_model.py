@@ -18,9 +18,8 @@ from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any
 
-import trio
-
-from tests.fakes.pi_model import HOST, FakeModel, Served, _handle, _last_user_text, _text_of
+from tests.fakes.http11 import serving
+from tests.fakes.pi_model import FakeModel, Served, _last_user_text, _text_of, serve_one
 
 # The lab's summary call: prompt 14,321 + completion 222 = tokens.total 14,543.
 SUMMARY_USAGE = (14_321, 222, 0)
@@ -55,10 +54,6 @@ class OpenCodeFakeModel(FakeModel):
 async def opencode_fake_model() -> AsyncIterator[OpenCodeFakeModel]:
     """Serve on 127.0.0.1:<ephemeral> for the duration of the block."""
     model = OpenCodeFakeModel()
-    async with trio.open_nursery() as nursery:
-        listeners = await nursery.start(partial(trio.serve_tcp, host=HOST), partial(_handle, model), 0)
-        model.port = listeners[0].socket.getsockname()[1]
-        try:
-            yield model
-        finally:
-            nursery.cancel_scope.cancel()
+    async with serving(partial(serve_one, model)) as port:
+        model.port = port
+        yield model

@@ -29,9 +29,9 @@ from typing import Any
 import h11
 import trio
 
-from tests.fakes.http11 import json_response, send, serve_connection
+from tests.fakes.http11 import LOOPBACK, json_response, send, serving
 
-HOST = "127.0.0.1"
+HOST = LOOPBACK
 MARKER = re.compile(r"\[\[u:(\d+):(\d+)(?::(\d+))?\]\]")
 OVERFLOW_MARKER = "[[overflow]]"
 OVERFLOW_MESSAGE = (
@@ -143,7 +143,7 @@ def _completion(model: str, text: str, usage: tuple[int, int, int]) -> dict[str,
     }
 
 
-async def _serve_one(
+async def serve_one(
     model: FakeModel, conn: h11.Connection, stream: trio.SocketStream, request: h11.Request, body: bytes
 ) -> None:
     path = request.target.decode().split("?")[0]
@@ -175,14 +175,6 @@ async def _serve_one(
 async def fake_model() -> AsyncIterator[FakeModel]:
     """Serve on 127.0.0.1:<ephemeral> for the duration of the block."""
     model = FakeModel()
-    async with trio.open_nursery() as nursery:
-        listeners = await nursery.start(partial(trio.serve_tcp, host=HOST), partial(_handle, model), 0)
-        model.port = listeners[0].socket.getsockname()[1]
-        try:
-            yield model
-        finally:
-            nursery.cancel_scope.cancel()
-
-
-async def _handle(model: FakeModel, stream: trio.SocketStream) -> None:
-    await serve_connection(partial(_serve_one, model), stream)
+    async with serving(partial(serve_one, model)) as port:
+        model.port = port
+        yield model
