@@ -26,18 +26,21 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import re
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Any, Literal
 
 import h11
 import trio
 
 from tests.fakes.http11 import LOOPBACK, send, serving
+from tests.harnesses import harness_env
 
 HOST = LOOPBACK
 TURN_MARKER = re.compile(r"\[\[u:(\d+):(\d+)(?::(\d+))?\]\]")
@@ -211,6 +214,22 @@ async def fake_responses(*, rate_limit_headers: bool = True) -> AsyncIterator[Fa
     async with serving(partial(_serve_one, server)) as port:
         server.port = port
         yield server
+
+
+def codex_env(home: Path, codex_home: Path, version: str) -> dict[str, str]:
+    """An isolated environment for a real codex binary: its own HOME, CODEX_HOME and XDG dirs."""
+    return {
+        "PATH": os.environ.get("PATH", os.defpath),
+        "PYTHONPATH": str(Path(__file__).resolve().parent.parent.parent),
+        "HOME": str(home),
+        "CODEX_HOME": str(codex_home),
+        "XDG_CONFIG_HOME": str(home / ".config"),
+        "XDG_DATA_HOME": str(home / ".local" / "share"),
+        "XDG_STATE_HOME": str(home / ".local" / "state"),
+        "XDG_CACHE_HOME": str(home / ".cache"),
+        "FAKE_OPENAI_API_KEY": "dummy",  # the provider's env_key; no real key exists anywhere here
+        **harness_env("codex", version),
+    }
 
 
 def codex_config(base_url: str) -> str:

@@ -17,7 +17,6 @@ app-server sent.
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
@@ -36,9 +35,9 @@ from sidecar.producers.codex import FRAME_TYPE
 from sidecar.replay import replay
 from sidecar.transports.codex import Address, serve_relay
 from tests.fakes.codex_client import CodexClient, stdio_client, ws_client
-from tests.fakes.codex_model import FakeResponses, codex_config, fake_responses
-from tests.harnesses import HARNESS_VERSIONS, harness_env, require_harness
-from tests.wrapping import REPO, agent_dir, log_events, wrap_argv
+from tests.fakes.codex_model import FakeResponses, codex_config, codex_env, fake_responses
+from tests.harnesses import HARNESS_VERSIONS, require_harness
+from tests.wrapping import agent_dir, log_events, wrap_argv
 
 pytestmark = pytest.mark.live
 
@@ -102,18 +101,7 @@ async def lab(version: str, tmp_path: Path) -> AsyncIterator[Lab]:
         directory.mkdir()
     async with fake_responses() as fake:
         (codex_home / "config.toml").write_text(codex_config(fake.base_url))
-        env = {
-            "PATH": os.environ.get("PATH", os.defpath),
-            "PYTHONPATH": str(REPO),
-            "HOME": str(home),
-            "CODEX_HOME": str(codex_home),
-            "XDG_CONFIG_HOME": str(home / ".config"),
-            "XDG_DATA_HOME": str(home / ".local" / "share"),
-            "XDG_STATE_HOME": str(home / ".local" / "state"),
-            "XDG_CACHE_HOME": str(home / ".cache"),
-            "FAKE_OPENAI_API_KEY": "dummy",  # the provider's env_key; no real key exists anywhere here
-            **harness_env("codex", version),
-        }
+        env = codex_env(home, codex_home, version)
         yield Lab(version, codex, fake, env, work, tmp_path / "catalog", tmp_path)
 
 

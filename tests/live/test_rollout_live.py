@@ -8,7 +8,6 @@ this launch's rollout by its session_meta (cwd, start time) and publish Codex's 
 
 from __future__ import annotations
 
-import os
 import subprocess
 import time
 from pathlib import Path
@@ -21,8 +20,8 @@ from sidecar.producers.base import Frame
 from sidecar.producers.codex import CodexProducer
 from sidecar.rollout import follow_rollout
 from sidecar.transcripts import BackwardLines, read_codex_tail, tail_frames
-from tests.fakes.codex_model import codex_config, fake_responses
-from tests.harnesses import HARNESS_VERSIONS, harness_env, require_harness
+from tests.fakes.codex_model import codex_config, codex_env, fake_responses
+from tests.harnesses import HARNESS_VERSIONS, require_harness
 
 pytestmark = pytest.mark.live
 
@@ -38,16 +37,7 @@ async def test_a_cli_session_is_followed_through_its_rollout(version: str, tmp_p
     frames: list[Frame] = []
     async with fake_responses() as fake:
         (codex_home / "config.toml").write_text(codex_config(fake.base_url))
-        env = {
-            "PATH": os.environ.get("PATH", os.defpath),
-            "HOME": str(home),
-            "CODEX_HOME": str(codex_home),
-            "XDG_CONFIG_HOME": str(home / ".config"),
-            "XDG_STATE_HOME": str(home / ".local" / "state"),
-            "XDG_CACHE_HOME": str(home / ".cache"),
-            "FAKE_OPENAI_API_KEY": "dummy",  # the provider's env_key; no real key exists anywhere here
-            **harness_env("codex", version),
-        }
+        env = codex_env(home, codex_home, version)
         config = {
             "mode": "rollout",
             "codexHome": str(codex_home),
@@ -114,7 +104,7 @@ async def test_a_wrapped_cli_seat_publishes_the_record(version: str, tmp_path: P
     if not _tui_plan_follows_rollouts():
         pytest.skip("wrapper.harnesses.codex does not start the rollout follower for a TUI/exec launch yet")
     from guard.record import parse_record
-    from tests.wrapping import REPO, agent_dir, wrap_argv
+    from tests.wrapping import agent_dir, wrap_argv
 
     codex = require_harness("codex", version)
     home, codex_home, work, catalog = tmp_path / "home", tmp_path / "codexhome", tmp_path / "work", tmp_path / "cat"
@@ -122,16 +112,7 @@ async def test_a_wrapped_cli_seat_publishes_the_record(version: str, tmp_path: P
         directory.mkdir()
     async with fake_responses() as fake:
         (codex_home / "config.toml").write_text(codex_config(fake.base_url))
-        env = {
-            "PATH": os.environ.get("PATH", os.defpath),
-            "PYTHONPATH": str(REPO),
-            "HOME": str(home),
-            "CODEX_HOME": str(codex_home),
-            "XDG_CONFIG_HOME": str(home / ".config"),
-            "XDG_STATE_HOME": str(home / ".local" / "state"),
-            "FAKE_OPENAI_API_KEY": "dummy",
-            **harness_env("codex", version),
-        }
+        env = codex_env(home, codex_home, version)
         argv = wrap_argv(catalog, "seat", "codex", *codex, "exec", "--skip-git-repo-check", "-s", "read-only",
                          "wrapped turn [[u:90000:800:29000]]")  # fmt: skip
         with trio.fail_after(LIMIT_S):
