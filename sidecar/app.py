@@ -20,11 +20,12 @@ from sidecar import channel
 from sidecar.pipeline import Pipeline
 from sidecar.producers import producer_for
 from sidecar.producers.base import Frame
-from sidecar.transports import transport_for
+from sidecar.transports import Submit, Transport, transport_for
 
 log = logging.getLogger("sidecar")
 
 FRAME_QUEUE = 1024
+WRITE_RETRY_S = 5.0
 # After the harness is gone, frames already on their way (a last hook process) still land; a
 # client that keeps its connection open past this is cut off.
 SHUTDOWN_DRAIN_S = 2.0
@@ -56,47 +57,72 @@ class Writer:
             log.info("removed %d staging files of dead writers", swept, extra={"event": "staging-swept"})
         guard = WriteGuard(config.agent, config.incarnation)
         self.pipeline = Pipeline(producer_for(config.harness), guard)
+        # The newest write that failed (a full disk, a catalog turned hostile): retried until it
+        # lands or a newer write supersedes it. Every write carries the whole reading, so the newest
+        # is all that is owed.
+        self.unwritten: Write | None = None
+        self.retry_at = math.inf
 
-    def commit(self, writes: list[Write]) -> None:
+    async def commit(self, writes: list[Write]) -> None:
         for write in writes:
-            try:
-                record = write_context(self.agent_dir, write.record)
-            except OSError as exc:
-                # Forget what was written so the next reading is written afresh: nothing lost,
-                # nothing re-stamped.
-                self.pipeline.guard.last = None
-                log.error("write failed: %s", exc, extra={"event": "write-failed", "reason": write.reason})
-                continue
-            log.info(
-                "wrote %s",
-                write.reason,
-                extra={
-                    "event": "write",
-                    "reason": write.reason,
-                    "usedTokens": record.used_tokens,
-                    "windowTokens": record.window_tokens,
-                    "usedPercent": record.used_percent,
-                    "compactions": record.compactions,
-                    "observedAtMs": record.observed_at_ms,
-                    "writtenAtMs": record.written_at_ms,
-                },
-            )
+            await self._write(write)
+
+    async def _write(self, write: Write) -> None:
+        try:
+            # In a worker thread: the lock may be contended and fsync is slow; the channel and a
+            # relay keep serving meanwhile. Not cancellable: a write, once started, completes.
+            record = await trio.to_thread.run_sync(write_context, self.agent_dir, write.record)
+        except OSError as exc:
+            self.unwritten, self.retry_at = write, trio.current_time() + WRITE_RETRY_S
+            log.error("write failed, retrying in %ss: %s", WRITE_RETRY_S, exc,
+                      extra={"event": "write-failed", "reason": write.reason})  # fmt: skip
+            return
+        self.unwritten, self.retry_at = None, math.inf
+        self.pipeline.guard.committed(Write(record, write.reason))  # writtenAtMs as it landed
+        log.info(
+            "wrote %s",
+            write.reason,
+            extra={
+                "event": "write",
+                "reason": write.reason,
+                "usedTokens": record.used_tokens,
+                "windowTokens": record.window_tokens,
+                "usedPercent": record.used_percent,
+                "compactions": record.compactions,
+                "observedAtMs": record.observed_at_ms,
+                "writtenAtMs": record.written_at_ms,
+            },
+        )
+
+    def _deadline(self) -> float:
+        due = self.pipeline.guard.heartbeat_due_ms()
+        heartbeat = math.inf if due is None else trio.current_time() + (due - now_ms()) / 1000
+        return min(heartbeat, self.retry_at)
 
     async def run(self, frames: trio.MemoryReceiveChannel[Frame]) -> None:
-        """Feed frames as they come; sleep until the heartbeat is due when nothing comes."""
-        guard = self.pipeline.guard
+        """Feed frames as they come; asleep until the heartbeat or a retry is due otherwise."""
         async with frames:
             while True:
-                due = guard.heartbeat_due_ms()
-                deadline = math.inf if due is None else trio.current_time() + (due - now_ms()) / 1000
-                with trio.move_on_at(deadline):
+                with trio.move_on_at(self._deadline()):
                     try:
                         frame = await frames.receive()
                     except trio.EndOfChannel:
-                        return
-                    self.commit(self.pipeline.feed(frame, now_ms()))
+                        break
+                    await self.commit(self.pipeline.feed(frame, now_ms()))
                     continue
-                self.commit(self.pipeline.tick(now_ms()))
+                if self.unwritten is not None and trio.current_time() >= self.retry_at:
+                    await self._write(self.unwritten)
+                await self.commit(self.pipeline.tick(now_ms()))
+        if self.unwritten is not None:  # one last try before the sidecar exits
+            await self._write(self.unwritten)
+
+
+async def run_transport(transport: Transport, config: dict[str, Any], submit: Submit) -> None:
+    """A transport that fails costs its own stream, never the channel or the writer."""
+    try:
+        await transport(config, submit)
+    except Exception:
+        log.exception("transport failed; the channel keeps serving", extra={"event": "transport-failed"})
 
 
 async def wait_for_eof(fd: int) -> None:
@@ -133,7 +159,7 @@ async def run_sidecar(config: SidecarConfig) -> None:
         async with trio.open_nursery() as inputs:
             transport = transport_for(config.harness)
             if transport is not None:
-                inputs.start_soon(transport, config.transport, submit)
+                inputs.start_soon(run_transport, transport, config.transport, submit)
             session_over = trio.Event()
             async with trio.open_nursery() as channel_nursery:
                 await channel_nursery.start(channel.serve, config.channel, submit, session_over)

@@ -18,7 +18,11 @@ class Pipeline:
     dropped: int = field(default=0, init=False)
 
     def feed(self, frame: Frame, now_ms: int) -> list[Write]:
-        """Writes this frame calls for, each to be committed (or abandoned) before the next feed."""
+        """The writes this frame calls for, in order.
+
+        The guard takes each as written at once, so the next reading of the same frame is judged
+        against it; a caller whose write then fails keeps that write and retries it (sidecar.app).
+        """
         writes = self.tick(now_ms)
         try:
             readings = self.producer.feed(frame, now_ms)

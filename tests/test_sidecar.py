@@ -11,6 +11,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
+
 from guard.record import HarnessContext, parse_record
 from guard.state import read_state
 from guard.store import AgentDir
@@ -101,3 +103,46 @@ def test_the_sidecar_exits_when_its_lifeline_closes(tmp_path: Path) -> None:
         pid = process.pid
     assert process.returncode == 0
     assert pid_gone(pid)
+
+
+async def test_a_failed_write_is_retried_until_it_lands(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    import trio
+
+    from sidecar import app
+
+    monkeypatch.setattr(app, "WRITE_RETRY_S", 0.05)
+    attempts: list[int] = []
+    real_write = app.write_context
+
+    def full_disk_once(agent: AgentDir, record: HarnessContext) -> HarnessContext:
+        attempts.append(record.used_tokens or 0)
+        if len(attempts) == 1:
+            raise OSError(28, "No space left on device")
+        return real_write(agent, record)
+
+    monkeypatch.setattr(app, "write_context", full_disk_once)
+    config = app.SidecarConfig(tmp_path, HOST, "flaky", "pi", "inc", tmp_path / "unused")
+    writer = app.Writer(config)
+    send, receive = trio.open_memory_channel[dict[str, object]](10)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(writer.run, receive)
+        await send.send(json.loads(context_frame(500, 1000, 50.0)))
+        with trio.fail_after(5):
+            while record_of(tmp_path, "flaky") is None:  # noqa: ASYNC110 - a file has no event to await
+                await trio.sleep(0.01)
+        await send.aclose()
+    assert attempts == [500, 500]  # the same reading, retried; nothing lost
+    record = record_of(tmp_path, "flaky")
+    assert record is not None and record.used_tokens == 500
+
+
+async def test_a_failing_transport_costs_its_stream_not_the_sidecar(caplog: pytest.LogCaptureFixture) -> None:
+    from sidecar.app import run_transport
+
+    async def broken(config: dict[str, object], submit: object) -> None:
+        raise ValueError("bad listen address")
+
+    await run_transport(broken, {}, lambda frame: None)
+    assert any("transport failed" in r.getMessage() for r in caplog.records)
