@@ -384,3 +384,16 @@ def test_hctx_replay_on_the_lab_captures() -> None:
     assert manual["lastCompactionMs"] == 1_795_992_108_620  # the post-compaction payload's time
     assert (lines[5]["usedTokens"], lines[5]["compactions"]) == (0, 1)
     assert lines[-1]["compactions"] == 3
+
+
+def test_a_turn_that_compacts_twice_counts_two_in_any_edge_order() -> None:
+    producer = ClaudeProducer()
+    read(producer, payloads("statusline-2.1.250.jsonl")[3])
+    pre, post = payloads("precompact-2.1.250.jsonl")[0], payloads("postcompact-2.1.250.jsonl")[0]
+    start = payloads("sessionstart-2.1.250.jsonl")[1]
+    assert pre["prompt_id"] == post["prompt_id"] == start["prompt_id"]
+    counts = []
+    # The first compaction's edges arrive reordered, the second's in the measured order.
+    for at, payload in enumerate([post, pre, start, pre, start, post], start=1):
+        counts += [r.fields.compactions for r in producer.feed(hook(payload), T0 + at)]
+    assert counts == [1, 2]  # one write per compaction, not per edge and not per prompt

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -103,7 +103,8 @@ class ClaudeProducer:
     def __init__(self) -> None:
         self._reading: ContextFields | None = None
         self._compaction = _Compaction()
-        self._counted: OrderedDict[str, None] = OrderedDict()
+        # Per prompt_id, how many of each compaction edge arrived (bounded, oldest dropped).
+        self._edges: OrderedDict[str, Counter[str]] = OrderedDict()
         # Set between a counted edge and its PostCompact, for edges that carry no prompt_id.
         self._episode_open = False
         # A compaction counted before any reading existed rides the first reading as its edge.
@@ -168,19 +169,29 @@ class ClaudeProducer:
         return []  # SessionStart startup/resume/clear and other events carry no context
 
     def _compaction_edge(self, hook: _Hook, now_ms: int, *, always_new: bool) -> list[Reading]:
-        """Count one compaction per prompt_id, whichever of its three edges arrives first."""
-        by_prompt = hook.prompt_id is not None
-        seen = hook.prompt_id in self._counted if by_prompt else self._episode_open and not always_new
+        """Count each compaction once, on whichever of its three edges arrives first.
+
+        Each compaction raises one PreCompact, one SessionStart(compact) and one PostCompact, each
+        from its own process, so they may arrive in any order. Per prompt_id the compactions are
+        the most edges of any one kind: order-free, and a long turn that compacts twice counts two.
+        Without a prompt_id, PreCompact opens a new compaction and the other two join it.
+        """
+        if hook.prompt_id is not None:
+            edges = self._edges.setdefault(hook.prompt_id, Counter())
+            self._edges.move_to_end(hook.prompt_id)
+            before = max(edges.values(), default=0)
+            edges[hook.hook_event_name] += 1
+            seen = max(edges.values()) == before
+            while len(self._edges) > _REMEMBERED_COMPACTIONS:
+                self._edges.popitem(last=False)
+        else:
+            seen = not always_new and self._episode_open
         if seen:
             if hook.hook_event_name == "PostCompact":
                 # The same compaction, now finished: lastCompactionMs moves to when the window
                 # emptied, and rides the next reading rather than writing again.
                 self._compaction = _Compaction(self._compaction.count, now_ms, self._compaction.trigger)
             return []
-        if hook.prompt_id is not None:
-            self._counted[hook.prompt_id] = None
-            while len(self._counted) > _REMEMBERED_COMPACTIONS:
-                self._counted.popitem(last=False)
         self._episode_open = True
         trigger = _TRIGGERS.get(hook.trigger or "", "unknown")
         self._compaction = _Compaction(self._compaction.count + 1, now_ms, trigger)

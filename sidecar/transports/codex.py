@@ -26,6 +26,7 @@ import trio
 import trio_websocket
 from trio_websocket import ConnectionClosed, ConnectionRejected, WebSocketConnection, WebSocketRequest
 
+from guard.constants import CHANNEL_MAX_FRAME_BYTES
 from sidecar.producers.codex import FRAME_TYPE
 from sidecar.transports import Submit
 
@@ -172,7 +173,9 @@ class _Relay:
         try:
             while True:
                 message = await source.get_message()
-                if tap and isinstance(message, str):
+                # The notifications that carry numbers are small; a full-history thread/resume
+                # answer is relayed but not tapped, as the channel would refuse it too.
+                if tap and isinstance(message, str) and len(message) <= CHANNEL_MAX_FRAME_BYTES:
                     self._submit(message)
                 await sink.send_message(message)
         except ConnectionClosed as closed:
