@@ -198,19 +198,36 @@ def render(command: str, stdin: bytes, timeout_s: float = RENDER_TIMEOUT_S) -> t
         return None, f"could not start /bin/sh ({exc.strerror or exc})"
     posix.close(in_read)
     posix.close(out_write)
+    deadline = time.monotonic() + timeout_s
     output, timed_out = _exchange(in_write, out_read, stdin, timeout_s)
-    if timed_out:
+    status = None if timed_out else _wait_until(pid, deadline)
+    if status is None:  # past the deadline, with or without its stdout closed: Claude is waiting
+        timed_out = True
         try:  # noqa: SIM105 - see _say
             posix.killpg(pid, 9)
         except OSError:
             pass
-    _, status = posix.waitpid(pid, 0)
+        _, status = posix.waitpid(pid, 0)
     code = posix.waitstatus_to_exitcode(status)
     if timed_out:
         return None, f"did not finish within {timeout_s:g}s with under {MAX_RENDERED_BYTES} bytes of output"
     if code != 0:
         return None, f"exited {code}" if code > 0 else f"was killed by signal {-code}"
     return output, ""
+
+
+def _wait_until(pid: int, deadline: float) -> int | None:
+    """The child's wait status if it exits before `deadline`, else None (it is still running)."""
+    delay = 0.001
+    while True:
+        reaped, status = posix.waitpid(pid, posix.WNOHANG)
+        if reaped:
+            return status
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return None
+        time.sleep(min(delay, remaining))
+        delay = min(delay * 2, 0.05)
 
 
 def _exchange(to_child: int, from_child: int, data: bytes, timeout_s: float) -> tuple[bytes, bool]:

@@ -249,3 +249,12 @@ def test_the_tee_imports_nothing_heavy() -> None:
     assert "sidecar.claude_tee" in loaded
     heavy = {"json", "re", "socket", "subprocess", "enum", "typing", "pydantic", "trio", "guard", "threading", "os"}
     assert loaded.isdisjoint(heavy), loaded & heavy
+
+
+def test_a_renderer_that_closes_stdout_and_lingers_is_still_held_to_its_deadline() -> None:
+    from sidecar.claude_tee import render
+
+    started = time.monotonic()
+    output, why = render("echo partial; exec >&-; sleep 5", b"{}", timeout_s=0.5)
+    assert time.monotonic() - started < 2.0  # Claude waits on every render: the deadline is the deadline
+    assert output is None and "did not finish within 0.5s" in why
