@@ -30,9 +30,7 @@ from tests.wrapping import (
 
 def test_a_frame_from_the_harness_becomes_the_record_of_its_incarnation(tmp_path: Path) -> None:
     catalog = tmp_path / "catalog"
-    result = run(
-        wrap_argv(catalog, "agent-1", "pi", sys.executable, "-c", STANDIN, context_frame(2500, 10000, 25.0))
-    )
+    result = run(wrap_argv(catalog, "agent-1", "pi", sys.executable, "-c", STANDIN, context_frame(2500, 10000, 25.0)))
     assert result.returncode == 0, result.stderr
     record = parse_record((agent_dir(catalog, "agent-1") / "harness-context").read_bytes())
     state = read_json(agent_dir(catalog, "agent-1") / "harness-state")
@@ -78,9 +76,7 @@ def test_a_missing_command_is_a_clear_error_not_a_traceback(tmp_path: Path) -> N
         (["--agent", "a", "--harness", "pi", "--host", "a/b", "--", "true"], "host 'a/b' is not a valid"),
     ],
 )
-def test_bad_arguments_are_refused_with_a_clear_message(
-    tmp_path: Path, args: list[str], message: str
-) -> None:
+def test_bad_arguments_are_refused_with_a_clear_message(tmp_path: Path, args: list[str], message: str) -> None:
     result = run([sys.executable, "-m", "wrapper.cli", "wrap", "--catalog", str(tmp_path), *args])
     assert result.returncode == 2
     assert message in result.stderr
@@ -184,3 +180,68 @@ def test_ctrl_c_in_a_terminal_reaches_the_harness_exactly_once(tmp_path: Path) -
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
     assert counter.read_text() == "INT\n"  # delivered by the terminal, not doubled by the wrapper
     assert done.read_text().strip() == "3"
+
+
+def test_a_signal_during_the_relaunch_back_off_stops_the_loop_at_once(tmp_path: Path) -> None:
+    seen = tmp_path / "runs"
+    script = f"import sys; open({str(seen)!r}, 'a').write('run\\n'); sys.exit(1)"
+    argv = wrap_argv(tmp_path / "c", "looper", "pi", sys.executable, "-c", script,
+                     extra=("--restart", "always", "--restart-delay", "30"))  # fmt: skip
+    wrapper = subprocess.Popen(argv, env=env(), stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    wait_for(lambda: seen.exists(), what="the first run")
+    time.sleep(0.5)  # now inside the 30 s back-off
+    wrapper.send_signal(signal.SIGTERM)
+    started = time.monotonic()
+    wrapper.wait(timeout=10)
+    assert time.monotonic() - started < 5
+    assert seen.read_text() == "run\n"  # not relaunched
+
+
+def test_ctrl_c_reaches_the_harness_once_even_when_stdin_is_not_the_terminal(tmp_path: Path) -> None:
+    """A client piping into a wrapped app-server: the terminal still owns Ctrl-C."""
+    import pty
+
+    counter = tmp_path / "sigints"
+    harness = tmp_path / "harness.py"
+    harness.write_text(
+        "import signal, sys, time\n"
+        f"signal.signal(signal.SIGINT, lambda *_: open({str(counter)!r}, 'a').write('INT\\n'))\n"
+        f"open({str(tmp_path / 'ready')!r}, 'w').close()\ntime.sleep(2)\nsys.exit(3)\n"
+    )
+    pid, terminal = pty.fork()
+    if pid == 0:  # the child: a session whose controlling terminal is the pty, stdin from /dev/null
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        argv = wrap_argv(tmp_path / "c", "tty2", "pi", sys.executable, str(harness))
+        os.execve(argv[0], argv, env())
+    try:
+        wait_for((tmp_path / "ready").exists, what="harness ready")
+        os.write(terminal, b"\x03")
+        _, status = os.waitpid(pid, 0)
+    finally:
+        os.close(terminal)
+    assert counter.read_text() == "INT\n"
+    assert os.waitstatus_to_exitcode(status) == 3
+
+
+TAPPED_APP_SERVER = r"""
+import json, sys, time
+for n in range(40):
+    print(json.dumps({"jsonrpc": "2.0", "method": "thread/started", "params": {"n": n}}), flush=True)
+    time.sleep(0.05)
+"""
+
+
+def test_a_dead_sidecar_never_stops_the_tapped_output(tmp_path: Path) -> None:
+    codex = tmp_path / "codex"  # a stand-in app-server: the codex launch plan taps its stdout
+    codex.write_text(f"#!{sys.executable}\n{TAPPED_APP_SERVER}")
+    codex.chmod(0o755)
+    argv = wrap_argv(tmp_path / "c", "tapped", "codex", str(codex), "app-server")
+    wrapper = subprocess.Popen(argv, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    start = wait_for(lambda: [e for e in log_events(tmp_path / "c", "tapped") if e["event"] == "start"])
+    time.sleep(0.3)
+    os.kill(start[0]["pid"], signal.SIGKILL)
+    out, err = wrapper.communicate(timeout=30)
+    assert wrapper.returncode == 0, err
+    assert [json.loads(line)["params"]["n"] for line in out.splitlines()] == list(range(40))
+    assert b"Traceback" not in err

@@ -54,34 +54,58 @@ def exit_status(returncode: int) -> int:
 
 
 class Session:
-    """Signals that arrive while the wrapper supervises; they stop any further relaunch."""
+    """Signals that arrive while the wrapper supervises; any of them stops further relaunches."""
 
     def __init__(self) -> None:
-        self.stop_requested = False
+        self.stopped = trio.Event()
         self.process: subprocess.Popen[bytes] | None = None
+        # A signal that came while no harness ran (during a claim, a back-off or a slow sidecar):
+        # the harness about to start gets it, so it is neither lost nor outlived.
+        self.unforwarded: int | None = None
+
+    @property
+    def stop_requested(self) -> bool:
+        return self.stopped.is_set()
 
     async def forward_signals(self) -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
             async for signum in signals:
-                self.stop_requested = True
+                self.stopped.set()
                 process = self.process
                 if process is None or process.poll() is not None:
+                    self.unforwarded = signum
                     continue
                 if signum == signal.SIGINT and _terminal_delivers_sigint():
                     continue  # the terminal already sent it to the harness: a second would double it
                 process.send_signal(signum)
 
+    def started(self, process: subprocess.Popen[bytes]) -> None:
+        self.process = process
+        if self.unforwarded is not None:
+            process.send_signal(self.unforwarded)
+
 
 def _terminal_delivers_sigint() -> bool:
-    """True when Ctrl-C on our terminal reaches the harness directly (we share its foreground group)."""
+    """True when Ctrl-C on our terminal reaches the harness directly (we share its foreground group).
+
+    Asked of the controlling terminal itself: stdin may be a pipe (a client driving an app-server)
+    while the terminal still delivers Ctrl-C to the whole foreground group.
+    """
     try:
-        return os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
-    except (OSError, ValueError):
+        tty = os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        return False  # no controlling terminal: whoever sent SIGINT sent it to us alone
+    try:
+        return os.tcgetpgrp(tty) == os.getpgrp()
+    except OSError:
         return False
+    finally:
+        os.close(tty)
 
 
 async def wrap(options: WrapOptions) -> int:
     session = Session()
+    status = 0
     async with trio.open_nursery() as nursery:
         nursery.start_soon(session.forward_signals)
         restarts = 0
@@ -92,7 +116,10 @@ async def wrap(options: WrapOptions) -> int:
             delay = min(options.restart_delay_s * 2**restarts, options.restart_delay_max_s)
             restarts += 1
             say(f"harness exited with {status}; relaunch {restarts} in {delay:.2f}s")
-            await trio.sleep(delay)
+            with trio.move_on_after(delay):
+                await session.stopped.wait()
+            if session.stop_requested:
+                break
         _mark_stopped(options)
         nursery.cancel_scope.cancel()
     return status
@@ -136,13 +163,22 @@ def _channel_path() -> tuple[Path, Path]:
 
 async def run_incarnation(options: WrapOptions, session: Session) -> int:
     incarnation = claim(options)
-    agent = options.agent
     try:
         plan = prepare(LaunchPlan(harness=options.harness, argv=options.argv, cwd=Path.cwd()))
     except (OSError, ValueError) as exc:
         say(f"cannot prepare the {options.harness} launch: {exc}")
         return 2
     directory, channel = _channel_path()
+    try:
+        return await _run_with_sidecar(options, session, plan, incarnation, channel)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+async def _run_with_sidecar(
+    options: WrapOptions, session: Session, plan: LaunchPlan, incarnation: str, channel: Path
+) -> int:
+    agent = options.agent
     lifeline_read, lifeline_write = os.pipe()
     ready_read, ready_write = os.pipe()
     try:
@@ -160,22 +196,22 @@ async def run_incarnation(options: WrapOptions, session: Session) -> int:
             stdout=subprocess.DEVNULL,
             env=_sidecar_env(),
         )
+    except BaseException:
+        os.close(lifeline_write)
+        os.close(ready_read)
+        raise
     finally:
         os.close(lifeline_read)
         os.close(ready_write)
     try:
         if not await _wait_ready(ready_read):
             say("the sidecar did not come up; the harness runs without context telemetry")
-        env = (
-            os.environ
-            | plan.env
-            | {
-                "HCTX_CHANNEL": os.fspath(channel),
-                "HCTX_AGENT": agent.identity,
-                "HCTX_INCARNATION": incarnation,
-                "HCTX_CATALOG": os.fspath(agent.catalog),
-            }
-        )
+        env = os.environ | plan.env | {
+            "HCTX_CHANNEL": os.fspath(channel),
+            "HCTX_AGENT": agent.identity,
+            "HCTX_INCARNATION": incarnation,
+            "HCTX_CATALOG": os.fspath(agent.catalog),
+        }  # fmt: skip
         return await _run_harness(plan, env, channel, session)
     finally:
         os.close(lifeline_write)  # the sidecar drains what it has and exits
@@ -185,7 +221,6 @@ async def run_incarnation(options: WrapOptions, session: Session) -> int:
             say("the sidecar did not exit in time; killed")
             sidecar.kill()
             await sidecar.wait()
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _sidecar_env() -> dict[str, str]:
@@ -227,7 +262,7 @@ async def _run_harness(plan: LaunchPlan, env: dict[str, str], channel: Path, ses
     except OSError as exc:
         say(f"cannot start {plan.argv[0]!r}: {exc.strerror or exc}")
         return 127 if isinstance(exc, FileNotFoundError) else 126
-    session.process = process
+    session.started(process)
     try:
         async with trio.open_nursery() as nursery:
             if plan.tap_stdout and process.stdout is not None:
@@ -274,20 +309,24 @@ async def _tap_stdout(stdout: trio.abc.ReceiveStream, frame_type: str, channel: 
 
 
 async def _send_tapped(frames: trio.MemoryReceiveChannel[bytes], channel: Path) -> None:
+    """Send tapped lines to the sidecar; if it is gone, keep draining so the copy never stalls."""
     async with frames:
         try:
-            stream = await trio.open_unix_socket(os.fspath(channel))
+            stream: trio.SocketStream | None = await trio.open_unix_socket(os.fspath(channel))
         except OSError as exc:
             say(f"stdout tap cannot reach the sidecar: {exc}")
-            async for _ in frames:
-                pass
-            return
-        async with stream:
-            async for frame in frames:
-                try:
-                    await stream.send_all(frame)
-                except (OSError, trio.BrokenResourceError):
-                    return
+            stream = None
+        async for frame in frames:
+            if stream is None:
+                continue
+            try:
+                await stream.send_all(frame)
+            except (OSError, trio.BrokenResourceError) as exc:
+                say(f"stdout tap lost the sidecar: {exc}; the harness's output still flows")
+                await stream.aclose()
+                stream = None
+        if stream is not None:
+            await stream.aclose()
 
 
 def run_wrap(options: WrapOptions) -> int:
