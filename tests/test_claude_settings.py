@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from wrapper.harnesses import LaunchPlan, prepare
-from wrapper.harnesses.claude import HOOK_EVENTS, SettingsError, tee_command, write_settings
+from wrapper.harnesses.claude import HOOK_EVENTS, SETTINGS_PATH, SettingsError, tee_command, write_settings
 
 REPO = Path(__file__).resolve().parent.parent
 PAYLOAD = (REPO / "fixtures" / "claude" / "statusline-2.1.250.jsonl").read_bytes().splitlines()[1]
@@ -155,3 +155,33 @@ def test_the_rendered_commands_run_without_path_from_any_directory(tmp_path: Pat
         )
         assert (done.returncode, done.stdout) == (0, expected), done.stderr
     assert os.access(tee_command("hook").split()[0], os.X_OK)
+
+
+def test_a_symlinked_settings_file_is_written_through_and_stays_a_link(tmp_path: Path) -> None:
+    dotfiles = tmp_path / "dotfiles" / "claude-local.json"
+    dotfiles.parent.mkdir()
+    dotfiles.write_text(json.dumps({"permissions": {"allow": ["Bash(ls:*)"]}}))
+    (tmp_path / ".claude").mkdir()
+    (tmp_path / SETTINGS_PATH).symlink_to(dotfiles)
+    write_settings(tmp_path)
+    assert (tmp_path / SETTINGS_PATH).is_symlink()
+    written = json.loads(dotfiles.read_text())
+    assert written["permissions"] == {"allow": ["Bash(ls:*)"]}
+    assert "claude_tee" in written["statusLine"]["command"]
+
+
+def test_a_users_own_status_line_is_kept_and_keeps_drawing_through_the_tee(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from wrapper.harnesses.claude import DISPLACED_STATUS_LINE, RENDERER_ENV
+
+    monkeypatch.delenv(RENDERER_ENV, raising=False)
+    (tmp_path / ".claude").mkdir()
+    (tmp_path / SETTINGS_PATH).write_text(json.dumps({"statusLine": {"type": "command", "command": "my-line.sh"}}))
+    plan = prepare(LaunchPlan(harness="claude", argv=("claude",), cwd=tmp_path))
+    assert plan.env[RENDERER_ENV] == "my-line.sh"
+    assert json.loads((tmp_path / DISPLACED_STATUS_LINE).read_text())["command"] == "my-line.sh"
+    assert "had its own statusLine" in capsys.readouterr().err
+    again = prepare(LaunchPlan(harness="claude", argv=("claude",), cwd=tmp_path))
+    assert again.env[RENDERER_ENV] == "my-line.sh"  # a relaunch still chains it, once the file is ours
+    assert capsys.readouterr().err == ""

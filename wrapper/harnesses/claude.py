@@ -27,6 +27,10 @@ from typing import Any
 from wrapper.harnesses import LaunchPlan
 
 SETTINGS_PATH = Path(".claude") / "settings.local.json"
+# Where a status line the user had in that file is kept when hctx takes the slot, so it still
+# draws: the tee runs it as the renderer (through ST_CLAUDE_STATUSLINE_RENDERER).
+DISPLACED_STATUS_LINE = Path(".claude") / "statusline-before-hctx.json"
+RENDERER_ENV = "ST_CLAUDE_STATUSLINE_RENDERER"
 HOOK_EVENTS = ("PreCompact", "PostCompact", "SessionStart")
 REFRESH_INTERVAL_S = 5
 # Every command hctx renders names this module; it is how our earlier entries are recognised.
@@ -95,7 +99,10 @@ def render_settings(settings: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_settings(cwd: Path) -> Path:
-    """Render into `<cwd>/.claude/settings.local.json`, atomically, only if it changes."""
+    """Render into `<cwd>/.claude/settings.local.json`, atomically, only if it changes.
+
+    A symlinked settings file (dotfiles) is written through, never replaced by a copy.
+    """
     path = cwd / SETTINGS_PATH
     try:
         text = path.read_text(encoding="utf-8")
@@ -116,20 +123,49 @@ def write_settings(cwd: Path) -> Path:
     except SettingsError as exc:
         raise SettingsError(f"{path}: {exc}; hctx will not overwrite it") from None
     if rendered != text:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=".settings.", delete=False) as tmp:
+        _keep_displaced_status_line(cwd, settings.get("statusLine"))
+        target = Path(os.path.realpath(path))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=target.parent, prefix=".settings.", delete=False) as tmp:
             try:
                 tmp.write(rendered)
                 tmp.flush()
                 if text is not None:
-                    os.chmod(tmp.name, path.stat().st_mode & 0o7777)
-                os.replace(tmp.name, path)
+                    os.chmod(tmp.name, target.stat().st_mode & 0o7777)
+                os.replace(tmp.name, target)
             except BaseException:
                 Path(tmp.name).unlink(missing_ok=True)
                 raise
     return path
 
 
+def _keep_displaced_status_line(cwd: Path, status_line: object) -> None:
+    """The user's own status line in the file hctx renders: saved once, and said so on stderr."""
+    if not isinstance(status_line, dict) or _is_ours(status_line) or not status_line.get("command"):
+        return
+    saved = cwd / DISPLACED_STATUS_LINE
+    if saved.exists():
+        return
+    saved.write_text(json.dumps(status_line, indent=2) + "\n", encoding="utf-8")
+    print(
+        f"hctx: {cwd / SETTINGS_PATH} had its own statusLine; hctx's tee now holds that slot and runs "
+        f"yours as its renderer (kept in {saved})",
+        file=sys.stderr,
+    )
+
+
+def displaced_renderer(cwd: Path) -> str | None:
+    try:
+        saved = json.loads((cwd / DISPLACED_STATUS_LINE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    command = saved.get("command") if isinstance(saved, dict) else None
+    return command if isinstance(command, str) and command.strip() else None
+
+
 def prepare(plan: LaunchPlan) -> LaunchPlan:
     write_settings(plan.cwd)
-    return dataclasses.replace(plan)
+    renderer = displaced_renderer(plan.cwd)
+    if renderer is None or os.environ.get(RENDERER_ENV):
+        return plan
+    return dataclasses.replace(plan, env={**plan.env, RENDERER_ENV: renderer})
