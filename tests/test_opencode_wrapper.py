@@ -74,3 +74,11 @@ def test_injected_options_go_before_a_literal_double_dash() -> None:
 @pytest.mark.parametrize("argv", [("opencode", "run", "hello"), ("opencode", "models"), ("opencode", "attach", "x")])
 def test_commands_without_a_server_of_their_own_are_left_alone(argv: tuple[str, ...]) -> None:
     assert prepare(plan(*argv)) == plan(*argv)
+
+
+def test_a_launch_through_npx_or_bunx_reads_the_subcommand_after_the_package() -> None:
+    served = prepare(LaunchPlan(harness="opencode", argv=("npx", "opencode-ai", "serve"), cwd=Path("/w")))
+    assert served.argv[:3] == ("npx", "opencode-ai", "serve") and "--port" in served.argv
+    assert "directory" not in served.transport  # `opencode-ai` is the program, not a project path
+    tui = prepare(LaunchPlan(harness="opencode", argv=("bunx", "opencode-ai"), cwd=Path("/w")))
+    assert "directory" not in tui.transport and "--port" in tui.argv

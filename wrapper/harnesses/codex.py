@@ -17,16 +17,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import socket
 import time
-from pathlib import Path
 from typing import Final
 
-from wrapper.harnesses import LaunchPlan
+from wrapper.harnesses import LOOPBACK, LaunchPlan, free_loopback_port, program_index
 
 FRAME_TYPE: Final = "codex.rpc"
 APP_SERVER: Final = "app-server"
-LOOPBACK: Final = "127.0.0.1"
 
 # `codex app-server` options that take a value (codex-cli 0.151.0 and 0.171.0 `app-server --help`),
 # so a value is never mistaken for the subcommand.
@@ -75,7 +72,7 @@ def prepare(plan: LaunchPlan) -> LaunchPlan:
 
 
 def _follow_rollout(plan: LaunchPlan) -> LaunchPlan:
-    program = _program_index(plan.argv)
+    program = program_index(plan.argv, "codex")
     if program is None:
         return plan
     index = _subcommand(plan.argv, program + 1, _TOP_VALUED_OPTIONS)
@@ -92,21 +89,13 @@ def _follow_rollout(plan: LaunchPlan) -> LaunchPlan:
     return dataclasses.replace(plan, transport=transport)
 
 
-def free_loopback_port() -> int:
-    """A port the kernel just handed out on loopback; the harness binds it moments later."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((LOOPBACK, 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 def _app_server_index(argv: tuple[str, ...]) -> int | None:
     """Where `app-server` is the subcommand that runs a server (not `app-server generate-ts` ...).
 
     The program may be `codex`, `codex.js` behind `node`, or `npx codex`: the subcommand is read
     after the first word naming codex, or searched for when no word does.
     """
-    program = _program_index(argv)
+    program = program_index(argv, "codex")
     if program is not None:
         index = _subcommand(argv, program + 1, _TOP_VALUED_OPTIONS)
     else:
@@ -114,10 +103,6 @@ def _app_server_index(argv: tuple[str, ...]) -> int | None:
     if index is None or argv[index] != APP_SERVER:
         return None
     return index if _subcommand(argv, index + 1, _VALUED_OPTIONS) is None else None
-
-
-def _program_index(argv: tuple[str, ...]) -> int | None:
-    return next((i for i, word in enumerate(argv) if Path(word).name.startswith("codex")), None)
 
 
 def _subcommand(argv: tuple[str, ...], start: int, valued: frozenset[str]) -> int | None:

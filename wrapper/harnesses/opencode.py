@@ -10,13 +10,11 @@ started on a project path, since `/event` follows one directory's instance).
 from __future__ import annotations
 
 import dataclasses
-import socket
 from pathlib import Path
 from typing import Final
 
-from wrapper.harnesses import LaunchPlan
+from wrapper.harnesses import LOOPBACK, LaunchPlan, free_loopback_port, program_index
 
-LOOPBACK: Final = "127.0.0.1"
 # Subcommands that run the HTTP server and take --port/--hostname; no subcommand is the TUI.
 SERVER_COMMANDS: Final = frozenset({"serve", "web"})
 OTHER_COMMANDS: Final = frozenset({
@@ -29,14 +27,6 @@ VALUE_OPTIONS: Final = frozenset({
     "--session", "--prompt", "--agent", "--replay-limit",
 })  # fmt: skip
 ANY_INTERFACE: Final = frozenset({"0.0.0.0", "::", "", "localhost"})
-
-
-def free_loopback_port() -> int:
-    """A port free on 127.0.0.1 right now (the kernel's choice; the server binds it moments later)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((LOOPBACK, 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +45,8 @@ def _scan(argv: tuple[str, ...]) -> _Args:
     options: dict[str, str] = {}
     port_span: tuple[int, int] | None = None
     end = len(argv)
-    index = 1
+    program = program_index(argv, "opencode")
+    index = 1 if program is None else program + 1  # `npx opencode-ai serve` reads from `serve`
     while index < len(argv):
         arg = argv[index]
         if arg == "--":
