@@ -116,7 +116,7 @@ def test_live_view_needs_a_terminal(tmp_path: Path) -> None:
 def test_once_on_an_unreadable_catalog(tmp_path: Path) -> None:
     (tmp_path / "agents").write_text("")
     done = hctx("top", "--once", "--catalog", str(tmp_path))
-    assert done.returncode == 0 and "cannot read the catalog" in done.stdout
+    assert done.returncode == 2 and "is not a real directory" in done.stderr  # as `hctx agents`
 
 
 # --- live, in tmux ---------------------------------------------------------------------------------
@@ -253,3 +253,4 @@ def test_sigterm_quits_and_restores_the_terminal(tmp_path: Path, tmux: Tmux) -> 
     tmux.wait_for("icanon", timeout=5)
     pane_text = tmux.pane()
     assert "BEFORE-TOP" in pane_text and "box/alpha" not in pane_text and "-echo" not in pane_text
+

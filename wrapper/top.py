@@ -257,8 +257,15 @@ def live(screen: Screen, fd: int) -> None:
 
 def run(catalog: Path, *, here: str, once: bool) -> int:
     if once:
-        screen = Screen(catalog, here, colour_enabled(sys.stdout))
-        sys.stdout.write("\n".join(screen.frame(_once_width(), None)) + "\n")
+        now = now_ms()
+        try:
+            roster = collect_roster(catalog, now, here=here)
+        except CatalogUnreadable as exc:  # as `hctx agents`: an unreadable catalog is a failure
+            print(f"hctx top: {exc}", file=sys.stderr)
+            return 2
+        lines = render_frame(roster, now, catalog=catalog, width=_once_width(), height=None,
+                             colour=colour_enabled(sys.stdout))  # fmt: skip
+        sys.stdout.write("\n".join(lines) + "\n")
         return 0
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         print("hctx top: needs a terminal on stdin and stdout (use --once for one frame)", file=sys.stderr)
