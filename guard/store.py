@@ -257,7 +257,7 @@ def write_agent_file(agent: AgentDir, name: str, data: bytes) -> None:
 
 
 def iter_hosts(catalog: Path) -> list[str]:
-    return sorted(_strict_children(catalog / AGENTS_DIR_NAME, legacy_ok=False))
+    return _strict_children(catalog / AGENTS_DIR_NAME, "host", legacy_ok=False)
 
 
 def iter_identities(catalog: Path, host: str) -> list[str]:
@@ -265,7 +265,7 @@ def iter_identities(catalog: Path, host: str) -> list[str]:
     agents = catalog / AGENTS_DIR_NAME
     if not _is_real_dir(agents):  # a symlinked `agents/` is refused here too, not walked through
         return []
-    return sorted(_strict_children(agents / check_name("host", host), legacy_ok=True))
+    return _strict_children(agents / check_name("host", host), "identity", legacy_ok=True)
 
 
 def _is_real_dir(path: Path) -> bool:
@@ -279,13 +279,35 @@ def _is_real_dir(path: Path) -> bool:
     return True
 
 
-def _strict_children(directory: Path, *, legacy_ok: bool) -> Iterator[str]:
-    if not _is_real_dir(directory):
-        return
+def agent_tree_children(directory: Path, kind: str, *, legacy_ok: bool) -> tuple[list[str], list[str]]:
+    """The real subdirectories of `directory` that are valid `kind` names, sorted, and one line for
+    every other entry (symlinks, files, bad names, near misses of the legacy name).
+
+    With `legacy_ok` the exact legacy staging name is passed over silently, but only as a regular
+    non-symlink file: possibly a live old writer's, and left untouched.
+    """
+    names: list[str] = []
+    passed_over: list[str] = []
     with os.scandir(directory) as entries:
         for entry in entries:
-            if legacy_ok and LEGACY_STAGING_NAME.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
-                continue  # possibly a live old writer's: left untouched
-            if not entry.is_dir(follow_symlinks=False) or not _NAME.fullmatch(entry.name):
-                raise CatalogError(f"unexpected entry {Path(directory, entry.name)} in the catalog")
-            yield entry.name
+            try:
+                regular = entry.is_file(follow_symlinks=False)
+                real_dir = entry.is_dir(follow_symlinks=False)
+            except OSError:
+                regular = real_dir = False
+            if legacy_ok and regular and LEGACY_STAGING_NAME.fullmatch(entry.name):
+                continue
+            if real_dir and _NAME.fullmatch(entry.name) and entry.name not in {".", ".."}:
+                names.append(entry.name)
+            else:
+                passed_over.append(f"unexpected entry {Path(directory, entry.name)!s} (not a {kind} directory)")
+    return sorted(names), sorted(passed_over)
+
+
+def _strict_children(directory: Path, kind: str, *, legacy_ok: bool) -> list[str]:
+    if not _is_real_dir(directory):
+        return []
+    names, passed_over = agent_tree_children(directory, kind, legacy_ok=legacy_ok)
+    if passed_over:
+        raise CatalogError(passed_over[0])
+    return names

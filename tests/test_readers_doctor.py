@@ -138,10 +138,10 @@ def test_unlistable_agents_dir_is_a_failure(tmp_path: Path, monkeypatch: pytest.
     """Permission denied on `agents/` (simulated: the suite may run as root, which bypasses modes)."""
     (tmp_path / "agents").mkdir()
 
-    def denied(path: Path) -> list[os.DirEntry[str]]:
+    def denied(path: Path, kind: str, *, legacy_ok: bool) -> tuple[list[str], list[str]]:
         raise PermissionError(13, "Permission denied", str(path))
 
-    monkeypatch.setattr(readers, "_list_dir", denied)
+    monkeypatch.setattr(readers, "agent_tree_children", denied)
     assert main(["doctor", "--catalog", str(tmp_path)]) == 2
     assert "Permission denied" in capsys.readouterr().err
 

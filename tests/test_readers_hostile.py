@@ -178,14 +178,14 @@ def test_unexpected_entries_are_passed_over_with_warnings(tmp_path: Path) -> Non
 def test_unreadable_host_dir_skips_that_host_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     put_record(tmp_path, "a", host="locked")
     put_record(tmp_path, "b", host="open")
-    real = readers._list_dir
+    real = readers.agent_tree_children
 
-    def list_denying(path: Path) -> list[os.DirEntry[str]]:
+    def list_denying(path: Path, kind: str, *, legacy_ok: bool) -> tuple[list[str], list[str]]:
         if path.name == "locked":
             raise PermissionError(13, "Permission denied", str(path))
-        return real(path)
+        return real(path, kind, legacy_ok=legacy_ok)
 
-    monkeypatch.setattr(readers, "_list_dir", list_denying)
+    monkeypatch.setattr(readers, "agent_tree_children", list_denying)
     result = roster(tmp_path)
     assert [row.name for row in result.rows] == ["open/b"]
     assert any("Permission denied" in warning and "locked" in warning for warning in result.warnings)

@@ -52,14 +52,19 @@ def launch(agent: DemoAgent, catalog: Path, duration_s: float, linger: bool) -> 
         *(sys.executable, "-m", "wrapper.cli", "wrap", "--agent", agent.identity, "--harness", agent.harness),
         *("--catalog", str(catalog), "--host", DEMO_HOST, "--", *standin),
     ]
-    return subprocess.Popen(argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True)
+    # The stand-ins' status lines go nowhere; a renderer that draws nothing keeps the tee quiet.
+    env = os.environ | {"ST_CLAUDE_STATUSLINE_RENDERER": "true"}
+    return subprocess.Popen(
+        argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True
+    )
 
 
 def stop(processes: list[subprocess.Popen[bytes]]) -> None:
-    """SIGTERM every wrapper's group (wrapper, stand-in, sidecar), SIGKILL what outlives the timeout."""
+    """SIGTERM every wrapper (it forwards to its stand-in; its sidecar follows); SIGKILL the group
+    of one that outlives the timeout."""
     for process in processes:
         if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
+            process.terminate()
     deadline = time.monotonic() + STOP_TIMEOUT_S
     for process in processes:
         try:

@@ -37,7 +37,7 @@ from guard.files import RawFile, open_regular, read_bounded
 from guard.projection import MAX_RECORD_BYTES, project
 from guard.record import HarnessContext, RecordRefused, parse_record
 from guard.state import MAX_STATE_BYTES, HarnessState, parse_state
-from guard.store import LEGACY_STAGING_NAME, CatalogError, check_name, default_catalog, default_host, log_path
+from guard.store import CatalogError, agent_tree_children, check_name, default_catalog, default_host, log_path
 
 Command = Callable[[argparse.Namespace], int]
 PidProbe = Callable[[int], bool]
@@ -253,11 +253,6 @@ class Roster:
         return [*self.warnings, *(warning for row in self.rows for warning in row.warnings())]
 
 
-def _list_dir(path: Path) -> list[os.DirEntry[str]]:
-    with os.scandir(path) as entries:
-        return list(entries)
-
-
 def _agents_root(catalog: Path) -> Path | None:
     """`<catalog>/agents`, None when there is no catalog yet; raises when it cannot be read at all."""
     root = catalog / AGENTS_DIR_NAME
@@ -282,24 +277,9 @@ def _agents_root(catalog: Path) -> Path | None:
 
 def _named_dirs(directory: Path, kind: str, warnings: list[str], *, legacy_ok: bool) -> list[str]:
     """Subdirectories that can be agent-tree names; everything else is named in a warning."""
-    names = []
-    for entry in _list_dir(directory):
-        if legacy_ok and LEGACY_STAGING_NAME.fullmatch(entry.name):
-            continue  # an old writer's staging file, expected beside identities
-        try:
-            check_name(kind, entry.name)
-        except CatalogError:
-            warnings.append(f"unexpected entry {printable(repr(entry.name))} in {directory}; ignored")
-            continue
-        try:
-            real_dir = entry.is_dir(follow_symlinks=False)
-        except OSError:
-            real_dir = False
-        if not real_dir:
-            warnings.append(f"{directory / entry.name} is not a real directory (symlink or file); ignored")
-            continue
-        names.append(entry.name)
-    return sorted(names)
+    names, passed_over = agent_tree_children(directory, kind, legacy_ok=legacy_ok)
+    warnings.extend(f"{printable(line)}; ignored" for line in passed_over)
+    return names
 
 
 def list_agents(catalog: Path) -> tuple[list[tuple[str, str]], list[str]]:
