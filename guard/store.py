@@ -112,7 +112,9 @@ def _open_chain(root: Path, components: tuple[str, ...], *, create: bool) -> int
     root = Path(os.path.abspath(root))
     if create:
         os.makedirs(root, mode=0o755, exist_ok=True)
-    fd = _open_dir(None, str(root), root, create=False)
+    # The catalog root is the user's to place (a symlinked ~/.local/state is common); everything
+    # below it, the replicated ancestry and the staging directory, must be real directories.
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     path = root
     try:
         for name in components:

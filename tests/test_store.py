@@ -471,3 +471,12 @@ def test_staging_files_of_dead_writers_are_swept_and_a_live_writers_are_kept(tmp
     assert sorted(p.name for p in staging.iterdir()) == sorted(
         [f"harness-context.{os.getpid()}.0a1b2c", "unrelated-name"]
     )
+
+
+def test_a_symlinked_catalog_root_is_the_users_choice_and_is_written_through(tmp_path: Path) -> None:
+    real = tmp_path / "real-catalog"
+    real.mkdir()
+    (tmp_path / "catalog").symlink_to(real)
+    store.write_context(store.AgentDir(tmp_path / "catalog", "h", "a"), record())
+    assert (real / "agents" / "h" / "a" / "harness-context").is_file()
+    assert read_context(tmp_path / "catalog" / "agents" / "h" / "a" / "harness-context", 1788000100000) is not None
