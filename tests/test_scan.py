@@ -230,3 +230,14 @@ def test_durations(text: str, ms: int) -> None:
 def test_bad_durations(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError):
         parse_duration(text)
+
+
+def test_a_fifo_where_the_model_table_belongs_never_hangs_the_scan(tmp_path: Path) -> None:
+    from wrapper.scan import model_table
+
+    (tmp_path / "hctx").mkdir()
+    os.mkfifo(tmp_path / "hctx" / "models.json")
+    warnings: list[str] = []
+    table = model_table({"XDG_CONFIG_HOME": str(tmp_path)}, warnings)
+    assert table["claude-sonnet-4-5"] == 200_000  # the shipped table stands
+    assert warnings and "not a regular file" in warnings[0]

@@ -93,13 +93,18 @@ def model_table(environ: Mapping[str, str], warnings: list[str]) -> dict[str, in
     table = shipped_model_table()
     path = user_model_table_path(environ)
     try:
-        with path.open("rb") as handle:
-            data = handle.read(_USER_TABLE_LIMIT + 1)
+        # A config file may be a dotfiles symlink; it may not be a FIFO that hangs the scan.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return table
     except OSError as exc:
         warnings.append(f"model table {path}: {exc.strerror or exc}; using the shipped table")
         return table
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            warnings.append(f"model table {path}: not a regular file; using the shipped table")
+            return table
+        data = handle.read(_USER_TABLE_LIMIT + 1)
     try:
         if len(data) > _USER_TABLE_LIMIT:
             raise ModelTableError(f"{path}: larger than {_USER_TABLE_LIMIT} bytes")
