@@ -64,9 +64,7 @@ class ContextFields(_Wire):
 class HarnessContext(ContextFields):
     """One JSON object at `<agent-dir>/harness-context`, replaced atomically."""
 
-    schema_id: Literal["st2.harness-context.v1", "st2.harness-context.v2"] = Field(
-        default=SCHEMA_V1, alias="schema"
-    )
+    schema_id: Literal["st2.harness-context.v1", "st2.harness-context.v2"] = Field(default=SCHEMA_V1, alias="schema")
     agent: str
     incarnation: str
     written_at_ms: Millis
@@ -92,7 +90,7 @@ class RecordRefused(ValueError):
 def parse_record(data: bytes | str) -> HarnessContext:
     """Decode a record, refusing (never guessing at) anything outside the accepted contract."""
     try:
-        raw: Any = json.loads(data, parse_constant=_refuse_constant)
+        raw: Any = json.loads(data, parse_constant=refuse_json_constant)
     except (ValueError, RecursionError) as exc:
         raise RecordRefused(f"not JSON: {exc}") from None
     if not isinstance(raw, dict):
@@ -106,17 +104,30 @@ def parse_record(data: bytes | str) -> HarnessContext:
     try:
         return HarnessContext.model_validate(raw, by_alias=True)
     except ValidationError as exc:
-        raise RecordRefused(f"invalid record: {_first_error(exc)}") from None
+        raise RecordRefused(f"invalid record: {describe_validation_error(exc)}") from None
 
 
-def _refuse_constant(name: str) -> float:
+def refuse_json_constant(name: str) -> float:
+    """For `json.loads(parse_constant=...)`: NaN and Infinity are not numbers a harness reported."""
     raise ValueError(f"{name} is not a JSON number")
 
 
-def _first_error(exc: ValidationError) -> str:
-    error = exc.errors()[0]
-    where = ".".join(str(part) for part in error["loc"]) or "record"
-    return f"{where}: {error['msg']}"
+def describe_validation_error(exc: ValidationError) -> str:
+    """The first thing wrong, where: one short line for a log, not pydantic's essay."""
+    errors = exc.errors(include_input=False, include_url=False)
+    if not errors:
+        return str(exc)[:200]
+    where = ".".join(str(part) for part in errors[0]["loc"]) or "value"
+    return f"{where}: {errors[0]['msg']}"
+
+
+def round_half_up(value: float) -> int:
+    """Rust's `f64::round` for a non-negative value, which is how the harnesses round a percent.
+
+    Python's `round` rounds halves to even, and `floor(x + 0.5)` is wrong just below a half.
+    """
+    whole = math.floor(value)
+    return whole + 1 if value - whole >= 0.5 else whole
 
 
 def record_json_schema() -> dict[str, Any]:
@@ -126,7 +137,3 @@ def record_json_schema() -> dict[str, Any]:
     properties = schema["properties"]
     schema["properties"] = {name: properties[name] for name in _FIELD_ORDER}
     return schema
-
-
-def is_finite(value: float | None) -> bool:
-    return value is not None and math.isfinite(value)

@@ -28,12 +28,11 @@ import trio
 import trio.lowlevel
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from sidecar.producers.base import Frame
+from sidecar.producers.base import Frame, instant_ms
 from sidecar.transcripts import (
     HEAD_BYTES,
     MAX_LINE_BYTES,
     codex_frames,
-    instant_ms,
     oversized_rollout_event,
     rollout_event,
 )

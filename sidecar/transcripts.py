@@ -15,17 +15,15 @@ app-server messages the Codex producer already consumes (`thread/tokenUsage/upda
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import Field, ValidationError
 
-from guard.record import CompactionTrigger
-from sidecar.producers.base import Frame, TolerantModel, optional_model
+from guard.record import CompactionTrigger, refuse_json_constant, round_half_up
+from sidecar.producers.base import Frame, TolerantModel, instant_ms, optional_model
 from sidecar.producers.codex import FRAME_TYPE as CODEX_FRAME_TYPE
 
 ReadAt = Callable[[int, int], bytes]
@@ -169,31 +167,10 @@ def forward_lines(data: bytes, max_line: int = MAX_LINE_BYTES) -> Iterator[tuple
 
 def _json_object(line: bytes) -> dict[str, Any] | None:
     try:
-        value: Any = json.loads(line, parse_constant=_refuse_constant)
+        value: Any = json.loads(line, parse_constant=refuse_json_constant)
     except (ValueError, RecursionError):
         return None
     return value if isinstance(value, dict) else None
-
-
-def _refuse_constant(name: str) -> float:
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def instant_ms(value: object) -> int | None:
-    """An ISO-8601 instant with an explicit offset (`2026-11-29T22:44:23.096Z`) in epoch ms."""
-    if not isinstance(value, str) or len(value) > 64:
-        return None
-    try:
-        stamp = datetime.fromisoformat(value)
-    except ValueError:
-        return None
-    if stamp.tzinfo is None:
-        return None  # a local time of an unknown zone is not an instant
-    try:
-        ms = math.floor(stamp.timestamp() * 1000)
-    except (OverflowError, OSError, ValueError):
-        return None
-    return ms if ms >= 0 else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -507,7 +484,7 @@ def _rate_window(window: _RolloutRateWindow | None) -> dict[str, Any] | None:
     if window is None:
         return None
     return {
-        "usedPercent": math.floor(window.used_percent + 0.5),  # Rust's round, for a non-negative value
+        "usedPercent": round_half_up(window.used_percent),
         "windowDurationMins": window.window_minutes,
         "resetsAt": window.resets_at,
     }

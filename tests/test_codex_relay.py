@@ -108,8 +108,9 @@ async def test_messages_cross_unchanged_both_ways_and_server_text_is_tapped() ->
     assert upstream.received[: len(SAMPLES)] == SAMPLES  # client → server, byte for byte
     assert echoed == SAMPLES  # server → client, byte for byte
     assert binary == b"\x00\xffbinary"
-    # Every server→client text message, in order; binary is forwarded but not tapped.
-    assert submitted == [{"type": "codex.rpc", "payload": text} for text in SAMPLES]
+    # Every server→client text message the channel would take, in order; binary and the 5 MiB one are
+    # forwarded but not tapped.
+    assert submitted == [{"type": "codex.rpc", "payload": text} for text in SAMPLES if len(text) < 1024 * 1024]
 
 
 async def test_path_subprotocol_and_headers_reach_the_app_server() -> None:

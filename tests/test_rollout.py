@@ -20,10 +20,10 @@ from guard.policy import Reading, WriteGuard
 from guard.record import ContextFields
 from sidecar import rollout
 from sidecar.pipeline import Pipeline
-from sidecar.producers.base import Frame
+from sidecar.producers.base import Frame, instant_ms
 from sidecar.producers.codex import CodexProducer, decode_recording
 from sidecar.rollout import RolloutConfig, RolloutFollower, find_rollout, follow_rollout
-from sidecar.transcripts import HEAD_BYTES, MAX_LINE_BYTES, instant_ms
+from sidecar.transcripts import HEAD_BYTES, MAX_LINE_BYTES
 
 ROOT = Path(__file__).resolve().parent.parent
 CODEX_VERSIONS = ("0.151.0", "0.171.0")

@@ -35,7 +35,7 @@ from guard.constants import (
 )
 from guard.files import RawFile, open_regular, read_bounded
 from guard.projection import MAX_RECORD_BYTES, project
-from guard.record import HarnessContext, RecordRefused, parse_record
+from guard.record import HarnessContext, RecordRefused, parse_record, round_half_up
 from guard.state import MAX_STATE_BYTES, HarnessState, parse_state
 from guard.store import CatalogError, agent_tree_children, check_name, default_catalog, default_host, log_path
 
@@ -496,10 +496,6 @@ def colour_enabled(stream: IO[str], environ: dict[str, str] | None = None) -> bo
         return stream.isatty()
     except (AttributeError, ValueError):
         return False
-
-
-def round_half_up(value: float) -> int:
-    return math.floor(value + 0.5)
 
 
 def percent_text(percent: float) -> str:

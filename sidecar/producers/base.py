@@ -7,7 +7,9 @@ objects run live in the sidecar and offline in `hctx replay`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -35,6 +37,23 @@ def optional_model(model: type[_Model], value: object) -> _Model | None:
         return model.model_validate(value)
     except ValidationError:
         return None
+
+
+def instant_ms(value: object) -> int | None:
+    """An ISO-8601 instant with an explicit offset (`2026-11-29T22:44:23.096Z`) in epoch ms."""
+    if not isinstance(value, str) or len(value) > 64:
+        return None
+    try:
+        stamp = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    if stamp.tzinfo is None:
+        return None  # a local time of an unknown zone is not an instant
+    try:
+        ms = math.floor(stamp.timestamp() * 1000)
+    except (OverflowError, OSError, ValueError):
+        return None
+    return ms if ms >= 0 else None
 
 
 class FrameRejected(ValueError):

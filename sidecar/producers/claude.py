@@ -22,19 +22,17 @@ Measured on 2.1.250 and 2.1.332 (lab/claude), and followed where the spec said l
 from __future__ import annotations
 
 import json
-import math
 from collections import Counter, OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError
 
 from guard.policy import Reading
-from guard.record import CompactionTrigger, ContextFields, Harness, RateLimits
-from sidecar.producers.base import Frame, FrameRejected, TolerantModel, optional_model
+from guard.record import CompactionTrigger, ContextFields, Harness, RateLimits, describe_validation_error
+from sidecar.producers.base import Frame, FrameRejected, TolerantModel, instant_ms, optional_model
 
 STATUSLINE_FRAME = "claude.statusline"
 HOOK_FRAME = "claude.hook"
@@ -114,7 +112,7 @@ class ClaudeProducer:
         try:
             envelope = _Envelope.model_validate(frame)
         except ValidationError as exc:
-            raise FrameRejected(f"not a claude frame: {_why(exc)}") from None
+            raise FrameRejected(f"not a claude frame: {describe_validation_error(exc)}") from None
         except (RecursionError, TypeError, ValueError) as exc:
             raise FrameRejected(f"not a claude frame: {type(exc).__name__}") from None
         if envelope.type == STATUSLINE_FRAME:
@@ -125,7 +123,9 @@ class ClaudeProducer:
         try:
             window = _StatusLine.model_validate(payload).context_window
         except ValidationError as exc:
-            raise FrameRejected(f"status line without a readable context_window: {_why(exc)}") from None
+            raise FrameRejected(
+                f"status line without a readable context_window: {describe_validation_error(exc)}"
+            ) from None
         measured = window.current_usage is not None
         model: _Model | None = optional_model(_Model, payload.get("model"))
         cost: _Cost | None = optional_model(_Cost, payload.get("cost"))
@@ -145,7 +145,7 @@ class ClaudeProducer:
                 observed_at_ms=now_ms,
             )
         except ValidationError as exc:
-            raise FrameRejected(f"status line out of range: {_why(exc)}") from None
+            raise FrameRejected(f"status line out of range: {describe_validation_error(exc)}") from None
         self._reading = fields
         edge, self._edge_pending = self._edge_pending, False
         return Reading(fields, compaction_edge=edge)
@@ -156,7 +156,7 @@ class ClaudeProducer:
         try:
             hook = _Hook.model_validate(payload)
         except ValidationError as exc:
-            raise FrameRejected(f"unreadable hook payload: {_why(exc)}") from None
+            raise FrameRejected(f"unreadable hook payload: {describe_validation_error(exc)}") from None
         event = hook.hook_event_name
         if event == "PreCompact":
             return self._compaction_edge(hook, now_ms, always_new=True)
@@ -230,12 +230,6 @@ def _rate_limits(value: object, now_ms: int) -> RateLimits | None:
     if five_hour is None and seven_day is None:
         return None
     return RateLimits(five_hour=five_hour, seven_day=seven_day)
-
-
-def _why(exc: ValidationError) -> str:
-    error = exc.errors()[0]
-    where = ".".join(str(part) for part in error["loc"]) or "frame"
-    return f"{where}: {error['msg']}"
 
 
 def make_producer(harness: Harness) -> ClaudeProducer:
@@ -342,15 +336,4 @@ def _times_beside(path: Path) -> list[int | None]:
         text = path.with_suffix(".times").read_text()
     except OSError:
         return []
-    return [_instant_ms(line.strip()) for line in text.splitlines()]
-
-
-def _instant_ms(text: str) -> int | None:
-    try:
-        instant = datetime.fromisoformat(text)
-    except ValueError:
-        return None
-    if instant.tzinfo is None:
-        return None
-    millis = instant.timestamp() * 1000
-    return round(millis) if math.isfinite(millis) and millis >= 0 else None
+    return [instant_ms(line.strip()) for line in text.splitlines()]

@@ -27,7 +27,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
 from guard.policy import Reading
-from guard.record import ContextFields, Harness, RateLimits
+from guard.record import (
+    ContextFields,
+    Harness,
+    RateLimits,
+    describe_validation_error,
+    refuse_json_constant,
+    round_half_up,
+)
 from sidecar.producers.base import Frame, FrameRejected
 
 FRAME_TYPE: Final = "codex.rpc"
@@ -121,13 +128,7 @@ def percent_of_context_window_remaining(tokens_in_window: int, context_window: i
     effective_window = context_window - BASELINE_TOKENS
     used = max(tokens_in_window - BASELINE_TOKENS, 0)
     remaining = max(effective_window - used, 0)
-    return _round_half_away_from_zero(min(max(remaining / effective_window * 100.0, 0.0), 100.0))
-
-
-def _round_half_away_from_zero(value: float) -> int:
-    """Rust's `f64::round` for a non-negative value (Python's `round` rounds halves to even)."""
-    whole = math.floor(value)
-    return whole + 1 if value - whole >= 0.5 else whole
+    return round_half_up(min(max(remaining / effective_window * 100.0, 0.0), 100.0))
 
 
 def used_percent(tokens_in_window: int, context_window: int | None) -> int | None:
@@ -259,11 +260,11 @@ def _message(frame: Frame) -> dict[str, Any]:
     try:
         envelope = _Envelope.model_validate(frame, strict=True)
     except ValidationError as exc:
-        raise FrameRejected(f"not a {FRAME_TYPE} frame: {_first_error(exc)}") from None
+        raise FrameRejected(f"not a {FRAME_TYPE} frame: {describe_validation_error(exc)}") from None
     payload = envelope.payload
     if isinstance(payload, str):
         try:
-            payload = json.loads(payload, parse_constant=_refuse_constant)
+            payload = json.loads(payload, parse_constant=refuse_json_constant)
         except (ValueError, RecursionError) as exc:
             raise FrameRejected(f"payload is not JSON: {str(exc)[:200]}") from None
     if not isinstance(payload, dict):
@@ -275,17 +276,7 @@ def _parse(model: type[_M], params: object, method: str) -> _M:
     try:
         return model.model_validate(params)
     except ValidationError as exc:
-        raise FrameRejected(f"{method}: {_first_error(exc)}") from None
-
-
-def _refuse_constant(name: str) -> float:
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def _first_error(exc: ValidationError) -> str:
-    error = exc.errors()[0]
-    where = ".".join(str(part) for part in error["loc"]) or "frame"
-    return f"{where}: {error['msg']}"
+        raise FrameRejected(f"{method}: {describe_validation_error(exc)}") from None
 
 
 def make_producer(harness: Harness) -> CodexProducer:
@@ -304,7 +295,7 @@ def decode_recording(data: bytes) -> Iterator[tuple[int | None, Frame]]:
         if not line.strip():
             continue
         try:
-            message: Any = json.loads(line, parse_constant=_refuse_constant)
+            message: Any = json.loads(line, parse_constant=refuse_json_constant)
         except (ValueError, RecursionError):
             # Handed on as text, so the producer refuses it and the pipeline counts the drop.
             yield clock, {"type": FRAME_TYPE, "payload": line.decode("utf-8", "replace")}

@@ -35,7 +35,7 @@ from typing import Annotated, Any, Final, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from guard.policy import Reading
-from guard.record import ContextFields, Harness
+from guard.record import ContextFields, Harness, describe_validation_error, refuse_json_constant
 from sidecar.producers.base import Frame, FrameRejected
 
 PROVIDERS_FRAME: Final = "hctx.providers"
@@ -156,7 +156,7 @@ def windows_from_providers(payload: object) -> dict[ModelKey, int]:
     try:
         answer = _Providers.model_validate(payload)
     except ValidationError as exc:
-        raise FrameRejected(f"{PROVIDERS_FRAME}: {_first_error(exc)}") from None
+        raise FrameRejected(f"{PROVIDERS_FRAME}: {describe_validation_error(exc)}") from None
     windows: dict[ModelKey, int] = {}
     for entry in answer.providers:
         try:
@@ -378,22 +378,9 @@ def _parse(model: type[_M], value: object, what: str) -> _M:
     try:
         return model.model_validate(value)
     except ValidationError as exc:
-        raise FrameRejected(f"{what}: {_first_error(exc)}") from None
+        raise FrameRejected(f"{what}: {describe_validation_error(exc)}") from None
     except RecursionError:
         raise FrameRejected(f"{what}: nested too deeply") from None
-
-
-def _first_error(exc: ValidationError) -> str:
-    errors = exc.errors()
-    if not errors:
-        return str(exc)[:200]
-    error = errors[0]
-    where = ".".join(str(part) for part in error["loc"]) or "frame"
-    return f"{where}: {error['msg']}"
-
-
-def _refuse_constant(name: str) -> float:
-    raise ValueError(f"{name} is not a JSON number")
 
 
 def make_producer(harness: Harness) -> OpenCodeProducer:
@@ -497,7 +484,7 @@ def _as_frame(value: object, raw: object) -> Frame:
 
 def _json_or_none(text: str) -> object:
     try:
-        return json.loads(text, parse_constant=_refuse_constant)
+        return json.loads(text, parse_constant=refuse_json_constant)
     except (ValueError, RecursionError):
         return None
 

@@ -25,15 +25,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
 from guard.policy import Reading
-from guard.record import COMPACTION_TRIGGERS, CompactionTrigger, ContextFields, Harness
-from sidecar.producers.base import Frame, FrameRejected
+from guard.record import COMPACTION_TRIGGERS, CompactionTrigger, ContextFields, Harness, describe_validation_error
+from sidecar.producers.base import Frame, FrameRejected, instant_ms
 
 PI_HARNESSES: tuple[Harness, ...] = ("pi", "omp")
 
@@ -138,7 +137,7 @@ class PiProducer:
                 **self._compaction_fields(),
             )
         except ValidationError as exc:  # the frame was validated to the record's own types; defensive
-            raise FrameRejected(f"reading does not make a record: {_first_error(exc)}") from None
+            raise FrameRejected(f"reading does not make a record: {describe_validation_error(exc)}") from None
 
 
 def _decode(frame: Frame) -> ContextFrame:
@@ -149,15 +148,9 @@ def _decode(frame: Frame) -> ContextFrame:
     try:
         return ContextFrame.model_validate(frame, by_alias=True)
     except ValidationError as exc:
-        raise FrameRejected(f"malformed context frame: {_first_error(exc)}") from None
+        raise FrameRejected(f"malformed context frame: {describe_validation_error(exc)}") from None
     except RecursionError:
         raise FrameRejected("context frame nested too deeply") from None
-
-
-def _first_error(exc: ValidationError) -> str:
-    error = exc.errors(include_input=False, include_url=False)[0]
-    where = ".".join(str(part) for part in error["loc"]) or "frame"
-    return f"{where}: {error['msg']}"
 
 
 def make_producer(harness: Harness) -> PiProducer:
@@ -241,7 +234,7 @@ class _ProbeTranslator:
             "compaction": compaction,
             "compactions": count,
         }
-        return _iso_ms(line.get("t")), frame
+        return instant_ms(line.get("t")), frame
 
     def _reading(self, line: dict[str, Any]) -> dict[str, Any] | None:
         usage = line.get("contextUsage")
@@ -270,13 +263,4 @@ def _number(value: object) -> float | None:
     try:
         return float(value)
     except OverflowError:
-        return None
-
-
-def _iso_ms(value: object) -> int | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        return int(datetime.fromisoformat(value).timestamp() * 1000)
-    except (ValueError, OverflowError, OSError):
         return None
