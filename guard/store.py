@@ -197,7 +197,7 @@ def sweep_staging(catalog: Path) -> int:
     try:
         for name in os.listdir(staging_fd):
             match = _STAGED_NAME.fullmatch(name)
-            if match is None or _pid_alive(int(match.group(1))):
+            if match is None or pid_alive(int(match.group(1))):
                 continue
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(name, dir_fd=staging_fd)
@@ -207,13 +207,16 @@ def sweep_staging(catalog: Path) -> int:
     return removed
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists here. pid 0 and negatives would address groups."""
+    if pid <= 0:
+        return False
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except PermissionError:
+        return True  # it exists, it is just not ours
+    except (OSError, OverflowError):
         return False
-    except (PermissionError, OverflowError):
-        return True
     return True
 
 

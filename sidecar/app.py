@@ -24,7 +24,8 @@ from sidecar.transports import Submit, Transport, transport_for
 
 log = logging.getLogger("sidecar")
 
-FRAME_QUEUE = 1024
+# Deep enough for a rollout backlog replayed at once; a full queue drops (and logs) the newest.
+FRAME_QUEUE = 8192
 WRITE_RETRY_S = 5.0
 # After the harness is gone, frames already on their way (a last hook process) still land; a
 # client that keeps its connection open past this is cut off.

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import guard
 from guard.record import HARNESSES, Harness
-from wrapper.readers import add_reader_commands
+from wrapper.readers import add_catalog_options, add_reader_commands, catalog_of, with_host
 from wrapper.scan import add_scan_command
 
 Command = Callable[[argparse.Namespace], int]
@@ -51,7 +51,7 @@ def _wrap(args: argparse.Namespace) -> int:
 
     try:
         argv = parse_command(args.command_line)
-        agent = AgentDir(args.catalog.absolute(), args.host, args.agent)
+        agent = AgentDir(catalog_of(args).absolute(), args.host, args.agent)
     except (ValueError, CatalogError) as exc:
         print(f"hctx wrap: {exc}", file=sys.stderr)
         return 2
@@ -79,22 +79,17 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo(args.catalog, show_top=not args.no_top, duration_s=duration)
 
 
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text} is not a whole number >= 0")
+    return int(text)
+
+
 def _non_negative(text: str) -> float:
     value = float(text)
     if not value >= 0:
         raise argparse.ArgumentTypeError(f"{text} is not a non-negative number")
     return value
-
-
-def add_catalog_option(parser: argparse.ArgumentParser) -> None:
-    from guard.store import default_catalog
-
-    parser.add_argument(
-        "--catalog",
-        type=Path,
-        default=default_catalog(),
-        help="catalog directory (default: $HCTX_CATALOG, else $XDG_STATE_HOME/hctx; now %(default)s)",
-    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -121,8 +116,6 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("files", nargs="+", metavar="FILE", help="a recorded stream of that harness")
     replay.set_defaults(run=_replay)
 
-    from guard.store import default_host
-
     wrap = commands.add_parser(
         "wrap",
         help="launch a harness as a managed agent, with a sidecar writing its context record",
@@ -132,15 +125,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     wrap.add_argument("--agent", required=True, metavar="ID", help="the agent's identity in the catalog")
     wrap.add_argument("--harness", required=True, choices=HARNESSES)
-    add_catalog_option(wrap)
-    wrap.add_argument("--host", default=default_host(), help="catalog host name (default: %(default)s)")
+    add_catalog_options(wrap)
     wrap.add_argument(
         "--restart",
         choices=("no", "on-failure", "always"),
         default="no",
         help="relaunch the harness when it exits (each relaunch is a new incarnation; default: no)",
     )
-    wrap.add_argument("--max-restarts", type=int, metavar="N", help="stop relaunching after N relaunches")
+    wrap.add_argument("--max-restarts", type=_count, metavar="N", help="stop relaunching after N relaunches")
     wrap.add_argument(
         "--restart-delay", type=_non_negative, default=1.0, metavar="S",
         help="first relaunch back-off in seconds, doubling each time (default: %(default)s)",
@@ -150,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="back-off cap in seconds (default: %(default)s)",
     )  # fmt: skip
     wrap.add_argument("command_line", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]")
-    wrap.set_defaults(run=_wrap)
+    wrap.set_defaults(run=with_host(_wrap))
 
     demo = commands.add_parser(
         "demo",

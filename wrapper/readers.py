@@ -37,7 +37,15 @@ from guard.files import RawFile, open_regular, read_bounded
 from guard.projection import MAX_RECORD_BYTES, project
 from guard.record import HarnessContext, RecordRefused, parse_record, round_half_up
 from guard.state import MAX_STATE_BYTES, HarnessState, parse_state
-from guard.store import CatalogError, agent_tree_children, check_name, default_catalog, default_host, log_path
+from guard.store import (
+    CatalogError,
+    agent_tree_children,
+    check_name,
+    default_catalog,
+    default_host,
+    log_path,
+    pid_alive,
+)
 
 Command = Callable[[argparse.Namespace], int]
 PidProbe = Callable[[int], bool]
@@ -54,19 +62,6 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 # ---------------------------------------------------------------------------------------------
 # This host
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process with this pid exists here. pid 0 and negatives would address groups."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except PermissionError:
-        return True  # it exists, it is just not ours
-    except (OSError, OverflowError):
-        return False
-    return True
 
 
 def now_ms() -> int:
@@ -706,7 +701,7 @@ def render_inspection(inspection: Inspection) -> str:
 # The command line
 
 
-def _catalog(args: argparse.Namespace) -> Path:
+def catalog_of(args: argparse.Namespace) -> Path:
     catalog: Path | None = args.catalog
     return default_catalog() if catalog is None else catalog
 
@@ -732,7 +727,7 @@ def _fail(command: str, message: str, status: int) -> int:
 
 def run_agents(args: argparse.Namespace) -> int:
     _quiet_guard_logs()
-    catalog, here, now = _catalog(args), args.host, now_ms()
+    catalog, here, now = catalog_of(args), args.host, now_ms()
     try:
         if args.agent is not None:
             host, identity = resolve_agent(catalog, args.agent, here=here)
@@ -759,7 +754,7 @@ def run_agents(args: argparse.Namespace) -> int:
 def run_doctor(args: argparse.Namespace) -> int:
     _quiet_guard_logs()
     try:
-        roster = collect_roster(_catalog(args), now_ms(), here=args.host)
+        roster = collect_roster(catalog_of(args), now_ms(), here=args.host)
     except CatalogUnreadable as exc:
         return _fail("doctor", f"cannot read the catalog: {exc}", 2)
     for line in doctor_advisories(roster):
@@ -769,7 +764,7 @@ def run_doctor(args: argparse.Namespace) -> int:
 
 def run_inspect(args: argparse.Namespace) -> int:
     _quiet_guard_logs()
-    catalog, here, now = _catalog(args), args.host, now_ms()
+    catalog, here, now = catalog_of(args), args.host, now_ms()
     try:
         host, identity = resolve_agent(catalog, args.agent, here=here)
         inspection = collect_inspection(catalog, host, identity, now, here=here)
@@ -785,10 +780,11 @@ def run_top(args: argparse.Namespace) -> int:
     from wrapper.top import run
 
     _quiet_guard_logs()
-    return run(_catalog(args), here=args.host, once=args.once)
+    return run(catalog_of(args), here=args.host, once=args.once)
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
+def add_catalog_options(parser: argparse.ArgumentParser) -> None:
+    """`--catalog` and `--host`, the same for every command; resolved when the command runs."""
     parser.add_argument(
         "--catalog",
         type=Path,
@@ -803,7 +799,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _with_host(run: Command) -> Command:
+def with_host(run: Command) -> Command:
     def resolved(args: argparse.Namespace) -> int:
         if args.host is None:
             args.host = default_host()
@@ -820,8 +816,8 @@ def add_reader_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
     )
     agents.add_argument("agent", nargs="?", metavar="ID", help="just this agent (ID or HOST/ID)")
     agents.add_argument("--json", action="store_true", help="the roster's JSON wire shape")
-    _common(agents)
-    agents.set_defaults(run=_with_host(run_agents))
+    add_catalog_options(agents)
+    agents.set_defaults(run=with_host(run_agents))
 
     doctor = commands.add_parser(
         "doctor",
@@ -829,8 +825,8 @@ def add_reader_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
         description=f"An advisory line per agent at or above {HARNESS_CONTEXT_WARN_PERCENT}% fill and per "
         "stale record while its desired state is running; advisories never fail the exit status.",
     )
-    _common(doctor)
-    doctor.set_defaults(run=_with_host(run_doctor))
+    add_catalog_options(doctor)
+    doctor.set_defaults(run=with_host(run_doctor))
 
     inspect = commands.add_parser(
         "inspect",
@@ -839,8 +835,8 @@ def add_reader_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
         "and the last lines of the agent's log: for crash-loop inspection.",
     )
     inspect.add_argument("agent", metavar="ID", help="the agent (ID or HOST/ID)")
-    _common(inspect)
-    inspect.set_defaults(run=_with_host(run_inspect))
+    add_catalog_options(inspect)
+    inspect.set_defaults(run=with_host(run_inspect))
 
     top = commands.add_parser(
         "top",
@@ -848,5 +844,5 @@ def add_reader_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
         description="Full-screen, refreshed every second and within a second of a record changing; q or Ctrl-C quits.",
     )
     top.add_argument("--once", action="store_true", help="print one frame and exit")
-    _common(top)
-    top.set_defaults(run=_with_host(run_top))
+    add_catalog_options(top)
+    top.set_defaults(run=with_host(run_top))

@@ -336,7 +336,7 @@ def render_rows(rows: list[ScanRow], now: int, *, colour: bool) -> str:
 
     if not rows:
         return "no sessions\n"
-    header = ["HARNESS", "SESSION", "MODEL", "CONTEXT", "TOKENS", "WINDOW", "COMPACTIONS", "AGE", "PATH"]
+    header = ["HARNESS", "SESSION", "MODEL", "CONTEXT", "TOKENS", "SOURCE", "COMPACTIONS", "AGE", "PATH"]
     body = []
     for row in rows:
         wire = row.wire(now)

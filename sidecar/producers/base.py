@@ -8,6 +8,7 @@ objects run live in the sidecar and offline in `hctx replay`.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Iterator
 from datetime import datetime
 from typing import Any, Protocol, TypeVar
@@ -27,6 +28,8 @@ class TolerantModel(BaseModel):
 
 
 _Model = TypeVar("_Model", bound=BaseModel)
+_Key = TypeVar("_Key")
+_Value = TypeVar("_Value")
 
 
 def optional_model(model: type[_Model], value: object) -> _Model | None:
@@ -54,6 +57,15 @@ def instant_ms(value: object) -> int | None:
     except (OverflowError, OSError, ValueError):
         return None
     return ms if ms >= 0 else None
+
+
+def remember(ring: OrderedDict[_Key, _Value], key: _Key, value: _Value, bound: int) -> None:
+    """Insert or refresh `key` as the newest entry; the oldest go past `bound`, so a hostile
+    stream cannot grow a producer's memory."""
+    ring[key] = value
+    ring.move_to_end(key)
+    while len(ring) > bound:
+        ring.popitem(last=False)
 
 
 class FrameRejected(ValueError):

@@ -35,7 +35,7 @@ from guard.record import (
     refuse_json_constant,
     round_half_up,
 )
-from sidecar.producers.base import Frame, FrameRejected
+from sidecar.producers.base import Frame, FrameRejected, remember
 
 FRAME_TYPE: Final = "codex.rpc"
 
@@ -215,7 +215,7 @@ class CodexProducer:
             raise FrameRejected("contextCompaction item without an id")
         if item.id in self._counted_items:
             return []
-        _remember(self._counted_items, item.id, params.turn_id)
+        remember(self._counted_items, item.id, params.turn_id, COUNTED_ITEMS_REMEMBERED)
         turn = params.turn_id
         if turn is not None and self._legacy_turns.get(turn):
             self._legacy_turns[turn] = False  # this item is the compaction already counted
@@ -225,7 +225,7 @@ class CodexProducer:
     def _legacy_compacted(self, turn_id: str, now_ms: int) -> list[Reading]:
         if turn_id in self._legacy_turns or turn_id in self._counted_items.values():
             return []
-        _remember(self._legacy_turns, turn_id, True)
+        remember(self._legacy_turns, turn_id, True, COUNTED_ITEMS_REMEMBERED)
         return [self._compacted(now_ms)]
 
     def _compacted(self, now_ms: int) -> Reading:
@@ -248,12 +248,6 @@ class CodexProducer:
 
 
 _M = TypeVar("_M", bound=_Wire)
-
-
-def _remember(ring: OrderedDict[str, Any], key: str, value: Any) -> None:
-    ring[key] = value
-    while len(ring) > COUNTED_ITEMS_REMEMBERED:
-        ring.popitem(last=False)
 
 
 def _message(frame: Frame) -> dict[str, Any]:

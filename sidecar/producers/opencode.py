@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from guard.policy import Reading
 from guard.record import ContextFields, Harness, describe_validation_error, refuse_json_constant
-from sidecar.producers.base import Frame, FrameRejected
+from sidecar.producers.base import Frame, FrameRejected, remember
 
 PROVIDERS_FRAME: Final = "hctx.providers"
 MESSAGE_UPDATED: Final = "message.updated"
@@ -297,7 +297,7 @@ class OpenCodeProducer:
         landed = (session_id, info.id)
         if self._landed.get(landed) == total:
             return []  # the duplicated completion frame
-        _remember(self._landed, landed, total, MESSAGES_REMEMBERED)
+        remember(self._landed, landed, total, MESSAGES_REMEMBERED)
         self._turn = _Turn(total, key, session_id, now_ms)
         return [Reading(self._snapshot(self._turn))]
 
@@ -340,13 +340,13 @@ class OpenCodeProducer:
         total = None
         if tokens is not None:
             total = tokens.input + tokens.output + tokens.reasoning + tokens.cache.read + tokens.cache.write
-        _remember(self._sessions, info.id, _SessionFacts(info.cost, total), SESSIONS_REMEMBERED)
+        remember(self._sessions, info.id, _SessionFacts(info.cost, total), SESSIONS_REMEMBERED)
 
     def _compacted(self, event_id: str | None, now_ms: int) -> list[Reading]:
         if event_id is not None:
             if event_id in self._counted_compactions:
                 return []  # the same event delivered twice
-            _remember(self._counted_compactions, event_id, None, COMPACTIONS_REMEMBERED)
+            remember(self._counted_compactions, event_id, None, COMPACTIONS_REMEMBERED)
         self.compactions += 1
         self.last_compaction_ms = now_ms
         update = {
@@ -365,13 +365,6 @@ class OpenCodeProducer:
 
 _M = TypeVar("_M", bound=_Wire)
 _V = TypeVar("_V")
-
-
-def _remember(ring: OrderedDict[Any, _V], key: Any, value: _V, bound: int) -> None:
-    ring[key] = value
-    ring.move_to_end(key)
-    while len(ring) > bound:
-        ring.popitem(last=False)
 
 
 def _parse(model: type[_M], value: object, what: str) -> _M:
