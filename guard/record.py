@@ -26,7 +26,10 @@ def _trigger_or_unknown(value: object) -> object:
 
 
 Trigger = Annotated[CompactionTrigger, BeforeValidator(_trigger_or_unknown)]
-Count = Annotated[int, Field(ge=0, strict=True)]
+# The largest integer every JSON reader keeps exact (a JavaScript number, jq): no window, token
+# count or counter comes near it, and a record must read the same everywhere.
+MAX_COUNT = 2**53
+Count = Annotated[int, Field(ge=0, le=MAX_COUNT, strict=True)]
 Millis = Annotated[int, Field(ge=0, strict=True)]
 # Strict: a JSON `true` or "33" is not a number the harness published, so it is never read as one.
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False, strict=True)]

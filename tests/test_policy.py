@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from guard.constants import HARNESS_CONTEXT_BUCKET_PERCENT, HARNESS_CONTEXT_HEARTBEAT_MS
 from guard.policy import Reading, Write, WriteGuard
-from guard.record import ContextFields, HarnessContext, RateLimits
+from guard.record import MAX_COUNT, ContextFields, HarnessContext, RateLimits
 
 HEARTBEAT = HARNESS_CONTEXT_HEARTBEAT_MS
 BUCKETS_PER_FILL = 100 // HARNESS_CONTEXT_BUCKET_PERCENT
@@ -78,7 +78,7 @@ limits = st.one_of(st.none(), st.sampled_from([0.0, 55.0, 99.9, 100.0, 100.0001,
 rate_limits = st.one_of(st.none(), st.builds(RateLimits, five_hour=limits, seven_day=limits))
 percents = st.one_of(st.none(), st.floats(0, 600, allow_nan=False), st.integers(0, 100).map(float))
 # used as thousandths of the window (up to a 20% overrun), withheld, or an absurd count
-used_shares = st.one_of(st.none(), st.integers(0, 1200), st.integers(10**6, 10**20).map(lambda n: -n))
+used_shares = st.one_of(st.none(), st.integers(0, 1200), st.integers(10**6, MAX_COUNT).map(lambda n: -n))
 kinds = st.sampled_from(["fresh", "fresh", "fresh", "echo", "tick", "tick"])
 rare = st.integers(0, 7).map(lambda n: n == 0)
 
@@ -309,12 +309,13 @@ def test_a_full_fill_writes_exactly_one_record_per_bucket_entry() -> None:
 
 
 def test_bucket_is_exact_integer_floor_even_for_huge_operands() -> None:
-    # 10**17 / (10**17 + 1) rounds to 1.0 in floating point; the true floor is 0.
+    # At the top of the range, floor(used * 100 / window) in floating point reads 1,080,863,910,568,919
+    # of 2**53 as bucket 12; it is the last token of bucket 11.
     guard = WriteGuard("alice", "inc-1")
-    window = 10**17 + 1
-    first = fields(harness="codex", window_tokens=window, used_tokens=10**15 - 1, observed_at_ms=1)
-    second = fields(harness="codex", window_tokens=window, used_tokens=10**15, observed_at_ms=2)
-    assert len(_offer_all(guard, [first, second], now_ms=10)) == 1
+    window, first_of_12 = MAX_COUNT, -(-12 * MAX_COUNT // 100)
+    last_of_11 = fields(harness="codex", window_tokens=window, used_tokens=first_of_12 - 1, observed_at_ms=1)
+    entering_12 = fields(harness="codex", window_tokens=window, used_tokens=first_of_12, observed_at_ms=2)
+    assert [w.reason for w in _offer_all(guard, [last_of_11, entering_12], now_ms=10)] == ["bucket", "bucket"]
 
 
 def test_withheld_and_known_are_different_buckets() -> None:

@@ -31,7 +31,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationError
 
 from guard.policy import Reading
-from guard.record import CompactionTrigger, ContextFields, Harness, RateLimits, describe_validation_error
+from guard.record import CompactionTrigger, ContextFields, Count, Harness, RateLimits, describe_validation_error
 from sidecar.producers.base import Frame, FrameRejected, TolerantModel, instant_ms, optional_model
 
 STATUSLINE_FRAME = "claude.statusline"
@@ -47,7 +47,7 @@ _MAX_MODEL_ID = 256
 # Prompt ids of counted compactions, kept only to recognise the later edges of the same one.
 _REMEMBERED_COMPACTIONS = 64
 
-_Count = Annotated[int, Field(strict=True, ge=0)]
+_Count = Count
 _Percent = Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)]
 _Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 

@@ -29,6 +29,7 @@ from pydantic.alias_generators import to_camel
 from guard.policy import Reading
 from guard.record import (
     ContextFields,
+    Count,
     Harness,
     RateLimits,
     describe_validation_error,
@@ -59,8 +60,7 @@ RATE_LIMITS: Final = "account/rateLimits/updated"
 ITEM_EVENTS: Final = frozenset({"item/started", "item/completed"})
 LEGACY_COMPACTED: Final = "thread/compacted"
 
-_I64_MAX: Final = 2**63 - 1
-Tokens = Annotated[int, Field(ge=0, le=_I64_MAX, strict=True)]
+Tokens = Count
 Percent = Annotated[float, Field(ge=0, allow_inf_nan=False, strict=True)]
 Id = Annotated[str, Field(min_length=1, strict=True)]
 

@@ -35,7 +35,7 @@ from typing import Annotated, Any, Final, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from guard.policy import Reading
-from guard.record import ContextFields, Harness, describe_validation_error, refuse_json_constant
+from guard.record import ContextFields, Count, Harness, describe_validation_error, refuse_json_constant
 from sidecar.producers.base import Frame, FrameRejected, remember
 
 PROVIDERS_FRAME: Final = "hctx.providers"
@@ -53,8 +53,7 @@ COMPACTIONS_REMEMBERED: Final = 1024
 WINDOWS_REMEMBERED: Final = 16384
 MAX_EVENT_CHARS: Final = 16 * 1024 * 1024
 
-_MAX_TOKENS: Final = 2**53  # beyond any window; keeps used / window a finite float
-Tokens = Annotated[int, Field(ge=0, le=_MAX_TOKENS, strict=True)]
+Tokens = Count
 Id = Annotated[str, Field(min_length=1, max_length=512, strict=True)]
 # Dollars; the bound keeps an integral cost exact as a float (2**53) and is far beyond any session.
 Cost = Annotated[float, Field(ge=0, le=1e12, allow_inf_nan=False, strict=True)]

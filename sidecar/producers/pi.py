@@ -31,7 +31,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
 from guard.policy import Reading
-from guard.record import COMPACTION_TRIGGERS, CompactionTrigger, ContextFields, Harness, describe_validation_error
+from guard.record import (
+    COMPACTION_TRIGGERS,
+    CompactionTrigger,
+    ContextFields,
+    Count,
+    Harness,
+    describe_validation_error,
+)
 from sidecar.producers.base import Frame, FrameRejected, instant_ms
 
 PI_HARNESSES: tuple[Harness, ...] = ("pi", "omp")
@@ -39,7 +46,7 @@ PI_HARNESSES: tuple[Harness, ...] = ("pi", "omp")
 # A model id longer than this is not an id; refusing the frame beats publishing a megabyte of it.
 MAX_MODEL_ID_CHARS = 256
 
-_Tokens = Annotated[int, Field(strict=True, ge=0)]
+_Tokens = Count
 _Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 _ModelId = Annotated[str, Field(strict=True, max_length=MAX_MODEL_ID_CHARS)]
 
