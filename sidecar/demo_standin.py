@@ -67,9 +67,6 @@ def main() -> int:
     # The wrapper adapts a real harness's command line (pi gets `--extension ...`): a stand-in
     # plays its capture whatever else it is handed.
     args, _ = parser.parse_known_args()
-    stop_signals = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
-    if args.linger:
-        signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
     script = paced(args.harness, [DEMO_CAPTURES / name for name in args.captures], args.duration)
     start = time.monotonic()
     for offset, frame in script:
@@ -79,6 +76,9 @@ def main() -> int:
         except OSError as exc:
             print(f"demo stand-in: {exc}", file=sys.stderr)
     if args.linger:  # a live demo keeps its agents running until the viewer quits
+        # Until now a stop signal simply ends the stand-in; from here it is waited for.
+        stop_signals = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+        signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
         signal.sigwait(stop_signals)
     return 0
 

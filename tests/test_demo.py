@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from guard.record import parse_record
-from tests.wrapping import pid_gone, run, wait_for
+from tests.wrapping import env, pid_gone, run, wait_for
 from wrapper.demo import DEMO_HOST, FLEET
 
 
@@ -114,3 +115,16 @@ def _processes_working_in(directory: Path) -> list[int]:
         except OSError:
             continue
     return [pid for pid in found if not pid_gone(pid)]
+
+
+def test_a_killed_demo_stops_every_process_it_started_at_once(tmp_path: Path) -> None:
+    catalog = tmp_path / "catalog"
+    argv = [sys.executable, "-m", "wrapper.cli", "demo", "--catalog", str(catalog), "--no-top", "--duration", "30"]
+    demo = subprocess.Popen(argv, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_for(lambda: len(_sidecar_pids(catalog)) == len(FLEET), timeout=30, what="the fleet")
+    demo.send_signal(signal.SIGTERM)  # mid-session: the stand-ins are still playing
+    started = time.monotonic()
+    demo.wait(timeout=20)
+    assert time.monotonic() - started < 5  # not the 10 s kill deadline: everything stopped when asked
+    wait_for(lambda: all(pid_gone(pid) for pid in _sidecar_pids(catalog)), timeout=5, what="sidecars gone")
+    assert _processes_working_in(catalog) == []

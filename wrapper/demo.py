@@ -74,8 +74,15 @@ def stop(processes: list[subprocess.Popen[bytes]]) -> None:
             process.wait()
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def run_demo(catalog: Path | None, show_top: bool, duration_s: float) -> int:
     catalog = (catalog or Path(tempfile.mkdtemp(prefix="hctx-demo-"))).absolute()
+    # A closed terminal or a `kill` ends the demo the way Ctrl-C does: with every process it started.
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _interrupt)
     processes = [launch(agent, catalog, duration_s, linger=show_top) for agent in FLEET]
     status = 0
     try:
