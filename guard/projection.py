@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from guard.constants import HARNESS_CONTEXT_FUTURE_SKEW_MS, HARNESS_CONTEXT_STALE_MS
-from guard.files import read_bounded
+from guard.files import RawFile, read_bounded
 from guard.record import HarnessContext, RecordRefused, parse_record
 
 log = logging.getLogger(__name__)
@@ -39,18 +39,22 @@ def project(record: HarnessContext, now_ms: int) -> dict[str, Any] | None:
     return {key: fields[key] for key in CONTEXT_KEYS}
 
 
+def decode_record(raw: RawFile) -> tuple[HarnessContext | None, str | None]:
+    """The record and None, or None and why it is not trusted (None, None when there is no file)."""
+    if raw.data is None:
+        return None, None if raw.problem is None else f"context record {raw.problem}"
+    try:
+        return parse_record(raw.data), None
+    except RecordRefused as exc:
+        return None, f"context record refused: {exc}"
+
+
 def load_record(path: str | Path) -> HarnessContext | None:
     """The record at `path`; None when there is none or it is not trustworthy (logged)."""
-    raw = read_bounded(None, path, MAX_RECORD_BYTES)
-    if raw.problem is not None:
-        log.warning("context record %s %s", path, raw.problem)
-    if raw.data is None:
-        return None
-    try:
-        return parse_record(raw.data)
-    except RecordRefused as exc:
-        log.warning("context record %s refused: %s", path, exc)
-        return None
+    record, problem = decode_record(read_bounded(None, path, MAX_RECORD_BYTES))
+    if problem is not None:
+        log.warning("%s: %s", path, problem)
+    return record
 
 
 def read_context(path: str | Path, now_ms: int) -> dict[str, Any] | None:

@@ -34,8 +34,8 @@ from guard.constants import (
     STATE_RECORD_NAME,
 )
 from guard.files import RawFile, open_regular, read_bounded
-from guard.projection import MAX_RECORD_BYTES, project
-from guard.record import HarnessContext, RecordRefused, parse_record, round_half_up
+from guard.projection import MAX_RECORD_BYTES, decode_record, project
+from guard.record import HarnessContext, RecordRefused, round_half_up
 from guard.state import MAX_STATE_BYTES, HarnessState, parse_state
 from guard.store import (
     CatalogError,
@@ -135,16 +135,6 @@ def read_agent_files(catalog: Path, host: str, identity: str, host_fd: int | Non
         os.close(dir_fd)
 
 
-def decode_record(raw: RawFile) -> tuple[HarnessContext | None, str | None]:
-    """The record and None, or None and why it is not trusted (None, None when there is no file)."""
-    if raw.data is None:
-        return None, None if raw.problem is None else f"context record {raw.problem}"
-    try:
-        return parse_record(raw.data), None
-    except RecordRefused as exc:
-        return None, _short(f"context record refused: {exc}")
-
-
 def decode_claim(raw: RawFile) -> tuple[HarnessState | None, str | None]:
     if raw.data is None:
         return None, None if raw.problem is None else f"harness-state claim {raw.problem}"
@@ -213,6 +203,7 @@ def view_agent(
 ) -> AgentView:
     files = read_agent_files(catalog, host, identity, host_fd)
     record, problem = decode_record(files.record)
+    problem = None if problem is None else _short(problem)
     claim, claim_problem = decode_claim(files.claim)
     context = None
     if record is not None:
