@@ -19,6 +19,8 @@ CONTEXT_RECORD_NAME: Final = "harness-context"
 STATE_RECORD_NAME: Final = "harness-state"
 REPLICATED_RECORD_NAMES: Final = (STATE_RECORD_NAME, CONTEXT_RECORD_NAME)
 CONTEXT_LOCK_NAME: Final = ".harness-context.lock"
+# Wrappers claim, relaunch and stop an agent under this lock, so two never both hold its claim.
+STATE_LOCK_NAME: Final = ".harness-state.lock"
 CONTROL_DIR_NAME: Final = ".st2"
 STAGING_DIR_NAME: Final = "harness-context-staging"
 AGENTS_DIR_NAME: Final = "agents"
@@ -28,3 +30,7 @@ LOGS_DIR_NAME: Final = "logs"
 CHANNEL_MAX_FRAME_BYTES: Final = 1024 * 1024
 # AF_UNIX sun_path is 108 bytes including the terminating NUL.
 CHANNEL_MAX_SOCKET_PATH: Final = 107
+# Frame types the sidecar reserves for itself: a transport supplies them, the channel refuses them,
+# except the drop report a tap (the wrapper's Codex stdout tap) sends for lines it could not deliver.
+OWN_FRAME_PREFIX: Final = "hctx."
+CHANNEL_DROP_REPORT: Final = "hctx.dropped"

@@ -10,7 +10,11 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from guard.constants import HARNESS_CONTEXT_BUCKET_PERCENT, HARNESS_CONTEXT_HEARTBEAT_MS
+from guard.constants import (
+    HARNESS_CONTEXT_BUCKET_PERCENT,
+    HARNESS_CONTEXT_FUTURE_SKEW_MS,
+    HARNESS_CONTEXT_HEARTBEAT_MS,
+)
 from guard.record import ContextFields, HarnessContext
 
 WriteReason = Literal["compaction", "bucket", "exhaustion", "heartbeat"]
@@ -71,6 +75,7 @@ class WriteGuard:
         self.held: ContextFields | None = None
 
     def offer(self, reading: Reading, now_ms: int) -> Write | None:
+        self._distrust_future(now_ms)
         fields = reading.fields
         reason = self._reason(reading, now_ms)
         if reason is None:
@@ -100,10 +105,30 @@ class WriteGuard:
 
     def tick(self, now_ms: int) -> Write | None:
         """The heartbeat: re-publish a reading taken since the last write, never re-stamp one."""
+        self._distrust_future(now_ms)
         due = self.heartbeat_due_ms()
         if due is None or now_ms < due or self.held is None:
             return None
         return self._write(self.held, "heartbeat", now_ms)
+
+    def _distrust_future(self, now_ms: int) -> None:
+        """A last write dated past the skew bound (a planted record, a clock stepped back) is taken
+        as written now: carried +1 it would date every later write in the future, and hold the
+        heartbeat off for as long."""
+        last = self.last
+        if last is not None and last.written_at_ms > now_ms + HARNESS_CONTEXT_FUTURE_SKEW_MS:
+            self.last = last.model_copy(update={"written_at_ms": now_ms})
+
+    def refresh(self, write: Write, now_ms: int) -> Write:
+        """`write` carrying the newest reading held since it was decided, so a write that waited (a
+        stalled lock, a full disk, a burst) lands as the newest reading, not an older one. The held
+        reading is in the write's own bucket, so the policy's decision stands."""
+        held = self.held
+        if held is None or held.observed_at_ms <= write.record.observed_at_ms:
+            return write
+        newer = self._write(held, write.reason, now_ms)
+        self.committed(newer)
+        return newer
 
     def _write(self, fields: ContextFields, reason: WriteReason, now_ms: int) -> Write:
         written_at = now_ms if self.last is None else max(now_ms, self.last.written_at_ms + 1)

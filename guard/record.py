@@ -92,12 +92,14 @@ class RecordRefused(ValueError):
 
 def parse_record(data: bytes | str) -> HarnessContext:
     """Decode a record, refusing (never guessing at) anything outside the accepted contract."""
+    text = _utf8_text(data)
     try:
-        raw: Any = json.loads(data, parse_constant=refuse_json_constant)
+        raw: Any = json.loads(text, parse_constant=refuse_json_constant)
     except (ValueError, RecursionError) as exc:
         raise RecordRefused(f"not JSON: {exc}") from None
     if not isinstance(raw, dict):
         raise RecordRefused(f"not a JSON object but {type(raw).__name__}")
+    refuse_lone_surrogates(raw)
     schema = raw.get("schema")
     if not isinstance(schema, str) or schema not in ACCEPTED_SCHEMAS:  # a list would raise TypeError
         raise RecordRefused(f"schema {schema!r} is not one this reader accepts")
@@ -108,6 +110,30 @@ def parse_record(data: bytes | str) -> HarnessContext:
         return HarnessContext.model_validate(raw, by_alias=True)
     except ValidationError as exc:
         raise RecordRefused(f"invalid record: {describe_validation_error(exc)}") from None
+
+
+def refuse_lone_surrogates(raw: Any) -> None:
+    """JSON can spell a lone surrogate (`"\\ud800"`) that no UTF-8 text holds: every reader that
+    prints the value would fail on it, so the record is refused where it is read."""
+    try:
+        json.dumps(raw, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise RecordRefused("holds a lone surrogate (\\ud800-\\udfff), which is not text") from None
+
+
+def _utf8_text(data: bytes | str) -> str:
+    """A record is UTF-8 JSON without a byte-order mark. `json.loads` would quietly accept a BOM
+    and detect UTF-16 or UTF-32; a reader that does is reading something no writer of ours wrote."""
+    if isinstance(data, bytes):
+        try:
+            data = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise RecordRefused("not UTF-8 (a record is UTF-8 JSON; UTF-16 and UTF-32 are refused)") from None
+    if data.startswith("\ufeff"):
+        raise RecordRefused("starts with a byte-order mark (a record is UTF-8 JSON without one)")
+    if "\x00" in data:
+        raise RecordRefused("holds NUL bytes: UTF-16 or UTF-32, not UTF-8 JSON")
+    return data
 
 
 def refuse_json_constant(name: str) -> float:

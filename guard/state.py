@@ -2,26 +2,53 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
-from typing import Literal
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Annotated, Literal
 
 from pydantic import Field, ValidationError
 
-from guard.constants import STATE_RECORD_NAME, STATE_SCHEMA
+from guard.constants import STATE_LOCK_NAME, STATE_RECORD_NAME, STATE_SCHEMA
 from guard.files import read_bounded
-from guard.record import Count, Harness, Millis, RecordRefused, _Wire
-from guard.store import AgentDir, write_agent_file
+from guard.record import Count, Harness, Millis, RecordRefused, _Wire, refuse_lone_surrogates
+from guard.store import AgentDir, agent_locked, pid_alive, remove_context, write_agent_file
 
 DesiredState = Literal["running", "stopped"]
 # Enough recent claims to see a crash loop for what it is, bounded so the file stays small.
 CLAIM_HISTORY_LIMIT = 32
 MAX_STATE_BYTES = 256 * 1024
+# The newest stretches without a sidecar kept per claim (a sidecar that keeps dying is given up on
+# after a few quick deaths; one that dies now and then over days is replaced each time).
+UNOBSERVED_LIMIT = 16
+
+
+class Unobserved(_Wire):
+    """A stretch of the session no sidecar watched: from its sidecar's death to a replacement's
+    ready, or open (`untilMs` null) when none came up before the session ended."""
+
+    since_ms: Millis
+    until_ms: Millis | None = None
+    sidecar_pid: Count
+    # The dead sidecar's return code: negative for the signal that killed it.
+    sidecar_exit: Annotated[int, Field(strict=True)]
+
+    def how_it_ended(self) -> str:
+        if self.sidecar_exit >= 0:
+            return f"exit status {self.sidecar_exit}"
+        try:
+            return f"killed by {signal.Signals(-self.sidecar_exit).name}"
+        except ValueError:
+            return f"killed by signal {-self.sidecar_exit}"
 
 
 class PastClaim(_Wire):
     incarnation: str
     claimed_at_ms: Millis
     wrapper_pid: Count
+    unobserved: list[Unobserved] = Field(default_factory=list, max_length=UNOBSERVED_LIMIT)
 
 
 class HarnessState(_Wire):
@@ -34,17 +61,30 @@ class HarnessState(_Wire):
     wrapper_pid: Count
     desired_state: DesiredState
     history: list[PastClaim] = Field(default_factory=list, max_length=CLAIM_HISTORY_LIMIT)
+    # Which process the pid was when it claimed (see `process_identity`), so a pid reused since
+    # is not taken for a live wrapper. Null in claims written before it existed.
+    wrapper_identity: str | None = None
+    unobserved: list[Unobserved] = Field(default_factory=list, max_length=UNOBSERVED_LIMIT)
 
     def to_json(self) -> str:
         return self.model_dump_json(by_alias=True) + "\n"
 
     def claim(self) -> PastClaim:
-        return PastClaim(incarnation=self.incarnation, claimed_at_ms=self.claimed_at_ms, wrapper_pid=self.wrapper_pid)
+        return PastClaim(
+            incarnation=self.incarnation,
+            claimed_at_ms=self.claimed_at_ms,
+            wrapper_pid=self.wrapper_pid,
+            unobserved=self.unobserved,
+        )
 
 
 def parse_state(data: bytes | str) -> HarnessState:
     try:
-        return HarnessState.model_validate(json.loads(data), by_alias=True)
+        raw = json.loads(data)
+        refuse_lone_surrogates(raw)
+        return HarnessState.model_validate(raw, by_alias=True)
+    except RecordRefused as exc:
+        raise RecordRefused(f"harness-state refused: {exc}") from None
     except (ValueError, RecursionError, ValidationError) as exc:
         raise RecordRefused(f"harness-state refused: {exc}") from None
 
@@ -65,7 +105,13 @@ def write_state(agent: AgentDir, state: HarnessState) -> None:
 
 
 def new_claim(
-    agent: AgentDir, harness: Harness, incarnation: str, now_ms: int, pid: int, previous: HarnessState | None
+    agent: AgentDir,
+    harness: Harness,
+    incarnation: str,
+    now_ms: int,
+    pid: int,
+    previous: HarnessState | None,
+    identity: str | None = None,
 ) -> HarnessState:
     """The next claim, carrying the previous ones (newest first) so a crash loop stays visible."""
     history = [] if previous is None else [previous.claim(), *previous.history]
@@ -78,4 +124,67 @@ def new_claim(
         wrapper_pid=pid,
         desired_state="running",
         history=history[:CLAIM_HISTORY_LIMIT],
+        wrapper_identity=identity,
     )
+
+
+def held_by_live_wrapper(state: HarnessState | None, here: str) -> bool:
+    """Whether a wrapper on this host still runs this claim. Another host's pid means nothing here,
+    nor does a pid that another process holds now."""
+    if state is None or state.desired_state != "running" or state.host != here:
+        return False
+    if not pid_alive(state.wrapper_pid):
+        return False
+    return state.wrapper_identity is None or process_identity(state.wrapper_pid) in (None, state.wrapper_identity)
+
+
+def process_identity(pid: int) -> str | None:
+    """This boot and the process's start time (clock ticks since boot): with the pid, one process
+    for as long as the machine runs. None where /proc does not say."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[-1].split()
+    return f"{boot}/{fields[19]}" if len(fields) > 19 else None
+
+
+class ClaimHeld(Exception):
+    """Another live wrapper on this host holds the agent's claim."""
+
+    def __init__(self, holder: HarnessState) -> None:
+        super().__init__(f"agent {holder.host}/{holder.agent} is held by wrapper pid {holder.wrapper_pid}")
+        self.holder = holder
+
+
+@contextlib.contextmanager
+def state_locked(agent: AgentDir) -> Iterator[HarnessState | None]:
+    """The claim on disk, read under the agent's state lock, held for the block."""
+    with agent_locked(agent, STATE_LOCK_NAME):
+        yield read_state(agent)
+
+
+def claim_agent(
+    agent: AgentDir, harness: Harness, incarnation: str, now_ms: int, pid: int, *, takeover: bool = False
+) -> HarnessState:
+    """A fresh incarnation claimed under the state lock, then the old record removed. Refused with
+    ClaimHeld while another live wrapper holds the claim, unless this is a takeover."""
+    with state_locked(agent) as previous:
+        mine = previous is not None and previous.wrapper_pid == pid  # this wrapper's relaunch
+        if previous is not None and not mine and not takeover and held_by_live_wrapper(previous, agent.host):
+            raise ClaimHeld(previous)
+        state = new_claim(agent, harness, incarnation, now_ms, pid, previous, process_identity(pid))
+        write_state(agent, state)
+        remove_context(agent)
+    return state
+
+
+def update_claim(agent: AgentDir, incarnation: str, change: Callable[[HarnessState], HarnessState]) -> bool:
+    """Rewrite the claim under the state lock, only while it is still `incarnation`'s (never over a
+    takeover's); False when it no longer is."""
+    with state_locked(agent) as state:
+        if state is None or state.incarnation != incarnation:
+            return False
+        write_state(agent, change(state))
+    return True

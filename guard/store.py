@@ -10,11 +10,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import os
 import re
 import secrets
 import socket
 import stat
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +26,7 @@ from guard.constants import (
     CONTEXT_LOCK_NAME,
     CONTEXT_RECORD_NAME,
     CONTROL_DIR_NAME,
+    HARNESS_CONTEXT_FUTURE_SKEW_MS,
     LOGS_DIR_NAME,
     STAGING_DIR_NAME,
 )
@@ -33,22 +36,43 @@ from guard.record import HarnessContext, RecordRefused, parse_record
 
 # Earlier writers staged beside the record and could leave exactly this behind after a crash.
 LEGACY_STAGING_NAME = re.compile(r"\.harness-context\.tmp-[0-9]+-[0-9]+")
+# What Syncthing itself puts in a tree it syncs: the folder marker and the versions directory
+# (directories), and as regular files the ignore file, its temporaries while it receives (Unix and
+# Windows prefixes, lib/fs/tempname.go) and the conflict copies a losing version is renamed to
+# (`<stem>.sync-conflict-<YYYYMMDD>-<HHMMSS>-<short device id><ext>`, lib/model/folder_sendrecv.go).
+SYNCTHING_DIR_NAME = re.compile(r"\.stfolder|\.stversions")
+SYNCTHING_CONFLICT_NAME = re.compile(r".+\.sync-conflict-[0-9]{8}-[0-9]{6}-[A-Z2-7]{7}(?:\..*)?")
+SYNCTHING_FILE_NAME = re.compile(
+    rf"\.stfolder|\.stignore|(?:\.syncthing\.|~syncthing~).+\.tmp|{SYNCTHING_CONFLICT_NAME.pattern}"
+)
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@+-]{0,127}")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def default_catalog() -> Path:
     """`$HCTX_CATALOG`, else the XDG state directory: what every command uses without --catalog."""
+    return default_catalog_origin()[0]
+
+
+def default_catalog_origin() -> tuple[Path, str]:
+    """The default catalog and where it comes from, for a message that has to name it."""
     if explicit := os.environ.get("HCTX_CATALOG"):
-        return Path(explicit)
-    state_home = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
-    return Path(state_home) / "hctx"
+        return Path(explicit), "$HCTX_CATALOG"
+    if state_home := os.environ.get("XDG_STATE_HOME"):
+        return Path(state_home) / "hctx", "the default, $XDG_STATE_HOME/hctx"
+    return Path(os.path.expanduser("~/.local/state")) / "hctx", "the default, ~/.local/state/hctx"
 
 
 def default_host() -> str:
     """This machine's short host name, made a valid catalog component."""
-    short = socket.gethostname().split(".")[0]
-    return re.sub(r"[^A-Za-z0-9_.@+-]", "-", short).lstrip(".-") or "localhost"
+    return as_name(socket.gethostname().split(".")[0], fallback="localhost")
+
+
+def as_name(text: str, *, fallback: str, room: int = 0) -> str:
+    """`text` made a valid host or identity name (see `check_name`), `room` characters short of the
+    longest so a suffix still fits."""
+    name = re.sub(r"[^A-Za-z0-9_.@+-]", "-", text).lstrip(".-@+")[: 128 - room] or fallback
+    return name if _is_agent_tree_name(name) else fallback
 
 
 class CatalogError(OSError):
@@ -57,8 +81,8 @@ class CatalogError(OSError):
 
 def check_name(kind: str, name: str) -> str:
     """Host and identity names become path components: one plain component, nothing else."""
-    if not _NAME.fullmatch(name) or name in {".", ".."}:
-        raise CatalogError(f"{kind} {name!r} is not a valid name (letters, digits, _ . @ + -)")
+    if not _is_agent_tree_name(name):
+        raise CatalogError(f"{kind} {name!r} is not a valid name (letters, digits, _ . @ + -; no sync-conflict copy)")
     return name
 
 
@@ -88,7 +112,44 @@ def control_dir(catalog: Path) -> Path:
 
 def log_path(catalog: Path, host: str, identity: str) -> Path:
     """The agent's JSON-lines log: host-local, outside the replicated subtree."""
-    return control_dir(catalog) / LOGS_DIR_NAME / f"{host}.{identity}.jsonl"
+    return control_dir(catalog) / LOGS_DIR_NAME / log_name(host, identity)
+
+
+# Longer pairs are shortened to readable prefixes and a digest of the whole pair: a name of at most
+# LOG_NAME_BYTES leaves a file system's 255 bytes room for the rotation suffix (`.3`).
+LOG_NAME_BYTES = 200
+_LOG_PREFIX_CHARS = 80
+
+
+def log_name(host: str, identity: str) -> str:
+    """`<host>~<identity>.jsonl`, injective: `~` is in neither name's alphabet, so `a.b`+`c` and
+    `a`+`b.c` never share a file; a pair too long for one file name keeps two `~` and a digest."""
+    stem = f"{check_name('host', host)}~{check_name('identity', identity)}"
+    if len(stem) + len(".jsonl") > LOG_NAME_BYTES:
+        digest = hashlib.sha256(f"{host}/{identity}".encode()).hexdigest()[:32]
+        stem = f"{host[:_LOG_PREFIX_CHARS]}~{identity[:_LOG_PREFIX_CHARS]}~{digest}"
+    return stem + ".jsonl"
+
+
+def open_logs_dir(catalog: Path) -> int:
+    """`<catalog>/.st2/logs`, created, opened without following a symlink at any step."""
+    return _open_chain(catalog, (CONTROL_DIR_NAME, LOGS_DIR_NAME), create=True)
+
+
+def open_append(dir_fd: int, name: str) -> int:
+    """A regular file in `dir_fd` opened to append, created if absent; never a symlink, never a FIFO
+    (which would block the opener), never anything else."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(name, flags, 0o644, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENXIO):
+            raise CatalogError(f"{name} is not a regular file (symlink or FIFO); refusing") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise CatalogError(f"{name} is not a regular file; refusing")
+    return fd
 
 
 def staging_dir(catalog: Path) -> Path:
@@ -152,8 +213,8 @@ def _device(fd: int) -> int:
 
 
 @contextlib.contextmanager
-def _locked(agent_fd: int) -> Iterator[None]:
-    fd = os.open(CONTEXT_LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=agent_fd)
+def _locked(agent_fd: int, name: str = CONTEXT_LOCK_NAME) -> Iterator[None]:
+    fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=agent_fd)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -238,7 +299,10 @@ def write_context(agent: AgentDir, record: HarnessContext) -> HarnessContext:
     """
     with _dirs(agent, create=True) as (agent_fd, staging_fd), _locked(agent_fd):
         existing = _read_existing(agent_fd)
-        if existing is not None and record.written_at_ms <= existing.written_at_ms:
+        # A record dated past the skew bound (planted, or a clock stepped back) is not followed:
+        # readers ignore it, and carried +1 it would date every later write in the future.
+        future = time.time_ns() // 1_000_000 + HARNESS_CONTEXT_FUTURE_SKEW_MS
+        if existing is not None and record.written_at_ms <= existing.written_at_ms <= future:
             record = record.model_copy(update={"written_at_ms": existing.written_at_ms + 1})
         write_json_atomic(agent_fd, CONTEXT_RECORD_NAME, record.to_json().encode(), staging_fd)
     return record
@@ -253,6 +317,27 @@ def remove_context(agent: AgentDir) -> bool:
             return False
         os.fsync(agent_fd)
         return True
+
+
+@contextlib.contextmanager
+def agent_locked(agent: AgentDir, lock_name: str) -> Iterator[None]:
+    """Hold one of the agent directory's lock files (created as needed) for the block."""
+    with _dirs(agent, create=True) as (agent_fd, _), _locked(agent_fd, lock_name):
+        yield
+
+
+def append_log_line(catalog: Path, host: str, identity: str, line: bytes) -> None:
+    """Append one whole line to the agent's log (a note of the wrapper's, beside the sidecar's):
+    in one write, never through a symlink, never blocking on a FIFO planted under the log's name."""
+    dir_fd = open_logs_dir(catalog)
+    try:
+        fd = open_append(dir_fd, log_name(host, identity))
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+    finally:
+        os.close(dir_fd)
 
 
 def write_agent_file(agent: AgentDir, name: str, data: bytes) -> None:
@@ -284,12 +369,24 @@ def _is_real_dir(path: Path) -> bool:
     return True
 
 
+def _is_agent_tree_name(name: str) -> bool:
+    return bool(_NAME.fullmatch(name)) and name not in {".", ".."} and not SYNCTHING_CONFLICT_NAME.fullmatch(name)
+
+
+def is_syncthing_entry(name: str, *, regular: bool, real_dir: bool) -> bool:
+    """One of Syncthing's own names, as the kind of entry Syncthing makes it (never a symlink)."""
+    pattern = SYNCTHING_FILE_NAME if regular else SYNCTHING_DIR_NAME if real_dir else None
+    return pattern is not None and pattern.fullmatch(name) is not None
+
+
 def agent_tree_children(directory: Path, kind: str, *, legacy_ok: bool) -> tuple[list[str], list[str]]:
     """The real subdirectories of `directory` that are valid `kind` names, sorted, and one line for
     every other entry (symlinks, files, bad names, near misses of the legacy name).
 
     With `legacy_ok` the exact legacy staging name is passed over silently, but only as a regular
-    non-symlink file: possibly a live old writer's, and left untouched.
+    non-symlink file: possibly a live old writer's, and left untouched. Syncthing's own names are
+    passed over silently at every level, each only as the kind of entry Syncthing makes; a conflict
+    copy is never an agent, whatever it is.
     """
     names: list[str] = []
     passed_over: list[str] = []
@@ -302,7 +399,9 @@ def agent_tree_children(directory: Path, kind: str, *, legacy_ok: bool) -> tuple
                 regular = real_dir = False
             if legacy_ok and regular and LEGACY_STAGING_NAME.fullmatch(entry.name):
                 continue
-            if real_dir and _NAME.fullmatch(entry.name) and entry.name not in {".", ".."}:
+            if is_syncthing_entry(entry.name, regular=regular, real_dir=real_dir):
+                continue
+            if real_dir and _is_agent_tree_name(entry.name):
                 names.append(entry.name)
             else:
                 passed_over.append(f"unexpected entry {Path(directory, entry.name)!s} (not a {kind} directory)")

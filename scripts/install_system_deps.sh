@@ -1,15 +1,37 @@
 #!/usr/bin/env bash
-# Debian packages the tests drive: tmux (terminal tests: Ctrl-C, hctx top, Claude's TUI) and jq (the
-# README's examples). Installed only when missing.
+# Debian packages the tests drive: tmux (terminal tests: Ctrl-C, hctx top, Claude's TUI), jq (the
+# README's examples), prometheus (the live `hctx metrics` test; promtool comes with it), syncthing and
+# iproute2's ip (the two-daemon replication test, in a private network namespace). Installed only when
+# missing, in one apt-get call.
+#
+# The body is one function, read whole before it runs: bash reads a script as it executes it, so an
+# edit to this file during a slow apt-get could otherwise run a line out of place.
 set -euo pipefail
-missing=()
-for tool in tmux jq; do
-  command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
-done
-[ ${#missing[@]} -eq 0 ] && exit 0
-if [ "$(id -u)" -ne 0 ]; then
-  echo "install_system_deps: missing ${missing[*]}; install them (apt-get install ${missing[*]})" >&2
-  exit 1
-fi
-apt-get update -qq
-DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+
+main() {
+  local -A package=([tmux]=tmux [jq]=jq [prometheus]=prometheus [promtool]=prometheus [syncthing]=syncthing
+    [ip]=iproute2)
+  local missing=() tool
+  for tool in tmux jq prometheus promtool syncthing ip; do
+    command -v "$tool" >/dev/null 2>&1 || missing+=("${package[$tool]}")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "install_system_deps: missing ${missing[*]}; install them (apt-get install ${missing[*]})" >&2
+    return 1
+  fi
+  # Debian's prometheus and syncthing would start services (prometheus on every interface) from
+  # their postinst. A policy-rc.d that refuses every start is put in place for the install, unless
+  # the machine has one of its own (a container's), which is left as it is.
+  local policy=/usr/sbin/policy-rc.d
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' >"$policy"
+    chmod 755 "$policy"
+    trap 'rm -f -- /usr/sbin/policy-rc.d' EXIT
+  fi
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+}
+
+main "$@"

@@ -44,6 +44,9 @@ def parse_args(argv: Sequence[str] | None) -> SidecarConfig:
 def main(argv: Sequence[str] | None = None) -> int:
     config = parse_args(argv)
     logs.configure(config.catalog, config.host, config.agent)
+    # From here on nothing goes to the stderr the harness shares: the log is where to look, and the
+    # wrapper, which holds this process's pid, says when it died.
+    logs.silence_stderr()
     try:
         trio.run(run_sidecar, config)
     except Exception:

@@ -13,10 +13,10 @@ from typing import Any
 
 import trio
 
-from guard.policy import Write, WriteGuard
+from guard.policy import Write, WriteGuard, WriteReason
 from guard.record import Harness
 from guard.store import AgentDir, sweep_staging, write_context
-from sidecar import channel
+from sidecar import channel, logs
 from sidecar.pipeline import Pipeline
 from sidecar.producers import producer_for
 from sidecar.producers.base import Frame
@@ -24,12 +24,12 @@ from sidecar.transports import Submit, Transport, transport_for
 
 log = logging.getLogger("sidecar")
 
-# Deep enough for a rollout backlog replayed at once; a full queue drops (and logs) the newest.
-FRAME_QUEUE = 8192
 WRITE_RETRY_S = 5.0
 # After the harness is gone, frames already on their way (a last hook process) still land; a
 # client that keeps its connection open past this is cut off.
 SHUTDOWN_DRAIN_S = 2.0
+# Which reason a coalesced write keeps: the most telling of the writes it stands for.
+_REASON_RANK: dict[WriteReason, int] = {"heartbeat": 0, "bucket": 1, "exhaustion": 2, "compaction": 3}
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,51 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+class Outbox:
+    """The write owed, coalesced: frames are folded into the producer as they arrive, and while a
+    write is in flight (a contended lock, a slow fsync) or failing (a full disk), each newer write
+    replaces the one waiting. Every write carries the whole reading, so only the newest is owed;
+    it keeps the reason of a compaction (or exhaustion) edge it stands for. Memory: one write."""
+
+    def __init__(self) -> None:
+        self.pending: Write | None = None
+        self.coalesced = 0
+        self.closed = False
+        self._changed = trio.Event()
+
+    def put(self, write: Write) -> None:
+        if self.pending is not None:
+            self.coalesced += 1
+            write = _keep_reason(write, self.pending)
+        self.pending = write
+        self._changed.set()
+
+    def restore(self, write: Write) -> None:
+        """A write that failed goes back, unless a newer one took its place meanwhile."""
+        if self.pending is None:
+            self.pending = write
+        else:
+            self.pending = _keep_reason(self.pending, write)
+
+    def take(self) -> Write | None:
+        write, self.pending = self.pending, None
+        return write
+
+    def close(self) -> None:
+        self.closed = True
+        self._changed.set()
+
+    async def changed(self) -> None:
+        await self._changed.wait()
+        self._changed = trio.Event()
+
+
+def _keep_reason(newer: Write, older: Write) -> Write:
+    if _REASON_RANK[older.reason] > _REASON_RANK[newer.reason]:
+        return Write(newer.record, older.reason)
+    return newer
+
+
 class Writer:
     """The only holder of the agent's lock and staging directory in this process."""
 
@@ -58,28 +103,50 @@ class Writer:
             log.info("removed %d staging files of dead writers", swept, extra={"event": "staging-swept"})
         guard = WriteGuard(config.agent, config.incarnation)
         self.pipeline = Pipeline(producer_for(config.harness), guard)
-        # The newest write that failed (a full disk, a catalog turned hostile): retried until it
-        # lands or a newer write supersedes it. Every write carries the whole reading, so the newest
-        # is all that is owed.
-        self.unwritten: Write | None = None
+        self.outbox = Outbox()
+        # While writes fail (a full disk, a catalog turned hostile) the newest is retried on this
+        # schedule, not once per frame; the first failure is logged, the recovery says how many.
+        self.failures = 0
         self.retry_at = math.inf
 
-    async def commit(self, writes: list[Write]) -> None:
+    def submit(self, frame: Frame) -> None:
+        """Fold one frame in at once (a producer is a small state machine): no frame is ever queued,
+        so a burst or a stalled write costs no memory and never drops the newest reading. Called
+        from the channel's and the transports' tasks: whatever goes wrong costs this frame only."""
+        try:
+            writes = self.pipeline.feed(frame, now_ms())
+        except Exception:
+            logs.drops["pipeline"] += 1
+            log.exception("frame dropped: the write guard failed on it", extra={"event": "frame-dropped"})
+            return
         for write in writes:
-            await self._write(write)
+            self.outbox.put(write)
+
+    def close(self) -> None:
+        """No more frames: `run` makes one last try at what is owed, then returns."""
+        self.outbox.close()
 
     async def _write(self, write: Write) -> None:
+        guard = self.pipeline.guard
+        write = guard.refresh(write, now_ms())
         try:
             # In a worker thread: the lock may be contended and fsync is slow; the channel and a
             # relay keep serving meanwhile. Not cancellable: a write, once started, completes.
             record = await trio.to_thread.run_sync(write_context, self.agent_dir, write.record)
         except OSError as exc:
-            self.unwritten, self.retry_at = write, trio.current_time() + WRITE_RETRY_S
-            log.error("write failed, retrying in %ss: %s", WRITE_RETRY_S, exc,
-                      extra={"event": "write-failed", "reason": write.reason})  # fmt: skip
+            self.outbox.restore(write)
+            self.retry_at = trio.current_time() + WRITE_RETRY_S
+            self.failures += 1
+            if self.failures == 1:
+                log.error("write failed, retrying every %ss: %s", WRITE_RETRY_S, exc,
+                          extra={"event": "write-failed", "reason": write.reason})  # fmt: skip
             return
-        self.unwritten, self.retry_at = None, math.inf
-        self.pipeline.guard.committed(Write(record, write.reason))  # writtenAtMs as it landed
+        if self.failures:
+            log.warning("write recovered after %d failed attempts", self.failures,
+                        extra={"event": "write-recovered", "failures": self.failures})  # fmt: skip
+        self.failures, self.retry_at = 0, math.inf
+        if guard.last is write.record:  # nothing newer decided meanwhile: take writtenAtMs as it landed
+            guard.committed(Write(record, write.reason))
         log.info(
             "wrote %s",
             write.reason,
@@ -100,22 +167,21 @@ class Writer:
         heartbeat = math.inf if due is None else trio.current_time() + (due - now_ms()) / 1000
         return min(heartbeat, self.retry_at)
 
-    async def run(self, frames: trio.MemoryReceiveChannel[Frame]) -> None:
-        """Feed frames as they come; asleep until the heartbeat or a retry is due otherwise."""
-        async with frames:
-            while True:
+    def _write_due(self) -> bool:
+        return self.outbox.pending is not None and (not self.failures or trio.current_time() >= self.retry_at)
+
+    async def run(self) -> None:
+        """Write what is owed as it comes; asleep until a write, the heartbeat or a retry is due."""
+        while not self.outbox.closed:
+            if not self._write_due():
                 with trio.move_on_at(self._deadline()):
-                    try:
-                        frame = await frames.receive()
-                    except trio.EndOfChannel:
-                        break
-                    await self.commit(self.pipeline.feed(frame, now_ms()))
-                    continue
-                if self.unwritten is not None and trio.current_time() >= self.retry_at:
-                    await self._write(self.unwritten)
-                await self.commit(self.pipeline.tick(now_ms()))
-        if self.unwritten is not None:  # one last try before the sidecar exits
-            await self._write(self.unwritten)
+                    await self.outbox.changed()
+            for beat in self.pipeline.tick(now_ms()):
+                self.outbox.put(beat)
+            if self._write_due() and (owed := self.outbox.take()) is not None:
+                await self._write(owed)
+        if (last := self.outbox.take()) is not None:  # one last try before the sidecar exits
+            await self._write(last)
 
 
 async def run_transport(transport: Transport, config: dict[str, Any], submit: Submit) -> None:
@@ -140,23 +206,14 @@ async def wait_for_eof(fd: int) -> None:
 
 async def run_sidecar(config: SidecarConfig) -> None:
     writer = Writer(config)
-    send, receive = trio.open_memory_channel[Frame](FRAME_QUEUE)
-
-    def submit(frame: Frame) -> None:
-        try:
-            send.send_nowait(frame)
-        except trio.WouldBlock:
-            log.warning("frame dropped: queue full", extra={"event": "frame-dropped", "why": "queue full"})
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
-            log.info("frame after shutdown dropped", extra={"event": "frame-dropped", "why": "shutdown"})
-
+    submit = writer.submit
     log.info(
         "sidecar started",
         extra={"event": "start", "harness": config.harness, "incarnation": config.incarnation,
                "pid": os.getpid(), "channel": str(config.channel)},
     )  # fmt: skip
     async with trio.open_nursery() as outer:
-        outer.start_soon(writer.run, receive)
+        outer.start_soon(writer.run)
         async with trio.open_nursery() as inputs:
             transport = transport_for(config.harness)
             if transport is not None:
@@ -169,8 +226,12 @@ async def run_sidecar(config: SidecarConfig) -> None:
                 session_over.set()
                 channel_nursery.cancel_scope.deadline = trio.current_time() + SHUTDOWN_DRAIN_S
             inputs.cancel_scope.cancel()
-        await send.aclose()
-    log.info("sidecar exiting", extra={"event": "exit", "dropped": writer.pipeline.dropped})
+        writer.close()
+    log.info(
+        "sidecar exiting",
+        extra={"event": "exit", "dropped": sum(logs.drops.values()), "droppedBy": dict(logs.drops),
+               "coalesced": writer.outbox.coalesced, "writeFailures": writer.failures},
+    )  # fmt: skip
 
 
 def _signal_ready(fd: int | None) -> None:

@@ -3,22 +3,37 @@
 Hostile input costs a log line and the frame, never the sidecar: oversized lines are skipped to the
 next newline without being buffered, malformed JSON and frames without a `type` are dropped, and a
 peer of another uid is refused before a byte is read.
+
+Held connections cannot keep the harness out: every process the harness starts inherits the
+channel's address, so a connection is never refused for want of a slot. At MAX_CONNECTIONS the
+longest-idle connection is closed to admit the new one (a persistent harness connection that idles
+between turns reconnects when it next writes); a connection that sends nothing for SILENT_TIMEOUT_S
+after it connected is closed; a frame must be complete PARTIAL_FRAME_TIMEOUT_S after its first byte;
+and the partial frames of all connections together hold at most
+BUFFER_BUDGET_BYTES, the connection whose partial frame is oldest giving way first.
+
+Frame types under `hctx.` are the sidecar's own: a transport supplies them (OpenCode's providers
+answer), never the socket, with one exception, the drop report a tap sends for lines it could not
+deliver (`hctx.dropped`), which is counted and logged, never fed to a producer.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import socket
 import struct
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import trio
 
-from guard.constants import CHANNEL_MAX_FRAME_BYTES, CHANNEL_MAX_SOCKET_PATH
+from guard.constants import CHANNEL_DROP_REPORT, CHANNEL_MAX_FRAME_BYTES, CHANNEL_MAX_SOCKET_PATH, OWN_FRAME_PREFIX
+from sidecar.logs import drop
 from sidecar.producers.base import Frame
 
 log = logging.getLogger(__name__)
@@ -26,7 +41,12 @@ log = logging.getLogger(__name__)
 MAX_FRAME_BYTES = CHANNEL_MAX_FRAME_BYTES
 MAX_SOCKET_PATH = CHANNEL_MAX_SOCKET_PATH
 MAX_CONNECTIONS = 128
+PARTIAL_FRAME_TIMEOUT_S = 5.0
+# Every harness client writes as soon as it connects; one that sends nothing for this long is cut.
+SILENT_TIMEOUT_S = 10.0
+BUFFER_BUDGET_BYTES = 16 * 1024 * 1024
 _READ_SIZE = 64 * 1024
+_MAX_REPORTED_DROPS = 2**31
 _UCRED = struct.Struct("3i")
 
 Submit = Callable[[Frame], None]
@@ -59,9 +79,71 @@ def decode_frame(line: bytes) -> Frame | str:
         return f"malformed JSON: {str(exc)[:120]}"
     if not isinstance(frame, dict):
         return f"not a JSON object but {type(frame).__name__}"
-    if not isinstance(frame.get("type"), str):
+    kind = frame.get("type")
+    if not isinstance(kind, str):
         return "no string 'type'"
+    if kind.startswith(OWN_FRAME_PREFIX) and kind != CHANNEL_DROP_REPORT:
+        return f"frame type {kind[:40]!r} is the sidecar's own: only its transport supplies it"
     return frame
+
+
+@dataclass(eq=False)
+class _Peer:
+    """One open connection: when it last sent a byte, and the partial frame it holds."""
+
+    scope: trio.CancelScope
+    active_at: float
+    spoke: bool = False
+    partial_since: float | None = None
+    buffered: int = 0
+
+    def deadline(self) -> float:
+        """When this connection is cut: its partial frame's timeout, or, before its first byte,
+        the silent one."""
+        silent = math.inf if self.spoke else self.active_at + SILENT_TIMEOUT_S
+        return min(silent, _started(self) + PARTIAL_FRAME_TIMEOUT_S)
+
+
+class _Budget:
+    """The bytes of partial frames held by every connection of this process, bounded."""
+
+    def __init__(self) -> None:
+        self.total = 0
+        self.holders: set[_Peer] = set()
+
+    def hold(self, peer: _Peer, size: int) -> bool:
+        """Account `peer`'s partial frame at `size` bytes; False when it does not fit even after
+        cutting every connection whose partial frame is older."""
+        while self.total - peer.buffered + size > BUFFER_BUDGET_BYTES:
+            oldest = min(self.holders, key=_started, default=None)
+            if oldest is None or oldest is peer or _started(oldest) > _started(peer):
+                return False
+            self.release(oldest)
+            oldest.scope.cancel()  # its connection counts the frame it loses
+        self.total += size - peer.buffered
+        peer.buffered = size
+        if size:
+            self.holders.add(peer)
+        else:
+            self.holders.discard(peer)
+        return True
+
+    def release(self, peer: _Peer) -> None:
+        self.total -= peer.buffered
+        peer.buffered = 0
+        self.holders.discard(peer)
+
+
+def _started(peer: _Peer) -> float:
+    return math.inf if peer.partial_since is None else peer.partial_since
+
+
+_budget = _Budget()
+
+
+def buffered_bytes() -> int:
+    """Bytes of partial frames this process holds for all its channel connections."""
+    return _budget.total
 
 
 async def serve(
@@ -93,7 +175,7 @@ async def serve(
         listener.listen(socket.SOMAXCONN)
         # Only a listening socket appears at `path`: a client that finds it can connect.
         os.rename(binding, path)
-        slots = trio.Semaphore(MAX_CONNECTIONS)
+        peers: set[_Peer] = set()
         task_status.started()
         try:
             async with trio.open_nursery() as connections:
@@ -101,11 +183,11 @@ async def serve(
                     if stop is not None:
                         connections.start_soon(_cancel_when_set, stop, accepting)
                     while True:
-                        await _accept(listener, connections, submit, slots)
+                        await _accept(listener, connections, submit, peers)
                 path.unlink(missing_ok=True)
                 while True:  # connections that were already queued when the session ended
                     with trio.move_on_after(_QUEUED_WAIT_S) as waited:
-                        await _accept(listener, connections, submit, slots)
+                        await _accept(listener, connections, submit, peers)
                     if waited.cancelled_caught:
                         break
         finally:
@@ -121,39 +203,56 @@ async def _cancel_when_set(event: trio.Event, scope: trio.CancelScope) -> None:
 
 
 async def _accept(
-    listener: trio.socket.SocketType, connections: trio.Nursery, submit: Submit, slots: trio.Semaphore
+    listener: trio.socket.SocketType, connections: trio.Nursery, submit: Submit, peers: set[_Peer]
 ) -> None:
-    await slots.acquire()
     try:
         conn, _ = await listener.accept()
-    except BaseException as exc:
-        slots.release()
-        if not isinstance(exc, OSError):
-            raise
+    except OSError as exc:
         log.warning("channel accept failed: %s", exc)  # EMFILE and friends: back off, keep serving
         await trio.sleep(0.05)
         return
-    connections.start_soon(_connection, conn, submit, slots)
+    if len(peers) >= MAX_CONNECTIONS:
+        idlest = min(peers, key=lambda peer: peer.active_at)
+        peers.discard(idlest)
+        idlest.scope.cancel()
+        log.warning("channel full: closed its longest-idle connection", extra={"event": "connection-evicted"})
+    peer = _Peer(trio.CancelScope(), trio.current_time())
+    peers.add(peer)
+    connections.start_soon(_connection, conn, submit, peers, peer)
 
 
-async def _connection(conn: trio.socket.SocketType, submit: Submit, slots: trio.Semaphore) -> None:
+async def _connection(conn: trio.socket.SocketType, submit: Submit, peers: set[_Peer], peer: _Peer) -> None:
     try:
-        with conn:
+        with conn, peer.scope:
             uid = peer_uid(conn)
             if uid != os.getuid():
                 log.warning("channel peer of uid %d refused", uid, extra={"event": "peer-refused"})
                 return
-            await _read_frames(conn, submit)
+            await _read_frames(conn, submit, peer)
+        if peer.scope.cancelled_caught and peer.partial_since is not None:
+            drop("channel", "connection closed mid-frame to make room for others")
     except OSError as exc:
         log.info("channel connection ended: %s", exc)
     finally:
-        slots.release()
+        peers.discard(peer)
+        _budget.release(peer)
 
 
-async def _read_frames(conn: trio.socket.SocketType, submit: Submit) -> None:
+async def _read_frames(conn: trio.socket.SocketType, submit: Submit, peer: _Peer) -> None:
     buffer = bytearray()
     skipping = False  # inside an oversized line: discard until its newline
-    while data := await conn.recv(_READ_SIZE):
+    while True:
+        with trio.move_on_at(peer.deadline()) as waiting:
+            data = await conn.recv(_READ_SIZE)
+        if waiting.cancelled_caught:
+            if peer.partial_since is not None:
+                drop("channel", f"frame incomplete {PARTIAL_FRAME_TIMEOUT_S}s after its first byte; connection closed")
+            else:
+                log.warning("channel connection silent for %ss closed", SILENT_TIMEOUT_S, extra={"event": "silent-cut"})
+            return
+        if not data:
+            break
+        peer.active_at, peer.spoke = trio.current_time(), True
         start = 0
         while (end := data.find(b"\n", start)) != -1:
             if skipping:
@@ -161,19 +260,28 @@ async def _read_frames(conn: trio.socket.SocketType, submit: Submit) -> None:
             else:
                 buffer += data[start:end]
                 if len(buffer) > MAX_FRAME_BYTES:
-                    _drop(f"frame over {MAX_FRAME_BYTES} bytes")
+                    drop("channel", f"frame over {MAX_FRAME_BYTES} bytes")
                 else:
                     _deliver(bytes(buffer), submit)
             buffer.clear()
+            peer.partial_since = None
             start = end + 1
         if not skipping:
             buffer += data[start:]
-            if len(buffer) > MAX_FRAME_BYTES:
-                _drop(f"frame over {MAX_FRAME_BYTES} bytes")
-                buffer.clear()
-                skipping = True
+        if (buffer or skipping) and peer.partial_since is None:
+            peer.partial_since = peer.active_at  # the partial frame's clock starts
+        if len(buffer) > MAX_FRAME_BYTES:
+            drop("channel", f"frame over {MAX_FRAME_BYTES} bytes")
+            buffer.clear()
+            skipping = True
+        elif buffer and not _budget.hold(peer, len(buffer)):
+            drop("channel", "partial frame over the channel's buffer budget")
+            buffer.clear()
+            skipping = True
+        if not buffer:
+            _budget.release(peer)
     if buffer.strip():
-        _drop(f"truncated frame ({len(buffer)} bytes without a newline)")
+        drop("channel", f"truncated frame ({len(buffer)} bytes without a newline)")
 
 
 def _deliver(line: bytes, submit: Submit) -> None:
@@ -181,10 +289,17 @@ def _deliver(line: bytes, submit: Submit) -> None:
         return
     frame = decode_frame(line)
     if isinstance(frame, str):
-        _drop(frame)
+        drop("channel", frame)
+    elif frame["type"] == CHANNEL_DROP_REPORT:
+        _drops_reported(frame)
     else:
         submit(frame)
 
 
-def _drop(why: str) -> None:
-    log.warning("frame dropped: %s", why, extra={"event": "frame-dropped", "why": why})
+def _drops_reported(frame: Frame) -> None:
+    """A tap's count of lines it could not deliver (its queue overflowed): counted where it says."""
+    count, where = frame.get("count"), frame.get("where")
+    if type(count) is not int or not 0 < count <= _MAX_REPORTED_DROPS or not isinstance(where, str):
+        drop("channel", "malformed drop report")
+        return
+    drop(where[:64], f"{count} lines not tapped: the tap's queue was full", count)

@@ -1,11 +1,18 @@
 """Claude Code's status-line tee and hook forwarder: stdin JSON to the sidecar's channel.
 
 `hctx-statusline` (the settings' statusLine command) records the payload, then runs the operator's
-own renderer on the same bytes and prints exactly what it printed (HC-R18, DQ-C2):
-    1. $ST_CLAUDE_STATUSLINE_RENDERER, a shell command line
+own renderer on the same bytes and prints exactly what it printed (HC-R18, DQ-C2), the first of:
+    1. $ST_CLAUDE_STATUSLINE_RENDERER, a shell command line (hctx wrap sets it to the statusLine
+       the user had in .claude/settings.local.json, the file hctx renders into)
     2. ~/.claude/statusline-renderer.json -> "command"
-Neither resolving, or a renderer that cannot start or exits non-zero, leaves stdout empty (a slot
-echoing machine JSON is worse than a blank one) and says why on stderr, naming both sources.
+    3. the status line Claude would show without hctx: "statusLine" -> "command" in the next file
+       of Claude's own precedence (managed > --settings > .claude/settings.local.json >
+       .claude/settings.json > ~/.claude/settings.json; the two above the local file would have
+       beaten hctx's too, so the tee never runs under them), that is
+       $HCTX_CLAUDE_PROJECT_DIR/.claude/settings.json (else the cwd's), then
+       $CLAUDE_CONFIG_DIR/settings.json (else ~/.claude/settings.json)
+None resolving, or a renderer that cannot start or exits non-zero, leaves stdout empty (a slot
+echoing machine JSON is worse than a blank one) and says why on stderr, naming every source.
 
 `hctx-hook` (PreCompact / PostCompact / SessionStart) forwards the payload and prints nothing.
 
@@ -24,10 +31,13 @@ import time
 
 RENDERER_ENV = "ST_CLAUDE_STATUSLINE_RENDERER"
 RENDERER_FILE = "~/.claude/statusline-renderer.json"
+PROJECT_DIR_ENV = "HCTX_CLAUDE_PROJECT_DIR"
 CHANNEL_ENV = "HCTX_CHANNEL"
+# In a statusLine found in Claude's settings: hctx's own tee is no renderer (see INSIDE_RENDERER_ENV).
+TEE_MODULE = "sidecar.claude_tee"
 # Set for the renderer: a renderer that is (or calls) the tee again must not recurse without end.
 INSIDE_RENDERER_ENV = "HCTX_INSIDE_STATUSLINE_RENDERER"
-SOURCES = f"${RENDERER_ENV} and {RENDERER_FILE}"
+SOURCES = f"${RENDERER_ENV}, {RENDERER_FILE}, .claude/settings.json and ~/.claude/settings.json"
 
 STATUSLINE_FRAME = b'{"type":"claude.statusline","payload":'
 HOOK_FRAME = b'{"type":"claude.hook","payload":'
@@ -157,27 +167,50 @@ def _send(prefix: bytes, data: bytes) -> str | None:
 
 
 def resolve_renderer() -> tuple[str | None, str]:
-    """(command, where it came from), or (None, why neither source gave one)."""
+    """(command, where it came from), or (None, why no source gave one)."""
     command = (_env(RENDERER_ENV) or "").strip()
     if command:
         return command, f"${RENDERER_ENV}"
-    home = _env("HOME")
+    reasons = [f"${RENDERER_ENV} is unset"]
+    home = (_env("HOME") or "").rstrip("/")
     if not home:
-        return None, f"${RENDERER_ENV} is unset and $HOME is unset, so {RENDERER_FILE} cannot be read"
-    path = home.rstrip("/") + "/.claude/statusline-renderer.json"
+        reasons.append(f"$HOME is unset, so {RENDERER_FILE} cannot be read")
+    config = (_env("CLAUDE_CONFIG_DIR") or "").rstrip("/") or (home and home + "/.claude")
+    project = (_env(PROJECT_DIR_ENV) or "").rstrip("/") or "."  # else the cwd, even a removed one
+    sources = (
+        (home and home + "/.claude/statusline-renderer.json", None),
+        (project + "/.claude/settings.json", "statusLine"),
+        (config and config + "/settings.json", "statusLine"),
+    )
+    for path, key in sources:
+        if path:
+            found, why = _file_command(path, key)
+            if found is not None:
+                return found, path
+            reasons.append(why)
+    return None, "; ".join(reasons)
+
+
+def _file_command(path: str, key: str | None) -> tuple[str | None, str]:
+    """The "command" string in the JSON object at `path` (in its `key` object when given), or (None, why not)."""
     try:
         with open(path, "rb") as file:
             raw = file.read(MAX_STDIN_BYTES)
     except OSError as exc:
-        return None, f"${RENDERER_ENV} is unset and {path} is unreadable ({exc.strerror or exc})"
+        return None, f"{path} is unreadable ({exc.strerror or exc})"
     try:
         value = _load_json(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
-        return None, f"${RENDERER_ENV} is unset and {path} is not JSON"
-    command_value = value.get("command") if isinstance(value, dict) else None
-    if not isinstance(command_value, str) or not command_value.strip():
-        return None, f'${RENDERER_ENV} is unset and {path} has no "command" string'
-    return command_value.strip(), path
+        return None, f"{path} is not JSON"
+    if key is not None:
+        value = value.get(key) if isinstance(value, dict) else None
+    command = value.get("command") if isinstance(value, dict) else None
+    where = f'"{key}" -> "command"' if key else '"command"'
+    if not isinstance(command, str) or not command.strip():
+        return None, f"{path} has no {where} string"
+    if TEE_MODULE in command:
+        return None, f"{path} has hctx's own tee as its {where}"
+    return command.strip(), ""
 
 
 def render(command: str, stdin: bytes, timeout_s: float = RENDER_TIMEOUT_S) -> tuple[bytes | None, str]:

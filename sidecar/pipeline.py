@@ -6,7 +6,9 @@ import logging
 from dataclasses import dataclass, field
 
 from guard.policy import Write, WriteGuard
-from sidecar.producers.base import Frame, FrameRejected, Producer
+from sidecar import logs
+from sidecar.logs import drop
+from sidecar.producers.base import Frame, FrameRejected, Producer, out_of_domain
 
 log = logging.getLogger(__name__)
 
@@ -28,13 +30,18 @@ class Pipeline:
             readings = self.producer.feed(frame, now_ms)
         except FrameRejected as exc:
             self.dropped += 1
-            log.warning("frame dropped: %s", exc, extra={"event": "frame-dropped", "why": str(exc)})
+            drop("producer", str(exc))
             return writes
         except Exception:  # a producer bug must cost one frame, never the sidecar
             self.dropped += 1
+            logs.drops["producer"] += 1
             log.exception("producer failed on a frame; dropped", extra={"event": "frame-dropped"})
             return writes
         for reading in readings:
+            if (problem := out_of_domain(reading.fields)) is not None:
+                self.dropped += 1
+                drop("producer", problem)
+                continue
             write = self.guard.offer(reading, now_ms)
             if write is not None:
                 self.guard.committed(write)

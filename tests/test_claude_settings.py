@@ -10,8 +10,19 @@ from typing import Any
 
 import pytest
 
-from wrapper.harnesses import LaunchPlan, prepare
-from wrapper.harnesses.claude import HOOK_EVENTS, SETTINGS_PATH, SettingsError, tee_command, write_settings
+from wrapper.harnesses import LaunchPlan, prepare, teardown
+from wrapper.harnesses.claude import (
+    HOOK_EVENTS,
+    PROJECT_DIR_ENV,
+    RENDERER_ENV,
+    SEATS_PATH,
+    SETTINGS_PATH,
+    SettingsError,
+    render_settings,
+    tee_command,
+    unrender_settings,
+    write_settings,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 PAYLOAD = (REPO / "fixtures" / "claude" / "statusline-2.1.250.jsonl").read_bytes().splitlines()[1]
@@ -52,7 +63,7 @@ def plan(cwd: Path) -> LaunchPlan:
 
 def test_a_fresh_directory_gets_the_status_line_and_three_hooks(tmp_path: Path) -> None:
     prepared = prepare(plan(tmp_path))
-    assert prepared.argv == ("claude", "--model", "x") and prepared.env == {}
+    assert prepared.argv == ("claude", "--model", "x") and prepared.env == {PROJECT_DIR_ENV: str(tmp_path)}
     settings = load(tmp_path)
     assert settings["statusLine"] == {
         "type": "command",
@@ -170,18 +181,176 @@ def test_a_symlinked_settings_file_is_written_through_and_stays_a_link(tmp_path:
     assert "claude_tee" in written["statusLine"]["command"]
 
 
-def test_a_users_own_status_line_is_kept_and_keeps_drawing_through_the_tee(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+def test_a_users_own_status_line_keeps_drawing_through_the_tee_in_every_seat(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from wrapper.harnesses.claude import DISPLACED_STATUS_LINE, RENDERER_ENV
-
     monkeypatch.delenv(RENDERER_ENV, raising=False)
     (tmp_path / ".claude").mkdir()
     (tmp_path / SETTINGS_PATH).write_text(json.dumps({"statusLine": {"type": "command", "command": "my-line.sh"}}))
-    plan = prepare(LaunchPlan(harness="claude", argv=("claude",), cwd=tmp_path))
-    assert plan.env[RENDERER_ENV] == "my-line.sh"
-    assert json.loads((tmp_path / DISPLACED_STATUS_LINE).read_text())["command"] == "my-line.sh"
-    assert "had its own statusLine" in capsys.readouterr().err
-    again = prepare(LaunchPlan(harness="claude", argv=("claude",), cwd=tmp_path))
-    assert again.env[RENDERER_ENV] == "my-line.sh"  # a relaunch still chains it, once the file is ours
-    assert capsys.readouterr().err == ""
+    assert prepare(plan(tmp_path)).env[RENDERER_ENV] == "my-line.sh"
+    assert load(tmp_path)["statusLine"]["command"] == tee_command("statusline")
+    assert prepare(plan(tmp_path)).env[RENDERER_ENV] == "my-line.sh"  # the file is ours by now: still chained
+    monkeypatch.setenv(RENDERER_ENV, "exported-by-the-user")
+    assert RENDERER_ENV not in prepare(plan(tmp_path)).env  # the operator's own choice wins
+
+
+# --- the working directory left as it was found -------------------------------------------------------
+# In process, the seat is this test's own pid; tests/test_claude_seats.py runs real wrappers.
+
+USER_BYTES = (
+    b'{\n\t"model":"claude-opus-5",  "statusLine": {"type": "command", "command": "my-line.sh"},\n'
+    b'\t"hooks": {"Stop": [{"hooks": [{"type": "command", "command": "notify-send \xc3\xa9t\xc3\xa9"}]}]}}'
+)  # tabs, odd spacing, no final newline, UTF-8: nothing hctx would write itself
+
+
+def session(cwd: Path) -> None:
+    """One wrapped session's effect on the directory: prepared, then torn down."""
+    teardown(prepare(plan(cwd)))
+
+
+def test_a_file_hctx_created_is_gone_after_the_session_with_the_claude_dir(tmp_path: Path) -> None:
+    prepared = prepare(plan(tmp_path))
+    assert sorted(p.name for p in (tmp_path / ".claude").iterdir()) == ["hctx-seats.json", "settings.local.json"]
+    teardown(prepared)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_users_file_gets_its_exact_bytes_and_mode_back(tmp_path: Path) -> None:
+    (tmp_path / ".claude").mkdir()
+    settings_path(tmp_path).write_bytes(USER_BYTES)
+    settings_path(tmp_path).chmod(0o640)
+    prepared = prepare(plan(tmp_path))
+    assert load(tmp_path)["statusLine"]["command"] == tee_command("statusline")
+    teardown(prepared)
+    assert settings_path(tmp_path).read_bytes() == USER_BYTES
+    assert settings_path(tmp_path).stat().st_mode & 0o777 == 0o640
+    assert [p.name for p in (tmp_path / ".claude").iterdir()] == ["settings.local.json"]
+
+
+def test_a_relaunch_by_the_same_wrapper_holds_one_seat(tmp_path: Path) -> None:
+    """`--restart`: every incarnation prepares again; the wrapper is still one seat."""
+    (tmp_path / ".claude").mkdir()
+    settings_path(tmp_path).write_bytes(USER_BYTES)
+    prepare(plan(tmp_path))
+    prepared = prepare(plan(tmp_path))
+    assert [seat["pid"] for seat in json.loads((tmp_path / SEATS_PATH).read_text())["seats"]] == [os.getpid()]
+    teardown(prepared)
+    assert settings_path(tmp_path).read_bytes() == USER_BYTES
+
+
+def test_a_claude_dir_that_was_there_stays_even_when_empty(tmp_path: Path) -> None:
+    (tmp_path / ".claude").mkdir()
+    session(tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == [".claude"] and list((tmp_path / ".claude").iterdir()) == []
+
+
+def test_a_claude_dir_hctx_created_stays_when_something_else_moved_in(tmp_path: Path) -> None:
+    prepared = prepare(plan(tmp_path))
+    (tmp_path / ".claude" / "commands").mkdir()  # e.g. the user saved a slash command meanwhile
+    teardown(prepared)
+    assert [p.name for p in (tmp_path / ".claude").iterdir()] == ["commands"]
+
+
+def test_changes_made_during_the_session_are_kept_and_only_hctxs_entries_leave(tmp_path: Path) -> None:
+    """The rule: hctx takes its own entries out of the file as it is at the end; the rest stays."""
+    (tmp_path / ".claude").mkdir()
+    settings_path(tmp_path).write_text(json.dumps(USER_SETTINGS))
+    prepared = prepare(plan(tmp_path))
+    during = load(tmp_path)
+    during["permissions"]["allow"].append("Bash(npm test:*)")  # what Claude saves on "always allow"
+    during["hooks"]["PostCompact"].insert(0, {"hooks": [{"type": "command", "command": "mine-too"}]})
+    settings_path(tmp_path).write_text(json.dumps(during))
+    teardown(prepared)
+    expected = json.loads(json.dumps(USER_SETTINGS))
+    expected["permissions"]["allow"].append("Bash(npm test:*)")
+    expected["hooks"]["PostCompact"] = [{"hooks": [{"type": "command", "command": "mine-too"}]}]
+    assert load(tmp_path) == expected  # the user's statusLine back, none of hctx's hooks left
+    assert "claude_tee" not in settings_path(tmp_path).read_text()
+    assert not (tmp_path / SEATS_PATH).exists()
+
+
+def test_a_file_hctx_created_stays_with_what_claude_saved_in_it(tmp_path: Path) -> None:
+    prepared = prepare(plan(tmp_path))
+    during = load(tmp_path)
+    during["permissions"] = {"allow": ["WebFetch(domain:example.com)"]}
+    settings_path(tmp_path).write_text(json.dumps(during))
+    teardown(prepared)
+    assert load(tmp_path) == {"permissions": {"allow": ["WebFetch(domain:example.com)"]}}
+    assert [p.name for p in (tmp_path / ".claude").iterdir()] == ["settings.local.json"]
+
+
+def test_a_status_line_the_user_set_during_the_session_is_kept(tmp_path: Path) -> None:
+    (tmp_path / ".claude").mkdir()
+    settings_path(tmp_path).write_bytes(USER_BYTES)
+    prepared = prepare(plan(tmp_path))
+    during = load(tmp_path)
+    during["statusLine"] = {"type": "command", "command": "a-newer-line.sh"}
+    settings_path(tmp_path).write_text(json.dumps(during))
+    teardown(prepared)
+    assert load(tmp_path)["statusLine"] == {"type": "command", "command": "a-newer-line.sh"}
+    assert set(load(tmp_path)["hooks"]) == {"Stop"}
+
+
+def test_a_file_the_user_removed_during_the_session_stays_removed(tmp_path: Path) -> None:
+    (tmp_path / ".claude").mkdir()
+    settings_path(tmp_path).write_bytes(USER_BYTES)
+    prepared = prepare(plan(tmp_path))
+    settings_path(tmp_path).unlink()
+    teardown(prepared)
+    assert list((tmp_path / ".claude").iterdir()) == []
+
+
+def test_a_file_broken_during_the_session_is_left_alone_and_said_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prepared = prepare(plan(tmp_path))
+    settings_path(tmp_path).write_text("{half")
+    teardown(prepared)  # never raises: the wrapper's exit status is the harness's
+    assert settings_path(tmp_path).read_text() == "{half"
+    assert "could not put" in capsys.readouterr().err
+
+
+def test_a_symlinked_file_gets_its_bytes_back_through_the_link(tmp_path: Path) -> None:
+    dotfiles = tmp_path / "dotfiles" / "claude-local.json"
+    dotfiles.parent.mkdir()
+    dotfiles.write_bytes(USER_BYTES)
+    work = tmp_path / "work"
+    (work / ".claude").mkdir(parents=True)
+    (work / SETTINGS_PATH).symlink_to(dotfiles)
+    session(work)
+    assert (work / SETTINGS_PATH).is_symlink() and dotfiles.read_bytes() == USER_BYTES
+
+
+def test_an_unmergeable_file_refuses_the_launch_and_leaves_no_seat(tmp_path: Path) -> None:
+    (tmp_path / ".claude").mkdir()
+    settings_path(tmp_path).write_text('{"hooks": {"PreCompact": {}}}')
+    with pytest.raises(SettingsError, match="will not overwrite"):
+        prepare(plan(tmp_path))
+    assert [p.name for p in (tmp_path / ".claude").iterdir()] == ["settings.local.json"]
+    assert settings_path(tmp_path).read_text() == '{"hooks": {"PreCompact": {}}}'
+
+
+def test_what_an_earlier_hctx_left_behind_is_cleaned_by_the_next_session(tmp_path: Path) -> None:
+    """A file rendered by an hctx that never put it back (older, or its seat record lost)."""
+    (tmp_path / ".claude").mkdir()
+    settings_path(tmp_path).write_text(json.dumps(render_settings({"model": "claude-opus-5"})))
+    session(tmp_path)
+    assert load(tmp_path) == {"model": "claude-opus-5"}
+    settings_path(tmp_path).write_text(json.dumps(render_settings({})))
+    session(tmp_path)
+    assert list((tmp_path / ".claude").iterdir()) == []  # nothing but hctx's: gone
+
+
+@pytest.mark.parametrize(
+    "original",
+    [
+        {},
+        USER_SETTINGS,
+        {"hooks": {}},
+        {"hooks": {"PreCompact": []}, "statusLine": None},
+        {"hooks": {"SessionStart": [{"hooks": []}, {"matcher": "compact", "hooks": [{"command": "x"}]}]}},
+    ],
+)
+def test_taking_hctxs_entries_out_gives_back_exactly_what_was_there(original: dict[str, Any]) -> None:
+    assert unrender_settings(render_settings(original), original) == original
+    assert unrender_settings(original, {}) == original  # nothing of hctx's: nothing changes

@@ -25,7 +25,12 @@ REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "fixtures" / "claude"
 PAYLOAD = (FIXTURES / "statusline-2.1.250.jsonl").read_bytes().splitlines()[1] + b"\n"
 PRE_COMPACT = (FIXTURES / "precompact-2.1.250.jsonl").read_bytes().splitlines()[0] + b"\n"
-BOTH_SOURCES = ("$ST_CLAUDE_STATUSLINE_RENDERER", "~/.claude/statusline-renderer.json")
+SOURCES = (
+    "$ST_CLAUDE_STATUSLINE_RENDERER",
+    "~/.claude/statusline-renderer.json",
+    ".claude/settings.json",
+    "~/.claude/settings.json",
+)
 
 
 @pytest.fixture
@@ -64,10 +69,23 @@ def received(listener: socket.socket) -> list[dict[str, object]]:
 
 
 def run_tee(
-    entry: str, stdin: bytes, home: Path, *, renderer: str | None = None, channel: Path | None = None
+    entry: str,
+    stdin: bytes,
+    home: Path,
+    *,
+    renderer: str | None = None,
+    channel: Path | None = None,
+    env_extra: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[bytes]:
-    env = {key: value for key, value in os.environ.items() if not key.startswith(("HCTX_", "ST_CLAUDE"))}
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("HCTX_", "ST_CLAUDE", "CLAUDE_CONFIG_DIR"))
+    }
     env["HOME"] = str(home)
+    # The project hctx wrap names; a directory without settings unless a test gives it some.
+    env["HCTX_CLAUDE_PROJECT_DIR"] = str(home.parent / "project")
+    env |= env_extra or {}
     if renderer is not None:
         env["ST_CLAUDE_STATUSLINE_RENDERER"] = renderer
     if channel is not None:
@@ -107,23 +125,85 @@ def test_the_env_renderer_wins_over_the_file(home: Path) -> None:
     assert run_tee("statusline", PAYLOAD, home, renderer="printf 'from-env'").stdout == b"from-env"
 
 
+def write_settings_file(path: Path, settings: object) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(settings))
+
+
+def line(command: str) -> dict[str, object]:
+    return {"statusLine": {"type": "command", "command": command, "padding": 1}}
+
+
+def test_without_either_source_the_status_line_claude_would_have_drawn_is_chained(home: Path) -> None:
+    """Claude's own precedence below the local file hctx renders: the project's, then the user's."""
+    project = home.parent / "project" / ".claude" / "settings.json"
+    write_settings_file(home / ".claude" / "settings.json", {"model": "x", **line("printf 'from-user'")})
+    assert run_tee("statusline", PAYLOAD, home).stdout == b"from-user"
+    write_settings_file(project, {"permissions": {}, **line("cat")})
+    done = run_tee("statusline", PAYLOAD, home)
+    assert done.stdout == PAYLOAD  # the project's file wins, and its renderer gets Claude's bytes
+    write_renderer_file(home, "printf 'from-file'")
+    assert run_tee("statusline", PAYLOAD, home).stdout == b"from-file"  # hctx's own two sources stay first
+    assert run_tee("statusline", PAYLOAD, home, renderer="printf 'from-env'").stdout == b"from-env"
+
+
+@pytest.mark.parametrize(
+    "project_settings",
+    [
+        None,
+        "not json",
+        json.dumps({"model": "no status line here"}),
+        json.dumps({"statusLine": {"type": "command", "command": "  "}}),
+        json.dumps({"statusLine": "printf x"}),
+        json.dumps(line(tee_command("statusline"))),  # hctx's own tee, e.g. committed by someone
+    ],
+)
+def test_a_project_file_without_a_usable_status_line_falls_through_to_the_users(
+    home: Path, project_settings: str | None
+) -> None:
+    if project_settings is not None:
+        path = home.parent / "project" / ".claude" / "settings.json"
+        path.parent.mkdir(parents=True)
+        path.write_text(project_settings)
+    write_settings_file(home / ".claude" / "settings.json", line("printf 'from-user'"))
+    assert run_tee("statusline", PAYLOAD, home).stdout == b"from-user"
+
+
+def test_the_user_settings_follow_claude_config_dir(home: Path, tmp_path: Path) -> None:
+    write_settings_file(home / ".claude" / "settings.json", line("printf 'from-home'"))
+    write_settings_file(tmp_path / "config" / "settings.json", line("printf 'from-config-dir'"))
+    done = run_tee("statusline", PAYLOAD, home, env_extra={"CLAUDE_CONFIG_DIR": str(tmp_path / "config")})
+    assert done.stdout == b"from-config-dir"
+
+
+def test_without_the_project_variable_the_project_is_the_working_directory(home: Path, tmp_path: Path) -> None:
+    write_settings_file(tmp_path / "cwd" / ".claude" / "settings.json", line("printf 'from-cwd'"))
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("HCTX_", "ST_CLAUDE"))}
+    env["HOME"] = str(home)
+    done = subprocess.run(
+        ["/bin/sh", "-c", tee_command("statusline")], input=PAYLOAD, env=env, cwd=tmp_path / "cwd",
+        capture_output=True, timeout=30,
+    )  # fmt: skip
+    assert done.stdout == b"from-cwd"
+
+
 @pytest.mark.parametrize(
     "file_content",
     [None, "not json", json.dumps({"command": ""}), json.dumps({"command": 7}), json.dumps(["printf x"]), "\xff"],
 )
-def test_neither_source_resolving_leaves_stdout_empty_and_names_both(home: Path, file_content: str | None) -> None:
+def test_no_source_resolving_leaves_stdout_empty_and_names_every_one(home: Path, file_content: str | None) -> None:
     if file_content is not None:
         (home / ".claude" / "statusline-renderer.json").write_text(file_content, errors="surrogateescape")
     done = run_tee("statusline", PAYLOAD, home, renderer="   ")
     assert done.stdout == b""
     assert done.returncode == 0
-    assert all(source.encode() in done.stderr for source in BOTH_SOURCES)
+    assert all(source.encode() in done.stderr for source in SOURCES)
 
 
 def test_a_failing_renderer_leaves_stdout_empty_even_after_a_partial_line(home: Path) -> None:
     done = run_tee("statusline", PAYLOAD, home, renderer="printf 'half a li'; exit 3")
     assert done.stdout == b""
-    assert b"exited 3" in done.stderr and all(source.encode() in done.stderr for source in BOTH_SOURCES)
+    assert b"exited 3" in done.stderr and all(source.encode() in done.stderr for source in SOURCES)
 
 
 def test_a_renderer_that_is_not_executable_leaves_stdout_empty(home: Path, tmp_path: Path) -> None:
@@ -133,7 +213,7 @@ def test_a_renderer_that_is_not_executable_leaves_stdout_empty(home: Path, tmp_p
     write_renderer_file(home, str(script))
     done = run_tee("statusline", PAYLOAD, home)
     assert done.stdout == b""
-    assert b"exited 126" in done.stderr and all(source.encode() in done.stderr for source in BOTH_SOURCES)
+    assert b"exited 126" in done.stderr and all(source.encode() in done.stderr for source in SOURCES)
     script.chmod(0o755)
     assert run_tee("statusline", PAYLOAD, home).stdout == b"drawn\n"
 

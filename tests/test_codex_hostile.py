@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from guard.policy import Reading
+from guard.record import MAX_COUNT
 from sidecar.producers.base import FrameRejected
 from sidecar.producers.codex import CodexProducer, decode_recording
 from tests.hostile import json_values, numbers, numbers_in
@@ -181,7 +182,7 @@ def test_any_bytes_as_a_recording(data: bytes) -> None:
 
 
 def valid_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT
 
 
 def frame_of(payload: Any) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -9,14 +10,22 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
 from guard.record import parse_record
+from guard.store import log_path
+from sidecar.demo_standin import DEMO_CAPTURES, paced
+from sidecar.producers import producer_for
+from sidecar.producers.base import FrameRejected
 from tests.wrapping import env, pid_gone, run, wait_for
+from wrapper.cli import DEMO_NO_TOP_S, DEMO_TOP_S
 from wrapper.demo import DEMO_HOST, FLEET
+
+README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 
 
 def _sidecar_pids(catalog: Path) -> list[int]:
@@ -27,7 +36,7 @@ def _sidecar_pids(catalog: Path) -> list[int]:
 
 
 def _writes(catalog: Path, identity: str) -> list[dict[str, object]]:
-    log = catalog / ".st2" / "logs" / f"{DEMO_HOST}.{identity}.jsonl"
+    log = log_path(catalog, DEMO_HOST, identity)
     return [e for line in log.read_text().splitlines() if (e := json.loads(line))["event"] == "write"]
 
 
@@ -54,12 +63,14 @@ def test_the_demo_plays_every_session_to_its_end_within_30_seconds(tmp_path: Pat
 
 @pytest.mark.skipif(shutil.which("tmux") is None and not os.environ.get("CI"), reason="tmux is not installed")
 def test_the_live_demo_shows_top_and_ctrl_c_leaves_no_process_behind(tmp_path: Path) -> None:
-    catalog, done = tmp_path / "catalog", tmp_path / "done"
+    done = tmp_path / "done"
     session = f"hctx-demo-{os.getpid()}"
     repo = Path(__file__).resolve().parent.parent
+    # As a user runs it: no --catalog, so top's header shows the demo's own temporary catalog.
     # COLUMNS/LINES from the test's environment would override the pane's real size.
-    demo = f"{sys.executable} -m wrapper.cli demo --catalog {catalog} --duration 5"
+    demo = f"{sys.executable} -m wrapper.cli demo --duration 15"  # the README picture, at a quarter of the pace
     command = f"cd {repo} && env -u COLUMNS -u LINES {demo}; echo $? > {done}"
+    catalog: Path | None = None
     # A private tmux server: one already running would impose its own default size.
     tmux = ["tmux", "-L", session]
     subprocess.run([*tmux, "new-session", "-d", "-s", session, "-x", "140", "-y", "20", command], check=True)
@@ -68,42 +79,86 @@ def test_the_live_demo_shows_top_and_ctrl_c_leaves_no_process_behind(tmp_path: P
         return subprocess.run([*tmux, "capture-pane", "-p", "-t", session], capture_output=True, text=True).stdout
 
     try:
-        screen = wait_for(lambda: (text := pane()).count(DEMO_HOST) >= len(FLEET) and text, timeout=30, what="top")
+        screen = wait_for(lambda: len(_rows(text := pane())) >= len(FLEET) and text, timeout=30, what="top")
         for agent in FLEET:
             assert agent.identity in screen
+        title = re.match(_DEMO_TITLE.format(tmp=re.escape(tempfile.gettempdir())), screen)
+        assert title is not None, screen.splitlines()[0]
+        catalog = Path(title["catalog"])
         screen = wait_for(lambda: _past_80(pane()), timeout=30, what="an agent past 80% on screen")
         _check_readme_screenshot(screen)
         subprocess.run([*tmux, "send-keys", "-t", session, "C-c"], check=True)
         wait_for(done.exists, timeout=30, what="demo exit")
+        pids = _sidecar_pids(catalog)
+        assert len(pids) == len(FLEET)
+        wait_for(lambda: all(pid_gone(pid) for pid in pids), timeout=5, what="sidecars gone")
+        assert _started_with(catalog) == []
+        assert _processes_working_in(catalog) == []  # the stand-in harnesses run inside the catalog
     finally:
         subprocess.run([*tmux, "kill-server"], capture_output=True)
-    pids = _sidecar_pids(catalog)
-    assert len(pids) == len(FLEET)
-    wait_for(lambda: all(pid_gone(pid) for pid in pids), timeout=5, what="sidecars gone")
-    leftovers = subprocess.run(["pgrep", "-f", f"--catalog {catalog}"], capture_output=True, text=True).stdout
-    assert leftovers.strip() == ""
-    assert _processes_working_in(catalog) == []  # the stand-in harnesses run inside the catalog
+        if (made := catalog) is not None:  # the demo leaves its catalog for the user; a test removes it
+            with contextlib.suppress(AssertionError):  # a failed run: its processes first, or they recreate it
+                wait_for(lambda: not _started_with(made), timeout=20, what="the demo's processes gone")
+            shutil.rmtree(made, ignore_errors=True)
+
+
+def _started_with(catalog: Path) -> list[str]:
+    return subprocess.run(["pgrep", "-f", f"--catalog {catalog}"], capture_output=True, text=True).stdout.split()
+
+
+def _rows(screen: str) -> list[str]:
+    return [line for line in screen.splitlines() if line.startswith(f"{DEMO_HOST}/")]
 
 
 def _past_80(screen: str) -> str | None:
-    rows = [line for line in screen.splitlines() if line.startswith(f"{DEMO_HOST}/")]
-    fills = [int(match) for row in rows for match in re.findall(r" (\d+)% ", row)]
+    fills = [int(match) for row in _rows(screen) for match in re.findall(r" (\d+)% ", row)]
     return screen if any(fill >= 80 for fill in fills) else None
 
 
+# The header `hctx demo` shows: its own temporary catalog, never a path only a test run has.
+_DEMO_TITLE = r"hctx top · 4 agents · (?P<catalog>{tmp}/hctx-demo-[A-Za-z0-9_]{{8}}) · \d\d:\d\d:\d\d\n"
+
+
 def _check_readme_screenshot(screen: str) -> None:
-    """The README's `hctx top` screenshot is this view: the same column header, the same fleet.
+    """The README's `hctx top` screenshot is this view: the same header line, column header and fleet.
 
     HCTX_SCREENSHOT_OUT=FILE saves the capture, to refresh the README from a test run.
     """
     if target := os.environ.get("HCTX_SCREENSHOT_OUT"):
         Path(target).write_text(screen)
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    shot = readme.split("```\n", 2)[1]
+    shot = README.split("```\n", 2)[1]
+    assert re.match(_DEMO_TITLE.format(tmp="/tmp"), shot), shot.splitlines()[0]
+    assert shot.splitlines()[1] == screen.splitlines()[1] == "q quits"
     header = next(line for line in screen.splitlines() if line.startswith("AGENT"))
     assert header.split() == next(line for line in shot.splitlines() if line.startswith("AGENT")).split()
     for agent in FLEET:
         assert f"{DEMO_HOST}/{agent.identity}" in shot
+
+
+def _first_past_80_s(duration_s: float) -> float:
+    """Seconds into a demo of `duration_s` until the first agent's fill reaches 80%: the moment the
+    README's picture shows (the test captures it at the same point of a shorter run)."""
+    moments = []
+    for agent in FLEET:
+        producer = producer_for(agent.harness)
+        for offset, frame in paced(agent.harness, [DEMO_CAPTURES / name for name in agent.captures], duration_s):
+            try:
+                readings = producer.feed(frame, 0)
+            except FrameRejected:
+                continue
+            if any((reading.fields.used_percent or 0) >= 80 for reading in readings):
+                moments.append(offset)
+                break
+    return min(moments)
+
+
+def test_the_readme_says_when_its_picture_is_taken_and_how_long_the_demo_plays() -> None:
+    moment = round(_first_past_80_s(DEMO_TOP_S))
+    assert 0 < moment < DEMO_TOP_S
+    text = " ".join(README.split())
+    assert f"about {moment} s into `hctx demo`" in text
+    assert f"each session plays for {DEMO_TOP_S:g} s" in text
+    assert f"`--no-top` plays them in {DEMO_NO_TOP_S:g} s" in text
 
 
 def _processes_working_in(directory: Path) -> list[int]:
@@ -126,5 +181,61 @@ def test_a_killed_demo_stops_every_process_it_started_at_once(tmp_path: Path) ->
     started = time.monotonic()
     demo.wait(timeout=20)
     assert time.monotonic() - started < 5  # not the 10 s kill deadline: everything stopped when asked
+    wait_for(lambda: all(pid_gone(pid) for pid in _sidecar_pids(catalog)), timeout=5, what="sidecars gone")
+    assert _processes_working_in(catalog) == []
+
+
+def _break_one_agent(catalog: Path) -> str:
+    """A file where pi-worker's agent directory belongs: that one wrapper is refused at its start."""
+    (catalog / "agents" / DEMO_HOST).mkdir(parents=True)
+    (catalog / "agents" / DEMO_HOST / "pi-worker").write_text("in the way\n")
+    return f"{DEMO_HOST}/pi-worker"
+
+
+def test_a_demo_whose_agent_fails_to_start_says_which_and_why_and_exits_non_zero(tmp_path: Path) -> None:
+    catalog = tmp_path / "catalog"
+    broken = _break_one_agent(catalog)
+    argv = [sys.executable, "-m", "wrapper.cli", "demo", "--catalog", str(catalog), "--no-top", "--duration", "2"]
+    result = run(argv, timeout=60)
+    assert result.returncode == 1
+    assert "1 of 4 agents failed" in result.stderr
+    assert f"{broken}: its wrapper exited with 2" in result.stderr
+    assert "is not a real directory" in result.stderr  # the wrapper's own reason, not a bare status
+    assert "Traceback" not in result.stderr
+    others = [a.identity for a in FLEET if f"{DEMO_HOST}/{a.identity}" != broken]
+    assert all((catalog / "agents" / DEMO_HOST / name / "harness-context").is_file() for name in others)
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None and not os.environ.get("CI"), reason="tmux is not installed")
+def test_a_demo_in_top_whose_agent_dies_closes_top_and_says_why(tmp_path: Path) -> None:
+    catalog, done, err = tmp_path / "catalog", tmp_path / "done", tmp_path / "stderr"
+    _break_one_agent(catalog)
+    session = f"hctx-demo-fail-{os.getpid()}"
+    repo = Path(__file__).resolve().parent.parent
+    demo = f"{sys.executable} -m wrapper.cli demo --catalog {catalog} --duration 30"
+    command = f"cd {repo} && {demo} 2> {err}; echo $? > {done}"
+    tmux = ["tmux", "-L", session]
+    subprocess.run([*tmux, "new-session", "-d", "-s", session, "-x", "140", "-y", "20", command], check=True)
+    try:
+        wait_for(done.exists, timeout=30, what="the demo to end on its own")
+    finally:
+        subprocess.run([*tmux, "kill-server"], capture_output=True)
+    assert done.read_text().strip() == "1"
+    assert "demo/pi-worker: its wrapper exited with 2" in err.read_text()
+    wait_for(lambda: all(pid_gone(pid) for pid in _sidecar_pids(catalog)), timeout=10, what="sidecars gone")
+    assert _processes_working_in(catalog) == []
+
+
+def test_a_second_signal_while_the_demo_stops_does_not_cut_the_stop_short(tmp_path: Path) -> None:
+    catalog = tmp_path / "catalog"
+    argv = [sys.executable, "-m", "wrapper.cli", "demo", "--catalog", str(catalog), "--no-top", "--duration", "30"]
+    demo = subprocess.Popen(argv, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: len(_sidecar_pids(catalog)) == len(FLEET), timeout=30, what="the fleet")
+    demo.send_signal(signal.SIGTERM)
+    time.sleep(0.05)
+    demo.send_signal(signal.SIGHUP)  # a closing terminal right after a kill
+    _, stderr = demo.communicate(timeout=20)
+    assert demo.returncode == 130
+    assert "Traceback" not in stderr
     wait_for(lambda: all(pid_gone(pid) for pid in _sidecar_pids(catalog)), timeout=5, what="sidecars gone")
     assert _processes_working_in(catalog) == []

@@ -134,8 +134,8 @@ def test_stale_reading_keeps_its_numbers_and_age(tmp_path: Path) -> None:
     assert row.context["usedTokens"] == 92283
 
 
-def test_empty_or_missing_catalog_is_an_empty_roster(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["agents", "--json", "--catalog", str(tmp_path / "none")]) == 0
+def test_empty_catalog_is_an_empty_roster(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["agents", "--json", "--catalog", str(tmp_path)]) == 0  # no agents/ yet
     assert capsys.readouterr().out == "[]\n"
     (tmp_path / "agents").mkdir()
     assert main(["agents", "--json", "--catalog", str(tmp_path)]) == 0
@@ -247,6 +247,32 @@ def test_catalog_defaults_to_hctx_catalog_then_xdg_state(tmp_path: Path) -> None
         done = hctx("agents", "--json", env={**base, **env})
         assert done.returncode == 0, done.stderr
         assert [row["identity"] for row in json.loads(done.stdout)] == [identity]
+
+
+@pytest.mark.parametrize("command", [["agents"], ["agents", "--json"], ["doctor"], ["top", "--once"],
+                                     ["inspect", "x"], ["agents", "x"]])  # fmt: skip
+def test_a_catalog_that_does_not_exist_is_named_with_where_it_came_from(
+    command: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for name in ("HCTX_CATALOG", "XDG_STATE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    missing = tmp_path / "typo"
+    cases = [
+        ([*command, "--catalog", str(missing)], {}, f"{missing} does not exist (from --catalog)"),
+        (command, {"HCTX_CATALOG": str(missing)}, f"{missing} does not exist (from $HCTX_CATALOG)"),
+        (command, {"XDG_STATE_HOME": str(tmp_path / "state")},
+         f"{tmp_path}/state/hctx does not exist (from the default, $XDG_STATE_HOME/hctx)"),
+        (command, {}, f"{tmp_path}/home/.local/state/hctx does not exist (from the default, ~/.local/state/hctx)"),
+    ]  # fmt: skip
+    for argv, env, message in cases:
+        with monkeypatch.context() as patch:
+            for name, value in env.items():
+                patch.setenv(name, value)
+            assert main(argv) == 2, argv
+        out, err = capsys.readouterr()
+        assert out == "" and err == f"hctx {command[0]}: cannot read the catalog: {message}\n"
+    assert not missing.exists()  # a reader never creates it
 
 
 # --- the human column ------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from readers_catalog import HOST, HOUR, MINUTE, NOW, agent_path, hctx, put_claim, put_record
 
+from guard.store import log_path
 from wrapper import readers
 from wrapper.readers import collect_inspection, incarnation_verdict, launches_within, render_inspection
 
@@ -106,9 +107,9 @@ def test_log_tail_is_the_last_lines_of_the_agents_log(tmp_path: Path) -> None:
     logs = tmp_path / ".st2" / "logs"
     logs.mkdir(parents=True)
     lines = [json.dumps({"event": "write", "n": index}) for index in range(500)]
-    (logs / f"{HOST}.alpha.jsonl").write_text("\n".join(lines) + "\n")
+    log_path(tmp_path, HOST, "alpha").write_text("\n".join(lines) + "\n")
     log_part = sections(inspect(tmp_path))["log"]
-    assert log_part[0] == f"== log: {logs / f'{HOST}.alpha.jsonl'} (last 20 lines)"
+    assert log_part[0] == f"== log: {log_path(tmp_path, HOST, 'alpha')} (last 20 lines)"
     assert log_part[1:] == [f"  {line}" for line in lines[-20:]]
 
 
@@ -116,7 +117,7 @@ def test_log_tail_of_a_huge_log_reads_only_its_end(tmp_path: Path) -> None:
     put_record(tmp_path, "alpha")
     logs = tmp_path / ".st2" / "logs"
     logs.mkdir(parents=True)
-    with open(logs / f"{HOST}.alpha.jsonl", "wb") as handle:
+    with open(log_path(tmp_path, HOST, "alpha"), "wb") as handle:
         handle.truncate(2 * 1024**3)  # sparse zeros
         handle.seek(0, 2)
         handle.write(b'\n{"event": "exit"}\n')
@@ -130,7 +131,7 @@ def test_log_that_is_a_symlink_or_missing(tmp_path: Path) -> None:
     assert sections(inspect(tmp_path))["log"][1] == "  (no log file)"
     logs = tmp_path / ".st2" / "logs"
     logs.mkdir(parents=True)
-    (logs / f"{HOST}.alpha.jsonl").symlink_to("/etc/passwd")
+    log_path(tmp_path, HOST, "alpha").symlink_to("/etc/passwd")
     assert sections(inspect(tmp_path))["log"][1] == "  ! log is a symlink; not followed"
 
 

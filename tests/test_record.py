@@ -321,3 +321,26 @@ def test_hctx_schema_validates_a_real_record(tmp_path: Path) -> None:
     assert not validator.is_valid(wire(harness="aider"))
     assert not validator.is_valid(wire(usedTokens=-1))
     assert not validator.is_valid(wire(schema="com.example.harness-context.v1"))
+
+
+@pytest.mark.parametrize("field", ["model", "agent", "incarnation"])
+def test_a_lone_surrogate_json_can_spell_is_refused_not_printed(field: str) -> None:
+    raw = json.loads(wire_bytes())
+    raw[field] = "ok\ud800"
+    with pytest.raises(RecordRefused, match="lone surrogate"):
+        parse_record(json.dumps(raw))  # ensure_ascii spells it as the escape a hostile writer would
+
+
+def test_a_roster_over_a_lone_surrogate_record_prints_and_warns(tmp_path: Path) -> None:
+    raw = json.loads(wire_bytes())
+    raw["model"] = "\udfff"
+    agent = tmp_path / "agents" / "h" / "a"
+    agent.mkdir(parents=True)
+    (agent / "harness-context").write_text(json.dumps(raw))
+    result = subprocess.run(
+        [sys.executable, "-m", "wrapper.cli", "agents", "--json", "--catalog", str(tmp_path)],
+        capture_output=True, text=True, env=os.environ | {"PYTHONPATH": str(REPO)}, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)[0]["context"] is None
+    assert "lone surrogate" in result.stderr and "Traceback" not in result.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from tests.wrapping import REPO, run
 
@@ -28,3 +29,30 @@ def test_providers_with_another_harness_and_missing_files_are_clear_errors() -> 
     assert (code, out) == (2, "") and "goes with --harness opencode" in err
     code, out, err = replay("--harness", "claude", "/nonexistent/capture.jsonl")
     assert (code, out) == (2, "") and "/nonexistent/capture.jsonl" in err and "Traceback" not in err
+
+
+CODEX_STREAM = REPO / "fixtures" / "codex" / "codex-0.171.0-stdio-main.jsonl"
+
+
+def test_a_file_with_no_frame_of_the_harness_says_so_and_exits_1() -> None:
+    passwd = Path("/etc/passwd")
+    lines = len(passwd.read_bytes().splitlines())
+    for harness in ("claude", "codex", "pi", "omp", "opencode"):
+        code, out, err = replay("--harness", harness, str(passwd))
+        assert (code, out) == (1, ""), harness
+        assert err.endswith(f"hctx replay: read {lines} lines; none was a frame of the {harness} harness\n")
+    codex_lines = len(CODEX_STREAM.read_bytes().splitlines())
+    for harness in ("claude", "pi", "opencode"):  # a Codex stream handed to another harness
+        code, out, err = replay("--harness", harness, str(CODEX_STREAM))
+        assert (code, out) == (1, "")
+        assert err.endswith(f"read {codex_lines} lines; none was a frame of the {harness} harness\n")
+    code, out, err = replay("--harness", "codex", str(CODEX_STREAM))
+    assert code == 0 and out and "none was a frame" not in err
+
+
+def test_an_undecodable_times_file_beside_a_claude_capture_is_no_traceback(tmp_path: Path) -> None:
+    capture = tmp_path / "statusline.jsonl"
+    capture.write_bytes((REPO / "fixtures" / "claude" / "statusline-2.1.332.jsonl").read_bytes())
+    capture.with_suffix(".times").write_bytes(b"\xff\xfe\x00 not times\n")
+    code, out, err = replay("--harness", "claude", str(capture))
+    assert code == 0 and '"reason": "bucket"' in out and "Traceback" not in err

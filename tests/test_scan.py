@@ -51,7 +51,9 @@ def codex_rollout(codex_home: Path, version: str = "0.151.0", thread: str = CODE
 
 def scan_json(capsys: pytest.CaptureFixture[str], *args: str) -> list[dict[str, Any]]:
     assert main(["scan", "--json", *args]) == 0
-    return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    rows = json.loads(capsys.readouterr().out)
+    assert isinstance(rows, list)
+    return rows
 
 
 def by_session(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -116,7 +118,8 @@ def test_the_user_table_extends_and_removes(
 @pytest.mark.parametrize(
     "content",
     [b"{not json", b"[]", b'{"schema":"other","windows":{}}', b'{"schema":"hctx.model-windows.v1","windows":{"m":-1}}',
-     b'{"schema":"hctx.model-windows.v1","windows":{"m":true}}', b'{"schema":"hctx.model-windows.v1","windows":[]}'],
+     b'{"schema":"hctx.model-windows.v1","windows":{"m":true}}', b'{"schema":"hctx.model-windows.v1","windows":[]}',
+     b'{"schema":"hctx.model-windows.v1","windows":{"claude-sonnet-4-5":1152921504606846976}}'],  # 2**60: past 2**53
 )  # fmt: skip
 def test_a_broken_user_table_warns_and_the_shipped_one_stands(
     home: Path, capsys: pytest.CaptureFixture[str], content: bytes
@@ -128,7 +131,7 @@ def test_a_broken_user_table_warns_and_the_shipped_one_stands(
     assert main(["scan", "--json"]) == 0
     captured = capsys.readouterr()
     assert "model table" in captured.err
-    assert json.loads(captured.out.splitlines()[0])["windowTokens"] == 200000
+    assert json.loads(captured.out)[0]["windowTokens"] == 200000
 
 
 def test_config_dir_variables_are_honoured_and_since_filters(
@@ -183,6 +186,75 @@ def test_the_table_shows_the_meter_and_the_window_source(home: Path, capsys: pyt
 def test_nothing_to_scan(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["scan"]) == 0
     assert capsys.readouterr().out == "no sessions\n"
+    assert main(["scan", "--json"]) == 0
+    assert capsys.readouterr().out == "[]\n"
+
+
+def test_json_is_one_array_as_for_agents(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    older = claude_session(home / ".claude", "transcript-2.1.250-sonnet45.jsonl", SONNET_SESSION)
+    os.utime(older, (time.time() - 60, time.time() - 60))
+    codex_rollout(home / ".codex")
+    assert main(["scan", "--json"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert (lines[0], lines[-1], len(lines)) == ("[", "]", 4)  # one session per line, inside one array
+    assert [row["harness"] for row in json.loads(out)] == ["codex", "claude"]  # newest first
+
+
+def test_every_json_option_prints_one_array_and_says_so() -> None:
+    """The convention: `--json` is one JSON array (`jq '.[]'`); only a single named agent is an object."""
+    from wrapper.cli import build_parser
+
+    commands = next(action for action in build_parser()._actions if isinstance(action, argparse._SubParsersAction))
+    documented = {}
+    for name, parser in commands.choices.items():
+        for action in parser._actions:
+            if "--json" in action.option_strings:
+                documented[name] = action.help or ""
+    assert {"agents", "scan"} <= documented.keys()
+    for name, text in documented.items():
+        assert "one JSON array" in text and "jq '.[]'" in text, name
+
+
+def _reply(tokens: int) -> bytes:
+    return _line(type="assistant", timestamp="2026-11-29T22:00:00Z",
+                 message={"model": "claude-sonnet-4-5", "usage": {"input_tokens": tokens}})  # fmt: skip
+
+
+def test_an_out_of_range_count_is_null_with_a_warning_and_the_rest_is_listed(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    projects = home / ".claude" / "projects" / "-work"
+    projects.mkdir(parents=True)
+    huge, fine = "33333333-3333-3333-3333-333333333333", "44444444-4444-4444-4444-444444444444"
+    (projects / f"{huge}.jsonl").write_bytes(_reply(2**53 + 1))
+    (projects / f"{fine}.jsonl").write_bytes(_reply(1000))
+    rollout = codex_rollout(home / ".codex")
+    lines = [json.loads(line) for line in rollout.read_bytes().splitlines()]
+    latest = next(line for line in reversed(lines) if (line["payload"].get("info") or {}).get("last_token_usage"))
+    latest["payload"]["info"]["last_token_usage"]["total_tokens"] = 2**53 + 1
+    rollout.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+    assert main(["scan", "--json"]) == 0
+    captured = capsys.readouterr()
+    rows = by_session(json.loads(captured.out))
+    assert rows[fine]["usedTokens"] == 1000 and rows[fine]["problem"] is None
+    assert rows[huge]["usedTokens"] is None and rows[huge]["usedPercent"] is None
+    assert rows[huge]["problem"] == "usedTokens 9007199254740993 is out of range (above 2**53); shown as null"
+    assert rows[CODEX_THREAD]["usedTokens"] is None and "totalTokens" in rows[CODEX_THREAD]["problem"]
+    warnings = captured.err.splitlines()
+    assert len(warnings) == 2 and all(line.startswith("hctx scan: ") for line in warnings)
+    assert any(f"{huge}.jsonl: usedTokens 9007199254740993 is out of range" in line for line in warnings)
+    assert main(["scan"]) == 0  # the table too
+    assert "(usedTokens 9007199254740993 is out of range" in capsys.readouterr().out
+
+
+def test_a_session_file_dated_before_1970_is_read(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = claude_session(home / ".claude", "transcript-2.1.250-sonnet45.jsonl", SONNET_SESSION)
+    path.write_bytes(_line(type="user", message={"content": "no reply yet"}))
+    os.utime(path, (-86_400, -86_400))
+    (row,) = scan_json(capsys, "--since", "100000w")
+    assert row["modifiedAtMs"] == 0 and row["usedTokens"] is None
 
 
 def test_hostile_session_files_cost_a_row_never_the_scan(home: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -21,12 +21,14 @@ from readers_catalog import HOST, HOUR, NOW, REPO, agent_path, hctx, put_claim, 
 
 from wrapper import readers
 from wrapper.readers import collect_roster
-from wrapper.top import BAR_CELLS, bar, render_frame
+from wrapper.top import BAR_CELLS, BAR_MIN_CELLS, COLUMNS, bar, render_frame
 
 
-def frame(catalog: Path, *, width: int | None = None, height: int | None = None, colour: bool = False) -> list[str]:
+def frame(catalog: Path, *, width: int | None = None, height: int | None = None, colour: bool = False,
+          interactive: bool = True) -> list[str]:  # fmt: skip
     roster = collect_roster(catalog, NOW, here=HOST, alive=lambda pid: False)
-    return render_frame(roster, NOW, catalog=catalog, width=width, height=height, colour=colour)
+    return render_frame(roster, NOW, catalog=catalog, width=width, height=height, colour=colour,
+                        interactive=interactive)  # fmt: skip
 
 
 def fleet(catalog: Path) -> None:
@@ -86,6 +88,31 @@ def test_frame_fits_the_terminal(tmp_path: Path) -> None:
     assert len(coloured) == 12
 
 
+def test_only_the_live_view_says_how_to_quit(tmp_path: Path) -> None:
+    fleet(tmp_path)
+    live, once = frame(tmp_path), frame(tmp_path, interactive=False)
+    assert live[1:3] == ["q quits", ""] and live[3:] == once[2:]
+    assert once[1] == "" and not any("q quits" in line for line in once)
+
+
+def test_a_narrow_terminal_narrows_the_bar_then_hides_columns_and_says_which(tmp_path: Path) -> None:
+    fleet(tmp_path)
+    full = frame(tmp_path)
+    assert max(map(len, full[3:])) == 88 and full[3].split() == list(COLUMNS)
+    at_80 = frame(tmp_path, width=80)  # the bar gives up cells; every column stays, COST included
+    assert at_80[1] == "q quits" and at_80[3].split() == list(COLUMNS)
+    assert at_80[4].split() == ["box/over", "pi", "█" * 12, "586%", "23k", "4k", "0", "4s", "$0.0123"]
+    assert all(len(line) <= 80 for line in at_80)
+    at_70 = frame(tmp_path, width=70, interactive=False)
+    assert at_70[1] == "+1 column hidden, widen the terminal: HARNESS"
+    assert at_70[3].split() == [name for name in COLUMNS if name != "HARNESS"]
+    assert at_70[4].split() == ["box/over", "█" * BAR_MIN_CELLS, "586%", "23k", "4k", "0", "4s", "$0.0123"]
+    at_50 = frame(tmp_path, width=50, interactive=False)
+    assert at_50[1] == "+3 columns hidden, widen the terminal: HARNESS, FI"  # cut to the width, never wrapped
+    assert at_50[3].split() == ["AGENT", "PCT", "TOKENS", "⟳", "AGE", "COST"]
+    assert all(len(line) <= 50 for line in at_50)
+
+
 def test_frame_counts_warnings_and_shows_an_unreadable_catalog(tmp_path: Path) -> None:
     put_record(tmp_path, "junk", raw=b"{")
     assert frame(tmp_path)[-1] == "1 warning: `hctx agents` names them"
@@ -98,7 +125,8 @@ def test_once_prints_one_frame(tmp_path: Path) -> None:
     done = hctx("top", "--once", "--catalog", str(tmp_path), env={"COLUMNS": ""})
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert lines[3].split()[0] == "AGENT" and lines[4].split()[0] == "box/over"
+    assert lines[1] == "" and lines[2].split()[0] == "AGENT" and lines[3].split()[0] == "box/over"
+    assert "q quits" not in done.stdout  # only the live view can be quit
     assert "\x1b" not in done.stdout  # not a terminal
 
 
@@ -106,6 +134,7 @@ def test_once_honours_columns_when_piped(tmp_path: Path) -> None:
     fleet(tmp_path)
     done = hctx("top", "--once", "--catalog", str(tmp_path), env={"COLUMNS": "30"})
     assert all(len(line) <= 30 for line in done.stdout.splitlines())
+    assert done.stdout.splitlines()[1] == "+6 columns hidden, widen the t"
 
 
 def test_live_view_needs_a_terminal(tmp_path: Path) -> None:
@@ -166,6 +195,24 @@ def start_top(tmux: Tmux, catalog: Path) -> None:
     tmux("new-session", "-d", "-s", "top", "-x", "132", "-y", "30", "-e", f"PYTHONPATH={REPO}",
          "-e", "NO_COLOR=", "sh", "-c", script)  # fmt: skip
     assert tmux("display", "-p", "-t", "top", "#{pane_width}x#{pane_height}").strip() == "132x30"
+
+
+def test_a_terminal_that_hangs_up_ends_the_view_quietly(tmp_path: Path, tmux: Tmux) -> None:
+    """Closing the terminal (here: its tmux server) is a quit like any other: exit 0, no traceback,
+    the signal handlers given back (a wrapping `hctx demo` still has its fleet to stop)."""
+    put_record(tmp_path, "alpha", usedPercent=33.0, observedAtMs=readers.now_ms())
+    err, done = tmp_path / "stderr", tmp_path / "done"
+    argv = [sys.executable, "-m", "wrapper.cli", "top", "--catalog", str(tmp_path), "--host", HOST]
+    top = " ".join(shlex.quote(part) for part in argv)
+    # The shell ignores the hang-up to report after it; top sets its own handler, so it still gets it.
+    script = f"trap '' HUP; {top} 2> {err}; echo $? > {done}"
+    tmux("new-session", "-d", "-s", "top", "-x", "132", "-y", "30", "-e", f"PYTHONPATH={REPO}", "sh", "-c", script)
+    tmux.wait_for("box/alpha")
+    tmux("kill-server")
+    deadline = time.monotonic() + 10
+    while not done.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert done.read_text().strip() == "0" and err.read_text() == ""
 
 
 def rewrite_atomically(path: Path, **fields: object) -> None:

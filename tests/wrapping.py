@@ -11,6 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from guard.store import log_path
+
 REPO = Path(__file__).resolve().parent.parent
 HOST = "testhost"
 
@@ -29,7 +31,8 @@ def wrap_argv(
 
 
 def env() -> dict[str, str]:
-    return os.environ | {"PYTHONPATH": str(REPO)}
+    """The suite's own environment: its venv's commands (`hctx`, ...) first on PATH, the checkout importable."""
+    return os.environ | {"PYTHONPATH": str(REPO), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
 
 
 def agent_dir(catalog: Path, agent: str) -> Path:
@@ -41,7 +44,7 @@ def read_json(path: Path) -> Any:
 
 
 def log_events(catalog: Path, agent: str) -> list[dict[str, Any]]:
-    path = catalog / ".st2" / "logs" / f"{HOST}.{agent}.jsonl"
+    path = log_path(catalog, HOST, agent)
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

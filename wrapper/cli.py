@@ -11,7 +11,9 @@ from pathlib import Path
 
 import guard
 from guard.record import HARNESSES, Harness
+from wrapper.metrics import add_metrics_command
 from wrapper.readers import add_catalog_options, add_reader_commands, catalog_of, with_host
+from wrapper.replication import add_replication_command
 from wrapper.scan import add_scan_command
 
 Command = Callable[[argparse.Namespace], int]
@@ -25,7 +27,7 @@ def _schema(_: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from sidecar.producers import read_recordings
+    from sidecar.producers import Tally, read_recordings
     from sidecar.replay import replay, write_line
 
     harness: Harness = args.harness
@@ -35,34 +37,48 @@ def _replay(args: argparse.Namespace) -> int:
     files = [Path(name) for name in args.files]
     if args.providers is not None:
         files.insert(0, args.providers)  # the windows must be known before the first reading
+    tally = Tally()
     try:
-        recordings = read_recordings(harness, files)
+        recordings = read_recordings(harness, files, tally)
     except OSError as exc:
         print(f"hctx replay: {exc}", file=sys.stderr)
         return 2
-    for write in replay(harness, recordings):
+    for write in replay(harness, recordings, tally=tally):
         sys.stdout.write(write_line(write))
+    if not tally.recognised:
+        lines = f"{tally.lines} line{'' if tally.lines == 1 else 's'}"
+        print(f"hctx replay: read {lines}; none was a frame of the {harness} harness", file=sys.stderr)
+        return 1
     return 0
 
 
 def _wrap(args: argparse.Namespace) -> int:
     from guard.store import AgentDir, CatalogError
-    from wrapper.launcher import WrapOptions, parse_command, run_wrap
+    from wrapper.harnesses import PROGRAMS, infer_harness
+    from wrapper.launcher import WrapOptions, free_seat, parse_command, run_wrap
 
     try:
         argv = parse_command(args.command_line)
-        agent = AgentDir(catalog_of(args).absolute(), args.host, args.agent)
+        harness: Harness | None = args.harness or infer_harness(argv)
+        if harness is None:
+            known = ", ".join(sorted(set(PROGRAMS.values())))
+            raise ValueError(f"cannot tell which harness {argv[0]!r} is ({known}, or behind npx/bunx); "
+                             "say it with --harness")  # fmt: skip
+        catalog = catalog_of(args).absolute()
+        identity = args.agent or free_seat(catalog, args.host, Path.cwd())
+        agent = AgentDir(catalog, args.host, identity)
     except (ValueError, CatalogError) as exc:
         print(f"hctx wrap: {exc}", file=sys.stderr)
         return 2
     options = WrapOptions(
         agent=agent,
-        harness=args.harness,
+        harness=harness,
         argv=argv,
         restart=args.restart,
         max_restarts=args.max_restarts,
         restart_delay_s=args.restart_delay,
         restart_delay_max_s=args.restart_delay_max,
+        takeover=args.takeover,
     )
     try:
         return run_wrap(options)
@@ -72,10 +88,16 @@ def _wrap(args: argparse.Namespace) -> int:
     return 2
 
 
+# How long each demo session plays by default: watchable in the top view, brief without it.
+DEMO_TOP_S = 60.0
+DEMO_NO_TOP_S = 15.0
+
+
 def _demo(args: argparse.Namespace) -> int:
     from wrapper.demo import run_demo
 
-    duration: float = args.duration if args.duration is not None else (15.0 if args.no_top else 60.0)
+    default = DEMO_NO_TOP_S if args.no_top else DEMO_TOP_S
+    duration: float = args.duration if args.duration is not None else default
     return run_demo(args.catalog, show_top=not args.no_top, duration_s=duration)
 
 
@@ -100,7 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"hctx {guard.__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    schema = commands.add_parser("schema", help="print the harness-context record's JSON Schema")
+    schema = commands.add_parser(
+        "schema",
+        help="print the harness-context record's JSON Schema",
+        description="Print the JSON Schema (draft 2020-12) of st2.harness-context.v1, the record every "
+        "sidecar writes and every reader reads, with its fields in the order they are written.",
+    )
     schema.set_defaults(run=_schema)
 
     replay = commands.add_parser(
@@ -119,12 +146,20 @@ def build_parser() -> argparse.ArgumentParser:
     wrap = commands.add_parser(
         "wrap",
         help="launch a harness as a managed agent, with a sidecar writing its context record",
-        description="Claim the agent (a new incarnation), remove its old context record, start its "
-        "sidecar, then run COMMAND with HCTX_CHANNEL, HCTX_AGENT, HCTX_INCARNATION and HCTX_CATALOG "
-        "set. The harness keeps the terminal; the wrapper exits with its exit status.",
+        usage="%(prog)s [options] -- COMMAND [ARGS...]",
+        description="hctx wrap -- claude (or codex, pi, omp, opencode, also behind npx/bunx): claim the "
+        "agent (a new incarnation), remove its old context record, start its sidecar, then run COMMAND "
+        "with HCTX_CHANNEL, HCTX_AGENT, HCTX_INCARNATION and HCTX_CATALOG set. The harness keeps the "
+        "terminal; the wrapper exits with its exit status.",
     )
-    wrap.add_argument("--agent", required=True, metavar="ID", help="the agent's identity in the catalog")
-    wrap.add_argument("--harness", required=True, choices=HARNESSES)
+    wrap.add_argument(
+        "--agent", metavar="ID",
+        help="the agent's identity in the catalog (default: the working directory's name; a second seat "
+        "there, while the first runs, is NAME-2, then NAME-3, ...)",
+    )  # fmt: skip
+    wrap.add_argument(
+        "--harness", choices=HARNESSES, help="which harness COMMAND runs (default: told from its program's name)"
+    )
     add_catalog_options(wrap)
     wrap.add_argument(
         "--restart",
@@ -141,6 +176,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--restart-delay-max", type=_non_negative, default=60.0, metavar="S",
         help="back-off cap in seconds (default: %(default)s)",
     )  # fmt: skip
+    wrap.add_argument(
+        "--takeover", action="store_true",
+        help="when a live wrapper on this host holds the agent, stop it and take the agent over "
+        "(without this, a second wrapper for one agent is refused)",
+    )  # fmt: skip
     wrap.add_argument("command_line", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]")
     wrap.set_defaults(run=with_host(_wrap))
 
@@ -148,15 +188,27 @@ def build_parser() -> argparse.ArgumentParser:
         "demo",
         help="a small fleet of recorded real sessions through the real wrapper, sidecar and top view",
         description="Starts four agents (Claude Code, pi, omp) through `hctx wrap`, each a stand-in "
-        "that plays back a capture of a real session (turns, a compaction, one agent past 80%%), and "
-        "opens `hctx top` on them. q or Ctrl-C stops everything.",
+        "that plays back a capture of a real session (turns, a compaction, one agent past 80%), and "
+        f"opens `hctx top` on them: each session plays for {DEMO_TOP_S:g} s, then its agent stays "
+        "up with its last reading. q or Ctrl-C stops everything.",
     )
-    demo.add_argument("--catalog", type=Path, help="where the records go (default: a new temporary directory)")
-    demo.add_argument("--no-top", action="store_true", help="play every session to its end (~15 s) and exit")
-    demo.add_argument("--duration", type=_non_negative, metavar="S", help="seconds each session takes")
+    demo.add_argument(
+        "--catalog", type=Path, metavar="DIR", help="where the records go (default: a new temporary directory)"
+    )
+    demo.add_argument(
+        "--no-top", action="store_true", help=f"play every session to its end ({DEMO_NO_TOP_S:g} s) and exit"
+    )
+    demo.add_argument(
+        "--duration",
+        type=_non_negative,
+        metavar="S",
+        help=f"seconds each session takes (default: {DEMO_TOP_S:g}, or {DEMO_NO_TOP_S:g} with --no-top)",
+    )
     demo.set_defaults(run=_demo)
     add_reader_commands(commands)
     add_scan_command(commands)
+    add_metrics_command(commands)
+    add_replication_command(commands)
     return parser
 
 

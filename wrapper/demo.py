@@ -15,12 +15,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from guard.constants import AGENTS_DIR_NAME, CONTEXT_RECORD_NAME
 from guard.record import Harness
 
 DEMO_HOST = "demo"
 STOP_TIMEOUT_S = 10.0
 # Past the last frame, time for the wrappers and sidecars to finish and exit.
 FINISH_SLACK_S = 20.0
+WRAPPER_LOG = "wrapper.stderr"
+LOG_TAIL_LINES = 8
 
 
 @dataclass(frozen=True)
@@ -43,8 +46,12 @@ FLEET = (
 
 
 def launch(agent: DemoAgent, catalog: Path, duration_s: float, linger: bool) -> subprocess.Popen[bytes]:
-    """`hctx wrap` around the stand-in, in its own session so the terminal's Ctrl-C is the demo's."""
-    cwd = catalog / ".st2" / "demo" / agent.identity  # Claude's settings are rendered here
+    """`hctx wrap` around the stand-in, in its own session so the terminal's Ctrl-C is the demo's.
+
+    The wrapper's stderr goes to a file beside the agent's working directory: on a failure the demo
+    prints it, and while `hctx top` runs nothing scribbles over the screen.
+    """
+    cwd = workdir(catalog, agent)  # Claude's settings are rendered here
     cwd.mkdir(parents=True, exist_ok=True)
     standin = [sys.executable, "-m", "sidecar.demo_standin", "--harness", agent.harness]
     standin += ["--duration", str(duration_s), *(["--linger"] if linger else []), *agent.captures]
@@ -54,9 +61,38 @@ def launch(agent: DemoAgent, catalog: Path, duration_s: float, linger: bool) -> 
     ]
     # The stand-ins' status lines go nowhere; a renderer that draws nothing keeps the tee quiet.
     env = os.environ | {"ST_CLAUDE_STATUSLINE_RENDERER": "true"}
-    return subprocess.Popen(
-        argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True
-    )
+    with open(cwd / WRAPPER_LOG, "wb") as stderr:
+        return subprocess.Popen(
+            argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
+            start_new_session=True,
+        )  # fmt: skip
+
+
+def workdir(catalog: Path, agent: DemoAgent) -> Path:
+    return catalog / ".st2" / "demo" / agent.identity
+
+
+def failures(fleet: list[tuple[DemoAgent, subprocess.Popen[bytes]]], catalog: Path, *, ended: bool) -> list[str]:
+    """Why each agent that went wrong did. Before the end, any exit is early; at the end, a
+    non-zero exit or a session that left no record is a failure."""
+    found = []
+    for agent, process in fleet:
+        status = process.poll()
+        if status is None:
+            continue
+        record = catalog / AGENTS_DIR_NAME / DEMO_HOST / agent.identity / CONTEXT_RECORD_NAME
+        if status != 0:
+            why = f"its wrapper exited with {status}"
+        elif not ended:
+            why = "its wrapper ended before the demo did"
+        elif not record.is_file():
+            why = "its session ended without writing a record"
+        else:
+            continue
+        log = workdir(catalog, agent) / WRAPPER_LOG
+        tail = log.read_text(errors="replace").strip().splitlines()[-LOG_TAIL_LINES:] if log.is_file() else []
+        found.append("\n".join([f"{DEMO_HOST}/{agent.identity}: {why}", *(f"    {line}" for line in tail)]))
+    return found
 
 
 def stop(processes: list[subprocess.Popen[bytes]]) -> None:
@@ -78,28 +114,58 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+class FleetFailed(Exception):
+    """A demo agent's wrapper died while `hctx top` showed the fleet: top closes and the demo says why."""
+
+
 def run_demo(catalog: Path | None, show_top: bool, duration_s: float) -> int:
     catalog = (catalog or Path(tempfile.mkdtemp(prefix="hctx-demo-"))).absolute()
     # A closed terminal or a `kill` ends the demo the way Ctrl-C does: with every process it started.
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _interrupt)
-    processes = [launch(agent, catalog, duration_s, linger=show_top) for agent in FLEET]
+    fleet: list[tuple[DemoAgent, subprocess.Popen[bytes]]] = []
+
+    def child_ended(signum: int, frame: object) -> None:
+        if failures(fleet, catalog, ended=False):
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # once: the terminal's restoration must not be cut
+            raise FleetFailed
+
     status = 0
     try:
+        # Held while launching, so no wrapper can be started without being in `fleet`.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+        if show_top:
+            # The stand-ins linger while top runs, so any wrapper that ends before top does failed.
+            signal.signal(signal.SIGCHLD, child_ended)
+        fleet.extend((agent, launch(agent, catalog, duration_s, linger=show_top)) for agent in FLEET)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
         if show_top:
             from wrapper.top import run as run_top
 
             status = run_top(catalog, here=DEMO_HOST, once=False)
         else:
             deadline = time.monotonic() + duration_s + FINISH_SLACK_S
-            for process in processes:
+            for _, process in fleet:
                 process.wait(timeout=max(0.1, deadline - time.monotonic()))
     except KeyboardInterrupt:
         status = 130
+    except FleetFailed:
+        status = 1
     except subprocess.TimeoutExpired:
         print("hctx demo: a session did not finish in time", file=sys.stderr)
         status = 1
     finally:
-        stop(processes)
+        # Stopping has begun: a second Ctrl-C, SIGTERM or hang-up must not cut it short.
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_IGN)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+        problems = failures(fleet, catalog, ended=not show_top)
+        stop([process for _, process in fleet])
+    if problems:
+        print(f"hctx demo: {len(problems)} of {len(FLEET)} agents failed:", file=sys.stderr)
+        for problem in problems:
+            print(f"  {problem}", file=sys.stderr)
+        status = status if status == 130 else 1
     print(f"catalog: {catalog}\n  hctx agents --catalog {catalog}\n  hctx doctor --catalog {catalog}")
     return status

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import json
@@ -20,17 +21,27 @@ from typing import Literal
 
 import trio
 
+import wrapper.reaper
+from guard.constants import CHANNEL_DROP_REPORT
 from guard.constants import CHANNEL_MAX_FRAME_BYTES as MAX_FRAME_BYTES
 from guard.constants import CHANNEL_MAX_SOCKET_PATH as MAX_SOCKET_PATH
 from guard.record import Harness
-from guard.state import new_claim, read_state, write_state
-from guard.store import AgentDir, remove_context
-from wrapper.harnesses import LaunchPlan, prepare
+from guard.state import ClaimHeld, HarnessState, claim_agent, held_by_live_wrapper, read_state, update_claim
+from guard.store import AgentDir, as_name
+from wrapper.harnesses import LaunchPlan, prepare, teardown
+from wrapper.sidecars import SIDECAR_EXIT_TIMEOUT_S, Sidecars, SidecarSpec
 
 RestartPolicy = Literal["no", "on-failure", "always"]
-SIDECAR_READY_TIMEOUT_S = 10.0
-SIDECAR_EXIT_TIMEOUT_S = 5.0
-TAP_QUEUE = 256
+# From the SIGTERM (or SIGHUP) a harness is sent to the SIGKILL of whatever of its group is left.
+HARNESS_KILL_DEADLINE_S = 3.0
+# How long a takeover waits for the wrapper it stops: its harness's deadline, its sidecar's drain.
+TAKEOVER_WAIT_S = HARNESS_KILL_DEADLINE_S + SIDECAR_EXIT_TIMEOUT_S + 2.0
+# A claim refused because a live wrapper holds it: the wrapper's own usage-error status.
+CLAIM_REFUSED_STATUS = 2
+# Back-off between attempts at the final harness-state write (a full disk may clear meanwhile).
+FINAL_STATE_RETRIES_S = (0.1, 0.5)
+TAP_QUEUE_BYTES = 4 * 1024 * 1024
+TAP_RECONNECT_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -42,6 +53,7 @@ class WrapOptions:
     max_restarts: int | None = None
     restart_delay_s: float = 1.0
     restart_delay_max_s: float = 60.0
+    takeover: bool = False
 
 
 def say(message: str) -> None:
@@ -59,9 +71,13 @@ class Session:
     def __init__(self) -> None:
         self.stopped = trio.Event()
         self.process: subprocess.Popen[bytes] | None = None
+        # The harness's own process group, when it has one (see _harness_group): signals go to all of it.
+        self.group: int | None = None
         # A signal that came while no harness ran (during a claim, a back-off or a slow sidecar):
         # the harness about to start gets it, so it is neither lost nor outlived.
         self.unforwarded: int | None = None
+        # A SIGTERM or SIGHUP came: the harness has HARNESS_KILL_DEADLINE_S to go, then SIGKILL.
+        self.terminating = trio.Event()
 
     @property
     def stop_requested(self) -> bool:
@@ -71,18 +87,35 @@ class Session:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
             async for signum in signals:
                 self.stopped.set()
+                if signum != signal.SIGINT:
+                    self.terminating.set()
                 process = self.process
                 if process is None or process.poll() is not None:
                     self.unforwarded = signum
                     continue
-                if signum == signal.SIGINT and _terminal_delivers_sigint():
+                if signum == signal.SIGINT and self.group is None and _terminal_delivers_sigint():
                     continue  # the terminal already sent it to the harness: a second would double it
-                process.send_signal(signum)
+                self.signal(signum)
 
-    def started(self, process: subprocess.Popen[bytes]) -> None:
-        self.process = process
+    def signal(self, signum: int) -> None:
+        """To the harness's whole group when it has its own, else to the harness."""
+        if self.group is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.group, signum)
+        elif self.process is not None:
+            self.process.send_signal(signum)
+
+    def started(self, process: subprocess.Popen[bytes], group: int | None) -> None:
+        self.process, self.group = process, group
         if self.unforwarded is not None:
-            process.send_signal(self.unforwarded)
+            self.signal(self.unforwarded)
+
+    async def kill_after_deadline(self) -> None:
+        """Beside a running harness: once it is told to terminate, SIGKILL it if it outlives the deadline."""
+        await self.terminating.wait()
+        await trio.sleep(HARNESS_KILL_DEADLINE_S)
+        say(f"the harness outlived its SIGTERM by {HARNESS_KILL_DEADLINE_S:g}s; killing it")
+        self.signal(signal.SIGKILL)
 
 
 def _terminal_delivers_sigint() -> bool:
@@ -91,9 +124,8 @@ def _terminal_delivers_sigint() -> bool:
     Asked of the controlling terminal itself: stdin may be a pipe (a client driving an app-server)
     while the terminal still delivers Ctrl-C to the whole foreground group.
     """
-    try:
-        tty = os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY | os.O_CLOEXEC)
-    except OSError:
+    tty = _open_terminal()
+    if tty is None:
         return False  # no controlling terminal: whoever sent SIGINT sent it to us alone
     try:
         return os.tcgetpgrp(tty) == os.getpgrp()
@@ -103,14 +135,52 @@ def _terminal_delivers_sigint() -> bool:
         os.close(tty)
 
 
+def _open_terminal() -> int | None:
+    try:
+        return os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        return None
+
+
+GroupMode = Literal["own", "wrapper's", "shared"]
+
+
+def _harness_group() -> GroupMode:
+    """Which process group the harness runs in, and so which group goes with its session.
+
+    - "own": no controlling terminal. A group of its own: every signal and the final kill reach all
+      of it (a harness behind `sh`, its children) and nothing else.
+    - "wrapper's": a terminal, and the wrapper leads its group (the shell's job). The harness stays
+      in it, the terminal's foreground, so Ctrl-C, Ctrl-Z and reads work as for any job; the group
+      is ended once the wrapper is gone without finishing (SIGKILLed), never under a live wrapper.
+    - "shared": a terminal, and the group is someone else's (a script's): left alone.
+    """
+    tty = _open_terminal()
+    if tty is None:
+        return "own"
+    os.close(tty)
+    return "wrapper's" if os.getpgrp() == os.getpid() else "shared"
+
+
 async def wrap(options: WrapOptions) -> int:
     session = Session()
-    status = 0
+    status: int | None = None  # None until a harness ran
+    incarnation: str | None = None
     async with trio.open_nursery() as nursery:
         nursery.start_soon(session.forward_signals)
         restarts = 0
         while True:
-            status = await run_incarnation(options, session)
+            try:
+                incarnation = await _claim(options, first=status is None)
+            except ClaimHeld as held:
+                say(_held_text(options.agent, held.holder, relaunch=status is not None))
+                break
+            except OSError as exc:
+                if status is None:
+                    raise  # nothing ran yet: the wrapper's own failure
+                say(f"cannot claim {_name(options.agent)} for relaunch {restarts} ({exc}); not relaunching")
+                break
+            status = await run_incarnation(options, session, incarnation)
             if session.stop_requested or not _relaunch_wanted(options, status, restarts):
                 break
             delay = min(options.restart_delay_s * 2**restarts, options.restart_delay_max_s)
@@ -120,9 +190,10 @@ async def wrap(options: WrapOptions) -> int:
                 await session.stopped.wait()
             if session.stop_requested:
                 break
-        _mark_stopped(options)
+        if incarnation is not None:
+            await _mark_stopped(options.agent, incarnation)
         nursery.cancel_scope.cancel()
-    return status
+    return CLAIM_REFUSED_STATUS if status is None else status
 
 
 def _relaunch_wanted(options: WrapOptions, status: int, restarts: int) -> bool:
@@ -131,21 +202,79 @@ def _relaunch_wanted(options: WrapOptions, status: int, restarts: int) -> bool:
     return options.restart == "always" or (options.restart == "on-failure" and status != 0)
 
 
-def _mark_stopped(options: WrapOptions) -> None:
-    state = read_state(options.agent)
-    if state is not None and state.wrapper_pid == os.getpid():
-        write_state(options.agent, state.model_copy(update={"desired_state": "stopped"}))
+async def _mark_stopped(agent: AgentDir, incarnation: str) -> None:
+    """The claim reads `stopped` once its wrapper is done, unless it was taken over meanwhile. A write
+    that fails (a full disk) is retried, then reported; the exit status stays the harness's."""
+    for delay in (*FINAL_STATE_RETRIES_S, None):
+        try:
+            update_claim(agent, incarnation, lambda state: state.model_copy(update={"desired_state": "stopped"}))
+            return
+        except OSError as exc:
+            if delay is None:
+                say(f"cannot record the stop in {_name(agent)}'s harness-state ({exc}); the claim is left whole, "
+                    "reading running under this wrapper's pid, which readers see gone once it exits")  # fmt: skip
+                return
+            await trio.sleep(delay)
 
 
-def claim(options: WrapOptions) -> str:
-    """A fresh incarnation: the claim written atomically, then the old record removed."""
+def claim(options: WrapOptions, *, takeover: bool = False) -> str:
+    """A fresh incarnation, claimed under the state lock, the old record removed; ClaimHeld while
+    another live wrapper holds the agent, unless `takeover`."""
     incarnation = secrets.token_hex(16)
-    previous = read_state(options.agent)
     now = time.time_ns() // 1_000_000
-    state = new_claim(options.agent, options.harness, incarnation, now, os.getpid(), previous)
-    write_state(options.agent, state)
-    remove_context(options.agent)
+    claim_agent(options.agent, options.harness, incarnation, now, os.getpid(), takeover=takeover)
     return incarnation
+
+
+async def _claim(options: WrapOptions, *, first: bool) -> str:
+    """`claim`; a first claim with --takeover stops the live wrapper holding the agent, then claims."""
+    try:
+        return claim(options)
+    except ClaimHeld as held:
+        if not (first and options.takeover):
+            raise
+        pid = held.holder.wrapper_pid
+        say(f"taking {_name(options.agent)} over from wrapper pid {pid}: stopping it")
+        if not await _stop_wrapper(held.holder):
+            say(f"wrapper pid {pid} did not stop within {TAKEOVER_WAIT_S:g}s; taking the claim regardless")
+        return claim(options, takeover=True)
+
+
+async def _stop_wrapper(holder: HarnessState) -> bool:
+    """SIGTERM the claim's wrapper (it stops its harness and sidecar); True once it is gone."""
+    try:
+        pidfd = os.pidfd_open(holder.wrapper_pid)
+    except ProcessLookupError:
+        return True
+    try:
+        if not held_by_live_wrapper(holder, holder.host):
+            return True  # checked again with the pidfd open: the process signalled is the claim's
+        signal.pidfd_send_signal(pidfd, signal.SIGTERM)
+        with trio.move_on_after(TAKEOVER_WAIT_S):
+            await trio.lowlevel.wait_readable(pidfd)
+            return True
+        return False
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    finally:
+        os.close(pidfd)
+
+
+def _name(agent: AgentDir) -> str:
+    return f"{agent.host}/{agent.identity}"
+
+
+def _held_text(agent: AgentDir, holder: HarnessState, *, relaunch: bool) -> str:
+    if relaunch:
+        return f"{_name(agent)} was taken over by wrapper pid {holder.wrapper_pid}; not relaunching"
+    since = max(0, time.time_ns() // 1_000_000 - holder.claimed_at_ms) // 1000
+    return (
+        f"{_name(agent)} is already wrapped by pid {holder.wrapper_pid} ({holder.harness}, claimed {since}s "
+        "ago); a second wrapper would fight it over one record. Stop that one, or pass --takeover to "
+        "stop it and take the agent over"
+    )
 
 
 def _channel_path() -> tuple[Path, Path]:
@@ -161,50 +290,31 @@ def _channel_path() -> tuple[Path, Path]:
     raise OSError("no directory short enough for a unix socket path")
 
 
-async def run_incarnation(options: WrapOptions, session: Session) -> int:
-    incarnation = claim(options)
+async def run_incarnation(options: WrapOptions, session: Session, incarnation: str) -> int:
     try:
         plan = prepare(LaunchPlan(harness=options.harness, argv=options.argv, cwd=Path.cwd()))
     except (OSError, ValueError) as exc:
         say(f"cannot prepare the {options.harness} launch: {exc}")
         return 2
-    directory, channel = _channel_path()
     try:
-        return await _run_with_sidecar(options, session, plan, incarnation, channel)
+        directory, channel = _channel_path()
+        try:
+            return await _run_with_sidecar(options, session, plan, incarnation, channel)
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
     finally:
-        shutil.rmtree(directory, ignore_errors=True)
+        teardown(plan)  # what prepare left in the working directory, undone
 
 
 async def _run_with_sidecar(
     options: WrapOptions, session: Session, plan: LaunchPlan, incarnation: str, channel: Path
 ) -> int:
     agent = options.agent
-    lifeline_read, lifeline_write = os.pipe()
-    ready_read, ready_write = os.pipe()
+    group = _harness_group()
+    reaper = None if group == "shared" else await Reaper.start()
+    sidecars = Sidecars(SidecarSpec(agent, options.harness, incarnation, channel, plan.transport), say)
     try:
-        sidecar = await trio.lowlevel.open_process(
-            [
-                *(sys.executable, "-m", "sidecar", "--harness", options.harness),
-                *("--catalog", os.fspath(agent.catalog), "--host", agent.host, "--agent", agent.identity),
-                *("--incarnation", incarnation, "--channel", os.fspath(channel)),
-                *("--lifeline-fd", str(lifeline_read), "--ready-fd", str(ready_write)),
-                *("--transport", json.dumps(plan.transport)),
-            ],
-            pass_fds=(lifeline_read, ready_write),
-            process_group=0,  # its own group: the terminal's Ctrl-C is the harness's, not the sidecar's
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            env=_sidecar_env(),
-        )
-    except BaseException:
-        os.close(lifeline_write)
-        os.close(ready_read)
-        raise
-    finally:
-        os.close(lifeline_read)
-        os.close(ready_write)
-    try:
-        if not await _wait_ready(ready_read):
+        if not await sidecars.start() and sidecars.running:  # one that died is keep_alive's to report
             say("the sidecar did not come up; the harness runs without context telemetry")
         env = os.environ | plan.env | {
             "HCTX_CHANNEL": os.fspath(channel),
@@ -212,29 +322,60 @@ async def _run_with_sidecar(
             "HCTX_INCARNATION": incarnation,
             "HCTX_CATALOG": os.fspath(agent.catalog),
         }  # fmt: skip
-        return await _run_harness(plan, env, channel, session)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(sidecars.keep_alive)  # a sidecar that dies is replaced while the harness runs
+            status = await _run_harness(plan, env, channel, session, group, reaper)
+            nursery.cancel_scope.cancel()
+        return status
     finally:
-        os.close(lifeline_write)  # the sidecar drains what it has and exits
-        with trio.move_on_after(SIDECAR_EXIT_TIMEOUT_S) as waited:
-            await sidecar.wait()
-        if waited.cancelled_caught:
-            say("the sidecar did not exit in time; killed")
-            sidecar.kill()
-            await sidecar.wait()
+        with trio.CancelScope(shield=True):
+            await sidecars.stop()  # first: a last hook process of the harness's group still lands its frame
+            if reaper is not None:
+                await reaper.finish(group_done=group == "wrapper's")
 
 
-def _sidecar_env() -> dict[str, str]:
-    """The sidecar imports this checkout's packages even when hctx runs from a source tree."""
-    root = os.fspath(Path(__file__).resolve().parent.parent)
-    path = os.environ.get("PYTHONPATH")
-    return os.environ | {"PYTHONPATH": root if not path else f"{root}{os.pathsep}{path}"}
+class Reaper:
+    """This incarnation's wrapper/reaper.py process (see there): it ends the harness's process group
+    when the wrapper is gone, SIGKILLed or not, and at the harness's end when the group is its own."""
 
+    def __init__(self, process: trio.Process, lifeline: int) -> None:
+        self.process = process
+        self._lifeline = lifeline
 
-async def _wait_ready(ready_read: int) -> bool:
-    with trio.move_on_after(SIDECAR_READY_TIMEOUT_S):
-        async with trio.lowlevel.FdStream(ready_read) as stream:
-            return await stream.receive_some(16) == b"ready\n"
-    return False
+    @classmethod
+    async def start(cls) -> Reaper:
+        lifeline_read, lifeline_write = os.pipe()
+        try:
+            process = await trio.lowlevel.open_process(
+                # Isolated and without site: it needs only the standard library, and starts in ~10 ms.
+                [sys.executable, "-I", "-S", wrapper.reaper.__file__, "--lifeline-fd", str(lifeline_read),
+                 "--deadline", str(HARNESS_KILL_DEADLINE_S)],
+                pass_fds=(lifeline_read,),
+                process_group=0,  # outside the group it ends, and out of the terminal's reach
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+            )  # fmt: skip
+        except BaseException:
+            os.close(lifeline_write)
+            raise
+        finally:
+            os.close(lifeline_read)
+        return cls(process, lifeline_write)
+
+    def watch(self, group: int) -> None:
+        self._order(b"group %d\n" % group)
+
+    async def finish(self, *, group_done: bool) -> None:
+        """Close the lifeline, saying `done` when the group is not to be ended, and wait (bounded)."""
+        if group_done:
+            self._order(b"done\n")
+        os.close(self._lifeline)
+        with trio.move_on_after(HARNESS_KILL_DEADLINE_S + 2.0):
+            await self.process.wait()
+
+    def _order(self, line: bytes) -> None:
+        with contextlib.suppress(OSError):  # a reaper that is gone cannot be told; PDEATHSIG remains
+            os.write(self._lifeline, line)
 
 
 _PR_SET_PDEATHSIG = 1
@@ -249,7 +390,9 @@ def _die_with_wrapper() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-async def _run_harness(plan: LaunchPlan, env: dict[str, str], channel: Path, session: Session) -> int:
+async def _run_harness(
+    plan: LaunchPlan, env: dict[str, str], channel: Path, session: Session, group: GroupMode, reaper: Reaper | None
+) -> int:
     try:
         # Forked here, on the main thread, on purpose: see _die_with_wrapper.
         process = subprocess.Popen(  # noqa: ASYNC220
@@ -258,20 +401,27 @@ async def _run_harness(plan: LaunchPlan, env: dict[str, str], channel: Path, ses
             cwd=plan.cwd,
             stdout=subprocess.PIPE if plan.tap_stdout else None,
             preexec_fn=_die_with_wrapper,
+            process_group=0 if group == "own" else None,
         )
     except OSError as exc:
         say(f"cannot start {plan.argv[0]!r}: {exc.strerror or exc}")
         return 127 if isinstance(exc, FileNotFoundError) else 126
-    session.started(process)
+    session.started(process, process.pid if group == "own" else None)
+    if reaper is not None:
+        reaper.watch(process.pid if group == "own" else os.getpgrp())
     try:
         async with trio.open_nursery() as nursery:
             if plan.tap_stdout and process.stdout is not None:
                 stdout = trio.lowlevel.FdStream(os.dup(process.stdout.fileno()))
                 process.stdout.close()
                 nursery.start_soon(_tap_stdout, stdout, plan.tap_stdout, channel)
-            returncode = await _wait_exit(process)
+            async with trio.open_nursery() as watch:
+                watch.start_soon(session.kill_after_deadline)
+                returncode = await _wait_exit(process)
+                watch.cancel_scope.cancel()
     finally:
         session.process = None
+        session.group = None
     return exit_status(returncode)
 
 
@@ -288,45 +438,99 @@ async def _wait_exit(process: subprocess.Popen[bytes]) -> int:
 async def _tap_stdout(stdout: trio.abc.ReceiveStream, frame_type: str, channel: Path) -> None:
     """Copy the harness's stdout to ours untouched; send each line to the sidecar on the side.
 
-    The copy never waits on the sidecar: lines that find the tap queue full are not tapped.
+    The copy never waits on the sidecar: tapped lines queue up to TAP_QUEUE_BYTES, and past that the
+    oldest give way, so after a burst (thousands of deltas) the newest lines, the usage update among
+    them, still go. What gave way is counted and reported to the sidecar, which logs it.
     """
-    send, receive = trio.open_memory_channel[bytes](TAP_QUEUE)
+    queue = _TapQueue()
     prefix = b'{"type":' + json.dumps(frame_type).encode() + b',"payload":'
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_send_tapped, receive, channel)
-        async with send, trio.lowlevel.FdStream(os.dup(sys.stdout.fileno())) as out:
-            pending = b""
-            while chunk := await stdout.receive_some(65536):
-                await out.send_all(chunk)
-                lines = (pending + chunk).split(b"\n")
-                pending = lines.pop()
-                if len(pending) > MAX_FRAME_BYTES:
-                    pending = b""
-                for line in lines:
-                    if line.strip() and len(line) <= MAX_FRAME_BYTES:
-                        with contextlib.suppress(trio.WouldBlock):
-                            send.send_nowait(prefix + line + b"}\n")
-
-
-async def _send_tapped(frames: trio.MemoryReceiveChannel[bytes], channel: Path) -> None:
-    """Send tapped lines to the sidecar; if it is gone, keep draining so the copy never stalls."""
-    async with frames:
+        nursery.start_soon(_send_tapped, queue, channel)
         try:
-            stream: trio.SocketStream | None = await trio.open_unix_socket(os.fspath(channel))
-        except OSError as exc:
-            say(f"stdout tap cannot reach the sidecar: {exc}")
-            stream = None
-        async for frame in frames:
-            if stream is None:
-                continue
+            async with trio.lowlevel.FdStream(os.dup(sys.stdout.fileno())) as out:
+                pending = b""
+                while chunk := await stdout.receive_some(65536):
+                    await out.send_all(chunk)
+                    lines = (pending + chunk).split(b"\n")
+                    pending = lines.pop()
+                    if len(pending) > MAX_FRAME_BYTES:
+                        pending = b""
+                    for line in lines:
+                        if line.strip() and len(line) <= MAX_FRAME_BYTES:
+                            queue.put(prefix + line + b"}\n")
+        finally:
+            queue.close()
+
+
+class _TapQueue:
+    """Tapped lines owed to the sidecar, bounded in bytes; when full, the oldest give way."""
+
+    def __init__(self) -> None:
+        self.lines: collections.deque[bytes] = collections.deque()
+        self.size = 0
+        self.dropped = 0  # lines that gave way (or were lost with the sidecar) since the last report
+        self.closed = False
+        self._changed = trio.Event()
+
+    def put(self, line: bytes) -> None:
+        self.lines.append(line)
+        self.size += len(line)
+        while self.size > TAP_QUEUE_BYTES:
+            self.size -= len(self.lines.popleft())
+            self.dropped += 1
+        self._changed.set()
+
+    def close(self) -> None:
+        self.closed = True
+        self._changed.set()
+
+    async def wait(self) -> None:
+        """Until there is something to send, or the copy ended."""
+        if not self.lines and not self.closed:
+            await self._changed.wait()
+            self._changed = trio.Event()
+
+    def take(self) -> tuple[bytes, int]:
+        """Everything queued in one batch, led by a drop report when lines gave way; and how many
+        lines the batch carries, to count them if it is lost."""
+        report = b""
+        if self.dropped:
+            frame = {"type": CHANNEL_DROP_REPORT, "where": "codex stdout tap", "count": self.dropped}
+            report = json.dumps(frame).encode() + b"\n"
+        batch, count = report + b"".join(self.lines), len(self.lines) + self.dropped
+        self.lines.clear()
+        self.size = self.dropped = 0
+        return batch, count
+
+
+async def _send_tapped(queue: _TapQueue, channel: Path) -> None:
+    """Send tapped lines to the sidecar in batches; when it is gone, try again (a sidecar started
+    again listens on the same channel) while the queue keeps the newest lines. Nothing is printed
+    here: a write to a stderr nobody drains would stall the copy, and the wrapper already says when
+    its sidecar died; the lines lost meanwhile reach the sidecar's log as a drop report."""
+    stream: trio.SocketStream | None = None
+    while True:
+        await queue.wait()
+        if stream is None:
             try:
-                await stream.send_all(frame)
-            except (OSError, trio.BrokenResourceError) as exc:
-                say(f"stdout tap lost the sidecar: {exc}; the harness's output still flows")
-                await stream.aclose()
-                stream = None
-        if stream is not None:
+                stream = await trio.open_unix_socket(os.fspath(channel))
+            except OSError:
+                if queue.closed:
+                    return
+                await trio.sleep(TAP_RECONNECT_S)
+                continue
+        if queue.closed and not queue.lines and not queue.dropped:
+            break
+        batch, count = queue.take()
+        try:
+            await stream.send_all(batch)
+        except (OSError, trio.BrokenResourceError):
+            queue.dropped += count
             await stream.aclose()
+            if queue.closed:
+                return
+            stream = None
+    await stream.aclose()
 
 
 def run_wrap(options: WrapOptions) -> int:
@@ -338,3 +542,16 @@ def parse_command(command: Sequence[str]) -> tuple[str, ...]:
     if not argv:
         raise ValueError("no harness command given after --")
     return argv
+
+
+SEAT_SUFFIX_ROOM = 4  # "-999"
+
+
+def free_seat(catalog: Path, host: str, cwd: Path) -> str:
+    """The agent name for a launch that gave none: the working directory's name, or, while a live
+    wrapper on this host holds that seat, the first of NAME-2, NAME-3, ... that none holds."""
+    base = as_name(cwd.name, fallback="agent", room=SEAT_SUFFIX_ROOM)
+    for seat in (base, *(f"{base}-{n}" for n in range(2, 10**SEAT_SUFFIX_ROOM // 10))):
+        if not held_by_live_wrapper(read_state(AgentDir(catalog, host, seat)), host):
+            return seat
+    raise ValueError(f"every seat {base}, {base}-2, ... in {catalog} is held by a live wrapper")

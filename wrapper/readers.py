@@ -29,6 +29,7 @@ from typing import IO, Any, Literal
 from guard.constants import (
     AGENTS_DIR_NAME,
     CONTEXT_RECORD_NAME,
+    HARNESS_CONTEXT_FUTURE_SKEW_MS,
     HARNESS_CONTEXT_STALE_MS,
     HARNESS_CONTEXT_WARN_PERCENT,
     STATE_RECORD_NAME,
@@ -36,12 +37,12 @@ from guard.constants import (
 from guard.files import RawFile, open_regular, read_bounded
 from guard.projection import MAX_RECORD_BYTES, decode_record, project
 from guard.record import HarnessContext, RecordRefused, round_half_up
-from guard.state import MAX_STATE_BYTES, HarnessState, parse_state
+from guard.state import MAX_STATE_BYTES, HarnessState, Unobserved, parse_state
 from guard.store import (
     CatalogError,
     agent_tree_children,
     check_name,
-    default_catalog,
+    default_catalog_origin,
     default_host,
     log_path,
     pid_alive,
@@ -163,6 +164,8 @@ class AgentRow:
     # Why `context` is null although something was there; None for a plain absence.
     problem: str | None = None
     claim_problem: str | None = None
+    # How far past this host's clock the record's observedAtMs lies, when that made it read as absent.
+    ahead_ms: int | None = None
 
     @property
     def name(self) -> str:
@@ -206,6 +209,7 @@ def view_agent(
     problem = None if problem is None else _short(problem)
     claim, claim_problem = decode_claim(files.claim)
     context = None
+    ahead = None
     if record is not None:
         context = project(record, now)
         if context is None:
@@ -221,6 +225,7 @@ def view_agent(
         context=context,
         problem=problem,
         claim_problem=claim_problem,
+        ahead_ms=ahead,
     )
     return AgentView(files, record, claim, row)
 
@@ -345,7 +350,8 @@ def resolve_agent(catalog: Path, wanted: str, *, here: str) -> tuple[str, str]:
 
 
 def doctor_advisories(roster: Roster) -> list[str]:
-    """Exactly the spec's two cases; nothing for absent, refused or fresh below-threshold readings."""
+    """The spec's two cases, then one line per host whose clock runs past the future skew; nothing
+    for absent, refused or fresh below-threshold readings."""
     lines = []
     for row in roster.rows:
         context = row.context
@@ -365,6 +371,25 @@ def doctor_advisories(roster: Roster) -> list[str]:
                 f"the numbers are {age_text(context['ageMs'])} old, older than the "
                 f"{age_text(HARNESS_CONTEXT_STALE_MS)} horizon"
             )
+    return lines + clock_advisories(roster.rows)
+
+
+def clock_advisories(rows: list[AgentRow]) -> list[str]:
+    """A record dated past the future skew reads as absent (the spec); say which host's clock runs
+    ahead of this one and by how much, rather than let its agents vanish silently."""
+    ahead: dict[str, list[AgentRow]] = {}
+    for row in rows:
+        if row.ahead_ms is not None:
+            ahead.setdefault(row.host, []).append(row)
+    lines = []
+    for host, group in ahead.items():
+        most = max(row.ahead_ms or 0 for row in group)
+        names = ", ".join(row.name for row in group)
+        lines.append(
+            f"advisory: host {host}: clock ahead of this host's by at least {age_text(most)} "
+            f"({most} ms), past the {age_text(HARNESS_CONTEXT_FUTURE_SKEW_MS)} skew bound; "
+            f"context read as absent for {names}"
+        )
     return lines
 
 
@@ -485,8 +510,14 @@ def colour_enabled(stream: IO[str], environ: dict[str, str] | None = None) -> bo
 
 
 def percent_text(percent: float) -> str:
-    """Rounded for width, never clamped: 585.6 is 586%."""
+    """Rounded for width, never clamped: 585.6 is 586%; past five digits in exponent form (1e+308%),
+    so a planted number cannot print hundreds of digits."""
+    if not -PERCENT_DIGITS_LIMIT < percent < PERCENT_DIGITS_LIMIT:
+        return f"{percent:.0e}%"
     return f"{round_half_up(percent)}%"
+
+
+PERCENT_DIGITS_LIMIT = 100_000
 
 
 def ctx_text(context: dict[str, Any] | None) -> str:
@@ -583,12 +614,17 @@ def table(rows: Iterable[list[tuple[str, Tint]]], header: list[str], colour: boo
 _encode = json.JSONEncoder(ensure_ascii=False, allow_nan=False).encode
 
 
-def render_agents_json(rows: list[AgentRow]) -> str:
-    """A JSON array with one agent per line: greppable, and compact enough for json's C encoder
-    (an indented dump is the pure-Python one, several times slower on a 10,000-agent roster)."""
-    if not rows:
+def render_json_array(objects: list[dict[str, Any]]) -> str:
+    """What every `--json` listing prints: one JSON array, one object per line. Greppable, and
+    compact enough for json's C encoder (an indented dump is the pure-Python one, several times
+    slower on a 10,000-agent roster)."""
+    if not objects:
         return "[]\n"
-    return "[\n" + ",\n".join(_encode(row.wire()) for row in rows) + "\n]\n"
+    return "[\n" + ",\n".join(_encode(item) for item in objects) + "\n]\n"
+
+
+def render_agents_json(rows: list[AgentRow]) -> str:
+    return render_json_array([row.wire() for row in rows])
 
 
 def render_agent_json(row: AgentRow) -> str:
@@ -637,6 +673,20 @@ def _raw_text(raw: RawFile) -> list[str]:
     return lines
 
 
+def _unobserved_text(gaps: list[Unobserved], indent: str) -> list[str]:
+    """Each stretch the session ran with no sidecar watching: its readings then were never written."""
+    lines = []
+    for gap in gaps:
+        since = _ms_text(gap.since_ms)
+        if gap.until_ms is None:
+            span = f"from {since}, never replaced"
+        else:
+            ms = max(0, gap.until_ms - gap.since_ms)
+            span = f"{age_text(ms) if ms >= 60_000 else f'{ms / 1000:.1f}s'} from {since}"
+        lines.append(f"{indent}unobserved {span}: sidecar pid {gap.sidecar_pid} {gap.how_it_ended()}")
+    return lines
+
+
 def render_inspection(inspection: Inspection) -> str:
     view = inspection.view
     row = view.row
@@ -664,12 +714,14 @@ def render_inspection(inspection: Inspection) -> str:
         out.append(f"  claimedAtMs   {_ms_text(claim.claimed_at_ms)}")
         out.append(f"  wrapperPid    {claim.wrapper_pid}")
         out.append(f"  desiredState  {claim.desired_state} (as written; derived now: {row.desired_state})")
+        out.extend(_unobserved_text(claim.unobserved, "  "))
         out.append(f"  launches in the last hour: {inspection.launches_last_hour}")
         out.append(f"  history ({len(claim.history)} earlier claims, newest first):")
         for past in claim.history:
             out.append(
                 f"    {printable(past.incarnation)}  claimedAtMs {_ms_text(past.claimed_at_ms)}  pid {past.wrapper_pid}"
             )
+            out.extend(_unobserved_text(past.unobserved, "      "))
     out.append("")
 
     out.append("== projection (the roster's context)")
@@ -692,9 +744,24 @@ def render_inspection(inspection: Inspection) -> str:
 # The command line
 
 
-def catalog_of(args: argparse.Namespace) -> Path:
+def catalog_origin(args: argparse.Namespace) -> tuple[Path, str]:
+    """The catalog a command uses and where that path came from: `--catalog`, else `$HCTX_CATALOG`,
+    else the XDG default. Every command resolves it here."""
     catalog: Path | None = args.catalog
-    return default_catalog() if catalog is None else catalog
+    return default_catalog_origin() if catalog is None else (catalog, "--catalog")
+
+
+def catalog_of(args: argparse.Namespace) -> Path:
+    return catalog_origin(args)[0]
+
+
+def existing_catalog(args: argparse.Namespace) -> Path:
+    """The catalog a reader reads. A path that does not exist is an error naming it and its origin,
+    so a typo never reads as an empty fleet; an existing empty catalog is an empty answer."""
+    catalog, origin = catalog_origin(args)
+    if not os.path.lexists(catalog):
+        raise CatalogUnreadable(f"{catalog} does not exist (from {origin})")
+    return catalog
 
 
 def _quiet_guard_logs() -> None:
@@ -718,8 +785,9 @@ def _fail(command: str, message: str, status: int) -> int:
 
 def run_agents(args: argparse.Namespace) -> int:
     _quiet_guard_logs()
-    catalog, here, now = catalog_of(args), args.host, now_ms()
+    here, now = args.host, now_ms()
     try:
+        catalog = existing_catalog(args)
         if args.agent is not None:
             host, identity = resolve_agent(catalog, args.agent, here=here)
             row = view_agent(catalog, host, identity, now, here=here).row
@@ -745,18 +813,23 @@ def run_agents(args: argparse.Namespace) -> int:
 def run_doctor(args: argparse.Namespace) -> int:
     _quiet_guard_logs()
     try:
-        roster = collect_roster(catalog_of(args), now_ms(), here=args.host)
+        roster = collect_roster(existing_catalog(args), now_ms(), here=args.host)
     except CatalogUnreadable as exc:
         return _fail("doctor", f"cannot read the catalog: {exc}", 2)
-    for line in doctor_advisories(roster):
+    advisories = doctor_advisories(roster)
+    for line in advisories:
         print(line)
+    if not advisories:
+        count = len(roster.rows)
+        print(f"ok: {count} agent{'' if count == 1 else 's'}, no advisories")
     return 0  # advisories are never a failure (HC-R17)
 
 
 def run_inspect(args: argparse.Namespace) -> int:
     _quiet_guard_logs()
-    catalog, here, now = catalog_of(args), args.host, now_ms()
+    here, now = args.host, now_ms()
     try:
+        catalog = existing_catalog(args)
         host, identity = resolve_agent(catalog, args.agent, here=here)
         inspection = collect_inspection(catalog, host, identity, now, here=here)
     except CatalogUnreadable as exc:
@@ -771,7 +844,11 @@ def run_top(args: argparse.Namespace) -> int:
     from wrapper.top import run
 
     _quiet_guard_logs()
-    return run(catalog_of(args), here=args.host, once=args.once)
+    try:
+        catalog = existing_catalog(args)
+    except CatalogUnreadable as exc:
+        return _fail("top", f"cannot read the catalog: {exc}", 2)
+    return run(catalog, here=args.host, once=args.once)
 
 
 def add_catalog_options(parser: argparse.ArgumentParser) -> None:
@@ -806,7 +883,11 @@ def add_reader_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
         description="One row per agent directory of every host in the catalog, sorted by host then identity.",
     )
     agents.add_argument("agent", nargs="?", metavar="ID", help="just this agent (ID or HOST/ID)")
-    agents.add_argument("--json", action="store_true", help="the roster's JSON wire shape")
+    agents.add_argument(
+        "--json",
+        action="store_true",
+        help="the roster as one JSON array, an object per agent (jq '.[]'); with ID, that agent's object",
+    )
     add_catalog_options(agents)
     agents.set_defaults(run=with_host(run_agents))
 
@@ -814,7 +895,8 @@ def add_reader_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
         "doctor",
         help="advise on full windows and stale records",
         description=f"An advisory line per agent at or above {HARNESS_CONTEXT_WARN_PERCENT}% fill and per "
-        "stale record while its desired state is running; advisories never fail the exit status.",
+        "stale record while its desired state is running, and one per host whose clock runs past the "
+        "future skew (its records read as absent); advisories never fail the exit status.",
     )
     add_catalog_options(doctor)
     doctor.set_defaults(run=with_host(run_doctor))

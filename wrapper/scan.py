@@ -17,7 +17,6 @@ decision record reads it (../shared/spec/001):
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import re
@@ -30,7 +29,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
 
-from guard.record import ContextFields
+from guard.record import MAX_COUNT, ContextFields
 
 if TYPE_CHECKING:  # the transcript readers load only when `hctx scan` runs, not for every command
     from sidecar.transcripts import BackwardLines
@@ -71,9 +70,9 @@ def _windows(data: object, where: str) -> dict[str, int | None]:
         raise ModelTableError(f"{where}: 'windows' is not an object")
     table: dict[str, int | None] = {}
     for model, window in windows.items():
-        valid = window is None or (isinstance(window, int) and not isinstance(window, bool) and window > 0)
+        valid = window is None or (isinstance(window, int) and not isinstance(window, bool) and 0 < window <= MAX_COUNT)
         if not valid:
-            raise ModelTableError(f"{where}: window of {model!r} is not a positive integer or null")
+            raise ModelTableError(f"{where}: window of {model!r} is not a positive integer up to 2**53, or null")
         table[model] = window
     return table
 
@@ -148,7 +147,8 @@ def _regular_mtime_ms(path: Path) -> int | None:
         info = path.lstat()
     except OSError:
         return None
-    return info.st_mtime_ns // 1_000_000 if stat.S_ISREG(info.st_mode) else None
+    # A file dated before 1970 reads as 1970: an instant in a reading is never negative.
+    return max(0, info.st_mtime_ns // 1_000_000) if stat.S_ISREG(info.st_mode) else None
 
 
 def find_sessions(environ: Mapping[str, str], since_ms: int, now: int) -> Iterator[SessionFile]:
@@ -259,6 +259,14 @@ def read_session(session: SessionFile, table: Mapping[str, int]) -> ScanRow:
         os.close(fd)
 
 
+def _in_range(name: str, value: int | None, problems: list[str]) -> int | None:
+    """A count past 2**53, which not every JSON reader keeps exact, is shown null, and says so."""
+    if value is None or value <= MAX_COUNT:
+        return value
+    problems.append(f"{name} {value} is out of range (above 2**53); shown as null")
+    return None
+
+
 def _claude_row(
     session: SessionFile, session_id: str | None, lines: BackwardLines, table: Mapping[str, int]
 ) -> ScanRow:
@@ -268,7 +276,8 @@ def _claude_row(
     usage, latest = tail.usage, tail.latest_compaction
     model = None if usage is None else usage.model
     window = None if model is None else table.get(model)
-    used = None if usage is None else usage.used_tokens
+    problems: list[str] = []
+    used = _in_range("usedTokens", None if usage is None else usage.used_tokens, problems)
     fields = ContextFields(
         harness="claude",
         used_tokens=used,
@@ -281,14 +290,16 @@ def _claude_row(
         last_compaction_trigger=None if latest is None else latest.trigger,
         observed_at_ms=session.modified_ms if usage is None else usage.observed_at_ms,
     )
+    pre, post = (None, None) if latest is None else (latest.pre_tokens, latest.post_tokens)
     extra = {
-        "lastCompactionPreTokens": None if latest is None else latest.pre_tokens,
-        "lastCompactionPostTokens": None if latest is None else latest.post_tokens,
+        "lastCompactionPreTokens": _in_range("lastCompactionPreTokens", pre, problems),
+        "lastCompactionPostTokens": _in_range("lastCompactionPostTokens", post, problems),
         # The decision record's /compact edge: the value stays stale until the next assistant message.
         "compactedSinceReading": bool(latest and usage and latest.offset > usage.offset),
     }
     source: WindowSource | None = "model-table" if window is not None else None
-    return ScanRow(fields, session.path, session_id, source, session.modified_ms, model, tail.compactions, extra)
+    return ScanRow(fields, session.path, session_id, source, session.modified_ms, model, tail.compactions, extra,
+                   "; ".join(problems) or None)  # fmt: skip
 
 
 def _codex_row(session: SessionFile, session_id: str | None, lines: BackwardLines) -> ScanRow:
@@ -299,9 +310,12 @@ def _codex_row(session: SessionFile, session_id: str | None, lines: BackwardLine
     thread = session_id or "rollout"
     tail = read_codex_tail(lines, thread)
     producer = CodexProducer()
+    problems: list[str] = []
     for at_ms, frame in tail_frames(tail):
-        with contextlib.suppress(FrameRejected):  # built from validated lines; refused means no reading
+        try:
             producer.feed(frame, session.modified_ms if at_ms is None else at_ms)
+        except FrameRejected as exc:  # e.g. a count out of range: no reading, and the row says why
+            problems.append(f"token_count refused: {exc}")
     reading = producer.last_reading
     compactions = tail.compactions
     if reading is None:
@@ -317,13 +331,15 @@ def _codex_row(session: SessionFile, session_id: str | None, lines: BackwardLine
     source: WindowSource | None = "transcript" if reading.window_tokens is not None else None
     if tail.session is not None and session_id is None:
         session_id = tail.session.id
-    return ScanRow(reading, session.path, session_id, source, session.modified_ms, tail.model, compactions, {})
+    return ScanRow(reading, session.path, session_id, source, session.modified_ms, tail.model, compactions, {},
+                   "; ".join(problems) or None)  # fmt: skip
 
 
 def scan(environ: Mapping[str, str], since_ms: int, now: int, warnings: list[str]) -> list[ScanRow]:
     table = model_table(environ, warnings)
     rows = [read_session(session, table) for session in find_sessions(environ, since_ms, now)]
     rows.sort(key=lambda row: row.modified_ms, reverse=True)
+    warnings.extend(f"{row.path}: {row.problem}" for row in rows if row.problem)
     return rows
 
 
@@ -360,16 +376,15 @@ def render_rows(rows: list[ScanRow], now: int, *, colour: bool) -> str:
 
 
 def run_scan(args: argparse.Namespace) -> int:
-    from wrapper.readers import colour_enabled
+    from wrapper.readers import colour_enabled, printable, render_json_array
 
     now = time.time_ns() // 1_000_000
     warnings: list[str] = []
     rows = scan(os.environ, args.since, now, warnings)
     for warning in warnings:
-        print(f"hctx scan: {warning}", file=sys.stderr)
+        print(f"hctx scan: {printable(warning)}", file=sys.stderr)
     if args.json:
-        for row in rows:
-            sys.stdout.write(json.dumps(row.wire(now), ensure_ascii=False, allow_nan=False) + "\n")
+        sys.stdout.write(render_json_array([row.wire(now) for row in rows]))
     else:
         sys.stdout.write(render_rows(rows, now, colour=colour_enabled(sys.stdout)))
     return 0
@@ -384,7 +399,9 @@ def add_scan_command(commands: argparse._SubParsersAction[argparse.ArgumentParse
         "of the file. Claude windows come from a model table (shipped, extended by "
         "$XDG_CONFIG_HOME/hctx/models.json); an unknown model shows no window and no percent.",
     )
-    scan_parser.add_argument("--json", action="store_true", help="one JSON object per session, newest first")
+    scan_parser.add_argument(
+        "--json", action="store_true", help="one JSON array, an object per session, newest first (jq '.[]')"
+    )
     scan_parser.add_argument(
         "--since",
         type=parse_duration,

@@ -16,7 +16,7 @@ import termios
 import time
 import tty
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -43,6 +43,7 @@ from wrapper.readers import (
 REFRESH_S = 1.0
 POLL_S = 0.2
 BAR_CELLS = 20
+BAR_MIN_CELLS = 8
 
 Segment = tuple[str, Tint]
 
@@ -58,30 +59,34 @@ def fill_order(row: AgentRow) -> tuple[int, float, str, str]:
     return (0, -percent, row.host, row.identity)
 
 
-def bar(context: dict[str, Any] | None) -> str:
+def bar(context: dict[str, Any] | None, cells: int = BAR_CELLS) -> str:
     """The fill bar, clamped to its cells for layout only; the percent beside it is the raw value."""
     if context is None or context["usedPercent"] is None:
-        return " " * BAR_CELLS
+        return " " * cells
     share = min(max(context["usedPercent"], 0.0), 100.0) / 100.0
-    filled = int(share * BAR_CELLS + 0.5)
-    return "█" * filled + "░" * (BAR_CELLS - filled)
+    filled = int(share * cells + 0.5)
+    return "█" * filled + "░" * (cells - filled)
 
 
 COLUMNS = ("AGENT", "HARNESS", "FILL", "PCT", "TOKENS", "WINDOW", "⟳", "AGE", "COST")
+RIGHT_ALIGNED = frozenset({"PCT", "TOKENS", "WINDOW", "⟳"})  # numbers
+# On a terminal too narrow for the table the bar narrows first, down to BAR_MIN_CELLS; then columns
+# are hidden in this order, and the frame says which. AGENT and PCT are always shown.
+HIDE_ORDER = ("HARNESS", "WINDOW", "FILL", "TOKENS", "COST", "⟳", "AGE")
 
 
-def _cells(row: AgentRow) -> list[Segment]:
+def _cells(row: AgentRow, bar_cells: int = BAR_CELLS) -> list[Segment]:
     context = row.context
     tint = fill_tint(context)
     if context is None:
-        return [(row.name, None), (row.harness or "-", None), (bar(None), None), ("-", None),
+        return [(row.name, None), (row.harness or "-", None), (bar(None, bar_cells), None), ("-", None),
                 ("", None), ("", None), ("", None), ("", None), ("", None)]  # fmt: skip
     percent = context["usedPercent"]
     age = age_text(context["ageMs"]) + (" stale" if context["stale"] else "")
     return [
         (row.name, None),
         (context["harness"], None),
-        (bar(context), tint),
+        (bar(context, bar_cells), tint),
         ("?" if percent is None else percent_text(percent), tint),
         (tokens_text(context["usedTokens"]), None),
         (tokens_text(context["windowTokens"]), None),
@@ -105,6 +110,33 @@ def _fit(segments: list[Segment], width: int | None, colour: bool) -> str:
     return "".join(out).rstrip()
 
 
+def _widths(table: list[list[Segment]]) -> list[int]:
+    return [max(len(cells[index][0]) for cells in table) for index in range(len(COLUMNS))]
+
+
+def _span(widths: list[int], shown: list[int]) -> int:
+    """Terminal cells the shown columns take, two spaces apart."""
+    return sum(widths[index] for index in shown) + 2 * (len(shown) - 1)
+
+
+def _layout(rows: list[AgentRow], width: int | None) -> tuple[list[list[Segment]], list[int], list[int]]:
+    """The table (header first), its column widths, and the indexes of the columns shown in `width`."""
+    header: list[Segment] = [(name, None) for name in COLUMNS]
+    table = [header, *(_cells(row) for row in rows)]
+    widths = _widths(table)
+    shown = list(range(len(COLUMNS)))
+    if width is None or _span(widths, shown) <= width:
+        return table, widths, shown
+    bar_cells = max(BAR_MIN_CELLS, BAR_CELLS - (_span(widths, shown) - width))
+    table = [header, *(_cells(row, bar_cells) for row in rows)]
+    widths = _widths(table)
+    for name in HIDE_ORDER:
+        if _span(widths, shown) <= width:
+            break
+        shown.remove(COLUMNS.index(name))
+    return table, widths, shown
+
+
 def render_frame(
     roster: Roster | None,
     now: int,
@@ -114,27 +146,34 @@ def render_frame(
     height: int | None,
     colour: bool,
     problem: str | None = None,
+    interactive: bool = False,
 ) -> list[str]:
-    """The screen's lines (no trailing newline on any); `height` bounds them, `width` cuts them."""
+    """The screen's lines (no trailing newline on any); `height` bounds them, `width` cuts them.
+    Only the `interactive` view says how to quit it."""
     clock = time.strftime("%H:%M:%S", time.localtime(now / 1000))
     rows = [] if roster is None else sorted(roster.rows, key=fill_order)
     title = f"hctx top · {len(rows)} agent{'' if len(rows) == 1 else 's'} · {catalog} · {clock}"
-    lines = [_fit([(title, None)], width, False), _fit([("q quits", None)], width, False), ""]
+    table, widths, shown = _layout(rows, width)
+    notes = ["q quits"] if interactive else []
+    if problem is None and len(shown) < len(COLUMNS):
+        hidden_columns = [name for index, name in enumerate(COLUMNS) if index not in shown]
+        plural = "s" if len(hidden_columns) != 1 else ""
+        notes.append(f"+{len(hidden_columns)} column{plural} hidden, widen the terminal: {', '.join(hidden_columns)}")
+    lines = [_fit([(text, None)], width, False) for text in (title, " · ".join(notes)) if text]
+    lines.append("")
     if problem is not None:
         lines.append(_fit([(f"cannot read the catalog: {problem}", "red")], width, colour))
         return lines if height is None else lines[:height]
 
-    header: list[Segment] = [(name, None) for name in COLUMNS]
-    table = [header, *(_cells(row) for row in rows)]
-    widths = [max(len(cells[index][0]) for cells in table) for index in range(len(COLUMNS))]
     body = []
     for cells in table:
         segments: list[Segment] = []
-        for index, ((text, tint), column_width) in enumerate(zip(cells, widths, strict=True)):
-            right = index in (3, 4, 5, 6)  # numbers align right
+        for index in shown:
+            (text, tint), column_width = cells[index], widths[index]
             pad = " " * (column_width - len(text))
-            if index:
+            if segments:
                 segments.append(("  ", None))
+            right = COLUMNS[index] in RIGHT_ALIGNED
             segments.extend([(pad, None), (text, tint)] if right else [(text, tint), (pad, None)])
         body.append(_fit(segments, width, colour))
 
@@ -183,8 +222,9 @@ class Screen:
             roster = collect_roster(self.catalog, now, here=self.here)
         except CatalogUnreadable as exc:
             return render_frame(None, now, catalog=self.catalog, width=width, height=height,
-                                colour=self.colour, problem=str(exc))  # fmt: skip
-        return render_frame(roster, now, catalog=self.catalog, width=width, height=height, colour=self.colour)
+                                colour=self.colour, problem=str(exc), interactive=True)  # fmt: skip
+        return render_frame(roster, now, catalog=self.catalog, width=width, height=height, colour=self.colour,
+                            interactive=True)  # fmt: skip
 
 
 def _once_width() -> int | None:
@@ -213,11 +253,14 @@ def _terminal(fd: int) -> Iterator[None]:
         sys.stdout.flush()
         yield
     finally:
-        sys.stdout.write("\x1b[0m\x1b[?25h\x1b[?1049l")
-        sys.stdout.flush()
-        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
+        # A terminal that hung up takes neither output nor modes: the view ends all the same.
+        with suppress(OSError, termios.error):
+            sys.stdout.write("\x1b[0m\x1b[?25h\x1b[?1049l")
+            sys.stdout.flush()
+        with suppress(OSError, termios.error):
+            termios.tcsetattr(fd, termios.TCSADRAIN, saved)
 
 
 def _quit_requested(fd: int, timeout: float) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, cast
 
@@ -38,12 +39,23 @@ def recording_for(harness: Harness) -> Recording:
     return _module(harness).decode_recording
 
 
-def read_recordings(harness: Harness, paths: Sequence[Path]) -> list[bytes]:
+@dataclass
+class Tally:
+    """What a replay made of its files: enough to say so when none of it was the harness's."""
+
+    lines: int = 0  # lines in the files as read
+    recognised: int = 0  # frames the producer accepted
+
+
+def read_recordings(harness: Harness, paths: Sequence[Path], tally: Tally | None = None) -> list[bytes]:
     """What `hctx replay` decodes: each file's bytes, unless the harness's module merges its own
     capture files (`load_recordings(paths)`, e.g. Claude's status-line and hook captures and their
-    `.times` siblings, into one timed stream)."""
+    `.times` siblings, into one timed stream). `tally` counts the lines read."""
+    raw = [path.read_bytes() for path in paths]  # a module that merges its captures reads them again
+    if tally is not None:
+        tally.lines += sum(len(data.splitlines()) for data in raw)
     load = getattr(_module(harness), "load_recordings", None)
     if load is None:
-        return [path.read_bytes() for path in paths]
+        return raw
     recordings: list[bytes] = load(paths)
     return recordings

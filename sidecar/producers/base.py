@@ -11,14 +11,45 @@ import math
 from collections import OrderedDict
 from collections.abc import Iterator
 from datetime import datetime
-from typing import Any, Protocol, TypeVar
+from typing import Annotated, Any, Protocol, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from guard.policy import Reading
-from guard.record import Harness
+from guard.record import ContextFields, Harness, describe_validation_error
 
 Frame = dict[str, Any]
+
+# The domain of every number a producer publishes, beyond the record's own types (counts are
+# bounded there). A percent may exceed 100 (an overrun is an observation, never clamped) but not
+# run to a hundred windows; a cost is dollars, never negative, exact as a float.
+MAX_PERCENT = 10_000.0
+MAX_COST_USD = 1e12
+Percent = Annotated[float, Field(strict=True, ge=0, le=MAX_PERCENT, allow_inf_nan=False)]
+Usd = Annotated[float, Field(strict=True, ge=0, le=MAX_COST_USD, allow_inf_nan=False)]
+
+
+class _Domain(BaseModel):
+    used_percent: Percent | None
+    cost_usd: Usd | None
+    five_hour: Percent | None
+    seven_day: Percent | None
+
+
+def out_of_domain(fields: ContextFields) -> str | None:
+    """Why a reading's numbers are outside their domain, or None: the pipeline's check of every
+    producer's output, so a number computed from hostile inputs is refused like one decoded."""
+    limits = fields.rate_limits
+    try:
+        _Domain(
+            used_percent=fields.used_percent,
+            cost_usd=fields.cost_usd,
+            five_hour=None if limits is None else limits.five_hour,
+            seven_day=None if limits is None else limits.seven_day,
+        )
+    except ValidationError as exc:
+        return f"reading out of its domain: {describe_validation_error(exc)}"
+    return None
 
 
 class TolerantModel(BaseModel):

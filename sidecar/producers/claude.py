@@ -32,7 +32,7 @@ from pydantic import Field, ValidationError
 
 from guard.policy import Reading
 from guard.record import CompactionTrigger, ContextFields, Count, Harness, RateLimits, describe_validation_error
-from sidecar.producers.base import Frame, FrameRejected, TolerantModel, instant_ms, optional_model
+from sidecar.producers.base import Frame, FrameRejected, Percent, TolerantModel, Usd, instant_ms, optional_model
 
 STATUSLINE_FRAME = "claude.statusline"
 HOOK_FRAME = "claude.hook"
@@ -48,7 +48,6 @@ _MAX_MODEL_ID = 256
 _REMEMBERED_COMPACTIONS = 64
 
 _Count = Count
-_Percent = Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)]
 _Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 
 
@@ -61,7 +60,7 @@ class _ContextWindow(TolerantModel):
     total_input_tokens: _Count | None = None
     context_window_size: _Count | None = None
     current_usage: dict[str, Any] | None = None
-    used_percentage: _Percent | None = None
+    used_percentage: Percent | None = None
 
 
 class _StatusLine(TolerantModel):
@@ -73,11 +72,11 @@ class _Model(TolerantModel):
 
 
 class _Cost(TolerantModel):
-    total_cost_usd: _Percent  # non-negative and finite, like a percent
+    total_cost_usd: Usd
 
 
 class _RateWindow(TolerantModel):
-    used_percentage: _Number
+    used_percentage: Percent
     resets_at: _Number | None = None  # epoch seconds
 
 
@@ -333,7 +332,7 @@ def _payload(frame: Frame) -> dict[str, Any]:
 
 def _times_beside(path: Path) -> list[int | None]:
     try:
-        text = path.with_suffix(".times").read_text()
+        text = path.with_suffix(".times").read_bytes().decode("utf-8", "replace")
     except OSError:
         return []
     return [instant_ms(line.strip()) for line in text.splitlines()]

@@ -36,7 +36,7 @@ from guard.record import (
     refuse_json_constant,
     round_half_up,
 )
-from sidecar.producers.base import Frame, FrameRejected, remember
+from sidecar.producers.base import Frame, FrameRejected, Percent, remember
 
 FRAME_TYPE: Final = "codex.rpc"
 
@@ -61,7 +61,6 @@ ITEM_EVENTS: Final = frozenset({"item/started", "item/completed"})
 LEGACY_COMPACTED: Final = "thread/compacted"
 
 Tokens = Count
-Percent = Annotated[float, Field(ge=0, allow_inf_nan=False, strict=True)]
 Id = Annotated[str, Field(min_length=1, strict=True)]
 
 

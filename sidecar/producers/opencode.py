@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from guard.policy import Reading
 from guard.record import ContextFields, Count, Harness, describe_validation_error, refuse_json_constant
-from sidecar.producers.base import Frame, FrameRejected, remember
+from sidecar.producers.base import Frame, FrameRejected, Usd, remember
 
 PROVIDERS_FRAME: Final = "hctx.providers"
 MESSAGE_UPDATED: Final = "message.updated"
@@ -55,8 +55,6 @@ MAX_EVENT_CHARS: Final = 16 * 1024 * 1024
 
 Tokens = Count
 Id = Annotated[str, Field(min_length=1, max_length=512, strict=True)]
-# Dollars; the bound keeps an integral cost exact as a float (2**53) and is far beyond any session.
-Cost = Annotated[float, Field(ge=0, le=1e12, allow_inf_nan=False, strict=True)]
 
 ModelKey = tuple[str, str]  # (providerID, modelID): modelID alone is ambiguous across providers
 
@@ -112,7 +110,7 @@ class _SessionTokens(_Wire):
 
 class _SessionInfo(_Wire):
     id: Id
-    cost: Cost | None = None
+    cost: Usd | None = None
     tokens: _SessionTokens | None = None
 
 

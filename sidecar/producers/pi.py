@@ -39,7 +39,7 @@ from guard.record import (
     Harness,
     describe_validation_error,
 )
-from sidecar.producers.base import Frame, FrameRejected, instant_ms
+from sidecar.producers.base import Frame, FrameRejected, Percent, Usd, instant_ms
 
 PI_HARNESSES: tuple[Harness, ...] = ("pi", "omp")
 
@@ -47,7 +47,6 @@ PI_HARNESSES: tuple[Harness, ...] = ("pi", "omp")
 MAX_MODEL_ID_CHARS = 256
 
 _Tokens = Count
-_Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 _ModelId = Annotated[str, Field(strict=True, max_length=MAX_MODEL_ID_CHARS)]
 
 
@@ -60,9 +59,9 @@ class ChannelReading(_Wire):
 
     tokens: _Tokens | None
     context_window: _Tokens | None
-    percent: _Number | None
+    percent: Percent | None
     model: _ModelId | None
-    cost_usd: _Number | None
+    cost_usd: Usd | None
 
 
 class ChannelCompaction(_Wire):

@@ -173,11 +173,13 @@ class _Relay:
         try:
             while True:
                 message = await source.get_message()
-                # The notifications that carry numbers are small; a full-history thread/resume
-                # answer is relayed but not tapped, as the channel would refuse it too.
-                if tap and isinstance(message, str) and len(message) <= CHANNEL_MAX_FRAME_BYTES:
-                    self._submit(message)
-                await sink.send_message(message)
+                try:
+                    await sink.send_message(message)  # the client first: the tap folds it in at once
+                finally:
+                    # The notifications that carry numbers are small; a full-history thread/resume
+                    # answer is relayed but not tapped, as the channel would refuse it too.
+                    if tap and isinstance(message, str) and len(message) <= CHANNEL_MAX_FRAME_BYTES:
+                        self._submit(message)
         except ConnectionClosed as closed:
             code, reason = (1006, None) if closed.reason is None else (closed.reason.code, closed.reason.reason)
             # A connection that dropped without a close frame is dropped on the other side too

@@ -103,22 +103,40 @@ async def wait_pane(pane: Pane, text: str) -> str:
     raise AssertionError(f"{text!r} never drawn:\n{await pane.text()}")
 
 
-@pytest.mark.parametrize("version", HARNESS_VERSIONS["claude"])
-async def test_claude_session_publishes_its_own_numbers_and_counts_the_compaction(version: str, tmp_path: Path) -> None:
-    claude = require_harness("claude", version)
+def require_tmux() -> None:
     if shutil.which("tmux") is None:  # the status line renders only in the TUI, so a terminal is needed
         message = "tmux is not installed (apt-get install -y tmux)"
         if os.environ.get("CI"):
             pytest.fail(message, pytrace=False)
         pytest.skip(message)
+
+
+def live_env(home: Path, server: FakeMessages, version: str) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("TMUX", "HCTX_", "ST_CLAUDE"))}
+    return env | claude_env(home, server.base_url) | harness_env("claude", version) | {"PYTHONPATH": str(REPO)}
+
+
+async def wait_gone(path: Path, what: str) -> None:
+    """The wrapper has ended and put the working directory back: `path` is no more."""
+    with trio.move_on_after(STEP_TIMEOUT_S):
+        while True:
+            if not path.exists():
+                return
+            await trio.sleep(0.1)
+    raise AssertionError(f"{path} still there {STEP_TIMEOUT_S}s after {what}: {sorted(path.rglob('*'))}")
+
+
+@pytest.mark.parametrize("version", HARNESS_VERSIONS["claude"])
+async def test_claude_session_publishes_its_own_numbers_and_counts_the_compaction(version: str, tmp_path: Path) -> None:
+    claude = require_harness("claude", version)
+    require_tmux()
     home, work, catalog = tmp_path / "home", tmp_path / "work", tmp_path / "catalog"
     work.mkdir()
     claude_home(home, work)
     (home / ".claude" / "statusline-renderer.json").write_text(json.dumps({"command": RENDERER}))
     server: FakeMessages
     async with fake_messages() as server:
-        env = {key: value for key, value in os.environ.items() if not key.startswith(("TMUX", "HCTX_", "ST_CLAUDE"))}
-        env |= claude_env(home, server.base_url) | harness_env("claude", version) | {"PYTHONPATH": str(REPO)}
+        env = live_env(home, server, version)
         command = wrap_argv(catalog, "claude-live", "claude", *claude, "--model", MODEL)
         record_path = agent_dir(catalog, "claude-live") / "harness-context"
         async with tmux_session(command, work, env) as pane:
@@ -152,11 +170,50 @@ async def test_claude_session_publishes_its_own_numbers_and_counts_the_compactio
             assert three["incarnation"] == first["incarnation"]
             screen = await wait_pane(pane, "OPERATOR-LINE used=3")
             assert '"session_id"' not in screen  # the slot draws the renderer, never the raw payload
+            settings = json.loads((work / ".claude" / "settings.local.json").read_text())
+            assert settings["statusLine"]["refreshInterval"] == 5 and settings["statusLine"]["padding"] == 0
+        # The tmux server is gone: the hang-up reached the wrapper, which put the directory back.
+        await wait_gone(work / ".claude", "the session's hang-up")
 
     reasons = [event.get("reason") for event in log_events(catalog, "claude-live") if event.get("event") == "write"]
     assert reasons.count("compaction") == 1  # PreCompact, SessionStart(compact), PostCompact: one write
     kinds = [served.kind for served in server.requests]
     assert kinds.count("compaction") == 1
     assert [served.usage for served in server.turns()][-1] == (1500, 2000, 1500, 99)
-    settings = json.loads((work / ".claude" / "settings.local.json").read_text())
-    assert settings["statusLine"]["refreshInterval"] == 5 and settings["statusLine"]["padding"] == 0
+
+
+# The status line most users have: ccstatusline, claude-hud and the like install it here.
+USER_RENDERER = RENDERER.replace("OPERATOR-LINE", "USER-SETTINGS-LINE")
+
+
+@pytest.mark.parametrize("version", HARNESS_VERSIONS["claude"])
+async def test_a_status_line_in_the_users_settings_keeps_drawing_and_the_directory_is_put_back(
+    version: str, tmp_path: Path
+) -> None:
+    """No hctx renderer configured: the tee chains what Claude would have drawn without hctx."""
+    claude = require_harness("claude", version)
+    require_tmux()
+    home, work, catalog = tmp_path / "home", tmp_path / "work", tmp_path / "catalog"
+    work.mkdir()
+    claude_home(home, work)
+    user_settings = {"statusLine": {"type": "command", "command": USER_RENDERER, "padding": 0}}
+    (home / ".claude" / "settings.json").write_text(json.dumps(user_settings))
+    server: FakeMessages
+    async with fake_messages() as server:
+        command = wrap_argv(catalog, "claude-user-line", "claude", *claude, "--model", MODEL)
+        record_path = agent_dir(catalog, "claude-user-line") / "harness-context"
+        async with tmux_session(command, work, live_env(home, server, version)) as pane:
+            await wait_record(record_path, pane, "the pre-turn window", lambda r: r["windowTokens"] == WINDOW)
+            await wait_pane(pane, "USER-SETTINGS-LINE used=None")
+            settings = json.loads((work / ".claude" / "settings.local.json").read_text())
+            assert "sidecar.claude_tee" in settings["statusLine"]["command"]  # hctx's tee holds the slot
+
+            await pane.type("Live turn one usage=2001,8000,10000,111")
+            one = await wait_record(record_path, pane, "turn one", lambda r: r["usedTokens"] == 20001)
+            assert (one["usedPercent"], one["harness"]) == (10, "claude")
+            await wait_pane(pane, "USER-SETTINGS-LINE used=10")
+
+            await pane.type("/exit")
+            await wait_gone(work / ".claude", "/exit")  # hctx created it all, so all of it is gone
+    assert list(work.iterdir()) == []
+    assert json.loads((home / ".claude" / "settings.json").read_text()) == user_settings  # never touched

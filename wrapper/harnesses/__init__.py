@@ -2,7 +2,9 @@
 
 A module `wrapper.harnesses.<name>` may define `prepare(plan: LaunchPlan) -> LaunchPlan`, which
 returns the plan to launch (a changed argv, extra env, rendered settings files, a transport config
-for the sidecar). A harness without such a module launches its command unchanged.
+for the sidecar), and `teardown(plan: LaunchPlan) -> None`, run when that launch has ended, to undo
+what `prepare` left in the working directory. A harness without such a module launches its command
+unchanged.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import importlib
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from guard.record import Harness
@@ -46,13 +49,60 @@ def program_index(argv: tuple[str, ...], name: str) -> int | None:
     return next((i for i, word in enumerate(argv) if Path(word).name.startswith(name)), None)
 
 
-def prepare(plan: LaunchPlan) -> LaunchPlan:
-    name = "pi" if plan.harness == "omp" else plan.harness
+# How each harness's program is called, and its npm package as `npx` or `bunx` runs it.
+PROGRAMS: dict[str, Harness] = {
+    "claude": "claude",
+    "@anthropic-ai/claude-code": "claude",
+    "codex": "codex",
+    "@openai/codex": "codex",
+    "pi": "pi",
+    "@earendil-works/pi-coding-agent": "pi",
+    "omp": "omp",
+    "@oh-my-pi/pi-coding-agent": "omp",
+    "opencode": "opencode",
+    "opencode-ai": "opencode",
+}
+PACKAGE_RUNNERS = frozenset({"npx", "bunx", "pnpx"})
+
+
+def _package_name(spec: str) -> str:
+    """`@openai/codex@0.171.0` -> `@openai/codex`; `opencode-ai@latest` -> `opencode-ai`."""
+    scope = "@" if spec.startswith("@") else ""
+    return scope + spec.removeprefix("@").partition("@")[0]
+
+
+def infer_harness(argv: tuple[str, ...]) -> Harness | None:
+    """The harness `argv` runs: its program's name, or the package behind `npx`/`bunx`; else None."""
+    if not argv:
+        return None
+    program = Path(argv[0]).name
+    if program in PACKAGE_RUNNERS:
+        package = next((word for word in argv[1:] if not word.startswith("-")), "")
+        return PROGRAMS.get(_package_name(package))
+    return PROGRAMS.get(program)
+
+
+def _module(harness: Harness) -> ModuleType | None:
+    name = "pi" if harness == "omp" else harness
     try:
-        module = importlib.import_module(f"wrapper.harnesses.{name}")
+        return importlib.import_module(f"wrapper.harnesses.{name}")
     except ModuleNotFoundError as exc:
         if exc.name != f"wrapper.harnesses.{name}":
             raise
+        return None
+
+
+def prepare(plan: LaunchPlan) -> LaunchPlan:
+    module = _module(plan.harness)
+    if module is None:
         return plan
     prepared: LaunchPlan = module.prepare(plan)
     return prepared
+
+
+def teardown(plan: LaunchPlan) -> None:
+    """After the launch `plan` (as `prepare` returned it) has ended. A module's teardown reports its
+    own failures and never raises: the wrapper's exit status is the harness's."""
+    module = _module(plan.harness)
+    if module is not None and hasattr(module, "teardown"):
+        module.teardown(plan)

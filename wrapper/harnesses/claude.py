@@ -10,27 +10,39 @@ The commands name this interpreter and the directory `sidecar` is installed in b
 because Claude runs them through its own shell with whatever PATH it has. They run the tee with
 `-I -S` (no site, no environment): it needs only the standard library, and site alone costs
 several times the tee's own start-up.
+
+The working directory is left as it was found. Every wrapper launching here holds a seat in
+`.claude/hctx-seats.json` (its pid and process start time, under a flock on the directory), and the
+first seat records the file as it was, or that there was none. When the last live seat leaves (or a
+later launch or leave finds every recorded seat dead: a SIGKILLed wrapper), hctx's entries come out
+of the file as it is then: if what remains is what was there before, those exact bytes are put back
+(or the file and a `.claude/` hctx created are removed); if the user or Claude changed the file
+during the session, it keeps their changes, written as 2-space JSON.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import importlib.util
 import json
 import os
 import shlex
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from wrapper.harnesses import LaunchPlan
 
 SETTINGS_PATH = Path(".claude") / "settings.local.json"
-# Where a status line the user had in that file is kept when hctx takes the slot, so it still
-# draws: the tee runs it as the renderer (through ST_CLAUDE_STATUSLINE_RENDERER).
-DISPLACED_STATUS_LINE = Path(".claude") / "statusline-before-hctx.json"
+# Who runs here and what the settings file was before the first of them (see the module doc).
+SEATS_PATH = Path(".claude") / "hctx-seats.json"
 RENDERER_ENV = "ST_CLAUDE_STATUSLINE_RENDERER"
+# Tells the tee where this project's `.claude/settings.json` is (it chains that file's statusLine).
+PROJECT_DIR_ENV = "HCTX_CLAUDE_PROJECT_DIR"
 HOOK_EVENTS = ("PreCompact", "PostCompact", "SessionStart")
 REFRESH_INTERVAL_S = 5
 # Every command hctx renders names this module; it is how our earlier entries are recognised.
@@ -71,6 +83,19 @@ def _is_ours(hook: object) -> bool:
     return isinstance(hook, dict) and TEE_MODULE in str(hook.get("command", ""))
 
 
+def _without_ours(groups: list[Any]) -> list[Any]:
+    """Hook `groups` less hctx's commands; a group that held only ours goes with them."""
+    kept = []
+    for group in groups:
+        if isinstance(group, dict) and isinstance(group.get("hooks"), list):
+            theirs = [hook for hook in group["hooks"] if not _is_ours(hook)]
+            if not theirs and group["hooks"]:
+                continue
+            group = {**group, "hooks": theirs}
+        kept.append(group)
+    return kept
+
+
 def render_settings(settings: dict[str, Any]) -> dict[str, Any]:
     """`settings` with hctx's status line and hooks, every other key and hook left as it was."""
     rendered = dict(settings)
@@ -84,18 +109,87 @@ def render_settings(settings: dict[str, Any]) -> dict[str, Any]:
         groups = hooks.get(event, [])
         if not isinstance(groups, list):
             raise SettingsError(f'"hooks.{event}" is a {type(groups).__name__}, not a list')
-        kept = []
-        for group in groups:
-            if isinstance(group, dict) and isinstance(group.get("hooks"), list):
-                theirs = [hook for hook in group["hooks"] if not _is_ours(hook)]
-                if not theirs and group["hooks"]:
-                    continue  # a group that held only our command
-                group = {**group, "hooks": theirs}
-            kept.append(group)
-        kept.append({"hooks": [{"type": "command", "command": command}]})
-        hooks[event] = kept
+        hooks[event] = [*_without_ours(groups), {"hooks": [{"type": "command", "command": command}]}]
     rendered["hooks"] = hooks
     return rendered
+
+
+def unrender_settings(settings: dict[str, Any], original: dict[str, Any]) -> dict[str, Any]:
+    """`settings` less hctx's status line and hooks, everything else as it is now.
+
+    `original` is the file before hctx: its status line comes back where ours still is, and an
+    event list or `hooks` object that only removing ours emptied is kept only if it had one.
+    Nothing changes unless something of ours was there, so `unrender_settings(s, {}) == s` says
+    that `s` holds nothing of hctx's; and `unrender_settings(render_settings(o), o) == o`.
+    """
+    restored = dict(settings)
+    if _is_ours(restored.get("statusLine")):
+        if "statusLine" in original:
+            restored["statusLine"] = original["statusLine"]
+        else:
+            del restored["statusLine"]
+    hooks = restored.get("hooks")
+    if not isinstance(hooks, dict):
+        return restored
+    had = original.get("hooks")
+    had = had if isinstance(had, dict) else {}
+    kept_hooks = dict(hooks)
+    for event in HOOK_EVENTS:
+        groups = hooks.get(event)
+        if isinstance(groups, list) and (kept := _without_ours(groups)) != groups:
+            if kept or event in had:
+                kept_hooks[event] = kept
+            else:
+                del kept_hooks[event]
+    if kept_hooks == hooks:
+        return restored
+    if kept_hooks or "hooks" in original:
+        restored["hooks"] = kept_hooks
+    else:
+        del restored["hooks"]
+    return restored
+
+
+def _dumps(settings: dict[str, Any]) -> str:
+    return json.dumps(settings, indent=2, ensure_ascii=False) + "\n"
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except UnicodeDecodeError:
+        raise SettingsError(f"{path} is not UTF-8 text; hctx will not overwrite it") from None
+
+
+def _parse(path: Path, text: str) -> dict[str, Any]:
+    """The settings object in `text`; an empty file is no settings."""
+    if not text.strip():
+        return {}
+    try:
+        settings = json.loads(text)
+    except ValueError as exc:
+        raise SettingsError(f"{path} is not JSON ({exc}); fix or remove it, hctx will not overwrite it") from None
+    if not isinstance(settings, dict):
+        raise SettingsError(f"{path} is not a JSON object; hctx will not overwrite it")
+    return settings
+
+
+def _replace_text(path: Path, text: str, keep_mode: bool) -> None:
+    """Write `text` to `path` atomically; a symlink is written through, never replaced by a copy."""
+    target = Path(os.path.realpath(path))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=target.parent, prefix=".settings.", delete=False) as tmp:
+        try:
+            tmp.write(text)
+            tmp.flush()
+            if keep_mode:
+                os.chmod(tmp.name, target.stat().st_mode & 0o7777)
+            os.replace(tmp.name, target)
+        except BaseException:
+            Path(tmp.name).unlink(missing_ok=True)
+            raise
 
 
 def write_settings(cwd: Path) -> Path:
@@ -104,68 +198,176 @@ def write_settings(cwd: Path) -> Path:
     A symlinked settings file (dotfiles) is written through, never replaced by a copy.
     """
     path = cwd / SETTINGS_PATH
+    text = _read_text(path)
+    settings = _parse(path, text) if text is not None else {}
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        text = None
-    except UnicodeDecodeError:
-        raise SettingsError(f"{path} is not UTF-8 text; hctx will not overwrite it") from None
-    settings: Any = {}
-    if text is not None and text.strip():
-        try:
-            settings = json.loads(text)
-        except ValueError as exc:
-            raise SettingsError(f"{path} is not JSON ({exc}); fix or remove it, hctx will not overwrite it") from None
-        if not isinstance(settings, dict):
-            raise SettingsError(f"{path} is not a JSON object; hctx will not overwrite it")
-    try:
-        rendered = json.dumps(render_settings(settings), indent=2, ensure_ascii=False) + "\n"
+        rendered = _dumps(render_settings(settings))
     except SettingsError as exc:
         raise SettingsError(f"{path}: {exc}; hctx will not overwrite it") from None
     if rendered != text:
-        _keep_displaced_status_line(cwd, settings.get("statusLine"))
-        target = Path(os.path.realpath(path))
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=target.parent, prefix=".settings.", delete=False) as tmp:
-            try:
-                tmp.write(rendered)
-                tmp.flush()
-                if text is not None:
-                    os.chmod(tmp.name, target.stat().st_mode & 0o7777)
-                os.replace(tmp.name, target)
-            except BaseException:
-                Path(tmp.name).unlink(missing_ok=True)
-                raise
+        _replace_text(path, rendered, keep_mode=text is not None)
     return path
 
 
-def _keep_displaced_status_line(cwd: Path, status_line: object) -> None:
-    """The user's own status line in the file hctx renders: saved once, and said so on stderr."""
-    if not isinstance(status_line, dict) or _is_ours(status_line) or not status_line.get("command"):
-        return
-    saved = cwd / DISPLACED_STATUS_LINE
-    if saved.exists():
-        return
-    saved.write_text(json.dumps(status_line, indent=2) + "\n", encoding="utf-8")
-    print(
-        f"hctx: {cwd / SETTINGS_PATH} had its own statusLine; hctx's tee now holds that slot and runs "
-        f"yours as its renderer (kept in {saved})",
-        file=sys.stderr,
-    )
+# --- seats: who runs in this directory, and what to put back after the last -------------------
 
 
-def displaced_renderer(cwd: Path) -> str | None:
+@dataclasses.dataclass
+class Seats:
+    # The settings file's text before hctx rendered into it (less what an earlier hctx left there);
+    # None when there was no file.
+    original: str | None
+    created_dir: bool  # hctx created `.claude/`
+    held: list[tuple[int, int]]  # (wrapper pid, its start time in clock ticks since boot)
+
+
+def _process_start(pid: int) -> int | None:
+    """When process `pid` started (clock ticks since boot), or None when none runs: a pid with its
+    start time names one process, even after the pid is reused."""
     try:
-        saved = json.loads((cwd / DISPLACED_STATUS_LINE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            state, *fields = stat.read().rsplit(b")", 1)[1].split()
+        return None if state in (b"Z", b"X") else int(fields[18])
+    except (OSError, IndexError, ValueError):
         return None
-    command = saved.get("command") if isinstance(saved, dict) else None
+
+
+@contextlib.contextmanager
+def _locked(cwd: Path) -> Iterator[None]:
+    """One seat change at a time per directory: a flock on the directory itself, so no lock file."""
+    fd = os.open(cwd, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        # NFS refuses flock on a directory; unlocked, only two launches in the same instant race.
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _load_seats(cwd: Path) -> Seats | None:
+    path = cwd / SEATS_PATH
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+        original = value["original"]
+        seats = Seats(
+            original=original if isinstance(original, str) else None,
+            created_dir=value["createdClaudeDir"] is True,
+            held=[(int(seat["pid"]), int(seat["startTime"])) for seat in value["seats"]],
+        )
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        print(f"hctx: ignoring the unreadable {path} ({exc!r})", file=sys.stderr)
+        return None
+    return seats
+
+
+def _save_seats(cwd: Path, seats: Seats) -> None:
+    value = {
+        "original": seats.original,
+        "createdClaudeDir": seats.created_dir,
+        "seats": [{"pid": pid, "startTime": start} for pid, start in seats.held],
+    }
+    # mkstemp's 0600: the user's settings may hold secrets (an env block).
+    _replace_text(cwd / SEATS_PATH, json.dumps(value, indent=2, ensure_ascii=False) + "\n", keep_mode=False)
+
+
+def _original(path: Path, text: str | None) -> str | None:
+    """What to put back after the last seat: the file as found, less what an earlier hctx left in it."""
+    if text is None:
+        return None
+    settings = _parse(path, text)
+    clean = unrender_settings(settings, {})
+    if clean == settings:
+        return text
+    return _dumps(clean) if clean else None
+
+
+def _live(cwd: Path) -> Seats | None:
+    """The seats here with the dead ones dropped; the file put back first if none is left alive."""
+    seats = _load_seats(cwd)
+    if seats is None:
+        return None
+    seats.held = [seat for seat in seats.held if _process_start(seat[0]) == seat[1]]
+    if seats.held:
+        return seats
+    _restore(cwd, seats)
+    return None
+
+
+def _restore(cwd: Path, seats: Seats) -> None:
+    """hctx's entries out of the settings file as it is now; the exact old bytes if nothing else changed."""
+    path = cwd / SETTINGS_PATH
+    text = _read_text(path)
+    if text is not None:
+        original = _parse(path, seats.original) if seats.original is not None else {}
+        kept = unrender_settings(_parse(path, text), original)
+        restored = seats.original if kept == original else _dumps(kept)
+        if restored is None:
+            Path(os.path.realpath(path)).unlink(missing_ok=True)
+        elif restored != text:
+            _replace_text(path, restored, keep_mode=True)
+    (cwd / SEATS_PATH).unlink(missing_ok=True)
+    if seats.created_dir:
+        with contextlib.suppress(OSError):  # not empty: something else lives there now
+            (cwd / SEATS_PATH).parent.rmdir()
+
+
+def take_seat(cwd: Path) -> Seats:
+    """This process's seat in `cwd`, the settings rendered; the first seat records the file as found."""
+    me = (os.getpid(), _process_start(os.getpid()) or 0)  # /proc is always there on Linux, hctx's only OS
+    with _locked(cwd):
+        seats = _live(cwd)
+        if seats is None:
+            path = cwd / SETTINGS_PATH
+            created_dir = not path.parent.exists()
+            seats = Seats(original=_original(path, _read_text(path)), created_dir=created_dir, held=[])
+        seats.held = [seat for seat in seats.held if seat[0] != me[0]] + [me]
+        _save_seats(cwd, seats)  # before rendering: a crash in between leaves a record to repair from
+        try:
+            write_settings(cwd)
+        except BaseException:
+            _leave(cwd, seats, me[0])
+            raise
+    return seats
+
+
+def leave_seat(cwd: Path) -> None:
+    """This process's seat in `cwd` given up (and dead ones with it); the last one puts the file back."""
+    with _locked(cwd):
+        seats = _live(cwd)
+        if seats is not None:
+            _leave(cwd, seats, os.getpid())
+
+
+def _leave(cwd: Path, seats: Seats, pid: int) -> None:
+    seats.held = [seat for seat in seats.held if seat[0] != pid]
+    if seats.held:
+        _save_seats(cwd, seats)
+    else:
+        _restore(cwd, seats)
+
+
+def _status_line_command(seats: Seats) -> str | None:
+    """The command of the status line the user had in the file hctx renders, if any."""
+    status = _parse(SETTINGS_PATH, seats.original or "").get("statusLine")
+    command = status.get("command") if isinstance(status, dict) else None
     return command if isinstance(command, str) and command.strip() else None
 
 
 def prepare(plan: LaunchPlan) -> LaunchPlan:
-    write_settings(plan.cwd)
-    renderer = displaced_renderer(plan.cwd)
-    if renderer is None or os.environ.get(RENDERER_ENV):
-        return plan
-    return dataclasses.replace(plan, env={**plan.env, RENDERER_ENV: renderer})
+    seats = take_seat(plan.cwd)
+    env = {PROJECT_DIR_ENV: os.fspath(plan.cwd)}
+    # A status line the user had in this very file still draws: the tee runs it as the renderer.
+    renderer = _status_line_command(seats)
+    if renderer is not None and not os.environ.get(RENDERER_ENV):
+        env[RENDERER_ENV] = renderer
+    return dataclasses.replace(plan, env={**plan.env, **env})
+
+
+def teardown(plan: LaunchPlan) -> None:
+    try:
+        leave_seat(plan.cwd)
+    except (OSError, SettingsError) as exc:
+        print(f"hctx: could not put {plan.cwd / SETTINGS_PATH} back: {exc}", file=sys.stderr)

@@ -1,0 +1,890 @@
+#!/usr/bin/env python3
+"""Issue 15's fault campaign, repeated: one function per fault, one row of the table each.
+
+    FAULT                    TRIED SURVIVED LOST TORN FABRICATED  MEASURED
+    sigkill-mid-write          220      220    0    0          0  ...
+
+- TRIED      injections made (kills, frames refused by a full disk, held connections, ...)
+- SURVIVED   injections after which the sidecar (or wrapper) was still serving, or was served again
+- LOST       readings owed that never landed (the newest reading after the fault, above all)
+- TORN       record reads that did not parse
+- FABRICATED records carrying a number no frame sent
+- MEASURED   the figure the fault is about (peak RSS, latency, bytes outside the catalog, ...)
+
+A row passes when SURVIVED == TRIED, LOST == TORN == FABRICATED == 0 and its own bound holds
+(`Row.failed` says which did not). `--scale full` repeats the campaign's figures (220 kills, 150
+1 MiB frames, 20,000-frame bursts, 2,000 held connections); `--scale ci` (the default, run by
+`tests/test_fault_suite.py` under the `fault` marker) keeps each row to seconds.
+
+Adding a row: a function `(work: Path, scale: Scale) -> Row` (or a list of rows) decorated with
+`@fault("name")`. The wrapper's rows (points 3, 7, 8, 9) are the `wrapper-*`, `two-wrappers-*`,
+`sigkill-wrapper-*` and `full-disk-exit-status` rows below.
+Usage: python scripts/fault_suite.py [--scale ci|full] [--only NAME ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import random
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import trio  # noqa: E402
+
+from guard.record import HarnessContext, RecordRefused, parse_record  # noqa: E402
+from guard.store import AgentDir, log_path  # noqa: E402
+
+Scale = Literal["ci", "full"]
+HOST = "faulthost"
+RSS_BOUND_MB = 200
+HELD_FRAME_LATENCY_S = 1.0
+
+
+@dataclass
+class Row:
+    fault: str
+    tried: int
+    survived: int
+    lost: int = 0
+    torn: int = 0
+    fabricated: int = 0
+    measured: str = ""
+    failed: str | None = None  # a row-specific bound that did not hold
+
+    @property
+    def ok(self) -> bool:
+        return self.failed is None and self.survived == self.tried and not (self.lost or self.torn or self.fabricated)
+
+
+Fault = Callable[[Path, Scale], "Row | list[Row]"]
+FAULTS: dict[str, Fault] = {}
+
+
+def fault(name: str) -> Callable[[Fault], Fault]:
+    def register(function: Fault) -> Fault:
+        FAULTS[name] = function
+        return function
+
+    return register
+
+
+def pick(scale: Scale, *, ci: int, full: int) -> int:
+    return full if scale == "full" else ci
+
+
+# --- a real sidecar -----------------------------------------------------------------------------
+
+
+def child_env() -> dict[str, str]:
+    path = os.environ.get("PYTHONPATH")
+    return os.environ | {"PYTHONPATH": str(REPO) if not path else f"{REPO}{os.pathsep}{path}"}
+
+
+class Sidecar:
+    """`python -m sidecar` for a pi agent, its channel in a private directory, its lifeline held.
+    `start` again after `kill` is the restart the wrapper makes: the same arguments, the same channel."""
+
+    def __init__(self, catalog: Path, agent: str, *, host: str = HOST, **popen: Any) -> None:
+        self.catalog, self.agent, self.host = catalog, agent, host
+        self.directory = Path(tempfile.mkdtemp(prefix="hctx-fault-"))
+        self.channel = self.directory / "ch"
+        self.argv = [
+            *(sys.executable, "-m", "sidecar", "--harness", "pi", "--catalog", str(catalog), "--host", host),
+            *("--agent", agent, "--incarnation", "inc", "--channel", str(self.channel)),
+        ]
+        self.popen = popen
+        self.process: subprocess.Popen[bytes] | None = None
+        self.lifeline: int | None = None
+
+    def start(self) -> Sidecar:
+        read, self.lifeline = os.pipe()
+        self.process = subprocess.Popen(
+            [*self.argv, "--lifeline-fd", str(read)], env=child_env(), pass_fds=(read,), **self.popen
+        )
+        os.close(read)
+        wait_for(self.listening, what="the channel")
+        return self
+
+    def listening(self) -> bool:
+        assert self.process is not None
+        if self.process.poll() is not None:
+            raise RuntimeError(f"sidecar exited {self.process.returncode}")
+        try:
+            send(self.channel, b"")
+        except OSError:
+            return False
+        return True
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self, timeout: float = 20) -> int:
+        assert self.process is not None and self.lifeline is not None
+        os.close(self.lifeline)
+        self.lifeline = None
+        return self.process.wait(timeout=timeout)
+
+    def kill(self) -> None:
+        assert self.process is not None and self.lifeline is not None
+        self.process.kill()
+        self.process.wait()
+        os.close(self.lifeline)
+        self.lifeline = None
+
+    def record(self) -> HarnessContext | None:
+        try:
+            data = AgentDir(self.catalog, self.host, self.agent).context_path.read_bytes()
+        except FileNotFoundError:
+            return None
+        return parse_record(data)
+
+    def wait_percent(self, percent: float, timeout: float = 10.0) -> HarnessContext | None:
+        """The record once it reads `percent`; None if it did not within `timeout`."""
+        with contextlib.suppress(TimeoutError):
+            found: HarnessContext = wait_for(
+                lambda: (r := self.record()) is not None and r.used_percent == percent and r, timeout=timeout
+            )
+            return found
+        return None
+
+    def close(self) -> None:
+        if self.alive():
+            assert self.process is not None
+            self.process.kill()
+            self.process.wait()
+        if self.lifeline is not None:
+            os.close(self.lifeline)
+            self.lifeline = None
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def running(catalog: Path, agent: str, **kwargs: Any) -> Iterator[Sidecar]:
+    sidecar = Sidecar(catalog, agent, **kwargs)
+    try:
+        yield sidecar.start()
+    finally:
+        sidecar.close()
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := predicate():
+            return value
+        time.sleep(0.01)
+    raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+
+
+def send(path: Path, data: bytes) -> None:
+    with socket.socket(socket.AF_UNIX) as client:
+        client.connect(str(path))
+        client.sendall(data)
+
+
+def frame(percent: float, window: int = 100_000) -> bytes:
+    tokens = int(window * percent / 100)
+    reading = {"tokens": tokens, "contextWindow": window, "percent": percent, "model": "m", "costUsd": None}
+    return json.dumps({"type": "context", "reading": reading, "compaction": None}).encode() + b"\n"
+
+
+def alternating(count: int) -> bytes:
+    """`count` frames, each in another 1% bucket than the one before: every one owes a write."""
+    return b"".join(frame(10.0 if i % 2 else 60.0) for i in range(count))
+
+
+def fabricated(record: HarnessContext | None, sent: set[float]) -> int:
+    """1 when the record carries a percent no frame sent, or tokens that do not match it."""
+    if record is None:
+        return 0
+    percent = record.used_percent
+    return int(percent not in sent or record.used_tokens != int(100_000 * (percent or 0) / 100))
+
+
+def log_events(catalog: Path, agent: str, host: str = HOST) -> list[dict[str, Any]]:
+    path = log_path(catalog, host, agent)
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+@dataclass
+class Reads:
+    """Reads of the record, as a foreign reader would make them, counting torn and fabricated."""
+
+    sidecar: Sidecar
+    sent: set[float]
+    reads: int = 0
+    torn: int = 0
+    fabricated: int = 0
+
+    def once(self) -> None:
+        try:
+            record = self.sidecar.record()
+        except RecordRefused:
+            self.torn += 1
+            return
+        self.reads += 1
+        self.fabricated += fabricated(record, self.sent)
+
+    def during(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            self.once()
+
+
+# --- the sidecar's faults -----------------------------------------------------------------------
+
+
+@fault("sigkill-mid-write")
+def sigkill_mid_write(work: Path, scale: Scale) -> Row:
+    """SIGKILL the sidecar at a random moment of a stream of writes, start it again with the same
+    arguments (the wrapper's restart), and read the record all along."""
+    kills = pick(scale, ci=12, full=220)
+    sidecar = Sidecar(work, "killed")
+    sent = {10.0, 60.0} | {float(n) for n in range(1, kills + 2)}
+    reader = Reads(sidecar, sent)
+    survived = lost = mid_write = 0
+    staging = work / ".st2" / "harness-context-staging"
+    try:
+        sidecar.start()
+        for n in range(1, kills + 1):
+            with socket.socket(socket.AF_UNIX) as client:
+                client.connect(str(sidecar.channel))
+                client.sendall(alternating(200) + frame(float(n)))
+                reader.during(random.uniform(0.0, 0.05))
+                sidecar.kill()
+            mid_write += bool(list(staging.iterdir())) if staging.exists() else 0  # a staged file left behind
+            reader.during(0.01)
+            sidecar.start()
+            send(sidecar.channel, frame(float(n + 1)))
+            if sidecar.wait_percent(float(n + 1)) is not None:
+                survived += 1
+            else:
+                lost += 1
+        sidecar.stop()
+    finally:
+        sidecar.close()
+    return Row("sigkill-mid-write", kills, survived, lost, reader.torn, reader.fabricated,
+               f"{reader.reads} reads; {mid_write} kills inside a write; each restart on the same channel")  # fmt: skip
+
+
+@contextlib.contextmanager
+def tiny_filesystem(path: Path, size: str = "4m") -> Iterator[Path | None]:
+    path.mkdir()
+    mounted = (
+        os.geteuid() == 0
+        and not subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True
+        ).returncode
+    )
+    try:
+        yield path if mounted else None
+    finally:
+        if mounted:
+            subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def fill(directory: Path) -> Path:
+    filler = directory / "filler"
+    with open(filler, "wb") as out, contextlib.suppress(OSError):
+        while True:
+            out.write(b"\0" * 65536)
+            out.flush()
+    return filler
+
+
+@fault("full-disk-stderr-pipe")
+def full_disk(work: Path, scale: Scale) -> Row:
+    """The catalog's disk fills while the sidecar's stderr is a pipe nobody drains; space returns."""
+    bursts = pick(scale, ci=20, full=200)
+    with tiny_filesystem(work / "disk") as disk:
+        if disk is None:
+            return Row("full-disk-stderr-pipe", 0, 0, measured="skipped: needs root for a tmpfs")
+        with running(disk, "full", stderr=subprocess.PIPE) as sidecar:
+            send(sidecar.channel, frame(5.0))
+            sidecar.wait_percent(5.0)
+            filler = fill(disk)
+            for _ in range(bursts):
+                send(sidecar.channel, alternating(100))
+            send(sidecar.channel, frame(42.0))
+            filler.unlink()
+            started = time.monotonic()
+            landed = sidecar.wait_percent(42.0, timeout=15)
+            caught_up = time.monotonic() - started
+            assert sidecar.process is not None and sidecar.process.stderr is not None
+            os.set_blocking(sidecar.process.stderr.fileno(), False)
+            stderr = sidecar.process.stderr.read() or b""
+            alive = sidecar.alive()
+            sidecar.stop()
+        failures = [e for e in log_events(disk, "full") if e["event"] == "write-failed"]
+    tried = bursts * 100
+    return Row(
+        "full-disk-stderr-pipe", tried, tried if alive else 0, int(landed is None),
+        fabricated=fabricated(landed, {42.0}),
+        measured=f"{len(stderr)} B on stderr; newest landed {caught_up:.1f}s after space returned; "
+        f"{len(failures)} write-failed lines",
+        failed="wrote to stderr" if stderr else None,
+    )  # fmt: skip
+
+
+HOSTILE_FRAME = b'{"type":"context","reading":[' + b"{}," * (1024 * 1024 // 3 - 20) + b"{}]}\n"
+
+
+@contextlib.contextmanager
+def held_lock(catalog: Path, agent: str, host: str = HOST) -> Iterator[None]:
+    fd = os.open(AgentDir(catalog, host, agent).path / ".harness-context.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def address_space_limit() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))  # an unbounded queue must not take the machine
+
+
+@fault("stalled-lock-1mib-frames")
+def stalled_lock(work: Path, scale: Scale) -> Row:
+    """Another process holds the record's lock while 1 MiB frames of `[{},{},...]` (~24 MB each once
+    decoded) arrive between real readings; RSS must stay under RSS_BOUND_MB and the newest land."""
+    frames = pick(scale, ci=40, full=150)
+    with running(work, "stalled", preexec_fn=address_space_limit) as sidecar:
+        send(sidecar.channel, frame(1.0))
+        sidecar.wait_percent(1.0)
+        with held_lock(work, "stalled"):
+            started = time.monotonic()
+            for i in range(frames):
+                send(sidecar.channel, HOSTILE_FRAME + frame(float(2 + i % 90)))
+            send(sidecar.channel, frame(95.0))
+            elapsed = time.monotonic() - started
+            alive = sidecar.alive()
+            peak = peak_rss_mb(sidecar.pid) if alive else 0.0
+        landed = sidecar.wait_percent(95.0)
+        sidecar.stop()
+    writes = sum(e["event"] == "write" for e in log_events(work, "stalled"))
+    return Row(
+        "stalled-lock-1mib-frames", frames, frames if alive else 0, int(landed is None),
+        fabricated=fabricated(landed, {95.0}),
+        measured=f"peak RSS {peak:.0f} MB (bound {RSS_BOUND_MB}) over {frames} MiB in {elapsed:.1f}s; {writes} writes",
+        failed=f"peak RSS {peak:.0f} MB" if peak >= RSS_BOUND_MB else None,
+    )  # fmt: skip
+
+
+@fault("burst-channel-20k")
+def burst_channel(work: Path, scale: Scale) -> Row:
+    """20,000 frames back to back on one connection, each owing a write; then the harness idles."""
+    count = pick(scale, ci=20_000, full=20_000)
+    with running(work, "burst") as sidecar:
+        started = time.monotonic()
+        with socket.socket(socket.AF_UNIX) as client:
+            client.connect(str(sidecar.channel))
+            client.sendall(alternating(count) + frame(77.0))
+        landed = sidecar.wait_percent(77.0, timeout=30)
+        took = time.monotonic() - started
+        sidecar.stop()
+    exits = [e for e in log_events(work, "burst") if e["event"] == "exit"]
+    dropped = exits[-1]["dropped"] if exits else -1
+    return Row(
+        "burst-channel-20k", count, count - max(dropped, 0), int(landed is None),
+        fabricated=fabricated(landed, {77.0}),
+        measured=f"newest landed after {took:.1f}s; exit line dropped={dropped}, coalesced="
+        f"{exits[-1].get('coalesced') if exits else '?'}",
+    )  # fmt: skip
+
+
+class Burst(trio.abc.ReceiveStream):
+    """A harness's stdout with everything ready at once: the tap sees one long burst."""
+
+    def __init__(self, data: bytes, chunk: int = 65536) -> None:
+        self.data, self.chunk = data, chunk
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        await trio.lowlevel.checkpoint()
+        piece, self.data = self.data[: self.chunk], self.data[self.chunk :]
+        return piece
+
+    async def aclose(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+
+@contextlib.contextmanager
+def stdout_to_devnull() -> Iterator[None]:
+    """The tap copies the harness's stdout to ours: the table must not drown in it."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def codex_burst(deltas: int, rounds: int = 5) -> tuple[bytes, list[dict[str, Any]]]:
+    """`rounds` times `deltas` app-server delta lines then one tokenUsage line; and those usages."""
+    delta = b'{"method":"item/agentMessage/delta","params":{"threadId":"t","delta":"' + b"x" * 120 + b'"}}\n'
+    usage = [
+        {"method": "thread/tokenUsage/updated", "params": {"threadId": "t", "tokenUsage": {
+            "total": {"totalTokens": 1000 * n}, "last": {"totalTokens": 1000 * n}, "modelContextWindow": 200_000}}}
+        for n in range(1, rounds + 1)
+    ]  # fmt: skip
+    return b"".join(delta * deltas + json.dumps(line).encode() + b"\n" for line in usage), usage
+
+
+@fault("burst-codex-tap-20k")
+def burst_codex_tap(work: Path, scale: Scale) -> Row:
+    """Five rounds of 20,000 delta lines then a tokenUsage line through the wrapper's stdout tap
+    into a channel: every usage update, and above all the newest, must reach the sidecar."""
+    from sidecar import channel
+    from wrapper.launcher import _tap_stdout
+
+    deltas = pick(scale, ci=20_000, full=20_000)
+    data, usage = codex_burst(deltas)
+    directory = Path(tempfile.mkdtemp(prefix="hctx-fault-"))
+    received: list[dict[str, Any]] = []
+
+    async def scenario() -> float:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(channel.serve, directory / "s", received.append)
+            started = trio.current_time()
+            await _tap_stdout(Burst(data), "codex.rpc", directory / "s")
+            with trio.move_on_after(15):
+                while not received or received[-1].get("payload") != usage[-1]:  # noqa: ASYNC110
+                    await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+            return trio.current_time() - started
+
+    try:
+        with stdout_to_devnull():
+            took = trio.run(scenario)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    landed = [line for line in usage if any(f.get("payload") == line for f in received)]
+    newest = bool(received) and received[-1].get("payload") == usage[-1]
+    return Row(
+        "burst-codex-tap-20k", len(usage), len(landed), len(usage) - len(landed),
+        measured=f"{len(received)} of {len(usage) * (deltas + 1)} lines tapped in {took:.1f}s; newest landed: {newest}",
+        failed=None if newest else "the newest usage line did not land",
+    )  # fmt: skip
+
+
+def _raise_fd_limit(needed: int) -> int:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < needed:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(needed, hard), hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+@fault("held-connections-2000")
+def held_connections(work: Path, scale: Scale) -> Row:
+    """2,000 idle connections, then 128 half-open ones holding 1 MiB each: the harness's frame must
+    land within HELD_FRAME_LATENCY_S each time, and the half-open bytes stay bounded."""
+    idle_count = pick(scale, ci=2000, full=2000)
+    idle_count = min(idle_count, _raise_fd_limit(idle_count + 300) - 300)
+    held: list[socket.socket] = []
+    latencies: list[float] = []
+    lost = 0
+    with running(work, "held") as sidecar:
+        try:
+            for _ in range(idle_count):
+                idle = socket.socket(socket.AF_UNIX)
+                idle.setblocking(False)
+                with contextlib.suppress(BlockingIOError):
+                    idle.connect(str(sidecar.channel))
+                held.append(idle)
+            for half_open in range(128):
+                partial = socket.socket(socket.AF_UNIX)
+                partial.setblocking(False)
+                with contextlib.suppress(BlockingIOError, OSError):
+                    partial.connect(str(sidecar.channel))
+                    partial.send(b'{"type":"context","x":"' + b"y" * (1024 * 1024 - 100))
+                held.append(partial)
+                if half_open in (0, 127):
+                    started = time.monotonic()
+                    send(sidecar.channel, frame(float(20 + half_open % 50)))
+                    if sidecar.wait_percent(float(20 + half_open % 50), timeout=5) is None:
+                        lost += 1
+                    latencies.append(time.monotonic() - started)
+            peak = peak_rss_mb(sidecar.pid)
+            alive = sidecar.alive()
+        finally:
+            for sock in held:
+                sock.close()
+        sidecar.stop()
+    worst = max(latencies)
+    return Row(
+        "held-connections-2000", idle_count + 128, idle_count + 128 if alive else 0, lost,
+        measured=f"harness frame landed in {worst * 1000:.0f} ms at worst; peak RSS {peak:.0f} MB",
+        failed=f"a frame took {worst:.2f}s" if worst > HELD_FRAME_LATENCY_S else None,
+    )  # fmt: skip
+
+
+@fault("symlinked-log-paths")
+def symlinked_log_paths(work: Path, scale: Scale) -> Row:
+    """`.st2/logs` a symlink, then the log file a symlink: nothing may be written outside."""
+    outside = work / "outside"
+    outside.mkdir()
+    target = outside / "target"
+    target.write_bytes(b"")
+    cases = []
+    for case in ("logs-dir", "log-file"):
+        catalog = work / case
+        if case == "logs-dir":
+            (catalog / ".st2").mkdir(parents=True)
+            (catalog / ".st2" / "logs").symlink_to(outside)
+        else:
+            path = log_path(catalog, HOST, "linked")
+            path.parent.mkdir(parents=True)
+            path.symlink_to(target)
+        with running(catalog, "linked") as sidecar:
+            send(sidecar.channel, frame(33.0))
+            landed = sidecar.wait_percent(33.0)
+            sidecar.stop()
+        cases.append(landed)
+    leaked = sum(p.stat().st_size for p in outside.iterdir()) + len(list(outside.iterdir())) - 1
+    return Row(
+        "symlinked-log-paths", len(cases), sum(landed is not None for landed in cases),
+        sum(landed is None for landed in cases),
+        measured=f"{leaked} bytes/files written outside the catalog",
+        failed=f"{leaked} written outside" if leaked else None,
+    )  # fmt: skip
+
+
+# --- the wrapper's faults -----------------------------------------------------------------------
+# Real `hctx wrap` processes (a stand-in pi harness) under each fault of points 3, 7, 8 and 9.
+
+
+def wrap_argv(catalog: Path, agent: str, *command: str) -> list[str]:
+    return [sys.executable, "-m", "wrapper.cli", "wrap", "--agent", agent, "--harness", "pi",
+            "--catalog", str(catalog), "--host", HOST, "--", *command]  # fmt: skip
+
+
+def starts(catalog: Path, agent: str) -> list[dict[str, Any]]:
+    return [e for e in log_events(catalog, agent) if e["event"] == "start"]
+
+
+def claim_of(catalog: Path, agent: str) -> dict[str, Any]:
+    state: dict[str, Any] = json.loads((AgentDir(catalog, HOST, agent).path / "harness-state").read_text())
+    return state
+
+
+def gone(pid: int) -> bool:
+    """Dead, or a zombie nobody reaped yet: either way not running."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in {"Z", "X"}
+    except FileNotFoundError:
+        return True
+
+
+# Sends each frame 50 ms apart (failures ignored: its sidecar may be dead just then), then the last
+# one until the record (argv[1]) reads it: exit 0 once it does, 9 if it never does.
+STREAMER = r"""
+import json, os, socket, sys, time
+record, frames = sys.argv[1], json.loads(sys.argv[2])
+def send(frame):
+    try:
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(os.environ["HCTX_CHANNEL"])
+        s.sendall(frame.encode())
+        s.close()
+    except OSError:
+        pass
+for frame in frames:
+    send(frame)
+    time.sleep(0.05)
+last = json.loads(frames[-1])["reading"]["percent"]
+deadline = time.monotonic() + 20
+while time.monotonic() < deadline:
+    try:
+        if json.load(open(record))["usedPercent"] == last:
+            sys.exit(0)
+    except (OSError, ValueError, KeyError):
+        pass
+    send(frames[-1])
+    time.sleep(0.2)
+sys.exit(9)
+"""
+
+
+def streamer(catalog: Path, agent: str, count: int) -> tuple[list[str], set[float]]:
+    sent = [float(n) for n in range(1, count + 1)]
+    frames = [frame(percent).decode() for percent in sent]
+    record = AgentDir(catalog, HOST, agent).context_path
+    return wrap_argv(catalog, agent, sys.executable, "-c", STREAMER, str(record), json.dumps(frames)), set(sent)
+
+
+def read_record(catalog: Path, agent: str) -> tuple[HarnessContext | None, int]:
+    """The record and 1 if it was torn."""
+    try:
+        data = AgentDir(catalog, HOST, agent).context_path.read_bytes()
+    except FileNotFoundError:
+        return None, 0
+    try:
+        return parse_record(data), 0
+    except RecordRefused:
+        return None, 1
+
+
+@fault("wrapper-dead-sidecar")
+def dead_sidecar(work: Path, scale: Scale) -> Row:
+    """SIGKILL the sidecar mid-stream: the wrapper replaces it for the same incarnation and channel,
+    the gap is on the claim, and the newest reading lands through the replacement."""
+    trials = pick(scale, ci=3, full=20)
+    survived = lost = torn = fake = 0
+    gaps: list[int] = []
+    for trial in range(trials):
+        catalog = work / f"dead-{trial}"
+        argv, sent = streamer(catalog, "a", 60)
+        wrapper = subprocess.Popen(argv, env=child_env(), stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        first = wait_for(lambda c=catalog: starts(c, "a"), timeout=30, what="a sidecar")[0]  # type: ignore[misc]
+        time.sleep(0.5 + 0.1 * (trial % 5))  # somewhere in the stream
+        os.kill(int(first["pid"]), signal.SIGKILL)
+        status = wrapper.wait(timeout=60)
+        state = claim_of(catalog, "a")
+        record, was_torn = read_record(catalog, "a")
+        torn += was_torn
+        fake += fabricated(record, sent) + int(record is not None and record.incarnation != state["incarnation"])
+        replaced = [s["incarnation"] for s in starts(catalog, "a")] == [state["incarnation"]] * 2
+        closed = [g["untilMs"] - g["sinceMs"] for g in state.get("unobserved", []) if g.get("untilMs")]
+        gaps.extend(closed)
+        if status == 0 and replaced and closed and record is not None and record.used_percent == max(sent):
+            survived += 1
+        else:
+            lost += 1
+    return Row("wrapper-dead-sidecar", trials, survived, lost, torn, fake,
+               f"replaced and ready {max(gaps, default=0)} ms after the kill at worst; gap on the claim")  # fmt: skip
+
+
+@fault("wrapper-crash-looping-sidecar")
+def crash_looping_sidecar(work: Path, scale: Scale) -> Row:
+    """Every sidecar SIGKILLed as it starts: the wrapper backs off, gives up after a bounded number,
+    says so in at most two lines, and still exits with the harness's status."""
+    from wrapper.sidecars import SIDECAR_RESTART_DELAYS_S
+
+    trials = pick(scale, ci=1, full=3)
+    bound = 1 + len(SIDECAR_RESTART_DELAYS_S)
+    survived = 0
+    killed: set[int] = set()
+    notes: list[str] = []
+    for trial in range(trials):
+        catalog = work / f"loop-{trial}"
+        script = f"import sys, time; time.sleep({sum(SIDECAR_RESTART_DELAYS_S) + 8}); sys.exit(5)"
+        wrapper = subprocess.Popen(wrap_argv(catalog, "a", sys.executable, "-c", script), env=child_env(),
+                                   stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        killed = set()
+        while wrapper.poll() is None:
+            for start in starts(catalog, "a"):
+                if start["pid"] not in killed:
+                    killed.add(start["pid"])
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(start["pid"], signal.SIGKILL)
+            time.sleep(0.02)
+        notes = [line for line in wrapper.communicate()[1].splitlines() if "sidecar" in line]
+        recorded = len(claim_of(catalog, "a").get("unobserved", [])) == len(killed)
+        survived += wrapper.returncode == 5 and len(killed) <= bound and len(notes) <= 2 and recorded
+    measured = f"{len(killed)} sidecars started (bound {bound}), {len(notes)} lines on the terminal"
+    return Row("wrapper-crash-looping-sidecar", trials, survived, trials - survived, measured=measured)
+
+
+@fault("two-wrappers-one-agent")
+def two_wrappers(work: Path, scale: Scale) -> Row:
+    """Four wrappers for one agent at once: one runs, three are refused (exit 2), and the record,
+    read all along, never carries another incarnation than the one that runs."""
+    trials = pick(scale, ci=2, full=10)
+    survived = torn = fake = 0
+    reads = 0
+    for trial in range(trials):
+        catalog = work / f"two-{trial}"
+        argv, sent = streamer(catalog, "a", 40)
+        wrappers = [subprocess.Popen(argv, env=child_env(), stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    for _ in range(4)]  # fmt: skip
+        seen: set[str] = set()
+        while any(w.poll() is None for w in wrappers):
+            record, was_torn = read_record(catalog, "a")
+            torn += was_torn
+            reads += 1
+            if record is not None:
+                seen.add(record.incarnation)
+                fake += fabricated(record, sent)
+            time.sleep(0.005)
+        incarnation = claim_of(catalog, "a")["incarnation"]
+        fake += len(seen - {incarnation})
+        codes = sorted(w.returncode for w in wrappers)
+        survived += codes == [0, 2, 2, 2] and len(starts(catalog, "a")) == 1 and seen == {incarnation}
+    return Row("two-wrappers-one-agent", trials, survived, trials - survived, torn, fake,
+               f"{reads} reads; the record never switched incarnation")  # fmt: skip
+
+
+STUBBORN = (
+    "import os, signal, sys, time; [signal.signal(s, signal.SIG_IGN) for s in (1, 15)]; "
+    "open(sys.argv[1], 'a').write(f'{os.getpid()}\\n'); time.sleep(120)"
+)
+
+
+def stubborn_harness(kind: str, pids: Path) -> tuple[list[str], int]:
+    """A harness ignoring SIGTERM and SIGHUP, alone or behind `sh`; and how many pids it writes."""
+    python = f'{sys.executable} -c "{STUBBORN}" {pids}'
+    if kind == "behind sh":
+        return ["sh", "-c", f"echo $$ >> {pids}; {python}; echo after"], 2
+    if kind == "sh's background child":
+        return ["sh", "-c", f"echo $$ >> {pids}; {python} & wait"], 2
+    return [sys.executable, "-c", STUBBORN, str(pids)], 1
+
+
+@fault("sigkill-wrapper-no-orphans")
+def sigkill_wrapper(work: Path, scale: Scale) -> Row:
+    """SIGKILL the wrapper (no terminal) of a harness that ignores SIGTERM and SIGHUP, alone, behind
+    `sh`, or as `sh`'s background child: nothing of the harness is left past the deadline."""
+    from wrapper.launcher import HARNESS_KILL_DEADLINE_S
+
+    trials = pick(scale, ci=1, full=3)
+    kinds = ("ignoring SIGTERM", "behind sh", "sh's background child")
+    survived = orphans = 0
+    worst = 0.0
+    for kind in kinds:
+        for trial in range(trials):
+            pids = work / f"pids-{kinds.index(kind)}-{trial}"
+            command, count = stubborn_harness(kind, pids)
+            wrapper = subprocess.Popen(wrap_argv(work / f"c-{pids.name}", "a", *command), env=child_env(),
+                                       stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+            wait_for(lambda p=pids, n=count: p.exists() and len(p.read_text().split()) >= n,  # type: ignore[misc]
+                     timeout=30, what="the harness's pids")  # fmt: skip
+            harness = [int(pid) for pid in pids.read_text().split()]
+            wrapper.kill()
+            wrapper.wait()
+            killed = time.monotonic()
+            while time.monotonic() - killed < HARNESS_KILL_DEADLINE_S + 2 and not all(map(gone, harness)):
+                time.sleep(0.02)
+            worst = max(worst, time.monotonic() - killed)
+            left = [pid for pid in harness if not gone(pid)]
+            for pid in left:
+                os.kill(pid, signal.SIGKILL)
+            survived += not left
+            orphans += len(left)
+    tried = trials * len(kinds)
+    return Row("sigkill-wrapper-no-orphans", tried, survived, orphans,
+               measured=f"{orphans} orphans; all gone {worst:.1f}s after the SIGKILL at worst "
+               f"(SIGTERM, then SIGKILL at {HARNESS_KILL_DEADLINE_S:g}s)")  # fmt: skip
+
+
+FILL_THE_DISK = r"""
+import os, sys
+with open(os.path.join(os.environ["HCTX_CATALOG"], "filler"), "wb") as out:
+    try:
+        while True:
+            out.write(b"x" * 65536)
+            out.flush()
+    except OSError:
+        pass
+sys.exit(3)
+"""
+
+
+@fault("full-disk-exit-status")
+def full_disk_exit_status(work: Path, scale: Scale) -> Row:
+    """The catalog on a 2 MiB tmpfs (in a user and mount namespace) that the harness fills before it
+    exits 3: the wrapper exits 3, and the claim left on disk parses."""
+    trials = pick(scale, ci=2, full=5)
+    harness = work / "fill.py"
+    harness.write_text(FILL_THE_DISK)
+    survived = torn = 0
+    codes: list[int] = []
+    for trial in range(trials):
+        catalog = work / f"full-{trial}"
+        catalog.mkdir()
+        claim = AgentDir(catalog, HOST, "a").path / "harness-state"
+        wrap = " ".join(wrap_argv(catalog, "a", sys.executable, str(harness)))
+        # The claim is printed inside the namespace, before its tmpfs goes with it.
+        script = f"mount -t tmpfs -o size=2m tmpfs {catalog} || exit 99; {wrap}; s=$?; cat {claim}; exit $s"
+        try:
+            result = subprocess.run(["unshare", "-rm", "sh", "-c", script], env=child_env(),
+                                    capture_output=True, text=True, timeout=60)  # fmt: skip
+        except FileNotFoundError:
+            result = subprocess.CompletedProcess([], 99, "", "")
+        if result.returncode == 99:
+            return Row("full-disk-exit-status", 0, 0, measured="skipped: needs unshare -rm and a tmpfs mount")
+        codes.append(result.returncode)
+        try:
+            json.loads(result.stdout.splitlines()[-1])
+        except (ValueError, IndexError):
+            torn += 1
+        survived += result.returncode == 3
+    return Row("full-disk-exit-status", trials, survived, trials - survived, torn,
+               measured=f"wrapper exit statuses {sorted(set(codes))} for a harness that exited 3")  # fmt: skip
+
+
+# --- the table ----------------------------------------------------------------------------------
+
+COLUMNS = ("FAULT", "TRIED", "SURVIVED", "LOST", "TORN", "FABRICATED", "MEASURED")
+
+
+def render(rows: list[Row]) -> str:
+    width = max(len(COLUMNS[0]), *(len(row.fault) for row in rows))
+    lines = [f"{COLUMNS[0]:<{width}} {' '.join(f'{c:>10}' for c in COLUMNS[1:6])}  {COLUMNS[6]}"]
+    for row in rows:
+        numbers = (row.tried, row.survived, row.lost, row.torn, row.fabricated)
+        verdict = "" if row.ok else f"  FAILED: {row.failed or 'counts'}"
+        lines.append(f"{row.fault:<{width}} {' '.join(f'{n:>10}' for n in numbers)}  {row.measured}{verdict}")
+    return "\n".join(lines)
+
+
+def run(scale: Scale = "ci", only: list[str] | None = None) -> list[Row]:
+    rows = []
+    for name, function in FAULTS.items():
+        if only and name not in only:
+            continue
+        with tempfile.TemporaryDirectory(prefix=f"hctx-{name}-") as work:
+            try:
+                made = function(Path(work), scale)
+                rows.extend(made if isinstance(made, list) else [made])
+            except Exception as exc:  # a fault that breaks the harness of the suite is a failed row
+                rows.append(Row(name, 1, 0, measured=f"{type(exc).__name__}: {exc}"[:200], failed="raised"))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scale", choices=("ci", "full"), default="ci")
+    parser.add_argument("--only", nargs="*", choices=sorted(FAULTS))
+    args = parser.parse_args(argv)
+    rows = run(args.scale, args.only)
+    print(render(rows))
+    return 0 if all(row.ok for row in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

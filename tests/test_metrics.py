@@ -1,0 +1,319 @@
+"""`hctx metrics`: every number of a record is its series, a withheld one is no series, a refused
+record exports nothing and is counted, and the exposition is served (HTTP, TLS) or written
+(atomically, repeatedly) from the catalog as it is at that moment."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+from pathlib import Path
+from typing import Any
+
+import pytest
+from guard_factory import wire
+from hostile import numbers
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from readers_catalog import HOST, HOUR, NOW, hctx, put_claim, put_record
+from test_readers_hostile import BAD_RECORDS, JUNK_CATALOG_NAMES, junk_catalog
+
+from tests.prometheus_tools import dead, exposition, get, of, parse, start_exporter, stop
+from tests.wrapping import wait_for
+from wrapper.metrics import DEFAULT_LISTEN, READINGS, CatalogCollector, listen_address
+from wrapper.readers import collect_roster
+
+
+def scrape(catalog: Path, now: int = NOW) -> dict[str, Any]:
+    return parse(exposition(collect_roster(catalog, now, here=HOST, alive=dead)))
+
+
+# The spec's Exposure example (tests/guard_factory.py) as series: model and cost are null there.
+SPEC_SERIES = {
+    "hctx_context_used_tokens": 92283,
+    "hctx_context_window_tokens": 258400,
+    "hctx_context_used_percent": 33,
+    "hctx_context_compactions": 3,
+    "hctx_context_last_compaction_timestamp_seconds": 1788000097.29,
+    "hctx_session_tokens": 2235329,
+    "hctx_context_observed_timestamp_seconds": 1788000100.0,
+    "hctx_rate_limit_used_percent:five_hour": 31,
+    "hctx_rate_limit_used_percent:seven_day": 55,
+    "hctx_context_stale": 0,
+    "hctx_agent_running": 1,
+}
+
+
+def test_every_number_of_the_record_is_its_series_and_nothing_else(tmp_path: Path) -> None:
+    put_record(tmp_path, "alice")
+    put_claim(tmp_path, "alice", desiredState="running")
+    samples = scrape(tmp_path)
+    assert of(samples, "alice") == SPEC_SERIES
+    labels = {dict(key[1]).get("harness") for key in samples if dict(key[1]).get("agent") == "alice"}
+    assert labels == {"codex"}
+    assert samples["hctx_catalog_agents", ()] == 1 and samples["hctx_catalog_unreadable", ()] == 0
+
+
+NULLABLE = {
+    "usedTokens": ["hctx_context_used_tokens"],
+    "windowTokens": ["hctx_context_window_tokens"],
+    "usedPercent": ["hctx_context_used_percent"],
+    "sessionTotalTokens": ["hctx_session_tokens"],
+    "lastCompactionMs": ["hctx_context_last_compaction_timestamp_seconds"],
+    "rateLimits": ["hctx_rate_limit_used_percent:five_hour", "hctx_rate_limit_used_percent:seven_day"],
+}
+
+
+@pytest.mark.parametrize("key", sorted(NULLABLE))
+def test_a_withheld_value_is_no_sample_never_a_zero(tmp_path: Path, key: str) -> None:
+    put_record(tmp_path, "alice", **{key: None})
+    put_claim(tmp_path, "alice", desiredState="running")
+    expected = {name: value for name, value in SPEC_SERIES.items() if name not in NULLABLE[key]}
+    assert of(scrape(tmp_path), "alice") == expected
+
+
+def test_one_withheld_rate_window_leaves_the_other(tmp_path: Path) -> None:
+    put_record(tmp_path, "alice", rateLimits={"fiveHour": None, "sevenDay": 55})
+    series = of(scrape(tmp_path), "alice")
+    assert "hctx_rate_limit_used_percent:five_hour" not in series
+    assert series["hctx_rate_limit_used_percent:seven_day"] == 55
+
+
+def test_model_and_cost_an_overrun_and_a_stale_reading(tmp_path: Path) -> None:
+    put_record(tmp_path, "pi", harness="pi", usedPercent=113.75, costUsd=36.8, model="fake-32k",
+               observedAtMs=NOW - HOUR)  # fmt: skip
+    samples = scrape(tmp_path)
+    series = of(samples, "pi")
+    assert series["hctx_context_used_percent"] == 113.75  # never clamped
+    assert series["hctx_session_cost_usd"] == 36.8
+    assert series["hctx_context_stale"] == 1 and series["hctx_context_used_tokens"] == 92283
+    info = [dict(labels) for name, labels in samples if name == "hctx_model_info"]
+    assert info == [{"agent": "pi", "harness": "pi", "host": HOST, "model": "fake-32k"}]
+    assert samples["hctx_model_info", tuple(sorted(info[0].items()))] == 1
+    assert all("model" not in dict(labels) for name, labels in samples if name != "hctx_model_info")
+
+
+def test_a_model_json_spells_but_utf_8_cannot_is_escaped_not_a_crash(tmp_path: Path) -> None:
+    put_record(tmp_path, "odd", raw=json.dumps(wire(model='\ud800\n"x')).encode())
+    out = tmp_path / "hctx.prom"
+    done = hctx("metrics", "--catalog", str(tmp_path), "--host", HOST, "--textfile", str(out))
+    assert done.returncode == 0 and "Traceback" not in done.stderr
+    (model,) = [dict(labels)["model"] for name, labels in parse(out.read_text()) if name == "hctx_model_info"]
+    assert model == '\\ud800\n"x'
+
+
+def test_a_relaunch_claim_leaves_the_agent_no_reading_series(tmp_path: Path) -> None:
+    """The claim removed the record: the agent is there (running), its previous fill is not."""
+    put_claim(tmp_path, "alice", desiredState="running")
+    samples = scrape(tmp_path)
+    assert of(samples, "alice") == {"hctx_agent_running": 1}
+    assert samples["hctx_catalog_agents", ()] == 1 and samples["hctx_catalog_unreadable", ()] == 0
+
+
+@pytest.mark.parametrize("name", sorted(BAD_RECORDS))
+def test_a_refused_record_exports_nothing_and_is_counted(tmp_path: Path, name: str) -> None:
+    put_record(tmp_path, "bad", raw=BAD_RECORDS[name])
+    put_record(tmp_path, "good")
+    samples = scrape(tmp_path)
+    assert of(samples, "bad") == {}
+    assert of(samples, "good")["hctx_context_used_tokens"] == 92283
+    assert samples["hctx_catalog_unreadable", ()] == 1 and samples["hctx_catalog_agents", ()] == 2
+
+
+FIELDS = st.fixed_dictionaries(
+    {},
+    optional={key: numbers for key in ("usedTokens", "windowTokens", "usedPercent", "costUsd", "compactions",
+                                       "sessionTotalTokens", "lastCompactionMs", "observedAtMs")}
+    | {"rateLimits": st.none() | st.fixed_dictionaries({}, optional={"fiveHour": numbers, "sevenDay": numbers})},
+)  # fmt: skip
+FLAGS = {"hctx_context_stale", "hctx_agent_running"}
+
+
+@settings(max_examples=150, suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None)
+@given(fields=FIELDS)
+def test_no_series_value_is_other_than_the_records_own(tmp_path: Path, fields: dict[str, Any]) -> None:
+    catalog = tmp_path / str(time.monotonic_ns())
+    put_record(catalog, "x", **fields)
+    raw = wire(**fields)
+    (row,) = collect_roster(catalog, NOW, here=HOST, alive=dead).rows
+    series = of(parse(exposition(collect_roster(catalog, NOW, here=HOST, alive=dead))), "x")
+    if row.context is None:
+        assert series == {}
+        return
+    for name, _, key, divisor in READINGS:
+        assert series.get(name) == (None if raw[key] is None else raw[key] / divisor), name
+    for window in ("fiveHour", "sevenDay"):
+        published = (raw["rateLimits"] or {}).get(window)
+        label = {"fiveHour": "five_hour", "sevenDay": "seven_day"}[window]
+        assert series.get(f"hctx_rate_limit_used_percent:{label}") == published
+    assert {name for name in series if name in FLAGS} == {"hctx_context_stale"}
+
+
+def test_a_junk_catalog_as_a_process_gives_no_traceback_and_no_number(tmp_path: Path) -> None:
+    catalog, out = tmp_path / "catalog", tmp_path / "hctx.prom"
+    junk_catalog(catalog)
+    done = hctx("metrics", "--catalog", str(catalog), "--host", HOST, "--textfile", str(out))
+    assert done.returncode == 0 and "Traceback" not in done.stderr
+    samples = parse(out.read_text())
+    refused = (*JUNK_CATALOG_NAMES, "ahead", "dir", "fifo", "link")
+    for name in refused:
+        assert of(samples, name) == {}, name
+        assert f"box/{name}: context record" in done.stderr, name
+    assert of(samples, "good")["hctx_context_used_tokens"] == 92283
+    assert samples["hctx_catalog_unreadable", ()] == len(refused)
+    assert samples["hctx_catalog_readable", ()] == 1
+
+
+def test_an_unreadable_catalog_is_readable_0_and_nothing_else_warned_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "catalog").write_text("not a directory")
+    collector = CatalogCollector(lambda: tmp_path / "catalog", HOST)
+    for _ in range(2):
+        samples = {sample.name: sample.value for family in collector.collect() for sample in family.samples}
+        assert samples == {"hctx_catalog_readable": 0}
+    assert capsys.readouterr().err.count("cannot read the catalog") == 1
+
+
+def test_a_missing_catalog_reads_0_until_it_appears(tmp_path: Path) -> None:
+    """Like the other readers, a catalog that does not exist is an error naming it, not an empty fleet;
+    an exporter started before its first agent reads the catalog once there is one."""
+    catalog = tmp_path / "catalog"
+    process, url = start_exporter(catalog, HOST, tmp_path / "exporter.log", "--listen", "127.0.0.1:0")
+    try:
+        assert parse(get(url)) == {("hctx_catalog_readable", ()): 0}
+        assert f"{catalog} does not exist (from --catalog)" in (tmp_path / "exporter.log").read_text()
+        put_record(catalog, "alice", observedAtMs=int(time.time() * 1000))
+        samples = parse(get(url))
+        assert samples["hctx_catalog_readable", ()] == 1
+        assert of(samples, "alice")["hctx_context_used_tokens"] == 92283
+    finally:
+        stop(process)
+
+
+def test_the_textfile_is_replaced_atomically(tmp_path: Path) -> None:
+    put_record(tmp_path / "catalog", "alice", observedAtMs=NOW)
+    target = tmp_path / "out" / "hctx.prom"
+    target.parent.mkdir()
+    target.write_text("old\n")
+    with open(target) as before:
+        done = hctx("metrics", "--catalog", str(tmp_path / "catalog"), "--textfile", str(target))
+        assert done.returncode == 0, done.stderr
+        assert before.read() == "old\n"  # the old file was renamed over, never truncated in place
+    assert of(parse(target.read_text()), "alice")["hctx_context_used_tokens"] == 92283
+    assert os.listdir(target.parent) == ["hctx.prom"]  # no temporary file left beside it
+    missing = hctx("metrics", "--catalog", str(tmp_path / "catalog"), "--textfile", str(tmp_path / "no" / "x.prom"))
+    assert missing.returncode == 2 and "cannot write" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_interval_rewrites_the_textfile_from_the_catalog_as_it_is(tmp_path: Path) -> None:
+    catalog, target = tmp_path / "catalog", tmp_path / "hctx.prom"
+    put_record(catalog, "alice", observedAtMs=int(time.time() * 1000))
+    argv = [sys.executable, "-m", "wrapper.cli", "metrics", "--catalog", str(catalog), "--textfile", str(target)]
+    process = subprocess.Popen([*argv, "--interval", "0.2"], env=os.environ | {"PYTHONPATH": str(Path.cwd())})
+    try:
+        wait_for(lambda: target.exists() and "alice" in target.read_text(), timeout=20, what="the first write")
+        put_record(catalog, "bob", observedAtMs=int(time.time() * 1000), usedTokens=7)
+        wait_for(lambda: of(parse(target.read_text()), "bob").get("hctx_context_used_tokens") == 7,
+                 timeout=20, what="bob in a later write")  # fmt: skip
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def test_served_over_http_and_read_at_every_scrape(tmp_path: Path) -> None:
+    catalog = tmp_path / "catalog"
+    record = put_record(catalog, "alice", observedAtMs=int(time.time() * 1000))
+    process, url = start_exporter(catalog, HOST, tmp_path / "exporter.log", "--listen", "127.0.0.1:0")
+    try:
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/metrics")
+        assert of(parse(get(url)), "alice")["hctx_context_used_tokens"] == 92283
+        record.unlink()  # what a relaunch claim does
+        assert of(parse(get(url)), "alice") == {}
+    finally:
+        stop(process)
+
+
+def _openssl(*args: str | Path) -> None:
+    subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True)
+
+
+def _certificates(directory: Path) -> dict[str, Path]:
+    """A CA, a server certificate for 127.0.0.1 and a client certificate, both signed by the CA."""
+    names = {name: directory / name for name in ("ca.key", "ca.pem", "server.key", "server.pem",
+                                                  "client.key", "client.pem", "san.ext")}  # fmt: skip
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=hctx test CA",
+             "-keyout", names["ca.key"], "-out", names["ca.pem"])  # fmt: skip
+    names["san.ext"].write_text("subjectAltName=IP:127.0.0.1\n")
+    for who in ("server", "client"):
+        request = directory / f"{who}.csr"
+        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={who}", "-keyout", names[f"{who}.key"],
+                 "-out", request)  # fmt: skip
+        _openssl("x509", "-req", "-in", request, "-CA", names["ca.pem"], "-CAkey", names["ca.key"], "-days", "1",
+                 "-CAcreateserial", "-extfile", names["san.ext"], "-out", names[f"{who}.pem"])  # fmt: skip
+    return names
+
+
+def test_tls_with_required_client_certificates(tmp_path: Path) -> None:
+    certs = _certificates(tmp_path)
+    put_record(tmp_path / "catalog", "alice", observedAtMs=int(time.time() * 1000))
+    process, url = start_exporter(
+        tmp_path / "catalog", HOST, tmp_path / "exporter.log", "--listen", "127.0.0.1:0",
+        "--tls-cert", str(certs["server.pem"]), "--tls-key", str(certs["server.key"]),
+        "--tls-client-ca", str(certs["ca.pem"]),
+    )  # fmt: skip
+    try:
+        assert url.startswith("https://127.0.0.1:")
+        trusted = ssl.create_default_context(cafile=certs["ca.pem"])
+        with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
+            get(url, context=trusted)  # no client certificate: refused
+        trusted.load_cert_chain(certs["client.pem"], certs["client.key"])
+        assert of(parse(get(url, context=trusted)), "alice")["hctx_context_used_tokens"] == 92283
+    finally:
+        stop(process)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--interval", "5"],
+        ["--textfile", "x.prom", "--listen", "127.0.0.1:1"],
+        ["--tls-cert", "c.pem"],
+        ["--tls-client-ca", "ca.pem"],
+    ],
+)
+def test_contradictory_options_are_refused(tmp_path: Path, args: list[str]) -> None:
+    done = hctx("metrics", "--catalog", str(tmp_path), *args)
+    assert done.returncode == 2 and done.stderr.startswith("hctx metrics: ") and not (tmp_path / "x.prom").exists()
+
+
+def test_a_taken_port_is_a_message_not_a_traceback(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = hctx("metrics", "--catalog", str(tmp_path), "--listen", f"127.0.0.1:{port}")
+    assert done.returncode == 2 and "cannot listen on 127.0.0.1" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_listen_defaults_to_loopback_and_every_interface_is_explicit() -> None:
+    assert DEFAULT_LISTEN == ("127.0.0.1", 9478)
+    assert listen_address("0.0.0.0:9478") == ("0.0.0.0", 9478)
+    assert listen_address("[::1]:9") == ("::1", 9)
+    for text in (":9478", "9478", "host:", "host:70000", "host:x"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            listen_address(text)
+
+
+def test_other_commands_do_not_load_prometheus_client() -> None:
+    probe = "import sys, wrapper.cli; wrapper.cli.build_parser(); print(json.dumps('prometheus_client' in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", "import json; " + probe], capture_output=True, text=True,
+                          env=os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parent.parent)})  # fmt: skip
+    assert json.loads(done.stdout) is False, done.stderr

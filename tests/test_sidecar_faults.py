@@ -1,0 +1,586 @@
+"""Issue 15, the sidecar's side: faults and hostile peers that once stalled, ballooned or fooled it.
+
+Each test pins one point of the issue: a full disk (1), memory while a write stalls (2), a sidecar
+restarted for the same incarnation (3, the part the sidecar owns), bursts (4), held connections
+(5), symlinked log paths (6), numbers out of their domain (10), names (11), a future writtenAtMs
+(12), record encodings and huge percents in readers (13).
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import errno
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from guard.constants import HARNESS_CONTEXT_HEARTBEAT_MS
+from guard.policy import Reading, WriteGuard
+from guard.record import ContextFields, HarnessContext, RecordRefused, parse_record
+from guard.store import AgentDir, log_path, write_context
+from scripts.fault_suite import (
+    HOSTILE_FRAME,
+    RSS_BOUND_MB,
+    Burst,
+    Sidecar,
+    address_space_limit,
+    alternating,
+    codex_burst,
+    fill,
+    frame,
+    held_lock,
+    log_events,
+    peak_rss_mb,
+    running,
+    send,
+    tiny_filesystem,
+)
+from sidecar.producers.base import FrameRejected
+from tests.guard_factory import record, wire_bytes
+from tests.wrapping import HOST, agent_dir, env
+
+DAY_MS = 24 * 60 * 60 * 1000
+
+
+def exit_event(catalog: Path, agent: str) -> dict[str, Any]:
+    exits = [e for e in log_events(catalog, agent) if e["event"] == "exit"]
+    assert exits, "no exit line in the log"
+    return exits[-1]
+
+
+# --- 1. a full disk, stderr a pipe nobody drains ---------------------------------------------------
+
+
+def test_a_full_disk_never_blocks_the_sidecar_and_the_newest_reading_lands_once_space_returns(
+    tmp_path: Path,
+) -> None:
+    with tiny_filesystem(tmp_path / "disk") as disk:
+        if disk is None:
+            pytest.skip("needs a tmpfs mount (root)")
+        with running(disk, "full", stderr=subprocess.PIPE) as sidecar:
+            send(sidecar.channel, frame(5.0))
+            assert sidecar.wait_percent(5.0) is not None
+            filler = fill(disk)
+            for _ in range(30):  # every one of these owes a write that fails, and log lines that fail too
+                send(sidecar.channel, alternating(100))
+            send(sidecar.channel, frame(42.0))
+            time.sleep(0.5)
+            filler.unlink()  # space returns: the newest reading is owed, nothing older
+            record = sidecar.wait_percent(42.0, timeout=15)
+            assert sidecar.process is not None and sidecar.process.stderr is not None
+            os.set_blocking(sidecar.process.stderr.fileno(), False)
+            assert sidecar.process.stderr.read() in (None, b"")  # not one byte into the harness's terminal
+            assert sidecar.stop() == 0
+    assert record is not None and record.used_percent == 42.0
+
+
+def test_a_read_only_catalog_is_retried_on_schedule_and_logged_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from sidecar import app
+
+    attempts: list[float | None] = []
+    real_write = app.write_context
+    broken = True
+
+    def read_only(agent: AgentDir, rec: HarnessContext) -> HarnessContext:
+        attempts.append(rec.used_percent)
+        if broken:
+            raise OSError(errno.EROFS, "Read-only file system")
+        return real_write(agent, rec)
+
+    monkeypatch.setattr(app, "write_context", read_only)
+    monkeypatch.setattr(app, "WRITE_RETRY_S", 0.3)
+    writer = app.Writer(app.SidecarConfig(tmp_path, HOST, "ro", "pi", "inc", tmp_path / "unused"))
+
+    async def scenario() -> None:
+        nonlocal broken
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(writer.run)
+            for i in range(300):
+                writer.submit(json.loads(frame(10.0 if i % 2 else 60.0)))
+                await trio.sleep(0.001)
+            writer.submit(json.loads(frame(33.0)))
+            await trio.sleep(0.1)
+            broken = False
+            with trio.fail_after(5):
+                while (rec := record_at(tmp_path, "ro")) is None or rec.used_percent != 33.0:  # noqa: ASYNC110
+                    await trio.sleep(0.02)
+            writer.close()
+
+    trio.run(scenario)
+    assert len(attempts) <= 4  # on the retry schedule, never once per frame
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1, [r.getMessage() for r in errors]
+    assert any(getattr(r, "event", None) == "write-recovered" for r in caplog.records)
+
+
+def record_at(catalog: Path, agent: str) -> HarnessContext | None:
+    path = agent_dir(catalog, agent) / "harness-context"
+    return parse_record(path.read_bytes()) if path.exists() else None
+
+
+def test_repeated_warnings_are_rate_limited_and_say_how_many_were_held_back(tmp_path: Path) -> None:
+    code = (
+        "import logging, sys; from pathlib import Path; from sidecar import logs;"
+        "logs.configure(Path(sys.argv[1]), 'testhost', 'noisy');"
+        "[logging.getLogger('sidecar.channel').warning('frame dropped: %s', i, extra={'event': 'frame-dropped'})"
+        " for i in range(5000)]"
+    )
+    subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env(), check=True)
+    events = log_events(tmp_path, "noisy", HOST)
+    assert 1 <= len(events) <= 3
+    assert events[0]["message"] == "frame dropped: 0"
+
+
+# --- 2. memory is bounded in bytes while a write stalls --------------------------------------------
+
+
+def test_a_stalled_lock_with_megabyte_frames_keeps_memory_bounded_and_coalesces(tmp_path: Path) -> None:
+    with running(tmp_path, "stalled", preexec_fn=address_space_limit) as sidecar:
+        send(sidecar.channel, frame(1.0))
+        assert sidecar.wait_percent(1.0) is not None
+        assert sidecar.process is not None
+        with held_lock(tmp_path, "stalled"):
+            for i in range(60):
+                send(sidecar.channel, HOSTILE_FRAME + frame(float(2 + i)))
+            time.sleep(0.5)
+            assert sidecar.process.poll() is None
+            peak = peak_rss_mb(sidecar.process.pid)
+        assert sidecar.wait_percent(61.0) is not None  # the newest reading, once the lock is free
+        assert sidecar.stop() == 0
+    assert peak < RSS_BOUND_MB, f"peak RSS {peak:.0f} MB"
+    writes = [e for e in log_events(tmp_path, "stalled") if e["event"] == "write"]
+    assert len(writes) <= 4  # 1%, the one stalled in the lock, the newest: not sixty
+
+
+# --- 3. a sidecar restarted for the same incarnation and channel ---------------------------------
+
+
+def test_a_sidecar_killed_and_started_again_with_the_same_arguments_serves_the_same_channel(tmp_path: Path) -> None:
+    sidecar = Sidecar(tmp_path, "phoenix")
+    try:
+        sidecar.start()
+        send(sidecar.channel, frame(20.0))
+        assert sidecar.wait_percent(20.0) is not None
+        sidecar.kill()  # its socket file is left behind
+        assert sidecar.channel.exists()
+        sidecar.start()
+        send(sidecar.channel, frame(30.0))
+        assert sidecar.wait_percent(30.0) is not None
+        assert sidecar.stop() == 0
+    finally:
+        sidecar.close()
+    starts = [e for e in log_events(tmp_path, "phoenix") if e["event"] == "start"]
+    assert len(starts) == 2
+
+
+async def test_the_codex_tap_reconnects_to_a_sidecar_started_again_on_the_same_channel(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    from sidecar import channel
+    from wrapper.launcher import _tap_stdout
+
+    directory = tmp_path / "ch"
+    directory.mkdir(mode=0o700)
+    path = directory / "s"
+    received: list[dict[str, Any]] = []
+    send_out, receive_out = trio.testing.memory_stream_one_way_pair()
+    async with trio.open_nursery() as nursery:
+        async with trio.open_nursery() as first:  # the sidecar that dies
+            await first.start(channel.serve, path, received.append)
+            nursery.start_soon(_tap_stdout, receive_out, "codex.rpc", path)
+            await send_out.send_all(b'{"n":1}\n')
+            with trio.fail_after(5):
+                while not received:  # noqa: ASYNC110 - a list has no event to await
+                    await trio.sleep(0.01)
+            first.cancel_scope.cancel()
+        await trio.sleep(0.1)
+        await nursery.start(channel.serve, path, received.append)  # the respawned sidecar
+        with trio.fail_after(10):
+            n = 2
+            while not any(f.get("payload") == {"n": n - 1} for f in received[1:]):
+                await send_out.send_all(b'{"n":%d}\n' % n)
+                n += 1
+                await trio.sleep(0.05)
+        await send_out.aclose()
+        nursery.cancel_scope.cancel()
+
+
+# --- 4. bursts: the newest reading lands, every drop is counted where it happens -------------------
+
+
+def test_twenty_thousand_frames_back_to_back_and_the_newest_reading_lands(tmp_path: Path) -> None:
+    with running(tmp_path, "burst") as sidecar:
+        with socket.socket(socket.AF_UNIX) as client:
+            client.connect(str(sidecar.channel))
+            client.sendall(alternating(20_000) + frame(77.0))
+        record = sidecar.wait_percent(77.0, timeout=20)
+        assert sidecar.stop() == 0
+    assert record is not None and record.used_percent == 77.0
+    events = log_events(tmp_path, "burst")
+    dropped = [e for e in events if e["event"] == "frame-dropped"]
+    assert exit_event(tmp_path, "burst")["dropped"] == len(dropped) == 0
+
+
+def test_the_exit_line_counts_the_drops_of_the_channel_too(tmp_path: Path) -> None:
+    with running(tmp_path, "counted") as sidecar:
+        send(sidecar.channel, b"not json\n" * 3 + b'{"no":"type"}\n' + frame(50.0))
+        assert sidecar.wait_percent(50.0) is not None
+        assert sidecar.stop() == 0
+    assert exit_event(tmp_path, "counted")["dropped"] == 4
+
+
+async def test_the_codex_stdout_tap_delivers_the_newest_usage_after_a_burst(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    from sidecar import channel
+    from wrapper.launcher import _tap_stdout
+
+    directory = tmp_path / "ch"
+    directory.mkdir(mode=0o700)
+    path = directory / "s"
+    data, usage = codex_burst(4000)
+    received: list[dict[str, Any]] = []
+    async with trio.open_nursery() as nursery:
+        await nursery.start(channel.serve, path, received.append)
+        await _tap_stdout(Burst(data), "codex.rpc", path)
+        with trio.fail_after(10):
+            while not received or received[-1].get("payload") != usage[-1]:  # noqa: ASYNC110
+                await trio.sleep(0.02)
+        nursery.cancel_scope.cancel()
+    payloads = [f.get("payload") for f in received]
+    assert usage[-1] in payloads
+    assert capfd.readouterr().out.encode() == data  # the copy is untouched
+
+
+# --- 5. held connections never starve the harness's frames -----------------------------------------
+
+
+async def test_two_thousand_idle_connections_do_not_keep_a_frame_out(tmp_path: Path) -> None:
+    from sidecar import channel
+
+    directory = tmp_path / "ch"
+    directory.mkdir(mode=0o700)
+    path = directory / "s"
+    received: list[dict[str, Any]] = []
+    held: list[socket.socket] = []
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(channel.serve, path, received.append)
+            for _ in range(2000):
+                idle = socket.socket(socket.AF_UNIX)
+                idle.setblocking(False)
+                with contextlib.suppress(BlockingIOError):
+                    idle.connect(str(path))
+                held.append(idle)
+            await trio.sleep(0.2)
+            with trio.fail_after(1):
+                stream = await trio.open_unix_socket(os.fspath(path))
+                async with stream:
+                    await stream.send_all(frame(12.0))
+                while not received:  # noqa: ASYNC110 - a list has no event to await
+                    await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+    finally:
+        for idle in held:
+            idle.close()
+    assert received[0]["reading"]["percent"] == 12.0
+
+
+async def test_a_half_sent_frame_is_cut_after_the_partial_frame_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sidecar import channel
+
+    monkeypatch.setattr(channel, "PARTIAL_FRAME_TIMEOUT_S", 0.3)
+    directory = tmp_path / "ch"
+    directory.mkdir(mode=0o700)
+    path = directory / "s"
+    async with trio.open_nursery() as nursery:
+        await nursery.start(channel.serve, path, lambda frame: None)
+        stream = await trio.open_unix_socket(os.fspath(path))
+        async with stream:
+            await stream.send_all(b'{"type":"context","reading":')
+            with trio.fail_after(2):
+                assert await stream.receive_some() == b""  # the sidecar hung up
+        nursery.cancel_scope.cancel()
+
+
+async def test_half_open_megabyte_frames_cannot_hold_more_than_the_buffer_budget(tmp_path: Path) -> None:
+    from sidecar import channel
+
+    directory = tmp_path / "ch"
+    directory.mkdir(mode=0o700)
+    path = directory / "s"
+    received: list[dict[str, Any]] = []
+    streams: list[trio.SocketStream] = []
+    async with trio.open_nursery() as nursery:
+        await nursery.start(channel.serve, path, received.append)
+        for _ in range(128):
+            stream = await trio.open_unix_socket(os.fspath(path))
+            streams.append(stream)
+            with contextlib.suppress(trio.BrokenResourceError, OSError):
+                await stream.send_all(b'{"type":"context","x":"' + b"y" * (1024 * 1024 - 100))
+        await trio.sleep(0.2)
+        assert channel.buffered_bytes() <= channel.BUFFER_BUDGET_BYTES
+        with trio.fail_after(1):
+            stream = await trio.open_unix_socket(os.fspath(path))
+            async with stream:
+                await stream.send_all(frame(9.0))
+            while not received:  # noqa: ASYNC110 - a list has no event to await
+                await trio.sleep(0.01)
+        for stream in streams:
+            await stream.aclose()
+        nursery.cancel_scope.cancel()
+
+
+# --- 6. the log path follows no symlink -----------------------------------------------------------
+
+
+def _log_once(catalog: Path, agent: str) -> None:
+    code = (
+        "import logging, sys; from pathlib import Path; from sidecar import logs;"
+        "logs.configure(Path(sys.argv[1]), 'testhost', sys.argv[2]);"
+        "logging.getLogger('sidecar').warning('hello', extra={'event': 'start'})"
+    )
+    subprocess.run([sys.executable, "-c", code, str(catalog), agent], env=env(), check=False)
+
+
+def test_a_symlinked_logs_directory_is_not_followed(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    catalog = tmp_path / "catalog"
+    (catalog / ".st2").mkdir(parents=True)
+    (catalog / ".st2" / "logs").symlink_to(outside)
+    _log_once(catalog, "a")
+    assert list(outside.iterdir()) == []
+
+
+def test_a_symlinked_log_file_is_not_followed(tmp_path: Path) -> None:
+    target = tmp_path / "target"
+    target.write_bytes(b"")
+    catalog = tmp_path / "catalog"
+    path = log_path(catalog, HOST, "a")
+    path.parent.mkdir(parents=True)
+    path.symlink_to(target)
+    _log_once(catalog, "a")
+    assert target.read_bytes() == b""
+
+
+# --- 10. every number in its domain; only the transport supplies what the transport supplies --------
+
+
+@pytest.mark.parametrize(
+    "reading",
+    [
+        {"tokens": 10, "contextWindow": 100, "percent": -1.0, "model": "m", "costUsd": None},
+        {"tokens": 10, "contextWindow": 100, "percent": 1e308, "model": "m", "costUsd": None},
+        {"tokens": 10, "contextWindow": 100, "percent": 10.0, "model": "m", "costUsd": -1.0},
+        {"tokens": 10, "contextWindow": 100, "percent": 10.0, "model": "m", "costUsd": 1e308},
+    ],
+)
+def test_pi_refuses_numbers_outside_their_domain(reading: dict[str, Any]) -> None:
+    from sidecar.producers.pi import PiProducer
+
+    with pytest.raises(FrameRejected):
+        PiProducer("pi").feed({"type": "context", "reading": reading, "compaction": None}, 1000)
+
+
+@pytest.mark.parametrize("used", [-50.0, 1e308])
+def test_claude_never_publishes_a_rate_limit_outside_its_domain(used: float) -> None:
+    from sidecar.producers.claude import ClaudeProducer
+
+    payload = {
+        "context_window": {"total_input_tokens": 10, "context_window_size": 200_000, "current_usage": {},
+                           "used_percentage": 0},
+        "rate_limits": {"five_hour": {"used_percentage": used}, "seven_day": {"used_percentage": 10.0}},
+    }  # fmt: skip
+    try:
+        readings = ClaudeProducer().feed({"type": "claude.statusline", "payload": payload}, 1000)
+    except FrameRejected:
+        return
+    limits = readings[0].fields.rate_limits
+    assert limits is None or limits.five_hour is None
+
+
+@pytest.mark.parametrize("used", [-50.0, 1e308])
+def test_codex_refuses_a_rate_limit_outside_its_domain(used: float) -> None:
+    from sidecar.producers.codex import CodexProducer
+
+    message = {"method": "account/rateLimits/updated",
+               "params": {"rateLimits": {"primary": {"usedPercent": used, "windowDurationMins": 300}}}}  # fmt: skip
+    producer = CodexProducer()
+    with contextlib.suppress(FrameRejected):
+        producer.feed({"type": "codex.rpc", "payload": message}, 1000)
+    assert producer.five_hour is None
+
+
+def test_a_percent_computed_past_its_domain_is_refused_not_published() -> None:
+    from sidecar.pipeline import Pipeline
+    from sidecar.producers.opencode import OpenCodeProducer
+
+    producer = OpenCodeProducer()
+    pipeline = Pipeline(producer, WriteGuard("a", "i"))
+    pipeline.feed({"type": "hctx.providers", "payload": {"providers": [
+        {"id": "p", "models": {"m": {"limit": {"context": 1}}}}]}}, 1000)  # fmt: skip
+    message = {"type": "message.updated", "properties": {"info": {
+        "id": "a", "role": "assistant", "sessionID": "s", "providerID": "p", "modelID": "m",
+        "tokens": {"total": 2**52}}}}  # fmt: skip
+    assert pipeline.feed(message, 2000) == []
+    assert pipeline.dropped == 1
+
+
+def test_the_channel_refuses_a_frame_only_a_transport_may_supply() -> None:
+    from sidecar import channel
+
+    line = json.dumps({"type": "hctx.providers", "payload": {"providers": []}}).encode()
+    assert isinstance(channel.decode_frame(line), str)
+
+
+# --- 11. names: bounded and injective log names ------------------------------------------------
+
+
+def test_log_names_are_bounded_and_never_shared() -> None:
+    catalog = Path("/c")
+    assert log_path(catalog, "a.b", "c") != log_path(catalog, "a", "b.c")
+    longest = log_path(catalog, "h" * 128, "a" * 128)
+    assert len(os.fsencode(longest.name + ".3")) <= 255
+    assert log_path(catalog, "h" * 128, "a" * 128) != log_path(catalog, "h" * 128, "a" * 127 + "b")
+
+
+def test_a_sidecar_with_the_longest_host_and_agent_names_starts_and_logs(tmp_path: Path) -> None:
+    host, agent = "h" * 128, "a" * 128
+    with running(tmp_path, agent, host=host) as sidecar:
+        send(sidecar.channel, frame(3.0))
+        assert sidecar.wait_percent(3.0) is not None
+        assert sidecar.stop() == 0
+    assert log_path(tmp_path, host, agent).exists()
+
+
+# --- 12. a future writtenAtMs on disk -----------------------------------------------------------
+
+
+def test_a_future_writtenatms_on_disk_is_not_carried_into_later_writes(tmp_path: Path) -> None:
+    now = int(time.time() * 1000)
+    agent = AgentDir(tmp_path, HOST, "future")
+    write_context(agent, record(agent="future", written_at_ms=now + 10 * DAY_MS, observed_at_ms=now - 5))
+    landed = write_context(agent, record(agent="future", written_at_ms=now, observed_at_ms=now))
+    assert landed.written_at_ms == now
+
+
+def test_a_future_last_write_neither_stamps_the_next_nor_switches_the_heartbeat_off() -> None:
+    now = 1_000 * DAY_MS
+    last = record(written_at_ms=now + 10 * DAY_MS, observed_at_ms=now - 10)
+    guard = WriteGuard("a", "i", last=last)
+    same_bucket = ContextFields(**{name: getattr(last, name) for name in ContextFields.model_fields})
+    assert guard.offer(Reading(same_bucket.model_copy(update={"observed_at_ms": now + 1})), now + 1) is None
+    due = guard.heartbeat_due_ms()
+    assert due is not None and due <= now + HARNESS_CONTEXT_HEARTBEAT_MS + 1
+    write = guard.tick(now + HARNESS_CONTEXT_HEARTBEAT_MS + 1)
+    assert write is not None and write.record.written_at_ms == now + HARNESS_CONTEXT_HEARTBEAT_MS + 1
+
+
+# --- 13. record encodings; huge percents in readers ------------------------------------------------
+
+
+@pytest.mark.parametrize("codec", ["utf-8-sig", "utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-32-le"])
+def test_a_record_not_in_plain_utf8_is_refused(codec: str) -> None:
+    text = wire_bytes().decode()
+    data = text.encode(codec)
+    with pytest.raises(RecordRefused, match="UTF-8"):
+        parse_record(data)
+
+
+def test_a_bom_prefixed_record_is_refused_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from guard.projection import load_record
+
+    path = tmp_path / "harness-context"
+    path.write_bytes(codecs.BOM_UTF8 + wire_bytes())
+    assert load_record(path) is None
+    assert any("UTF-8" in r.getMessage() for r in caplog.records)
+
+
+def test_a_huge_percent_prints_short() -> None:
+    from wrapper.readers import percent_text
+
+    assert len(percent_text(1e308)) <= 8
+    assert percent_text(585.6) == "586%"
+
+
+def test_a_full_tap_queue_gives_way_oldest_first_and_reports_how_many(monkeypatch: pytest.MonkeyPatch) -> None:
+    from wrapper import launcher
+
+    monkeypatch.setattr(launcher, "TAP_QUEUE_BYTES", 1000)
+    queue = launcher._TapQueue()
+    lines = [b'{"n":%d}\n' % n for n in range(500)]
+    for line in lines:
+        queue.put(line)
+    batch, count = queue.take()
+    report, *kept = batch.splitlines(keepends=True)
+    assert kept == lines[-len(kept) :] and len(b"".join(kept)) <= 1000  # the newest, in order
+    assert json.loads(report) == {"type": "hctx.dropped", "where": "codex stdout tap", "count": 500 - len(kept)}
+    assert count == 500
+
+
+async def test_a_drop_report_is_counted_where_it_happened_and_never_reaches_a_producer(tmp_path: Path) -> None:
+    from sidecar import channel, logs
+
+    directory = tmp_path / "ch"
+    directory.mkdir(mode=0o700)
+    path = directory / "s"
+    received: list[dict[str, Any]] = []
+    before = logs.drops["codex stdout tap"]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(channel.serve, path, received.append)
+        stream = await trio.open_unix_socket(os.fspath(path))
+        async with stream:
+            await stream.send_all(b'{"type":"hctx.dropped","where":"codex stdout tap","count":7}\n' + frame(5.0))
+        with trio.fail_after(5):
+            while not received:  # noqa: ASYNC110 - a list has no event to await
+                await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+    assert [f["type"] for f in received] == ["context"]
+    assert logs.drops["codex stdout tap"] - before == 7
+
+
+def test_a_write_that_waited_lands_as_the_newest_reading_of_its_bucket() -> None:
+    """Point 1's catch-up: a write that failed (or sat behind a stalled lock) carries, when it is
+    tried again, the newest reading held back since; never the older one it was decided on."""
+    guard = WriteGuard("a", "i")
+    window = 100_000
+    first = guard.offer(Reading(ContextFields(harness="pi", used_tokens=60_000, window_tokens=window,
+                                              used_percent=60.0, observed_at_ms=1)), 1)  # fmt: skip
+    assert first is not None
+    guard.committed(first)
+    later = ContextFields(harness="pi", used_tokens=60_400, window_tokens=window, used_percent=60.4, observed_at_ms=2)
+    assert guard.offer(Reading(later), 2) is None  # same bucket: held back
+    retried = guard.refresh(first, 3)
+    assert (retried.record.used_percent, retried.reason) == (60.4, "bucket")
+    assert guard.refresh(retried, 4) is retried  # nothing newer held
+
+
+async def test_a_connection_that_never_speaks_is_closed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sidecar import channel
+
+    monkeypatch.setattr(channel, "SILENT_TIMEOUT_S", 0.3)
+    directory = tmp_path / "ch"
+    directory.mkdir(mode=0o700)
+    path = directory / "s"
+    async with trio.open_nursery() as nursery:
+        await nursery.start(channel.serve, path, lambda frame: None)
+        stream = await trio.open_unix_socket(os.fspath(path))
+        async with stream:
+            with trio.fail_after(2):
+                assert await stream.receive_some() == b""  # the sidecar hung up
+        nursery.cancel_scope.cancel()
