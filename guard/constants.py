@@ -11,6 +11,10 @@ HARNESS_CONTEXT_STALE_MS: Final = 60 * 60 * 1000
 HARNESS_CONTEXT_FUTURE_SKEW_MS: Final = 60 * 1000
 HARNESS_CONTEXT_BUCKET_PERCENT: Final = 1
 HARNESS_CONTEXT_WARN_PERCENT: Final = 80
+# Doctor advises when the headroom to the harness's own compaction point (compactAtTokens) is below
+# this share of the window: about one large turn left. hctx's number, like the 80; the point itself
+# is the harness's.
+HARNESS_CONTEXT_HEADROOM_WARN_PERCENT: Final = 10
 HARNESS_CONTEXT_HEARTBEAT_MS: Final = 300 * 1000
 
 # The names the replication transport's include list must carry (HC-T08). Renaming one here

@@ -17,15 +17,21 @@ from guard.constants import (
 )
 from guard.record import ContextFields, HarnessContext
 
-WriteReason = Literal["compaction", "bucket", "exhaustion", "heartbeat"]
+WriteReason = Literal["compaction", "bucket", "exhaustion", "rate-limits", "heartbeat"]
 
 
 @dataclass(frozen=True, slots=True)
 class Reading:
-    """What a producer measured: the record's reading fields, plus whether this is a compaction edge."""
+    """What a producer measured: the record's reading fields, plus whether this is a compaction edge.
+
+    `rate_limits_edge`: the producer's held reading (its own observedAtMs kept) restated with an
+    account rate-limit snapshot that arrived after it (Codex sends a request's limits after its
+    usage). Written when the limits differ from the record's, so the record's are the latest.
+    """
 
     fields: ContextFields
     compaction_edge: bool = False
+    rate_limits_edge: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,21 +40,24 @@ class Write:
     reason: WriteReason
 
 
-Bucket = tuple[int | None, int | None]
+Bucket = tuple[str | None, int | None, int | None, int | None]
 
 
 def bucket(fields: ContextFields) -> Bucket:
-    """`floor(used / (BUCKET_PERCENT% of window))` keyed by its window; None where it is withheld.
+    """(session, window, tokens bucket, displayed bucket); None where the channel withheld it.
 
-    A move between withheld and known is a change of bucket. With no window, the harness's own
-    percent (Claude publishes one before its window) quantizes instead, at the same 1% step.
+    The tokens bucket is `floor(used / (BUCKET_PERCENT% of window))`. The displayed bucket is
+    `floor(usedPercent / BUCKET_PERCENT)`: usedPercent is the figure the harness itself displays
+    (HC-R02, the producer's to supply), and it moves inside one tokens bucket where the harness
+    rounds (Claude's `Math.round`) or subtracts a baseline (Codex's 12,000 tokens), so a record
+    keyed by tokens alone would show another integer than the harness until the heartbeat. A
+    move between withheld and known is a change of bucket, and so is a reading of another session
+    (`sessionId`, where one server hosts several): its numbers describe another window.
     """
-    used, window = fields.used_tokens, fields.window_tokens
-    if used is not None and window:
-        return window, used * 100 // (window * HARNESS_CONTEXT_BUCKET_PERCENT)  # exact, not float
-    if fields.used_percent is not None:
-        return window, math.floor(fields.used_percent / HARNESS_CONTEXT_BUCKET_PERCENT)
-    return window, None
+    used, window, shown = fields.used_tokens, fields.window_tokens, fields.used_percent
+    tokens = used * 100 // (window * HARNESS_CONTEXT_BUCKET_PERCENT) if used is not None and window else None
+    displayed = None if shown is None else math.floor(shown / HARNESS_CONTEXT_BUCKET_PERCENT)
+    return fields.session_id, window, tokens, displayed
 
 
 def exhausted_windows(fields: ContextFields) -> frozenset[str]:
@@ -92,6 +101,8 @@ class WriteGuard:
             return "bucket"
         if exhausted_windows(fields) != exhausted_windows(last):
             return "exhaustion"
+        if reading.rate_limits_edge and fields.rate_limits != last.rate_limits:
+            return "rate-limits"  # freshness of the account's limits, never an availability edge
         fresh = fields.observed_at_ms > last.observed_at_ms
         if fresh and now_ms - last.written_at_ms >= HARNESS_CONTEXT_HEARTBEAT_MS:
             return "heartbeat"

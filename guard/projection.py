@@ -20,8 +20,20 @@ MAX_RECORD_BYTES = 64 * 1024
 CONTEXT_KEYS = (
     "harness", "usedTokens", "windowTokens", "usedPercent", "model", "costUsd",
     "sessionTotalTokens", "rateLimits", "compactions", "lastCompactionMs",
-    "lastCompactionTrigger", "observedAtMs", "ageMs", "stale",
+    "lastCompactionTrigger", "compactAtTokens", "autoCompaction", "harnessVersion", "sessionId",
+    "observedAtMs", "ageMs", "stale", "headroomTokens",
 )  # fmt: skip
+
+
+def headroom_tokens(context: dict[str, Any]) -> int | None:
+    """Tokens left before the harness compacts on its own: `compactAtTokens - usedTokens`, from a
+    record or a roster `context` (camelCase keys); None when either is null. Negative when the
+    reading is already past the point (the harness compacts at its next check), never clamped.
+    The one place this arithmetic lives: `agents`, `top`, `doctor`, `metrics` and `watch` use it."""
+    compact_at, used = context.get("compactAtTokens"), context.get("usedTokens")
+    if type(compact_at) is not int or type(used) is not int:  # a JSON true is not a count
+        return None
+    return compact_at - used
 
 
 def project(record: HarnessContext, now_ms: int) -> dict[str, Any] | None:
@@ -36,6 +48,7 @@ def project(record: HarnessContext, now_ms: int) -> dict[str, Any] | None:
     fields = record.model_dump(mode="json", by_alias=True)
     fields["ageMs"] = age_ms
     fields["stale"] = record.observed_at_ms <= now_ms - HARNESS_CONTEXT_STALE_MS
+    fields["headroomTokens"] = headroom_tokens(fields)
     return {key: fields[key] for key in CONTEXT_KEYS}
 
 

@@ -6,7 +6,7 @@ import json
 import math
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, ValidationError
 from pydantic.alias_generators import to_camel
 
 from guard.constants import ACCEPTED_SCHEMAS, SCHEMA_V1
@@ -31,8 +31,22 @@ Trigger = Annotated[CompactionTrigger, BeforeValidator(_trigger_or_unknown)]
 MAX_COUNT = 2**53
 Count = Annotated[int, Field(ge=0, le=MAX_COUNT, strict=True)]
 Millis = Annotated[int, Field(ge=0, strict=True)]
+
+
+def _exact_as_float(value: object) -> object:
+    """An integer a float cannot hold exactly (2**53 + 1) would be read as a neighbouring number."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        try:
+            exact = float(value) == value
+        except OverflowError:
+            exact = False
+        if not exact:
+            raise ValueError("an integer with no exact floating-point value")
+    return value
+
+
 # Strict: a JSON `true` or "33" is not a number the harness published, so it is never read as one.
-FiniteFloat = Annotated[float, Field(allow_inf_nan=False, strict=True)]
+FiniteFloat = Annotated[float, BeforeValidator(_exact_as_float), Field(allow_inf_nan=False, strict=True)]
 
 
 class _Wire(BaseModel):
@@ -61,6 +75,19 @@ class ContextFields(_Wire):
     compactions: Count = 0
     last_compaction_ms: Millis | None = None
     last_compaction_trigger: Trigger | None = None
+    # Additive (issue 18): the occupancy, on usedTokens' own scale, at which the harness will compact
+    # this session on its own, read from its own settings (the producer's docs name the source and
+    # the comparison); null where the harness does not state it or auto-compaction is off.
+    compact_at_tokens: Count | None = None
+    # False only when the harness's own settings switch auto-compaction off; null when not known.
+    auto_compaction: StrictBool | None = None
+    # Additive (issue 19): the harness build that produced the reading, as its own channel names it
+    # (Claude's status-line `version`, Codex's user agent, OpenCode's session, pi/omp's extension
+    # host); null where the channel does not say. Readers compare it with the producer's verified set.
+    harness_version: Annotated[str, Field(max_length=64)] | None = None
+    # Additive (issue 19): the harness session the reading belongs to, where one server hosts several
+    # (OpenCode); null where the channel names none.
+    session_id: Annotated[str, Field(max_length=512)] | None = None  # an OpenCode id: 512 at most
     observed_at_ms: Millis
 
 
@@ -82,6 +109,7 @@ class HarnessContext(ContextFields):
 _FIELD_ORDER = (
     "schema", "agent", "harness", "usedTokens", "windowTokens", "usedPercent", "model", "costUsd",
     "sessionTotalTokens", "rateLimits", "compactions", "lastCompactionMs", "lastCompactionTrigger",
+    "compactAtTokens", "autoCompaction", "harnessVersion", "sessionId",
     "incarnation", "observedAtMs", "writtenAtMs",
 )  # fmt: skip
 

@@ -11,12 +11,15 @@ as a real rollout / transcript and read back through the same readers. Every tra
 through the real producers (`CodexProducer`; Claude usage over the model table's window).
 
 Policies: every distinct reading; turn boundary only; movement guard 5%/60 s and 1%/60 s; bucket 5%
-+ 300 s heartbeat (re-implemented here); bucket 1% + 300 s heartbeat = the shipped `WriteGuard`.
++ 300 s heartbeat (re-implemented here); bucket 1% + 300 s heartbeat = the shipped `WriteGuard` (a new
+1% of the tokens or of the displayed percent, issue 19); and, re-implemented, the tokens' 1% bucket
+alone, the policy before issue 19.
 
 Metrics per harness and policy: writes per agent-hour (over each trace's span), p95 error (|fill of
 the truth − fill of the last written record|, in % of the window, sampled at every reading), and
-missed warnings at every threshold 80..97: of the compactions whose segment's true fill reached T,
-the share where no record written in that segment (before the compaction) reached T.
+missed warnings at every threshold 80..97 on both scales (occupancy usedTokens/windowTokens, and the
+displayed usedPercent): of the compactions whose segment's true fill reached T, the share where no
+record written in that segment (before the compaction) reached T.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from guard.constants import HARNESS_CONTEXT_HEARTBEAT_MS
 from guard.policy import Reading, WriteGuard
-from guard.record import ContextFields
+from guard.record import ContextFields, round_half_up
 from sidecar.producers.codex import CodexProducer
 from sidecar.producers.codex import decode_recording as decode_codex
 from sidecar.transcripts import claude_compaction, claude_usage, codex_frames, forward_lines, rollout_event
@@ -134,7 +137,7 @@ def claude_transcript_trace(name: str, data: bytes, windows: dict[str, int]) -> 
             harness="claude",
             used_tokens=usage.used_tokens,
             window_tokens=window,
-            used_percent=usage.used_tokens * 100 / window,
+            used_percent=min(100, round_half_up(usage.used_tokens * 100 / window)),  # Claude's Math.round
             model=usage.model,
             compactions=compactions,
             observed_at_ms=usage.observed_at_ms,
@@ -329,9 +332,9 @@ class MovementGuard(Policy):
 class Bucket(Policy):
     """A re-implementation at another bucket size: compaction edge, bucket change, 300 s heartbeat."""
 
-    def __init__(self, percent: int) -> None:
+    def __init__(self, percent: int, name: str | None = None) -> None:
         self.percent = percent
-        self.name = f"bucket {percent}% + 300 s heartbeat"
+        self.name = name or f"bucket {percent}% + 300 s heartbeat"
         self.last: ContextFields | None = None
         self.last_at = 0
         self.held: ContextFields | None = None
@@ -366,19 +369,6 @@ class Bucket(Policy):
         if due is None or now_ms < due or self.held is None:
             return None
         return self._write(self.held, now_ms)
-
-
-class BucketBoth(Bucket):
-    """Candidate fix: the 1% bucket of the tokens AND of the harness's displayed percent (Codex's baseline
-    rule and Claude's rounding move the displayed integer inside one token bucket)."""
-
-    def __init__(self) -> None:
-        super().__init__(1)
-        self.name = "bucket 1% tokens or shown % + 300 s"
-
-    def _bucket(self, fields: ContextFields) -> tuple[int | None, int | None]:  # type: ignore[override]
-        shown = None if fields.used_percent is None else math.floor(fields.used_percent)
-        return super()._bucket(fields), shown
 
 
 class Shipped(Policy):
@@ -416,7 +406,8 @@ POLICIES = (
     lambda: MovementGuard(1, 60_000),
     lambda: Bucket(5),
     Shipped,
-    BucketBoth,
+    # The shipped policy before issue 19: the tokens' bucket alone, without the displayed percent's.
+    lambda: Bucket(1, "bucket 1% tokens only (before issue 19)"),
 )
 
 
@@ -494,6 +485,13 @@ def p95(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
 
 
+def _worst_missed(score: Score, measure: str) -> str:
+    """The largest share of missed warnings over the thresholds 80..97 on one scale."""
+    eligible, missed = score.eligible[measure], score.missed[measure]
+    shares = [100 * missed[t] / eligible[t] for t in THRESHOLDS if eligible[t]]
+    return f"{max(shares):.1f}%" if shares else "n/a"
+
+
 def render(harness: str, traces: list[Trace]) -> str:
     scores: dict[str, Score] = {}
     for make in POLICIES:
@@ -508,7 +506,8 @@ def render(harness: str, traces: list[Trace]) -> str:
         f"## {harness}: {len(traces)} traces, {any_score.hours:.1f} h, {any_score.readings} readings, "
         f"{any_score.compactions} compactions",
         "",
-        f"{'policy':40} {'writes/h/agent':>14} {'error p95 (% of window)':>23} {'missed @90':>10}",
+        f"{'policy':40} {'writes/h/agent':>14} {'error p95 (% of window)':>23} {'missed @90':>10} "
+        f"{'worst missed 80..97 occupancy / displayed':>42}",
     ]
     for name, score in scores.items():
         eligible = score.eligible[first][90]
@@ -516,7 +515,8 @@ def render(harness: str, traces: list[Trace]) -> str:
         writes = f"{score.writes / score.hours:.1f}" if score.hours else "n/a"
         if score.hours < 1:
             writes += "*"  # minutes of capture: a rate per hour would be an extrapolation
-        lines.append(f"{name:40} {writes:>14} {p95(score.errors):23.2f} {missed:>10}")
+        worst = " / ".join(_worst_missed(score, measure) for measure in MEASURES)
+        lines.append(f"{name:40} {writes:>14} {p95(score.errors):23.2f} {missed:>10} {worst:>42}")
     if any_score.hours < 1:
         lines.append("* these traces span minutes, not hours: their rate is not comparable to the spec's")
     for measure in MEASURES:

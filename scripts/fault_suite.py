@@ -385,9 +385,10 @@ def stalled_lock(work: Path, scale: Scale) -> Row:
         sidecar.wait_percent(1.0)
         with held_lock(work, "stalled"):
             started = time.monotonic()
-            for i in range(frames):
-                send(sidecar.channel, HOSTILE_FRAME + frame(float(2 + i % 90)))
-            send(sidecar.channel, frame(95.0))
+            # One connection, as a harness's extension keeps: frames on separate connections have
+            # no order between them, and "the newest" must mean the last one sent.
+            stream = b"".join(HOSTILE_FRAME + frame(float(2 + i % 90)) for i in range(frames))
+            send(sidecar.channel, stream + frame(95.0))
             elapsed = time.monotonic() - started
             alive = sidecar.alive()
             peak = peak_rss_mb(sidecar.pid) if alive else 0.0

@@ -29,6 +29,8 @@
 #             (otherwise the table shows the output recorded when the install was verified).
 # Env: HCTX_HARNESSES_DIR overrides the install root (default <repo>/.harnesses; tests/harnesses.py honours it too).
 #      HCTX_VERSION_TIMEOUT seconds for each `--version` run (default 20).
+#      HCTX_HARNESS_VERSIONS=NAME=VERSION[,NAME=VERSION...] installs that one build of each named harness
+#        instead of its pinned pair (scripts/drift_check.py: the newest served builds, in another root).
 set -euo pipefail
 
 SCRIPT_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)"
@@ -57,6 +59,28 @@ SPECS=(
   "omp-18.2.3|omp|@oh-my-pi/pi-coding-agent|18.2.3|omp|bun-1.4.5"
 )
 KNOWN_NAMES="claude codex opencode pi omp node bun"
+
+if [[ -n "${HCTX_HARNESS_VERSIONS:-}" ]]; then
+  declare -A PICKED=()
+  IFS=',' read -r -a picks <<<"$HCTX_HARNESS_VERSIONS"
+  for pick in "${picks[@]}"; do
+    [[ "$pick" =~ ^(claude|codex|opencode|pi|omp)=([0-9][0-9A-Za-z.+-]*)$ ]] \
+      || { echo "error: HCTX_HARNESS_VERSIONS: '$pick' is not NAME=VERSION" >&2; exit 2; }
+    PICKED[${BASH_REMATCH[1]}]="${BASH_REMATCH[2]}"
+  done
+  declare -A SEEN=()
+  PICKED_SPECS=()
+  for spec in "${SPECS[@]}"; do
+    IFS='|' read -r _id name package _version bin runtime <<<"$spec"
+    if [[ -n "${PICKED[$name]:-}" ]]; then
+      [[ -n "${SEEN[$name]:-}" ]] && continue
+      SEEN[$name]=1
+      spec="$name-${PICKED[$name]}|$name|$package|${PICKED[$name]}|$bin|$runtime"
+    fi
+    PICKED_SPECS+=("$spec")
+  done
+  SPECS=("${PICKED_SPECS[@]}")
+fi
 
 # Packages whose install-time scripts must run. Name-only entries: the prefix pins exact versions already,
 # and pinned (pkg@ver) entries never match when omit-lockfile-registry-resolved is set (as in ~/.npmrc here).

@@ -7,6 +7,7 @@ import math
 import os
 import signal
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,11 +26,17 @@ from sidecar.transports import Submit, Transport, transport_for
 log = logging.getLogger("sidecar")
 
 WRITE_RETRY_S = 5.0
+# A write takes a millisecond or two (two fsyncs); one in flight this long is stalled, and from
+# then on only the newest reading is owed. The bound caps what waits even before that.
+STALLED_WRITE_S = 0.1
+OUTBOX_WRITES = 64
 # After the harness is gone, frames already on their way (a last hook process) still land; a
 # client that keeps its connection open past this is cut off.
 SHUTDOWN_DRAIN_S = 2.0
 # Which reason a coalesced write keeps: the most telling of the writes it stands for.
-_REASON_RANK: dict[WriteReason, int] = {"heartbeat": 0, "bucket": 1, "exhaustion": 2, "compaction": 3}
+_REASON_RANK: dict[WriteReason, int] = {
+    "heartbeat": 0, "rate-limits": 1, "bucket": 2, "exhaustion": 3, "compaction": 4,
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -50,34 +57,51 @@ def now_ms() -> int:
 
 
 class Outbox:
-    """The write owed, coalesced: frames are folded into the producer as they arrive, and while a
-    write is in flight (a contended lock, a slow fsync) or failing (a full disk), each newer write
-    replaces the one waiting. Every write carries the whole reading, so only the newest is owed;
-    it keeps the reason of a compaction (or exhaustion) edge it stands for. Memory: one write."""
+    """The writes owed, in order, bounded. Frames are folded into the producer as they arrive and
+    each write the guard decides waits here while the one before it lands, so live writes are the
+    ones replay shows. Once a write is late (in flight past `STALLED_WRITE_S`: a held lock, a slow
+    disk), failing (a full disk), or `OUTBOX_WRITES` wait, a newer write replaces the newest waiting
+    one instead: every write carries the whole reading, so only the newest is owed, and it keeps the
+    reason of a compaction (or exhaustion) edge it stands for. Memory: at most `OUTBOX_WRITES` records."""
 
     def __init__(self) -> None:
-        self.pending: Write | None = None
+        self.pending: deque[Write] = deque()
         self.coalesced = 0
         self.closed = False
+        self.failing = False
+        self.in_flight_since: float | None = None  # trio's clock, while a write is landing
         self._changed = trio.Event()
 
+    def stalled(self) -> bool:
+        since = self.in_flight_since
+        late = since is not None and trio.current_time() - since >= STALLED_WRITE_S
+        return self.failing or late or len(self.pending) >= OUTBOX_WRITES
+
     def put(self, write: Write) -> None:
-        if self.pending is not None:
+        if self.pending and self.stalled():
             self.coalesced += 1
-            write = _keep_reason(write, self.pending)
-        self.pending = write
+            self.pending[-1] = _keep_reason(write, self.pending[-1])
+        else:
+            self.pending.append(write)
         self._changed.set()
 
     def restore(self, write: Write) -> None:
-        """A write that failed goes back, unless a newer one took its place meanwhile."""
-        if self.pending is None:
-            self.pending = write
+        """A write that failed goes back: alone, or folded into the newest that came meanwhile."""
+        if self.pending:
+            self.pending = deque([_keep_reason(self.pending[-1], write)])
         else:
-            self.pending = _keep_reason(self.pending, write)
+            self.pending.append(write)
 
     def take(self) -> Write | None:
-        write, self.pending = self.pending, None
-        return write
+        return self.pending.popleft() if self.pending else None
+
+    def take_all(self) -> Write | None:
+        """The last write owed before the sidecar exits: every waiting one folded into the newest."""
+        owed: Write | None = None
+        while self.pending:
+            newer = self.pending.popleft()
+            owed = newer if owed is None else _keep_reason(newer, owed)
+        return owed
 
     def close(self) -> None:
         self.closed = True
@@ -128,12 +152,15 @@ class Writer:
 
     async def _write(self, write: Write) -> None:
         guard = self.pipeline.guard
-        write = guard.refresh(write, now_ms())
+        if not self.outbox.pending:  # the newest decided write: it lands with the newest reading held
+            write = guard.refresh(write, now_ms())
+        self.outbox.in_flight_since = trio.current_time()
         try:
             # In a worker thread: the lock may be contended and fsync is slow; the channel and a
             # relay keep serving meanwhile. Not cancellable: a write, once started, completes.
             record = await trio.to_thread.run_sync(write_context, self.agent_dir, write.record)
         except OSError as exc:
+            self.outbox.failing = True
             self.outbox.restore(write)
             self.retry_at = trio.current_time() + WRITE_RETRY_S
             self.failures += 1
@@ -141,10 +168,13 @@ class Writer:
                 log.error("write failed, retrying every %ss: %s", WRITE_RETRY_S, exc,
                           extra={"event": "write-failed", "reason": write.reason})  # fmt: skip
             return
+        finally:
+            self.outbox.in_flight_since = None
         if self.failures:
             log.warning("write recovered after %d failed attempts", self.failures,
                         extra={"event": "write-recovered", "failures": self.failures})  # fmt: skip
         self.failures, self.retry_at = 0, math.inf
+        self.outbox.failing = False
         if guard.last is write.record:  # nothing newer decided meanwhile: take writtenAtMs as it landed
             guard.committed(Write(record, write.reason))
         log.info(
@@ -168,7 +198,7 @@ class Writer:
         return min(heartbeat, self.retry_at)
 
     def _write_due(self) -> bool:
-        return self.outbox.pending is not None and (not self.failures or trio.current_time() >= self.retry_at)
+        return bool(self.outbox.pending) and (not self.failures or trio.current_time() >= self.retry_at)
 
     async def run(self) -> None:
         """Write what is owed as it comes; asleep until a write, the heartbeat or a retry is due."""
@@ -180,7 +210,7 @@ class Writer:
                 self.outbox.put(beat)
             if self._write_due() and (owed := self.outbox.take()) is not None:
                 await self._write(owed)
-        if (last := self.outbox.take()) is not None:  # one last try before the sidecar exits
+        if (last := self.outbox.take_all()) is not None:  # one last try before the sidecar exits
             await self._write(last)
 
 

@@ -2,15 +2,22 @@
 
 The TUI (`codex`, `codex exec`, anything but `app-server`) offers no stream to tap, but it writes
 every `token_count` event to `$CODEX_HOME/sessions/YYYY/MM/DD/rollout-<time>-<thread>.jsonl`. This
-transport finds the rollout this launch created (the newest whose `session_meta` is stamped at or
-after the launch and names the launch's cwd), follows it as it grows, and submits each line the
-Codex producer cares about as the app-server message it is equivalent to
-(`sidecar.transcripts.rollout_event`), so the record is the one the app-server path would publish.
+transport follows the rollout the wrapped Codex itself holds open: the wrapper names itself as
+`rootPid`, and the rollout files any of its descendants (the `codex` node launcher's native binary)
+hold open in `/proc/<pid>/fd` are this seat's, whichever seat in the same directory is newer. A
+rollout the harness opens that it did not hold at the last look (the TUI's `/new`, a `/resume`, a
+file closed and opened again) takes over; a closed one stays followed. A rollout started before
+the launch (`codex resume`) is followed from its end, after its newest reading, as the app-server
+replays one on resume: its history is not this launch's. Without `rootPid`, the newest rollout
+whose `session_meta` is stamped at or after the launch and names the launch's cwd is followed.
+Either way it is followed as it grows, and each line the Codex producer cares about is submitted
+as the app-server message it is equivalent to (`sidecar.transcripts.rollout_event`), so the record
+is the one the app-server path would publish.
 
-    config = {"mode": "rollout", "codexHome": "/home/u/.codex", "cwd": "/work/repo", "startedAtMs": 1795994906000}
+    config = {"mode": "rollout", "codexHome": "/home/u/.codex", "cwd": "/work/repo", "startedAtMs": 1795994906000,
+              "rootPid": 4242}
 
-Polling, with back-off from POLL_MIN_S to POLL_MAX_S while nothing changes; a newer matching rollout
-(the TUI's `/new`) takes over from the one being followed.
+Polling at POLL_MIN_S until a rollout is found, then with back-off to POLL_MAX_S while nothing changes.
 """
 
 from __future__ import annotations
@@ -32,9 +39,12 @@ from sidecar.producers.base import Frame, instant_ms
 from sidecar.transcripts import (
     HEAD_BYTES,
     MAX_LINE_BYTES,
+    BackwardLines,
     codex_frames,
     oversized_rollout_event,
+    read_codex_tail,
     rollout_event,
+    tail_frames,
 )
 from sidecar.transports import Submit
 
@@ -60,6 +70,7 @@ class RolloutConfig(BaseModel):
     codex_home: Annotated[str, Field(alias="codexHome", min_length=1, strict=True)]
     cwd: Annotated[str | None, Field(strict=True)] = None
     started_at_ms: Annotated[int, Field(alias="startedAtMs", ge=0, strict=True)]
+    root_pid: Annotated[int | None, Field(alias="rootPid", ge=1, strict=True)] = None
 
 
 @dataclass(frozen=True)
@@ -140,6 +151,62 @@ def find_rollout(config: RolloutConfig, now_ms: int, rejected: set[Path]) -> Can
     return best
 
 
+def held_rollouts(root_pid: int | None, sessions: Path) -> set[Path]:
+    """The rollout files under `sessions` that `root_pid` or a descendant holds open (any process,
+    for None); this process's own reads aside. Processes that end while looked at are skipped."""
+    pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    if root_pid is not None:
+        pids = _descendants(root_pid, pids)
+    prefix = os.path.realpath(sessions) + os.sep
+    held: set[Path] = set()
+    for pid in pids:
+        if pid == os.getpid():
+            continue
+        for target in _open_files(pid):
+            name = os.path.basename(target)
+            if target.startswith(prefix) and name.startswith("rollout-") and name.endswith(".jsonl"):
+                held.add(Path(target))
+    return held
+
+
+def _descendants(root_pid: int, pids: list[int]) -> list[int]:
+    """`root_pid` and every process below it, by the parents `/proc/<pid>/stat` names."""
+    children: dict[int, list[int]] = {}
+    for pid in pids:
+        if (parent := _parent_pid(pid)) is not None:
+            children.setdefault(parent, []).append(pid)
+    found: set[int] = set()
+    pending = [root_pid]
+    while pending:
+        pid = pending.pop()
+        if pid not in found:  # a pid reused while looked at must not loop
+            found.add(pid)
+            pending.extend(children.get(pid, []))
+    return sorted(found)
+
+
+def _parent_pid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat_file:
+            return int(stat_file.read().rsplit(b")", 1)[1].split()[1])  # after the command's name
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _open_files(pid: int) -> list[str]:
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return []
+    targets = []
+    for fd in fds:
+        try:
+            targets.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            continue
+    return targets
+
+
 def _is_subagent(source: object) -> bool:
     return isinstance(source, dict) and "subagent" in source
 
@@ -216,14 +283,63 @@ class _Seat:
     settings: RolloutConfig
     submit: Submit
     rejected: set[Path] = field(default_factory=set)
+    held: set[Path] = field(default_factory=set)  # the rollouts the harness held at the last look
     path: Path | None = None
     follower: RolloutFollower | None = None
 
     def rescan(self) -> None:
-        found = find_rollout(self.settings, _now_ms(), self.rejected)
+        if self.settings.root_pid is None:
+            found = find_rollout(self.settings, _now_ms(), self.rejected)
+        else:
+            found = self._newly_held(self.settings.root_pid)
         if found is not None and found.path != self.path:
-            log.info("following rollout %s", found.path, extra={"event": "rollout-followed", "path": str(found.path)})
-            self.path, self.follower = found.path, RolloutFollower(found.thread_id or found.path.stem)
+            self._follow(found)
+
+    def _follow(self, found: Candidate) -> None:
+        log.info("following rollout %s", found.path, extra={"event": "rollout-followed", "path": str(found.path)})
+        self.path, self.follower = found.path, RolloutFollower(found.thread_id or found.path.stem)
+        if found.started_at_ms < self.settings.started_at_ms - LAUNCH_SLACK_MS:
+            self._resume(found.path, self.follower)
+
+    def _sessions(self) -> Path:
+        return Path(self.settings.codex_home) / "sessions"
+
+    def _newly_held(self, root_pid: int) -> Candidate | None:
+        """The newest-started rollout the harness opened since the last look, not a subagent's."""
+        held = held_rollouts(root_pid, self._sessions())
+        newest: Candidate | None = None
+        for path in held - self.held:
+            meta = read_session_meta(path)
+            if meta is None:
+                held.discard(path)  # its header is not written yet: looked at again next time
+                continue
+            started = instant_ms(meta.get("timestamp"))
+            if started is None or _is_subagent(meta.get("source")):
+                continue
+            if newest is None or started > newest.started_at_ms:
+                newest = Candidate(path, str(meta.get("id") or ""), started)
+        self.held = held
+        return newest
+
+    def _resume(self, path: Path, follower: RolloutFollower) -> None:
+        """A rollout of an earlier session: its newest reading, then only what is appended."""
+        try:
+            fd = os.open(path, _FILE_FLAGS)
+        except OSError:
+            return
+        try:
+            size = os.fstat(fd).st_size
+            last = os.pread(fd, min(size, READ_CHUNK), max(size - READ_CHUNK, 0))
+            end = size - len(last) + last.rfind(b"\n") + 1  # a line still being written is read whole, later
+            lines = BackwardLines(lambda offset, length: os.pread(fd, length, offset), end)
+            tail = read_codex_tail(lines, follower.thread_id)
+        except OSError:
+            return
+        finally:
+            os.close(fd)
+        for _, frame in tail_frames(tail):
+            self.submit(frame)
+        follower.offset = end
 
     def read_some(self) -> bool | None:
         """Submit what one read of the rollout completes; None when there was nothing new."""
@@ -246,6 +362,13 @@ class _Seat:
         """Everything written so far, synchronously: the last turn of a seat that just ended."""
         if self.path is None:
             self.rescan()
+        if self.path is None and self.settings.root_pid is not None:
+            # A session over before a look saw its rollout held (a `codex exec` of a fraction of a
+            # second): the launch's rule, over the rollouts no live process holds, so another seat's
+            # running session is never taken for this one.
+            found = find_rollout(self.settings, _now_ms(), self.rejected | held_rollouts(None, self._sessions()))
+            if found is not None:
+                self._follow(found)
         while self.read_some():
             pass
 
@@ -274,7 +397,7 @@ async def follow_rollout(config: dict[str, Any], submit: Submit) -> None:
             while seat.read_some():
                 progressed = True
                 await trio.lowlevel.checkpoint()  # a long backlog must not starve the write loop
-            delay = POLL_MIN_S if progressed else min(delay * 2, POLL_MAX_S)
+            delay = POLL_MIN_S if progressed or seat.path is None else min(delay * 2, POLL_MAX_S)
             await trio.sleep(delay)
     finally:
         seat.drain()  # no checkpoint in it, so it runs to the end even under cancellation

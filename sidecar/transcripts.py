@@ -411,9 +411,10 @@ def rollout_event(line: bytes, offset: int, thread_id: str) -> RolloutEvent | No
             return None
     if entry.type == "session_meta":
         try:
-            return RolloutEvent("session_meta", at_ms, session=_SessionMeta.model_validate(entry.payload))
+            meta = _SessionMeta.model_validate(entry.payload)
         except ValidationError:
             return None
+        return RolloutEvent("session_meta", at_ms, (thread_started(meta),), session=meta)
     if entry.type != "event_msg":
         return None
     kind = entry.payload.get("type")
@@ -422,6 +423,12 @@ def rollout_event(line: bytes, offset: int, thread_id: str) -> RolloutEvent | No
     if kind != "token_count":
         return None
     return RolloutEvent("token_count", at_ms, token_count_messages(_TokenCount.parse(entry.payload), thread_id))
+
+
+def thread_started(meta: _SessionMeta) -> dict[str, Any]:
+    """`session_meta` as the app-server announces a thread: the build that created it (the Codex
+    producer's harnessVersion)."""
+    return {"method": "thread/started", "params": {"thread": {"id": meta.id, "cliVersion": meta.cli_version}}}
 
 
 def compacted_event(offset: int, thread_id: str, at_ms: int | None) -> RolloutEvent:
@@ -551,7 +558,9 @@ def read_codex_tail(lines: BackwardLines, thread_id: str) -> CodexTail:
 
 
 def tail_frames(tail: CodexTail) -> Iterable[tuple[int | None, Frame]]:
-    """The held rate limits first, then the usage, so the one reading carries both."""
+    """The session's build, the held rate limits, then the usage, so the one reading carries all."""
+    if tail.session is not None:
+        yield None, {"type": CODEX_FRAME_TYPE, "payload": thread_started(tail.session)}
     if tail.rate_limits is not None:
         for message in tail.rate_limits.messages:
             if message["method"] == "account/rateLimits/updated":

@@ -12,6 +12,7 @@ from guard.record import ContextFields, HarnessContext
 SPEC_KEY_ORDER = (
     "schema", "agent", "harness", "usedTokens", "windowTokens", "usedPercent", "model", "costUsd",
     "sessionTotalTokens", "rateLimits", "compactions", "lastCompactionMs", "lastCompactionTrigger",
+    "compactAtTokens", "autoCompaction", "harnessVersion", "sessionId",
     "incarnation", "observedAtMs", "writtenAtMs",
 )  # fmt: skip
 
@@ -30,6 +31,10 @@ SPEC_EXAMPLE: dict[str, Any] = {
     "compactions": 3,
     "lastCompactionMs": 1788000097290,
     "lastCompactionTrigger": "manual",
+    "compactAtTokens": None,  # additive (issue 18): absent from the spec's example
+    "autoCompaction": None,
+    "harnessVersion": None,  # additive (issue 19): absent from the spec's example
+    "sessionId": None,
     "incarnation": "inc-7f3a",
     "observedAtMs": 1788000100000,
     "writtenAtMs": 1788000100000,

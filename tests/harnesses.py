@@ -2,6 +2,8 @@
 
 The binaries are installed by ``scripts/install_harnesses.sh`` into one npm prefix per harness and version,
 ``<repo>/.harnesses/<name>-<version>/`` (``HCTX_HARNESSES_DIR`` overrides the root, for the script too).
+``HCTX_LIVE_VERSIONS=name=version[,name=version...]`` makes the live tests run those builds of those
+harnesses instead of the pinned pair (``scripts/drift_check.py`` runs the newest served builds so).
 A prefix counts as installed once its marker file ``.hctx-installed`` exists; the script writes it last,
 after the binary answered ``--version``.
 
@@ -28,14 +30,30 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 INSTALL_SCRIPT = "scripts/install_harnesses.sh"
 MARKER = ".hctx-installed"
 
-#: harness name -> (version the design doc measured, newest version installed/captured)
-HARNESS_VERSIONS: dict[str, tuple[str, str]] = {
+#: harness name -> (version the design doc measured, newest version installed/captured); the producers'
+#: verified sets (``sidecar.producers.verified_versions``, asserted equal in tests/test_versions_and_sessions.py)
+PINNED_VERSIONS: dict[str, tuple[str, ...]] = {
     "claude": ("2.1.250", "2.1.332"),
     "codex": ("0.151.0", "0.171.0"),
     "opencode": ("1.18.25", "1.18.33"),
     "pi": ("0.84.2", "1.6.0"),
     "omp": ("18.1.16", "18.2.3"),
 }
+
+
+def live_versions(pinned: dict[str, tuple[str, ...]], override: str) -> dict[str, tuple[str, ...]]:
+    """``pinned`` with each harness ``override`` names (``name=version,...``) running that build alone."""
+    versions = dict(pinned)
+    for entry in filter(None, (part.strip() for part in override.split(","))):
+        name, _, version = entry.partition("=")
+        if name not in pinned or not version:
+            raise ValueError(f"HCTX_LIVE_VERSIONS: {entry!r} is not NAME=VERSION of {', '.join(pinned)}")
+        versions[name] = (version,)
+    return versions
+
+
+#: what the live tests run: the pinned builds, or the ones ``HCTX_LIVE_VERSIONS`` names
+HARNESS_VERSIONS: dict[str, tuple[str, ...]] = live_versions(PINNED_VERSIONS, os.environ.get("HCTX_LIVE_VERSIONS", ""))
 
 #: every (name, version) pair the install script provides, e.g. for ``pytest.mark.parametrize``
 ALL_HARNESSES: tuple[tuple[str, str], ...] = tuple(

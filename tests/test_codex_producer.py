@@ -79,7 +79,7 @@ def test_every_captured_reading_is_100_minus_codex_percent_left_never_a_naive_ra
     assert BASELINE_TOKENS == 12_000
 
     _, readings = run(path)
-    usage = [r.fields for r in readings if not r.compaction_edge]
+    usage = [r.fields for r in readings if not (r.compaction_edge or r.rate_limits_edge)]
     assert [f.used_percent for f in usage] == MAIN_USED_PERCENT
     for fields, params in zip(usage, token_usage_params(path), strict=True):
         window = params["tokenUsage"]["modelContextWindow"]
@@ -132,7 +132,7 @@ def test_compactions_are_counted_once_per_item(version: str, scenario: str, comp
 def test_remote_compaction_v2_path_publishes_the_estimate_and_counts_once(version: str) -> None:
     # The built-in provider compacts remotely: one tokenUsage with the post-compaction estimate.
     _, readings = run(capture(version, "openai-main"))
-    usage = [r.fields.used_percent for r in readings if not r.compaction_edge]
+    usage = [r.fields.used_percent for r in readings if not (r.compaction_edge or r.rate_limits_edge)]
     assert usage == [10, 44, 0, 5, 92, 0, 4]
 
 
@@ -150,7 +150,7 @@ def test_compaction_edge_keeps_the_held_readings_time_and_numbers(version: str) 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_rate_limits_ride_the_next_reading_joined_by_window_length(version: str) -> None:
     _, readings = run(capture(version, "stdio-main"))
-    usage = [r.fields for r in readings if not r.compaction_edge]
+    usage = [r.fields for r in readings if not (r.compaction_edge or r.rate_limits_edge)]
     # The snapshot follows its tokenUsage frame, so the first reading has none yet ...
     assert usage[0].rate_limits is None
     # ... and the second carries the first snapshot: primary 10% over 300 min, secondary 40% over 7 days.
@@ -164,7 +164,9 @@ def test_rate_limits_ride_the_next_reading_joined_by_window_length(version: str)
 def test_null_rate_limit_windows_are_no_data(version: str) -> None:
     _, readings = run(capture(version, "stdio-main-no-ratelimit-headers"))
     assert readings and all(r.fields.rate_limits is None for r in readings)
-    assert [r.fields.used_percent for r in readings if not r.compaction_edge] == MAIN_USED_PERCENT
+    assert [
+        r.fields.used_percent for r in readings if not (r.compaction_edge or r.rate_limits_edge)
+    ] == MAIN_USED_PERCENT
 
 
 def test_a_rate_limit_frame_never_yields_a_reading_of_its_own() -> None:
@@ -188,7 +190,11 @@ def test_rate_limits_merge_a_null_or_absent_window_never_clears() -> None:
 @pytest.mark.parametrize("version", VERSIONS)
 def test_resume_in_a_fresh_process(version: str) -> None:
     _, readings = run(capture(version, "stdio-resume"))
-    published = [(r.fields.used_tokens, r.fields.session_total_tokens, r.fields.used_percent) for r in readings]
+    published = [
+        (r.fields.used_tokens, r.fields.session_total_tokens, r.fields.used_percent)
+        for r in readings
+        if not r.rate_limits_edge
+    ]
     if version == "0.151.0":
         # No replay before 0.154.0: blind until the next turn, whose total restarted at zero.
         assert published == [(22_300, 22_300, 6)]
@@ -347,12 +353,14 @@ def test_hctx_replay_prints_every_write_with_its_reason(
     assert main(["replay", "--harness", "codex", str(capture(version, "stdio-main", suffix))]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [(r["reason"], r["usedPercent"]) for r in lines] == [
-        ("bucket", 10), ("bucket", 44), ("compaction", 44), ("bucket", 45), ("bucket", 0), ("bucket", 5),
-        ("bucket", 92), ("compaction", 92), ("bucket", 93), ("bucket", 0), ("bucket", 4),
+        ("bucket", 10), ("rate-limits", 10), ("bucket", 44), ("rate-limits", 44), ("compaction", 44),
+        ("rate-limits", 44), ("bucket", 45), ("bucket", 0), ("bucket", 5), ("rate-limits", 5), ("bucket", 92),
+        ("rate-limits", 92), ("compaction", 92), ("rate-limits", 92), ("bucket", 93), ("bucket", 0), ("bucket", 4),
+        ("rate-limits", 4),
     ]  # fmt: skip
     assert {r["harness"] for r in lines} == {"codex"}
     assert lines[-1]["compactions"] == 2 and lines[-1]["lastCompactionTrigger"] == "unknown"
-    assert lines[-1]["sessionTotalTokens"] == 605_450 and lines[-1]["rateLimits"]["sevenDay"] == 45
+    assert lines[-1]["sessionTotalTokens"] == 605_450 and lines[-1]["rateLimits"]["sevenDay"] == 46
     emitted = [m["emittedAtMs"] for m in messages(capture(version, "stdio-main")) if "emittedAtMs" in m]
     assert all(min(emitted) <= r["observedAtMs"] <= max(emitted) for r in lines)  # Codex's own clock
 
@@ -372,7 +380,7 @@ def test_a_corrupt_recording_line_is_dropped_not_fatal(capsys: pytest.CaptureFix
     corrupt = tmp_path / "corrupt.jsonl"
     corrupt.write_bytes(b"\n".join([lines[0], b'{"method": "thread/tokenUsage/upd', *lines[1:]]))
     assert main(["replay", "--harness", "codex", str(corrupt)]) == 0
-    assert len(capsys.readouterr().out.splitlines()) == 11
+    assert len(capsys.readouterr().out.splitlines()) == 18
 
 
 # ---- helpers ----------------------------------------------------------------------------------------
@@ -415,3 +423,129 @@ def compaction_item(
 def test_frames_of_another_type_are_refused() -> None:
     with pytest.raises(FrameRejected):
         CodexProducer().feed({"type": "pi.context", "payload": {}}, 1)
+
+
+# ---- rate limits are the latest snapshot within a frame (issue 19, point 2) -------------------------
+
+
+def _snapshots(path: Path) -> list[tuple[float | None, float | None]]:
+    """(fiveHour, sevenDay) Codex reported in each `account/rateLimits/updated` of a capture."""
+    found = []
+    for message in messages(path):
+        if message.get("method") == "account/rateLimits/updated":
+            limits = message["params"]["rateLimits"]
+            by_minutes = {w["windowDurationMins"]: w["usedPercent"] for w in (limits["primary"], limits["secondary"])}
+            found.append((by_minutes.get(300), by_minutes.get(10_080)))
+    return found
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("scenario", ["stdio-main", "ws-main", "openai-main"])
+def test_the_record_carries_codexs_latest_rate_limits_without_restamping(version: str, scenario: str) -> None:
+    """Codex sends a request's tokenUsage before its rateLimits: the snapshot must reach the record at
+    once (as the held reading with its own observedAtMs), not ride the next reading."""
+    from guard.policy import WriteGuard
+    from sidecar.pipeline import Pipeline
+
+    path = capture(version, scenario)
+    pipeline = Pipeline(CodexProducer(), WriteGuard("a", "inc"))
+    snapshots = _snapshots(path)
+    written: list[tuple[str, Any]] = []
+    seen = 0
+    usage_at: int | None = None  # when the newest reading was taken: its tokenUsage frame's time
+    for at_ms, item in decode_recording(path.read_bytes()):
+        method = item["payload"].get("method") if isinstance(item["payload"], dict) else None
+        if method == "thread/tokenUsage/updated":
+            usage_at = at_ms
+        for write in pipeline.feed(item, at_ms or 0):
+            written.append((write.reason, write.record))
+            if write.reason == "rate-limits":
+                assert usage_at is not None and at_ms is not None and usage_at <= at_ms
+                assert write.record.observed_at_ms == usage_at  # the held reading, never re-stamped
+        if method == "account/rateLimits/updated":
+            seen += 1
+            last = pipeline.guard.last
+            assert last is not None and last.rate_limits is not None, f"snapshot {seen}"
+            # Within the frame: the record's limits are Codex's latest snapshot.
+            assert (last.rate_limits.five_hour, last.rate_limits.seven_day) == snapshots[seen - 1]
+    assert seen == len(snapshots) >= 4
+    reasons = [reason for reason, _ in written]
+    assert reasons[:2] == ["bucket", "rate-limits"]  # after turn 1 the record holds the turn's limits
+    final = written[-1][1]
+    assert final.rate_limits is not None
+    assert (final.rate_limits.five_hour, final.rate_limits.seven_day) == snapshots[-1]
+    stamps = [record.written_at_ms for _, record in written]
+    assert stamps == sorted(stamps) and len(set(stamps)) == len(stamps)  # writtenAtMs strictly monotonic
+    observed = [record.observed_at_ms for _, record in written]
+    assert observed == sorted(observed)  # never a reading older than the one written before it
+
+
+def test_a_repeated_snapshot_writes_nothing_and_the_heartbeat_never_restamps() -> None:
+    from guard.constants import HARNESS_CONTEXT_HEARTBEAT_MS
+    from guard.policy import WriteGuard
+    from sidecar.pipeline import Pipeline
+
+    pipeline = Pipeline(CodexProducer(), WriteGuard("a", "inc"))
+    assert [w.reason for w in pipeline.feed(frame(token_usage(50_000, 50_000, 190_000)), 1_000)] == ["bucket"]
+    limits = frame(rate_limits(primary=window(10, 300), secondary=window(40, 10_080)))
+    [write] = pipeline.feed(limits, 1_100)
+    assert (write.reason, write.record.observed_at_ms, write.record.written_at_ms) == ("rate-limits", 1_000, 1_100)
+    assert pipeline.feed(limits, 1_200) == []  # the same snapshot again (Codex re-sends it in compactions)
+    # Nothing was re-taken since: the heartbeat has nothing to publish, however long the seat idles.
+    assert pipeline.tick(1_100 + 10 * HARNESS_CONTEXT_HEARTBEAT_MS) == []
+    assert pipeline.guard.heartbeat_due_ms() is None
+
+
+# --- compactAtTokens (issue 18) --------------------------------------------------------------------
+
+# The lab's config.toml (../shared/lab/codex/README.md): what the wrapper reads and hands over.
+LAB_CONFIG = {"type": "hctx.codex-config", "autoCompactTokenLimit": 160_000, "modelContextWindow": 200_000}
+
+
+@pytest.mark.parametrize("version", ["0.151.0", "0.171.0"])
+def test_the_configured_limit_is_published_and_is_where_the_lab_run_compacted(version: str) -> None:
+    """The lab's main run: 160,000 configured on a 200,000 window. Turn 4 reached 175,900 and Codex
+    compacted before turn 5; no reading under 160,000 was followed by an auto-compaction. Published:
+    160,000 on every reading — never the 9/10 cap (180,000) nor the reported window (190,000)."""
+    producer = CodexProducer()
+    assert producer.feed(LAB_CONFIG, 0) == []
+    _, readings = run(capture(version, "stdio-main"), producer)
+    published = {r.fields.compact_at_tokens for r in readings}
+    assert published == {160_000} and 180_000 not in published and 190_000 not in published
+    assert {r.fields.window_tokens for r in readings} == {190_000}
+    # the reading before the last compaction edge (the auto one) is the first at or over the point
+    edges = [i for i, r in enumerate(readings) if r.compaction_edge]
+    before_auto = [r.fields.used_tokens or 0 for r in readings[: edges[-1]]]
+    assert max(before_auto) == 175_900 >= 160_000
+    over = [i for i, r in enumerate(readings) if (r.fields.used_tokens or 0) >= 160_000]
+    assert over and over[0] < edges[-1]
+
+
+@pytest.mark.parametrize(
+    ("config", "reported_window", "published"),
+    [
+        ({"autoCompactTokenLimit": 160_000, "modelContextWindow": 200_000}, 190_000, 160_000),
+        ({"autoCompactTokenLimit": 185_000, "modelContextWindow": 200_000}, 190_000, 180_000),  # the 9/10 cap
+        ({"autoCompactTokenLimit": 160_000}, 190_000, 160_000),  # under 9/10 of the reported: cannot bind
+        ({"autoCompactTokenLimit": 175_000}, 190_000, None),  # the cap may bind on an unstated window
+        ({"modelContextWindow": 200_000}, 190_000, None),  # unset: Codex states no effective value
+        ({}, 190_000, None),
+        ({"autoCompactTokenLimit": True}, 190_000, None),  # not a count
+    ],
+)
+def test_compact_at_is_the_configured_limit_under_codexs_cap(
+    config: dict[str, Any], reported_window: int, published: int | None
+) -> None:
+    producer = CodexProducer()
+    producer.feed({"type": "hctx.codex-config", **config}, 0)
+    usage = {"total": {"totalTokens": 5}, "last": {"totalTokens": 5}, "modelContextWindow": reported_window}
+    message = {"method": "thread/tokenUsage/updated", "params": {"threadId": "t", "turnId": "u", "tokenUsage": usage}}
+    (reading,) = producer.feed(frame(message), 1)
+    assert reading.fields.compact_at_tokens == published
+    configured = type(config.get("autoCompactTokenLimit")) is int
+    assert reading.fields.auto_compaction is (True if configured else None)
+
+
+def test_without_the_wrappers_config_nothing_is_published() -> None:
+    _, readings = run(capture("0.171.0", "stdio-main"))
+    assert {r.fields.compact_at_tokens for r in readings} == {None}

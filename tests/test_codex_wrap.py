@@ -8,6 +8,7 @@ sidecar writes is the one `hctx replay` computes for that capture.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -92,7 +93,10 @@ def test_an_interactive_seat_follows_its_rollout(argv: tuple[str, ...], monkeypa
     assert (prepared.argv, prepared.tap_stdout) == (argv, None)
     transport = dict(prepared.transport)
     started = transport.pop("startedAtMs")
-    assert transport == {"mode": "rollout", "codexHome": "/somewhere/codex-home", "cwd": str(Path.cwd())}
+    assert transport == {
+        "mode": "rollout", "codexHome": "/somewhere/codex-home", "cwd": str(Path.cwd()),
+        "rootPid": os.getpid(),  # the wrapper: the harness it launches is its child
+    }  # fmt: skip
     assert before <= started <= time.time_ns() // 1_000_000
 
 
@@ -187,3 +191,40 @@ async def test_websocket_client_gets_the_app_servers_bytes_and_the_record_is_the
     record = parse_record((agent_dir(catalog, "cx") / "harness-context").read_bytes())
     assert_same_reading(record, expected_last_record())
     assert json.loads(expected_lines[-1])  # the capture ends on a complete frame
+
+
+# --- the compaction settings handed to the producer (issue 18) --------------------------------------
+
+
+def _plan(codex_home: Path, *argv: str) -> LaunchPlan:
+    return prepare(
+        LaunchPlan(harness="codex", argv=("codex", *argv), cwd=codex_home, env={"CODEX_HOME": str(codex_home)})
+    )
+
+
+def test_the_compaction_settings_come_from_the_layer_codex_loads_last(tmp_path: Path) -> None:
+    (tmp_path / "config.toml").write_text(
+        'model_auto_compact_token_limit = 160000\nmodel_context_window = 200000\nprofile = "small"\n'
+        "[profiles.small]\nmodel_auto_compact_token_limit = 120000\n"
+        "[profiles.big]\nmodel_auto_compact_token_limit = 170000\nmodel_context_window = 400000\n"
+    )
+
+    def settings(*argv: str) -> dict[str, object]:
+        transport = _plan(tmp_path, *argv).transport
+        return {key: transport.get(key) for key in ("autoCompactTokenLimit", "modelContextWindow")}
+
+    # the file's own profile, then `--profile`, then `-c` over everything; every mode carries them
+    assert settings("app-server") == {"autoCompactTokenLimit": 120_000, "modelContextWindow": 200_000}
+    assert settings("-p", "big", "app-server") == {"autoCompactTokenLimit": 170_000, "modelContextWindow": 400_000}
+    assert settings("app-server", "-c", "model_auto_compact_token_limit=100000") == {
+        "autoCompactTokenLimit": 100_000, "modelContextWindow": 200_000,
+    }  # fmt: skip
+    assert settings("app-server", "--listen", "ws://127.0.0.1:1")["autoCompactTokenLimit"] == 120_000
+    assert settings("exec", "hi")["autoCompactTokenLimit"] == 120_000  # the rollout follower's too
+    # a value Codex would not take as a count is not handed over as one
+    assert settings("app-server", "-c", 'model_auto_compact_token_limit="x"')["autoCompactTokenLimit"] is None
+
+
+def test_no_config_file_hands_over_nothing(tmp_path: Path) -> None:
+    transport = _plan(tmp_path, "app-server").transport
+    assert "autoCompactTokenLimit" not in transport and "modelContextWindow" not in transport

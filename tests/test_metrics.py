@@ -26,7 +26,7 @@ from test_readers_hostile import BAD_RECORDS, JUNK_CATALOG_NAMES, junk_catalog
 from tests.prometheus_tools import dead, exposition, get, of, parse, start_exporter, stop
 from tests.wrapping import wait_for
 from wrapper.metrics import DEFAULT_LISTEN, READINGS, CatalogCollector, listen_address
-from wrapper.readers import collect_roster
+from wrapper.readers import collect_roster, headroom_tokens
 
 
 def scrape(catalog: Path, now: int = NOW) -> dict[str, Any]:
@@ -59,7 +59,19 @@ def test_every_number_of_the_record_is_its_series_and_nothing_else(tmp_path: Pat
     assert samples["hctx_catalog_agents", ()] == 1 and samples["hctx_catalog_unreadable", ()] == 0
 
 
+def test_the_compaction_point_and_its_headroom_are_gauges_only_where_the_harness_states_one(tmp_path: Path) -> None:
+    put_record(tmp_path, "alice", compactAtTokens=160_000)
+    put_claim(tmp_path, "alice", desiredState="running")
+    samples = scrape(tmp_path)
+    assert of(samples, "alice") == {
+        **SPEC_SERIES, "hctx_context_compact_at_tokens": 160_000, "hctx_context_headroom_tokens": 160_000 - 92283,
+    }  # fmt: skip
+    put_record(tmp_path, "alice", compactAtTokens=160_000, usedTokens=None)  # no reading: no headroom
+    assert "hctx_context_headroom_tokens" not in of(scrape(tmp_path), "alice")
+
+
 NULLABLE = {
+    "compactAtTokens": ["hctx_context_compact_at_tokens"],
     "usedTokens": ["hctx_context_used_tokens"],
     "windowTokens": ["hctx_context_window_tokens"],
     "usedPercent": ["hctx_context_used_percent"],
@@ -98,13 +110,15 @@ def test_model_and_cost_an_overrun_and_a_stale_reading(tmp_path: Path) -> None:
     assert all("model" not in dict(labels) for name, labels in samples if name != "hctx_model_info")
 
 
-def test_a_model_json_spells_but_utf_8_cannot_is_escaped_not_a_crash(tmp_path: Path) -> None:
+def test_a_model_json_spells_but_utf_8_cannot_is_a_refused_record_not_a_crash(tmp_path: Path) -> None:
     put_record(tmp_path, "odd", raw=json.dumps(wire(model='\ud800\n"x')).encode())
+    put_record(tmp_path, "good")
     out = tmp_path / "hctx.prom"
     done = hctx("metrics", "--catalog", str(tmp_path), "--host", HOST, "--textfile", str(out))
     assert done.returncode == 0 and "Traceback" not in done.stderr
-    (model,) = [dict(labels)["model"] for name, labels in parse(out.read_text()) if name == "hctx_model_info"]
-    assert model == '\\ud800\n"x'
+    samples = parse(out.read_text())
+    assert of(samples, "odd") == {} and of(samples, "good")["hctx_context_used_tokens"] == 92283
+    assert samples["hctx_catalog_unreadable", ()] == 1 and "lone surrogate" in done.stderr
 
 
 def test_a_relaunch_claim_leaves_the_agent_no_reading_series(tmp_path: Path) -> None:
@@ -128,7 +142,7 @@ def test_a_refused_record_exports_nothing_and_is_counted(tmp_path: Path, name: s
 FIELDS = st.fixed_dictionaries(
     {},
     optional={key: numbers for key in ("usedTokens", "windowTokens", "usedPercent", "costUsd", "compactions",
-                                       "sessionTotalTokens", "lastCompactionMs", "observedAtMs")}
+                                       "sessionTotalTokens", "lastCompactionMs", "observedAtMs", "compactAtTokens")}
     | {"rateLimits": st.none() | st.fixed_dictionaries({}, optional={"fiveHour": numbers, "sevenDay": numbers})},
 )  # fmt: skip
 FLAGS = {"hctx_context_stale", "hctx_agent_running"}
@@ -146,7 +160,8 @@ def test_no_series_value_is_other_than_the_records_own(tmp_path: Path, fields: d
         assert series == {}
         return
     for name, _, key, divisor in READINGS:
-        assert series.get(name) == (None if raw[key] is None else raw[key] / divisor), name
+        value = headroom_tokens(raw) if key == "headroomTokens" else raw[key]  # derived, as the reader does
+        assert series.get(name) == (None if value is None else value / divisor), name
     for window in ("fiveHour", "sevenDay"):
         published = (raw["rateLimits"] or {}).get(window)
         label = {"fiveHour": "five_hour", "sevenDay": "seven_day"}[window]

@@ -362,3 +362,55 @@ def test_a_quiet_stream_writes_nothing_however_long(capture: Capture) -> None:
     heartbeat = next(f for _, f in capture.frames if f.get("type") == "server.heartbeat")
     for second in range(10, 3600, 10):
         assert pipeline.feed(heartbeat, second * 1000) == []
+
+
+# --- compactAtTokens (issue 18) --------------------------------------------------------------------
+
+
+def test_the_published_point_is_context_minus_output_where_the_lab_run_compacted(
+    capture: Capture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The lab's config (no `compaction` block) and providers (128,000 / 8,192, no `limit.input`):
+    119,808 on every write; run D's 125,500-token turn (>= 119,808) is followed by its compaction.
+    Never the bare window (128,000) nor a 20,000 reserve (108,000)."""
+    root = FIXTURES / f"v{capture.version}"
+    paths = [root / "config.json", root / "config_providers.json", root / "events.jsonl"]
+    assert cli.main(["replay", "--harness", "opencode", *map(str, paths)]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert {line["compactAtTokens"] for line in lines} == {119_808}
+    assert {line["autoCompaction"] for line in lines} == {True}
+    over = next(i for i, line in enumerate(lines) if line["usedTokens"] == 125_500)
+    assert lines[over + 1]["reason"] == "compaction"
+    assert all(line["usedTokens"] < 119_808 for line in lines[:over])  # nothing under it compacted on its own
+    without_config = [json.loads(line) for line in _replay(paths[1:], capsys)]
+    assert {line["compactAtTokens"] for line in without_config} == {None}  # not read, not guessed
+
+
+def _replay(paths: list[Path], capsys: pytest.CaptureFixture[str]) -> list[str]:
+    assert cli.main(["replay", "--harness", "opencode", *map(str, paths)]) == 0
+    return capsys.readouterr().out.splitlines()
+
+
+@pytest.mark.parametrize(
+    ("limit", "compaction", "output_max", "published"),
+    [
+        ({"context": 128_000, "output": 8192}, {}, 32_000, (119_808, True)),
+        ({"context": 128_000, "output": 8192}, {"reserved": 30_000}, 32_000, (119_808, True)),  # no input: ignored
+        ({"context": 400_000, "input": 272_000, "output": 128_000}, {}, 32_000, (252_000, True)),  # min(20k, 32k)
+        ({"context": 400_000, "input": 272_000, "output": 128_000}, {"reserved": 50_000}, 32_000, (222_000, True)),
+        ({"context": 200_000, "output": 0}, {}, 32_000, (168_000, True)),  # output 0: the 32,000 cap
+        ({"context": 200_000, "output": 64_000}, {}, 16_000, (184_000, True)),  # the environment's cap
+        ({"context": 128_000, "output": 8192}, {"auto": False}, 32_000, (None, False)),  # switched off
+        ({"context": 0, "output": 8192}, {}, 32_000, (None, True)),  # unknown window: no auto-compaction
+        ({"context": 128_000, "output": 8192}, None, 32_000, (None, None)),  # config unreadable
+        ({"context": 128_000, "output": 8192}, {}, None, (None, True)),  # an output cap it cannot read
+    ],
+)
+def test_opencode_compact_at_follows_its_own_overflow_rule(
+    limit: dict[str, int], compaction: dict[str, Any] | None, output_max: int | None,
+    published: tuple[int | None, bool | None],
+) -> None:  # fmt: skip
+    from sidecar.producers.opencode import _Compaction, _Limits, opencode_compact_at
+
+    rule = None if compaction is None else _Compaction.model_validate(compaction)
+    assert opencode_compact_at(_Limits.model_validate(limit), rule, output_max) == published

@@ -291,3 +291,91 @@ def test_live_channel_recordings_replay(tmp_path: Path) -> None:
             assert 112.5 in percents and 113.75 not in percents
             assert None not in used
             assert triggers[:2] == ["unknown", "threshold"]
+
+
+# ---- a session switch (issue 19, point 6) ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", ["0.84.2", "1.6.0"])
+def test_after_a_session_switch_the_compaction_facts_are_the_new_sessions(version: str) -> None:
+    """Recorded off the shipped asset in real pi (tests/live/test_pi_live.py, session switch): session A
+    compacts by hand, a new session B on the threshold, then `switch_session` back to A. From A's
+    session_start on, the record must not carry B's compaction time and trigger beside A's count."""
+    path = FIXTURES / "live" / "session-switch" / f"pi-{version}.channel.jsonl"
+    frames = [item for _, item in decode_recording(path.read_bytes())]
+    edges = [(f["compaction"]["reason"], f["compaction"]["count"]) for f in frames if f["compaction"] is not None]
+    assert edges == [("manual", 1), ("threshold", 1)]  # the capture is what the docstring says
+    switch = max(i for i, f in enumerate(frames) if f["event"] == "session_start")
+    assert frames[switch]["compactions"] == 1  # A's own store, read back on the switch
+    lines = _hctx_replay("pi", path)
+    threshold = next(line for line in lines if line["lastCompactionTrigger"] == "threshold")
+    after = [line for line in lines if line["observedAtMs"] >= frames[switch]["atMs"]]
+    assert after, "the switch back to A writes"
+    for line in after:
+        assert line["compactions"] == 1
+        # A's compaction is A's: B's time and trigger are gone, and A's store names neither.
+        assert (line["lastCompactionMs"], line["lastCompactionTrigger"]) == (None, None)
+        assert line["lastCompactionMs"] != threshold["lastCompactionMs"]
+    assert (after[-1]["usedTokens"], after[-1]["usedPercent"]) == (12240, 38.25)
+
+
+def test_a_session_start_drops_the_previous_sessions_reading_and_edge() -> None:
+    producer = PiProducer("pi")
+    producer.feed(frame(reading(), {"reason": "threshold", "count": 1}), now_ms=1_000)
+    started = {"type": "context", "event": "session_start", "reading": None, "compaction": None, "compactions": 1}
+    assert producer.feed(started, now_ms=2_000) == []
+    # An edge with no reading in the new session holds none of the old session's numbers.
+    (edge,) = producer.feed(frame(None, {"reason": "manual", "count": 2}), now_ms=3_000)
+    assert (edge.fields.used_tokens, edge.fields.compactions, edge.fields.observed_at_ms) == (None, 2, 3_000)
+
+
+# ---- compactAtTokens (issue 18) --------------------------------------------------------------------
+
+
+def test_pi_1_6_publishes_window_minus_its_configured_reserve_from_the_real_asset() -> None:
+    """Recorded off the shipped asset in real pi 1.6.0 (tests/live/test_pi_live.py, compact-at):
+    compaction enabled, reserveTokens 6000, window 32000; a 24,960-token turn, then a 26,400-token
+    one that pi compacted on. Published: 26,000; never pi's default (32,000 - 16,384 = 15,616), never
+    the window."""
+    lines = _hctx_replay("pi", FIXTURES / "live" / "compact-at" / "pi-1.6.0.channel.jsonl")
+    assert {line["compactAtTokens"] for line in lines} == {26_000}
+    assert {line["autoCompaction"] for line in lines} == {True}
+    before = [line for line in lines if line["compactions"] == 0]
+    assert max(line["usedTokens"] or 0 for line in before) == 26_400  # the turn over 26,000 ...
+    assert [line["lastCompactionTrigger"] for line in lines if line["reason"] == "compaction"] == ["threshold"]
+
+
+def test_pi_0_84_states_no_settings_so_nothing_is_published() -> None:
+    """pi 0.84.2 has no `pi.getSettings()`: the same configured settings (it compacted at the same
+    turn) reach no frame, and the record carries null — not the 26,000 it compacted over, nor a
+    default-derived 15,616."""
+    lines = _hctx_replay("pi", FIXTURES / "live" / "compact-at" / "pi-0.84.2.channel.jsonl")
+    assert lines and {(line["compactAtTokens"], line["autoCompaction"]) for line in lines} == {(None, None)}
+    assert [line["lastCompactionTrigger"] for line in lines if line["reason"] == "compaction"] == ["threshold"]
+
+
+@pytest.mark.parametrize(
+    ("settings", "window", "published"),
+    [
+        ({"enabled": True, "reserveTokens": 6000}, 32000, (26000, True)),
+        ({"enabled": None, "reserveTokens": None}, 200_000, (200_000 - 16_384, True)),  # pi's defaults
+        ({"enabled": False, "reserveTokens": 6000}, 32000, (None, False)),  # switched off: null, and said so
+        ({"enabled": True, "reserveTokens": 40000}, 32000, (None, True)),  # no point inside the window
+        ({"enabled": True, "reserveTokens": 6000}, None, (None, True)),  # no window yet
+        (None, 32000, (None, None)),  # the host states no settings
+        ({"enabled": "yes", "reserveTokens": 6000}, 32000, (None, None)),  # malformed: unreadable, not a guess
+    ],
+)
+def test_compact_at_is_window_minus_reserve_when_enabled(
+    settings: dict[str, Any] | None, window: int | None, published: tuple[int | None, bool | None]
+) -> None:
+    producer = PiProducer("pi")
+    (out,) = producer.feed(frame(reading(tokens=100, window=window), compactionSettings=settings), now_ms=1_000)
+    assert (out.fields.compact_at_tokens, out.fields.auto_compaction) == published
+
+
+def test_omp_never_publishes_a_compact_at_even_with_settings_in_the_frame() -> None:
+    (out,) = PiProducer("omp").feed(
+        frame(reading(window=32000), compactionSettings={"enabled": True, "reserveTokens": 6000}), now_ms=1_000
+    )
+    assert (out.fields.compact_at_tokens, out.fields.auto_compaction) == (None, None)

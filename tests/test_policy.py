@@ -29,13 +29,12 @@ READING_KEYS = tuple(ContextFields.model_fields)
 # --- the oracle ------------------------------------------------------------------------------
 
 
-def expected_bucket(reading: ContextFields) -> tuple[int | None, int | None]:
-    used, window = reading.used_tokens, reading.window_tokens
-    if used is not None and window:
-        return window, (used * 100) // (window * HARNESS_CONTEXT_BUCKET_PERCENT)
-    if reading.used_percent is not None:
-        return window, math.floor(reading.used_percent / HARNESS_CONTEXT_BUCKET_PERCENT)
-    return window, None
+def expected_bucket(reading: ContextFields) -> tuple[str | None, int | None, int | None, int | None]:
+    """The tokens' 1% bucket and the displayed percent's 1% bucket, keyed by session and window (issue 19)."""
+    used, window, shown = reading.used_tokens, reading.window_tokens, reading.used_percent
+    tokens = (used * 100) // (window * HARNESS_CONTEXT_BUCKET_PERCENT) if used is not None and window else None
+    displayed = None if shown is None else math.floor(shown / HARNESS_CONTEXT_BUCKET_PERCENT)
+    return reading.session_id, window, tokens, displayed
 
 
 def expected_exhausted(reading: ContextFields) -> frozenset[str]:

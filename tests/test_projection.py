@@ -13,7 +13,7 @@ import pytest
 from guard_factory import wire_bytes
 
 from guard.constants import HARNESS_CONTEXT_FUTURE_SKEW_MS, HARNESS_CONTEXT_STALE_MS
-from guard.projection import CONTEXT_KEYS, MAX_RECORD_BYTES, read_context
+from guard.projection import CONTEXT_KEYS, MAX_RECORD_BYTES, headroom_tokens, read_context
 
 NOW = 1_788_000_100_000
 LOGGER = "guard.projection"
@@ -22,7 +22,8 @@ LOGGER = "guard.projection"
 EXPOSED_KEYS = (
     "harness", "usedTokens", "windowTokens", "usedPercent", "model", "costUsd",
     "sessionTotalTokens", "rateLimits", "compactions", "lastCompactionMs",
-    "lastCompactionTrigger", "observedAtMs", "ageMs", "stale",
+    "lastCompactionTrigger", "compactAtTokens", "autoCompaction", "harnessVersion", "sessionId",
+    "observedAtMs", "ageMs", "stale", "headroomTokens",
 )  # fmt: skip
 
 
@@ -203,7 +204,7 @@ def test_fresh_reading_projects_every_exposed_key_unaltered(tmp_path: Path) -> N
     assert context is not None
     assert tuple(context) == EXPOSED_KEYS == CONTEXT_KEYS
     source = json.loads(data)
-    for key in EXPOSED_KEYS[:-2]:
+    for key in EXPOSED_KEYS[:-3]:
         assert context[key] == source[key], key
     assert context["usedPercent"] == 585.6  # never clamped
     assert context["ageMs"] == 1234
@@ -244,3 +245,26 @@ def test_projection_ignores_the_state_record_beside_it(tmp_path: Path) -> None:
     (tmp_path / "harness-state").write_bytes(b"garbage that a state reader would refuse")
     context = read_context(_place(tmp_path, wire_bytes(observedAtMs=NOW - 1)), NOW)
     assert context is not None and context["ageMs"] == 1
+
+
+# --- headroom: the harness's own compaction point minus the reading (issue 18) ----------------
+
+
+def test_headroom_is_compact_at_minus_used_and_null_when_either_is_null(tmp_path: Path) -> None:
+    data = wire_bytes(usedTokens=150_000, compactAtTokens=160_000, observedAtMs=NOW)
+    context = read_context(_place(tmp_path, data), NOW)
+    assert context is not None and context["compactAtTokens"] == 160_000
+    assert context["headroomTokens"] == headroom_tokens(context) == 10_000
+    assert headroom_tokens({"compactAtTokens": 160_000, "usedTokens": 175_900}) == -15_900  # past it: not clamped
+    assert headroom_tokens({"compactAtTokens": None, "usedTokens": 1}) is None
+    assert headroom_tokens({"compactAtTokens": 160_000, "usedTokens": None}) is None
+    assert headroom_tokens({"compactAtTokens": True, "usedTokens": 0}) is None  # a JSON true is no count
+    assert headroom_tokens({}) is None
+
+
+def test_a_record_from_before_compact_at_reads_as_not_stated(tmp_path: Path) -> None:
+    source = json.loads(wire_bytes(observedAtMs=NOW))
+    del source["compactAtTokens"], source["autoCompaction"]
+    context = read_context(_place(tmp_path, json.dumps(source).encode()), NOW)
+    assert context is not None
+    assert (context["compactAtTokens"], context["autoCompaction"], context["headroomTokens"]) == (None, None, None)

@@ -63,7 +63,8 @@ PINNED_ROSTER = (
     '{"harness": "codex", "usedTokens": 92283, "windowTokens": 258400, "usedPercent": 33.0, "model": null, '
     '"costUsd": null, "sessionTotalTokens": 2235329, "rateLimits": {"fiveHour": 31.0, "sevenDay": 55.0}, '
     '"compactions": 3, "lastCompactionMs": 1788000097290, "lastCompactionTrigger": "unknown", '
-    '"observedAtMs": 1788000100000, "ageMs": 4210, "stale": false}},\n'
+    '"compactAtTokens": null, "autoCompaction": null, "harnessVersion": null, "sessionId": null, '
+    '"observedAtMs": 1788000100000, "ageMs": 4210, "stale": false, "headroomTokens": null}},\n'
     '{"host": "box", "identity": "bravo", "harness": null, "desiredState": null, "context": null}\n'
     "]\n"
 )
@@ -84,7 +85,8 @@ def test_context_keys_are_exactly_the_spec_exposure_keys_in_order(tmp_path: Path
     assert list(row.context) == [
         "harness", "usedTokens", "windowTokens", "usedPercent", "model", "costUsd",
         "sessionTotalTokens", "rateLimits", "compactions", "lastCompactionMs",
-        "lastCompactionTrigger", "observedAtMs", "ageMs", "stale",
+        "lastCompactionTrigger", "compactAtTokens", "autoCompaction", "harnessVersion", "sessionId",
+        "observedAtMs", "ageMs", "stale", "headroomTokens",
     ]  # fmt: skip
     assert "incarnation" not in row.context and "writtenAtMs" not in row.context
     assert list(row.wire()) == ["host", "identity", "harness", "desiredState", "context"]
@@ -335,7 +337,8 @@ def test_meter_tint_thresholds(percent: float | None, tint: str | None) -> None:
 
 
 def test_human_rows_show_column_meter_age_and_cost(tmp_path: Path) -> None:
-    put_record(tmp_path, "alpha", usedPercent=92.4, compactions=1, usedTokens=184_800, windowTokens=200_000)
+    put_record(tmp_path, "alpha", usedPercent=92.4, compactions=1, usedTokens=184_800, windowTokens=200_000,
+               compactAtTokens=196_800)  # fmt: skip
     put_record(tmp_path, "beta", harness="pi", usedPercent=585.6, usedTokens=23_424, windowTokens=4_000,
                costUsd=0.0123, compactions=0)  # fmt: skip
     put_record(tmp_path, "gamma", harness="claude", usedPercent=None, usedTokens=None, windowTokens=None,
@@ -343,11 +346,11 @@ def test_human_rows_show_column_meter_age_and_cost(tmp_path: Path) -> None:
     (tmp_path / "agents" / HOST / "delta").mkdir()
     text = render_agents(roster(tmp_path).rows, colour=False)
     lines = text.splitlines()
-    assert lines[0].split() == ["HOST", "AGENT", "HARNESS", "DESIRED", "CONTEXT", "TOKENS", "AGE", "COST"]
-    assert lines[1].split() == ["box", "alpha", "codex", "-", "ctx:92%", "⟳1", "185k/200k", "4s", "-"]
-    assert lines[2].split() == ["box", "beta", "pi", "-", "ctx:586%", "23k/4k", "4s", "$0.0123"]
-    assert lines[3].split() == ["box", "delta", "-", "-", "ctx:-", "-", "-"]
-    assert lines[4].split() == ["box", "gamma", "claude", "-", "ctx:?", "stale", "2h00m", "-"]
+    assert lines[0].split() == ["HOST", "AGENT", "HARNESS", "DESIRED", "CONTEXT", "TOKENS", "HEADROOM", "AGE", "COST"]
+    assert lines[1].split() == ["box", "alpha", "codex", "-", "ctx:92%", "⟳1", "185k/200k", "→", "12k", "4s", "-"]
+    assert lines[2].split() == ["box", "beta", "pi", "-", "ctx:586%", "23k/4k", "-", "4s", "$0.0123"]
+    assert lines[3].split() == ["box", "delta", "-", "-", "ctx:-", "-", "-", "-"]
+    assert lines[4].split() == ["box", "gamma", "claude", "-", "ctx:?", "stale", "-", "2h00m", "-"]
     assert "\x1b" not in text
 
 

@@ -165,3 +165,26 @@ def test_one_bad_host_is_not_a_failure(tmp_path: Path) -> None:
     done = hctx("doctor", "--catalog", str(tmp_path))
     assert done.returncode == 0
     assert done.stdout.count("advisory:") == 1
+
+
+# --- headroom to the harness's own compaction point (issue 18) --------------------------------
+
+
+def test_headroom_under_a_tenth_of_the_window_is_one_line_and_at_a_tenth_is_nothing(tmp_path: Path) -> None:
+    # Codex's lab seat: window 190,000, model_auto_compact_token_limit 160,000; 19,000 is a tenth.
+    put_record(tmp_path, "close", harness="codex", usedPercent=79.0, usedTokens=141_001, windowTokens=190_000,
+               compactAtTokens=160_000)  # fmt: skip
+    put_record(tmp_path, "edge", harness="codex", usedPercent=79.0, usedTokens=141_000, windowTokens=190_000,
+               compactAtTokens=160_000)  # fmt: skip
+    put_record(tmp_path, "unstated", harness="claude", usedPercent=79.0, usedTokens=199_000, windowTokens=200_000)
+    assert advisories(tmp_path) == [
+        "advisory: box/close: → 19k tokens to the harness's own compaction at 160k, under 10% of the 190k window;"
+        " reading 4s old"
+    ]
+
+
+def test_headroom_past_the_point_is_negative_and_still_advised(tmp_path: Path) -> None:
+    put_record(tmp_path, "past", harness="codex", usedPercent=79.0, usedTokens=175_900, windowTokens=190_000,
+               compactAtTokens=160_000)  # fmt: skip
+    (line,) = advisories(tmp_path)
+    assert line.startswith("advisory: box/past: → -16k tokens to the harness's own compaction at 160k")

@@ -204,3 +204,18 @@ def test_agents_sees_a_live_wrapper_as_running_and_a_finished_one_as_its_claim(t
         wrapper.wait(timeout=10)
     done = hctx("agents", "live", "--json", "--catalog", str(catalog), "--host", wrapping.HOST)
     assert json.loads(done.stdout)["desiredState"] == "stopped"
+
+
+@pytest.mark.parametrize(
+    ("fields", "said"),
+    [
+        ({"compactAtTokens": 160_000, "autoCompaction": True}, "at 160000 tokens, by the harness's own settings"),
+        ({"compactAtTokens": None, "autoCompaction": False}, "auto-compaction off (the harness's own settings)"),
+        ({"compactAtTokens": None, "autoCompaction": None}, "point not stated by the harness"),
+    ],
+)
+def test_inspect_says_where_the_harness_compacts_and_why_a_null_is_null(
+    tmp_path: Path, fields: dict[str, object], said: str
+) -> None:
+    put_record(tmp_path, "alpha", **fields)
+    assert f"  compaction    {said}" in sections(inspect(tmp_path))["record as stored"]

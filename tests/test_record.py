@@ -344,3 +344,11 @@ def test_a_roster_over_a_lone_surrogate_record_prints_and_warns(tmp_path: Path) 
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)[0]["context"] is None
     assert "lone surrogate" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("value", [2**53 + 1, 10**400])
+def test_a_percent_no_float_holds_exactly_is_refused_not_rounded(value: int) -> None:
+    raw = json.loads(wire_bytes())
+    raw["usedPercent"] = value
+    with pytest.raises(RecordRefused, match="no exact floating-point value"):
+        parse_record(json.dumps(raw))

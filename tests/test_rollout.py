@@ -99,7 +99,9 @@ def occupancy(readings: list[Reading]) -> list[tuple[Any, ...]]:
 
 def comparable(fields: ContextFields | None) -> dict[str, Any]:
     assert fields is not None
-    return fields.model_dump(exclude={"observed_at_ms", "last_compaction_ms"})
+    # harnessVersion: the app-server names its build in `initialize`; these rollout extracts kept the
+    # token events only, not the `session_meta` line that names it (tests/test_versions_and_sessions.py).
+    return fields.model_dump(exclude={"observed_at_ms", "last_compaction_ms", "harness_version"})
 
 
 @pytest.mark.parametrize("version", CODEX_VERSIONS)
@@ -112,7 +114,7 @@ def test_the_rollout_publishes_what_the_app_server_publishes(version: str, scena
     assert sum(r.compaction_edge for r in followed) == sum(r.compaction_edge for r in served)
     if scenario == "stdio-main":
         # lab/codex: the baseline sequence of the main scenario, and not the naive last/window.
-        assert [r.fields.used_percent for r in followed if not r.compaction_edge] == [
+        assert [r.fields.used_percent for r in followed if not (r.compaction_edge or r.rate_limits_edge)] == [
             10, 44, 44, 45, 0, 5, 92, 92, 93, 0, 4,
         ]  # fmt: skip
         assert followed_last is not None and followed_last.used_percent != round(18250 / 190000 * 100)
@@ -273,7 +275,8 @@ async def test_follow_submits_as_the_session_grows_and_backs_off_when_idle(
         path = write_rollout(tmp_path, "ours", LAUNCH_MS + 1_000, "/work/repo", b"".join(lines[:2]))
         with trio.fail_after(10):
             await until(lambda: len(frames) >= 4)
-        assert frames[0]["payload"]["params"]["threadId"] == "ours"
+        # session_meta first, as the app-server's thread/started (its cliVersion), then the usage.
+        assert [f["payload"]["params"].get("threadId") for f in frames[:2]] == [None, "ours"]
         with path.open("ab") as handle:
             handle.write(b"".join(lines[2:]))
         with trio.fail_after(10):
@@ -303,7 +306,7 @@ async def test_the_last_turn_is_read_when_the_session_ends_between_polls(
     async with trio.open_nursery() as nursery:
         nursery.start_soon(follow_rollout, settings, frames.append)
         await trio.sleep(30)  # idle long enough to back off to the longest poll
-        assert len(frames) == 2
+        assert len(frames) == 3  # session_meta's thread/started, then the usage and its rate limits
         with path.open("ab") as handle:
             handle.write(b"".join(lines[1:]))
         nursery.cancel_scope.cancel()  # the seat ended before the next poll
@@ -343,3 +346,113 @@ def test_a_compaction_line_too_long_to_parse_still_counts() -> None:
         )
         == []
     )
+
+
+# ---- the rollout the wrapped Codex holds open (issue 19, point 4) -----------------------------------
+
+
+def holding(*paths: Path) -> Any:
+    """A stand-in for the wrapped Codex: a process that holds `paths` open (as codex holds its rollout)."""
+    import subprocess
+
+    handles = [path.open("ab") for path in paths]
+    try:
+        return subprocess.Popen(["sleep", "60"], pass_fds=[h.fileno() for h in handles])
+    finally:
+        for handle in handles:
+            handle.close()
+
+
+def pid_config(home: Path, root_pid: int) -> dict[str, Any]:
+    return {"mode": "rollout", "codexHome": str(home), "cwd": "/work/repo", "startedAtMs": LAUNCH_MS,
+            "rootPid": root_pid}  # fmt: skip
+
+
+def threads_of(frames: list[Frame]) -> set[str]:
+    return {f["payload"]["params"]["threadId"] for f in frames if f["payload"]["method"] == "thread/tokenUsage/updated"}
+
+
+async def test_two_seats_in_one_directory_each_follow_the_rollout_their_codex_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both rollouts name the launch's cwd and start after it; the other seat's is the newer one."""
+    monkeypatch.setattr(rollout, "_now_ms", lambda: LAUNCH_MS + 10_000)
+    body = b"".join(rollout_bytes("0.151.0", "stdio-main").splitlines(keepends=True)[:6])
+    ours = write_rollout(tmp_path, "ours", LAUNCH_MS + 1_000, "/work/repo", body)
+    theirs = write_rollout(tmp_path, "theirs", LAUNCH_MS + 2_000, "/work/repo", body)
+    seats = {"ours": holding(ours), "theirs": holding(theirs)}
+    try:
+        for thread, process in seats.items():
+            assert threads_of(await followed(pid_config(tmp_path, process.pid))) == {thread}
+    finally:
+        for process in seats.values():
+            process.kill()
+            process.wait()
+
+
+async def followed(settings: dict[str, Any]) -> list[Frame]:
+    """What the follower submits once it published a reading and looked half a second longer."""
+    frames: list[Frame] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(follow_rollout, settings, frames.append)
+        with trio.fail_after(10):
+            await until(lambda: bool(threads_of(frames)))
+        await trio.sleep(0.5)
+        nursery.cancel_scope.cancel()
+    return frames
+
+
+async def test_a_resumed_rollout_is_followed_from_its_latest_reading(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`codex resume` appends to a rollout started long before this launch: its newest reading is
+    published (as the app-server replays one on resume), then what the resumed session appends."""
+    monkeypatch.setattr(rollout, "_now_ms", lambda: LAUNCH_MS + 10_000)
+    lines = rollout_bytes("0.171.0", "stdio-main").splitlines(keepends=True)
+    earlier = write_rollout(tmp_path, "resumed", LAUNCH_MS - 3_600_000, "/work/repo", b"".join(lines[:-1]))
+    process = holding(earlier)
+    frames: list[Frame] = []
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(follow_rollout, pid_config(tmp_path, process.pid), frames.append)
+            with trio.fail_after(10):
+                await until(lambda: bool(threads_of(frames)))
+            with earlier.open("ab") as handle:
+                handle.write(lines[-1])
+            with trio.fail_after(10):
+                await until(
+                    lambda: len([f for f in frames if f["payload"]["method"] == "thread/tokenUsage/updated"]) == 2
+                )
+            nursery.cancel_scope.cancel()
+    finally:
+        process.kill()
+        process.wait()
+    producer = CodexProducer()
+    for frame in frames:
+        producer.feed(frame, 0)
+    # The resumed thread's history is not replayed as this launch's: no compaction is re-counted.
+    assert producer.compactions == 0
+    assert producer.last_reading is not None and producer.last_reading.used_tokens == 18_250
+
+
+async def test_a_seat_too_short_to_be_seen_holding_its_rollout_never_takes_a_live_seats(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A `codex exec` over before a look saw its file held: at the end the launch's rule picks among
+    the rollouts nobody holds, so the other seat's newer, still running one is not this seat's."""
+    monkeypatch.setattr(rollout, "_now_ms", lambda: LAUNCH_MS + 10_000)
+    body = b"".join(rollout_bytes("0.151.0", "stdio-main").splitlines(keepends=True)[:6])
+    ours = write_rollout(tmp_path, "ours", LAUNCH_MS + 1_000, "/work/repo", body)
+    running = holding(write_rollout(tmp_path, "running", LAUNCH_MS + 2_000, "/work/repo", body))
+    gone = 2**22 + 1  # above any pid_max: this seat's codex has exited, its tree is empty
+    frames: list[Frame] = []
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(follow_rollout, pid_config(tmp_path, gone), frames.append)
+            await trio.sleep(0.5)
+            assert frames == []  # nothing of this seat is held: nothing is guessed while it runs
+            nursery.cancel_scope.cancel()
+    finally:
+        running.kill()
+        running.wait()
+    assert threads_of(frames) == {"ours"} and ours.exists()

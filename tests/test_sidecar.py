@@ -146,3 +146,18 @@ async def test_a_failing_transport_costs_its_stream_not_the_sidecar(caplog: pyte
 
     await run_transport(broken, {}, lambda frame: None)
     assert any("transport failed" in r.getMessage() for r in caplog.records)
+
+
+def test_what_is_owed_at_exit_is_the_newest_write_with_the_edge_it_stands_for() -> None:
+    from guard.policy import Write
+    from sidecar.app import Outbox
+    from tests.guard_factory import record
+
+    outbox = Outbox()
+    outbox.put(Write(record(used_tokens=10, observed_at_ms=1), "bucket"))
+    outbox.put(Write(record(used_tokens=20, observed_at_ms=2), "compaction"))
+    outbox.put(Write(record(used_tokens=30, observed_at_ms=3), "bucket"))
+    assert len(outbox.pending) == 3  # in normal running every decided write waits its turn
+    last = outbox.take_all()
+    assert last is not None and (last.record.used_tokens, last.reason) == (30, "compaction")
+    assert outbox.take_all() is None

@@ -152,8 +152,10 @@ def test_a_stalled_lock_with_megabyte_frames_keeps_memory_bounded_and_coalesces(
         assert sidecar.wait_percent(1.0) is not None
         assert sidecar.process is not None
         with held_lock(tmp_path, "stalled"):
-            for i in range(60):
-                send(sidecar.channel, HOSTILE_FRAME + frame(float(2 + i)))
+            send(sidecar.channel, frame(2.0))  # this write stalls in the lock
+            time.sleep(0.3)  # past STALLED_WRITE_S: from here on only the newest is owed
+            # One connection: frames on separate ones have no order, and the newest is the last sent.
+            send(sidecar.channel, b"".join(HOSTILE_FRAME + frame(float(2 + i)) for i in range(60)))
             time.sleep(0.5)
             assert sidecar.process.poll() is None
             peak = peak_rss_mb(sidecar.process.pid)
@@ -161,7 +163,7 @@ def test_a_stalled_lock_with_megabyte_frames_keeps_memory_bounded_and_coalesces(
         assert sidecar.stop() == 0
     assert peak < RSS_BOUND_MB, f"peak RSS {peak:.0f} MB"
     writes = [e for e in log_events(tmp_path, "stalled") if e["event"] == "write"]
-    assert len(writes) <= 4  # 1%, the one stalled in the lock, the newest: not sixty
+    assert [w["usedPercent"] for w in writes] == [1.0, 2.0, 61.0]  # the stalled one, then the newest: not sixty
 
 
 # --- 3. a sidecar restarted for the same incarnation and channel ---------------------------------
@@ -584,3 +586,13 @@ async def test_a_connection_that_never_speaks_is_closed(tmp_path: Path, monkeypa
             with trio.fail_after(2):
                 assert await stream.receive_some() == b""  # the sidecar hung up
         nursery.cancel_scope.cancel()
+
+
+def test_a_burst_while_writes_land_normally_keeps_every_write_the_guard_decided(tmp_path: Path) -> None:
+    """Live writes are replay's writes: readings that arrive while a write lands wait their turn."""
+    with running(tmp_path, "burst") as sidecar:
+        send(sidecar.channel, b"".join(frame(float(percent)) for percent in range(1, 31)))  # one burst
+        assert sidecar.wait_percent(30.0) is not None
+        assert sidecar.stop() == 0
+    writes = [e for e in log_events(tmp_path, "burst") if e["event"] == "write"]
+    assert [w["usedPercent"] for w in writes] == [float(p) for p in range(1, 31)]

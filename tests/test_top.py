@@ -32,10 +32,12 @@ def frame(catalog: Path, *, width: int | None = None, height: int | None = None,
 
 
 def fleet(catalog: Path) -> None:
-    put_record(catalog, "low", usedPercent=12.0, usedTokens=24_000, windowTokens=200_000, compactions=0)
+    put_record(catalog, "low", usedPercent=12.0, usedTokens=24_000, windowTokens=200_000, compactions=0,
+               compactAtTokens=180_000)  # fmt: skip
     put_record(catalog, "over", harness="pi", usedPercent=585.6, usedTokens=23_424, windowTokens=4_000,
                costUsd=0.0123, compactions=0)  # fmt: skip
-    put_record(catalog, "mid", usedPercent=85.0, usedTokens=170_000, windowTokens=200_000, compactions=2)
+    put_record(catalog, "mid", usedPercent=85.0, usedTokens=170_000, windowTokens=200_000, compactions=2,
+               compactAtTokens=160_000)  # fmt: skip
     put_record(catalog, "claude", harness="claude", usedPercent=None, usedTokens=None, windowTokens=None,
                compactions=0, observedAtMs=NOW - 2 * HOUR, costUsd=1.5)  # fmt: skip
     agent_path(catalog, "empty")
@@ -47,13 +49,13 @@ def test_frame_is_sorted_by_fill_with_every_column(tmp_path: Path) -> None:
     assert lines[0].startswith(f"hctx top · 5 agents · {tmp_path} · ")
     assert lines[1] == "q quits"
     header = lines[3].split()
-    assert header == ["AGENT", "HARNESS", "FILL", "PCT", "TOKENS", "WINDOW", "⟳", "AGE", "COST"]
+    assert header == ["AGENT", "HARNESS", "FILL", "PCT", "TOKENS", "WINDOW", "HEADROOM", "⟳", "AGE", "COST"]
     rows = [line.split() for line in lines[4:]]
     assert [row[0] for row in rows] == ["box/over", "box/mid", "box/low", "box/claude", "box/empty"]
-    assert rows[0] == ["box/over", "pi", "█" * BAR_CELLS, "586%", "23k", "4k", "0", "4s", "$0.0123"]
-    assert rows[1] == ["box/mid", "codex", "█" * 17 + "░" * 3, "85%", "170k", "200k", "2", "4s", "-"]
-    assert rows[2] == ["box/low", "codex", "█" * 2 + "░" * 18, "12%", "24k", "200k", "0", "4s", "-"]
-    assert rows[3] == ["box/claude", "claude", "?", "?", "?", "0", "2h00m", "stale", "$1.50"]
+    assert rows[0] == ["box/over", "pi", "█" * BAR_CELLS, "586%", "23k", "4k", "-", "0", "4s", "$0.0123"]
+    assert rows[1] == ["box/mid", "codex", "█" * 17 + "░" * 3, "85%", "170k", "200k", "→", "-10k", "2", "4s", "-"]
+    assert rows[2] == ["box/low", "codex", "█" * 2 + "░" * 18, "12%", "24k", "200k", "→", "156k", "0", "4s", "-"]
+    assert rows[3] == ["box/claude", "claude", "?", "?", "?", "-", "0", "2h00m", "stale", "$1.50"]
     assert rows[4] == ["box/empty", "-", "-"]
 
 
@@ -98,17 +100,20 @@ def test_only_the_live_view_says_how_to_quit(tmp_path: Path) -> None:
 def test_a_narrow_terminal_narrows_the_bar_then_hides_columns_and_says_which(tmp_path: Path) -> None:
     fleet(tmp_path)
     full = frame(tmp_path)
-    assert max(map(len, full[3:])) == 88 and full[3].split() == list(COLUMNS)
-    at_80 = frame(tmp_path, width=80)  # the bar gives up cells; every column stays, COST included
-    assert at_80[1] == "q quits" and at_80[3].split() == list(COLUMNS)
-    assert at_80[4].split() == ["box/over", "pi", "█" * 12, "586%", "23k", "4k", "0", "4s", "$0.0123"]
-    assert all(len(line) <= 80 for line in at_80)
+    assert max(map(len, full[3:])) == 98 and full[3].split() == list(COLUMNS)
+    at_90 = frame(tmp_path, width=90)  # the bar gives up cells; every column stays, COST included
+    assert at_90[1] == "q quits" and at_90[3].split() == list(COLUMNS)
+    assert at_90[4].split() == ["box/over", "pi", "█" * 12, "586%", "23k", "4k", "-", "0", "4s", "$0.0123"]
+    assert all(len(line) <= 90 for line in at_90)
+    at_80 = frame(tmp_path, width=80, interactive=False)
+    assert at_80[1] == "+1 column hidden, widen the terminal: HARNESS"
+    assert at_80[3].split() == [name for name in COLUMNS if name != "HARNESS"]
+    assert at_80[4].split() == ["box/over", "█" * BAR_MIN_CELLS, "586%", "23k", "4k", "-", "0", "4s", "$0.0123"]
     at_70 = frame(tmp_path, width=70, interactive=False)
-    assert at_70[1] == "+1 column hidden, widen the terminal: HARNESS"
-    assert at_70[3].split() == [name for name in COLUMNS if name != "HARNESS"]
-    assert at_70[4].split() == ["box/over", "█" * BAR_MIN_CELLS, "586%", "23k", "4k", "0", "4s", "$0.0123"]
+    assert at_70[1] == "+2 columns hidden, widen the terminal: HARNESS, WINDOW"
+    assert at_70[3].split() == [name for name in COLUMNS if name not in ("HARNESS", "WINDOW")]
     at_50 = frame(tmp_path, width=50, interactive=False)
-    assert at_50[1] == "+3 columns hidden, widen the terminal: HARNESS, FI"  # cut to the width, never wrapped
+    assert at_50[1] == "+4 columns hidden, widen the terminal: HARNESS, FI"  # cut to the width, never wrapped
     assert at_50[3].split() == ["AGENT", "PCT", "TOKENS", "⟳", "AGE", "COST"]
     assert all(len(line) <= 50 for line in at_50)
 
@@ -134,7 +139,7 @@ def test_once_honours_columns_when_piped(tmp_path: Path) -> None:
     fleet(tmp_path)
     done = hctx("top", "--once", "--catalog", str(tmp_path), env={"COLUMNS": "30"})
     assert all(len(line) <= 30 for line in done.stdout.splitlines())
-    assert done.stdout.splitlines()[1] == "+6 columns hidden, widen the t"
+    assert done.stdout.splitlines()[1] == "+7 columns hidden, widen the t"
 
 
 def test_live_view_needs_a_terminal(tmp_path: Path) -> None:

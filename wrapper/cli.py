@@ -11,10 +11,12 @@ from pathlib import Path
 
 import guard
 from guard.record import HARNESSES, Harness
+from wrapper.arguments import non_negative, whole_number
 from wrapper.metrics import add_metrics_command
 from wrapper.readers import add_catalog_options, add_reader_commands, catalog_of, with_host
 from wrapper.replication import add_replication_command
 from wrapper.scan import add_scan_command
+from wrapper.watch import add_watch_command
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -101,19 +103,6 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo(args.catalog, show_top=not args.no_top, duration_s=duration)
 
 
-def _count(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"{text} is not a whole number >= 0")
-    return int(text)
-
-
-def _non_negative(text: str) -> float:
-    value = float(text)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"{text} is not a non-negative number")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hctx",
@@ -167,13 +156,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="no",
         help="relaunch the harness when it exits (each relaunch is a new incarnation; default: no)",
     )
-    wrap.add_argument("--max-restarts", type=_count, metavar="N", help="stop relaunching after N relaunches")
+    wrap.add_argument("--max-restarts", type=whole_number, metavar="N", help="stop relaunching after N relaunches")
     wrap.add_argument(
-        "--restart-delay", type=_non_negative, default=1.0, metavar="S",
+        "--restart-delay", type=non_negative, default=1.0, metavar="S",
         help="first relaunch back-off in seconds, doubling each time (default: %(default)s)",
     )  # fmt: skip
     wrap.add_argument(
-        "--restart-delay-max", type=_non_negative, default=60.0, metavar="S",
+        "--restart-delay-max", type=non_negative, default=60.0, metavar="S",
         help="back-off cap in seconds (default: %(default)s)",
     )  # fmt: skip
     wrap.add_argument(
@@ -200,7 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument(
         "--duration",
-        type=_non_negative,
+        type=non_negative,
         metavar="S",
         help=f"seconds each session takes (default: {DEMO_TOP_S:g}, or {DEMO_NO_TOP_S:g} with --no-top)",
     )
@@ -209,6 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_scan_command(commands)
     add_metrics_command(commands)
     add_replication_command(commands)
+    add_watch_command(commands)
     return parser
 
 

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from wrapper.arguments import positive_seconds
 from wrapper.readers import (
     CatalogUnreadable,
     Roster,
@@ -48,6 +49,10 @@ READINGS: tuple[tuple[str, str, str, int], ...] = (
      "compactions", 1),
     ("hctx_context_last_compaction_timestamp_seconds", "When the last compaction happened, in Unix time.",
      "lastCompactionMs", MS),
+    ("hctx_context_compact_at_tokens", "Tokens at which the harness compacts on its own, from its own settings.",
+     "compactAtTokens", 1),
+    ("hctx_context_headroom_tokens", "Tokens left before the harness's own compaction point; negative past it.",
+     "headroomTokens", 1),
     ("hctx_session_tokens", "Tokens the session processed in all, as the harness reports it.",
      "sessionTotalTokens", 1),
     ("hctx_session_cost_usd", "The session's cost in US dollars, as the harness reports it.", "costUsd", 1),
@@ -92,8 +97,7 @@ def families(roster: Roster) -> Iterator[Metric]:
                 rate.add_metric([*labels, window], value)
         stale.add_metric(labels, float(context["stale"]))
         if context["model"] is not None:
-            # JSON may spell a lone surrogate (\ud800), which no UTF-8 exposition can carry: escaped.
-            model.add_metric([*labels, context["model"].encode("utf-8", "backslashreplace").decode()], {})
+            model.add_metric([*labels, context["model"]], {})  # the record parser refuses lone surrogates
     yield from (*readings.values(), rate, stale, model, running)
     yield GaugeMetricFamily("hctx_catalog_agents", "Agent directories in the catalog.", len(roster.rows))
     yield GaugeMetricFamily(
@@ -141,13 +145,6 @@ def listen_address(text: str) -> tuple[str, int]:
     if not host or not port.isdigit() or int(port) > 65535:
         raise argparse.ArgumentTypeError(f"{text} is not HOST:PORT (say 127.0.0.1:9478)")
     return host, int(port)
-
-
-def _positive(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text} is not a positive number of seconds")
-    return value
 
 
 def _serve(args: argparse.Namespace, registry: CollectorRegistry) -> int:
@@ -223,6 +220,8 @@ def add_metrics_command(commands: argparse._SubParsersAction[argparse.ArgumentPa
         "--textfile", type=Path, metavar="FILE",
         help="write the exposition to FILE once, atomically (node_exporter's textfile collector wants *.prom)",
     )  # fmt: skip
-    metrics.add_argument("--interval", type=_positive, metavar="S", help="with --textfile: rewrite it every S seconds")
+    metrics.add_argument(
+        "--interval", type=positive_seconds, metavar="S", help="with --textfile: rewrite it every S seconds"
+    )
     add_catalog_options(metrics)
     metrics.set_defaults(run=with_host(run_metrics))

@@ -30,12 +30,13 @@ from guard.constants import (
     AGENTS_DIR_NAME,
     CONTEXT_RECORD_NAME,
     HARNESS_CONTEXT_FUTURE_SKEW_MS,
+    HARNESS_CONTEXT_HEADROOM_WARN_PERCENT,
     HARNESS_CONTEXT_STALE_MS,
     HARNESS_CONTEXT_WARN_PERCENT,
     STATE_RECORD_NAME,
 )
 from guard.files import RawFile, open_regular, read_bounded
-from guard.projection import MAX_RECORD_BYTES, decode_record, project
+from guard.projection import MAX_RECORD_BYTES, decode_record, headroom_tokens, project
 from guard.record import HarnessContext, RecordRefused, round_half_up
 from guard.state import MAX_STATE_BYTES, HarnessState, Unobserved, parse_state
 from guard.store import (
@@ -47,6 +48,7 @@ from guard.store import (
     log_path,
     pid_alive,
 )
+from sidecar.producers import verified_versions
 
 Command = Callable[[argparse.Namespace], int]
 PidProbe = Callable[[int], bool]
@@ -365,13 +367,45 @@ def doctor_advisories(roster: Roster) -> list[str]:
                 + (f" ({tokens} tokens)" if tokens else "")
                 + f", at or above {HARNESS_CONTEXT_WARN_PERCENT}%; reading {age_text(context['ageMs'])} old"
             )
+        if headroom_short(context):
+            lines.append(
+                f"advisory: {row.name}: {headroom_text(context)} tokens"
+                f" to the harness's own compaction at {tokens_text(context['compactAtTokens'])}"
+                f", under {HARNESS_CONTEXT_HEADROOM_WARN_PERCENT}% of the {tokens_text(context['windowTokens'])}"
+                f" window; reading {age_text(context['ageMs'])} old"
+            )
         if context["stale"] and row.desired_state == "running":
             lines.append(
                 f"advisory: {row.name}: context record stale while desired state is running; "
                 f"the numbers are {age_text(context['ageMs'])} old, older than the "
                 f"{age_text(HARNESS_CONTEXT_STALE_MS)} horizon"
             )
+        unverified = unverified_version(context)
+        if unverified is not None and row.desired_state == "running":
+            lines.append(f"advisory: {row.name}: {unverified}")
     return lines + clock_advisories(roster.rows)
+
+
+def unverified_version(context: dict[str, Any]) -> str | None:
+    """Why the running build's numbers are unmeasured, or None: a build the record names that is
+    outside its producer's verified set (a record naming no build says nothing either way)."""
+    harness, version = context["harness"], context.get("harnessVersion")
+    if version is None:
+        return None
+    verified = verified_versions(harness)
+    if version in verified:
+        return None
+    return (
+        f"{harness} {printable(version)} is not a verified build (verified: {', '.join(verified)}); "
+        "its numbers follow arithmetic measured on those"
+    )
+
+
+def headroom_short(context: dict[str, Any]) -> bool:
+    """Doctor's headroom case: tokens to the harness's compaction point below
+    HARNESS_CONTEXT_HEADROOM_WARN_PERCENT of the window (no window or no point: never)."""
+    headroom, window = headroom_tokens(context), context["windowTokens"]
+    return headroom is not None and bool(window) and headroom * 100 < window * HARNESS_CONTEXT_HEADROOM_WARN_PERCENT
 
 
 def clock_advisories(rows: list[AgentRow]) -> list[str]:
@@ -545,6 +579,15 @@ def tokens_text(tokens: int | None) -> str:
     return f"{millions:g}M"
 
 
+def headroom_text(context: dict[str, Any] | None) -> str:
+    """The headroom column: `→ 12k` tokens to the harness's own compaction, `→ -3k` past it, `-`
+    where the harness states no compaction point (or the reading no count)."""
+    headroom = None if context is None else headroom_tokens(context)
+    if headroom is None:
+        return "-"
+    return f"→ {'-' if headroom < 0 else ''}{tokens_text(abs(headroom))}"
+
+
 def meter_text(context: dict[str, Any] | None) -> str:
     """The decision record's `127k/200k`; empty when neither count is known."""
     if context is None or (context["usedTokens"] is None and context["windowTokens"] is None):
@@ -634,7 +677,7 @@ def render_agent_json(row: AgentRow) -> str:
 def render_agents(rows: list[AgentRow], *, colour: bool) -> str:
     if not rows:
         return "no agents\n"
-    header = ["HOST", "AGENT", "HARNESS", "DESIRED", "CONTEXT", "TOKENS", "AGE", "COST"]
+    header = ["HOST", "AGENT", "HARNESS", "DESIRED", "CONTEXT", "TOKENS", "HEADROOM", "AGE", "COST"]
     body = []
     for row in rows:
         context = row.context
@@ -645,6 +688,7 @@ def render_agents(rows: list[AgentRow], *, colour: bool) -> str:
             (row.desired_state or "-", None),
             (ctx_text(context), None),
             (meter_text(context), fill_tint(context)),
+            (headroom_text(context), None),
             ("-" if context is None else age_text(context["ageMs"]), None),
             (cost_text(None if context is None else context["costUsd"]), None),
         ])  # fmt: skip
@@ -673,6 +717,15 @@ def _raw_text(raw: RawFile) -> list[str]:
     return lines
 
 
+def compaction_text(record: HarnessContext) -> str:
+    """Where this harness compacts on its own, as the record says, and why a null is null."""
+    if record.compact_at_tokens is not None:
+        return f"at {record.compact_at_tokens} tokens, by the harness's own settings"
+    if record.auto_compaction is False:
+        return "auto-compaction off (the harness's own settings)"
+    return "point not stated by the harness"
+
+
 def _unobserved_text(gaps: list[Unobserved], indent: str) -> list[str]:
     """Each stretch the session ran with no sidecar watching: its readings then were never written."""
     lines = []
@@ -687,6 +740,16 @@ def _unobserved_text(gaps: list[Unobserved], indent: str) -> list[str]:
     return lines
 
 
+def version_text(record: HarnessContext) -> str:
+    """`2.1.332 (verified)`, `2.2.0 (not verified: 2.1.250, 2.1.332)`, or why there is none."""
+    version = record.harness_version
+    if version is None:
+        return "not named by the channel"
+    verified = verified_versions(record.harness)
+    verdict = "verified" if version in verified else f"not verified: {', '.join(verified)}"
+    return f"{printable(version)} ({verdict})"
+
+
 def render_inspection(inspection: Inspection) -> str:
     view = inspection.view
     row = view.row
@@ -698,6 +761,10 @@ def render_inspection(inspection: Inspection) -> str:
         out.append(f"  incarnation   {printable(view.record.incarnation)}")
         out.append(f"  observedAtMs  {_ms_text(view.record.observed_at_ms)}")
         out.append(f"  writtenAtMs   {_ms_text(view.record.written_at_ms)}")
+        out.append(f"  compaction    {compaction_text(view.record)}")
+        out.append(f"  harness build {version_text(view.record)}")
+        if view.record.session_id is not None:
+            out.append(f"  session       {printable(view.record.session_id)}")
     if row.problem:
         out.append(f"  ! {row.problem}")
     out.append(f"  incarnation check: {inspection.incarnation}")
@@ -894,8 +961,9 @@ def add_reader_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
     doctor = commands.add_parser(
         "doctor",
         help="advise on full windows and stale records",
-        description=f"An advisory line per agent at or above {HARNESS_CONTEXT_WARN_PERCENT}% fill and per "
-        "stale record while its desired state is running, and one per host whose clock runs past the "
+        description=f"An advisory line per agent at or above {HARNESS_CONTEXT_WARN_PERCENT}% fill, per agent "
+        f"under {HARNESS_CONTEXT_HEADROOM_WARN_PERCENT}% of its window from the harness's own compaction point, "
+        "per stale record while its desired state is running, and one per host whose clock runs past the "
         "future skew (its records read as absent); advisories never fail the exit status.",
     )
     add_catalog_options(doctor)

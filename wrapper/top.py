@@ -33,6 +33,7 @@ from wrapper.readers import (
     colour_enabled,
     cost_text,
     fill_tint,
+    headroom_text,
     list_agents,
     now_ms,
     paint,
@@ -68,11 +69,11 @@ def bar(context: dict[str, Any] | None, cells: int = BAR_CELLS) -> str:
     return "█" * filled + "░" * (cells - filled)
 
 
-COLUMNS = ("AGENT", "HARNESS", "FILL", "PCT", "TOKENS", "WINDOW", "⟳", "AGE", "COST")
-RIGHT_ALIGNED = frozenset({"PCT", "TOKENS", "WINDOW", "⟳"})  # numbers
+COLUMNS = ("AGENT", "HARNESS", "FILL", "PCT", "TOKENS", "WINDOW", "HEADROOM", "⟳", "AGE", "COST")
+RIGHT_ALIGNED = frozenset({"PCT", "TOKENS", "WINDOW", "HEADROOM", "⟳"})  # numbers
 # On a terminal too narrow for the table the bar narrows first, down to BAR_MIN_CELLS; then columns
 # are hidden in this order, and the frame says which. AGENT and PCT are always shown.
-HIDE_ORDER = ("HARNESS", "WINDOW", "FILL", "TOKENS", "COST", "⟳", "AGE")
+HIDE_ORDER = ("HARNESS", "WINDOW", "HEADROOM", "FILL", "TOKENS", "COST", "⟳", "AGE")
 
 
 def _cells(row: AgentRow, bar_cells: int = BAR_CELLS) -> list[Segment]:
@@ -80,7 +81,7 @@ def _cells(row: AgentRow, bar_cells: int = BAR_CELLS) -> list[Segment]:
     tint = fill_tint(context)
     if context is None:
         return [(row.name, None), (row.harness or "-", None), (bar(None, bar_cells), None), ("-", None),
-                ("", None), ("", None), ("", None), ("", None), ("", None)]  # fmt: skip
+                ("", None), ("", None), ("", None), ("", None), ("", None), ("", None)]  # fmt: skip
     percent = context["usedPercent"]
     age = age_text(context["ageMs"]) + (" stale" if context["stale"] else "")
     return [
@@ -90,6 +91,7 @@ def _cells(row: AgentRow, bar_cells: int = BAR_CELLS) -> list[Segment]:
         ("?" if percent is None else percent_text(percent), tint),
         (tokens_text(context["usedTokens"]), None),
         (tokens_text(context["windowTokens"]), None),
+        (headroom_text(context), None),
         (str(context["compactions"]), None),
         (age, None),
         (cost_text(context["costUsd"]), None),

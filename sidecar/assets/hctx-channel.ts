@@ -6,14 +6,23 @@
 //   {"type":"context","event":E,
 //    "reading":{"tokens","contextWindow","percent","model","costUsd"} | null,
 //    "compaction":null | {"reason","count"},
-//    "compactions": <compaction entries in the session store> | null}
+//    "compactions": <compaction entries in the session store> | null,
+//    "version": <the host's own build, e.g. "1.6.0"> | null,
+//    "compactionSettings": {"enabled", "reserveTokens"} | null}
+//
+// `compactionSettings` is pi's own `compaction` settings as `pi.getSettings()` (pi >= 1.x) merges
+// them, the current model's `modelOverrides` entry applied; a key the user never set is null (the
+// harness's default applies, which the producer knows). It is null as a whole where the host has
+// no getSettings (pi 0.84.2, omp).
 //
 // `reading` is ctx.getContextUsage() exactly as the harness answers it: unclamped, nulls kept (pi
 // answers null tokens/percent right after a compaction, and that null is the measurement). It is null
 // as a whole only when the harness gives no usage object at all. No imports from either harness, so
 // one file loads in both; it must never break the harness, so every telemetry pull and every socket
 // operation fails open, quietly.
+import { readFileSync, realpathSync } from "node:fs";
 import { createConnection } from "node:net";
+import { dirname, join } from "node:path";
 import type { Socket } from "node:net";
 
 const CHANNEL_ENV = "HCTX_CHANNEL";
@@ -52,6 +61,46 @@ function numberOrNull(value: unknown): number | null {
 
 function stringOrNull(value: unknown): string | null {
 	return typeof value === "string" ? value : null;
+}
+
+// Neither extension API names the host's build. Both harnesses' own `VERSION` export is the
+// `version` of their package.json, the first one above the running CLI whose name ends so.
+const HOST_PACKAGE = /(^|\/)pi-coding-agent$/;
+
+function hostVersion(): string | null {
+	let dir = attempt(() => dirname(realpathSync(process.argv[1])));
+	for (let depth = 0; dir && depth < 8; depth++) {
+		const here = dir;
+		const manifest: any = attempt(() => JSON.parse(readFileSync(join(here, "package.json"), "utf8")));
+		if (manifest && HOST_PACKAGE.test(String(manifest.name))) return stringOrNull(manifest.version);
+		const parent = dirname(here);
+		if (parent === here) return null;
+		dir = parent;
+	}
+	return null;
+}
+
+function booleanOrNull(value: unknown): boolean | null {
+	return typeof value === "boolean" ? value : null;
+}
+
+interface CompactionSettings {
+	enabled: boolean | null;
+	reserveTokens: number | null;
+}
+
+// As pi's SettingsManager.getCompactionSettings(model) reads them, without its defaults.
+function compactionSettings(pi: any, ctx: any): CompactionSettings | null {
+	if (typeof attempt(() => pi.getSettings) !== "function") return null;
+	const settings: any = attempt(() => pi.getSettings());
+	if (settings === undefined || settings === null || typeof settings !== "object") return null;
+	const compaction: any = attempt(() => settings.compaction) ?? {};
+	const key = attempt(() => `${ctx.model.provider}/${ctx.model.id}`);
+	const override = key === undefined ? undefined : attempt(() => compaction.modelOverrides[key].reserveTokens);
+	return {
+		enabled: booleanOrNull(attempt(() => compaction.enabled)),
+		reserveTokens: numberOrNull(override ?? attempt(() => compaction.reserveTokens)),
+	};
 }
 
 function entriesOf(ctx: any): unknown[] | null {
@@ -154,6 +203,7 @@ export default function hctxChannel(pi: any): void {
 	let costUsd: number | null = null;
 	// omp names its auto-compaction's reason only on auto_compaction_start, never on session_compact.
 	let pendingReason: string | null = null;
+	const version = hostVersion();
 
 	function reading(ctx: any): Reading | null {
 		const usage: any = attempt(() => ctx.getContextUsage());
@@ -170,7 +220,10 @@ export default function hctxChannel(pi: any): void {
 	function emit(event: string, ctx: any, compaction: Compaction | null, count: number | null): void {
 		const now = reading(ctx);
 		if (now === null && compaction === null) return;
-		const frame = { type: "context", event, reading: now, compaction, compactions: count };
+		const settings = compactionSettings(pi, ctx);
+		const frame = {
+			type: "context", event, reading: now, compaction, compactions: count, version, compactionSettings: settings,
+		};
 		channel.send(`${JSON.stringify(frame)}\n`);
 	}
 

@@ -31,6 +31,19 @@ def _module(harness: Harness) -> _ProducerModule:
     return cast(_ProducerModule, importlib.import_module(f"sidecar.producers.{_MODULES[harness]}"))
 
 
+def verified_versions(harness: Harness) -> tuple[str, ...]:
+    """The builds whose channel and arithmetic were measured: each producer's own constant."""
+    from sidecar.producers import claude, codex, opencode, pi
+
+    return {
+        "claude": claude.VERIFIED_VERSIONS,
+        "codex": codex.CODEX_CONTEXT_VERIFIED_VERSIONS,
+        "pi": pi.PI_VERIFIED_VERSIONS,
+        "omp": pi.OMP_VERIFIED_VERSIONS,
+        "opencode": opencode.OPENCODE_CONTEXT_VERIFIED_VERSIONS,
+    }[harness]
+
+
 def producer_for(harness: Harness) -> Producer:
     return _module(harness).make_producer(harness)
 

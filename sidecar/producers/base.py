@@ -8,6 +8,7 @@ objects run live in the sidecar and offline in `hctx replay`.
 from __future__ import annotations
 
 import math
+import re
 from collections import OrderedDict
 from collections.abc import Iterator
 from datetime import datetime
@@ -88,6 +89,15 @@ def instant_ms(value: object) -> int | None:
     except (OverflowError, OSError, ValueError):
         return None
     return ms if ms >= 0 else None
+
+
+# A build's version as a channel spells it: `2.1.332`, `0.171.0`, `18.2.3`, `1.6.0-beta.1`.
+_VERSION = re.compile(r"[0-9][0-9A-Za-z.+-]{0,63}")
+
+
+def harness_version(value: object) -> str | None:
+    """The harness build a channel names, or None: absent, oversized or not a version is not one."""
+    return value if isinstance(value, str) and _VERSION.fullmatch(value) else None
 
 
 def remember(ring: OrderedDict[_Key, _Value], key: _Key, value: _Value, bound: int) -> None:

@@ -17,6 +17,9 @@ Measured on 2.1.250 and 2.1.332 (lab/claude), and followed where the spec said l
   a lost PreCompact is also recovered for the second and later compactions of a session.)
 - `rate_limits` exist only for a claude.ai login, as a raw float on 2.1.250 (42.370000000000005,
   120) and rounded, clamped at 100 on 2.1.332 (42.4, 100); both are published as given.
+- `compactAtTokens` (issue 18) stays null: neither the status-line payload nor a hook names the
+  auto-compact point (2.1.250, 2.1.332), which Claude computes itself, lets an environment variable
+  move and can change server-side without a release; a number from hctx would be a guess.
 """
 
 from __future__ import annotations
@@ -32,7 +35,16 @@ from pydantic import Field, ValidationError
 
 from guard.policy import Reading
 from guard.record import CompactionTrigger, ContextFields, Count, Harness, RateLimits, describe_validation_error
-from sidecar.producers.base import Frame, FrameRejected, Percent, TolerantModel, Usd, instant_ms, optional_model
+from sidecar.producers.base import (
+    Frame,
+    FrameRejected,
+    Percent,
+    TolerantModel,
+    Usd,
+    harness_version,
+    instant_ms,
+    optional_model,
+)
 
 STATUSLINE_FRAME = "claude.statusline"
 HOOK_FRAME = "claude.hook"
@@ -141,6 +153,7 @@ class ClaudeProducer:
                 compactions=self._compaction.count,
                 last_compaction_ms=self._compaction.last_ms,
                 last_compaction_trigger=self._compaction.trigger,
+                harness_version=harness_version(payload.get("version")),
                 observed_at_ms=now_ms,
             )
         except ValidationError as exc:

@@ -8,11 +8,31 @@ websocket relay tapped a connection (payload: the text message). The producer re
   Codex's `percent_of_context_window_remaining` (the 12,000-token baseline, Rust's rounding), and
   `total.totalTokens` as the session total, which is spend and never occupancy. The window Codex
   reports is already its effective window (95% of the configured one), so it is used as-is.
-- `account/rateLimits/updated` is held and merged, and rides the next reading; it never writes.
+- `account/rateLimits/updated` is merged and restates the held reading (its own observedAtMs kept)
+  when it changes the limits: Codex sends a request's snapshot after its usage, so riding only the
+  next reading would leave the record one snapshot behind and never publish the last one.
 - a `contextCompaction` thread item is a compaction, counted once per item id however many
   `item/started` / `item/completed` frames (or relay connections) carry it.
+- the build: the initialize response's `userAgent` (`<originator>/<version> (...)`), the app-server
+  binary itself; before it (a relay that joined late, the rollout follower's `session_meta`), a
+  thread's `cliVersion`, the build that created the thread. It rides every reading.
 
 Several threads on one app-server share one record: the newest reading of any thread wins.
+
+`compactAtTokens` (issue 18). Source: `model_auto_compact_token_limit` (and `model_context_window`)
+from the config Codex loads, read by the wrapper (`wrapper.harnesses.codex.compaction_config`) and
+handed over as the sidecar's own `{"type": "hctx.codex-config", "autoCompactTokenLimit",
+"modelContextWindow"}` frame before any harness frame. Rule (codex-rs `ModelInfo::
+auto_compact_token_limit`, public copies of the source, not pinned to a tag): the effective limit is
+min(configured limit, 9/10 of the model's context window), compared `>=` with the tokens in the
+window (`last.totalTokens`, the record's usedTokens) when a turn starts, so the compaction runs before
+the turn after the one that reached it. The model's window is the configured `model_context_window`,
+or else not stated anywhere on the channel (`modelContextWindow` is 95% of it); without it the limit
+is published only where the cap cannot bind (limit <= 9/10 of the reported window, which is below
+9/10 of the model's). An unset limit is null: Codex then compacts at 9/10 of a window it does not
+state. Measured: lab 0.151.0/0.171.0, 160,000 configured, 200,000 window: turn 4 at 175,900
+compacted before turn 5 (../shared/lab/codex/); tests/live/test_codex_live.py, 0.171.0: the
+published 100,000 is where it compacted (a turn at 99,000 did not, the next after 101,000 did).
 """
 
 from __future__ import annotations
@@ -28,6 +48,7 @@ from pydantic.alias_generators import to_camel
 
 from guard.policy import Reading
 from guard.record import (
+    MAX_COUNT,
     ContextFields,
     Count,
     Harness,
@@ -36,9 +57,11 @@ from guard.record import (
     refuse_json_constant,
     round_half_up,
 )
-from sidecar.producers.base import Frame, FrameRejected, Percent, remember
+from sidecar.producers.base import Frame, FrameRejected, Percent, harness_version, remember
 
 FRAME_TYPE: Final = "codex.rpc"
+# The sidecar's own frame (sidecar.transports.codex): the compaction settings the wrapper read.
+COMPACTION_CONFIG_FRAME: Final = "hctx.codex-config"
 
 # The codex-cli build whose Rust source the arithmetic below was compared against, and the newest
 # build the lab captured with the same shapes and numbers (../shared/lab/codex/README.md).
@@ -148,13 +171,22 @@ class CodexProducer:
         self.five_hour: float | None = None
         self.seven_day: float | None = None
         self.last_reading: ContextFields | None = None
+        self.auto_compact_limit: int | None = None
+        self.configured_window: int | None = None
+        self.version: str | None = None
+        self._version_from_user_agent = False
         self._counted_items: OrderedDict[str, str | None] = OrderedDict()
         # Turns whose compaction was counted from the deprecated notification, which names no item:
         # the first item seen in such a turn is that same compaction, not a second one.
         self._legacy_turns: OrderedDict[str, bool] = OrderedDict()
 
     def feed(self, frame: Frame, now_ms: int) -> list[Reading]:
+        if isinstance(frame, dict) and frame.get("type") == COMPACTION_CONFIG_FRAME:
+            self.auto_compact_limit = _positive_count(frame.get("autoCompactTokenLimit"))
+            self.configured_window = _positive_count(frame.get("modelContextWindow"))
+            return []
         message = _message(frame)
+        self._note_version(message)
         method = message.get("method")
         if not isinstance(method, str):
             return []  # a response to the client's own request: nothing about context
@@ -163,7 +195,7 @@ class CodexProducer:
             return [self._token_usage(_parse(_TokenUsageParams, params, method), now_ms)]
         if method == RATE_LIMITS:
             self._merge_rate_limits(_parse(_RateLimitParams, params, method).rate_limits)
-            return []
+            return self._restated_with_rate_limits()
         if method in ITEM_EVENTS:
             return self._item(_parse(_ItemParams, params, method), now_ms)
         if method == LEGACY_COMPACTED:
@@ -186,10 +218,40 @@ class CodexProducer:
             compactions=self.compactions,
             last_compaction_ms=self.last_compaction_ms,
             last_compaction_trigger="unknown" if self.compactions else None,
+            harness_version=self.version,
+            compact_at_tokens=self._compact_at(window),
+            auto_compaction=True if self.auto_compact_limit is not None else None,
             observed_at_ms=now_ms,
         )
         self.last_reading = fields
         return Reading(fields)
+
+    def _compact_at(self, reported_window: int | None) -> int | None:
+        """The effective auto-compact limit Codex states through its config (see the module doc)."""
+        limit = self.auto_compact_limit
+        if limit is None:
+            return None
+        if self.configured_window is not None:
+            return min(limit, self.configured_window * 9 // 10)
+        if reported_window is not None and limit * 10 <= reported_window * 9:
+            return limit
+        return None
+
+    def _note_version(self, message: dict[str, Any]) -> None:
+        result, params = message.get("result"), message.get("params")
+        agent = result.get("userAgent") if isinstance(result, dict) else None
+        if isinstance(agent, str):
+            version = harness_version(agent.split(" ", 1)[0].rpartition("/")[2])
+            if version is not None:
+                self.version, self._version_from_user_agent = version, True
+                return
+        if self._version_from_user_agent:
+            return  # a resumed thread's cliVersion names the build that created it, not this one
+        for holder in (result, params):
+            thread = holder.get("thread") if isinstance(holder, dict) else None
+            version = harness_version(thread.get("cliVersion")) if isinstance(thread, dict) else None
+            if version is not None:
+                self.version = version
 
     def _merge_rate_limits(self, snapshot: _RateLimitSnapshot) -> None:
         # A sparse rolling update: a null or absent window says nothing, so it never clears one.
@@ -200,6 +262,15 @@ class CodexProducer:
                 self.five_hour = window.used_percent
             elif window.window_duration_mins == SEVEN_DAY_MINUTES:
                 self.seven_day = window.used_percent
+
+    def _restated_with_rate_limits(self) -> list[Reading]:
+        """The held reading with the merged limits, when they changed it; nothing was re-measured,
+        so its observedAtMs stays. Before any reading the limits wait for the first one."""
+        held, limits = self.last_reading, self._rate_limits()
+        if held is None or held.rate_limits == limits:
+            return []
+        self.last_reading = held.model_copy(update={"rate_limits": limits})
+        return [Reading(self.last_reading, rate_limits_edge=True)]
 
     def _rate_limits(self) -> RateLimits | None:
         if self.five_hour is None and self.seven_day is None:
@@ -236,6 +307,7 @@ class CodexProducer:
             "last_compaction_ms": now_ms,
             "last_compaction_trigger": "unknown",
             "rate_limits": self._rate_limits(),
+            "harness_version": self.version,
         }
         if self.last_reading is None:
             # No reading yet: the count is the only observation, and it was made now.
@@ -270,6 +342,10 @@ def _parse(model: type[_M], params: object, method: str) -> _M:
         return model.model_validate(params)
     except ValidationError as exc:
         raise FrameRejected(f"{method}: {describe_validation_error(exc)}") from None
+
+
+def _positive_count(value: object) -> int | None:
+    return value if type(value) is int and 0 < value <= MAX_COUNT else None
 
 
 def make_producer(harness: Harness) -> CodexProducer:

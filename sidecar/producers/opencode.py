@@ -18,9 +18,30 @@ What the lab measured (../shared/lab/opencode/README.md, 1.18.25 and 1.18.33 ali
 - `session.compacted` is `{sessionID}` and nothing else: counted once per event, trigger unknown.
 
 Several sessions on one server share one record: the newest reading of any session wins (the
-spec's v1 rule, DQ-C10), carrying the cost and cumulative tokens of its own session. There is no
+spec's v1 rule, DQ-C10), carrying the cost and cumulative tokens of its own session, and naming it
+(`sessionId`, issue 19), so a reader can tell two sessions' windows apart. `harnessVersion` is the
+session's own `version` (`session.updated`: the build that created the session).
+
+Which session a TUI shows is the TUI's own route; the server learns it only when it tells the TUI
+(`POST /tui/select-session` publishes `tui.session.select {sessionID}`, which the TUI obeys; measured
+on 1.18.33, live). Once it has, the record follows that session: other sessions' turns are held (the
+newest per session), and selecting one publishes its held turn. A route the TUI changes by itself is
+invisible to the server, so then the record keeps the last selected session, named. There is no
 heartbeat of a held number: every reading this producer emits is a turn that really completed, or
 that same turn newly joined with its window, always with the turn's own `observedAtMs`.
+
+`compactAtTokens` (issue 18). Source: the model's `limit` in `GET /config/providers` and the
+`compaction` block of `GET /config` (`{"type": "hctx.config", "payload": <answer>, "outputTokenMax":
+$OPENCODE_EXPERIMENTAL_OUTPUT_TOKEN_MAX if set}`, pulled by the transport). Rule, read off the
+1.18.25 and 1.18.33 binaries (session compaction's `usable` / `isOverflow`): no auto-compaction when
+`compaction.auto` is false or `limit.context` is 0; else it compacts once the turn's `tokens.total`
+(the record's usedTokens) is >= `limit.input - (compaction.reserved ?? min(20000, maxOut))` where the
+model has `limit.input`, else >= `limit.context - maxOut`, with maxOut = min(`limit.output`, 32000)
+(0 or absent: 32000; the 32,000 is `OPENCODE_EXPERIMENTAL_OUTPUT_TOKEN_MAX`'s default). Note that
+`compaction.reserved` only counts where the model declares `limit.input`. Measured: the lab's run D
+(128,000 / 8,192, no `limit.input`): 119,808; its 125,500-token turn compacted
+(fixtures/opencode/*/events.jsonl), where context alone (128,000) or a 20,000 reserve (108,000)
+would be wrong. Before the config is read the point is null.
 """
 
 from __future__ import annotations
@@ -32,16 +53,22 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Annotated, Any, Final, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from guard.policy import Reading
 from guard.record import ContextFields, Count, Harness, describe_validation_error, refuse_json_constant
-from sidecar.producers.base import Frame, FrameRejected, Usd, remember
+from sidecar.producers.base import Frame, FrameRejected, Usd, harness_version, remember
 
 PROVIDERS_FRAME: Final = "hctx.providers"
+CONFIG_FRAME: Final = "hctx.config"
+CONFIG_SCHEMA_PREFIX: Final = "https://opencode.ai/config"
+# ProviderTransform.OUTPUT_TOKEN_MAX and session compaction's reserve cap, 1.18.25 and 1.18.33.
+OUTPUT_TOKEN_MAX: Final = 32_000
+COMPACTION_RESERVED_CAP: Final = 20_000
 MESSAGE_UPDATED: Final = "message.updated"
 SESSION_UPDATED: Final = "session.updated"
 SESSION_COMPACTED: Final = "session.compacted"
+TUI_SESSION_SELECT: Final = "tui.session.select"
 
 # The builds whose captures the fixture tests decode (identical token and compaction behaviour).
 OPENCODE_CONTEXT_VERIFIED_VERSIONS: Final = ("1.18.25", "1.18.33")
@@ -112,6 +139,7 @@ class _SessionInfo(_Wire):
     id: Id
     cost: Usd | None = None
     tokens: _SessionTokens | None = None
+    version: Any = None  # read through `harness_version`, never typed: a bad one is null, not a drop
 
 
 class _SessionProperties(_Wire):
@@ -122,8 +150,62 @@ class _CompactedProperties(_Wire):
     session_id: Id = Field(alias="sessionID")
 
 
+class _SelectProperties(_Wire):
+    session_id: Id = Field(alias="sessionID")
+
+
 class _Limit(_Wire):
     context: Tokens
+
+
+class _Limits(_Wire):
+    """What the compaction rule reads of a model's `limit`; an odd `input`/`output` makes it unknown."""
+
+    context: Tokens
+    input: Tokens | None = None
+    output: Tokens | None = None
+
+
+class _Compaction(_Wire):
+    auto: StrictBool | None = None
+    reserved: Tokens | None = None
+
+
+class _Config(_Wire):
+    compaction: _Compaction | None = None
+
+
+def opencode_compact_at(
+    limits: _Limits | None, compaction: _Compaction | None, output_max: int | None
+) -> tuple[int | None, bool | None]:
+    """(compactAtTokens, autoCompaction) by OpenCode's own overflow rule (see the module doc);
+    (None, None) until the config is read, (None, False) when `compaction.auto` is false."""
+    if compaction is None:
+        return None, None
+    if compaction.auto is False:
+        return None, False
+    if limits is None or limits.context == 0 or output_max is None:
+        return None, True
+    max_out = min(limits.output or 0, output_max) or output_max
+    if limits.input:
+        reserved = compaction.reserved if compaction.reserved is not None else min(COMPACTION_RESERVED_CAP, max_out)
+        return max(0, limits.input - reserved), True
+    return max(0, limits.context - max_out), True
+
+
+class _ProviderLimits(_Wire):
+    limit: _Limits
+
+
+def limits_from_providers(payload: object) -> dict[ModelKey, _Limits]:
+    """Every model's `limit` as the compaction rule reads it; entries that do not validate are left out."""
+    found: dict[ModelKey, _Limits] = {}
+    for key, model in _provider_models(payload):
+        try:
+            found[key] = _ProviderLimits.model_validate(model).limit
+        except ValidationError:
+            continue
+    return found
 
 
 class _ProviderModel(_Wire):
@@ -150,26 +232,35 @@ def windows_from_providers(payload: object) -> dict[ModelKey, int]:
     `providers` is a list, `models` an object keyed by model id. Entries that do not validate, and a
     context of 0 (OpenCode's "unknown"), are left out rather than guessed at.
     """
+    windows: dict[ModelKey, int] = {}
+    for key, model in _provider_models(payload):
+        try:
+            window = _ProviderModel.model_validate(model).limit.context
+        except ValidationError:
+            continue
+        if window > 0:
+            windows[key] = window
+    return windows
+
+
+def _provider_models(payload: object) -> Iterator[tuple[ModelKey, object]]:
+    """(key, model entry) of a `GET /config/providers` answer, at most WINDOWS_REMEMBERED of them."""
     try:
         answer = _Providers.model_validate(payload)
     except ValidationError as exc:
         raise FrameRejected(f"{PROVIDERS_FRAME}: {describe_validation_error(exc)}") from None
-    windows: dict[ModelKey, int] = {}
+    count = 0
     for entry in answer.providers:
         try:
             provider = _Provider.model_validate(entry)
         except ValidationError:
             continue
         for model_id, model in provider.models.items():
-            if len(windows) >= WINDOWS_REMEMBERED:
-                return windows
-            try:
-                window = _ProviderModel.model_validate(model).limit.context
-            except ValidationError:
-                continue
-            if window > 0 and 0 < len(model_id) <= 512:
-                windows[(provider.id, model_id)] = window
-    return windows
+            if count >= WINDOWS_REMEMBERED:
+                return
+            if 0 < len(model_id) <= 512:
+                count += 1
+                yield (provider.id, model_id), model
 
 
 def model_named_by(frame: Frame) -> ModelKey | None:
@@ -232,6 +323,7 @@ class WindowCatalog:
 class _SessionFacts:
     cost_usd: float | None
     total_tokens: int | None
+    version: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,10 +342,15 @@ class OpenCodeProducer:
     def __init__(self, harness: Harness = "opencode") -> None:
         self.harness: Harness = harness
         self.catalog = WindowCatalog()
+        self.limits: dict[ModelKey, _Limits] = {}
+        self.compaction: _Compaction | None = None  # None until a config answer was read
+        self.output_max: int | None = OUTPUT_TOKEN_MAX
         self.compactions = 0
         self.last_compaction_ms: int | None = None
         self.last_reading: ContextFields | None = None
         self._turn: _Turn | None = None
+        self._turns: OrderedDict[str, _Turn] = OrderedDict()  # the newest turn of each session
+        self._shown: str | None = None  # the session the server last told its TUI to show
         self._sessions: OrderedDict[str, _SessionFacts] = OrderedDict()
         self._landed: OrderedDict[tuple[str | None, str], int] = OrderedDict()
         self._counted_compactions: OrderedDict[str, None] = OrderedDict()
@@ -269,7 +366,11 @@ class OpenCodeProducer:
             if not isinstance(frame, dict) or "payload" not in frame:
                 raise FrameRejected(f"{PROVIDERS_FRAME} without a payload")
             self.catalog.learn(frame["payload"])
+            self.limits.update(limits_from_providers(frame["payload"]))
             return self._joined_late()
+        if envelope.type == CONFIG_FRAME:
+            self._config(frame)
+            return []
         if envelope.type == MESSAGE_UPDATED:
             properties = _parse(_MessageProperties, envelope.properties, MESSAGE_UPDATED)
             return self._message(properties, now_ms)
@@ -279,6 +380,8 @@ class OpenCodeProducer:
         if envelope.type == SESSION_COMPACTED:
             _parse(_CompactedProperties, envelope.properties, SESSION_COMPACTED)  # {sessionID}, nothing more
             return self._compacted(envelope.id, now_ms)
+        if envelope.type == TUI_SESSION_SELECT:
+            return self._select(_parse(_SelectProperties, envelope.properties, TUI_SESSION_SELECT).session_id)
         return []  # deltas, parts, status, heartbeats: nothing about occupancy
 
     def _message(self, properties: _MessageProperties, now_ms: int) -> list[Reading]:
@@ -295,12 +398,27 @@ class OpenCodeProducer:
         if self._landed.get(landed) == total:
             return []  # the duplicated completion frame
         remember(self._landed, landed, total, MESSAGES_REMEMBERED)
-        self._turn = _Turn(total, key, session_id, now_ms)
-        return [Reading(self._snapshot(self._turn))]
+        turn = _Turn(total, key, session_id, now_ms)
+        if session_id is not None:
+            remember(self._turns, session_id, turn, SESSIONS_REMEMBERED)
+        if self._shown is not None and session_id != self._shown:
+            return []  # not the session the TUI was told to show: held for when it is
+        self._turn = turn
+        return [Reading(self._snapshot(turn))]
+
+    def _select(self, session_id: str) -> list[Reading]:
+        """The TUI now shows `session_id`: its newest turn, with that turn's own time, if one landed."""
+        self._shown = session_id
+        turn = self._turns.get(session_id)
+        if turn is None or turn is self._turn:
+            return []
+        self._turn = turn
+        return [Reading(self._snapshot(turn))]
 
     def _snapshot(self, turn: _Turn) -> ContextFields:
         window = self.catalog.window(turn.key)
         facts = self._sessions.get(turn.session_id) if turn.session_id is not None else None
+        compact_at, auto_compaction = opencode_compact_at(self.limits.get(turn.key), self.compaction, self.output_max)
         fields = ContextFields(
             harness=self.harness,
             used_tokens=turn.used_tokens,
@@ -314,10 +432,29 @@ class OpenCodeProducer:
             compactions=self.compactions,
             last_compaction_ms=self.last_compaction_ms,
             last_compaction_trigger="unknown" if self.compactions else None,
+            harness_version=facts.version if facts else None,
+            session_id=turn.session_id,
+            compact_at_tokens=compact_at,
+            auto_compaction=auto_compaction,
             observed_at_ms=turn.observed_at_ms,
         )
         self.last_reading = fields
         return fields
+
+    def _config(self, frame: Frame) -> None:
+        """A `GET /config` answer: its `compaction` block (absent is OpenCode's defaults), and the
+        output cap the server's environment sets; an unreadable one leaves the point unknown."""
+        try:
+            config = _Config.model_validate(frame.get("payload"))
+        except ValidationError:
+            self.compaction = None
+            return
+        self.compaction = config.compaction or _Compaction()
+        raw = frame.get("outputTokenMax")
+        if raw is None:
+            self.output_max = OUTPUT_TOKEN_MAX
+        else:
+            self.output_max = int(raw) if isinstance(raw, str) and raw.isdigit() and 0 < int(raw) <= 10**9 else None
 
     def _joined_late(self) -> list[Reading]:
         """The held turn, now that the pull it waited for supplied its window; its time is kept."""
@@ -337,7 +474,8 @@ class OpenCodeProducer:
         total = None
         if tokens is not None:
             total = tokens.input + tokens.output + tokens.reasoning + tokens.cache.read + tokens.cache.write
-        remember(self._sessions, info.id, _SessionFacts(info.cost, total), SESSIONS_REMEMBERED)
+        facts = _SessionFacts(info.cost, total, harness_version(info.version))
+        remember(self._sessions, info.id, facts, SESSIONS_REMEMBERED)
 
     def _compacted(self, event_id: str | None, now_ms: int) -> list[Reading]:
         if event_id is not None:
@@ -385,6 +523,7 @@ def decode_recording(data: bytes) -> Iterator[tuple[int | None, Frame]]:
     """Every recording shape the lab and the transport produce, one file at a time:
 
     - a `GET /config/providers` answer (one JSON object with `providers`): one providers frame;
+    - a `GET /config` answer (one JSON object naming OpenCode's config `$schema`): one config frame;
     - the lab's `events.jsonl` (`{"seq","t","stream","event","id","raw"}` per line): the frames of
       the `/event` stream only (`stream == "event"`), `raw` decoded, `t` (seconds) as the clock;
     - plain JSONL of event objects, or raw SSE text (`data:` lines, blank-line separated): untimed.
@@ -396,6 +535,9 @@ def decode_recording(data: bytes) -> Iterator[tuple[int | None, Frame]]:
     whole = _json_or_none(text) if text.lstrip().startswith("{") else None
     if isinstance(whole, dict) and "providers" in whole:
         yield None, providers_frame(whole)
+        return
+    if isinstance(whole, dict) and str(whole.get("$schema", "")).startswith(CONFIG_SCHEMA_PREFIX):
+        yield None, {"type": CONFIG_FRAME, "payload": whole}
         return
     if any(line.startswith("data:") for line in text.splitlines()):
         for payload in sse_payloads(text.splitlines()):

@@ -10,7 +10,9 @@ The frame (sidecar/assets/hctx-channel.ts writes it, one JSON object a line):
     {"type": "context", "event": "turn_end",
      "reading": {"tokens", "contextWindow", "percent", "model", "costUsd"} | null,
      "compaction": {"reason", "count"} | null,
-     "compactions": <compaction entries in the harness's session store> | null}
+     "compactions": <compaction entries in the harness's session store> | null,
+     "compactionSettings": {"enabled", "reserveTokens"} | null,
+     "version": <the host's build, the extension's reading of its package.json> | null}
 
 `reading` is null when the harness gave no usage object at all (no model, no telemetry surface, a
 throwing getter); a reading whose `tokens`/`percent` are null is pi saying it does not know yet
@@ -19,6 +21,22 @@ only; its `count` is harness-durable, or null when the session store could not b
 the producer degrades to counting the edge itself. `event` and `compactions` are additive to the
 envelope: `compactions` rides every frame so a restarted session publishes its durable count before
 its next compaction.
+
+`compactAtTokens` (issue 18), pi only. Rule, from pi's own source (0.84.2 and 1.6.0
+`core/compaction/compaction.js`): `shouldCompact` is `enabled && contextTokens > contextWindow -
+reserveTokens`, checked after each assistant message on the same totalTokens numerator
+`getContextUsage().tokens` reports; `enabled` defaults to true and `reserveTokens` to 16,384
+(`SETTINGS_DEFAULTS.compaction`), a model's `compaction.modelOverrides["provider/id"].reserveTokens`
+winning (1.6.0). So compactAt = window - reserveTokens: pi compacts once usedTokens exceeds it.
+Source: the frame's additive `compactionSettings` ({enabled, reserveTokens}, null where unset), which
+the extension reads through `pi.getSettings()`; pi 0.84.2 has no getSettings, so the frame carries
+null and so does the record. `enabled: false` publishes null with `autoCompaction: false`.
+Measured (tests/live/test_pi_live.py, pi 1.6.0, window 32,000, reserveTokens 6,000): published
+26,000; a 24,960-token turn did not compact, the next 26,400-token turn compacted (reason threshold).
+omp: null. Its extension API has no settings surface, and its rule (`resolveThresholdTokens`:
+`thresholdTokens`, else `thresholdPercent`, else window - max(15% of window, reserveTokens), compared
+with max(provider usage incl. output, its own estimate)) is not on the input-only scale omp's
+usedTokens has, so no compactAt it could state would be comparable with the published reading.
 """
 
 from __future__ import annotations
@@ -27,7 +45,7 @@ import json
 from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 from pydantic.alias_generators import to_camel
 
 from guard.policy import Reading
@@ -39,9 +57,13 @@ from guard.record import (
     Harness,
     describe_validation_error,
 )
-from sidecar.producers.base import Frame, FrameRejected, Percent, Usd, instant_ms
+from sidecar.producers.base import Frame, FrameRejected, Percent, Usd, harness_version, instant_ms, optional_model
 
 PI_HARNESSES: tuple[Harness, ...] = ("pi", "omp")
+
+# The builds the fixtures and the live suite measured (HC-R13), per harness of this channel.
+PI_VERIFIED_VERSIONS = ("0.84.2", "1.6.0")
+OMP_VERIFIED_VERSIONS = ("18.1.16", "18.2.3")
 
 # A model id longer than this is not an id; refusing the frame beats publishing a megabyte of it.
 MAX_MODEL_ID_CHARS = 256
@@ -69,11 +91,42 @@ class ChannelCompaction(_Wire):
     count: _Tokens | None
 
 
+class ChannelCompactionSettings(_Wire):
+    """pi's `compaction` settings as the user set them; null where unset (pi's default applies)."""
+
+    enabled: StrictBool | None = None
+    reserve_tokens: _Tokens | None = None
+
+
+# pi 0.84.2 and 1.6.0 `SETTINGS_DEFAULTS.compaction`: auto-compaction on, 16,384 tokens reserved.
+PI_DEFAULT_RESERVE_TOKENS = 16_384
+
+
+def pi_compact_at(settings: ChannelCompactionSettings | None, window: int | None) -> tuple[int | None, bool | None]:
+    """(compactAtTokens, autoCompaction) by pi's `shouldCompact`: window - reserveTokens when enabled;
+    (None, None) where the settings were not readable, (None, False) when switched off."""
+    if settings is None:
+        return None, None
+    if settings.enabled is False:
+        return None, False
+    reserve = PI_DEFAULT_RESERVE_TOKENS if settings.reserve_tokens is None else settings.reserve_tokens
+    if window is None or window <= reserve:
+        return None, True
+    return window - reserve, True
+
+
 class ContextFrame(_Wire):
     type: Literal["context"]
     reading: ChannelReading | None
     compaction: ChannelCompaction | None
     compactions: _Tokens | None = None
+    # The harness event the frame was sent on; compared, never trusted to be a string.
+    event: Any = None
+    # Additive: the host's build as the extension found it; read through `harness_version`, so an
+    # unreadable one is null, never a dropped frame.
+    version: Any = None
+    # Additive (issue 18): pi's compaction settings, read through `optional_model`.
+    compaction_settings: Any = None
 
 
 def trigger_of(reason: str | None) -> CompactionTrigger:
@@ -95,11 +148,19 @@ class PiProducer:
         self.last_compaction_ms: int | None = None
         self.last_compaction_trigger: CompactionTrigger | None = None
         self.last: ContextFields | None = None
+        self.version: str | None = None
+        self.settings: ChannelCompactionSettings | None = None
 
     def feed(self, frame: Frame, now_ms: int) -> list[Reading]:
         decoded = _decode(frame)
         if type(now_ms) is not int or now_ms < 0:
             raise FrameRejected(f"arrival time {now_ms!r} is not a time")
+        if decoded.event == "session_start":
+            # A session begins (startup, `/new`, `/resume`, a fork): the edge and the reading held are
+            # another session's, so a reading never carries them; its own count comes with this frame.
+            self.last_compaction_ms = None
+            self.last_compaction_trigger = None
+            self.last = None
         edge = decoded.compaction
         if edge is not None:
             # The store's count already includes this compaction (it is read inside session_compact);
@@ -113,6 +174,9 @@ class PiProducer:
                 # A session whose store holds no compaction (a new one): the last edge was another's.
                 self.last_compaction_ms = None
                 self.last_compaction_trigger = None
+        self.version = harness_version(decoded.version) or self.version
+        # Restated on every frame; a malformed one is unreadable settings (null), never a dropped frame.
+        self.settings = optional_model(ChannelCompactionSettings, decoded.compaction_settings)
         if decoded.reading is not None:
             self.last = self._fields(decoded.reading, now_ms)
         elif edge is not None:
@@ -128,7 +192,12 @@ class PiProducer:
             "compactions": self.compactions,
             "last_compaction_ms": self.last_compaction_ms,
             "last_compaction_trigger": self.last_compaction_trigger,
+            "harness_version": self.version,
         }
+
+    def _compact_at(self, window: int | None) -> dict[str, Any]:
+        compact_at, auto = pi_compact_at(self.settings if self.harness == "pi" else None, window)
+        return {"compact_at_tokens": compact_at, "auto_compaction": auto}
 
     def _fields(self, reading: ChannelReading, now_ms: int) -> ContextFields:
         try:
@@ -141,6 +210,7 @@ class PiProducer:
                 cost_usd=reading.cost_usd,
                 observed_at_ms=now_ms,
                 **self._compaction_fields(),
+                **self._compact_at(reading.context_window),
             )
         except ValidationError as exc:  # the frame was validated to the record's own types; defensive
             raise FrameRejected(f"reading does not make a record: {describe_validation_error(exc)}") from None

@@ -27,7 +27,7 @@ import trio_websocket
 from trio_websocket import ConnectionClosed, ConnectionRejected, WebSocketConnection, WebSocketRequest
 
 from guard.constants import CHANNEL_MAX_FRAME_BYTES
-from sidecar.producers.codex import FRAME_TYPE
+from sidecar.producers.codex import COMPACTION_CONFIG_FRAME, FRAME_TYPE
 from sidecar.transports import Submit
 
 log = logging.getLogger(__name__)
@@ -69,6 +69,9 @@ class Address:
 
 
 async def run(config: dict[str, Any], submit: Submit) -> None:
+    # First, so every reading carries them: the compaction settings the wrapper read.
+    keys = ("autoCompactTokenLimit", "modelContextWindow")
+    submit({"type": COMPACTION_CONFIG_FRAME, **{key: config[key] for key in keys if key in config}})
     if config.get("mode") == "rollout":  # an interactive seat: no app-server, follow its rollout file
         from sidecar.rollout import follow_rollout
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from typing import Annotated, Any, Final
 
 import httpx
@@ -23,7 +24,14 @@ import trio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sidecar.producers.base import Frame, FrameRejected
-from sidecar.producers.opencode import ModelKey, SseParser, WindowCatalog, model_named_by, providers_frame
+from sidecar.producers.opencode import (
+    CONFIG_FRAME,
+    ModelKey,
+    SseParser,
+    WindowCatalog,
+    model_named_by,
+    providers_frame,
+)
 from sidecar.transports import Submit
 
 log = logging.getLogger(__name__)
@@ -39,6 +47,7 @@ REQUEST_SECONDS: Final = 10.0
 # Measured on 1.18.25: the first request a just-started server accepts is never answered, while
 # the next one is at once. A connection whose response headers do not come promptly is retried.
 HEADERS_SECONDS: Final = 3.0
+OUTPUT_TOKEN_MAX_ENV: Final = "OPENCODE_EXPERIMENTAL_OUTPUT_TOKEN_MAX"
 
 
 class OpenCodeTransportConfig(BaseModel):
@@ -102,6 +111,7 @@ class EventFollower:
             self.connections += 1
             log.info("event stream open", extra={"event": "opencode-stream-open", "n": self.connections})
             await self._pull(client)
+            await self._pull_config(client)
             parser = SseParser()
             async for line in response.aiter_lines():
                 payload = parser.feed(line)
@@ -141,6 +151,24 @@ class EventFollower:
             )
             return
         self.submit(providers_frame(payload))
+
+    async def _pull_config(self, client: httpx.AsyncClient) -> None:
+        """`GET /config`, once per connection: its `compaction` block and the server's output cap
+        make the compaction point (sidecar.producers.opencode); a failed pull leaves it unknown."""
+        try:
+            response = await client.get("/config", timeout=REQUEST_SECONDS)
+            response.raise_for_status()
+            payload: Any = json.loads(response.content)
+        except (httpx.HTTPError, ValueError, RecursionError) as exc:
+            log.warning(
+                "config pull failed: %s",
+                exc.__class__.__name__,
+                extra={"event": "opencode-config-failed", "why": str(exc)[:200]},
+            )
+            return
+        # The server inherited this environment from the wrapper, as the sidecar did.
+        cap = os.environ.get(OUTPUT_TOKEN_MAX_ENV)
+        self.submit({"type": CONFIG_FRAME, "payload": payload, **({} if cap is None else {"outputTokenMax": cap})})
 
 
 def _decode(payload: str) -> Frame | None:

@@ -17,7 +17,8 @@ exactly what Codex is told it spent, with no state shared between test and serve
 - a turn request answers with the last `[[u:IN:OUT]]` / `[[u:IN:OUT:CACHED]]` in its newest user
   message (`total_tokens = IN + OUT`), or 1300/20 without one;
 - a compaction request (Codex's "CONTEXT CHECKPOINT COMPACTION" summarisation prompt, or a remote-v2
-  trigger) answers with the last `[[c:IN:OUT]]` anywhere in its input, or 1000/100 without one.
+  trigger) answers with the last `[[c:IN:OUT]]` anywhere in its input, or 1000/100 without one;
+- `[[sleep:S]]` in a turn's newest user message holds its reply back S seconds (a turn still running).
 
 Every request is kept in `requests` (kind, usage, headers, body) for assertions.
 """
@@ -45,6 +46,7 @@ from tests.harnesses import harness_env
 HOST = LOOPBACK
 TURN_MARKER = re.compile(r"\[\[u:(\d+):(\d+)(?::(\d+))?\]\]")
 COMPACTION_MARKER = re.compile(r"\[\[c:(\d+):(\d+)(?::(\d+))?\]\]")
+SLEEP_MARKER = re.compile(r"\[\[sleep:(\d+(?:\.\d+)?)\]\]")
 COMPACTION_PROMPT = "CONTEXT CHECKPOINT COMPACTION"
 DEFAULT_TURN_USAGE = (1300, 20, 0)
 DEFAULT_COMPACTION_USAGE = (1000, 100, 0)
@@ -63,6 +65,7 @@ class Served:
     headers: dict[str, str]
     body: dict[str, Any]
     rate_limits: tuple[float, float] | None  # (primary %, secondary %) as sent in the headers
+    delay_s: float = 0.0  # how long the reply is held back
 
 
 @dataclass
@@ -99,7 +102,8 @@ class FakeResponses:
         else:
             usage = _last_marker(COMPACTION_MARKER, texts) or DEFAULT_COMPACTION_USAGE
         limits = (min(100.0, 10 + 7.5 * index), min(100.0, 40.0 + index)) if self.rate_limit_headers else None
-        served = Served(index, kind, usage, headers, body, limits)
+        sleep = SLEEP_MARKER.search(user_texts[-1]) if kind == "turn" and user_texts else None
+        served = Served(index, kind, usage, headers, body, limits, float(sleep[1]) if sleep else 0.0)
         self.requests.append(served)
         extra = _rate_limit_headers(*limits) if limits is not None else []
         return served, _sse_events(served, user_texts[-1] if user_texts else ""), extra
@@ -198,7 +202,8 @@ async def _serve_one(
     except ValueError:
         parsed = {}
     request_headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in request.headers}
-    _, chunks, extra = server.answer(request_headers, parsed if isinstance(parsed, dict) else {})
+    served, chunks, extra = server.answer(request_headers, parsed if isinstance(parsed, dict) else {})
+    await trio.sleep(served.delay_s)
     headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"), *extra]
     await send(conn, stream, h11.Response(status_code=200, headers=headers))
     for chunk in chunks:

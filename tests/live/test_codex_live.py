@@ -10,8 +10,9 @@ the lab's main scenario through a small JSON-RPC client (tests/fakes/codex_clien
 
 then a resume in a fresh app-server process under a fresh `hctx wrap` (a new incarnation), and
 turn 6 (22,000 / 300). Asserted on the record the sidecar writes and on its write log: Codex's own
-percent mirrored (12,000 baseline), `sessionTotalTokens`, the rate-limit windows riding the next
-reading, each compaction counted once; and on the frames: what the client receives is what the
+percent mirrored (12,000 baseline), `sessionTotalTokens`, the rate limits equal to the newest
+snapshot Codex sent (published on the reading they follow, its `observedAtMs` kept), each
+compaction counted once; and on the frames: what the client receives is what the
 app-server sent.
 """
 
@@ -115,17 +116,22 @@ async def main_scenario(client: CodexClient, lab: Lab, *, check_records: bool) -
         return await lab.record_when(predicate, what) if check_records else None
 
     await client.turn(thread, TURN_1)
-    first = await expect("turn 1", lambda r: r.used_tokens == 30_500)
+    first = await expect("turn 1 with its rate limits", lambda r: r.used_tokens == 30_500 and r.rate_limits is not None)
     if first is not None:
-        assert (first.used_percent, first.window_tokens, first.rate_limits) == (10, 190_000, None)
+        assert (first.used_percent, first.window_tokens) == (10, 190_000)
+        # Turn 1's own snapshot (primary 10% over 300 min, secondary 40% over 10,080), on turn 1's
+        # reading with the time that reading was taken: the bucket write's observedAtMs.
+        assert limits(first) == latest_snapshot(client) == (10, 40)
+        writes = [e for e in log_events(lab.catalog, AGENT) if e["event"] == "write"]
+        assert first.observed_at_ms == writes[0]["observedAtMs"]
+        if len(writes) > 1:  # landed as two writes (else coalesced into one): the second re-stamps nothing
+            assert writes[1]["reason"] == "rate-limits" and writes[1]["writtenAtMs"] > writes[0]["writtenAtMs"]
     await client.turn(thread, TURN_2)
-    second = await expect("turn 2", lambda r: r.used_tokens == 90_800)
+    second = await expect("turn 2", lambda r: r.used_tokens == 90_800 and limits(r) == (18, 41))
     if second is not None:
         # Codex's 44 ("56% context left"), not 90,800 / 190,000 = 47.8 nor 121,300 / 190,000 = 63.8.
         assert (second.used_percent, second.session_total_tokens) == (44, 121_300)
-        # Turn 1's snapshot (primary 10% over 300 min, secondary 40% over 10,080) rides this reading.
-        assert second.rate_limits is not None
-        assert (second.rate_limits.five_hour, second.rate_limits.seven_day) == (10, 40)
+        assert limits(second) == latest_snapshot(client)
     await client.compact(thread)
     compacted = await expect("the manual compaction", lambda r: r.compactions == 1 and r.used_percent == 0)
     if compacted is not None:
@@ -135,17 +141,34 @@ async def main_scenario(client: CodexClient, lab: Lab, *, check_records: bool) -
     await client.turn(thread, TURN_4)
     await expect("turn 4", lambda r: r.used_percent == 92 and r.compactions == 1)
     await client.turn(thread, TURN_5)
-    last = await expect("turn 5", lambda r: r.session_total_tokens == 605_450)
+    last = await expect("turn 5", lambda r: r.session_total_tokens == 605_450 and limits(r) == (55, 46))
     if last is not None:
         assert (last.used_tokens, last.used_percent, last.compactions) == (18_250, 4, 2)
-        assert last.rate_limits is not None
-        # Primary 47.5% (request 5) is rounded by Codex to 48; secondary 45% over 10,080 minutes.
-        assert (last.rate_limits.five_hour, last.rate_limits.seven_day) == (48, 45)
+        # The session's last snapshot (request 7: primary 55%, secondary 46%) is published, where
+        # riding the next reading it never was: there is no next reading.
+        assert limits(last) == latest_snapshot(client)
         assert (last.model, last.cost_usd) == (None, None)
     assert [r.kind for r in lab.fake.requests[-7:]] == [
         "turn", "turn", "compaction", "turn", "turn", "compaction", "turn"
     ]  # fmt: skip
     return thread
+
+
+def limits(record: HarnessContext) -> tuple[float | None, float | None] | None:
+    return None if record.rate_limits is None else (record.rate_limits.five_hour, record.rate_limits.seven_day)
+
+
+def latest_snapshot(client: CodexClient) -> tuple[float | None, float | None]:
+    """(primary, secondary) usedPercent of the newest `account/rateLimits/updated` the client got."""
+    [*_, newest] = [m for m in client.messages if m.get("method") == "account/rateLimits/updated"]
+    windows = newest["params"]["rateLimits"]
+    return windows["primary"]["usedPercent"], windows["secondary"]["usedPercent"]
+
+
+def without_rate_limits(writes: list[tuple[str, float | None]]) -> list[tuple[str, float | None]]:
+    """The occupancy writes: a rate-limits write is the reading before it restated (or, coalesced
+    with it, carried by it), so this is the sequence however the writes landed."""
+    return [write for write in writes if write[0] != "rate-limits"]
 
 
 def token_usage(client: CodexClient) -> list[tuple[int | str, int, int | None]]:
@@ -221,8 +244,13 @@ async def test_stdio_under_wrap_main_then_resume_in_a_fresh_process(version: str
             assert process.returncode == 0, (tmp_path / "wrap-1.stderr").read_text()[-2000:]
             # Every byte the client read parsed as the app-server's own newline-delimited JSON-RPC.
             assert bytes(stdout) == "".join(line + "\n" for line in client.raw).encode()
-            assert run.writes() == MAIN_WRITES
-            assert replayed_writes(client.raw) == MAIN_WRITES  # the sidecar saw what the client saw
+            assert without_rate_limits(run.writes()) == MAIN_WRITES
+            replayed = replayed_writes(client.raw)
+            assert without_rate_limits(replayed) == MAIN_WRITES  # the sidecar saw what the client saw
+            assert [w for w in replayed if w[0] == "rate-limits"] == [
+                ("rate-limits", 10), ("rate-limits", 44), ("rate-limits", 44), ("rate-limits", 5),
+                ("rate-limits", 92), ("rate-limits", 92), ("rate-limits", 4),
+            ]  # fmt: skip
             assert compaction_items(client) == 4 and client.count("thread/compacted") == 0
             first_incarnation = run.record()
             assert first_incarnation is not None
@@ -245,9 +273,12 @@ async def test_stdio_under_wrap_main_then_resume_in_a_fresh_process(version: str
                     assert replayed.rate_limits is None  # rate limits are not replayed on resume
                 await client.turn(thread, TURN_6)
                 total = 22_300 if version == "0.151.0" else 627_750
-                resumed = await run.record_when(lambda r: r.used_tokens == 22_300, "turn 6")
+                resumed = await run.record_when(
+                    lambda r: r.used_tokens == 22_300 and r.rate_limits is not None, "turn 6"
+                )
                 assert (resumed.used_percent, resumed.session_total_tokens, resumed.compactions) == (6, total, 0)
-                assert resumed.rate_limits is None  # turn 6's own snapshot arrives after its reading
+                # Turn 6's own snapshot arrives after its reading, and is published on it.
+                assert limits(resumed) == latest_snapshot(client)
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -270,8 +301,10 @@ async def test_websocket_under_wrap(version: str, tmp_path: Path) -> None:
                 ours = await run.record_when(lambda r: r.used_tokens == 50_500, "the first thread again")
                 assert (ours.used_percent, ours.session_total_tokens) == (22, 655_950)
             assert process.returncode is not None
-        assert run.writes() == [*MAIN_WRITES, ("bucket", 16), ("bucket", 22)]
-        assert replayed_writes(client.raw) == [*MAIN_WRITES, ("bucket", 22)]
+        assert without_rate_limits(run.writes()) == [*MAIN_WRITES, ("bucket", 16), ("bucket", 22)]
+        assert without_rate_limits(replayed_writes(client.raw)) == [*MAIN_WRITES, ("bucket", 22)]
+        final = run.record()
+        assert final is not None and limits(final) == latest_snapshot(client)
         assert compaction_items(client) == 4
 
 
@@ -316,7 +349,8 @@ async def test_the_relay_is_transparent_and_a_client_sees_what_a_bare_app_server
     assert token_usage(relayed) == token_usage(bare)
     assert compaction_items(relayed) == compaction_items(bare) == 4
     assert sorted(_kinds(relayed)) == sorted(_kinds(bare))
-    assert replayed_writes(relayed.raw) == replayed_writes(bare.raw) == MAIN_WRITES
+    assert replayed_writes(relayed.raw) == replayed_writes(bare.raw)
+    assert without_rate_limits(replayed_writes(bare.raw)) == MAIN_WRITES
     assert readyz.startswith(b"HTTP/1.1 200")  # plain HTTP reaches the app-server through the relay
 
 
@@ -333,3 +367,41 @@ async def _http_get(host: str, port: int, path: str) -> bytes:
             while chunk := await stream.receive_some(4096):
                 answer += chunk
         return answer
+
+
+# ---- compactAtTokens (issue 18): the published point is where Codex then compacts ----------------
+
+COMPACT_AT = 100_000  # set with `-c`, over the config.toml's 160,000; under the 9/10 cap (180,000)
+UNDER = "under the limit [[u:98500:500]]"  # last.totalTokens 99,000 < 100,000
+REACHES = "reaches the limit [[u:100500:500]] [[c:60000:1000]]"  # 101,000 >= 100,000
+AFTER = "after [[u:10000:100]]"
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+async def test_codex_publishes_the_compact_at_it_then_compacts_at(version: str, tmp_path: Path) -> None:
+    """`-c model_auto_compact_token_limit=100000` under `hctx wrap`: the record carries 100,000 (not
+    the file's 160,000, nor the 9/10 cap, nor the window); a turn starting at 99,000 does not compact,
+    the one starting after 101,000 does, before it samples."""
+    async with lab(version, tmp_path) as run:
+        argv = run.wrapped("-c", f"model_auto_compact_token_limit={COMPACT_AT}")
+        with trio.fail_after(120):
+            async with stdio_client(argv, env=run.env, cwd=run.work, stderr=tmp_path / "wrap.stderr") as (
+                client,
+                _process,
+                _stdout,
+            ):
+                await client.initialize()
+                thread = await client.start_thread(run.work)
+                await client.turn(thread, UNDER)
+                under = await run.record_when(lambda r: r.used_tokens == 99_000, "the turn under the limit")
+                assert (under.compact_at_tokens, under.auto_compaction) == (COMPACT_AT, True)
+                assert under.compact_at_tokens not in (160_000, 180_000, under.window_tokens)
+                await client.turn(thread, REACHES)
+                reached = await run.record_when(lambda r: r.used_tokens == 101_000, "the turn reaching the limit")
+                assert reached.compactions == 0  # the turn that started at 99,000 did not compact
+                await client.turn(thread, AFTER)
+                after = await run.record_when(lambda r: r.used_tokens == 10_100, "the turn after")
+                assert after.compactions == 1 and after.compact_at_tokens == COMPACT_AT
+        kinds = [r.kind for r in run.fake.requests]
+        assert kinds[-4:] == ["turn", "turn", "compaction", "turn"]  # compacted before the third turn sampled
+        assert kinds.count("compaction") == 1

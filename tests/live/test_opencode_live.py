@@ -25,6 +25,7 @@ import pytest
 import trio
 
 from guard.record import HarnessContext, RecordRefused, parse_record
+from guard.store import log_path
 from tests.fakes.opencode_model import SUMMARY_USAGE, OpenCodeFakeModel, opencode_fake_model
 from tests.harnesses import HARNESS_VERSIONS, harness_env, require_harness
 from wrapper.harnesses import LaunchPlan, prepare
@@ -61,7 +62,7 @@ class Box:
         return self.catalog / "agents" / HOST / agent / "harness-context"
 
     def log_path(self, agent: str) -> Path:
-        return self.catalog / ".st2" / "logs" / f"{HOST}.{agent}.jsonl"
+        return log_path(self.catalog, HOST, agent)
 
     def env(self, fake: OpenCodeFakeModel) -> dict[str, str]:
         config = {
@@ -266,6 +267,9 @@ async def test_records_from_a_live_opencode_server_under_hctx_wrap(box: Box) -> 
         assert record.harness == "opencode" and record.model == "fake/fake-model"
         assert (record.window_tokens, record.used_percent) == (WINDOW, 20100 * 100 / WINDOW)  # 15.703125
         assert record.compactions == 0 and record.last_compaction_trigger is None
+        # Issue 18: OpenCode's own point, limit.context - limit.output (no limit.input): where the
+        # 125,500-token turn below then compacts; never the bare window.
+        assert (record.compact_at_tokens, record.auto_compaction) == (WINDOW - MAX_OUTPUT, True) == (119_808, True)
 
         await prompt(client, session, "second turn [[u:30000:200:10000]]")
         record = await wait_for("turn 2", lambda: (r := box.records(agent)) and r.used_tokens == 30200 and r, TURN_S)

@@ -31,18 +31,19 @@ from typing import Any
 import pytest
 import trio
 
+from guard.projection import headroom_tokens
 from guard.record import HarnessContext, parse_record
 from tests.fakes.pi_channel import recording_channel
 from tests.fakes.pi_model import FakeModel, fake_model
-from tests.harnesses import harness_env, require_harness
-from tests.wrapping import agent_dir, log_events, wrap_argv
+from tests.harnesses import HARNESS_VERSIONS, harness_env, require_harness
+from tests.wrapping import HOST, agent_dir, hctx, log_events, wrap_argv
 from tests.wrapping import env as wrapping_env
 from wrapper.harnesses import LaunchPlan
 from wrapper.harnesses.pi import channel_extension, prepare
 
 pytestmark = pytest.mark.live
 
-BUILDS = [("pi", "0.84.2"), ("pi", "1.6.0"), ("omp", "18.1.16"), ("omp", "18.2.3")]
+BUILDS = [(harness, version) for harness in ("pi", "omp") for version in HARNESS_VERSIONS[harness]]
 WINDOW = 32000
 READING_KEYS = {"tokens", "contextWindow", "percent", "model", "costUsd"}
 STEP_TIMEOUT_S = 30
@@ -503,3 +504,162 @@ async def test_print_mode_publishes_the_settled_turn_before_the_harness_exits(
     assert record is not None and record.harness == harness
     expected = (9920, 31.0) if harness == "pi" else (9600, 30.0)
     assert (record.used_tokens, record.used_percent, record.cost_usd) == (*expected, 10.24)
+
+
+PI_BUILDS = [build for build in BUILDS if build[0] == "pi"]
+# Where the session-switch recordings are committed (fixtures/pi/live/session-switch/pi-<v>.channel.jsonl).
+SWITCH_RECORDINGS = "session-switch"
+
+
+@pytest.mark.parametrize(("harness", "version"), PI_BUILDS, ids=[f"{h}-{v}" for h, v in PI_BUILDS])
+async def test_a_session_switch_publishes_the_new_sessions_compaction_facts(
+    harness: str, version: str, short_tmp: Path
+) -> None:
+    """Session A compacts by hand; a new session B compacts on the threshold; switching back to A
+    (pi's `/resume`) must not publish B's compaction time and trigger beside A's reading and count."""
+    from sidecar.producers.pi import PiProducer, decode_recording
+
+    command = require_harness(harness, version)
+    home = short_tmp / "home"
+    work = short_tmp / "work"
+    work.mkdir(parents=True)
+    plan = prepare(LaunchPlan(harness=harness, argv=(*command, *HARNESS_ARGS), cwd=work))  # type: ignore[arg-type]
+    async with fake_model() as model, recording_channel(short_tmp / "channel") as channel:
+        write_config(home / "agent", model)
+        env = _isolated_env(harness, version, home) | {"HCTX_CHANNEL": str(channel.path)}
+        run = Run(harness, list(plan.argv), env, work, Catalog(short_tmp / "unused"))
+        async with rpc_session(list(plan.argv), run) as rpc:
+            await rpc.turn(prompt("session A [[u:9600:320]]"))
+            await rpc.turn(prompt("session A again [[u:16000:480:4000]]"))  # something to compact
+            await rpc.request({"type": "compact"})
+            await channel.wait_for(lambda f: f["event"] == "session_compact", STEP_TIMEOUT_S)
+            session_a = (await rpc.request({"type": "get_state"}))["data"]["sessionFile"]
+            await rpc.request({"type": "new_session"})
+            await rpc.turn(prompt("session B [[u:9600:320]]"))
+            await rpc.turn(prompt("session B over the reserve threshold [[u:25600:800]]"))
+            await channel.wait_for(lambda f: (f["compaction"] or {}).get("reason") == "threshold", STEP_TIMEOUT_S)
+            await rpc.idle()
+            switched = len(channel.frames)
+            await rpc.request({"type": "switch_session", "sessionPath": session_a})
+            await rpc.turn(prompt("session A resumed [[u:12000:240]]"))
+            await channel.wait_for(lambda f: (f["reading"] or {}).get("tokens") == 12240, STEP_TIMEOUT_S)
+            await rpc.idle()
+    data = channel.jsonl()
+    destination = os.environ.get(RECORD_ENV)
+    if destination:
+        (Path(destination) / SWITCH_RECORDINGS).mkdir(exist_ok=True)
+        (Path(destination) / SWITCH_RECORDINGS / f"{harness}-{version}.channel.jsonl").write_bytes(data)
+    edges = [frame for _, frame in channel.frames if frame["compaction"] is not None]
+    assert [edge["compaction"] for edge in edges] == [
+        {"reason": "manual", "count": 1}, {"reason": "threshold", "count": 1},
+    ]  # fmt: skip
+    assert channel.frames[switched][1]["event"] == "session_start"
+    assert channel.frames[switched][1]["compactions"] == 1  # A's own store: its one manual compaction
+    producer = PiProducer(harness)  # type: ignore[arg-type]
+    readings = [r for at_ms, item in decode_recording(data) for r in producer.feed(item, at_ms or 0)]
+    threshold_edge = next(r.fields for r in readings if r.fields.last_compaction_trigger == "threshold")
+    after = producer.last
+    assert after is not None and (after.used_tokens, after.compactions) == (12240, 1)
+    assert after.last_compaction_ms != threshold_edge.last_compaction_ms
+    # A's store names no reason and the asset sends no time: withheld, never B's.
+    assert (after.last_compaction_ms, after.last_compaction_trigger) == (None, None)
+
+
+# --- compactAtTokens (issue 18): the published point is where pi then compacts ------------------
+
+COMPACT_RESERVE = 6000  # configured: compactAt = 32000 - 6000 = 26000 (pi's default would be 15616)
+COMPACT_AT = WINDOW - COMPACT_RESERVE
+# Where the compactAt recordings are committed (fixtures/pi/live/compact-at/pi-<v>.channel.jsonl).
+COMPACT_AT_RECORDINGS = "compact-at"
+
+
+def _compaction_settings(agent_home: Path, **compaction: object) -> None:
+    (agent_home / "settings.json").write_text(json.dumps({"compaction": {"keepRecentTokens": 100, **compaction}}))
+
+
+@pytest.mark.parametrize(("harness", "version"), PI_BUILDS, ids=[f"{h}-{v}" for h, v in PI_BUILDS])
+async def test_pi_publishes_the_compact_at_it_then_compacts_at(harness: str, version: str, short_tmp: Path) -> None:
+    """pi 1.6.0 states its settings through `pi.getSettings()`: the record carries window - reserveTokens,
+    a turn at or under it does not compact and the next one over it does. pi 0.84.2 has no getSettings:
+    null, though the same settings compact it at the same point. Switched off: null and autoCompaction
+    false, and a turn over the point does not compact."""
+    command = require_harness(harness, version)
+    home = short_tmp / "home"
+    work = short_tmp / "work"
+    work.mkdir(parents=True)
+    catalog = Catalog(short_tmp / "catalog")
+    stated = version != "0.84.2"
+    async with fake_model() as model:
+        write_config(home / "agent", model)
+        _compaction_settings(home / "agent", enabled=True, reserveTokens=COMPACT_RESERVE)
+        run = Run(harness, command, _isolated_env(harness, version, home), work, catalog)
+        async with wrapped(run, "pi") as rpc:
+            await rpc.turn(prompt("under [[u:24000:960]]"))  # totalTokens 24960 <= 26000
+            record = await catalog.settles(lambda r: r.used_tokens == 24960, "the turn under the point")
+            assert record.compactions == 0
+            if stated:
+                assert (record.compact_at_tokens, record.auto_compaction) == (COMPACT_AT, True)
+                assert record.compact_at_tokens != WINDOW - 16_384  # pi's default, not the configured one
+                headroom = await _roster_headroom(catalog)
+                assert headroom == COMPACT_AT - 24960
+            else:
+                assert (record.compact_at_tokens, record.auto_compaction) == (None, None)
+            await rpc.turn(prompt("over [[u:25600:800]]"))  # totalTokens 26400 > 26000
+            record = await catalog.settles(lambda r: r.compactions == 1, "the threshold compaction over the point")
+            assert record.last_compaction_trigger == "threshold"
+            assert record.compact_at_tokens == (COMPACT_AT if stated else None)
+        writes = catalog.writes()
+        assert [w["usedTokens"] for w in writes if w["reason"] != "compaction"][-1] == 26400
+
+        _compaction_settings(home / "agent", enabled=False, reserveTokens=COMPACT_RESERVE)
+        async with wrapped(run, "pi", "--no-session") as rpc:
+            await rpc.turn(prompt("off, under [[u:9600:320]]"))
+            await rpc.turn(prompt("off, over [[u:25600:800]]"))
+            record = await catalog.settles(lambda r: r.used_tokens == 26400, "the turn over the point, switched off")
+            await rpc.idle()
+        record = catalog.record()
+        assert record is not None and record.compactions == 0  # switched off: no compaction at 26400
+        assert record.compact_at_tokens is None
+        assert record.auto_compaction is (False if stated else None)
+    summaries = [served for served in model.requests if served.kind == "summary"]
+    assert len(summaries) == 1  # the one threshold compaction, none while switched off
+
+
+async def _roster_headroom(catalog: Catalog) -> int | None:
+    """What `hctx agents --json` carries for the agent: the reader's own headroom."""
+    result = await trio.run_process(
+        hctx("agents", AGENT, "--json", "--catalog", str(catalog.root), "--host", HOST),
+        capture_stdout=True, env=wrapping_env(),
+    )  # fmt: skip
+    context = json.loads(result.stdout)["context"]
+    assert headroom_tokens(context) == context["headroomTokens"]
+    value: int | None = context["headroomTokens"]
+    return value
+
+
+@pytest.mark.parametrize(("harness", "version"), PI_BUILDS, ids=[f"{h}-{v}" for h, v in PI_BUILDS])
+async def test_the_asset_sends_pis_compaction_settings(harness: str, version: str, short_tmp: Path) -> None:
+    """The frames the asset sends in real pi with configured compaction settings: the fixture the
+    producer's compactAt tests replay (fixtures/pi/live/compact-at/)."""
+    command = require_harness(harness, version)
+    home = short_tmp / "home"
+    work = short_tmp / "work"
+    work.mkdir(parents=True)
+    plan = prepare(LaunchPlan(harness=harness, argv=(*command, *HARNESS_ARGS), cwd=work))  # type: ignore[arg-type]
+    async with fake_model() as model, recording_channel(short_tmp / "channel") as channel:
+        write_config(home / "agent", model)
+        _compaction_settings(home / "agent", enabled=True, reserveTokens=COMPACT_RESERVE)
+        env = _isolated_env(harness, version, home) | {"HCTX_CHANNEL": str(channel.path)}
+        run = Run(harness, list(plan.argv), env, work, Catalog(short_tmp / "unused"))
+        async with rpc_session(list(plan.argv), run) as rpc:
+            await rpc.turn(prompt("under [[u:24000:960]]"))
+            await rpc.turn(prompt("over [[u:25600:800]]"))
+            await channel.wait_for(lambda f: f["compaction"] is not None, STEP_TIMEOUT_S)
+            await rpc.idle()
+    data = channel.jsonl()
+    destination = os.environ.get(RECORD_ENV)
+    if destination:
+        (Path(destination) / COMPACT_AT_RECORDINGS).mkdir(exist_ok=True)
+        (Path(destination) / COMPACT_AT_RECORDINGS / f"{harness}-{version}.channel.jsonl").write_bytes(data)
+    expected = {"enabled": True, "reserveTokens": COMPACT_RESERVE} if version != "0.84.2" else None
+    assert {json.dumps(frame["compactionSettings"]) for _, frame in channel.frames} == {json.dumps(expected)}

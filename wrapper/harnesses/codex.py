@@ -11,6 +11,13 @@
 
 Anything else (`app-server generate-ts`, a `unix://` listener, `codex login`) launches unchanged and
 publishes no record.
+
+Every mode's transport config also carries the compaction settings the harness will load
+(`compaction_config`): `model_auto_compact_token_limit` and `model_context_window` as the last
+`-c KEY=VALUE` sets them, else the selected profile (`--profile`/`-p`, else the file's `profile`),
+else `$CODEX_HOME/config.toml` (default `~/.codex`). The transport hands them to the producer.
+A project's own `.codex/config.toml` is not read (its trust-gated layering is not measured here), so a
+limit set only there is not published.
 """
 
 from __future__ import annotations
@@ -18,7 +25,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from typing import Final
+import tomllib
+from pathlib import Path
+from typing import Any, Final
 
 from wrapper.harnesses import LOOPBACK, LaunchPlan, free_loopback_port, program_index
 
@@ -49,7 +58,13 @@ _SESSIONLESS_SUBCOMMANDS: Final = frozenset({
 })  # fmt: skip
 
 
+# The settings the producer needs (issue 18), as the transport config spells them.
+COMPACTION_KEYS: Final = {"model_auto_compact_token_limit": "autoCompactTokenLimit",
+                          "model_context_window": "modelContextWindow"}  # fmt: skip
+
+
 def prepare(plan: LaunchPlan) -> LaunchPlan:
+    plan = dataclasses.replace(plan, transport={**plan.transport, **compaction_config(plan)})
     at = _app_server_index(plan.argv)
     if at is None:
         return _follow_rollout(plan)
@@ -71,6 +86,42 @@ def prepare(plan: LaunchPlan) -> LaunchPlan:
     return dataclasses.replace(plan, argv=tuple(argv), transport=transport)
 
 
+def _codex_home(plan: LaunchPlan) -> str:
+    return plan.env.get("CODEX_HOME") or os.environ.get("CODEX_HOME") or os.path.expanduser("~/.codex")
+
+
+def compaction_config(plan: LaunchPlan) -> dict[str, int]:
+    """The compaction settings Codex will load, in the transport's spelling; a key no layer sets,
+    or sets to anything but a positive integer, is left out."""
+    try:
+        with open(Path(_codex_home(plan)) / "config.toml", "rb") as file:
+            config: dict[str, Any] = tomllib.load(file)
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+        config = {}
+    overrides: dict[str, Any] = {}
+    profile = config.get("profile")
+    words = plan.argv
+    for index, word in enumerate(words[:-1]):
+        if word in ("-p", "--profile"):
+            profile = words[index + 1]
+        elif word in ("-c", "--config"):
+            name, _, text = words[index + 1].partition("=")
+            if name.strip() in COMPACTION_KEYS:
+                try:
+                    overrides[name.strip()] = tomllib.loads(f"v = {text}")["v"]
+                except tomllib.TOMLDecodeError:
+                    overrides[name.strip()] = text
+    profiles = config.get("profiles")
+    chosen = profiles.get(profile) if isinstance(profiles, dict) and isinstance(profile, str) else None
+    layers = [overrides, chosen if isinstance(chosen, dict) else {}, config]
+    found: dict[str, int] = {}
+    for key, wire_name in COMPACTION_KEYS.items():
+        value = next((layer[key] for layer in layers if key in layer), None)
+        if type(value) is int and value > 0:
+            found[wire_name] = value
+    return found
+
+
 def _follow_rollout(plan: LaunchPlan) -> LaunchPlan:
     program = program_index(plan.argv, "codex")
     if program is None:
@@ -78,13 +129,16 @@ def _follow_rollout(plan: LaunchPlan) -> LaunchPlan:
     index = _subcommand(plan.argv, program + 1, _TOP_VALUED_OPTIONS)
     if index is not None and plan.argv[index] in _SESSIONLESS_SUBCOMMANDS:
         return plan
-    codex_home = plan.env.get("CODEX_HOME") or os.environ.get("CODEX_HOME") or os.path.expanduser("~/.codex")
+    codex_home = _codex_home(plan)
     transport = {
         **plan.transport,
         "mode": "rollout",
         "codexHome": codex_home,
         "cwd": os.fspath(plan.cwd),
         "startedAtMs": time.time_ns() // 1_000_000,
+        # The wrapper (this process) is the harness's parent: the rollout its descendants hold open
+        # is this seat's, whichever other seat in the same directory started later.
+        "rootPid": os.getpid(),
     }
     return dataclasses.replace(plan, transport=transport)
 

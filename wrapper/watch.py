@@ -1,0 +1,523 @@
+"""`hctx watch`: the catalog as a stream of events, each handed to a user's command.
+
+The event logic is `step`, a pure function: the state the last step left, one snapshot of the
+roster and the clock in; the events and the next state out. Around it a thin shell: the roster is
+re-read when watchfiles reports a changed record (inotify on Linux) and every `--reread` seconds
+(staleness is time-based: no file event marks it), the state is saved atomically under the
+catalog's host-local `.st2/watch/`, then each event goes to `--exec` (or stdout as a JSON line).
+
+The state is saved before its events are delivered: a watch killed mid-delivery does not repeat
+them when it starts again (at most once, never twice).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import fcntl
+import json
+import math
+import os
+import re
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from guard.constants import CONTROL_DIR_NAME, HARNESS_CONTEXT_STALE_MS, REPLICATED_RECORD_NAMES
+from guard.projection import headroom_tokens
+from guard.store import CatalogError, _open_chain, check_name, control_dir, pid_alive, write_json_atomic
+from wrapper.arguments import positive_seconds, whole_number
+from wrapper.readers import (
+    AgentRow,
+    CatalogUnreadable,
+    PidProbe,
+    add_catalog_options,
+    age_text,
+    existing_catalog,
+    list_agents,
+    meter_text,
+    now_ms,
+    percent_text,
+    tokens_text,
+    view_agent,
+    with_host,
+)
+
+if TYPE_CHECKING:  # trio and watchfiles load when the command runs, not with every `hctx`
+    import trio
+
+Kind = Literal["fresh", "compaction", "fill", "headroom", "stale"]
+
+DEFAULT_AT: tuple[float, ...] = (80, 95)
+DEFAULT_EXEC_TIMEOUT_S = 10.0
+DEFAULT_REREAD_S = 30.0
+WATCH_DIR_NAME = "watch"
+STATE_SCHEMA = "hctx.watch-state.v1"
+
+
+# ---------------------------------------------------------------------------------------------
+# The state machine (pure)
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    thresholds: tuple[float, ...] = DEFAULT_AT
+    headroom: int | None = None  # tokens; None: no headroom events
+
+
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """What watch has told about one agent: for the incarnation whose record it last read, the
+    thresholds fired and not yet re-armed, whether headroom fired, the compaction count told; and,
+    across incarnations, whether it told `stale` and still owes `fresh`."""
+
+    incarnation: str
+    fired: frozenset[float] = frozenset()
+    headroom_fired: bool = False
+    compactions: int = 0
+    stale: bool = False
+
+
+State = Mapping[str, Seen]  # keyed "host/identity"
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """One roster row and the incarnation of the record behind its `context` (None: no reading)."""
+
+    row: AgentRow
+    incarnation: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    kind: Kind
+    row: AgentRow
+    incarnation: str
+    threshold: float | None  # fill: the percent crossed; headroom: the --headroom margin
+    at_ms: int
+
+    def wire(self) -> dict[str, Any]:
+        context = self.row.context or {}
+        return {
+            "event": self.kind,
+            "host": self.row.host,
+            "agent": self.row.identity,
+            "harness": self.row.harness or context.get("harness"),
+            "incarnation": self.incarnation,
+            "threshold": self.threshold,
+            "usedPercent": context.get("usedPercent"),
+            "usedTokens": context.get("usedTokens"),
+            "windowTokens": context.get("windowTokens"),
+            "compactAtTokens": context.get("compactAtTokens"),
+            "headroomTokens": headroom_tokens(context),
+            "compactions": context.get("compactions"),
+            "observedAtMs": context.get("observedAtMs"),
+            "ageMs": context.get("ageMs"),
+            "atMs": self.at_ms,
+            "message": self.message(),
+        }
+
+    def env(self) -> dict[str, str]:
+        """`HCTX_USED_PERCENT=96.5` for `usedPercent`, and so on; a null is the empty string."""
+        return {
+            "HCTX_" + re.sub(r"(?<!^)(?=[A-Z])", "_", key).upper(): "" if value is None else str(value)
+            for key, value in self.wire().items()
+        }
+
+    def message(self) -> str:
+        context = self.row.context or {}
+        name, percent = self.row.name, context.get("usedPercent")
+        fill = "?" if percent is None else percent_text(percent)
+        if self.kind == "fill":
+            meter = meter_text(context)
+            return (
+                f"{name}: context {fill} full"
+                + (f" ({meter})" if meter else "")
+                + (f", at or above {self.threshold:g}%")
+            )
+        if self.kind == "headroom":
+            margin = tokens_text(None if self.threshold is None else int(self.threshold))
+            return f"{name}: {tokens_text(headroom_tokens(context))} tokens left before it compacts, under {margin}"
+        if self.kind == "compaction":
+            count = context.get("compactions")
+            return f"{name}: compacted ({count} this session); context now {fill}"
+        if self.kind == "stale":
+            return (
+                f"{name}: context reading {age_text(context.get('ageMs') or 0)} old while the agent runs "
+                f"(older than {age_text(HARNESS_CONTEXT_STALE_MS)})"
+            )
+        return f"{name}: context reading fresh again; context {fill}"
+
+
+def _agent_step(seen: Seen, row: AgentRow, settings: Settings) -> tuple[list[tuple[Kind, float | None]], Seen]:
+    context = row.context
+    assert context is not None
+    if context["stale"]:  # a stale reading fires nothing and re-arms nothing, but may be news itself
+        if row.desired_state == "running" and not seen.stale:
+            return [("stale", None)], dataclasses.replace(seen, stale=True)
+        return [], seen
+    found: list[tuple[Kind, float | None]] = [("fresh", None)] if seen.stale else []
+    if context["compactions"] > seen.compactions:
+        found.append(("compaction", None))
+    fired, headroom_fired = seen.fired, seen.headroom_fired
+    percent = context["usedPercent"]
+    if percent is not None:  # withheld: nothing fires, nothing re-arms
+        fired = frozenset(threshold for threshold in settings.thresholds if percent >= threshold)
+        found.extend(("fill", threshold) for threshold in sorted(fired - seen.fired))
+    headroom = headroom_tokens(context)
+    if settings.headroom is not None and headroom is not None:
+        headroom_fired = headroom < settings.headroom
+        if headroom_fired and not seen.headroom_fired:
+            found.append(("headroom", settings.headroom))
+    return found, Seen(seen.incarnation, fired, headroom_fired, context["compactions"], stale=False)
+
+
+def step(
+    state: State, snapshot: Iterable[Observation], now: int, settings: Settings
+) -> tuple[list[Event], dict[str, Seen]]:
+    """The events one roster snapshot brings after `state`, and the state after them.
+
+    A new incarnation starts from nothing told (its thresholds armed, zero compactions), so an agent
+    watch has never seen is told once what it has not been told. An agent missing from the snapshot
+    is forgotten; one present without a reading keeps what was told."""
+    events: list[Event] = []
+    after: dict[str, Seen] = {}
+    for observation in snapshot:
+        row, incarnation = observation.row, observation.incarnation
+        before = state.get(row.name)
+        if row.context is None or incarnation is None:
+            if before is not None:
+                after[row.name] = before
+            continue
+        if before is None or before.incarnation != incarnation:
+            before = Seen(incarnation, stale=before is not None and before.stale)
+        found, after[row.name] = _agent_step(before, row, settings)
+        events.extend(Event(kind, row, incarnation, threshold, now) for kind, threshold in found)
+    return events, after
+
+
+def observe(catalog: Path, now: int, *, here: str, alive: PidProbe = pid_alive) -> tuple[list[Observation], list[str]]:
+    """The roster's rows (every host's; running-ness for this host's) with their records' incarnations."""
+    agents, warnings = list_agents(catalog)
+    observations = []
+    for host, identity in agents:
+        view = view_agent(catalog, host, identity, now, here=here, alive=alive)
+        incarnation = None if view.record is None or view.row.context is None else view.record.incarnation
+        observations.append(Observation(view.row, incarnation))
+        warnings.extend(view.row.warnings())
+    return observations, warnings
+
+
+# ---------------------------------------------------------------------------------------------
+# The state file
+
+
+class _SeenWire(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
+
+    incarnation: str
+    fired: list[float] = []
+    headroom_fired: bool = Field(default=False, alias="headroomFired")
+    compactions: int = Field(default=0, ge=0)
+    stale: bool = False
+
+
+class _StateWire(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    schema_id: Literal["hctx.watch-state.v1"] = Field(alias="schema")
+    agents: dict[str, _SeenWire]
+
+
+def dump_state(state: State) -> bytes:
+    agents = {
+        key: {"incarnation": seen.incarnation, "fired": sorted(seen.fired), "headroomFired": seen.headroom_fired,
+              "compactions": seen.compactions, "stale": seen.stale}
+        for key, seen in sorted(state.items())
+    }  # fmt: skip
+    return (json.dumps({"schema": STATE_SCHEMA, "agents": agents}, indent=1) + "\n").encode()
+
+
+def load_state(data: bytes) -> dict[str, Seen]:
+    """Raises ValueError for a file that is not a watch state."""
+    try:
+        wire = _StateWire.model_validate_json(data)
+    except ValidationError as exc:
+        raise ValueError(str(exc).splitlines()[0]) from None
+    return {
+        key: Seen(seen.incarnation, frozenset(seen.fired), seen.headroom_fired, seen.compactions, seen.stale)
+        for key, seen in wire.agents.items()
+    }
+
+
+class StateFile:
+    """`<catalog>/.st2/watch/NAME.json`, replaced atomically; `NAME.lock` held while a watch runs."""
+
+    def __init__(self, catalog: Path, name: str) -> None:
+        self.name = check_name("watch name", name) + ".json"
+        self.path = control_dir(catalog) / WATCH_DIR_NAME / self.name
+        self._catalog = catalog
+        self._lock_name = name + ".lock"
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[int]:
+        """The directory's descriptor, with the lock taken; CatalogError when another watch holds it."""
+        dir_fd = _open_chain(self._catalog, (CONTROL_DIR_NAME, WATCH_DIR_NAME), create=True)
+        try:
+            flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+            lock_fd = os.open(self._lock_name, flags, 0o644, dir_fd=dir_fd)
+            try:
+                try:
+                    fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    raise CatalogError(f"another hctx watch holds {self.path} (give this one its own --name)") from None
+                yield dir_fd
+            finally:
+                os.close(lock_fd)
+        finally:
+            os.close(dir_fd)
+
+    def load(self, dir_fd: int) -> dict[str, Seen]:
+        try:
+            fd = os.open(self.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        except FileNotFoundError:
+            return {}
+        try:
+            with os.fdopen(fd, "rb", closefd=False) as handle:
+                return load_state(handle.read(16 * 1024 * 1024))
+        except (OSError, ValueError) as exc:
+            log(f"{self.path} unreadable ({exc}); starting with nothing told")
+            return {}
+        finally:
+            os.close(fd)
+
+    def save(self, dir_fd: int, state: State) -> None:
+        write_json_atomic(dir_fd, self.name, dump_state(state), dir_fd)
+
+
+# ---------------------------------------------------------------------------------------------
+# Delivery
+
+
+def log(message: str) -> None:
+    print(f"hctx watch: {message}", file=sys.stderr, flush=True)
+
+
+Deliver = Callable[[Event], Awaitable[None]]
+
+
+async def print_event(event: Event) -> None:
+    sys.stdout.write(json.dumps(event.wire(), ensure_ascii=False) + "\n")
+    sys.stdout.flush()
+
+
+def exec_command(command: str, timeout_s: float) -> Deliver:
+    """Run `command` (a shell command line) per event: the event as one JSON line on its stdin and
+    as HCTX_* variables; killed with its process group past `timeout_s`. Any failure is logged."""
+    import trio
+
+    async def kill_group(process: trio.Process) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+
+    async def deliver(event: Event) -> None:
+        payload = (json.dumps(event.wire(), ensure_ascii=False) + "\n").encode()
+        what = f"--exec for {event.kind} of {event.row.name}"
+        with trio.move_on_after(timeout_s) as scope:
+            try:
+                done = await trio.run_process(
+                    command, shell=True, stdin=payload, env={**os.environ, **event.env()}, check=False,
+                    start_new_session=True, deliver_cancel=kill_group,
+                )  # fmt: skip
+            except OSError as exc:
+                log(f"{what} could not start: {exc}")
+                return
+        if scope.cancelled_caught:
+            log(f"{what} timed out after {timeout_s:g} s; killed")
+        elif done.returncode != 0:
+            log(f"{what} exited with status {done.returncode}")
+
+    return deliver
+
+
+class Outbox:
+    """One queue and one worker per agent: an agent's events in order, and a slow or hung command
+    for one agent holding up no other agent's."""
+
+    def __init__(self, nursery: trio.Nursery, deliver: Deliver) -> None:
+        self._nursery = nursery
+        self._deliver = deliver
+        self._queues: dict[str, trio.MemorySendChannel[Event]] = {}
+
+    def put(self, event: Event) -> None:
+        import trio
+
+        queue = self._queues.get(event.row.name)
+        if queue is None:
+            queue, inbox = trio.open_memory_channel[Event](math.inf)
+            self._queues[event.row.name] = queue
+            self._nursery.start_soon(self._work, inbox)
+        queue.send_nowait(event)
+
+    async def _work(self, inbox: trio.MemoryReceiveChannel[Event]) -> None:
+        async for event in inbox:
+            await self._deliver(event)
+
+
+# ---------------------------------------------------------------------------------------------
+# Following the catalog
+
+
+def _is_record(_change: object, path: str) -> bool:
+    return os.path.basename(path) in REPLICATED_RECORD_NAMES
+
+
+async def follow(
+    catalog: Path,
+    *,
+    here: str,
+    settings: Settings,
+    deliver: Deliver,
+    state_file: StateFile,
+    reread_s: float = DEFAULT_REREAD_S,
+) -> None:
+    """Until SIGINT or SIGTERM: read, step, save, deliver; on every record change and every `reread_s`."""
+    import anyio
+    import trio
+    from watchfiles import awatch
+
+    told_warnings: set[str] = set()  # each warning once while it lasts, not at every re-read
+    with state_file.held() as dir_fd:
+        state = state_file.load(dir_fd)
+
+        def tick(outbox: Outbox) -> None:
+            nonlocal state, told_warnings
+            now = now_ms()
+            try:
+                snapshot, warnings = observe(catalog, now, here=here)
+            except CatalogUnreadable as exc:
+                warnings, snapshot = [f"cannot read the catalog: {exc}"], None
+            for warning in warnings:
+                if warning not in told_warnings:
+                    log(f"warning: {warning}")
+            told_warnings = set(warnings)
+            if snapshot is None:
+                return
+            events, after = step(state, snapshot, now, settings)
+            if after != state:
+                try:
+                    state_file.save(dir_fd, after)
+                except OSError as exc:
+                    log(f"cannot save {state_file.path}: {exc}; a restart may repeat these events")
+                state = after
+            for event in events:
+                outbox.put(event)
+
+        stop = anyio.Event()
+        async with trio.open_nursery() as nursery:
+
+            async def stop_on_signal() -> None:
+                with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                    async for _ in signals:
+                        stop.set()
+                        return
+
+            nursery.start_soon(stop_on_signal)
+            outbox = Outbox(nursery, deliver)
+            log(f"following {catalog}, re-reading every {reread_s:g} s; state in {state_file.path}")
+            tick(outbox)
+            async for _ in awatch(
+                catalog, watch_filter=_is_record, stop_event=stop, debounce=400,
+                rust_timeout=max(1, int(reread_s * 1000)), yield_on_timeout=True,
+            ):  # fmt: skip
+                tick(outbox)
+            nursery.cancel_scope.cancel()
+
+
+# ---------------------------------------------------------------------------------------------
+# The command line
+
+
+def _thresholds(text: str) -> tuple[float, ...]:
+    try:
+        values = {float(part) for part in text.split(",") if part.strip()}
+    except ValueError:
+        values = set()
+    if not values or not all(math.isfinite(value) for value in values):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of percents")
+    # 80, not 80.0, in the event and in HCTX_THRESHOLD: what the user wrote
+    return tuple(sorted(int(value) if value.is_integer() else value for value in values))
+
+
+def run_watch(args: argparse.Namespace) -> int:
+    import trio
+
+    try:
+        catalog = existing_catalog(args)
+        state_file = StateFile(catalog, args.name)
+    except (CatalogUnreadable, CatalogError) as exc:
+        log(str(exc))
+        return 2
+    deliver = print_event if args.exec is None else exec_command(args.exec, args.exec_timeout)
+    settings = Settings(args.at, args.headroom)
+    try:
+        trio.run(lambda: follow(catalog, here=args.host, settings=settings, deliver=deliver,
+                                state_file=state_file, reread_s=args.reread))  # fmt: skip
+    except CatalogError as exc:
+        log(str(exc))
+        return 2
+    return 0
+
+
+def add_watch_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    watch = commands.add_parser(
+        "watch",
+        help="run a command for every fill crossing, compaction and stale record (alerts)",
+        description="Follows the catalog (inotify where the platform has it, and a re-read every --reread "
+        "seconds) and turns it into events: a reading at or above an --at percent after one below it (or "
+        "the first reading of an incarnation), headroom to compaction under --headroom tokens, a compaction, "
+        "a record gone stale while its agent runs, and fresh again. Withheld and stale readings fire "
+        "nothing. Each event is one JSON object with a human `message`: on the stdin of --exec's command "
+        "(also as HCTX_* variables: HCTX_EVENT, HCTX_AGENT, HCTX_USED_PERCENT, HCTX_MESSAGE, ...), or "
+        "without --exec one JSON line on stdout. What was told is kept in <catalog>/.st2/watch/NAME.json, "
+        "so a restarted watch tells nothing twice. Stops on SIGINT or SIGTERM.",
+    )
+    watch.add_argument(
+        "--exec", metavar="CMD",
+        help="a shell command run for each event, the event as JSON on its stdin; one agent's events run "
+        "in order, one at a time (default: print each event as a JSON line)",
+    )  # fmt: skip
+    watch.add_argument(
+        "--at", type=_thresholds, default=DEFAULT_AT, metavar="PERCENTS",
+        help="fill thresholds, comma-separated; each fires once and is re-armed by a reading below it "
+        "(default: 80,95)",
+    )  # fmt: skip
+    watch.add_argument(
+        "--headroom", type=whole_number, metavar="TOKENS",
+        help="fire when compactAtTokens - usedTokens falls under TOKENS (only where the harness states "
+        "where it compacts; default: no headroom events)",
+    )  # fmt: skip
+    watch.add_argument(
+        "--exec-timeout", type=positive_seconds, default=DEFAULT_EXEC_TIMEOUT_S, metavar="S",
+        help="kill a command (and its process group) still running after S seconds; logged, and the watch "
+        "goes on (default: %(default)g)",
+    )  # fmt: skip
+    watch.add_argument(
+        "--reread", type=positive_seconds, default=DEFAULT_REREAD_S, metavar="S",
+        help="re-read the whole catalog at least every S seconds, for records going stale and for changes "
+        "a file event missed (default: %(default)g)",
+    )  # fmt: skip
+    watch.add_argument(
+        "--name", default="default",
+        help="the state file's name under <catalog>/.st2/watch/; a second watch on one catalog needs its own "
+        "(default: %(default)s)",
+    )  # fmt: skip
+    add_catalog_options(watch)
+    watch.set_defaults(run=with_host(run_watch))
