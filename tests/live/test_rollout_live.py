@@ -13,6 +13,9 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -31,16 +34,32 @@ pytestmark = pytest.mark.live
 LIMIT_S = 60.0
 
 
-@pytest.mark.parametrize("version", HARNESS_VERSIONS["codex"])
-async def test_a_cli_session_is_followed_through_its_rollout(version: str, tmp_path: Path) -> None:
-    codex = require_harness("codex", version)
+@dataclass(frozen=True)
+class Seat:
+    home: Path
+    codex_home: Path
+    work: Path
+    catalog: Path
+    env: dict[str, str]
+
+
+@asynccontextmanager
+async def codex_seat(tmp_path: Path, version: str) -> AsyncIterator[Seat]:
+    """A Codex home configured for the fake Responses server on loopback, and the server."""
     home, codex_home, work = tmp_path / "home", tmp_path / "codexhome", tmp_path / "work"
     for directory in (home, codex_home, work):
         directory.mkdir()
-    frames: list[Frame] = []
     async with fake_responses() as fake:
         (codex_home / "config.toml").write_text(codex_config(fake.base_url))
-        env = codex_env(home, codex_home, version)
+        yield Seat(home, codex_home, work, tmp_path / "cat", codex_env(home, codex_home, version))
+
+
+@pytest.mark.parametrize("version", HARNESS_VERSIONS["codex"])
+async def test_a_cli_session_is_followed_through_its_rollout(version: str, tmp_path: Path) -> None:
+    codex = require_harness("codex", version)
+    frames: list[Frame] = []
+    async with codex_seat(tmp_path, version) as seat:
+        codex_home, work, env = seat.codex_home, seat.work, seat.env
         config = {
             "mode": "rollout",
             "codexHome": str(codex_home),
@@ -103,18 +122,13 @@ def _tui_plan_follows_rollouts() -> bool:
 @pytest.mark.parametrize("version", HARNESS_VERSIONS["codex"])
 async def test_a_wrapped_cli_seat_publishes_the_record(version: str, tmp_path: Path) -> None:
     """End to end once the Codex launch plan hands non-app-server launches to `follow_rollout`."""
-    if not _tui_plan_follows_rollouts():
-        pytest.skip("wrapper.harnesses.codex does not start the rollout follower for a TUI/exec launch yet")
+    assert _tui_plan_follows_rollouts()
     from guard.record import parse_record
     from tests.wrapping import agent_dir, wrap_argv
 
     codex = require_harness("codex", version)
-    home, codex_home, work, catalog = tmp_path / "home", tmp_path / "codexhome", tmp_path / "work", tmp_path / "cat"
-    for directory in (home, codex_home, work):
-        directory.mkdir()
-    async with fake_responses() as fake:
-        (codex_home / "config.toml").write_text(codex_config(fake.base_url))
-        env = codex_env(home, codex_home, version)
+    async with codex_seat(tmp_path, version) as seat:
+        work, catalog, env = seat.work, seat.catalog, seat.env
         argv = wrap_argv(catalog, "seat", "codex", *codex, "exec", "--skip-git-repo-check", "-s", "read-only",
                          "wrapped turn [[u:90000:800:29000]]")  # fmt: skip
         with trio.fail_after(LIMIT_S):
@@ -151,15 +165,10 @@ def _record(catalog: Path, agent: str) -> tuple[int | None, int | None, float | 
 async def test_two_wrapped_seats_in_one_directory_each_publish_their_own_rollout(version: str, tmp_path: Path) -> None:
     """Seat A's turn runs for 8 s; seat B starts 2 s later in the same directory and ends first, so B's
     rollout is the newest there while A still runs (the cwd-and-time rule followed it from A)."""
-    if not _tui_plan_follows_rollouts():
-        pytest.skip("wrapper.harnesses.codex does not start the rollout follower for a TUI/exec launch yet")
+    assert _tui_plan_follows_rollouts()
     codex = require_harness("codex", version)
-    home, codex_home, work, catalog = tmp_path / "home", tmp_path / "codexhome", tmp_path / "work", tmp_path / "cat"
-    for directory in (home, codex_home, work):
-        directory.mkdir()
-    async with fake_responses() as fake:
-        (codex_home / "config.toml").write_text(codex_config(fake.base_url))
-        env = codex_env(home, codex_home, version)
+    async with codex_seat(tmp_path, version) as seat:
+        codex_home, work, catalog, env = seat.codex_home, seat.work, seat.catalog, seat.env
         with trio.fail_after(LIMIT_S):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_wrapped_seat, codex, catalog, "seat-a", work, env,
@@ -179,17 +188,12 @@ async def test_a_wrapped_exec_resume_is_followed_in_the_rollout_it_appends_to(ve
     launch by more than the launch slack: the seat publishes the resumed turn, counting no old edge.
     The turn takes 2 s, as a resumed session at a person's pace does: a resume over within one poll
     is never seen holding its file, and the end-of-session fallback only knows new rollouts."""
-    if not _tui_plan_follows_rollouts():
-        pytest.skip("wrapper.harnesses.codex does not start the rollout follower for a TUI/exec launch yet")
+    assert _tui_plan_follows_rollouts()
     from sidecar.rollout import LAUNCH_SLACK_MS, read_session_meta
 
     codex = require_harness("codex", version)
-    home, codex_home, work, catalog = tmp_path / "home", tmp_path / "codexhome", tmp_path / "work", tmp_path / "cat"
-    for directory in (home, codex_home, work):
-        directory.mkdir()
-    async with fake_responses() as fake:
-        (codex_home / "config.toml").write_text(codex_config(fake.base_url))
-        env = codex_env(home, codex_home, version)
+    async with codex_seat(tmp_path, version) as seat:
+        codex_home, work, catalog, env = seat.codex_home, seat.work, seat.catalog, seat.env
         with trio.fail_after(LIMIT_S):
             await _wrapped_seat(codex, catalog, "first", work, env, *_exec("first [[u:90000:800:29000]]"))
             [rollout] = list((codex_home / "sessions").rglob("rollout-*.jsonl"))
