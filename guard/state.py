@@ -14,7 +14,7 @@ from pydantic import Field, ValidationError
 from guard.constants import STATE_LOCK_NAME, STATE_RECORD_NAME, STATE_SCHEMA
 from guard.files import read_bounded
 from guard.record import Count, Harness, Millis, RecordRefused, _Wire, refuse_lone_surrogates
-from guard.store import AgentDir, agent_locked, pid_alive, remove_context, write_agent_file
+from guard.store import AgentDir, agent_locked, pid_alive, proc_stat, remove_context, write_agent_file
 
 DesiredState = Literal["running", "stopped"]
 # Enough recent claims to see a crash loop for what it is, bounded so the file stays small.
@@ -83,9 +83,7 @@ def parse_state(data: bytes | str) -> HarnessState:
         raw = json.loads(data)
         refuse_lone_surrogates(raw)
         return HarnessState.model_validate(raw, by_alias=True)
-    except RecordRefused as exc:
-        raise RecordRefused(f"harness-state refused: {exc}") from None
-    except (ValueError, RecursionError, ValidationError) as exc:
+    except (ValueError, RecursionError, ValidationError) as exc:  # RecordRefused is a ValueError
         raise RecordRefused(f"harness-state refused: {exc}") from None
 
 
@@ -139,15 +137,14 @@ def held_by_live_wrapper(state: HarnessState | None, here: str) -> bool:
 
 
 def process_identity(pid: int) -> str | None:
-    """This boot and the process's start time (clock ticks since boot): with the pid, one process
-    for as long as the machine runs. None where /proc does not say."""
+    """This boot and the process's start time: with the pid, one process for as long as the machine
+    runs. None where /proc does not say."""
     try:
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-        stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = stat.rsplit(")", 1)[-1].split()
-    return f"{boot}/{fields[19]}" if len(fields) > 19 else None
+    stat = proc_stat(pid)
+    return None if stat is None else f"{boot}/{stat.started}"
 
 
 class ClaimHeld(Exception):

@@ -281,6 +281,26 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+@dataclass(frozen=True, slots=True)
+class ProcStat:
+    """What /proc/<pid>/stat says of a process: the one place it is parsed."""
+
+    state: str  # R, S, D, Z (a zombie), X (dead), ...
+    parent: int
+    started: int  # clock ticks since boot: with the pid, it names one process even after reuse
+
+
+def proc_stat(pid: int) -> ProcStat | None:
+    """The process's stat line, or None where there is none (gone, or no /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat_file:
+            # After the command's name, which may itself hold spaces and parentheses.
+            fields = stat_file.read().rsplit(b")", 1)[1].split()
+        return ProcStat(fields[0].decode("ascii", "replace"), int(fields[1]), int(fields[19]))
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def _read_existing(agent_fd: int) -> HarnessContext | None:
     data = read_bounded(agent_fd, CONTEXT_RECORD_NAME, MAX_RECORD_BYTES).data
     if data is None:

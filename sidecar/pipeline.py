@@ -29,8 +29,7 @@ class Pipeline:
         try:
             readings = self.producer.feed(frame, now_ms)
         except FrameRejected as exc:
-            self.dropped += 1
-            drop("producer", str(exc))
+            self._drop(str(exc))
             return writes
         except Exception:  # a producer bug must cost one frame, never the sidecar
             self.dropped += 1
@@ -39,14 +38,18 @@ class Pipeline:
             return writes
         for reading in readings:
             if (problem := out_of_domain(reading.fields)) is not None:
-                self.dropped += 1
-                drop("producer", problem)
+                self._drop(problem)
                 continue
             write = self.guard.offer(reading, now_ms)
             if write is not None:
                 self.guard.committed(write)
                 writes.append(write)
         return writes
+
+    def _drop(self, why: str) -> None:
+        """This pipeline's count (replay's tally) and the process's (the sidecar's exit line)."""
+        self.dropped += 1
+        drop("producer", why)
 
     def tick(self, now_ms: int) -> list[Write]:
         write = self.guard.tick(now_ms)

@@ -35,6 +35,7 @@ import trio
 import trio.lowlevel
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from guard.store import proc_stat
 from sidecar.producers.base import Frame, instant_ms
 from sidecar.transcripts import (
     HEAD_BYTES,
@@ -173,8 +174,8 @@ def _descendants(root_pid: int, pids: list[int]) -> list[int]:
     """`root_pid` and every process below it, by the parents `/proc/<pid>/stat` names."""
     children: dict[int, list[int]] = {}
     for pid in pids:
-        if (parent := _parent_pid(pid)) is not None:
-            children.setdefault(parent, []).append(pid)
+        if (proc := proc_stat(pid)) is not None:
+            children.setdefault(proc.parent, []).append(pid)
     found: set[int] = set()
     pending = [root_pid]
     while pending:
@@ -183,14 +184,6 @@ def _descendants(root_pid: int, pids: list[int]) -> list[int]:
             found.add(pid)
             pending.extend(children.get(pid, []))
     return sorted(found)
-
-
-def _parent_pid(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat_file:
-            return int(stat_file.read().rsplit(b")", 1)[1].split()[1])  # after the command's name
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 def _open_files(pid: int) -> list[str]:

@@ -480,3 +480,23 @@ def test_a_symlinked_catalog_root_is_the_users_choice_and_is_written_through(tmp
     store.write_context(store.AgentDir(tmp_path / "catalog", "h", "a"), record())
     assert (real / "agents" / "h" / "a" / "harness-context").is_file()
     assert read_context(tmp_path / "catalog" / "agents" / "h" / "a" / "harness-context", 1788000100000) is not None
+
+
+def test_proc_stat_reads_parent_and_start_past_a_name_with_parentheses(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from guard.store import proc_stat
+
+    odd = tmp_path / "a) (b"  # the command name in /proc/<pid>/stat may hold ") ("
+    odd.symlink_to(sys.executable)
+    child = subprocess.Popen([str(odd), "-c", "import time; time.sleep(5)"])
+    try:
+        stat = proc_stat(child.pid)
+        assert stat is not None and stat.parent == os.getpid() and stat.state in {"R", "S"}
+        assert stat == proc_stat(child.pid)  # the start time names this process
+        assert proc_stat(os.getpid()) != stat
+    finally:
+        child.kill()
+        child.wait()
+    assert proc_stat(child.pid) is None or proc_stat(child.pid) != stat

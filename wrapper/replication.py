@@ -22,7 +22,7 @@ from guard.constants import (
     HARNESS_CONTEXT_BUCKET_PERCENT,
     REPLICATED_RECORD_NAMES,
 )
-from guard.store import default_catalog
+from wrapper.readers import catalog_of
 
 # Folder options, as Syncthing's config and REST API spell them, with why each is set.
 FOLDER_SETTINGS: Final[tuple[tuple[str, Any, str], ...]] = (
@@ -87,7 +87,7 @@ def settings_json(catalog: Path) -> str:
 
 
 def run_syncthing(args: argparse.Namespace) -> int:
-    catalog: Path = (args.catalog or default_catalog()).absolute()
+    catalog = catalog_of(args).absolute()
     sys.stdout.write(settings_json(catalog) if args.json else stignore(catalog))
     return 0
 

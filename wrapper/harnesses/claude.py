@@ -35,6 +35,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from guard.store import proc_stat
 from wrapper.harnesses import LaunchPlan
 
 SETTINGS_PATH = Path(".claude") / "settings.local.json"
@@ -224,12 +225,8 @@ class Seats:
 def _process_start(pid: int) -> int | None:
     """When process `pid` started (clock ticks since boot), or None when none runs: a pid with its
     start time names one process, even after the pid is reused."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            state, *fields = stat.read().rsplit(b")", 1)[1].split()
-        return None if state in (b"Z", b"X") else int(fields[18])
-    except (OSError, IndexError, ValueError):
-        return None
+    stat = proc_stat(pid)
+    return None if stat is None or stat.state in ("Z", "X") else stat.started
 
 
 @contextlib.contextmanager
