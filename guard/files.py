@@ -12,6 +12,12 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+__all__ = [
+    "RawFile",
+    "open_regular",
+    "read_bounded",
+]
+
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 

@@ -15,7 +15,17 @@ from guard.constants import (
     HARNESS_CONTEXT_FUTURE_SKEW_MS,
     HARNESS_CONTEXT_HEARTBEAT_MS,
 )
-from guard.record import ContextFields, HarnessContext
+from guard.record import ContextFields, HarnessContext, RateLimits
+
+__all__ = [
+    "Bucket",
+    "Reading",
+    "Write",
+    "WriteGuard",
+    "WriteReason",
+    "bucket",
+    "windows_at_limit",
+]
 
 WriteReason = Literal["compaction", "bucket", "exhaustion", "rate-limits", "heartbeat"]
 
@@ -27,11 +37,16 @@ class Reading:
     `rate_limits_edge`: the producer's held reading (its own observedAtMs kept) restated with an
     account rate-limit snapshot that arrived after it (Codex sends a request's limits after its
     usage). Written when the limits differ from the record's, so the record's are the latest.
+
+    `exhausted`: the account windows (`fiveHour`, `sevenDay`) the harness itself proves exhausted
+    now; a change of the set is an edge. Only the producer can say: one harness stops at 100%,
+    another continues on credits the record cannot see and proves nothing.
     """
 
     fields: ContextFields
     compaction_edge: bool = False
     rate_limits_edge: bool = False
+    exhausted: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,15 +75,10 @@ def bucket(fields: ContextFields) -> Bucket:
     return fields.session_id, window, tokens, displayed
 
 
-def exhausted_windows(fields: ContextFields) -> frozenset[str]:
-    """Proven Claude account-window exhaustion: the windows the harness itself reports at 100%.
-
-    The producer publishes a window only while its reset is still ahead, so this is the set of
-    windows exhausted now; a change of the set is an edge. Codex is excluded on purpose: it can
-    continue on credits this record cannot see.
-    """
-    limits = fields.rate_limits
-    if fields.harness != "claude" or limits is None:
+def windows_at_limit(limits: RateLimits | None) -> frozenset[str]:
+    """The account windows a snapshot shows at 100% or more: exhausted, for a producer whose
+    harness stops there and publishes a window only while its reset is still ahead."""
+    if limits is None:
         return frozenset()
     windows = {"fiveHour": limits.five_hour, "sevenDay": limits.seven_day}
     return frozenset(name for name, used in windows.items() if used is not None and used >= 100)
@@ -82,11 +92,13 @@ class WriteGuard:
         self.incarnation = incarnation
         self.last = last
         self.held: ContextFields | None = None
+        self.exhausted: frozenset[str] = frozenset()  # as the newest reading offered proved it
 
     def offer(self, reading: Reading, now_ms: int) -> Write | None:
         self._distrust_future(now_ms)
         fields = reading.fields
         reason = self._reason(reading, now_ms)
+        self.exhausted = reading.exhausted
         if reason is None:
             if self.last is None or fields.observed_at_ms > self.last.observed_at_ms:
                 self.held = fields
@@ -99,7 +111,7 @@ class WriteGuard:
             return "compaction"
         if last is None or bucket(fields) != bucket(last):
             return "bucket"
-        if exhausted_windows(fields) != exhausted_windows(last):
+        if reading.exhausted != self.exhausted:
             return "exhaustion"
         if reading.rate_limits_edge and fields.rate_limits != last.rate_limits:
             return "rate-limits"  # freshness of the account's limits, never an availability edge

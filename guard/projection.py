@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Container
 from pathlib import Path
 from typing import Any
 
 from guard.constants import HARNESS_CONTEXT_FUTURE_SKEW_MS, HARNESS_CONTEXT_STALE_MS
+from guard.errors import RecordRefused
 from guard.files import RawFile, read_bounded
-from guard.record import HarnessContext, RecordRefused, parse_record
+from guard.record import HarnessContext, parse_record
+
+__all__ = [
+    "CONTEXT_KEYS",
+    "MAX_RECORD_BYTES",
+    "decode_record",
+    "headroom_tokens",
+    "load_record",
+    "project",
+    "read_context",
+]
 
 log = logging.getLogger(__name__)
 
@@ -52,25 +64,27 @@ def project(record: HarnessContext, now_ms: int) -> dict[str, Any] | None:
     return {key: fields[key] for key in CONTEXT_KEYS}
 
 
-def decode_record(raw: RawFile) -> tuple[HarnessContext | None, str | None]:
-    """The record and None, or None and why it is not trusted (None, None when there is no file)."""
+def decode_record(raw: RawFile, harnesses: Container[str] | None = None) -> tuple[HarnessContext | None, str | None]:
+    """The record and None, or None and why it is not trusted (None, None when there is no file).
+    `harnesses` as for `parse_record`."""
     if raw.data is None:
         return None, None if raw.problem is None else f"context record {raw.problem}"
     try:
-        return parse_record(raw.data), None
+        return parse_record(raw.data, harnesses=harnesses), None
     except RecordRefused as exc:
         return None, f"context record refused: {exc}"
 
 
-def load_record(path: str | Path) -> HarnessContext | None:
+def load_record(path: str | Path, harnesses: Container[str] | None = None) -> HarnessContext | None:
     """The record at `path`; None when there is none or it is not trustworthy (logged)."""
-    record, problem = decode_record(read_bounded(None, path, MAX_RECORD_BYTES))
+    record, problem = decode_record(read_bounded(None, path, MAX_RECORD_BYTES), harnesses)
     if problem is not None:
         log.warning("%s: %s", path, problem)
     return record
 
 
-def read_context(path: str | Path, now_ms: int) -> dict[str, Any] | None:
-    """The whole table: no file, refused, future-skewed -> None; else the reading with its age."""
-    record = load_record(path)
+def read_context(path: str | Path, now_ms: int, harnesses: Container[str] | None = None) -> dict[str, Any] | None:
+    """The whole table: no file, refused (a harness outside `harnesses`, the ones the reader knows,
+    included), future-skewed -> None; else the reading with its age."""
+    record = load_record(path, harnesses)
     return None if record is None else project(record, now_ms)

@@ -4,15 +4,41 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Container, Sequence
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, ValidationError
 from pydantic.alias_generators import to_camel
 
 from guard.constants import ACCEPTED_SCHEMAS, SCHEMA_V1
+from guard.errors import RecordRefused
 
-Harness = Literal["claude", "codex", "pi", "omp", "opencode"]
-HARNESSES: tuple[Harness, ...] = get_args(Harness)
+__all__ = [
+    "COMPACTION_TRIGGERS",
+    "HARNESS_NAME_PATTERN",
+    "MAX_COUNT",
+    "CompactionTrigger",
+    "ContextFields",
+    "Count",
+    "FiniteFloat",
+    "Harness",
+    "HarnessContext",
+    "Millis",
+    "RateLimits",
+    "Trigger",
+    "WireModel",
+    "describe_validation_error",
+    "parse_record",
+    "record_json_schema",
+    "refuse_json_constant",
+    "refuse_lone_surrogates",
+    "round_half_up",
+]
+
+# A harness's name as the registry (sidecar.registry) spells it. The record names no harness of
+# its own: which ones exist, and what their numbers mean, is the registry's to say.
+HARNESS_NAME_PATTERN = r"^[a-z][a-z0-9-]{0,31}$"
+Harness = Annotated[str, Field(pattern=HARNESS_NAME_PATTERN)]
 
 CompactionTrigger = Literal["manual", "auto", "threshold", "overflow", "idle", "unknown"]
 COMPACTION_TRIGGERS: tuple[CompactionTrigger, ...] = get_args(CompactionTrigger)
@@ -49,18 +75,18 @@ def _exact_as_float(value: object) -> object:
 FiniteFloat = Annotated[float, BeforeValidator(_exact_as_float), Field(allow_inf_nan=False, strict=True)]
 
 
-class _Wire(BaseModel):
+class WireModel(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True)
 
 
-class RateLimits(_Wire):
+class RateLimits(WireModel):
     """Account-scoped window occupancy as the harness reported it; an absent window is null."""
 
     five_hour: FiniteFloat | None = None
     seven_day: FiniteFloat | None = None
 
 
-class ContextFields(_Wire):
+class ContextFields(WireModel):
     """The reading a producer publishes: every record field except provenance and stamps."""
 
     harness: Harness
@@ -114,12 +140,11 @@ _FIELD_ORDER = (
 )  # fmt: skip
 
 
-class RecordRefused(ValueError):
-    """The bytes are not a record this reader may interpret; the message says why."""
+def parse_record(data: bytes | str, *, harnesses: Container[str] | None = None) -> HarnessContext:
+    """Decode a record, refusing (never guessing at) anything outside the accepted contract.
 
-
-def parse_record(data: bytes | str) -> HarnessContext:
-    """Decode a record, refusing (never guessing at) anything outside the accepted contract."""
+    `harnesses`: the names whose arithmetic the reader knows (the registry's); a record of any
+    other is refused. None (the writer re-reading its own record) takes any well-formed name."""
     text = _utf8_text(data)
     try:
         raw: Any = json.loads(text, parse_constant=refuse_json_constant)
@@ -132,7 +157,7 @@ def parse_record(data: bytes | str) -> HarnessContext:
     if not isinstance(schema, str) or schema not in ACCEPTED_SCHEMAS:  # a list would raise TypeError
         raise RecordRefused(f"schema {schema!r} is not one this reader accepts")
     harness = raw.get("harness")
-    if harness not in HARNESSES:
+    if harnesses is not None and not (isinstance(harness, str) and harness in harnesses):
         raise RecordRefused(f"harness {harness!r} is not one whose arithmetic this reader knows")
     try:
         return HarnessContext.model_validate(raw, by_alias=True)
@@ -187,10 +212,13 @@ def round_half_up(value: float) -> int:
     return whole + 1 if value - whole >= 0.5 else whole
 
 
-def record_json_schema() -> dict[str, Any]:
+def record_json_schema(harnesses: Sequence[str] = ()) -> dict[str, Any]:
+    """The record's JSON schema; `harness` enumerates `harnesses` when given (the registry's)."""
     schema = HarnessContext.model_json_schema(by_alias=True, mode="serialization")
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = SCHEMA_V1
     properties = schema["properties"]
     schema["properties"] = {name: properties[name] for name in _FIELD_ORDER}
+    if harnesses:
+        schema["properties"]["harness"] = {"enum": list(harnesses), "title": "Harness", "type": "string"}
     return schema

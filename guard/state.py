@@ -5,16 +5,36 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Container, Iterator
 from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field, ValidationError
 
 from guard.constants import STATE_LOCK_NAME, STATE_RECORD_NAME, STATE_SCHEMA
+from guard.errors import ClaimHeld, RecordRefused
 from guard.files import read_bounded
-from guard.record import Count, Harness, Millis, RecordRefused, _Wire, refuse_lone_surrogates
+from guard.record import Count, Harness, Millis, WireModel, refuse_lone_surrogates
 from guard.store import AgentDir, agent_locked, pid_alive, proc_stat, remove_context, write_agent_file
+
+__all__ = [
+    "CLAIM_HISTORY_LIMIT",
+    "MAX_STATE_BYTES",
+    "UNOBSERVED_LIMIT",
+    "DesiredState",
+    "HarnessState",
+    "PastClaim",
+    "Unobserved",
+    "claim_agent",
+    "held_by_live_wrapper",
+    "new_claim",
+    "parse_state",
+    "process_identity",
+    "read_state",
+    "state_locked",
+    "update_claim",
+    "write_state",
+]
 
 DesiredState = Literal["running", "stopped"]
 # Enough recent claims to see a crash loop for what it is, bounded so the file stays small.
@@ -25,7 +45,7 @@ MAX_STATE_BYTES = 256 * 1024
 UNOBSERVED_LIMIT = 16
 
 
-class Unobserved(_Wire):
+class Unobserved(WireModel):
     """A stretch of the session no sidecar watched: from its sidecar's death to a replacement's
     ready, or open (`untilMs` null) when none came up before the session ended."""
 
@@ -44,14 +64,14 @@ class Unobserved(_Wire):
             return f"killed by signal {-self.sidecar_exit}"
 
 
-class PastClaim(_Wire):
+class PastClaim(WireModel):
     incarnation: str
     claimed_at_ms: Millis
     wrapper_pid: Count
     unobserved: list[Unobserved] = Field(default_factory=list, max_length=UNOBSERVED_LIMIT)
 
 
-class HarnessState(_Wire):
+class HarnessState(WireModel):
     schema_id: Literal["st2.harness-state.v1"] = Field(default=STATE_SCHEMA, alias="schema")
     agent: str
     host: str
@@ -78,13 +98,17 @@ class HarnessState(_Wire):
         )
 
 
-def parse_state(data: bytes | str) -> HarnessState:
+def parse_state(data: bytes | str, *, harnesses: Container[str] | None = None) -> HarnessState:
+    """The claim; `harnesses` as for `guard.record.parse_record` (None: any well-formed name)."""
     try:
         raw = json.loads(data)
         refuse_lone_surrogates(raw)
-        return HarnessState.model_validate(raw, by_alias=True)
+        state = HarnessState.model_validate(raw, by_alias=True)
     except (ValueError, RecursionError, ValidationError) as exc:  # RecordRefused is a ValueError
         raise RecordRefused(f"harness-state refused: {exc}") from None
+    if harnesses is not None and state.harness not in harnesses:
+        raise RecordRefused(f"harness-state refused: harness {state.harness!r} is not one this reader knows")
+    return state
 
 
 def read_state(agent: AgentDir) -> HarnessState | None:
@@ -145,14 +169,6 @@ def process_identity(pid: int) -> str | None:
         return None
     stat = proc_stat(pid)
     return None if stat is None else f"{boot}/{stat.started}"
-
-
-class ClaimHeld(Exception):
-    """Another live wrapper on this host holds the agent's claim."""
-
-    def __init__(self, holder: HarnessState) -> None:
-        super().__init__(f"agent {holder.host}/{holder.agent} is held by wrapper pid {holder.wrapper_pid}")
-        self.holder = holder
 
 
 @contextlib.contextmanager

@@ -1,8 +1,9 @@
 """The catalog on disk: layout, lock, staging outside the replicated subtree, atomic replace.
 
 Every directory below the catalog root is opened component by component with O_NOFOLLOW and
-used through its descriptor, so a symlink anywhere in the ancestry is refused rather than followed
-and cannot be swapped in between the check and the rename.
+used through its descriptor (`open_chain`, the one such walk, which the readers share), so a
+symlink anywhere in the ancestry is refused rather than followed and cannot be swapped in between
+the check and the rename. Listing the catalog is the read side's, guard.catalog.
 """
 
 from __future__ import annotations
@@ -30,21 +31,45 @@ from guard.constants import (
     LOGS_DIR_NAME,
     STAGING_DIR_NAME,
 )
+from guard.errors import CatalogError, RecordRefused
 from guard.files import read_bounded
 from guard.projection import MAX_RECORD_BYTES
-from guard.record import HarnessContext, RecordRefused, parse_record
+from guard.record import HarnessContext, parse_record
 
-# Earlier writers staged beside the record and could leave exactly this behind after a crash.
-LEGACY_STAGING_NAME = re.compile(r"\.harness-context\.tmp-[0-9]+-[0-9]+")
-# What Syncthing itself puts in a tree it syncs: the folder marker and the versions directory
-# (directories), and as regular files the ignore file, its temporaries while it receives (Unix and
-# Windows prefixes, lib/fs/tempname.go) and the conflict copies a losing version is renamed to
-# (`<stem>.sync-conflict-<YYYYMMDD>-<HHMMSS>-<short device id><ext>`, lib/model/folder_sendrecv.go).
-SYNCTHING_DIR_NAME = re.compile(r"\.stfolder|\.stversions")
+__all__ = [
+    "LOG_NAME_BYTES",
+    "SYNCTHING_CONFLICT_NAME",
+    "AgentDir",
+    "ProcStat",
+    "agent_locked",
+    "append_log_line",
+    "as_name",
+    "check_name",
+    "control_dir",
+    "default_catalog",
+    "default_catalog_origin",
+    "default_host",
+    "device_of",
+    "is_agent_tree_name",
+    "log_name",
+    "log_path",
+    "open_append",
+    "open_chain",
+    "open_logs_dir",
+    "pid_alive",
+    "proc_stat",
+    "remove_context",
+    "staging_dir",
+    "sweep_staging",
+    "write_agent_file",
+    "write_context",
+    "write_json_atomic",
+]
+
+# A Syncthing conflict copy (`<stem>.sync-conflict-<YYYYMMDD>-<HHMMSS>-<short device id><ext>`,
+# lib/model/folder_sendrecv.go) is never an agent-tree name; guard.catalog passes over the rest of
+# Syncthing's own entries.
 SYNCTHING_CONFLICT_NAME = re.compile(r".+\.sync-conflict-[0-9]{8}-[0-9]{6}-[A-Z2-7]{7}(?:\..*)?")
-SYNCTHING_FILE_NAME = re.compile(
-    rf"\.stfolder|\.stignore|(?:\.syncthing\.|~syncthing~).+\.tmp|{SYNCTHING_CONFLICT_NAME.pattern}"
-)
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@+-]{0,127}")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -72,16 +97,12 @@ def as_name(text: str, *, fallback: str, room: int = 0) -> str:
     """`text` made a valid host or identity name (see `check_name`), `room` characters short of the
     longest so a suffix still fits."""
     name = re.sub(r"[^A-Za-z0-9_.@+-]", "-", text).lstrip(".-@+")[: 128 - room] or fallback
-    return name if _is_agent_tree_name(name) else fallback
-
-
-class CatalogError(OSError):
-    """The catalog cannot be used safely as laid out; the message names the path and the reason."""
+    return name if is_agent_tree_name(name) else fallback
 
 
 def check_name(kind: str, name: str) -> str:
     """Host and identity names become path components: one plain component, nothing else."""
-    if not _is_agent_tree_name(name):
+    if not is_agent_tree_name(name):
         raise CatalogError(f"{kind} {name!r} is not a valid name (letters, digits, _ . @ + -; no sync-conflict copy)")
     return name
 
@@ -133,7 +154,7 @@ def log_name(host: str, identity: str) -> str:
 
 def open_logs_dir(catalog: Path) -> int:
     """`<catalog>/.st2/logs`, created, opened without following a symlink at any step."""
-    return _open_chain(catalog, (CONTROL_DIR_NAME, LOGS_DIR_NAME), create=True)
+    return open_chain(catalog, (CONTROL_DIR_NAME, LOGS_DIR_NAME), create=True)
 
 
 def open_append(dir_fd: int, name: str) -> int:
@@ -168,23 +189,33 @@ def _open_dir(parent_fd: int | None, name: str, path: Path, *, create: bool) -> 
         raise
 
 
-def _open_chain(root: Path, components: tuple[str, ...], *, create: bool) -> int:
-    """Open `root/components...` without following a symlink at any step; the caller closes."""
+def open_chain(root: Path, components: tuple[str, ...], *, create: bool = False, parent_fd: int | None = None) -> int:
+    """Open `root/components...` without following a symlink at any step; the caller closes.
+
+    A component that is a symlink or a file is a CatalogError; anything else the system refuses
+    (absent, permission) is its own OSError. With `parent_fd`, the walk starts at that already
+    open directory (`root` is then its path, for messages), which stays open.
+    """
     root = Path(os.path.abspath(root))
-    if create:
-        os.makedirs(root, mode=0o755, exist_ok=True)
-    # The catalog root is the user's to place (a symlinked ~/.local/state is common); everything
-    # below it, the replicated ancestry and the staging directory, must be real directories.
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    if parent_fd is None:
+        if create:
+            os.makedirs(root, mode=0o755, exist_ok=True)
+        # The catalog root is the user's to place (a symlinked ~/.local/state is common); everything
+        # below it, the replicated ancestry and the staging directory, must be real directories.
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    else:
+        fd = parent_fd
     path = root
     try:
         for name in components:
             path = path / name
             child = _open_dir(fd, name, path, create=create)
-            os.close(fd)
+            if fd != parent_fd:
+                os.close(fd)
             fd = child
     except BaseException:
-        os.close(fd)
+        if fd != parent_fd:
+            os.close(fd)
         raise
     return fd
 
@@ -192,11 +223,11 @@ def _open_chain(root: Path, components: tuple[str, ...], *, create: bool) -> int
 @contextlib.contextmanager
 def _dirs(agent: AgentDir, *, create: bool) -> Iterator[tuple[int, int]]:
     """The agent directory and its staging directory, both checked, on the same device."""
-    agent_fd = _open_chain(agent.catalog, (AGENTS_DIR_NAME, agent.host, agent.identity), create=create)
+    agent_fd = open_chain(agent.catalog, (AGENTS_DIR_NAME, agent.host, agent.identity), create=create)
     try:
-        staging_fd = _open_chain(agent.catalog, (CONTROL_DIR_NAME, STAGING_DIR_NAME), create=create)
+        staging_fd = open_chain(agent.catalog, (CONTROL_DIR_NAME, STAGING_DIR_NAME), create=create)
         try:
-            if _device(staging_fd) != _device(agent_fd):
+            if device_of(staging_fd) != device_of(agent_fd):
                 raise CatalogError(
                     f"{staging_dir(agent.catalog)} and {agent.path} are on different filesystems; "
                     "an atomic rename between them is impossible, so nothing is written"
@@ -208,7 +239,7 @@ def _dirs(agent: AgentDir, *, create: bool) -> Iterator[tuple[int, int]]:
         os.close(agent_fd)
 
 
-def _device(fd: int) -> int:
+def device_of(fd: int) -> int:
     return os.fstat(fd).st_dev
 
 
@@ -252,7 +283,7 @@ def sweep_staging(catalog: Path) -> int:
     """
     removed = 0
     try:
-        staging_fd = _open_chain(catalog, (CONTROL_DIR_NAME, STAGING_DIR_NAME), create=False)
+        staging_fd = open_chain(catalog, (CONTROL_DIR_NAME, STAGING_DIR_NAME))
     except (FileNotFoundError, CatalogError):
         return 0
     try:
@@ -366,72 +397,5 @@ def write_agent_file(agent: AgentDir, name: str, data: bytes) -> None:
         write_json_atomic(agent_fd, name, data, staging_fd)
 
 
-def iter_hosts(catalog: Path) -> list[str]:
-    return _strict_children(catalog / AGENTS_DIR_NAME, "host", legacy_ok=False)
-
-
-def iter_identities(catalog: Path, host: str) -> list[str]:
-    """Identity directories of one host, passing over exactly the legacy staging file."""
-    agents = catalog / AGENTS_DIR_NAME
-    if not _is_real_dir(agents):  # a symlinked `agents/` is refused here too, not walked through
-        return []
-    return _strict_children(agents / check_name("host", host), "identity", legacy_ok=True)
-
-
-def _is_real_dir(path: Path) -> bool:
-    """False when absent; CatalogError when it is a symlink or not a directory."""
-    try:
-        info = os.lstat(path)
-    except FileNotFoundError:
-        return False
-    if not stat.S_ISDIR(info.st_mode):
-        raise CatalogError(f"{path} is not a real directory")
-    return True
-
-
-def _is_agent_tree_name(name: str) -> bool:
+def is_agent_tree_name(name: str) -> bool:
     return bool(_NAME.fullmatch(name)) and name not in {".", ".."} and not SYNCTHING_CONFLICT_NAME.fullmatch(name)
-
-
-def is_syncthing_entry(name: str, *, regular: bool, real_dir: bool) -> bool:
-    """One of Syncthing's own names, as the kind of entry Syncthing makes it (never a symlink)."""
-    pattern = SYNCTHING_FILE_NAME if regular else SYNCTHING_DIR_NAME if real_dir else None
-    return pattern is not None and pattern.fullmatch(name) is not None
-
-
-def agent_tree_children(directory: Path, kind: str, *, legacy_ok: bool) -> tuple[list[str], list[str]]:
-    """The real subdirectories of `directory` that are valid `kind` names, sorted, and one line for
-    every other entry (symlinks, files, bad names, near misses of the legacy name).
-
-    With `legacy_ok` the exact legacy staging name is passed over silently, but only as a regular
-    non-symlink file: possibly a live old writer's, and left untouched. Syncthing's own names are
-    passed over silently at every level, each only as the kind of entry Syncthing makes; a conflict
-    copy is never an agent, whatever it is.
-    """
-    names: list[str] = []
-    passed_over: list[str] = []
-    with os.scandir(directory) as entries:
-        for entry in entries:
-            try:
-                regular = entry.is_file(follow_symlinks=False)
-                real_dir = entry.is_dir(follow_symlinks=False)
-            except OSError:
-                regular = real_dir = False
-            if legacy_ok and regular and LEGACY_STAGING_NAME.fullmatch(entry.name):
-                continue
-            if is_syncthing_entry(entry.name, regular=regular, real_dir=real_dir):
-                continue
-            if real_dir and _is_agent_tree_name(entry.name):
-                names.append(entry.name)
-            else:
-                passed_over.append(f"unexpected entry {Path(directory, entry.name)!s} (not a {kind} directory)")
-    return sorted(names), sorted(passed_over)
-
-
-def _strict_children(directory: Path, kind: str, *, legacy_ok: bool) -> list[str]:
-    if not _is_real_dir(directory):
-        return []
-    names, passed_over = agent_tree_children(directory, kind, legacy_ok=legacy_ok)
-    if passed_over:
-        raise CatalogError(passed_over[0])
-    return names

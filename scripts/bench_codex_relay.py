@@ -59,25 +59,26 @@ async def serve_echo(port: int) -> None:
 
 
 async def serve_relay_with_producer(port: int, upstream_port: int) -> None:
-    from sidecar.producers.base import Frame, FrameRejected
-    from sidecar.producers.codex import CodexProducer
-    from sidecar.transports.codex import Address, serve_relay
+    from sidecar.decoding import Dropped
+    from sidecar.producers.codex import SPEC, CodexProducer
+    from sidecar.transports import Streams
+    from sidecar.transports.codex_relay import Address, serve_relay
 
-    send, receive = trio.open_memory_channel[Frame](1024)
+    send, receive = trio.open_memory_channel[object](1024)
     producer = CodexProducer()
 
-    def submit(frame: Frame) -> None:
+    def submit(event: object) -> None:
         with suppress(trio.WouldBlock):
-            send.send_nowait(frame)
+            send.send_nowait(event)
 
     async def consume() -> None:
-        async for frame in receive:
-            with suppress(FrameRejected):  # the echo target's payloads are not Codex messages
-                producer.feed(frame, time.time_ns() // 1_000_000)
+        async for event in receive:
+            if not isinstance(event, Dropped):  # the echo target's payloads are not Codex messages
+                producer.feed(event, time.time_ns() // 1_000_000)
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(consume)
-        await serve_relay(Address(LOOPBACK, port), Address(LOOPBACK, upstream_port), submit)
+        await serve_relay(Address(LOOPBACK, port), Address(LOOPBACK, upstream_port), Streams(SPEC, submit))
 
 
 def free_port() -> int:

@@ -77,7 +77,8 @@ def cpu_us_per_agent(catalog: Path, now_ms: int) -> tuple[float, float]:
     from prometheus_client import CollectorRegistry, generate_latest
 
     from wrapper.metrics import CatalogCollector
-    from wrapper.readers import collect_roster, render_agents_json
+    from wrapper.render import render_agents_json
+    from wrapper.roster import collect_roster
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(CatalogCollector(lambda: catalog, "alpha"))

@@ -65,7 +65,8 @@ def in_process_cpu_ms(catalog: Path, now_ms: int) -> float:
     without process start-up, and steadier than wall time on a busy machine."""
     sys.path.insert(0, str(REPO))
     from guard.store import default_host
-    from wrapper.readers import collect_roster, render_agents_json
+    from wrapper.render import render_agents_json
+    from wrapper.roster import collect_roster
 
     best = float("inf")
     for _ in range(3):

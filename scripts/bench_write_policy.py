@@ -39,9 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from guard.constants import HARNESS_CONTEXT_HEARTBEAT_MS
 from guard.policy import Reading, WriteGuard
 from guard.record import ContextFields, round_half_up
+from sidecar.decoding import Dropped
+from sidecar.producers.codex import SPEC as CODEX
 from sidecar.producers.codex import CodexProducer
-from sidecar.producers.codex import decode_recording as decode_codex
-from sidecar.transcripts import claude_compaction, claude_usage, codex_frames, forward_lines, rollout_event
+from sidecar.transcripts import claude_compaction, claude_usage, forward_lines, rollout_event
 from wrapper.scan import shipped_model_table
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -87,12 +88,15 @@ fill = occupancy
 def codex_app_server_trace(path: Path) -> Trace:
     trace = Trace("codex", path.name)
     producer = CodexProducer()
-    for at_ms, frame in decode_codex(path.read_bytes()):
-        now = at_ms or 0
-        payload = frame["payload"]
-        for reading in producer.feed(frame, now):
-            trace.events.append(Event(now, reading, compaction=reading.compaction_edge))
-        if isinstance(payload, dict) and payload.get("method") == "turn/completed":
+    decoder = CODEX.decoder("stdout")
+    for chunk in CODEX.read_recording([path]):
+        now = chunk.at_ms or 0
+        for event in decoder.receive_data(chunk.data):
+            if not isinstance(event, Dropped):
+                for reading in producer.feed(event, now):
+                    trace.events.append(Event(now, reading, compaction=reading.compaction_edge))
+        message = json.loads(chunk.data)  # a turn's end is no event of the producer's: read here
+        if isinstance(message, dict) and message.get("method") == "turn/completed":
             trace.events.append(Event(now, turn_end=True))
     return trace
 
@@ -106,8 +110,10 @@ def codex_rollout_trace(name: str, data: bytes) -> Trace:
             continue
         if event.kind == "task_complete":
             trace.events.append(Event(event.at_ms, turn_end=True))
-        for frame in codex_frames(event):
-            for reading in producer.feed(frame, event.at_ms):
+        for item in event.events:
+            if isinstance(item, Dropped):
+                continue
+            for reading in producer.feed(item, event.at_ms):
                 trace.events.append(Event(event.at_ms, reading, compaction=reading.compaction_edge))
     return trace
 

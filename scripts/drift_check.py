@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sidecar.producers import verified_versions  # noqa: E402
+from sidecar.registry import verified_versions  # noqa: E402
 from tests.harnesses import _PACKAGES, MARKER, PINNED_VERSIONS  # noqa: E402
 
 # Which live files exercise which harness; `-k` narrows a shared file to this harness's build.

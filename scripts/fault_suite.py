@@ -49,7 +49,8 @@ if str(REPO) not in sys.path:
 
 import trio  # noqa: E402
 
-from guard.record import HarnessContext, RecordRefused, parse_record  # noqa: E402
+from guard.errors import RecordRefused  # noqa: E402
+from guard.record import HarnessContext, parse_record  # noqa: E402
 from guard.store import AgentDir, log_path  # noqa: E402
 
 Scale = Literal["ci", "full"]
@@ -470,21 +471,28 @@ def codex_burst(deltas: int, rounds: int = 5) -> tuple[bytes, list[dict[str, Any
 def burst_codex_tap(work: Path, scale: Scale) -> Row:
     """Five rounds of 20,000 delta lines then a tokenUsage line through the wrapper's stdout tap
     into a channel: every usage update, and above all the newest, must reach the sidecar."""
+    from functools import partial
+
     from sidecar import channel
-    from wrapper.launcher import _tap_stdout
+    from sidecar.decoding import channel_decoder
+    from wrapper.launcher import tap_stdout_lines
 
     deltas = pick(scale, ci=20_000, full=20_000)
     data, usage = codex_burst(deltas)
     directory = Path(tempfile.mkdtemp(prefix="hctx-fault-"))
-    received: list[dict[str, Any]] = []
+    received: list[Any] = []  # the message each tapped line carries (its payload: the line as a string)
+
+    def tapped(kind: str, frame: dict[str, Any]) -> list[object]:
+        payload = frame.get("payload")
+        return [json.loads(payload) if isinstance(payload, str) else None]
 
     async def scenario() -> float:
         async with trio.open_nursery() as nursery:
-            await nursery.start(channel.serve, directory / "s", received.append)
+            await nursery.start(channel.serve, directory / "s", partial(channel_decoder, tapped), received.append)
             started = trio.current_time()
-            await _tap_stdout(Burst(data), "codex.rpc", directory / "s")
+            await tap_stdout_lines(Burst(data), "codex.rpc", directory / "s")
             with trio.move_on_after(15):
-                while not received or received[-1].get("payload") != usage[-1]:  # noqa: ASYNC110
+                while not received or received[-1] != usage[-1]:  # noqa: ASYNC110
                     await trio.sleep(0.01)
             nursery.cancel_scope.cancel()
             return trio.current_time() - started
@@ -494,8 +502,8 @@ def burst_codex_tap(work: Path, scale: Scale) -> Row:
             took = trio.run(scenario)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
-    landed = [line for line in usage if any(f.get("payload") == line for f in received)]
-    newest = bool(received) and received[-1].get("payload") == usage[-1]
+    landed = [line for line in usage if line in received]
+    newest = bool(received) and received[-1] == usage[-1]
     return Row(
         "burst-codex-tap-20k", len(usage), len(landed), len(usage) - len(landed),
         measured=f"{len(received)} of {len(usage) * (deltas + 1)} lines tapped in {took:.1f}s; newest landed: {newest}",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from collections.abc import Sequence
@@ -11,9 +10,18 @@ from pathlib import Path
 
 import trio
 
-from guard.record import HARNESSES
+from guard.errors import UnknownHarness
 from sidecar import logs
 from sidecar.app import SidecarConfig, run_sidecar
+
+
+def _harness(text: str) -> str:
+    from sidecar.registry import spec_for
+
+    try:
+        return spec_for(text).name
+    except UnknownHarness as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parse_args(argv: Sequence[str] | None) -> SidecarConfig:
@@ -21,12 +29,12 @@ def parse_args(argv: Sequence[str] | None) -> SidecarConfig:
     parser.add_argument("--catalog", type=Path, required=True)
     parser.add_argument("--host", required=True)
     parser.add_argument("--agent", required=True)
-    parser.add_argument("--harness", required=True, choices=HARNESSES)
+    parser.add_argument("--harness", required=True, type=_harness, help="a name the registry knows")
     parser.add_argument("--incarnation", required=True)
     parser.add_argument("--channel", type=Path, required=True, help="unix socket path to listen on")
     parser.add_argument("--lifeline-fd", type=int, help="exit when this inherited pipe reaches EOF")
     parser.add_argument("--ready-fd", type=int, help="write 'ready' here once the channel listens")
-    parser.add_argument("--transport", type=json.loads, default={}, help="JSON for the transport")
+    parser.add_argument("--transport", default="", help="the transport's config, JSON of its harness's model")
     args = parser.parse_args(argv)
     return SidecarConfig(
         catalog=args.catalog,

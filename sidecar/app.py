@@ -8,20 +8,42 @@ import os
 import signal
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 import trio
+from pydantic import BaseModel, ValidationError
 
 from guard.policy import Write, WriteGuard, WriteReason
-from guard.record import Harness
+from guard.record import Harness, HarnessContext, describe_validation_error
 from guard.store import AgentDir, sweep_staging, write_context
 from sidecar import channel, logs
+from sidecar.decoding import channel_decoder
 from sidecar.pipeline import Pipeline
-from sidecar.producers import producer_for
-from sidecar.producers.base import Frame
-from sidecar.transports import Submit, Transport, transport_for
+from sidecar.registry import HarnessSpec, spec_for
+from sidecar.transports import Streams, Transport, transport_for
+
+__all__ = [
+    "OUTBOX_WRITES",
+    "SHUTDOWN_DRAIN_S",
+    "STALLED_WRITE_S",
+    "WRITE_RETRY_S",
+    "CatalogStore",
+    "Clock",
+    "Outbox",
+    "SidecarConfig",
+    "Store",
+    "SystemClock",
+    "Writer",
+    "open_writer",
+    "run_sidecar",
+    "run_transport",
+    "transport_settings",
+    "transport_streams",
+    "wait_for_eof",
+]
 
 log = logging.getLogger("sidecar")
 
@@ -49,11 +71,39 @@ class SidecarConfig:
     channel: Path
     lifeline_fd: int | None = None
     ready_fd: int | None = None
-    transport: dict[str, Any] = field(default_factory=dict)
+    transport: str = ""  # the launch plan's transport config, as JSON (HarnessSpec.transport_config)
 
 
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
+class Clock(Protocol):
+    """The wall clock a record's times are read from (deadlines run on trio's own clock)."""
+
+    def wall_ms(self) -> int: ...
+
+
+class SystemClock:
+    def wall_ms(self) -> int:
+        return time.time_ns() // 1_000_000
+
+
+class Store(Protocol):
+    """Where records land."""
+
+    async def write(self, record: HarnessContext) -> HarnessContext:
+        """The record as it landed (writtenAtMs as stamped under the lock); OSError if it did not.
+        Not cancellable: a write, once started, completes."""
+        ...
+
+
+@dataclass(frozen=True)
+class CatalogStore:
+    """The agent's directory in the catalog: the only holder of its lock and staging in this process."""
+
+    agent_dir: AgentDir
+
+    async def write(self, record: HarnessContext) -> HarnessContext:
+        # In a worker thread: the lock may be contended and fsync is slow; the channel and a
+        # relay keep serving meanwhile.
+        return await trio.to_thread.run_sync(write_context, self.agent_dir, record)
 
 
 class Outbox:
@@ -107,6 +157,10 @@ class Outbox:
         self.closed = True
         self._changed.set()
 
+    def wake(self) -> None:
+        """Nothing new is owed, but when the next write is due may have changed (a held reading)."""
+        self._changed.set()
+
     async def changed(self) -> None:
         await self._changed.wait()
         self._changed = trio.Event()
@@ -119,32 +173,33 @@ def _keep_reason(newer: Write, older: Write) -> Write:
 
 
 class Writer:
-    """The only holder of the agent's lock and staging directory in this process."""
+    """Decoded events in, records out: the pipeline's writes landed in order in `store`, with the
+    heartbeat and the retry of failed writes on trio's clock and record times from `clock`."""
 
-    def __init__(self, config: SidecarConfig) -> None:
-        self.agent_dir = AgentDir(config.catalog, config.host, config.agent)
-        if swept := sweep_staging(config.catalog):
-            log.info("removed %d staging files of dead writers", swept, extra={"event": "staging-swept"})
-        guard = WriteGuard(config.agent, config.incarnation)
-        self.pipeline = Pipeline(producer_for(config.harness), guard)
+    def __init__(self, pipeline: Pipeline, store: Store, clock: Clock | None = None) -> None:
+        self.pipeline = pipeline
+        self.store = store
+        self.clock = SystemClock() if clock is None else clock
         self.outbox = Outbox()
         # While writes fail (a full disk, a catalog turned hostile) the newest is retried on this
         # schedule, not once per frame; the first failure is logged, the recovery says how many.
         self.failures = 0
         self.retry_at = math.inf
 
-    def submit(self, frame: Frame) -> None:
-        """Fold one frame in at once (a producer is a small state machine): no frame is ever queued,
-        so a burst or a stalled write costs no memory and never drops the newest reading. Called
-        from the channel's and the transports' tasks: whatever goes wrong costs this frame only."""
+    def submit(self, event: object) -> None:
+        """Fold one decoded event in at once (a producer is a small state machine): none is ever
+        queued, so a burst or a stalled write costs no memory and never drops the newest reading.
+        Called from the channel's and the transports' tasks: whatever goes wrong costs this event."""
         try:
-            writes = self.pipeline.feed(frame, now_ms())
+            writes = self.pipeline.feed(event, self.clock.wall_ms())
         except Exception:
             logs.drops["pipeline"] += 1
             log.exception("frame dropped: the write guard failed on it", extra={"event": "frame-dropped"})
             return
         for write in writes:
             self.outbox.put(write)
+        if not writes:
+            self.outbox.wake()  # a reading held back sets the heartbeat's deadline
 
     def close(self) -> None:
         """No more frames: `run` makes one last try at what is owed, then returns."""
@@ -153,12 +208,10 @@ class Writer:
     async def _write(self, write: Write) -> None:
         guard = self.pipeline.guard
         if not self.outbox.pending:  # the newest decided write: it lands with the newest reading held
-            write = guard.refresh(write, now_ms())
+            write = guard.refresh(write, self.clock.wall_ms())
         self.outbox.in_flight_since = trio.current_time()
         try:
-            # In a worker thread: the lock may be contended and fsync is slow; the channel and a
-            # relay keep serving meanwhile. Not cancellable: a write, once started, completes.
-            record = await trio.to_thread.run_sync(write_context, self.agent_dir, write.record)
+            record = await self.store.write(write.record)
         except OSError as exc:
             self.outbox.failing = True
             self.outbox.restore(write)
@@ -194,7 +247,7 @@ class Writer:
 
     def _deadline(self) -> float:
         due = self.pipeline.guard.heartbeat_due_ms()
-        heartbeat = math.inf if due is None else trio.current_time() + (due - now_ms()) / 1000
+        heartbeat = math.inf if due is None else trio.current_time() + (due - self.clock.wall_ms()) / 1000
         return min(heartbeat, self.retry_at)
 
     def _write_due(self) -> bool:
@@ -206,7 +259,7 @@ class Writer:
             if not self._write_due():
                 with trio.move_on_at(self._deadline()):
                     await self.outbox.changed()
-            for beat in self.pipeline.tick(now_ms()):
+            for beat in self.pipeline.tick(self.clock.wall_ms()):
                 self.outbox.put(beat)
             if self._write_due() and (owed := self.outbox.take()) is not None:
                 await self._write(owed)
@@ -214,10 +267,24 @@ class Writer:
             await self._write(last)
 
 
-async def run_transport(transport: Transport, config: dict[str, Any], submit: Submit) -> None:
+def transport_settings(spec: HarnessSpec, text: str) -> BaseModel | None:
+    """The transport's config, validated by the model the wrapper built it with; None (logged)
+    when the JSON is not one: the channel serves on, without the transport."""
+    model = spec.transport_config
+    if model is None or not text:  # a launch plan that set none: the channel is the only wire
+        return None
+    try:
+        return model.model_validate_json(text)
+    except ValidationError as exc:
+        log.error("no %s transport: its config is refused: %s", spec.name, describe_validation_error(exc),
+                  extra={"event": "transport-bad-config"})  # fmt: skip
+        return None
+
+
+async def run_transport(transport: Transport, config: BaseModel | None, streams: Streams) -> None:
     """A transport that fails costs its own stream, never the channel or the writer."""
     try:
-        await transport(config, submit)
+        await transport(config, streams)
     except Exception:
         log.exception("transport failed; the channel keeps serving", extra={"event": "transport-failed"})
 
@@ -234,8 +301,23 @@ async def wait_for_eof(fd: int) -> None:
             continue
 
 
+def open_writer(config: SidecarConfig) -> tuple[HarnessSpec, Writer]:
+    """The harness's spec, and a writer of its producer's records into the agent's directory."""
+    if swept := sweep_staging(config.catalog):
+        log.info("removed %d staging files of dead writers", swept, extra={"event": "staging-swept"})
+    spec = spec_for(config.harness)
+    pipeline = Pipeline(spec.make_producer(), WriteGuard(config.agent, config.incarnation))
+    return spec, Writer(pipeline, CatalogStore(AgentDir(config.catalog, config.host, config.agent)))
+
+
+def transport_streams(spec: HarnessSpec, writer: Writer) -> Streams:
+    """What the transport is handed: the writer's submit, and the producer's wants if it has any."""
+    wants = getattr(writer.pipeline.producer, "wants", None)
+    return Streams(spec, writer.submit) if wants is None else Streams(spec, writer.submit, wants)
+
+
 async def run_sidecar(config: SidecarConfig) -> None:
-    writer = Writer(config)
+    spec, writer = open_writer(config)
     submit = writer.submit
     log.info(
         "sidecar started",
@@ -245,12 +327,14 @@ async def run_sidecar(config: SidecarConfig) -> None:
     async with trio.open_nursery() as outer:
         outer.start_soon(writer.run)
         async with trio.open_nursery() as inputs:
-            transport = transport_for(config.harness)
-            if transport is not None:
-                inputs.start_soon(run_transport, transport, config.transport, submit)
+            transport = transport_for(spec)
+            settings = None if transport is None else transport_settings(spec, config.transport)
+            if transport is not None and (settings is not None or spec.transport_config is None):
+                inputs.start_soon(run_transport, transport, settings, transport_streams(spec, writer))
             session_over = trio.Event()
             async with trio.open_nursery() as channel_nursery:
-                await channel_nursery.start(channel.serve, config.channel, submit, session_over)
+                open_decoder = partial(channel_decoder, spec.channel_frames)
+                await channel_nursery.start(channel.serve, config.channel, open_decoder, submit, session_over)
                 _signal_ready(config.ready_fd)
                 await _until_session_ends(config.lifeline_fd)
                 session_over.set()

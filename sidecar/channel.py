@@ -1,8 +1,10 @@
-"""The unix-socket channel: newline-delimited JSON frames from the harness's own processes.
+"""The unix-socket channel: moves the bytes of the harness's own processes into decoders.
 
+Each connection's bytes go to a fresh channel decoder (`sidecar.decoding.channel_decoder`: line
+framing, the envelope, the harness's frames), the one `hctx replay` uses for a channel recording.
 Hostile input costs a log line and the frame, never the sidecar: oversized lines are skipped to the
-next newline without being buffered, malformed JSON and frames without a `type` are dropped, and a
-peer of another uid is refused before a byte is read.
+next newline without being buffered, malformed frames are dropped by the decoder, and a peer of
+another uid is refused before a byte is read.
 
 Held connections cannot keep the harness out: every process the harness starts inherits the
 channel's address, so a connection is never refused for want of a slot. At MAX_CONNECTIONS the
@@ -19,7 +21,6 @@ deliver (`hctx.dropped`), which is counted and logged, never fed to a producer.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -28,13 +29,28 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import trio
 
-from guard.constants import CHANNEL_DROP_REPORT, CHANNEL_MAX_FRAME_BYTES, CHANNEL_MAX_SOCKET_PATH, OWN_FRAME_PREFIX
+from guard.constants import CHANNEL_MAX_FRAME_BYTES, CHANNEL_MAX_SOCKET_PATH
+from guard.errors import ChannelPathError
+from sidecar.decoding import LineDecoder
 from sidecar.logs import drop
-from sidecar.producers.base import Frame
+
+__all__ = [
+    "BUFFER_BUDGET_BYTES",
+    "MAX_CONNECTIONS",
+    "MAX_FRAME_BYTES",
+    "MAX_SOCKET_PATH",
+    "PARTIAL_FRAME_TIMEOUT_S",
+    "SILENT_TIMEOUT_S",
+    "OpenDecoder",
+    "Submit",
+    "buffered_bytes",
+    "check_channel_path",
+    "peer_uid",
+    "serve",
+]
 
 log = logging.getLogger(__name__)
 
@@ -46,14 +62,10 @@ PARTIAL_FRAME_TIMEOUT_S = 5.0
 SILENT_TIMEOUT_S = 10.0
 BUFFER_BUDGET_BYTES = 16 * 1024 * 1024
 _READ_SIZE = 64 * 1024
-_MAX_REPORTED_DROPS = 2**31
 _UCRED = struct.Struct("3i")
 
-Submit = Callable[[Frame], None]
-
-
-class ChannelPathError(ValueError):
-    pass
+Submit = Callable[[object], None]
+OpenDecoder = Callable[[], LineDecoder]
 
 
 def peer_uid(sock: trio.socket.SocketType) -> int:
@@ -69,22 +81,6 @@ def check_channel_path(path: Path) -> None:
     parent = path.parent.stat()
     if parent.st_uid != os.getuid() or parent.st_mode & 0o077:
         raise ChannelPathError(f"{path.parent} must be owned by this user and closed to others (0700)")
-
-
-def decode_frame(line: bytes) -> Frame | str:
-    """The frame in one line, or why it was dropped."""
-    try:
-        frame: Any = json.loads(line)
-    except (ValueError, RecursionError) as exc:
-        return f"malformed JSON: {str(exc)[:120]}"
-    if not isinstance(frame, dict):
-        return f"not a JSON object but {type(frame).__name__}"
-    kind = frame.get("type")
-    if not isinstance(kind, str):
-        return "no string 'type'"
-    if kind.startswith(OWN_FRAME_PREFIX) and kind != CHANNEL_DROP_REPORT:
-        return f"frame type {kind[:40]!r} is the sidecar's own: only its transport supplies it"
-    return frame
 
 
 @dataclass(eq=False)
@@ -148,12 +144,14 @@ def buffered_bytes() -> int:
 
 async def serve(
     path: Path,
+    open_decoder: OpenDecoder,
     submit: Submit,
     stop: trio.Event | None = None,
     *,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Listen at `path` (0600) and submit every well-formed frame.
+    """Listen at `path` (0600); each connection's bytes go through a decoder of its own, and
+    every event they make (a drop included: the pipeline logs it) is submitted.
 
     Runs until cancelled, or until `stop` is set: then it stops accepting, takes the connections
     already queued, and returns once every open connection has delivered its frames, so the last
@@ -183,11 +181,11 @@ async def serve(
                     if stop is not None:
                         connections.start_soon(_cancel_when_set, stop, accepting)
                     while True:
-                        await _accept(listener, connections, submit, peers)
+                        await _accept(listener, connections, (open_decoder, submit), peers)
                 path.unlink(missing_ok=True)
                 while True:  # connections that were already queued when the session ended
                     with trio.move_on_after(_QUEUED_WAIT_S) as waited:
-                        await _accept(listener, connections, submit, peers)
+                        await _accept(listener, connections, (open_decoder, submit), peers)
                     if waited.cancelled_caught:
                         break
         finally:
@@ -203,7 +201,7 @@ async def _cancel_when_set(event: trio.Event, scope: trio.CancelScope) -> None:
 
 
 async def _accept(
-    listener: trio.socket.SocketType, connections: trio.Nursery, submit: Submit, peers: set[_Peer]
+    listener: trio.socket.SocketType, connections: trio.Nursery, sink: tuple[OpenDecoder, Submit], peers: set[_Peer]
 ) -> None:
     try:
         conn, _ = await listener.accept()
@@ -218,17 +216,20 @@ async def _accept(
         log.warning("channel full: closed its longest-idle connection", extra={"event": "connection-evicted"})
     peer = _Peer(trio.CancelScope(), trio.current_time())
     peers.add(peer)
-    connections.start_soon(_connection, conn, submit, peers, peer)
+    connections.start_soon(_connection, conn, sink, peers, peer)
 
 
-async def _connection(conn: trio.socket.SocketType, submit: Submit, peers: set[_Peer], peer: _Peer) -> None:
+async def _connection(
+    conn: trio.socket.SocketType, sink: tuple[OpenDecoder, Submit], peers: set[_Peer], peer: _Peer
+) -> None:
+    open_decoder, submit = sink
     try:
         with conn, peer.scope:
             uid = peer_uid(conn)
             if uid != os.getuid():
                 log.warning("channel peer of uid %d refused", uid, extra={"event": "peer-refused"})
                 return
-            await _read_frames(conn, submit, peer)
+            await _read_frames(conn, open_decoder(), submit, peer)
         if peer.scope.cancelled_caught and peer.partial_since is not None:
             drop("channel", "connection closed mid-frame to make room for others")
     except OSError as exc:
@@ -238,9 +239,8 @@ async def _connection(conn: trio.socket.SocketType, submit: Submit, peers: set[_
         _budget.release(peer)
 
 
-async def _read_frames(conn: trio.socket.SocketType, submit: Submit, peer: _Peer) -> None:
-    buffer = bytearray()
-    skipping = False  # inside an oversized line: discard until its newline
+async def _read_frames(conn: trio.socket.SocketType, decoder: LineDecoder, submit: Submit, peer: _Peer) -> None:
+    framer = decoder.framer
     while True:
         with trio.move_on_at(peer.deadline()) as waiting:
             data = await conn.recv(_READ_SIZE)
@@ -253,53 +253,17 @@ async def _read_frames(conn: trio.socket.SocketType, submit: Submit, peer: _Peer
         if not data:
             break
         peer.active_at, peer.spoke = trio.current_time(), True
-        start = 0
-        while (end := data.find(b"\n", start)) != -1:
-            if skipping:
-                skipping = False
-            else:
-                buffer += data[start:end]
-                if len(buffer) > MAX_FRAME_BYTES:
-                    drop("channel", f"frame over {MAX_FRAME_BYTES} bytes")
-                else:
-                    _deliver(bytes(buffer), submit)
-            buffer.clear()
-            peer.partial_since = None
-            start = end + 1
-        if not skipping:
-            buffer += data[start:]
-        if (buffer or skipping) and peer.partial_since is None:
-            peer.partial_since = peer.active_at  # the partial frame's clock starts
-        if len(buffer) > MAX_FRAME_BYTES:
-            drop("channel", f"frame over {MAX_FRAME_BYTES} bytes")
-            buffer.clear()
-            skipping = True
-        elif buffer and not _budget.hold(peer, len(buffer)):
+        completed = framer.completed
+        for event in decoder.receive_data(data):
+            submit(event)
+        if framer.completed != completed:
+            peer.partial_since = None  # the partial frame's clock restarts with the next frame
+        if framer.mid_frame and peer.partial_since is None:
+            peer.partial_since = peer.active_at
+        if framer.pending_bytes and not _budget.hold(peer, framer.pending_bytes):
             drop("channel", "partial frame over the channel's buffer budget")
-            buffer.clear()
-            skipping = True
-        if not buffer:
+            framer.discard_partial()
+        if not framer.pending_bytes:
             _budget.release(peer)
-    if buffer.strip():
-        drop("channel", f"truncated frame ({len(buffer)} bytes without a newline)")
-
-
-def _deliver(line: bytes, submit: Submit) -> None:
-    if not line.strip():
-        return
-    frame = decode_frame(line)
-    if isinstance(frame, str):
-        drop("channel", frame)
-    elif frame["type"] == CHANNEL_DROP_REPORT:
-        _drops_reported(frame)
-    else:
-        submit(frame)
-
-
-def _drops_reported(frame: Frame) -> None:
-    """A tap's count of lines it could not deliver (its queue overflowed): counted where it says."""
-    count, where = frame.get("count"), frame.get("where")
-    if type(count) is not int or not 0 < count <= _MAX_REPORTED_DROPS or not isinstance(where, str):
-        drop("channel", "malformed drop report")
-        return
-    drop(where[:64], f"{count} lines not tapped: the tap's queue was full", count)
+    for event in decoder.end_of_data():
+        submit(event)

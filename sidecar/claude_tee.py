@@ -29,6 +29,32 @@ import select
 import sys
 import time
 
+__all__ = [
+    "CHANNEL_ENV",
+    "CHANNEL_TIMEOUT_S",
+    "HOOK_FRAME",
+    "HOOK_TYPE",
+    "INSIDE_RENDERER_ENV",
+    "MAX_RECORDED_BYTES",
+    "MAX_RENDERED_BYTES",
+    "MAX_STDIN_BYTES",
+    "PROJECT_DIR_ENV",
+    "RENDERER_ENV",
+    "RENDERER_FILE",
+    "RENDER_TIMEOUT_S",
+    "SOURCES",
+    "STATUSLINE_FRAME",
+    "STATUSLINE_TYPE",
+    "TEE_MODULE",
+    "channel_line",
+    "hook_main",
+    "main",
+    "render",
+    "resolve_renderer",
+    "statusline_main",
+    "unwrap",
+]
+
 RENDERER_ENV = "ST_CLAUDE_STATUSLINE_RENDERER"
 RENDERER_FILE = "~/.claude/statusline-renderer.json"
 PROJECT_DIR_ENV = "HCTX_CLAUDE_PROJECT_DIR"
@@ -39,8 +65,13 @@ TEE_MODULE = "sidecar.claude_tee"
 INSIDE_RENDERER_ENV = "HCTX_INSIDE_STATUSLINE_RENDERER"
 SOURCES = f"${RENDERER_ENV}, {RENDERER_FILE}, .claude/settings.json and ~/.claude/settings.json"
 
-STATUSLINE_FRAME = b'{"type":"claude.statusline","payload":'
-HOOK_FRAME = b'{"type":"claude.hook","payload":'
+# The channel frames' types, defined here only (the sidecar's decoder imports them: this module
+# is as cheap to import there as it is here), and the envelope each is sent in.
+STATUSLINE_TYPE = "claude.statusline"
+HOOK_TYPE = "claude.hook"
+STATUSLINE_FRAME = b'{"type":"' + STATUSLINE_TYPE.encode() + b'","payload":'
+HOOK_FRAME = b'{"type":"' + HOOK_TYPE.encode() + b'","payload":'
+_FRAME_END = b"}\n"
 # The sidecar's channel drops lines over 1 MiB; a payload that large is not Claude's anyway.
 MAX_RECORDED_BYTES = 1024 * 1024 - 64
 # Kept for the renderer beyond that; past it stdin is drained and dropped.
@@ -140,22 +171,46 @@ def _object_bytes(data: bytes) -> bytes | None:
 # --- the channel --------------------------------------------------------------------------------
 
 
+def channel_line(prefix: bytes, data: bytes) -> bytes:
+    """The one channel line the tee sends for stdin `data` in the envelope `prefix` opens
+    (STATUSLINE_FRAME or HOOK_FRAME); ValueError says why `data` is not sent at all.
+
+    `hctx replay` builds a Claude capture's channel bytes with this very function, so a recorded
+    payload reaches the sidecar's decoder exactly as the tee would have sent it.
+    """
+    if len(data) > MAX_RECORDED_BYTES:
+        raise ValueError(f"payload of {len(data)} bytes is too large to record")
+    payload = _object_bytes(data)
+    if payload is None:
+        raise ValueError("stdin is not one JSON object: not recorded")
+    return prefix + payload + _FRAME_END
+
+
+def unwrap(line: bytes) -> tuple[str, bytes] | None:
+    """The inverse of `channel_line`: (entry point, the payload it was sent for) of one of the
+    tee's lines, or None for a line it did not build. The payload sent again builds the same line
+    (its normalisation is idempotent): `hctx demo` plays a recording back through the real tee."""
+    for entry, prefix in (("statusline", STATUSLINE_FRAME), ("hook", HOOK_FRAME)):
+        if line.startswith(prefix) and line.endswith(_FRAME_END):
+            return entry, line[len(prefix) : -len(_FRAME_END)]
+    return None
+
+
 def _send(prefix: bytes, data: bytes) -> str | None:
     """Send one frame to $HCTX_CHANNEL; None when sent, else why it was not."""
     path = _env(CHANNEL_ENV)
     if not path:
         return f"${CHANNEL_ENV} is not set (not launched by hctx wrap): not recorded"
-    if len(data) > MAX_RECORDED_BYTES:
-        return f"payload of {len(data)} bytes is too large to record"
-    payload = _object_bytes(data)
-    if payload is None:
-        return "stdin is not one JSON object: not recorded"
+    try:
+        line = channel_line(prefix, data)
+    except ValueError as exc:
+        return str(exc)
     try:
         sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         try:
             sock.settimeout(CHANNEL_TIMEOUT_S)
             sock.connect(path)
-            sock.sendall(prefix + payload + b"}\n")
+            sock.sendall(line)
         finally:
             sock.close()
     except OSError as exc:

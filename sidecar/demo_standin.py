@@ -1,15 +1,16 @@
 """A stand-in harness for `hctx demo`: plays back a capture of a real harness session.
 
-It delivers every frame the way that harness does — Claude's status-line payloads and hooks through
-the real `hctx-statusline` tee and `hctx-hook` forwarder, pi/omp extension frames straight onto the
-channel — decoded by the same code `hctx replay` uses. Only the pace is its own: the recorded gaps
+It plays the chunks `hctx replay` reads from the capture (the harness spec's `read_recording`) the
+way that harness sends them: a line the Claude tee built (`sidecar.claude_tee.channel_line`) goes
+through the real `hctx-statusline` tee or `hctx-hook` forwarder again, with the payload it was built
+from as stdin; any other channel line (pi/omp extension frames) straight onto the channel. The
+sidecar decodes them with the code `hctx replay` runs. Only the pace is its own: the recorded gaps
 are scaled so the whole session takes `--duration` seconds.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import socket
@@ -18,49 +19,55 @@ import sys
 import time
 from pathlib import Path
 
-from guard.record import HARNESSES, Harness
-from sidecar.producers import read_recordings, recording_for
-from sidecar.producers.base import Frame
+from sidecar.claude_tee import unwrap
+from sidecar.decoding import CHANNEL
+from sidecar.registry import Chunk, harness_names, spec_for
+
+__all__ = [
+    "DEMO_CAPTURES",
+    "deliver",
+    "main",
+    "paced",
+]
 
 DEMO_CAPTURES = Path(__file__).resolve().parent / "assets" / "demo"
-_TEE_ENTRY = {"claude.statusline": "statusline", "claude.hook": "hook"}
 
 
-def paced(harness: Harness, paths: list[Path], duration_s: float) -> list[tuple[float, Frame]]:
-    """(offset in seconds, frame): the recorded gaps scaled to `duration_s`, or even steps untimed."""
-    decode = recording_for(harness)
-    script = [timed for data in read_recordings(harness, paths) for timed in decode(data)]
-    times = [at for at, _ in script if at is not None]
+def paced(harness: str, paths: list[Path], duration_s: float) -> list[tuple[float, Chunk]]:
+    """(offset in seconds, chunk): the recorded gaps scaled to `duration_s`, or even steps untimed."""
+    script = list(spec_for(harness).read_recording(paths))
+    times = [chunk.at_ms for chunk in script if chunk.at_ms is not None]
     start, span = (min(times), max(times) - min(times)) if times else (0, 0)
-    offsets: list[tuple[float, Frame]] = []
+    offsets: list[tuple[float, Chunk]] = []
     last = 0.0
-    for index, (at, frame) in enumerate(script):
-        if span and at is not None:
-            last = (at - start) / span * duration_s
+    for index, chunk in enumerate(script):
+        if span and chunk.at_ms is not None:
+            last = (chunk.at_ms - start) / span * duration_s
         elif not span:
             last = index / max(1, len(script) - 1) * duration_s
-        offsets.append((last, frame))
+        offsets.append((last, chunk))
     return offsets
 
 
-def deliver(frame: Frame) -> None:
-    entry = _TEE_ENTRY.get(str(frame.get("type")))
-    if entry is not None:
+def deliver(chunk: Chunk) -> None:
+    """The chunk's bytes onto the channel, the way the harness's own process sends them."""
+    if chunk.wire != CHANNEL:
+        raise OSError(f"a {chunk.wire!r} chunk has no sender in the demo; only the channel's")
+    tee = unwrap(chunk.data)
+    if tee is not None:
+        entry, payload = tee
         subprocess.run(
-            [sys.executable, "-m", "sidecar.claude_tee", entry],
-            input=json.dumps(frame["payload"]).encode(),
-            stdout=subprocess.DEVNULL,
-            check=False,
+            [sys.executable, "-m", "sidecar.claude_tee", entry], input=payload, stdout=subprocess.DEVNULL, check=False
         )
         return
     with socket.socket(socket.AF_UNIX) as client:
         client.connect(os.environ["HCTX_CHANNEL"])
-        client.sendall(json.dumps({k: v for k, v in frame.items() if k != "atMs"}).encode() + b"\n")
+        client.sendall(chunk.data)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m sidecar.demo_standin", description=__doc__)
-    parser.add_argument("--harness", required=True, choices=HARNESSES)
+    parser.add_argument("--harness", required=True, choices=harness_names())
     parser.add_argument("--duration", type=float, default=15.0)
     parser.add_argument("--linger", action="store_true", help="stay up after the session until signalled")
     parser.add_argument("captures", nargs="+", metavar="CAPTURE", help="file names under sidecar/assets/demo")
@@ -69,10 +76,10 @@ def main() -> int:
     args, _ = parser.parse_known_args()
     script = paced(args.harness, [DEMO_CAPTURES / name for name in args.captures], args.duration)
     start = time.monotonic()
-    for offset, frame in script:
+    for offset, chunk in script:
         time.sleep(max(0.0, start + offset - time.monotonic()))
         try:
-            deliver(frame)
+            deliver(chunk)
         except OSError as exc:
             print(f"demo stand-in: {exc}", file=sys.stderr)
     if args.linger:  # a live demo keeps its agents running until the viewer quits

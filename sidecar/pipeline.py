@@ -1,14 +1,20 @@
-"""Frames to writes: a producer feeding a write guard. Sans-I/O, shared by sidecar and replay."""
+"""Events to writes: a producer feeding a write guard. Sans-I/O, shared by sidecar and replay."""
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
 
+from guard.errors import FrameRejected
 from guard.policy import Write, WriteGuard
 from sidecar import logs
+from sidecar.decoding import Dropped
 from sidecar.logs import drop
-from sidecar.producers.base import Frame, FrameRejected, Producer, out_of_domain
+from sidecar.producers.base import Producer, out_of_domain
+
+__all__ = [
+    "Pipeline",
+]
 
 log = logging.getLogger(__name__)
 
@@ -19,17 +25,20 @@ class Pipeline:
     guard: WriteGuard
     dropped: int = field(default=0, init=False)
 
-    def feed(self, frame: Frame, now_ms: int) -> list[Write]:
-        """The writes this frame calls for, in order.
+    def feed(self, event: object, now_ms: int) -> list[Write]:
+        """The writes this decoded event calls for, in order; a `Dropped` one is logged and counted.
 
         The guard takes each as written at once, so the next reading of the same frame is judged
         against it; a caller whose write then fails keeps that write and retries it (sidecar.app).
         """
         writes = self.tick(now_ms)
+        if isinstance(event, Dropped):
+            self._drop(event.reason, event.where, event.count)
+            return writes
         try:
-            readings = self.producer.feed(frame, now_ms)
+            readings = self.producer.feed(event, now_ms)
         except FrameRejected as exc:
-            self._drop(str(exc))
+            self._drop(str(exc), "producer")
             return writes
         except Exception:  # a producer bug must cost one frame, never the sidecar
             self.dropped += 1
@@ -38,7 +47,7 @@ class Pipeline:
             return writes
         for reading in readings:
             if (problem := out_of_domain(reading.fields)) is not None:
-                self._drop(problem)
+                self._drop(problem, "producer")
                 continue
             write = self.guard.offer(reading, now_ms)
             if write is not None:
@@ -46,10 +55,10 @@ class Pipeline:
                 writes.append(write)
         return writes
 
-    def _drop(self, why: str) -> None:
+    def _drop(self, why: str, where: str, count: int = 1) -> None:
         """This pipeline's count (replay's tally) and the process's (the sidecar's exit line)."""
         self.dropped += 1
-        drop("producer", why)
+        drop(where, why, count)
 
     def tick(self, now_ms: int) -> list[Write]:
         write = self.guard.tick(now_ms)

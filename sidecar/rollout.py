@@ -10,9 +10,9 @@ file closed and opened again) takes over; a closed one stays followed. A rollout
 the launch (`codex resume`) is followed from its end, after its newest reading, as the app-server
 replays one on resume: its history is not this launch's. Without `rootPid`, the newest rollout
 whose `session_meta` is stamped at or after the launch and names the launch's cwd is followed.
-Either way it is followed as it grows, and each line the Codex producer cares about is submitted
-as the app-server message it is equivalent to (`sidecar.transcripts.rollout_event`), so the record
-is the one the app-server path would publish.
+Either way it is followed as it grows, its bytes through the `rollout` wire's decoder
+(`sidecar.transcripts.RolloutDecoder`), whose lines make the very typed events the app-server's
+messages decode to, so the record is the one the app-server path would publish.
 
     config = {"mode": "rollout", "codexHome": "/home/u/.codex", "cwd": "/work/repo", "startedAtMs": 1795994906000,
               "rootPid": 4242}
@@ -29,25 +29,33 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Annotated, Any, Final, Literal
+from typing import Any, Final
 
 import trio
 import trio.lowlevel
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from guard.store import proc_stat
-from sidecar.producers.base import Frame, instant_ms
-from sidecar.transcripts import (
-    HEAD_BYTES,
-    MAX_LINE_BYTES,
-    BackwardLines,
-    codex_frames,
-    oversized_rollout_event,
-    read_codex_tail,
-    rollout_event,
-    tail_frames,
-)
-from sidecar.transports import Submit
+from sidecar.producers.base import instant_ms
+from sidecar.producers.codex import Rollout
+from sidecar.producers.codex_events import ROLLOUT
+from sidecar.transcripts import BackwardLines, RolloutDecoder, read_codex_tail, rollout_event, tail_events
+from sidecar.transports import Stream, Submit
+
+__all__ = [
+    "LAUNCH_SLACK_MS",
+    "POLL_MAX_S",
+    "POLL_MIN_S",
+    "READ_CHUNK",
+    "RESCAN_EVERY_S",
+    "SESSION_META_LIMIT",
+    "Candidate",
+    "RolloutFollower",
+    "find_rollout",
+    "follow_rollout",
+    "held_rollouts",
+    "read_from",
+    "read_session_meta",
+]
 
 log = logging.getLogger(__name__)
 
@@ -62,16 +70,6 @@ LAUNCH_SLACK_MS: Final = 5_000
 # session_meta carries the base instructions, tens of kilobytes; its line is read up to this much.
 SESSION_META_LIMIT: Final = 4 * 1024 * 1024
 _FILE_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-
-
-class RolloutConfig(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
-
-    mode: Literal["rollout"]
-    codex_home: Annotated[str, Field(alias="codexHome", min_length=1, strict=True)]
-    cwd: Annotated[str | None, Field(strict=True)] = None
-    started_at_ms: Annotated[int, Field(alias="startedAtMs", ge=0, strict=True)]
-    root_pid: Annotated[int | None, Field(alias="rootPid", ge=1, strict=True)] = None
 
 
 @dataclass(frozen=True)
@@ -117,7 +115,7 @@ def read_session_meta(path: Path) -> dict[str, Any] | None:
     return event.session.model_dump()
 
 
-def find_rollout(config: RolloutConfig, now_ms: int, rejected: set[Path]) -> Candidate | None:
+def find_rollout(config: Rollout, now_ms: int, rejected: set[Path]) -> Candidate | None:
     """The newest rollout of this launch: session_meta stamped at or after the launch (less slack),
     in the launch's cwd when one is configured, and not a subagent's own thread."""
     sessions = Path(config.codex_home) / "sessions"
@@ -204,49 +202,25 @@ def _is_subagent(source: object) -> bool:
     return isinstance(source, dict) and "subagent" in source
 
 
-@dataclass
 class RolloutFollower:
-    """Sans-clock state of following one rollout: bytes in, frames out."""
+    """Following one rollout: its thread and how far into it. Its bytes are the `rollout` wire's:
+    `RolloutDecoder` frames their lines and makes the Codex producer's typed events."""
 
-    thread_id: str
-    offset: int = 0  # of the next byte to be fed
-    pending: bytearray = field(default_factory=bytearray)  # the current line (only its head once skipping)
-    line_bytes: int = 0  # the current line's length so far, kept or not
-    skipping: bool = False  # the current line is longer than MAX_LINE_BYTES
+    def __init__(self, thread_id: str, offset: int = 0) -> None:
+        self.thread_id = thread_id
+        self.decoder = RolloutDecoder(thread_id, offset=offset)
 
-    def feed(self, data: bytes) -> list[Frame]:
-        """Frames for every line `data` completes; a partial last line waits for its newline."""
-        frames: list[Frame] = []
-        base, start = self.offset, 0
-        while start < len(data):
-            newline = data.find(b"\n", start)
-            self._hold(data[start : len(data) if newline < 0 else newline])
-            if newline < 0:
-                break
-            line_start = base + newline - self.line_bytes
-            if self.skipping:
-                event = oversized_rollout_event(bytes(self.pending), line_start, self.thread_id)
-            else:
-                event = rollout_event(bytes(self.pending), line_start, self.thread_id)
-            if event is not None:
-                frames.extend(codex_frames(event))
-            self.pending.clear()
-            self.line_bytes, self.skipping = 0, False
-            start = newline + 1
-        self.offset = base + len(data)
-        return frames
+    @property
+    def offset(self) -> int:
+        """Of the next byte to be fed."""
+        return self.decoder.offset
 
-    def _hold(self, piece: bytes) -> None:
-        self.line_bytes += len(piece)
-        if self.skipping:
-            return
-        self.pending += piece
-        if len(self.pending) > MAX_LINE_BYTES:
-            del self.pending[HEAD_BYTES:]  # keep only what says what kind of line this is
-            self.skipping = True
+    def feed(self, data: bytes) -> list[object]:
+        """Events for every line `data` completes; a partial last line waits for its newline."""
+        return self.decoder.receive_data(data)
 
 
-def _read_from(path: Path, offset: int) -> tuple[bytes, int] | None:
+def read_from(path: Path, offset: int) -> tuple[bytes, int] | None:
     """(new bytes from `offset`, file size), or None when the file is gone or not regular."""
     try:
         fd = os.open(path, _FILE_FLAGS)
@@ -273,12 +247,13 @@ def _now_ms() -> int:
 class _Seat:
     """The follow loop's state: which rollout, how far into it."""
 
-    settings: RolloutConfig
+    settings: Rollout
     submit: Submit
     rejected: set[Path] = field(default_factory=set)
     held: set[Path] = field(default_factory=set)  # the rollouts the harness held at the last look
     path: Path | None = None
     follower: RolloutFollower | None = None
+    stream: Stream | None = None  # the follower's bytes through its decoder, each event submitted
 
     def rescan(self) -> None:
         if self.settings.root_pid is None:
@@ -290,9 +265,16 @@ class _Seat:
 
     def _follow(self, found: Candidate) -> None:
         log.info("following rollout %s", found.path, extra={"event": "rollout-followed", "path": str(found.path)})
-        self.path, self.follower = found.path, RolloutFollower(found.thread_id or found.path.stem)
+        thread = found.thread_id or found.path.stem
+        offset = 0
         if found.started_at_ms < self.settings.started_at_ms - LAUNCH_SLACK_MS:
-            self._resume(found.path, self.follower)
+            offset = self._resume(found.path, thread)
+        self.path = found.path
+        self._start(RolloutFollower(thread, offset))
+
+    def _start(self, follower: RolloutFollower) -> None:
+        self.follower = follower
+        self.stream = Stream(follower.decoder, self.submit, ROLLOUT)
 
     def _sessions(self) -> Path:
         return Path(self.settings.codex_home) / "sessions"
@@ -314,41 +296,41 @@ class _Seat:
         self.held = held
         return newest
 
-    def _resume(self, path: Path, follower: RolloutFollower) -> None:
-        """A rollout of an earlier session: its newest reading, then only what is appended."""
+    def _resume(self, path: Path, thread_id: str) -> int:
+        """A rollout of an earlier session: its newest reading now, then only what is appended from
+        the offset returned (0 when the file could not be read: then all of it)."""
         try:
             fd = os.open(path, _FILE_FLAGS)
         except OSError:
-            return
+            return 0
         try:
             size = os.fstat(fd).st_size
             last = os.pread(fd, min(size, READ_CHUNK), max(size - READ_CHUNK, 0))
             end = size - len(last) + last.rfind(b"\n") + 1  # a line still being written is read whole, later
             lines = BackwardLines(lambda offset, length: os.pread(fd, length, offset), end)
-            tail = read_codex_tail(lines, follower.thread_id)
+            tail = read_codex_tail(lines, thread_id)
         except OSError:
-            return
+            return 0
         finally:
             os.close(fd)
-        for _, frame in tail_frames(tail):
-            self.submit(frame)
-        follower.offset = end
+        for _, event in tail_events(tail):
+            self.submit(event)
+        return end
 
     def read_some(self) -> bool | None:
         """Submit what one read of the rollout completes; None when there was nothing new."""
-        if self.path is None or self.follower is None:
+        if self.path is None or self.follower is None or self.stream is None:
             return None
-        chunk = _read_from(self.path, self.follower.offset)
+        chunk = read_from(self.path, self.follower.offset)
         if chunk is None:
             return None
         data, size = chunk
         if size < self.follower.offset:  # truncated or replaced: start over
-            self.follower = RolloutFollower(self.follower.thread_id)
+            self._start(RolloutFollower(self.follower.thread_id))
             return True
         if not data:
             return None
-        for frame in self.follower.feed(data):
-            self.submit(frame)
+        self.stream.receive_data(data)
         return True
 
     def drain(self) -> None:
@@ -366,18 +348,13 @@ class _Seat:
             pass
 
 
-async def follow_rollout(config: dict[str, Any], submit: Submit) -> None:
-    """Find this launch's rollout and submit its context lines as Codex frames, until cancelled.
+async def follow_rollout(settings: Rollout, submit: Submit) -> None:
+    """Find this launch's rollout and submit the Codex events its lines make, until cancelled.
 
     When cancelled (the session ended), whatever the rollout gained since the last poll is still
     read and submitted before returning: a `codex exec` that ends a second after its only turn
     must not lose that turn to the poll interval.
     """
-    try:
-        settings = RolloutConfig.model_validate(config)
-    except ValidationError as exc:
-        log.warning("rollout transport: bad config: %s", exc.errors()[0]["msg"], extra={"event": "bad-config"})
-        return
     seat = _Seat(settings, submit)
     delay = POLL_MIN_S
     next_rescan = 0.0

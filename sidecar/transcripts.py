@@ -6,10 +6,10 @@ self-reported `model_context_window`. Nothing here opens a file: a caller hands 
 size) -> bytes` and the file's size, and the readers walk lines from the END in fixed blocks within a
 byte budget, so a 1 GB transcript costs what its last few megabytes cost.
 
-Codex lines are never interpreted here beyond their shape: `rollout_frames` turns them into the
-app-server messages the Codex producer already consumes (`thread/tokenUsage/updated`,
-`account/rateLimits/updated`, a `contextCompaction` item), so Codex's baseline arithmetic lives in
-`sidecar.producers.codex` alone.
+Codex lines are never interpreted here beyond their shape: `rollout_event` turns them into the
+Codex producer's own typed events (`TokenUsage`, `RateLimitsUpdated`, a `CompactionItem`, the
+`HarnessBuild`), the very events the app-server's messages decode to, and `RolloutDecoder` is the
+`rollout` wire's decoder, so Codex's baseline arithmetic lives in `sidecar.producers.codex` alone.
 """
 
 from __future__ import annotations
@@ -22,9 +22,49 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import Field, ValidationError
 
+from guard.errors import FrameRejected
 from guard.record import CompactionTrigger, refuse_json_constant, round_half_up
-from sidecar.producers.base import Frame, TolerantModel, instant_ms, optional_model
-from sidecar.producers.codex import FRAME_TYPE as CODEX_FRAME_TYPE
+from sidecar.decoding import Dropped
+from sidecar.framing import Line, LineFramer, Oversized
+from sidecar.producers.base import TolerantModel, harness_version, instant_ms, optional_model
+from sidecar.producers.codex_events import (
+    ROLLOUT,
+    CompactionItem,
+    HarnessBuild,
+    RateLimitsUpdated,
+    RateWindow,
+    TokenUsage,
+    event,
+)
+
+__all__ = [
+    "BLOCK_BYTES",
+    "HEAD_BYTES",
+    "MAX_LINE_BYTES",
+    "TAIL_BUDGET_BYTES",
+    "BackwardLines",
+    "ClaudeCompaction",
+    "ClaudeTail",
+    "ClaudeUsage",
+    "CodexTail",
+    "ModelId",
+    "Percent",
+    "ReadAt",
+    "RolloutDecoder",
+    "RolloutEvent",
+    "Tokens",
+    "claude_compaction",
+    "claude_usage",
+    "compacted_event",
+    "forward_lines",
+    "line_timestamp",
+    "oversized_rollout_event",
+    "read_claude_tail",
+    "read_codex_tail",
+    "rollout_event",
+    "session_build",
+    "tail_events",
+]
 
 ReadAt = Callable[[int, int], bytes]
 
@@ -307,7 +347,7 @@ def read_claude_tail(lines: BackwardLines) -> ClaudeTail:
 
 
 # ---------------------------------------------------------------------------------------------
-# Codex rollouts: lines → the app-server messages the Codex producer consumes
+# Codex rollouts: lines → the typed events the Codex producer consumes
 
 
 class _RolloutTokenUsage(TolerantModel):
@@ -373,17 +413,39 @@ class _TurnContext(TolerantModel):
 
 @dataclass(frozen=True)
 class RolloutEvent:
-    """One rollout line that matters, as app-server messages (oldest first) plus its own time."""
+    """One rollout line that matters, as the Codex producer's typed events plus its own time.
+
+    A `token_count`'s two parts are judged apart, as the app-server sends them apart: `usage` (its
+    `info`: a `TokenUsage`, or the `Dropped` saying why not) and `rate_limits` (a
+    `RateLimitsUpdated` or its `Dropped`); `info` is null on early events, and then there is no
+    usage at all, never a zero.
+    """
 
     kind: Literal["token_count", "compacted", "turn_context", "session_meta", "task_complete"]
     at_ms: int | None
-    messages: tuple[dict[str, Any], ...] = ()
+    usage: TokenUsage | Dropped | None = None
+    rate_limits: RateLimitsUpdated | Dropped | None = None
+    compaction: CompactionItem | None = None
+    build: HarnessBuild | None = None
     model: str | None = None
     session: _SessionMeta | None = None
+
+    @property
+    def events(self) -> tuple[object, ...]:
+        """In the app-server's own order: a request's usage, then its rate limits (lab/codex §2), so
+        a reading carries the rate limits held from before it, exactly as there."""
+        found = (self.build, self.compaction, self.usage, self.rate_limits)
+        return tuple(item for item in found if item is not None)
 
 
 _TIMESTAMP: Final = re.compile(rb'^\{"timestamp":"([^"]{1,64})"')
 _ROLLOUT_MARKERS: Final = (b'"token_count"', b'"compacted"', b'"turn_context"', b'"session_meta"', b'"task_complete"')
+
+
+def line_timestamp(line: bytes) -> int | None:
+    """When a rollout line says it was written: Codex writes the `timestamp` key first."""
+    stamp = _TIMESTAMP.search(line[:256])
+    return instant_ms(stamp.group(1).decode("utf-8", "replace")) if stamp else None
 
 
 def rollout_event(line: bytes, offset: int, thread_id: str) -> RolloutEvent | None:
@@ -414,7 +476,7 @@ def rollout_event(line: bytes, offset: int, thread_id: str) -> RolloutEvent | No
             meta = _SessionMeta.model_validate(entry.payload)
         except ValidationError:
             return None
-        return RolloutEvent("session_meta", at_ms, (thread_started(meta),), session=meta)
+        return RolloutEvent("session_meta", at_ms, build=session_build(meta), session=meta)
     if entry.type != "event_msg":
         return None
     kind = entry.payload.get("type")
@@ -422,19 +484,19 @@ def rollout_event(line: bytes, offset: int, thread_id: str) -> RolloutEvent | No
         return RolloutEvent("task_complete", at_ms)
     if kind != "token_count":
         return None
-    return RolloutEvent("token_count", at_ms, token_count_messages(_TokenCount.parse(entry.payload), thread_id))
+    count = _TokenCount.parse(entry.payload)
+    return RolloutEvent("token_count", at_ms, usage=_usage(count, thread_id), rate_limits=_rate_limits(count))
 
 
-def thread_started(meta: _SessionMeta) -> dict[str, Any]:
-    """`session_meta` as the app-server announces a thread: the build that created it (the Codex
-    producer's harnessVersion)."""
-    return {"method": "thread/started", "params": {"thread": {"id": meta.id, "cliVersion": meta.cli_version}}}
+def session_build(meta: _SessionMeta) -> HarnessBuild | None:
+    """`session_meta`'s `cli_version`, the build that created the thread (a thread's `cliVersion`)."""
+    version = harness_version(meta.cli_version)
+    return None if version is None else HarnessBuild(version=version, from_user_agent=False)
 
 
 def compacted_event(offset: int, thread_id: str, at_ms: int | None) -> RolloutEvent:
-    item = {"type": "contextCompaction", "id": f"rollout-compacted:{thread_id}:{offset}"}
-    message = {"method": "item/started", "params": {"threadId": thread_id, "item": item}}
-    return RolloutEvent("compacted", at_ms, (message,))
+    item = CompactionItem(item_id=f"rollout-compacted:{thread_id}:{offset}", turn_id=None)
+    return RolloutEvent("compacted", at_ms, compaction=item)
 
 
 def oversized_rollout_event(head: bytes, offset: int, thread_id: str) -> RolloutEvent | None:
@@ -442,63 +504,96 @@ def oversized_rollout_event(head: bytes, offset: int, thread_id: str) -> Rollout
     `{"timestamp":…,"type":"compacted","payload":…}`, the (possibly large) history last."""
     if _CODEX_COMPACTED_KEY not in head[:256]:
         return None
-    stamp = _TIMESTAMP.search(head[:256])
-    return compacted_event(offset, thread_id, instant_ms(stamp.group(1).decode()) if stamp else None)
+    return compacted_event(offset, thread_id, line_timestamp(head))
 
 
-def token_count_messages(event: _TokenCount, thread_id: str) -> tuple[dict[str, Any], ...]:
-    """The app-server's two notifications for one `token_count`, in the app-server's own order.
-
-    The app-server sends `thread/tokenUsage/updated` and then `account/rateLimits/updated` for each
-    one (lab/codex §2), so a reading carries the rate limits held from before it, exactly as there.
-    `info` is null on early events: then there is no usage message at all, never a zero.
-    """
-    messages: list[dict[str, Any]] = []
-    if event.info is not None:
-        usage = {
-            "total": _breakdown(event.info.total_token_usage),
-            "last": _breakdown(event.info.last_token_usage),
-            "modelContextWindow": event.info.model_context_window,
-        }
-        params = {"threadId": thread_id, "turnId": None, "tokenUsage": usage}
-        messages.append({"method": "thread/tokenUsage/updated", "params": params})
-    limits = event.rate_limits
-    if limits is not None:
-        snapshot = {
-            "limitId": limits.limit_id,
-            "limitName": limits.limit_name,
-            "primary": _rate_window(limits.primary),
-            "secondary": _rate_window(limits.secondary),
-        }
-        messages.append({"method": "account/rateLimits/updated", "params": {"rateLimits": snapshot}})
-    return tuple(messages)
+# The events' values as a rollout line spells them, for a drop's reason.
+_USAGE_NAMES: Final = {
+    "thread_id": "thread", "tokens_in_window": "info.last_token_usage.total_tokens",
+    "session_total_tokens": "info.total_token_usage.total_tokens", "context_window": "info.model_context_window",
+}  # fmt: skip
+_WINDOW_NAMES: Final = {"used_percent": "rate_limits.used_percent", "window_minutes": "rate_limits.window_minutes"}
 
 
-def _breakdown(usage: _RolloutTokenUsage) -> dict[str, int | None]:
-    return {
-        "totalTokens": usage.total_tokens,
-        "inputTokens": usage.input_tokens,
-        "cachedInputTokens": usage.cached_input_tokens,
-        "cacheWriteInputTokens": usage.cache_write_input_tokens,
-        "outputTokens": usage.output_tokens,
-        "reasoningOutputTokens": usage.reasoning_output_tokens,
-    }
+def _usage(count: _TokenCount, thread_id: str) -> TokenUsage | Dropped | None:
+    if count.info is None:
+        return None
+    try:
+        return event(
+            TokenUsage,
+            _USAGE_NAMES,
+            thread_id=thread_id,
+            tokens_in_window=count.info.last_token_usage.total_tokens,
+            session_total_tokens=count.info.total_token_usage.total_tokens,
+            context_window=count.info.model_context_window,
+        )
+    except FrameRejected as exc:
+        return Dropped(str(exc), ROLLOUT)
 
 
-def _rate_window(window: _RolloutRateWindow | None) -> dict[str, Any] | None:
+def _rate_limits(count: _TokenCount) -> RateLimitsUpdated | Dropped | None:
     """The app-server's conversion: the rollout keeps Codex's float, the v2 notification carries
     `used_percent.round() as i32` (lab/codex §2: 17.5 in the rollout, 18 on the wire)."""
-    if window is None:
+    limits = count.rate_limits
+    if limits is None:
         return None
-    return {
-        "usedPercent": round_half_up(window.used_percent),
-        "windowDurationMins": window.window_minutes,
-        "resetsAt": window.resets_at,
-    }
+    try:
+        windows = [
+            None if w is None else event(RateWindow, _WINDOW_NAMES, used_percent=round_half_up(w.used_percent),
+                                               window_minutes=w.window_minutes)
+            for w in (limits.primary, limits.secondary)
+        ]  # fmt: skip
+        return RateLimitsUpdated(primary=windows[0], secondary=windows[1])
+    except FrameRejected as exc:
+        return Dropped(str(exc), ROLLOUT)
 
 
-def codex_frames(event: RolloutEvent) -> list[Frame]:
-    return [{"type": CODEX_FRAME_TYPE, "payload": message} for message in event.messages]
+class RolloutDecoder:
+    """The `rollout` wire: a rollout file's bytes, from byte `offset` on, to the Codex producer's
+    typed events. Lines are framed by the shared `LineFramer` (MAX_LINE_BYTES); of a line over it
+    only the first HEAD_BYTES are kept, enough to still count it when it is a `compacted` one.
+    Without a `thread_id`, the file's own `session_meta` names it (compaction item ids hold it)."""
+
+    def __init__(self, thread_id: str | None = None, *, offset: int = 0, max_bytes: int = MAX_LINE_BYTES) -> None:
+        self.thread_id = thread_id
+        self.framer = LineFramer(max_bytes, offset=offset, head_bytes=HEAD_BYTES)
+
+    @property
+    def offset(self) -> int:
+        """Of the next byte fed."""
+        return self.framer.offset
+
+    def receive_data(self, data: bytes) -> list[object]:
+        events: list[object] = []
+        for line in self.framer.receive_data(data):
+            events += self._line(line)
+        return events
+
+    def end_of_data(self) -> list[object]:
+        tail = self.framer.end_of_data()
+        if tail is None or (isinstance(tail, Line) and not tail.data.strip()):
+            return []
+        return [Dropped("truncated rollout line (no newline)", ROLLOUT)]
+
+    @property
+    def holding(self) -> int:
+        """Bytes held of the line in progress: never more than MAX_LINE_BYTES, or its head."""
+        return self.framer.held_bytes
+
+    def _line(self, line: Line | Oversized) -> list[object]:
+        if isinstance(line, Oversized):
+            return self._events(oversized_rollout_event(line.head, line.start, self._thread()))
+        return self._events(rollout_event(line.data, line.start, self._thread()))
+
+    def _thread(self) -> str:
+        return self.thread_id or "rollout"
+
+    def _events(self, event: RolloutEvent | None) -> list[object]:
+        if event is None:
+            return []
+        if event.session is not None and self.thread_id is None and event.session.id:
+            self.thread_id = event.session.id
+        return list(event.events)
 
 
 @dataclass(frozen=True)
@@ -537,10 +632,9 @@ def read_codex_tail(lines: BackwardLines, thread_id: str) -> CodexTail:
             if not seen_compaction:
                 latest_compaction_ms, latest_compaction_offset, seen_compaction = event.at_ms, offset, True
         elif event.kind == "token_count":
-            methods = [message["method"] for message in event.messages]
-            if usage is None and "thread/tokenUsage/updated" in methods:
+            if usage is None and event.usage is not None:
                 usage = event
-            if limits is None and "account/rateLimits/updated" in methods:
+            if limits is None and event.rate_limits is not None:
                 limits = event
         elif event.kind == "turn_context" and model is None:
             model = event.model
@@ -557,15 +651,12 @@ def read_codex_tail(lines: BackwardLines, thread_id: str) -> CodexTail:
     )
 
 
-def tail_frames(tail: CodexTail) -> Iterable[tuple[int | None, Frame]]:
-    """The session's build, the held rate limits, then the usage, so the one reading carries all."""
-    if tail.session is not None:
-        yield None, {"type": CODEX_FRAME_TYPE, "payload": thread_started(tail.session)}
-    if tail.rate_limits is not None:
-        for message in tail.rate_limits.messages:
-            if message["method"] == "account/rateLimits/updated":
-                yield tail.rate_limits.at_ms, {"type": CODEX_FRAME_TYPE, "payload": message}
-    if tail.usage is not None:
-        for message in tail.usage.messages:
-            if message["method"] == "thread/tokenUsage/updated":
-                yield tail.usage.at_ms, {"type": CODEX_FRAME_TYPE, "payload": message}
+def tail_events(tail: CodexTail) -> Iterable[tuple[int | None, object]]:
+    """The session's build, the held rate limits, then the usage, so the one reading carries all;
+    each with the time its line says (None: the build's, which no reading takes)."""
+    if tail.session is not None and (build := session_build(tail.session)) is not None:
+        yield None, build
+    if tail.rate_limits is not None and tail.rate_limits.rate_limits is not None:
+        yield tail.rate_limits.at_ms, tail.rate_limits.rate_limits
+    if tail.usage is not None and tail.usage.usage is not None:
+        yield tail.usage.at_ms, tail.usage.usage

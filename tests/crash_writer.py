@@ -25,8 +25,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from guard.record import COMPACTION_TRIGGERS, HARNESSES, HarnessContext, RateLimits
+from guard.record import COMPACTION_TRIGGERS, HarnessContext, RateLimits
 from guard.store import AgentDir, write_context
+from sidecar.registry import BUILT_IN
 
 PROGRESS = struct.Struct("<qq")  # (attempted, completed); -1 before the first
 COUNTER_STRIDE = 10_000_000  # worker k writes counters k * STRIDE + 0, 1, 2, ...
@@ -40,7 +41,7 @@ def expected_record(identity: str, worker: int, counter: int) -> HarnessContext:
     n = worker * COUNTER_STRIDE + counter
     return HarnessContext(
         agent=identity,
-        harness=HARNESSES[n % len(HARNESSES)],
+        harness=tuple(BUILT_IN)[n % len(BUILT_IN)],
         used_tokens=n,
         window_tokens=10**12,
         used_percent=n / 8,

@@ -31,7 +31,7 @@ INSTALL_SCRIPT = "scripts/install_harnesses.sh"
 MARKER = ".hctx-installed"
 
 #: harness name -> (version the design doc measured, newest version installed/captured); the producers'
-#: verified sets (``sidecar.producers.verified_versions``, asserted equal in tests/test_versions_and_sessions.py)
+#: verified sets (``sidecar.registry.verified_versions``, asserted equal in tests/test_versions_and_sessions.py)
 PINNED_VERSIONS: dict[str, tuple[str, ...]] = {
     "claude": ("2.1.250", "2.1.332"),
     "codex": ("0.151.0", "0.171.0"),

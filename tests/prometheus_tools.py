@@ -18,11 +18,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.conftest import REPO
 from tests.wrapping import env
 from wrapper.metrics import families
-from wrapper.readers import Roster
+from wrapper.roster import Roster
 
-REPO = Path(__file__).resolve().parent.parent
 RULES = REPO / "monitoring" / "hctx-alerts.yml"
 RULES_TESTS = REPO / "monitoring" / "hctx-alerts.test.yml"
 README = (REPO / "README.md").read_text()

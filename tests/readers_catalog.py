@@ -11,7 +11,8 @@ from typing import Any
 
 from guard_factory import wire
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.conftest import REPO
+
 HOST = "box"
 # The spec's Exposure example: observed at 1788000100000 and read 4210 ms later.
 NOW = 1_788_000_104_210

@@ -3,43 +3,32 @@
 from __future__ import annotations
 
 import json
-import logging
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from guard.errors import ChannelPathError
 from sidecar import channel
-from sidecar.producers.base import Frame
+from sidecar.decoding import Dropped
+from tests.conftest import Received, raw_channel_decoder
+
+Frame = dict[str, Any]
 
 
 @pytest.fixture
-def socket_path(tmp_path: Path) -> Path:
-    directory = tmp_path / "ch"
-    directory.mkdir(mode=0o700)
-    return directory / "s"
-
-
-class Received(list[Frame]):
-    """Frames the channel submitted, with a way to wait for a count without polling."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.changed = trio.Event()
-
-    def submit(self, frame: Frame) -> None:
-        self.append(frame)
-        self.changed.set()
-        self.changed = trio.Event()
+def socket_path(channel_dir: Path) -> Path:
+    return channel_dir / "s"
 
 
 async def _serve(nursery: trio.Nursery, path: Path) -> Received:
     received = Received()
-    await nursery.start(channel.serve, path, received.submit)
+    await nursery.start(channel.serve, path, raw_channel_decoder, received.submit)
     return received
 
 
@@ -68,18 +57,15 @@ def test_a_world_readable_directory_or_an_overlong_path_is_refused(tmp_path: Pat
     open_dir = tmp_path / "open"
     open_dir.mkdir(mode=0o755)
     open_dir.chmod(0o755)
-    with pytest.raises(channel.ChannelPathError, match="0700"):
+    with pytest.raises(ChannelPathError, match="0700"):
         channel.check_channel_path(open_dir / "s")
     deep = tmp_path / ("d" * 100)
     deep.mkdir(mode=0o700)
-    with pytest.raises(channel.ChannelPathError, match="longer than 107"):
+    with pytest.raises(ChannelPathError, match="longer than 107"):
         channel.check_channel_path(deep / "s")
 
 
-async def test_garbage_oversized_and_half_frames_are_dropped_and_the_good_ones_arrive(
-    socket_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    caplog.set_level(logging.WARNING)
+async def test_garbage_oversized_and_half_frames_are_dropped_and_the_good_ones_arrive(socket_path: Path) -> None:
     good = {"type": "context", "n": 1}
     async with trio.open_nursery() as nursery:
         received = await _serve(nursery, socket_path)
@@ -91,7 +77,7 @@ async def test_garbage_oversized_and_half_frames_are_dropped_and_the_good_ones_a
         await trio.sleep(0.05)
         nursery.cancel_scope.cancel()
     assert received == [good, good]
-    reasons = " | ".join(r.getMessage() for r in caplog.records)
+    reasons = " | ".join(drop.reason for drop in received.dropped)
     for why in ("malformed JSON", "not a JSON object but list", "no string 'type'", "over 1048576 bytes",
                 "truncated frame"):  # fmt: skip
         assert why in reasons
@@ -133,6 +119,12 @@ async def test_a_thousand_connections_in_a_burst_all_land(socket_path: Path) -> 
 
 @settings(max_examples=200, deadline=None)
 @given(st.binary(max_size=4096))
-def test_decode_frame_answers_every_input_with_a_frame_or_a_reason(line: bytes) -> None:
-    result = channel.decode_frame(line)
-    assert isinstance(result, str) or isinstance(result.get("type"), str)
+def test_the_channel_decoder_answers_every_input_with_frames_or_reasons(data: bytes) -> None:
+    decoder = raw_channel_decoder()
+    events = decoder.receive_data(data) + decoder.end_of_data()
+    for event in events:
+        assert (isinstance(event, Dropped) and event.reason) or (
+            isinstance(event, dict) and isinstance(event["type"], str)
+        )
+    lines = [line for line in data.split(b"\n") if line.strip()]
+    assert len(events) == len(lines)  # every line is one frame or one drop, never silently lost

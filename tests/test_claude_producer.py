@@ -16,22 +16,28 @@ from typing import Any
 
 import pytest
 
+from guard.errors import FrameRejected
 from guard.policy import Reading, Write, WriteGuard
+from sidecar.claude_tee import HOOK_FRAME as HOOK_LINE
+from sidecar.claude_tee import channel_line
+from sidecar.decoding import CHANNEL, Dropped
 from sidecar.pipeline import Pipeline
-from sidecar.producers import producer_for, recording_for
 from sidecar.producers.claude import (
-    HOOK_FRAME,
-    STATUSLINE_FRAME,
+    HOOK_TYPE,
+    SPEC,
+    STATUSLINE_TYPE,
     VERIFIED_VERSIONS,
     ClaudeProducer,
-    decode_recording,
-    load_recordings,
-    make_producer,
+    Hook,
+    StatusLine,
+    read_recording,
 )
+from sidecar.registry import spec_for
 from sidecar.replay import replay
+from tests.conformance import bytewise, outcome, replayed, split_at
+from tests.conftest import FIXTURE_ROOT, REPO
 
-REPO = Path(__file__).resolve().parent.parent
-FIXTURES = REPO / "fixtures" / "claude"
+FIXTURES = FIXTURE_ROOT / "claude"
 VERSIONS = ("2.1.250", "2.1.332")
 T0 = 1_795_990_000_000  # an epoch-ms clock in the lab's day, before every captured resets_at
 
@@ -40,12 +46,20 @@ def payloads(name: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (FIXTURES / name).read_bytes().splitlines() if line.strip()]
 
 
-def statusline(payload: dict[str, Any]) -> dict[str, Any]:
-    return {"type": STATUSLINE_FRAME, "payload": payload}
+def decoded(kind: str, payload: dict[str, Any]) -> object:
+    """The payload's frame as the channel carries it, through the spec's channel decoder: its event."""
+    (event,) = SPEC.decoder(CHANNEL).receive_data(json.dumps({"type": kind, "payload": payload}).encode() + b"\n")
+    if isinstance(event, Dropped):
+        raise FrameRejected(event.reason)
+    return event
 
 
-def hook(payload: dict[str, Any]) -> dict[str, Any]:
-    return {"type": HOOK_FRAME, "payload": payload}
+def statusline(payload: dict[str, Any]) -> object:
+    return decoded(STATUSLINE_TYPE, payload)
+
+
+def hook(payload: dict[str, Any]) -> object:
+    return decoded(HOOK_TYPE, payload)
 
 
 def read(producer: ClaudeProducer, payload: dict[str, Any], now_ms: int = T0) -> Reading:
@@ -61,7 +75,12 @@ def session_files(version: str, tag: str = "") -> list[Path]:
 
 
 def writes(version: str, tag: str = "") -> list[Write]:
-    return list(replay("claude", load_recordings(session_files(version, tag))))
+    return list(replay(SPEC, read_recording(session_files(version, tag))))
+
+
+def recorded_frames(paths: list[Path]) -> list[tuple[int | None, dict[str, Any]]]:
+    """(time, the frame the channel carried) of every chunk a recording reads as."""
+    return [(chunk.at_ms, json.loads(chunk.data)) for chunk in read_recording(paths)]
 
 
 # --- the captured version, literally ---------------------------------------------------------------
@@ -76,10 +95,11 @@ def test_the_fixtures_are_the_verified_versions(version: str) -> None:
 
 
 def test_registry_selects_this_producer() -> None:
-    assert isinstance(producer_for("claude"), ClaudeProducer)
-    assert recording_for("claude") is decode_recording
-    with pytest.raises(ValueError):
-        make_producer("codex")
+    assert spec_for("claude") is SPEC
+    assert isinstance(SPEC.make_producer(), ClaudeProducer)
+    assert SPEC.wires() == (CHANNEL,)  # the tee and the hook forwarder write to the channel only
+    assert isinstance(statusline(payloads("statusline-2.1.332.jsonl")[0]), StatusLine)
+    assert isinstance(hook(payloads("precompact-2.1.332.jsonl")[0]), Hook)
 
 
 # --- the triple -----------------------------------------------------------------------------------
@@ -263,7 +283,7 @@ def test_replay_of_the_lab_session_through_its_times(version: str) -> None:
 def test_a_two_second_refresh_cadence_costs_no_writes_of_its_own(version: str) -> None:
     name = f"refresh2s-statusline-{version}.jsonl"
     assert len(payloads(name)) == 13  # a payload every 2 s whether or not anything happened
-    result = list(replay("claude", load_recordings([FIXTURES / name])))
+    result = list(replay(SPEC, read_recording([FIXTURES / name])))
     assert [(w.reason, w.record.used_tokens) for w in result] == [("bucket", None), ("bucket", 20001)]
 
 
@@ -353,24 +373,48 @@ def test_custom_instructions_compaction_counts_once() -> None:
 # --- recordings and the CLI ---------------------------------------------------------------------------
 
 
-def test_load_recordings_places_each_hook_before_the_payload_of_its_prompt() -> None:
-    (merged,) = load_recordings(session_files("2.1.250"))
-    frames = [frame for _, frame in decode_recording(merged)]
-    events = [f["payload"].get("hook_event_name", "status") for f in frames]
+def test_read_recording_places_each_hook_before_the_payload_of_its_prompt() -> None:
+    frames = recorded_frames(session_files("2.1.250"))
+    events = [f["payload"].get("hook_event_name", "status") for _, f in frames]
     assert events[:2] == ["SessionStart", "status"]
     compact_at = events.index("PreCompact")
     assert events[compact_at : compact_at + 4] == ["PreCompact", "SessionStart", "PostCompact", "status"]
-    stamps = [at for at, _ in decode_recording(merged)]
+    stamps = [at for at, _ in frames]
     assert all(isinstance(at, int) for at in stamps)
     assert stamps == sorted(at for at in stamps if at is not None)
 
 
-def test_decode_recording_reads_channel_frames_and_raw_payloads() -> None:
-    raw = (FIXTURES / "precompact-2.1.332.jsonl").read_bytes()
-    assert [frame["type"] for _, frame in decode_recording(raw)] == [HOOK_FRAME] * 3
-    channel = b'{"type":"claude.statusline","payload":{},"atMs":42}\n{"type":"x","atMs":true}\n'
-    assert [at for at, _ in decode_recording(channel)] == [42, None]
-    assert list(decode_recording(b'\n[1]\n{"trunc')) == []
+def test_a_capture_reads_as_the_very_lines_the_tee_sends() -> None:
+    capture = FIXTURES / "precompact-2.1.332.jsonl"
+    chunks = list(read_recording([capture]))
+    assert [chunk.wire for chunk in chunks] == [CHANNEL] * 3
+    # Byte for byte what `hctx-hook` sends for each stdin payload: built by the tee's own function.
+    assert [chunk.data for chunk in chunks] == [
+        channel_line(HOOK_LINE, line) for line in capture.read_bytes().splitlines()
+    ]
+    assert all(chunk.data.startswith(b'{"type":"claude.hook","payload":{') for chunk in chunks)
+
+
+def test_read_recording_reads_channel_frames_and_raw_payloads(tmp_path: Path) -> None:
+    channel = tmp_path / "channel.jsonl"
+    channel.write_bytes(b'{"type":"claude.statusline","payload":{},"atMs":42}\n{"type":"x","atMs":true}\n')
+    assert [(chunk.at_ms, chunk.data) for chunk in read_recording([channel])] == [
+        (42, b'{"type":"claude.statusline","payload":{},"atMs":42}\n'),
+        (None, b'{"type":"x","atMs":true}\n'),
+    ]  # already the channel's bytes: as they are
+    junk = tmp_path / "junk.jsonl"
+    junk.write_bytes(b'\n[1]\n{"trunc')
+    assert list(read_recording([junk])) == []  # nothing the tee would send
+
+
+def test_a_recording_split_anywhere_writes_the_same() -> None:
+    chunks = list(read_recording(session_files("2.1.332")))
+    whole = [outcome(write) for write in replayed(SPEC, chunks)]
+    assert [outcome(write) for write in replayed(SPEC, split_at(chunks, range(7, 60_000, 997)))] == whole
+    head = chunks[:12]  # every byte its own chunk: a frame split at every boundary at once
+    assert [outcome(write) for write in replayed(SPEC, bytewise(head))] == [
+        outcome(write) for write in replayed(SPEC, head)
+    ]
 
 
 def test_hctx_replay_on_the_lab_captures() -> None:
@@ -403,15 +447,14 @@ def test_a_turn_that_compacts_twice_counts_two_in_any_edge_order() -> None:
 
 def test_claude_states_no_compaction_point_so_none_is_published() -> None:
     """Issue 18: no Claude channel states its auto-compact point; every captured reading carries null."""
-    from sidecar.producers import read_recordings
-
     fixtures = Path(__file__).resolve().parent.parent / "fixtures" / "claude"
     captures = [fixtures / "statusline-2.1.332.jsonl", fixtures / "precompact-2.1.332.jsonl"]
-    producer = producer_for("claude")
+    producer = SPEC.make_producer()
+    decoder = SPEC.decoder(CHANNEL)
     readings = [
         reading
-        for data in read_recordings("claude", captures)
-        for at_ms, frame in decode_recording(data)
-        for reading in producer.feed(frame, at_ms or 0)
+        for chunk in read_recording(captures)
+        for event in decoder.receive_data(chunk.data)
+        for reading in producer.feed(event, chunk.at_ms or 0)
     ]
     assert readings and {(r.fields.compact_at_tokens, r.fields.auto_compaction) for r in readings} == {(None, None)}

@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from guard.errors import SettingsError
+from tests.conftest import REPO
 from wrapper.harnesses import LaunchPlan, prepare, teardown
 from wrapper.harnesses.claude import (
     HOOK_EVENTS,
@@ -17,14 +19,12 @@ from wrapper.harnesses.claude import (
     RENDERER_ENV,
     SEATS_PATH,
     SETTINGS_PATH,
-    SettingsError,
     render_settings,
     tee_command,
     unrender_settings,
     write_settings,
 )
 
-REPO = Path(__file__).resolve().parent.parent
 PAYLOAD = (REPO / "fixtures" / "claude" / "statusline-2.1.250.jsonl").read_bytes().splitlines()[1]
 
 USER_SETTINGS: dict[str, Any] = {

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from sidecar import claude_tee
+from tests.conftest import FIXTURE_ROOT, REPO
 from wrapper.harnesses.claude import tee_command
 
-REPO = Path(__file__).resolve().parent.parent
-FIXTURES = REPO / "fixtures" / "claude"
+FIXTURES = FIXTURE_ROOT / "claude"
 PAYLOAD = (FIXTURES / "statusline-2.1.250.jsonl").read_bytes().splitlines()[1] + b"\n"
 PRE_COMPACT = (FIXTURES / "precompact-2.1.250.jsonl").read_bytes().splitlines()[0] + b"\n"
 SOURCES = (

@@ -9,20 +9,24 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from guard.policy import Reading
-from sidecar.producers import producer_for, recording_for
-from sidecar.producers.base import FrameRejected
+from sidecar.decoding import Decoder, Dropped
 from sidecar.producers.codex import (
     BASELINE_TOKENS,
     CODEX_CONTEXT_VERIFIED_VERSIONS,
+    SPEC,
     CodexProducer,
-    decode_recording,
+    CodexTransport,
     percent_of_context_window_remaining,
     used_percent,
 )
+from sidecar.producers.codex_events import RateLimitsUpdated, TokenUsage
+from sidecar.registry import spec_for
+from tests.conftest import FIXTURE_ROOT
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "codex"
+FIXTURES = FIXTURE_ROOT / "codex"
 VERSIONS = ("0.151.0", "0.171.0")
 
 # From the lab README's "Assertions suitable for an automated test": 100 − Codex's "% context left"
@@ -39,15 +43,36 @@ def messages(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
 
 
-def frame(message: dict[str, Any] | str) -> dict[str, Any]:
-    return {"type": "codex.rpc", "payload": message}
+def decoded(message: dict[str, Any], wire: str = "stdout") -> list[object]:
+    """The events one message makes, sent as the app-server's stdout line."""
+    decoder = SPEC.decoder(wire)
+    return decoder.receive_data(json.dumps(message).encode() + b"\n") + decoder.end_of_data()
+
+
+def feed(producer: CodexProducer, message: dict[str, Any], now_ms: int) -> list[Reading]:
+    readings: list[Reading] = []
+    for event in decoded(message):
+        assert not isinstance(event, Dropped), event
+        readings += producer.feed(event, now_ms)
+    return readings
+
+
+def recorded(path: Path) -> list[tuple[int | None, object]]:
+    """(time, event) for every event a recording's bytes make, one decoder per wire, as in replay."""
+    decoders: dict[str, Decoder] = {}
+    timed: list[tuple[int | None, object]] = []
+    for chunk in SPEC.read_recording([path]):
+        decoder = decoders.setdefault(chunk.wire, SPEC.decoder(chunk.wire))
+        timed += [(chunk.at_ms, event) for event in decoder.receive_data(chunk.data)]
+    return timed
 
 
 def run(path: Path, producer: CodexProducer | None = None) -> tuple[CodexProducer, list[Reading]]:
     producer = producer or CodexProducer()
     readings: list[Reading] = []
-    for at_ms, item in decode_recording(path.read_bytes()):
-        readings += producer.feed(item, at_ms or 0)
+    for at_ms, event in recorded(path):
+        if not isinstance(event, Dropped):
+            readings += producer.feed(event, at_ms or 0)
     return producer, readings
 
 
@@ -104,7 +129,7 @@ def test_the_worked_example_frame_publishes_44_not_48() -> None:
         if p["tokenUsage"]["last"]["totalTokens"] == 90_800
     )
     producer = CodexProducer()
-    [reading] = producer.feed(frame({"method": "thread/tokenUsage/updated", "params": params}), 1)
+    [reading] = feed(producer, {"method": "thread/tokenUsage/updated", "params": params}, 1)
     assert reading.fields.used_percent == 44  # codex: "56% context left"
     assert round(90_800 / 190_000 * 100) == 48  # what a baseline-free ratio would have said
 
@@ -171,18 +196,18 @@ def test_null_rate_limit_windows_are_no_data(version: str) -> None:
 
 def test_a_rate_limit_frame_never_yields_a_reading_of_its_own() -> None:
     producer = CodexProducer()
-    assert producer.feed(frame(rate_limits(primary=window(12, 300))), 5) == []
-    assert producer.feed(frame(token_usage(50_000, 100_000, 190_000)), 6)[0].fields.rate_limits is not None
+    assert feed(producer, rate_limits(primary=window(12, 300)), 5) == []
+    assert feed(producer, token_usage(50_000, 100_000, 190_000), 6)[0].fields.rate_limits is not None
 
 
 def test_rate_limits_merge_a_null_or_absent_window_never_clears() -> None:
     producer = CodexProducer()
-    producer.feed(frame(rate_limits(primary=window(10, 300), secondary=window(40, 10_080))), 1)
-    producer.feed(frame(rate_limits(primary=None, secondary=None)), 2)
-    producer.feed(frame({"method": "account/rateLimits/updated", "params": {"rateLimits": {}}}), 3)
-    producer.feed(frame(rate_limits(primary=window(15, 300))), 4)
-    producer.feed(frame(rate_limits(primary=window(99, 60), secondary=window(77, None))), 5)
-    [reading] = producer.feed(frame(token_usage(20_000, 20_000, 190_000)), 6)
+    feed(producer, rate_limits(primary=window(10, 300), secondary=window(40, 10_080)), 1)
+    feed(producer, rate_limits(primary=None, secondary=None), 2)
+    feed(producer, {"method": "account/rateLimits/updated", "params": {"rateLimits": {}}}, 3)
+    feed(producer, rate_limits(primary=window(15, 300)), 4)
+    feed(producer, rate_limits(primary=window(99, 60), secondary=window(77, None)), 5)
+    [reading] = feed(producer, token_usage(20_000, 20_000, 190_000), 6)
     assert reading.fields.rate_limits is not None
     assert (reading.fields.rate_limits.five_hour, reading.fields.rate_limits.seven_day) == (15, 40)
 
@@ -215,9 +240,9 @@ def test_the_resume_replay_turn_id_is_no_key() -> None:
     # In 0.160.0+ the replay names turn 1 even though a later turn produced the usage; a producer
     # keyed on turnId would drop it as "already seen" or file it under the wrong turn.
     producer = CodexProducer()
-    producer.feed(frame(token_usage(30_500, 30_500, 190_000, turn="turn-1")), 1)
-    producer.feed(frame(compaction_item("item/started", "c1", turn="turn-1")), 2)
-    [replayed] = producer.feed(frame(token_usage(18_250, 605_450, 190_000, turn="turn-1")), 3)
+    feed(producer, token_usage(30_500, 30_500, 190_000, turn="turn-1"), 1)
+    feed(producer, compaction_item("item/started", "c1", turn="turn-1"), 2)
+    [replayed] = feed(producer, token_usage(18_250, 605_450, 190_000, turn="turn-1"), 3)
     assert (replayed.fields.used_tokens, replayed.fields.observed_at_ms, replayed.fields.compactions) == (
         18_250,
         3,
@@ -264,7 +289,7 @@ def test_baseline_rule(tokens: int, window: int, expected: int) -> None:
 
 @pytest.mark.parametrize("window", [None, 0, 1, 11_999, 12_000])
 def test_percent_withheld_without_a_normalisable_window_operands_still_published(window: int | None) -> None:
-    [reading] = CodexProducer().feed(frame(token_usage(9_000, 40_000, window)), 7)
+    [reading] = feed(CodexProducer(), token_usage(9_000, 40_000, window), 7)
     fields = reading.fields
     assert fields.used_percent is None
     assert (fields.used_tokens, fields.window_tokens, fields.session_total_tokens) == (9_000, window, 40_000)
@@ -273,7 +298,7 @@ def test_percent_withheld_without_a_normalisable_window_operands_still_published
 def test_absent_window_key_withholds_the_percent() -> None:
     message = token_usage(9_000, 40_000, 190_000)
     del message["params"]["tokenUsage"]["modelContextWindow"]
-    [reading] = CodexProducer().feed(frame(message), 7)
+    [reading] = feed(CodexProducer(), message, 7)
     assert (reading.fields.used_percent, reading.fields.window_tokens) == (None, None)
 
 
@@ -282,18 +307,18 @@ def test_absent_window_key_withholds_the_percent() -> None:
 
 def test_started_and_completed_of_one_item_count_once_even_across_connections() -> None:
     producer = CodexProducer()
-    producer.feed(frame(token_usage(90_800, 121_300, 190_000)), 10)
+    feed(producer, token_usage(90_800, 121_300, 190_000), 10)
     edges = []
     for method in ["item/started", "item/started", "item/completed", "item/completed"]:
-        edges += producer.feed(frame(compaction_item(method, "c1", turn="t")), 20)
+        edges += feed(producer, compaction_item(method, "c1", turn="t"), 20)
     assert len(edges) == 1 and edges[0].compaction_edge
     assert producer.compactions == 1
 
 
 def test_two_item_ids_in_one_turn_are_two_compactions() -> None:
     producer = CodexProducer()
-    producer.feed(frame(compaction_item("item/started", "c1", turn="t")), 1)
-    producer.feed(frame(compaction_item("item/started", "c2", turn="t")), 2)
+    feed(producer, compaction_item("item/started", "c1", turn="t"), 1)
+    feed(producer, compaction_item("item/started", "c2", turn="t"), 2)
     assert producer.compactions == 2
 
 
@@ -307,14 +332,14 @@ def test_the_deprecated_thread_compacted_collapses_with_the_item_of_its_turn(leg
     ]
     sequence = [legacy, *items] if legacy_first else [*items, legacy]
     for message in [*sequence, legacy]:
-        producer.feed(frame(message), 1)
+        feed(producer, message, 1)
     assert producer.compactions == 1
-    producer.feed(frame({"method": "thread/compacted", "params": {"threadId": "th", "turnId": "u"}}), 2)
+    feed(producer, {"method": "thread/compacted", "params": {"threadId": "th", "turnId": "u"}}, 2)
     assert producer.compactions == 2
 
 
 def test_an_edge_before_any_reading_carries_only_the_count() -> None:
-    [edge] = CodexProducer().feed(frame(compaction_item("item/started", "c1", turn="t")), 42)
+    [edge] = feed(CodexProducer(), compaction_item("item/started", "c1", turn="t"), 42)
     fields = edge.fields
     assert edge.compaction_edge
     assert (fields.used_tokens, fields.window_tokens, fields.used_percent) == (None, None, None)
@@ -323,7 +348,7 @@ def test_an_edge_before_any_reading_carries_only_the_count() -> None:
 
 def test_other_items_are_not_compactions() -> None:
     producer = CodexProducer()
-    assert producer.feed(frame(compaction_item("item/started", "m1", turn="t", kind="agentMessage")), 1) == []
+    assert feed(producer, compaction_item("item/started", "m1", turn="t", kind="agentMessage"), 1) == []
     assert producer.compactions == 0
 
 
@@ -332,11 +357,11 @@ def test_other_items_are_not_compactions() -> None:
 
 def test_several_threads_last_writer_wins() -> None:
     producer = CodexProducer()
-    [a] = producer.feed(frame(token_usage(150_000, 400_000, 190_000, thread="A")), 1)
-    [b] = producer.feed(frame(token_usage(20_000, 20_000, 190_000, thread="B")), 2)
+    [a] = feed(producer, token_usage(150_000, 400_000, 190_000, thread="A"), 1)
+    [b] = feed(producer, token_usage(20_000, 20_000, 190_000, thread="B"), 2)
     assert (a.fields.used_tokens, b.fields.used_tokens) == (150_000, 20_000)
     # A compaction on thread A is counted and rides the newest reading, which is thread B's.
-    [edge] = producer.feed(frame(compaction_item("item/started", "cA", turn="tA", thread="A")), 3)
+    [edge] = feed(producer, compaction_item("item/started", "cA", turn="tA", thread="A"), 3)
     assert (edge.fields.used_tokens, edge.fields.compactions, edge.fields.observed_at_ms) == (20_000, 1, 2)
 
 
@@ -365,12 +390,14 @@ def test_hctx_replay_prints_every_write_with_its_reason(
     assert all(min(emitted) <= r["observedAtMs"] <= max(emitted) for r in lines)  # Codex's own clock
 
 
-def test_both_recording_forms_decode_to_the_same_frames() -> None:
-    plain = [f for _, f in decode_recording(capture("0.171.0", "stdio-main").read_bytes())]
-    timed = [f for _, f in decode_recording(capture("0.171.0", "stdio-main", ".timed.jsonl").read_bytes())]
-    assert plain == timed
-    assert recording_for("codex") is decode_recording
-    assert isinstance(producer_for("codex"), CodexProducer)
+def test_both_recording_forms_decode_to_the_same_events() -> None:
+    plain = recorded(capture("0.171.0", "stdio-main"))
+    timed = recorded(capture("0.171.0", "stdio-main", ".timed.jsonl"))
+    assert [event for _, event in plain] == [event for _, event in timed]
+    wires = {chunk.wire for chunk in SPEC.read_recording([capture("0.171.0", "stdio-main", ".timed.jsonl")])}
+    assert wires == {"stdout"}
+    assert spec_for("codex") is SPEC
+    assert isinstance(SPEC.make_producer(), CodexProducer)
 
 
 def test_a_corrupt_recording_line_is_dropped_not_fatal(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -421,8 +448,9 @@ def compaction_item(
 
 
 def test_frames_of_another_type_are_refused() -> None:
-    with pytest.raises(FrameRejected):
-        CodexProducer().feed({"type": "pi.context", "payload": {}}, 1)
+    decoder = SPEC.decoder("channel")
+    [dropped] = decoder.receive_data(json.dumps({"type": "pi.context", "payload": "{}"}).encode() + b"\n")
+    assert isinstance(dropped, Dropped) and "codex.rpc" in dropped.reason
 
 
 # ---- rate limits are the latest snapshot within a frame (issue 19, point 2) -------------------------
@@ -453,16 +481,15 @@ def test_the_record_carries_codexs_latest_rate_limits_without_restamping(version
     written: list[tuple[str, Any]] = []
     seen = 0
     usage_at: int | None = None  # when the newest reading was taken: its tokenUsage frame's time
-    for at_ms, item in decode_recording(path.read_bytes()):
-        method = item["payload"].get("method") if isinstance(item["payload"], dict) else None
-        if method == "thread/tokenUsage/updated":
+    for at_ms, event in recorded(path):
+        if isinstance(event, TokenUsage):
             usage_at = at_ms
-        for write in pipeline.feed(item, at_ms or 0):
+        for write in pipeline.feed(event, at_ms or 0):
             written.append((write.reason, write.record))
             if write.reason == "rate-limits":
                 assert usage_at is not None and at_ms is not None and usage_at <= at_ms
                 assert write.record.observed_at_ms == usage_at  # the held reading, never re-stamped
-        if method == "account/rateLimits/updated":
+        if isinstance(event, RateLimitsUpdated):
             seen += 1
             last = pipeline.guard.last
             assert last is not None and last.rate_limits is not None, f"snapshot {seen}"
@@ -486,8 +513,9 @@ def test_a_repeated_snapshot_writes_nothing_and_the_heartbeat_never_restamps() -
     from sidecar.pipeline import Pipeline
 
     pipeline = Pipeline(CodexProducer(), WriteGuard("a", "inc"))
-    assert [w.reason for w in pipeline.feed(frame(token_usage(50_000, 50_000, 190_000)), 1_000)] == ["bucket"]
-    limits = frame(rate_limits(primary=window(10, 300), secondary=window(40, 10_080)))
+    [usage] = decoded(token_usage(50_000, 50_000, 190_000))
+    assert [w.reason for w in pipeline.feed(usage, 1_000)] == ["bucket"]
+    [limits] = decoded(rate_limits(primary=window(10, 300), secondary=window(40, 10_080)))
     [write] = pipeline.feed(limits, 1_100)
     assert (write.reason, write.record.observed_at_ms, write.record.written_at_ms) == ("rate-limits", 1_000, 1_100)
     assert pipeline.feed(limits, 1_200) == []  # the same snapshot again (Codex re-sends it in compactions)
@@ -499,7 +527,19 @@ def test_a_repeated_snapshot_writes_nothing_and_the_heartbeat_never_restamps() -
 # --- compactAtTokens (issue 18) --------------------------------------------------------------------
 
 # The lab's config.toml (../shared/lab/codex/README.md): what the wrapper reads and hands over.
-LAB_CONFIG = {"type": "hctx.codex-config", "autoCompactTokenLimit": 160_000, "modelContextWindow": 200_000}
+LAB_CONFIG = {"autoCompactTokenLimit": 160_000, "modelContextWindow": 200_000}
+
+
+def apply_settings(producer: CodexProducer, config: dict[str, Any]) -> None:
+    """The settings as the sidecar gets them: the transport config's JSON, validated by its model
+    (a config that is not one runs no transport: no settings reach the producer), then the event
+    its transport submits first."""
+    text = json.dumps({"mode": "channel", **config})
+    try:
+        settings = CodexTransport.model_validate_json(text).root
+    except ValidationError:
+        return
+    assert producer.feed(settings.compaction(), 0) == []
 
 
 @pytest.mark.parametrize("version", ["0.151.0", "0.171.0"])
@@ -508,7 +548,7 @@ def test_the_configured_limit_is_published_and_is_where_the_lab_run_compacted(ve
     compacted before turn 5; no reading under 160,000 was followed by an auto-compaction. Published:
     160,000 on every reading — never the 9/10 cap (180,000) nor the reported window (190,000)."""
     producer = CodexProducer()
-    assert producer.feed(LAB_CONFIG, 0) == []
+    apply_settings(producer, LAB_CONFIG)
     _, readings = run(capture(version, "stdio-main"), producer)
     published = {r.fields.compact_at_tokens for r in readings}
     assert published == {160_000} and 180_000 not in published and 190_000 not in published
@@ -537,10 +577,10 @@ def test_compact_at_is_the_configured_limit_under_codexs_cap(
     config: dict[str, Any], reported_window: int, published: int | None
 ) -> None:
     producer = CodexProducer()
-    producer.feed({"type": "hctx.codex-config", **config}, 0)
+    apply_settings(producer, config)
     usage = {"total": {"totalTokens": 5}, "last": {"totalTokens": 5}, "modelContextWindow": reported_window}
     message = {"method": "thread/tokenUsage/updated", "params": {"threadId": "t", "turnId": "u", "tokenUsage": usage}}
-    (reading,) = producer.feed(frame(message), 1)
+    (reading,) = feed(producer, message, 1)
     assert reading.fields.compact_at_tokens == published
     configured = type(config.get("autoCompactTokenLimit")) is int
     assert reading.fields.auto_compaction is (True if configured else None)

@@ -13,9 +13,13 @@ import trio
 import trio_websocket
 from trio_websocket import WebSocketRequest
 
-from sidecar.transports import codex as relay_module
-from sidecar.transports import transport_for
-from sidecar.transports.codex import Address, run, serve_relay
+from sidecar.decoding import Decoder
+from sidecar.producers.codex import SPEC, CodexTransport, Rollout
+from sidecar.producers.codex_events import CompactionConfig
+from sidecar.transports import Stream, Streams, transport_for
+from sidecar.transports import codex_relay as relay_module
+from sidecar.transports.codex import run
+from sidecar.transports.codex_relay import Address, serve_relay
 
 LOOPBACK = "127.0.0.1"
 
@@ -69,11 +73,41 @@ async def upstream_server() -> AsyncIterator[Upstream]:
         nursery.cancel_scope.cancel()
 
 
+class Taped(Streams):
+    """The sidecar's streams, each also keeping the bytes the relay handed it."""
+
+    def __init__(self, submit: Any = None) -> None:
+        self.events: list[object] = []
+        super().__init__(SPEC, self.events.append if submit is None else submit)
+        self.tapes: list[tuple[str, list[bytes]]] = []
+        self.order: list[bytes] = []  # every stream's bytes as they came
+
+    def open(self, wire: str) -> Stream:
+        tape: list[bytes] = []
+        self.tapes.append((wire, tape))
+        return Stream(_Recording(self.spec.decoder(wire), tape, self.order), self.submit, wire)
+
+
+@dataclass
+class _Recording:
+    decoder: Decoder
+    tape: list[bytes]
+    order: list[bytes]
+
+    def receive_data(self, data: bytes) -> list[object]:
+        self.tape.append(data)
+        self.order.append(data)
+        return self.decoder.receive_data(data)
+
+    def end_of_data(self) -> list[object]:
+        return self.decoder.end_of_data()
+
+
 @asynccontextmanager
-async def relay(upstream_port: int, submitted: list[dict[str, Any]]) -> AsyncIterator[int]:
+async def relay(upstream_port: int, streams: Streams | None = None) -> AsyncIterator[int]:
     async with trio.open_nursery() as nursery:
         listeners = await nursery.start(
-            serve_relay, Address(LOOPBACK, 0), Address(LOOPBACK, upstream_port), submitted.append
+            serve_relay, Address(LOOPBACK, 0), Address(LOOPBACK, upstream_port), streams or Taped()
         )
         yield listeners[0].socket.getsockname()[1]
         nursery.cancel_scope.cancel()
@@ -97,8 +131,8 @@ SAMPLES = [
 
 
 async def test_messages_cross_unchanged_both_ways_and_server_text_is_tapped() -> None:
-    submitted: list[dict[str, Any]] = []
-    async with upstream_server() as upstream, relay(upstream.port, submitted) as port, client(port) as ws:
+    streams = Taped()
+    async with upstream_server() as upstream, relay(upstream.port, streams) as port, client(port) as ws:
         echoed = []
         for text in SAMPLES:
             await ws.send_message(text)
@@ -108,13 +142,16 @@ async def test_messages_cross_unchanged_both_ways_and_server_text_is_tapped() ->
     assert upstream.received[: len(SAMPLES)] == SAMPLES  # client → server, byte for byte
     assert echoed == SAMPLES  # server → client, byte for byte
     assert binary == b"\x00\xffbinary"
-    # Every server→client text message the channel would take, in order; binary and the 5 MiB one are
-    # forwarded but not tapped.
-    assert submitted == [{"type": "codex.rpc", "payload": text} for text in SAMPLES if len(text) < 1024 * 1024]
+    # Every server→client text message's bytes, in order, to the connection's websocket stream; binary
+    # is forwarded but not tapped, and the 5 MiB one is the decoder's to drop.
+    assert [wire for wire, _ in streams.tapes] == ["websocket"]
+    assert streams.order == [text.encode() for text in SAMPLES]
+    reasons = [getattr(event, "reason", None) for event in streams.events]
+    assert reasons == ["malformed JSON: Expecting value: line 1 column 1 (char 0)", "message over 1048576 bytes"]
 
 
 async def test_path_subprotocol_and_headers_reach_the_app_server() -> None:
-    async with upstream_server() as upstream, relay(upstream.port, []) as port:
+    async with upstream_server() as upstream, relay(upstream.port) as port:
         headers = [(b"authorization", b"Bearer t0ken"), (b"origin", b"http://localhost")]
         async with client(port, "/some/path?q=1", subprotocols=["codex.v1"], extra_headers=headers) as ws:
             assert ws.subprotocol == "codex.v1"
@@ -126,8 +163,8 @@ async def test_path_subprotocol_and_headers_reach_the_app_server() -> None:
 
 
 async def test_connections_are_independent_one_dropping_leaves_the_others() -> None:
-    submitted: list[dict[str, Any]] = []
-    async with upstream_server() as upstream, relay(upstream.port, submitted) as port, client(port) as steady:
+    streams = Taped()
+    async with upstream_server() as upstream, relay(upstream.port, streams) as port, client(port) as steady:
         # One client vanishes without a close frame, another closes normally, a third is
         # closed by the server with its own code: the steady one keeps talking throughout.
         async with trio.open_nursery() as nursery:
@@ -148,16 +185,17 @@ async def test_connections_are_independent_one_dropping_leaves_the_others() -> N
         burst = [await steady.get_message() for _ in range(500)]
     assert burst == [f'{{"method":"n","params":{{"i":{n}}}}}' for n in range(500)]
     assert upstream.connections == 4
-    assert [f["payload"] for f in submitted][-500:] == burst
+    assert streams.order[-500:] == [text.encode() for text in burst]
+    assert len(streams.tapes) == 4  # a stream of its own for each connection
 
 
 async def test_a_failing_tap_never_stops_the_traffic() -> None:
-    def broken_submit(frame: dict[str, Any]) -> None:
+    def broken_submit(event: object) -> None:
         raise RuntimeError("the sidecar's queue blew up")
 
     async with upstream_server() as upstream, trio.open_nursery() as nursery:
         listeners = await nursery.start(
-            serve_relay, Address(LOOPBACK, 0), Address(LOOPBACK, upstream.port), broken_submit
+            serve_relay, Address(LOOPBACK, 0), Address(LOOPBACK, upstream.port), Streams(SPEC, broken_submit)
         )
         async with client(listeners[0].socket.getsockname()[1]) as ws:
             for text in SAMPLES[:3]:
@@ -173,7 +211,7 @@ async def test_a_client_early_for_the_app_server_is_held_until_it_listens() -> N
     probe.close()
     upstream = Upstream()
     async with trio.open_nursery() as nursery:
-        listeners = await nursery.start(serve_relay, Address(LOOPBACK, 0), Address(LOOPBACK, upstream_port), [].append)
+        listeners = await nursery.start(serve_relay, Address(LOOPBACK, 0), Address(LOOPBACK, upstream_port), Taped())
 
         async def late_app_server() -> None:
             await trio.sleep(0.5)
@@ -193,7 +231,7 @@ async def test_no_app_server_at_all_is_a_502_not_a_hang(monkeypatch: pytest.Monk
     await probe.bind((LOOPBACK, 0))
     dead_port = probe.getsockname()[1]
     probe.close()
-    async with relay(dead_port, []) as port:
+    async with relay(dead_port) as port:
         with trio.fail_after(10), pytest.raises(trio_websocket.ConnectionRejected) as rejected:
             async with client(port):
                 pass
@@ -201,7 +239,7 @@ async def test_no_app_server_at_all_is_a_502_not_a_hang(monkeypatch: pytest.Monk
 
 
 async def test_the_app_servers_refusal_reaches_the_client_as_it_was() -> None:
-    async with upstream_server() as upstream, relay(upstream.port, []) as port:
+    async with upstream_server() as upstream, relay(upstream.port) as port:
         with trio.fail_after(10), pytest.raises(trio_websocket.ConnectionRejected) as rejected:
             async with client(port, "/forbidden"):
                 pass
@@ -222,7 +260,7 @@ async def test_plain_http_is_piped_through_for_readyz() -> None:
 
     async with trio.open_nursery() as nursery:
         up = await nursery.start(partial(trio.serve_tcp, host=LOOPBACK), http_upstream, 0)
-        async with relay(up[0].socket.getsockname()[1], []) as port:
+        async with relay(up[0].socket.getsockname()[1]) as port:
             stream = await trio.open_tcp_stream(LOOPBACK, port)
             request = b"GET /readyz HTTP/1.1\r\nhost: x\r\n\r\n"
             await stream.send_all(request)
@@ -237,23 +275,46 @@ async def test_plain_http_is_piped_through_for_readyz() -> None:
 
 
 async def test_stdio_launch_runs_no_relay() -> None:
-    assert transport_for("codex") is run
+    assert transport_for(SPEC) is run
+    streams = Taped()
     with trio.fail_after(1):
-        await run({}, list[dict[str, Any]]().append)  # returns at once: the stdout tap feeds the channel instead
+        # Returns at once: the stdout tap feeds the channel. The config as the sidecar reads it.
+        await run(CodexTransport.model_validate_json('{"mode":"channel","autoCompactTokenLimit":160000}'), streams)
+    # The settings the wrapper read, as the sidecar's own typed fact; no stream opened.
+    assert streams.events == [CompactionConfig(auto_compact_token_limit=160_000)] and streams.tapes == []
 
 
 async def test_an_interactive_seat_is_handed_to_the_rollout_follower(monkeypatch: pytest.MonkeyPatch) -> None:
     import sidecar.rollout
 
-    seen: list[dict[str, Any]] = []
+    seen: list[Rollout] = []
 
-    async def follow(config: dict[str, Any], submit: Any) -> None:
+    async def follow(config: Rollout, submit: Any) -> None:
         seen.append(config)
 
     monkeypatch.setattr(sidecar.rollout, "follow_rollout", follow)
-    config = {"mode": "rollout", "codexHome": "/h", "cwd": "/w", "startedAtMs": 1}
-    await run(config, list[dict[str, Any]]().append)
-    assert seen == [config]
+    config = CodexTransport.model_validate_json('{"mode":"rollout","codexHome":"/h","cwd":"/w","startedAtMs":1}')
+    streams = Taped()
+    await run(config, streams)
+    assert seen == [Rollout(codex_home="/h", cwd="/w", started_at_ms=1)] and streams.events == [CompactionConfig()]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "{}",  # no mode
+        '{"mode":"relay","listen":"http://x:1","upstream":"ws://127.0.0.1:2"}',  # not a ws address
+        '{"mode":"rollout","codexHome":"/h","startedAtMs":-1}',
+        '{"mode":"channel","autoCompactTokenLimit":0}',  # a limit is a positive count
+        '{"mode":"channel","surprise":1}',  # the wrapper and the sidecar are one build: no unknown keys
+        "not json",
+    ],
+)
+def test_a_config_that_is_not_one_runs_no_transport_and_says_why(text: str, caplog: pytest.LogCaptureFixture) -> None:
+    from sidecar.app import transport_settings
+
+    assert transport_settings(SPEC, text) is None
+    assert any(getattr(record, "event", None) == "transport-bad-config" for record in caplog.records)
 
 
 def test_addresses_are_ws_host_port_only() -> None:

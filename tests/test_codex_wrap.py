@@ -15,18 +15,29 @@ import sys
 import time
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 
 from guard.record import HarnessContext, parse_record
+from sidecar.producers.codex import SPEC
 from sidecar.replay import replay
+from tests.conftest import FIXTURE_ROOT
 from tests.fakes.codex_client import ws_client
 from tests.wrapping import agent_dir, env, wrap_argv
-from wrapper.harnesses import LaunchPlan, prepare
+from wrapper.harnesses import LaunchPlan, prepare, transport_json
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "codex"
+FIXTURES = FIXTURE_ROOT / "codex"
 CAPTURE = FIXTURES / "codex-0.171.0-stdio-main.jsonl"
+
+
+def wire(prepared: LaunchPlan) -> dict[str, Any]:
+    """The plan's transport config as the sidecar receives it."""
+    text = transport_json(prepared)
+    assert text is not None
+    loaded: dict[str, Any] = json.loads(text)
+    return loaded
 
 
 def plan(*argv: str) -> LaunchPlan:
@@ -49,15 +60,15 @@ def plan(*argv: str) -> LaunchPlan:
 def test_a_stdio_app_server_gets_its_stdout_tapped_and_nothing_else(argv: tuple[str, ...]) -> None:
     prepared = plan(*argv)
     assert prepared.tap_stdout == "codex.rpc"
-    assert (prepared.argv, prepared.transport, prepared.env) == (argv, {}, {})
+    assert (prepared.argv, wire(prepared), prepared.env) == (argv, {"mode": "channel"}, {})
 
 
 @pytest.mark.parametrize("inline", [False, True])
 def test_a_websocket_app_server_moves_to_a_private_loopback_port(inline: bool) -> None:
     listen = ["--listen=ws://127.0.0.1:4500"] if inline else ["--listen", "ws://127.0.0.1:4500"]
     prepared = plan("codex", "app-server", *listen, "--analytics-default-enabled")
-    upstream = prepared.transport["upstream"]
-    assert prepared.transport["listen"] == "ws://127.0.0.1:4500"
+    upstream = wire(prepared)["upstream"]
+    assert wire(prepared)["listen"] == "ws://127.0.0.1:4500" and wire(prepared)["mode"] == "relay"
     assert upstream.startswith("ws://127.0.0.1:") and upstream != "ws://127.0.0.1:4500"
     expected = [f"--listen={upstream}"] if inline else ["--listen", upstream]
     assert prepared.argv == ("codex", "app-server", *expected, "--analytics-default-enabled")
@@ -70,7 +81,7 @@ def test_a_websocket_app_server_moves_to_a_private_loopback_port(inline: bool) -
 def test_a_non_loopback_listener_keeps_its_auth_options_and_the_harness_stays_on_loopback() -> None:
     argv = ("codex", "app-server", "--listen", "ws://0.0.0.0:4500", "--ws-auth", "capability-token")
     prepared = plan(*argv)
-    assert prepared.transport["listen"] == "ws://0.0.0.0:4500"
+    assert wire(prepared)["listen"] == "ws://0.0.0.0:4500"
     assert prepared.argv[3].startswith("ws://127.0.0.1:") and prepared.argv[4:] == argv[4:]
 
 
@@ -91,7 +102,7 @@ def test_an_interactive_seat_follows_its_rollout(argv: tuple[str, ...], monkeypa
     before = time.time_ns() // 1_000_000
     prepared = plan(*argv)
     assert (prepared.argv, prepared.tap_stdout) == (argv, None)
-    transport = dict(prepared.transport)
+    transport = wire(prepared)
     started = transport.pop("startedAtMs")
     assert transport == {
         "mode": "rollout", "codexHome": "/somewhere/codex-home", "cwd": str(Path.cwd()),
@@ -147,7 +158,7 @@ trio.run(trio_websocket.serve_websocket, serve, host, int(port), None)
 
 
 def expected_last_record() -> HarnessContext:
-    return list(replay("codex", [CAPTURE.read_bytes()]))[-1].record
+    return list(replay(SPEC, SPEC.read_recording([CAPTURE])))[-1].record
 
 
 def assert_same_reading(record: HarnessContext, expected: HarnessContext) -> None:
@@ -210,7 +221,7 @@ def test_the_compaction_settings_come_from_the_layer_codex_loads_last(tmp_path: 
     )
 
     def settings(*argv: str) -> dict[str, object]:
-        transport = _plan(tmp_path, *argv).transport
+        transport = wire(_plan(tmp_path, *argv))
         return {key: transport.get(key) for key in ("autoCompactTokenLimit", "modelContextWindow")}
 
     # the file's own profile, then `--profile`, then `-c` over everything; every mode carries them
@@ -226,5 +237,5 @@ def test_the_compaction_settings_come_from_the_layer_codex_loads_last(tmp_path: 
 
 
 def test_no_config_file_hands_over_nothing(tmp_path: Path) -> None:
-    transport = _plan(tmp_path, "app-server").transport
+    transport = wire(_plan(tmp_path, "app-server"))
     assert "autoCompactTokenLimit" not in transport and "modelContextWindow" not in transport

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 from crash_writer import PROGRESS, counter_of, expected_record
 
-from guard.record import HarnessContext, RecordRefused, parse_record
+from guard.errors import RecordRefused
+from guard.record import HarnessContext, parse_record
 from guard.store import AgentDir, staging_dir
 
 TESTS = Path(__file__).resolve().parent

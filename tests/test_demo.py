@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from guard.errors import FrameRejected
 from guard.record import parse_record
 from guard.store import log_path
+from sidecar.decoding import Dropped
 from sidecar.demo_standin import DEMO_CAPTURES, paced
-from sidecar.producers import producer_for
-from sidecar.producers.base import FrameRejected
+from sidecar.registry import spec_for
 from tests.wrapping import env, pid_gone, run, wait_for
 from wrapper.cli import DEMO_NO_TOP_S, DEMO_TOP_S
 from wrapper.demo import DEMO_HOST, FLEET
@@ -140,12 +141,18 @@ def _first_past_80_s(duration_s: float) -> float:
     README's picture shows (the test captures it at the same point of a shorter run)."""
     moments = []
     for agent in FLEET:
-        producer = producer_for(agent.harness)
-        for offset, frame in paced(agent.harness, [DEMO_CAPTURES / name for name in agent.captures], duration_s):
-            try:
-                readings = producer.feed(frame, 0)
-            except FrameRejected:
-                continue
+        spec = spec_for(agent.harness)
+        producer = spec.make_producer()
+        decoders = {wire: spec.decoder(wire) for wire in spec.wires()}
+        for offset, chunk in paced(agent.harness, [DEMO_CAPTURES / name for name in agent.captures], duration_s):
+            readings = []
+            for event in decoders[chunk.wire].receive_data(chunk.data):
+                if isinstance(event, Dropped):
+                    continue
+                try:
+                    readings += producer.feed(event, 0)
+                except FrameRejected:
+                    continue
             if any((reading.fields.used_percent or 0) >= 80 for reading in readings):
                 moments.append(offset)
                 break

@@ -10,17 +10,21 @@ from __future__ import annotations
 
 import copy
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from guard.policy import WriteGuard
 from guard.record import HarnessContext
-from sidecar.producers.claude import STATUSLINE_FRAME, ClaudeProducer
+from sidecar.decoding import CHANNEL
+from sidecar.producers.claude import SPEC, STATUSLINE_TYPE, ClaudeProducer
+from sidecar.producers.codex import SPEC as CODEX
 from sidecar.producers.codex import CodexProducer
+from sidecar.producers.codex_events import STDOUT
+from tests.conftest import FIXTURE_ROOT
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+FIXTURES = FIXTURE_ROOT
+
 T0 = 1_795_990_000_000
 # Every verbatim Claude status-line capture: each holds one step where the displayed percent moves
 # (2 -> 1) inside one tokens bucket (15000 -> 12500 of 1M; 3000 -> 2500 of 200k).
@@ -34,10 +38,13 @@ def payloads(name: str) -> list[dict[str, Any]]:
 def published_after_each(payload_list: list[dict[str, Any]]) -> list[tuple[HarnessContext | None, Any]]:
     """(the record after each status line, the percent Claude displayed in it), one second apart."""
     producer, guard = ClaudeProducer(), WriteGuard("alice", "inc")
+    decoder = SPEC.decoder(CHANNEL)
     seen: list[tuple[HarnessContext | None, Any]] = []
     for index, payload in enumerate(payload_list):
         now = T0 + index * 1000
-        for reading in producer.feed({"type": STATUSLINE_FRAME, "payload": payload}, now):
+        line = json.dumps({"type": STATUSLINE_TYPE, "payload": payload}).encode() + b"\n"
+        (event,) = decoder.receive_data(line)
+        for reading in producer.feed(event, now):
             write = guard.offer(reading, now)
             if write is not None:
                 guard.committed(write)
@@ -86,6 +93,7 @@ def test_codex_moving_from_34_to_35_percent_inside_one_tokens_bucket_is_written(
         if '"thread/tokenUsage/updated"' in line
     )
     producer, guard = CodexProducer(), WriteGuard("alice", "inc")
+    decoder = CODEX.decoder(STDOUT)  # the app-server's stdout, as the tap reads it
     written: list[tuple[int | None, float | None]] = []
     for index, tokens in enumerate((96_900, 97_100)):
         message = json.loads(line)
@@ -93,7 +101,8 @@ def test_codex_moving_from_34_to_35_percent_inside_one_tokens_bucket_is_written(
         usage["modelContextWindow"] = 258_400
         usage["last"]["totalTokens"] = tokens
         assert tokens * 100 // 258_400 == 37
-        (reading,) = producer.feed({"type": "codex.rpc", "payload": message}, T0 + index * 1000)
+        (event,) = decoder.receive_data(json.dumps(message).encode() + b"\n")
+        (reading,) = producer.feed(event, T0 + index * 1000)
         write = guard.offer(reading, T0 + index * 1000)
         if write is not None:
             guard.committed(write)

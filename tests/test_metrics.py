@@ -23,10 +23,11 @@ from hypothesis import strategies as st
 from readers_catalog import HOST, HOUR, NOW, hctx, put_claim, put_record
 from test_readers_hostile import BAD_RECORDS, JUNK_CATALOG_NAMES, junk_catalog
 
+from guard.projection import headroom_tokens
 from tests.prometheus_tools import dead, exposition, get, of, parse, start_exporter, stop
 from tests.wrapping import wait_for
 from wrapper.metrics import DEFAULT_LISTEN, READINGS, CatalogCollector, listen_address
-from wrapper.readers import collect_roster, headroom_tokens
+from wrapper.roster import collect_roster
 
 
 def scrape(catalog: Path, now: int = NOW) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from readers_catalog import HOST, NOW, put_claim, put_record
 from tests.prometheus_tools import README, RULES, RULES_TESTS, dead, exposition, parse, require_tool, yaml_blocks
 from wrapper.cli import build_parser
 from wrapper.metrics import DEFAULT_LISTEN
-from wrapper.readers import collect_roster
+from wrapper.roster import collect_roster
 
 ALERTS = re.findall(r"^ {6}- alert: (\w+)$", RULES.read_text(), re.M)
 

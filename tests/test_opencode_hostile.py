@@ -1,43 +1,74 @@
-"""Malformed, truncated, hostile and huge OpenCode input: FrameRejected or no reading, never another
-exception, never a number the input did not carry."""
+"""Malformed, truncated, hostile and huge OpenCode input: a logged drop or no reading, never another
+exception, never a number the input did not carry. Everything enters as the bytes of its wire,
+through the spec's decoders, as it does live and in `hctx replay`."""
 
 from __future__ import annotations
 
 import copy
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from guard.policy import Reading
-from sidecar.producers.base import FrameRejected
+from guard.errors import FrameRejected
+from guard.policy import Reading, WriteGuard
+from sidecar.decoding import Dropped
+from sidecar.pipeline import Pipeline
 from sidecar.producers.opencode import (
-    MAX_EVENT_CHARS,
+    MAX_EVENT_BYTES,
+    SPEC,
     WINDOWS_REMEMBERED,
     OpenCodeProducer,
-    decode_recording,
-    model_named_by,
-    providers_frame,
-    sse_payloads,
+    OtherEvent,
+    recording_chunks,
+    sse_event,
     windows_from_providers,
 )
+from sidecar.registry import Chunk
+from sidecar.replay import replay
+from tests.conftest import FIXTURE_ROOT
 from tests.hostile import json_values, numbers, numbers_in
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "opencode" / "v1.18.25"
-TYPES = ["message.updated", "session.updated", "session.compacted", "hctx.providers", "server.heartbeat"]
+FIXTURES = FIXTURE_ROOT / "opencode" / "v1.18.25"
+TYPES = ["message.updated", "session.updated", "session.compacted", "tui.session.select", "server.heartbeat"]
+
+
+def feed_bytes(producer: OpenCodeProducer, data: bytes, wire: str = "sse") -> list[Reading]:
+    """`data` through a fresh decoder of `wire` into the producer, as the pipeline would: a drop
+    (the decoder's Dropped, the producer's FrameRejected) is no reading."""
+    decoder = SPEC.decoder(wire)
+    readings: list[Reading] = []
+    for event in decoder.receive_data(data) + decoder.end_of_data():
+        if isinstance(event, Dropped):
+            continue
+        try:
+            readings += producer.feed(event, 1_000)
+        except FrameRejected:
+            continue
+    return readings
 
 
 def feed(producer: OpenCodeProducer, frame: Any) -> list[Reading]:
-    try:
-        return producer.feed(frame, 1_000)
-    except FrameRejected:
-        return []
+    """One JSON value as the data of one `/event` SSE event."""
+    return feed_bytes(producer, sse_event(json.dumps(frame).encode()))
 
 
-CAPTURED = [frame for _, frame in decode_recording((FIXTURES / "events.jsonl").read_bytes())]
+def feed_providers(producer: OpenCodeProducer, answer: Any) -> list[Reading]:
+    return feed_bytes(producer, json.dumps(answer).encode(), "providers")
+
+
+def chunks_of(data: bytes) -> list[Chunk]:
+    """A recording file holding `data`, as `hctx replay` reads it."""
+    return list(recording_chunks(data))
+
+
+CAPTURED = [
+    json.loads(json.loads(line)["raw"])
+    for line in (FIXTURES / "events.jsonl").read_bytes().splitlines()
+    if json.loads(line)["stream"] == "event"
+]
 PROVIDERS = json.loads((FIXTURES / "config_providers.json").read_bytes())
 
 
@@ -53,7 +84,8 @@ def completion() -> dict[str, Any]:
 
 def primed() -> OpenCodeProducer:
     producer = OpenCodeProducer()
-    producer.feed(providers_frame(PROVIDERS), 0)
+    feed_providers(producer, PROVIDERS)
+    assert producer.catalog.windows
     return producer
 
 
@@ -67,7 +99,11 @@ def test_any_json_value_is_refused_or_ignored(frame: Any) -> None:
 @given(kind=st.sampled_from(TYPES), properties=json_values, payload=json_values)
 def test_any_properties_under_a_known_type_never_raise_anything_else(kind: str, properties: Any, payload: Any) -> None:
     producer = primed()
-    for reading in feed(producer, {"type": kind, "id": "evt_1", "properties": properties, "payload": payload}):
+    for reading in [
+        *feed(producer, {"type": kind, "id": "evt_1", "properties": properties, "payload": payload}),
+        *feed_providers(producer, payload),
+        *feed_bytes(producer, json.dumps(payload).encode(), "config"),
+    ]:
         # Only a compaction edge may come out of garbage, and it carries no number.
         assert reading.compaction_edge and reading.fields.used_tokens is None
 
@@ -148,7 +184,7 @@ def test_a_hostile_providers_answer_yields_only_windows_it_carried(payload: Any,
             continue
         assert set(windows.values()) <= numbers_in(answer)
         assert all(type(w) is int and w > 0 for w in windows.values())
-    assert feed(producer, providers_frame(payload)) == []
+    assert feed_providers(producer, payload) == []
 
 
 def test_a_huge_providers_answer_is_bounded() -> None:
@@ -162,23 +198,64 @@ def test_truncated_capture_lines_never_raise_anything_else() -> None:
     producer = primed()
     for line in lines:
         for cut in (1, len(line) // 3, len(line) // 2, len(line) - 2):
-            for _, frame in decode_recording(line[:cut]):
-                feed(producer, frame)
+            for chunk in chunks_of(line[:cut]):
+                feed_bytes(producer, chunk.data, chunk.wire)
+    # Cut anywhere in the SSE bytes themselves: the whole events before the cut decode, the cut one drops.
+    sse = b"".join(sse_event(json.dumps(frame).encode()) for frame in CAPTURED[:50])
+    for cut in range(0, len(sse), 997):
+        decoder = SPEC.decoder("sse")
+        events = decoder.receive_data(sse[:cut]) + decoder.end_of_data()
+        assert all(
+            isinstance(event, Dropped) or type(event).__module__ == OpenCodeProducer.__module__ for event in events
+        )
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.binary(max_size=400) | st.text(max_size=400).map(str.encode))
-def test_decode_recording_never_raises_on_any_bytes(data: bytes) -> None:
-    for at, frame in decode_recording(data):
-        assert at is None or at >= 0
-        assert isinstance(frame, dict)
-        feed(primed(), frame)
+def test_read_recording_never_raises_on_any_bytes(data: bytes) -> None:
+    chunks = chunks_of(data)
+    for chunk in chunks:
+        assert chunk.at_ms is None or chunk.at_ms >= 0
+        assert chunk.wire in SPEC.wires()
+    for write in replay(SPEC, chunks):
+        assert write.record.used_tokens is None or write.record.used_tokens in numbers_in(_json_numbers(data))
+
+
+def _json_numbers(data: bytes) -> list[Any]:
+    """Every JSON value a line of `data` holds (a JSON string's own text too, as a lab `raw` is)."""
+    values: list[Any] = []
+    for line in data.splitlines():
+        for text in (line, line.removeprefix(b"data:")):
+            try:
+                value = json.loads(text)
+            except (ValueError, RecursionError):
+                continue
+            values.append(value)
+            if isinstance(value, dict) and isinstance(value.get("raw"), str):
+                values.append(_json_numbers(value["raw"].encode("utf-8", "surrogatepass")))
+    return values
 
 
 def test_a_non_object_line_is_handed_on_to_be_refused() -> None:
-    ((_, frame),) = list(decode_recording(b"[1, 2, 3]\n"))
-    with pytest.raises(FrameRejected):
-        OpenCodeProducer().feed(frame, 0)
+    (chunk,) = chunks_of(b"[1, 2, 3]\n")
+    assert chunk == Chunk(None, "sse", b"data: [1, 2, 3]\n\n")
+    pipeline = Pipeline(OpenCodeProducer(), WriteGuard("a", "i"))
+    (dropped,) = SPEC.decoder("sse").receive_data(chunk.data)
+    assert isinstance(dropped, Dropped) and "not a JSON object" in dropped.reason
+    assert pipeline.feed(dropped, 0) == [] and pipeline.dropped == 1
+
+
+def test_a_nan_anywhere_drops_the_whole_event() -> None:
+    """NaN is not JSON: an event carrying one, even in a field never read, is malformed as a whole."""
+    frame = completion()
+    frame["properties"]["info"]["tokens"]["total"] = 77_777
+    data = json.dumps(frame).encode()
+    assert feed_bytes(primed(), sse_event(data))  # the event without it is a reading
+    for junk in (b"NaN", b"Infinity", b"-Infinity"):
+        tainted = data[:-1] + b', "junk": ' + junk + b"}"
+        (dropped,) = SPEC.decoder("sse").receive_data(sse_event(tainted))
+        assert isinstance(dropped, Dropped) and "not a JSON number" in dropped.reason
+        assert feed_bytes(primed(), sse_event(tainted)) == []
 
 
 def test_huge_and_deep_input_is_refused_not_crashed() -> None:
@@ -186,25 +263,28 @@ def test_huge_and_deep_input_is_refused_not_crashed() -> None:
     huge_id = completion()
     huge_id["properties"]["info"]["id"] = "x" * 1_000_000
     assert feed(producer, huge_id) == []
-    deep: Any = {}
-    for _ in range(100_000):
-        deep = {"a": deep}
-    assert feed(producer, {"type": "message.updated", "properties": deep}) == []
+    deep = b'{"type": "message.updated", "properties": ' + b'{"a": ' * 100_000 + b"{}" + b"}" * 100_001
+    (dropped,) = SPEC.decoder("sse").receive_data(sse_event(deep))
+    assert isinstance(dropped, Dropped) and "nested too deep" in dropped.reason
+    assert feed_bytes(producer, sse_event(deep)) == []
     wide = completion()
     wide["properties"]["junk"] = list(range(200_000))
     assert len(feed(producer, wide)) == 1
-    assert model_named_by({"type": "message.updated", "properties": deep}) is None
 
 
 def test_an_oversized_sse_event_is_dropped_whole() -> None:
     lines = [
-        "data: " + "x" * (MAX_EVENT_CHARS // 2),
-        "data: " + "y" * (MAX_EVENT_CHARS // 2 + 10),
-        "",
-        "data: {}",
-        "",
+        b"data: " + b"x" * (MAX_EVENT_BYTES // 2),
+        b"data: " + b"y" * (MAX_EVENT_BYTES // 2 + 10),
+        b"",
+        b'data: {"type": "server.heartbeat", "properties": {}}',
+        b"",
+        b"",
     ]
-    assert list(sse_payloads(lines)) == ["{}"]
+    decoder = SPEC.decoder("sse")
+    events = [event for line in lines for event in decoder.receive_data(line + b"\n")]
+    assert events == [Dropped(f"event over {MAX_EVENT_BYTES} bytes", "sse"), OtherEvent("server.heartbeat")]
+    assert decoder.framer.pending_bytes == 0  # type: ignore[attr-defined]
 
 
 def test_many_sessions_and_messages_stay_bounded() -> None:

@@ -15,21 +15,24 @@ from typing import Any
 
 import pytest
 
-from guard.policy import Write, WriteGuard
+from guard.policy import Reading, Write, WriteGuard
 from guard.record import ContextFields
+from sidecar.decoding import Dropped
 from sidecar.pipeline import Pipeline
-from sidecar.producers import producer_for, recording_for
-from sidecar.producers.base import Frame
 from sidecar.producers.opencode import (
     OPENCODE_CONTEXT_VERIFIED_VERSIONS,
+    SPEC,
     OpenCodeProducer,
-    decode_recording,
-    providers_frame,
+    sse_event,
 )
+from sidecar.registry import Chunk, spec_for
 from sidecar.replay import replay
+from tests.conftest import FIXTURE_ROOT
 from wrapper import cli
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "opencode"
+Frame = dict[str, Any]  # an `/event` object as the test reads it; the producer sees only events
+
+FIXTURES = FIXTURE_ROOT / "opencode"
 VERSIONS = ("1.18.25", "1.18.33")
 WINDOW = 128_000
 
@@ -37,6 +40,7 @@ WINDOW = 128_000
 @dataclass
 class Capture:
     version: str
+    root: Path
     providers: bytes
     events: bytes
     frames: list[tuple[int | None, Frame]]
@@ -54,13 +58,29 @@ def load(version: str) -> Capture:
         step = json.loads(line)
         if step["step"] == "session-create":
             sessions[step["label"]] = step["id"]
-    return Capture(
-        version,
-        (root / "config_providers.json").read_bytes(),
-        events,
-        list(decode_recording(events)),
-        sessions,
-    )
+    frames = [
+        (chunk.at_ms, json.loads(chunk.data.removeprefix(b"data: ")))
+        for chunk in SPEC.read_recording([root / "events.jsonl"])
+    ]
+    return Capture(version, root, (root / "config_providers.json").read_bytes(), events, frames, sessions)
+
+
+def events_of(data: bytes, wire: str = "sse") -> list[object]:
+    """What the spec's decoder for `wire` makes of `data` (one event's or one answer's bytes)."""
+    decoder = SPEC.decoder(wire)
+    events = decoder.receive_data(data) + decoder.end_of_data()
+    assert not any(isinstance(event, Dropped) for event in events), events
+    return events
+
+
+def feed_frame(producer: OpenCodeProducer, frame: Frame, now_ms: int) -> list[Reading]:
+    """One `/event` object, as the server sends it, through the decoder into the producer."""
+    return [r for event in events_of(sse_event(json.dumps(frame).encode())) for r in producer.feed(event, now_ms)]
+
+
+def feed_providers(producer: OpenCodeProducer, answer: bytes | Frame, now_ms: int) -> list[Reading]:
+    body = answer if isinstance(answer, bytes) else json.dumps(answer).encode()
+    return [r for event in events_of(body, "providers") for r in producer.feed(event, now_ms)]
 
 
 @pytest.fixture(params=VERSIONS, ids=lambda v: f"v{v}")
@@ -91,17 +111,18 @@ def is_summary_completion(frame: Frame) -> bool:
 
 def feed_all(capture: Capture, *, providers: bool = True) -> tuple[OpenCodeProducer, list[tuple[Frame, list[Any]]]]:
     producer = OpenCodeProducer()
-    fed: list[tuple[Frame, list[Any]]] = []
+    fed_frames: list[tuple[Frame, list[Any]]] = []
     if providers:
-        producer.feed(providers_frame(json.loads(capture.providers)), 0)
+        feed_providers(producer, capture.providers, 0)
     for at, frame in capture.frames:
         assert at is not None
-        fed.append((frame, producer.feed(frame, at)))
-    return producer, fed
+        fed_frames.append((frame, feed_frame(producer, frame, at)))
+    return producer, fed_frames
 
 
 def writes(capture: Capture) -> list[Write]:
-    return list(replay("opencode", [capture.providers, capture.events]))
+    paths = [capture.root / "config_providers.json", capture.root / "events.jsonl"]
+    return list(replay(SPEC, SPEC.read_recording(paths)))
 
 
 def test_the_captures_are_of_the_versions_they_claim(capture: Capture) -> None:
@@ -116,8 +137,10 @@ def test_the_captures_are_of_the_versions_they_claim(capture: Capture) -> None:
 
 
 def test_registry_selects_this_producer_and_decoder() -> None:
-    assert isinstance(producer_for("opencode"), OpenCodeProducer)
-    assert recording_for("opencode") is decode_recording
+    assert spec_for("opencode") is SPEC
+    assert isinstance(SPEC.make_producer(), OpenCodeProducer)
+    assert SPEC.wires() == ("channel", "sse", "providers", "config")
+    assert SPEC.transport == "sidecar.transports.opencode"
 
 
 def test_the_turns_publish_the_assistant_total_over_the_providers_window(capture: Capture) -> None:
@@ -169,7 +192,7 @@ def test_a_user_message_summary_object_is_not_a_compaction_summary(capture: Capt
     ]  # fmt: skip
     assert user_with_diffs
     producer = OpenCodeProducer()
-    assert all(producer.feed(frame, 1) == [] for frame in user_with_diffs)
+    assert all(feed_frame(producer, frame, 1) == [] for frame in user_with_diffs)
 
 
 def test_cumulative_session_tokens_are_the_session_total_and_never_the_occupancy(capture: Capture) -> None:
@@ -197,7 +220,7 @@ def test_duplicated_completion_frames_land_one_write(capture: Capture) -> None:
     assert len(completions) == 2 * len(set(message_ids))  # every completion frame comes twice
     assert len(landed) == len(set(message_ids))
     frame = completions[0]
-    assert producer.feed(copy.deepcopy(frame), 10**13) == []
+    assert feed_frame(producer, copy.deepcopy(frame), 10**13) == []
     # Through the guard: one write per message and none for its duplicate.
     all_writes = writes(capture)
     assert len([w for w in all_writes if w.reason == "bucket"]) == len(set(message_ids))
@@ -217,7 +240,7 @@ def test_a_captured_compaction_counts_once_with_an_unknown_trigger_and_no_restam
     assert all_writes[-1].record.compactions == 2
     producer, fed = feed_all(capture)
     compacted = next(f for f, _ in fed if f.get("type") == "session.compacted")
-    assert producer.feed(compacted, 10**13) == []  # the same event again is not a third compaction
+    assert feed_frame(producer, compacted, 10**13) == []  # the same event again is not a third compaction
     assert producer.compactions == 2
 
 
@@ -230,13 +253,13 @@ def test_an_unjoined_model_withholds_the_window_and_the_percent_until_the_pull_l
     assert producer.missing_windows == {("fake", "fake-model")}
     last = producer.last_reading
     assert last is not None
-    (joined,) = producer.feed(providers_frame(json.loads(capture.providers)), 10**13)
+    (joined,) = feed_providers(producer, capture.providers, 10**13)
     assert joined.fields.window_tokens == WINDOW
     assert joined.fields.used_percent == last.used_tokens * 100 / WINDOW  # type: ignore[operator]
     assert joined.fields.observed_at_ms == last.observed_at_ms  # joined, not re-taken
     assert joined.fields.compactions == 2
     assert producer.missing_windows == frozenset()
-    assert producer.feed(providers_frame(json.loads(capture.providers)), 10**13 + 1) == []
+    assert feed_providers(producer, capture.providers, 10**13 + 1) == []
 
 
 def test_a_model_change_makes_the_window_pull_due_without_retagging_the_reading(capture: Capture) -> None:
@@ -247,16 +270,16 @@ def test_a_model_change_makes_the_window_pull_due_without_retagging_the_reading(
     creation, completion = _creation_and_completion(fed)
     for frame in (creation, completion):
         info(frame).update(providerID="fake", modelID="fake-model-xl", id="msg_other")
-    assert producer.feed(creation, 10**13) == []
-    assert producer.missing_windows == {("fake", "fake-model-xl")}
+    assert feed_frame(producer, creation, 10**13) == []
+    assert producer.missing_windows == producer.wants() == {("fake", "fake-model-xl")}
     assert producer.last_reading == held  # the held reading keeps its own model and window
-    (other,) = producer.feed(completion, 10**13 + 1)
+    (other,) = feed_frame(producer, completion, 10**13 + 1)
     assert other.fields.model == "fake/fake-model-xl"
     assert (other.fields.window_tokens, other.fields.used_percent) == (None, None)
     providers = json.loads(capture.providers)
     fake = next(p for p in providers["providers"] if p["id"] == "fake")
     fake["models"]["fake-model-xl"] = {"limit": {"context": 200_000, "output": 32_000}}
-    (joined,) = producer.feed(providers_frame(providers), 10**13 + 2)
+    (joined,) = feed_providers(producer, providers, 10**13 + 2)
     assert joined.fields.window_tokens == 200_000
     assert joined.fields.observed_at_ms == 10**13 + 1
 
@@ -336,13 +359,33 @@ def test_hctx_replay_prints_every_write_with_its_reason(
 def test_other_recording_shapes_decode_to_the_same_frames(capture: Capture, tmp_path: Path) -> None:
     """SSE text (what `/event` sends) and plain JSONL of events replay like the lab's capture."""
     events = [f for _, f in capture.frames]
-    sse = "".join(f"data: {json.dumps(f)}\n\n" for f in events).encode()
-    jsonl = "".join(json.dumps(f) + "\n" for f in events).encode()
-    assert [f for _, f in decode_recording(sse)] == events
-    assert [f for _, f in decode_recording(jsonl)] == events
+    (sse := tmp_path / "events.sse").write_text("".join(f"data: {json.dumps(f)}\n\n" for f in events))
+    (jsonl := tmp_path / "events.plain.jsonl").write_text("".join(json.dumps(f) + "\n" for f in events))
+    lab = events_of(b"".join(chunk.data for chunk in SPEC.read_recording([capture.root / "events.jsonl"])))
+    for path in (sse, jsonl):
+        chunks = list(SPEC.read_recording([path]))
+        assert {chunk.wire for chunk in chunks} == {"sse"}
+        assert all(chunk.at_ms is None for chunk in chunks)
+        assert events_of(b"".join(chunk.data for chunk in chunks)) == lab
     expected = [(w.reason, w.record.used_tokens) for w in writes(capture)]
-    assert [(w.reason, w.record.used_tokens) for w in replay("opencode", [capture.providers, sse])] == expected
-    assert all(at is None for at, _ in decode_recording(sse))
+    providers = capture.root / "config_providers.json"
+    assert [(w.reason, w.record.used_tokens) for w in replay(SPEC, SPEC.read_recording([providers, sse]))] == expected
+
+
+def test_each_recording_file_goes_on_the_wire_it_was(capture: Capture) -> None:
+    """An answer file is that answer's body, byte for byte; a lab line's `raw` is the SSE event."""
+    names = ["config.json", "config_providers.json", "events.jsonl"]
+    chunks = list(SPEC.read_recording([capture.root / name for name in names]))
+    config, providers, *events = chunks
+    assert config == Chunk(None, "config", (capture.root / "config.json").read_bytes())
+    assert providers == Chunk(None, "providers", capture.providers)
+    lab = [json.loads(line) for line in capture.events.splitlines()]
+    expected = [
+        Chunk(round(line["t"] * 1000), "sse", b"data: " + line["raw"].encode() + b"\n\n")
+        for line in lab
+        if line["stream"] == "event"
+    ]
+    assert events == expected
 
 
 def test_only_the_instance_stream_is_replayed(capture: Capture) -> None:
@@ -356,12 +399,16 @@ def test_only_the_instance_stream_is_replayed(capture: Capture) -> None:
 def test_a_quiet_stream_writes_nothing_however_long(capture: Capture) -> None:
     """No heartbeat for this harness: server.heartbeat frames for an hour re-stamp nothing."""
     pipeline = Pipeline(OpenCodeProducer(), WriteGuard("a", "i"))
-    pipeline.feed(providers_frame(json.loads(capture.providers)), 0)
+    (answer,) = events_of(capture.providers, "providers")
+    pipeline.feed(answer, 0)
     completion = next(f for _, f in capture.frames if is_completion(f))
-    assert len(pipeline.feed(completion, 1_000)) == 1
+    (event,) = events_of(sse_event(json.dumps(completion).encode()))
+    assert len(pipeline.feed(event, 1_000)) == 1
     heartbeat = next(f for _, f in capture.frames if f.get("type") == "server.heartbeat")
+    (beat,) = events_of(sse_event(json.dumps(heartbeat).encode()))
     for second in range(10, 3600, 10):
-        assert pipeline.feed(heartbeat, second * 1000) == []
+        assert pipeline.feed(beat, second * 1000) == []
+    assert pipeline.dropped == 0
 
 
 # --- compactAtTokens (issue 18) --------------------------------------------------------------------
@@ -410,7 +457,7 @@ def test_opencode_compact_at_follows_its_own_overflow_rule(
     limit: dict[str, int], compaction: dict[str, Any] | None, output_max: int | None,
     published: tuple[int | None, bool | None],
 ) -> None:  # fmt: skip
-    from sidecar.producers.opencode import _Compaction, _Limits, opencode_compact_at
+    from sidecar.producers.opencode import CompactionSettings, ModelLimits, opencode_compact_at
 
-    rule = None if compaction is None else _Compaction.model_validate(compaction)
-    assert opencode_compact_at(_Limits.model_validate(limit), rule, output_max) == published
+    rule = None if compaction is None else CompactionSettings.model_validate(compaction)
+    assert opencode_compact_at(ModelLimits.model_validate(limit), rule, output_max) == published

@@ -23,12 +23,14 @@ import pytest
 import trio
 
 from guard.policy import WriteGuard
+from sidecar.decoding import CHANNEL
 from sidecar.pipeline import Pipeline
-from sidecar.producers.pi import make_producer
+from sidecar.producers.pi import recorded_chunks
+from sidecar.registry import spec_for
+from tests.conftest import REPO
 from tests.fakes.pi_channel import recording_channel
 from tests.harnesses import harness_prefix, require_harness
 
-REPO = Path(__file__).resolve().parent.parent
 ASSET = REPO / "sidecar" / "assets" / "hctx-channel.ts"
 DRIVER = REPO / "tests" / "fakes" / "pi_extension_driver.mjs"
 READING_KEYS = {"tokens", "contextWindow", "percent", "model", "costUsd"}
@@ -210,13 +212,14 @@ async def test_the_wire_check_fails_on_a_flattened_envelope(
 
 
 def _through_the_producer(harness: str, recorded: bytes) -> list[Any]:
-    from sidecar.producers.pi import decode_recording
-
-    pipeline = Pipeline(make_producer("pi" if harness == "pi" else "omp"), WriteGuard("smoke", "smoke"))
+    spec = spec_for("pi" if harness == "pi" else "omp")
+    pipeline = Pipeline(spec.make_producer(), WriteGuard("smoke", "smoke"))
+    decoder = spec.decoder(CHANNEL)
     writes = []
-    for at_ms, frame in decode_recording(recorded):
-        assert at_ms is not None
-        writes.extend(pipeline.feed(frame, at_ms))
+    for chunk in recorded_chunks(recorded):
+        assert chunk.at_ms is not None
+        for event in decoder.receive_data(chunk.data):
+            writes.extend(pipeline.feed(event, chunk.at_ms))
     return writes
 
 

@@ -1,6 +1,7 @@
-"""Malformed, truncated, hostile and huge input to the pi/omp producer and its recording decoder.
+"""Malformed, truncated, hostile and huge input to the pi/omp decoder, producer and recordings.
 
-The only acceptable answers are FrameRejected or readings carrying exactly what the frame said;
+Every frame goes in as the channel carries it (bytes), through the spec's channel decoder. The only
+acceptable answers are a drop (FrameRejected here) or readings carrying exactly what the frame said;
 never another exception, never a number the frame did not carry.
 """
 
@@ -14,8 +15,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sidecar.producers.base import FrameRejected
-from sidecar.producers.pi import MAX_MODEL_ID_CHARS, PiProducer, decode_recording
+from guard.errors import FrameRejected
+from sidecar.producers.pi import MAX_MODEL_ID_CHARS, PiProducer, recorded_chunks
+from tests.fakes.pi_channel import fed, feed, recorded_frames
 
 GOOD_READING = {"tokens": 10, "contextWindow": 100, "percent": 10.0, "model": "m", "costUsd": 0.1}
 
@@ -48,9 +50,15 @@ frame_strategy = st.one_of(
 
 def _feed(producer: PiProducer, frame: Any, now_ms: int = 1_000) -> list[Any] | None:
     try:
-        return producer.feed(frame, now_ms)
+        return feed(producer, frame, now_ms)
     except FrameRejected:
         return None
+
+
+@given(thing=json_value)
+def test_the_producer_refuses_what_is_not_its_event(thing: Any) -> None:
+    with pytest.raises(FrameRejected):
+        PiProducer("pi").feed(thing, 1_000)
 
 
 @settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
@@ -80,12 +88,14 @@ def test_any_frame_is_rejected_or_published_as_given(frame: Any, harness: Any) -
     data=st.binary(max_size=2000)
     | st.lists(st.text(max_size=200), max_size=10).map(lambda lines: "\n".join(lines).encode())
 )
-def test_any_recording_decodes_to_objects_or_nothing(data: bytes) -> None:
+def test_any_recording_decodes_to_drops_or_frames(data: bytes) -> None:
     producer = PiProducer("pi")
-    for at_ms, frame in decode_recording(data):
-        assert at_ms is None or (isinstance(at_ms, int) and at_ms >= 0)
-        assert isinstance(frame, dict)
-        _feed(producer, frame)
+    for chunk in recorded_chunks(data):
+        assert chunk.at_ms is None or (isinstance(chunk.at_ms, int) and chunk.at_ms >= 0)
+        try:  # noqa: SIM105 - the point is that nothing but a drop comes of it
+            fed(producer, chunk.data)
+        except FrameRejected:
+            pass
 
 
 @settings(max_examples=200)
@@ -93,7 +103,7 @@ def test_any_recording_decodes_to_objects_or_nothing(data: bytes) -> None:
 def test_any_probe_line_translates_without_raising(line: dict[str, Any]) -> None:
     line.setdefault("event", "session_compact")
     producer = PiProducer("omp")
-    for _, frame in decode_recording(json.dumps(line).encode()):
+    for _, frame in recorded_frames(json.dumps(line).encode()):
         _feed(producer, frame)
 
 
@@ -114,7 +124,7 @@ def test_any_probe_line_translates_without_raising(line: dict[str, Any]) -> None
 )
 def test_mistyped_reading_fields_reject_the_frame(bad: dict[str, Any]) -> None:
     with pytest.raises(FrameRejected):
-        PiProducer("pi").feed({"type": "context", "reading": {**GOOD_READING, **bad}, "compaction": None}, 1)
+        feed(PiProducer("pi"), {"type": "context", "reading": {**GOOD_READING, **bad}, "compaction": None}, 1)
 
 
 @pytest.mark.parametrize(
@@ -138,25 +148,35 @@ def test_mistyped_reading_fields_reject_the_frame(bad: dict[str, Any]) -> None:
 )
 def test_malformed_envelopes_are_rejected(frame: Any) -> None:
     with pytest.raises(FrameRejected):
-        PiProducer("omp").feed(frame, 1)
+        feed(PiProducer("omp"), frame, 1)
 
 
 def test_huge_and_deep_input_is_rejected_not_raised() -> None:
     deep: Any = GOOD_READING
-    for _ in range(5000):
+    for _ in range(400):
         deep = {"reading": deep}
-    with pytest.raises(FrameRejected):
-        PiProducer("pi").feed({"type": "context", "reading": deep, "compaction": None}, 1)
+    with pytest.raises(FrameRejected, match="malformed context frame"):
+        feed(PiProducer("pi"), {"type": "context", "reading": deep, "compaction": None}, 1)
+    deeper = b'{"type":"context","compaction":null,"reading":' + b'{"reading":' * 5000 + b"{}" + b"}" * 5001 + b"\n"
+    with pytest.raises(FrameRejected, match="nested too deep"):
+        fed(PiProducer("pi"), deeper, 1)
     huge = {"type": "context", "reading": {**GOOD_READING, "model": "m" * 10_000_000}, "compaction": None}
-    with pytest.raises(FrameRejected):
-        PiProducer("pi").feed(huge, 1)
-    # a long recording of junk costs nothing but time
-    assert list(decode_recording(b"\x00{[" * 100_000 + b"\n" + b"[" * 100_000)) == []
+    with pytest.raises(FrameRejected, match="over"):
+        feed(PiProducer("pi"), huge, 1)
+    # a long recording of junk costs nothing but time, and a drop per line
+    junk = b"\x00{[" * 100_000 + b"\n" + b"[" * 100_000
+    assert recorded_frames(junk) == []
+    drops = []
+    for chunk in recorded_chunks(junk):
+        with pytest.raises(FrameRejected):
+            fed(PiProducer("pi"), chunk.data)
+        drops.append(chunk)
+    assert len(drops) == 2
 
 
 @pytest.mark.parametrize("reading", [GOOD_READING, None])
 def test_a_negative_clock_is_refused_before_any_state_changes(reading: dict[str, Any] | None) -> None:
     producer = PiProducer("pi")
     with pytest.raises(FrameRejected):
-        producer.feed({"type": "context", "reading": reading, "compaction": {"reason": "manual", "count": None}}, -5)
+        feed(producer, {"type": "context", "reading": reading, "compaction": {"reason": "manual", "count": None}}, -5)
     assert (producer.compactions, producer.last_compaction_ms, producer.last) == (0, None, None)

@@ -1,8 +1,8 @@
 """The pi/omp producer over the lab's verbatim captures of the real builds, and through `hctx replay`.
 
 fixtures/pi/<run>/capture.jsonl are the lab's probe captures, copied unchanged (pi 0.84.2 and 1.6.0,
-omp 18.1.16 and 18.2.3, windows 32000 and 4000); `decode_recording` turns each probe line into the
-frame the shipped asset sends for the same event and ctx. Every fixture test asserts the number that
+omp 18.1.16 and 18.2.3, windows 32000 and 4000); `read_recording` turns each probe line into the
+channel line the shipped asset sends for the same event and ctx. Every fixture test asserts the number that
 must be published and the wrong number that must not, for the same served turn.
 """
 
@@ -17,12 +17,16 @@ from typing import Any
 import pytest
 
 from guard.policy import Write
-from sidecar.producers import producer_for, recording_for
-from sidecar.producers.pi import PiProducer, decode_recording, make_producer, trigger_of
+from sidecar.decoding import CHANNEL
+from sidecar.producers.pi import OMP, PI, ContextFrame, PiProducer, read_recording, trigger_of
+from sidecar.registry import spec_for
 from sidecar.replay import replay
+from tests.conformance import bytewise, outcome, replayed
+from tests.conftest import FIXTURE_ROOT
+from tests.fakes.pi_channel import feed, recorded_frames
 from wrapper.cli import main as hctx
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "pi"
+FIXTURES = FIXTURE_ROOT / "pi"
 
 
 def capture(run: str) -> Path:
@@ -30,7 +34,8 @@ def capture(run: str) -> Path:
 
 
 def writes_of(harness: str, run: str) -> list[Write]:
-    return list(replay(harness, [capture(run).read_bytes()]))  # type: ignore[arg-type]
+    spec = spec_for(harness)
+    return list(replay(spec, spec.read_recording([capture(run)])))
 
 
 def numbers(writes: list[Write]) -> list[tuple[int | None, float | None]]:
@@ -146,11 +151,12 @@ def test_an_omp_compaction_takes_its_reason_from_auto_compaction_start(run: str,
 @pytest.mark.parametrize(("harness", "run"), [("pi", "pi-0.84.2-w32k"), ("omp", "omp-18.1.16-w32k")])
 def test_the_durable_count_rides_the_restarted_sessions_first_frame(harness: str, run: str) -> None:
     """p2 is a new process on the same session: its session_start already carries the store's count."""
-    frames = [f for _, f in decode_recording(capture(run).read_bytes())]
+    frames = [f for _, f in recorded_frames(capture(run).read_bytes())]
     starts = [f for f in frames if f["event"] == "session_start"]
     assert len(starts) == 3
-    producer = make_producer(harness)  # type: ignore[arg-type]
-    (restart,) = producer.feed(starts[1], now_ms=1)
+    producer = spec_for(harness).make_producer()
+    assert isinstance(producer, PiProducer)
+    (restart,) = feed(producer, starts[1], now_ms=1)
     assert restart.fields.compactions == (5 if harness == "pi" else 3)
     assert not restart.compaction_edge
     if harness == "pi":  # still null across the restart: no assistant usage since the last compaction
@@ -159,34 +165,34 @@ def test_the_durable_count_rides_the_restarted_sessions_first_frame(harness: str
 
 def test_an_unreadable_durable_count_degrades_to_counting_edges_not_to_losing_them() -> None:
     producer = PiProducer("pi")
-    producer.feed(frame(reading(), compactions=4), now_ms=1_000)
-    (first,) = producer.feed(frame(reading(None, 1000, None), {"reason": "threshold", "count": None}), now_ms=2_000)
+    feed(producer, frame(reading(), compactions=4), now_ms=1_000)
+    (first,) = feed(producer, frame(reading(None, 1000, None), {"reason": "threshold", "count": None}), now_ms=2_000)
     assert first.compaction_edge and first.fields.compactions == 5
-    (second,) = producer.feed(frame(None, {"reason": "manual", "count": None}), now_ms=3_000)
+    (second,) = feed(producer, frame(None, {"reason": "manual", "count": None}), now_ms=3_000)
     assert second.fields.compactions == 6
     # once the store answers again, its durable count wins over our own
-    (third,) = producer.feed(frame(reading(), {"reason": "overflow", "count": 9}), now_ms=4_000)
+    (third,) = feed(producer, frame(reading(), {"reason": "overflow", "count": 9}), now_ms=4_000)
     assert third.fields.compactions == 9
 
 
 def test_an_edge_without_a_reading_keeps_the_held_reading_and_its_time() -> None:
     producer = PiProducer("omp")
-    producer.feed(frame(reading(500, 1000, 50.0)), now_ms=1_000)
-    (edge,) = producer.feed(frame(None, {"reason": None, "count": 1}), now_ms=7_000)
+    feed(producer, frame(reading(500, 1000, 50.0)), now_ms=1_000)
+    (edge,) = feed(producer, frame(None, {"reason": None, "count": 1}), now_ms=7_000)
     assert edge.compaction_edge
     assert (edge.fields.used_tokens, edge.fields.observed_at_ms) == (500, 1_000)
     assert (edge.fields.last_compaction_ms, edge.fields.last_compaction_trigger) == (7_000, "unknown")
     # and with nothing held at all, the edge still lands, publishing no number
-    (bare,) = PiProducer("pi").feed(frame(None, {"reason": "manual", "count": None}), now_ms=9_000)
+    (bare,) = feed(PiProducer("pi"), frame(None, {"reason": "manual", "count": None}), now_ms=9_000)
     assert (bare.fields.used_tokens, bare.fields.window_tokens, bare.fields.compactions) == (None, None, 1)
 
 
 def test_a_replaced_session_with_no_compaction_drops_the_old_sessions_edge() -> None:
     producer = PiProducer("pi")
-    producer.feed(frame(reading(), {"reason": "manual", "count": 2}), now_ms=1_000)
-    (same,) = producer.feed(frame(reading(), compactions=2), now_ms=2_000)
+    feed(producer, frame(reading(), {"reason": "manual", "count": 2}), now_ms=1_000)
+    (same,) = feed(producer, frame(reading(), compactions=2), now_ms=2_000)
     assert (same.fields.compactions, same.fields.last_compaction_trigger) == (2, "manual")
-    (fresh,) = producer.feed(frame(reading(0, 1000, 0.0), compactions=0), now_ms=3_000)
+    (fresh,) = feed(producer, frame(reading(0, 1000, 0.0), compactions=0), now_ms=3_000)
     assert (fresh.fields.compactions, fresh.fields.last_compaction_ms, fresh.fields.last_compaction_trigger) == (
         0, None, None,
     )  # fmt: skip
@@ -194,8 +200,8 @@ def test_a_replaced_session_with_no_compaction_drops_the_old_sessions_edge() -> 
 
 def test_frames_without_a_reading_or_an_edge_publish_nothing() -> None:
     producer = PiProducer("pi")
-    assert producer.feed(frame(None, None, compactions=2), now_ms=1) == []
-    (later,) = producer.feed(frame(reading()), now_ms=2)
+    assert feed(producer, frame(None, None, compactions=2), now_ms=1) == []
+    (later,) = feed(producer, frame(reading()), now_ms=2)
     assert later.fields.compactions == 2
 
 
@@ -206,7 +212,7 @@ def test_frames_without_a_reading_or_an_edge_publish_nothing() -> None:
 )  # fmt: skip
 def test_trigger_words_outside_the_closed_set_decode_as_unknown(reason: str | None, trigger: str) -> None:
     assert trigger_of(reason) == trigger
-    (edge,) = PiProducer("pi").feed(frame(reading(), {"reason": reason, "count": 1}), now_ms=5)
+    (edge,) = feed(PiProducer("pi"), frame(reading(), {"reason": reason, "count": 1}), now_ms=5)
     assert edge.fields.last_compaction_trigger == trigger
 
 
@@ -214,7 +220,7 @@ def test_trigger_words_outside_the_closed_set_decode_as_unknown(reason: str | No
 
 
 def test_the_reading_becomes_the_record_triple_as_given() -> None:
-    (out,) = PiProducer("pi").feed(frame(reading(4550, 4000, 113.75)), now_ms=42)
+    (out,) = feed(PiProducer("pi"), frame(reading(4550, 4000, 113.75)), now_ms=42)
     fields = out.fields
     assert (fields.used_tokens, fields.window_tokens, fields.used_percent) == (4550, 4000, 113.75)
     assert (fields.model, fields.cost_usd, fields.observed_at_ms) == ("m", 0.5, 42)
@@ -222,10 +228,33 @@ def test_the_reading_becomes_the_record_triple_as_given() -> None:
 
 
 def test_the_registry_selects_this_producer_for_both_harnesses() -> None:
-    assert isinstance(producer_for("pi"), PiProducer) and producer_for("omp").harness == "omp"
-    assert recording_for("omp") is decode_recording
+    assert (spec_for("pi"), spec_for("omp")) == (PI, OMP)
+    assert isinstance(PI.make_producer(), PiProducer) and OMP.make_producer().harness == "omp"
+    assert PI.wires() == OMP.wires() == (CHANNEL,)  # the extension writes to the channel only
+    assert PI.read_recording is OMP.read_recording is read_recording
+    (event,) = PI.decoder(CHANNEL).receive_data(json.dumps(frame(reading())).encode() + b"\n")
+    assert isinstance(event, ContextFrame)
     with pytest.raises(ValueError):
         PiProducer("codex")
+
+
+def test_a_probe_capture_reads_as_the_lines_the_extension_sends() -> None:
+    """The probe's lines become compact JSON lines, one `context` frame each, as JSON.stringify writes."""
+    chunks = list(read_recording([capture("pi-1.6.0-w32k")]))
+    assert chunks and {chunk.wire for chunk in chunks} == {CHANNEL}
+    assert all(
+        chunk.data.startswith(b'{"type":"context","event":"') and chunk.data.endswith(b"}\n") for chunk in chunks
+    )
+    assert all(b'": ' not in chunk.data.split(b'"reading":')[0] for chunk in chunks)
+    assert all(isinstance(chunk.at_ms, int) for chunk in chunks)
+
+
+def test_a_channel_recording_reads_as_its_own_bytes_and_splits_anywhere() -> None:
+    path = FIXTURES / "live" / "pi-1.6.0.channel.jsonl"
+    chunks = list(read_recording([path]))
+    assert b"".join(chunk.data for chunk in chunks) == path.read_bytes()
+    whole = [outcome(write) for write in replayed(PI, chunks)]
+    assert whole and [outcome(write) for write in replayed(PI, bytewise(chunks))] == whole
 
 
 # --- recordings and `hctx replay` -----------------------------------------------------------------
@@ -302,7 +331,7 @@ def test_after_a_session_switch_the_compaction_facts_are_the_new_sessions(versio
     compacts by hand, a new session B on the threshold, then `switch_session` back to A. From A's
     session_start on, the record must not carry B's compaction time and trigger beside A's count."""
     path = FIXTURES / "live" / "session-switch" / f"pi-{version}.channel.jsonl"
-    frames = [item for _, item in decode_recording(path.read_bytes())]
+    frames = [item for _, item in recorded_frames(path.read_bytes())]
     edges = [(f["compaction"]["reason"], f["compaction"]["count"]) for f in frames if f["compaction"] is not None]
     assert edges == [("manual", 1), ("threshold", 1)]  # the capture is what the docstring says
     switch = max(i for i, f in enumerate(frames) if f["event"] == "session_start")
@@ -321,11 +350,11 @@ def test_after_a_session_switch_the_compaction_facts_are_the_new_sessions(versio
 
 def test_a_session_start_drops_the_previous_sessions_reading_and_edge() -> None:
     producer = PiProducer("pi")
-    producer.feed(frame(reading(), {"reason": "threshold", "count": 1}), now_ms=1_000)
+    feed(producer, frame(reading(), {"reason": "threshold", "count": 1}), now_ms=1_000)
     started = {"type": "context", "event": "session_start", "reading": None, "compaction": None, "compactions": 1}
-    assert producer.feed(started, now_ms=2_000) == []
+    assert feed(producer, started, now_ms=2_000) == []
     # An edge with no reading in the new session holds none of the old session's numbers.
-    (edge,) = producer.feed(frame(None, {"reason": "manual", "count": 2}), now_ms=3_000)
+    (edge,) = feed(producer, frame(None, {"reason": "manual", "count": 2}), now_ms=3_000)
     assert (edge.fields.used_tokens, edge.fields.compactions, edge.fields.observed_at_ms) == (None, 2, 3_000)
 
 
@@ -370,12 +399,14 @@ def test_compact_at_is_window_minus_reserve_when_enabled(
     settings: dict[str, Any] | None, window: int | None, published: tuple[int | None, bool | None]
 ) -> None:
     producer = PiProducer("pi")
-    (out,) = producer.feed(frame(reading(tokens=100, window=window), compactionSettings=settings), now_ms=1_000)
+    (out,) = feed(producer, frame(reading(tokens=100, window=window), compactionSettings=settings), now_ms=1_000)
     assert (out.fields.compact_at_tokens, out.fields.auto_compaction) == published
 
 
 def test_omp_never_publishes_a_compact_at_even_with_settings_in_the_frame() -> None:
-    (out,) = PiProducer("omp").feed(
-        frame(reading(window=32000), compactionSettings={"enabled": True, "reserveTokens": 6000}), now_ms=1_000
+    (out,) = feed(
+        PiProducer("omp"),
+        frame(reading(window=32000), compactionSettings={"enabled": True, "reserveTokens": 6000}),
+        now_ms=1_000,
     )
     assert (out.fields.compact_at_tokens, out.fields.auto_compaction) == (None, None)

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from guard.constants import HARNESS_CONTEXT_BUCKET_PERCENT, HARNESS_CONTEXT_HEARTBEAT_MS
-from guard.policy import Reading, Write, WriteGuard
+from guard.policy import Reading, Write, WriteGuard, windows_at_limit
 from guard.record import MAX_COUNT, ContextFields, HarnessContext, RateLimits
 
 HEARTBEAT = HARNESS_CONTEXT_HEARTBEAT_MS
@@ -38,12 +38,18 @@ def expected_bucket(reading: ContextFields) -> tuple[str | None, int | None, int
 
 
 def expected_exhausted(reading: ContextFields) -> frozenset[str]:
-    """Which Claude windows are exhausted: a change of the set is an edge (issue 4)."""
+    """Which windows a producer proves exhausted, as Claude's does (a window at 100% stops it);
+    the other harnesses prove none. A change of the set is an edge (issue 4)."""
     limits = reading.rate_limits
     if reading.harness != "claude" or limits is None:
         return frozenset()
     windows = {"fiveHour": limits.five_hour, "sevenDay": limits.seven_day}
     return frozenset(name for name, v in windows.items() if v is not None and v >= 100)
+
+
+def offered(fields: ContextFields, compaction_edge: bool = False) -> Reading:
+    """The reading as its producer hands it over: with the windows it proves exhausted."""
+    return Reading(fields, compaction_edge, exhausted=expected_exhausted(fields))
 
 
 def reading_of(record: HarnessContext) -> dict[str, Any]:
@@ -137,7 +143,7 @@ def play(steps: list[Step]) -> Run:
                 previous = step.reading.model_copy(update={"observed_at_ms": now})
             if previous is None:
                 continue
-            reading = Reading(previous, step.compaction_edge)
+            reading = offered(previous, step.compaction_edge)
             run.offered.append((index, now, reading))
             write = guard.offer(reading, now)
         if write is not None:
@@ -289,7 +295,7 @@ def test_at_most_one_write_per_bucket_per_window_fill(fill: tuple[int, list[int]
 def _offer_all(guard: WriteGuard, readings: list[ContextFields], now_ms: int | None = None) -> list[Write]:
     writes = []
     for reading in readings:
-        write = guard.offer(Reading(reading), reading.observed_at_ms if now_ms is None else now_ms)
+        write = guard.offer(offered(reading), reading.observed_at_ms if now_ms is None else now_ms)
         if write is not None:
             guard.committed(write)
             writes.append(write)
@@ -444,3 +450,23 @@ def test_guard_resumes_from_an_existing_record() -> None:
     write = guard.offer(Reading(moved), 5_000)
     assert write is not None
     assert (write.record.incarnation, write.record.written_at_ms) == ("new", 9_001)
+
+
+def test_exhaustion_is_what_the_producer_proves_whatever_the_limits_say() -> None:
+    """The guard names no harness: a window at 100% is an edge only when the producer says its
+    harness stops there, and a proven set that changes is one whatever the numbers."""
+    guard = WriteGuard("alice", "inc-1")
+    at_limit = _claude_limits(100.0, harness="codex", at=1)
+    assert [w.reason for w in _offer_all(guard, [at_limit])] == ["bucket"]
+    assert guard.offer(Reading(at_limit.model_copy(update={"observed_at_ms": 2})), 2) is None
+    proven = guard.offer(Reading(at_limit.model_copy(update={"observed_at_ms": 3}), exhausted=frozenset({"x"})), 3)
+    assert proven is not None and proven.reason == "exhaustion"
+    guard.committed(proven)
+    lifted = guard.offer(Reading(at_limit.model_copy(update={"observed_at_ms": 4})), 4)
+    assert lifted is not None and lifted.reason == "exhaustion"
+
+
+def test_windows_at_limit_reads_the_snapshot_alone() -> None:
+    assert windows_at_limit(None) == frozenset()
+    assert windows_at_limit(RateLimits(five_hour=100.0, seven_day=99.9)) == {"fiveHour"}
+    assert windows_at_limit(RateLimits(five_hour=None, seven_day=120.0)) == {"sevenDay"}

@@ -14,6 +14,7 @@ from guard_factory import wire_bytes
 
 from guard.constants import HARNESS_CONTEXT_FUTURE_SKEW_MS, HARNESS_CONTEXT_STALE_MS
 from guard.projection import CONTEXT_KEYS, MAX_RECORD_BYTES, headroom_tokens, read_context
+from sidecar.registry import BUILT_IN
 
 NOW = 1_788_000_100_000
 LOGGER = "guard.projection"
@@ -131,14 +132,15 @@ def test_v2_schema_reads_as_a_reading(tmp_path: Path) -> None:
 def test_unknown_harness_reads_null_with_a_warning(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, harness: Any
 ) -> None:
-    assert read_context(_place(tmp_path, wire_bytes(harness=harness, observedAtMs=NOW)), NOW) is None
+    path = _place(tmp_path, wire_bytes(harness=harness, observedAtMs=NOW))
+    assert read_context(path, NOW, harnesses=BUILT_IN) is None
     assert any("harness" in message for message in _warnings(caplog))
 
 
 def test_unknown_harness_wins_over_a_stale_reading(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     # Evaluation order: the harness row comes before the staleness row.
     data = wire_bytes(harness="aider", observedAtMs=NOW - 2 * HARNESS_CONTEXT_STALE_MS)
-    assert read_context(_place(tmp_path, data), NOW) is None
+    assert read_context(_place(tmp_path, data), NOW, harnesses=BUILT_IN) is None
     assert _warnings(caplog)
 
 

@@ -17,12 +17,10 @@ import pytest
 from readers_catalog import HOST, HOUR, NOW, REPO, claim, hctx, put_claim, put_record
 
 from guard.projection import CONTEXT_KEYS
-from guard.store import default_host
-from wrapper import readers
+from guard.store import default_host, pid_alive
+from wrapper import roster as roster_module
 from wrapper.cli import main
-from wrapper.readers import (
-    AgentNotFound,
-    collect_roster,
+from wrapper.render import (
     colour_enabled,
     ctx_text,
     fill_tint,
@@ -30,9 +28,9 @@ from wrapper.readers import (
     render_agent_json,
     render_agents,
     render_agents_json,
-    resolve_agent,
     tokens_text,
 )
+from wrapper.roster import AgentNotFound, collect_roster, resolve_agent
 
 
 def dead(pid: int) -> bool:
@@ -43,7 +41,7 @@ def alive(pid: int) -> bool:
     return True
 
 
-def roster(catalog: Path, now: int = NOW, *, here: str = HOST, probe: Any = dead) -> readers.Roster:
+def roster(catalog: Path, now: int = NOW, *, here: str = HOST, probe: Any = dead) -> roster_module.Roster:
     return collect_roster(catalog, now, here=here, alive=probe)
 
 
@@ -95,7 +93,7 @@ def test_context_keys_are_exactly_the_spec_exposure_keys_in_order(tmp_path: Path
 def test_one_agent_gives_the_one_object(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(readers, "now_ms", lambda: NOW)
+    monkeypatch.setattr(roster_module, "now_ms", lambda: NOW)
     put_record(tmp_path, "alpha", lastCompactionTrigger="unknown")
     put_claim(tmp_path, "alpha")
     put_record(tmp_path, "bravo")
@@ -192,13 +190,13 @@ def test_desired_state_null_without_a_claim_or_with_a_garbled_one(tmp_path: Path
 
 
 def test_pid_probe_against_real_processes() -> None:
-    assert readers.pid_alive(os.getpid())
+    assert pid_alive(os.getpid())
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
-    assert not readers.pid_alive(child.pid)
-    assert not readers.pid_alive(0)  # would address our own process group
-    assert not readers.pid_alive(-1)
-    assert not readers.pid_alive(2**80)
+    assert not pid_alive(child.pid)
+    assert not pid_alive(0)  # would address our own process group
+    assert not pid_alive(-1)
+    assert not pid_alive(2**80)
 
 
 def test_cli_derives_running_from_a_live_wrapper_on_the_real_host(tmp_path: Path) -> None:

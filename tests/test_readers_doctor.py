@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 from readers_catalog import HOST, HOUR, MINUTE, NOW, hctx, put_claim, put_record
 
+from guard import catalog as guard_catalog
 from guard.constants import HARNESS_CONTEXT_STALE_MS, HARNESS_CONTEXT_WARN_PERCENT
 from guard.store import default_host
-from wrapper import readers
 from wrapper.cli import main
-from wrapper.readers import collect_roster, doctor_advisories
+from wrapper.render import doctor_advisories
+from wrapper.roster import collect_roster, now_ms
 
 
 def advisories(catalog: Path, *, alive: bool = False, now: int = NOW) -> list[str]:
@@ -94,7 +95,7 @@ def test_nothing_for_no_record_unreadable_record_or_fresh_below_threshold(tmp_pa
 
 
 def test_cli_advisories_on_stdout_exit_zero_and_one_line_when_healthy(tmp_path: Path) -> None:
-    now = readers.now_ms()
+    now = now_ms()
     put_record(tmp_path, "full", usedPercent=91.0, observedAtMs=now)
     put_record(tmp_path, "stale", usedPercent=20.0, observedAtMs=now - 2 * HOUR)
     put_claim(tmp_path, "stale", host=HOST, desiredState="running")
@@ -144,7 +145,7 @@ def test_unlistable_agents_dir_is_a_failure(tmp_path: Path, monkeypatch: pytest.
     def denied(path: Path, kind: str, *, legacy_ok: bool) -> tuple[list[str], list[str]]:
         raise PermissionError(13, "Permission denied", str(path))
 
-    monkeypatch.setattr(readers, "agent_tree_children", denied)
+    monkeypatch.setattr(guard_catalog, "agent_tree_children", denied)
     assert main(["doctor", "--catalog", str(tmp_path)]) == 2
     assert "Permission denied" in capsys.readouterr().err
 
@@ -160,7 +161,7 @@ def test_unreadable_catalog_for_real(tmp_path: Path) -> None:
 
 
 def test_one_bad_host_is_not_a_failure(tmp_path: Path) -> None:
-    put_record(tmp_path, "full", usedPercent=90.0, observedAtMs=readers.now_ms())
+    put_record(tmp_path, "full", usedPercent=90.0, observedAtMs=now_ms())
     (tmp_path / "agents" / "linked").symlink_to(tmp_path / "agents" / HOST)
     done = hctx("doctor", "--catalog", str(tmp_path))
     assert done.returncode == 0

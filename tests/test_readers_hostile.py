@@ -15,20 +15,23 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from readers_catalog import HOST, MINUTE, NOW, agent_path, claim, hctx, put_claim, put_record, snapshot
 
-from guard.projection import MAX_RECORD_BYTES
-from wrapper import readers
-from wrapper.readers import collect_inspection, collect_roster, printable, render_agents, render_inspection
+from guard import catalog as guard_catalog
+from guard.catalog import printable
+from guard.projection import MAX_RECORD_BYTES, decode_record
+from wrapper import roster as roster_module
+from wrapper.render import render_agents, render_inspection
+from wrapper.roster import collect_inspection, collect_roster, now_ms
 
 
 def dead(pid: int) -> bool:
     return False
 
 
-def roster(catalog: Path, now: int = NOW) -> readers.Roster:
+def roster(catalog: Path, now: int = NOW) -> roster_module.Roster:
     return collect_roster(catalog, now, here=HOST, alive=dead)
 
 
-def one(catalog: Path, identity: str) -> readers.AgentRow:
+def one(catalog: Path, identity: str) -> roster_module.AgentRow:
     (row,) = [row for row in roster(catalog).rows if row.identity == identity]
     return row
 
@@ -141,7 +144,7 @@ def test_unreadable_record_is_null_with_a_warning(tmp_path: Path, monkeypatch: p
             raise PermissionError(13, "Permission denied")
         return real_open(path, flags, mode, dir_fd=dir_fd)
 
-    monkeypatch.setattr(readers.os, "open", open_denying)
+    monkeypatch.setattr(os, "open", open_denying)
     locked, unlocked = roster(tmp_path).rows
     assert locked.context is None and locked.problem == "context record unreadable: Permission denied"
     assert unlocked.context is not None
@@ -178,23 +181,23 @@ def test_unexpected_entries_are_passed_over_with_warnings(tmp_path: Path) -> Non
 def test_unreadable_host_dir_skips_that_host_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     put_record(tmp_path, "a", host="locked")
     put_record(tmp_path, "b", host="open")
-    real = readers.agent_tree_children
+    real = guard_catalog.agent_tree_children
 
     def list_denying(path: Path, kind: str, *, legacy_ok: bool) -> tuple[list[str], list[str]]:
         if path.name == "locked":
             raise PermissionError(13, "Permission denied", str(path))
         return real(path, kind, legacy_ok=legacy_ok)
 
-    monkeypatch.setattr(readers, "agent_tree_children", list_denying)
+    monkeypatch.setattr(guard_catalog, "agent_tree_children", list_denying)
     result = roster(tmp_path)
     assert [row.name for row in result.rows] == ["open/b"]
     assert any("Permission denied" in warning and "locked" in warning for warning in result.warnings)
 
 
 def test_agent_dir_vanishing_between_listing_and_reading(tmp_path: Path) -> None:
-    files = readers.read_agent_files(tmp_path, HOST, "gone")
+    files = guard_catalog.read_agent_files(tmp_path, HOST, "gone")
     assert files.problem == "agent directory does not exist"
-    assert readers.decode_record(files.record)[0] is None
+    assert decode_record(files.record)[0] is None
 
 
 PAST_CLAIM = {"incarnation": "i", "claimedAtMs": 1, "wrapperPid": 1}
@@ -239,8 +242,8 @@ JUNK_CATALOG_NAMES = ("binary", "empty", "foreign-schema", "nan", "negative-toke
 def junk_catalog(root: Path) -> None:
     for name in JUNK_CATALOG_NAMES:
         put_record(root, name, raw=BAD_RECORDS[name])
-    put_record(root, "good", observedAtMs=readers.now_ms())
-    put_record(root, "ahead", observedAtMs=readers.now_ms() + 10 * MINUTE)
+    put_record(root, "good", observedAtMs=now_ms())
+    put_record(root, "ahead", observedAtMs=now_ms() + 10 * MINUTE)
     (agent_path(root, "dir") / "harness-context").mkdir()
     os.mkfifo(agent_path(root, "fifo") / "harness-context")
     (agent_path(root, "link") / "harness-context").symlink_to("/dev/zero")
@@ -268,7 +271,7 @@ def test_every_reader_on_a_junk_catalog_as_a_process(tmp_path: Path) -> None:
 
 def test_readers_never_write_into_the_catalog(tmp_path: Path) -> None:
     junk_catalog(tmp_path)
-    put_record(tmp_path, "full", usedPercent=95.0, observedAtMs=readers.now_ms())
+    put_record(tmp_path, "full", usedPercent=95.0, observedAtMs=now_ms())
     put_claim(tmp_path, "full", desiredState="running")
     before = snapshot(tmp_path)
     for argv in (("agents",), ("agents", "--json"), ("agents", "full"), ("doctor",), ("inspect", "full"),

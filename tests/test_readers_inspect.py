@@ -12,8 +12,9 @@ import pytest
 from readers_catalog import HOST, HOUR, MINUTE, NOW, agent_path, hctx, put_claim, put_record
 
 from guard.store import log_path
-from wrapper import readers
-from wrapper.readers import collect_inspection, incarnation_verdict, launches_within, render_inspection
+from wrapper import render
+from wrapper.render import render_inspection
+from wrapper.roster import collect_inspection, incarnation_verdict, launches_within
 
 
 def dead(pid: int) -> bool:
@@ -145,8 +146,8 @@ def test_refused_record_shows_its_bytes_and_why(tmp_path: Path) -> None:
 def test_long_refused_record_is_shown_bounded(tmp_path: Path) -> None:
     put_record(tmp_path, "alpha", raw=b"x" * 10_000)
     part = sections(inspect(tmp_path))["record as stored"]
-    assert part[1] == "  " + "x" * readers.RAW_SHOWN_BYTES
-    assert part[2] == f"  … ({10_000 - readers.RAW_SHOWN_BYTES} more bytes not shown)"
+    assert part[1] == "  " + "x" * render.RAW_SHOWN_BYTES
+    assert part[2] == f"  … ({10_000 - render.RAW_SHOWN_BYTES} more bytes not shown)"
 
 
 def test_inspect_cli_unknown_agent_and_labels(tmp_path: Path) -> None:

@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 from readers_catalog import HOST, MINUTE, NOW, agent_path, hctx, put_claim, put_record
 
-from guard.store import CatalogError, iter_hosts, iter_identities
-from wrapper.readers import collect_roster, doctor_advisories
+from guard.catalog import iter_hosts, iter_identities
+from guard.errors import CatalogError
+from wrapper.render import doctor_advisories
+from wrapper.roster import collect_roster
 
 CONFLICT = "harness-context.sync-conflict-20261201-091500-WBMBBOK"
 
@@ -251,4 +253,3 @@ def test_doctor_names_the_fast_host_as_a_process_and_still_exits_zero(tmp_path: 
     (line,) = result.stdout.splitlines()
     assert line.startswith("advisory: host fast: clock ahead of this host's by at least ")
     assert line.endswith("context read as absent for fast/x")
-

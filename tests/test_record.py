@@ -17,16 +17,15 @@ from guard_factory import SPEC_EXAMPLE, SPEC_KEY_ORDER, record, wire, wire_bytes
 from pydantic import ValidationError
 
 import guard.constants as constants
+from guard.errors import RecordRefused, UnknownHarness
 from guard.record import (
     COMPACTION_TRIGGERS,
-    HARNESSES,
     ContextFields,
     HarnessContext,
-    RecordRefused,
     parse_record,
 )
-
-REPO = Path(__file__).resolve().parent.parent
+from sidecar.registry import BUILT_IN, spec_for
+from tests.conftest import REPO
 
 
 def test_spec_example_parses_and_reserializes_in_the_spec_key_order() -> None:
@@ -50,12 +49,17 @@ def test_key_order_holds_even_when_every_optional_field_is_null() -> None:
     assert tuple(json.loads(bare.to_json())) == SPEC_KEY_ORDER
 
 
-# --- harness: a closed set of five -----------------------------------------------------------
+# --- harness: a name the registry knows; the record names none itself -------------------------
 
 
-def test_harness_set_is_exactly_the_five() -> None:
-    assert set(HARNESSES) == {"claude", "codex", "pi", "omp", "opencode"}
-    assert len(HARNESSES) == 5
+def test_the_built_in_harnesses_are_exactly_the_five() -> None:
+    assert tuple(BUILT_IN) == ("claude", "codex", "pi", "omp", "opencode")
+
+
+@pytest.mark.parametrize("name", ["", "Claude", "cl aude", "x" * 33, "1pi", "pi\n"])
+def test_a_harness_that_is_not_a_name_is_refused(name: str) -> None:
+    with pytest.raises(ValidationError):
+        ContextFields(harness=name, observed_at_ms=1)
 
 
 @pytest.mark.parametrize("harness", ["claude", "codex", "pi", "omp", "opencode"])
@@ -66,12 +70,12 @@ def test_each_known_harness_is_accepted(harness: str) -> None:
 @pytest.mark.parametrize("harness", ["aider", "Claude", "", None, 5, ["claude"]])
 def test_unknown_harness_is_refused(harness: Any) -> None:
     with pytest.raises(RecordRefused, match="harness"):
-        parse_record(wire_bytes(harness=harness))
+        parse_record(wire_bytes(harness=harness), harnesses=BUILT_IN)
 
 
-def test_unknown_harness_is_refused_at_construction_too() -> None:
-    with pytest.raises(ValidationError):
-        ContextFields(harness="aider", observed_at_ms=1)
+def test_a_harness_outside_the_registry_has_no_producer_to_construct_a_record() -> None:
+    with pytest.raises(UnknownHarness, match="aider"):
+        spec_for("aider")
 
 
 # --- usedTokens / windowTokens / usedPercent: independently nullable -------------------------
@@ -304,7 +308,7 @@ def test_hctx_schema_prints_the_record_schema(tmp_path: Path) -> None:
     assert schema["title"] == "st2.harness-context.v1"
     assert tuple(schema["properties"]) == SPEC_KEY_ORDER
     assert set(schema["required"]) >= {"harness", "agent", "incarnation", "observedAtMs", "writtenAtMs"}
-    assert set(schema["properties"]["harness"]["enum"]) == set(HARNESSES)
+    assert schema["properties"]["harness"]["enum"] == list(BUILT_IN)
 
 
 def test_hctx_schema_validates_a_real_record(tmp_path: Path) -> None:

@@ -19,11 +19,15 @@ import trio
 from guard.policy import Reading, WriteGuard
 from guard.record import ContextFields
 from sidecar import rollout
+from sidecar.decoding import Decoder, Dropped
 from sidecar.pipeline import Pipeline
-from sidecar.producers.base import Frame, instant_ms
-from sidecar.producers.codex import CodexProducer, decode_recording
-from sidecar.rollout import RolloutConfig, RolloutFollower, find_rollout, follow_rollout
+from sidecar.producers.base import instant_ms
+from sidecar.producers.codex import SPEC, CodexProducer, Rollout
+from sidecar.producers.codex_events import CompactionItem, TokenUsage
+from sidecar.rollout import RolloutFollower, find_rollout, follow_rollout
 from sidecar.transcripts import HEAD_BYTES, MAX_LINE_BYTES
+
+Frame = Any  # a typed Codex event, as the follower submits it
 
 ROOT = Path(__file__).resolve().parent.parent
 CODEX_VERSIONS = ("0.151.0", "0.171.0")
@@ -34,8 +38,22 @@ SCENARIOS = {
 }
 
 
+def app_server_path(version: str, scenario: str) -> Path:
+    return ROOT / "fixtures" / "codex" / f"codex-{version}-{scenario}.jsonl"
+
+
 def app_server_capture(version: str, scenario: str) -> bytes:
-    return (ROOT / "fixtures" / "codex" / f"codex-{version}-{scenario}.jsonl").read_bytes()
+    return app_server_path(version, scenario).read_bytes()
+
+
+def served_events(version: str, scenario: str) -> list[tuple[int | None, object]]:
+    """(time, event) of the app-server capture, through the spec's own decoders."""
+    decoders: dict[str, Decoder] = {}
+    timed: list[tuple[int | None, object]] = []
+    for chunk in SPEC.read_recording([app_server_path(version, scenario)]):
+        decoder = decoders.setdefault(chunk.wire, SPEC.decoder(chunk.wire))
+        timed += [(chunk.at_ms, event) for event in decoder.receive_data(chunk.data) if not isinstance(event, Dropped)]
+    return timed
 
 
 def thread_of(capture: bytes) -> str:
@@ -70,7 +88,7 @@ def rollout_bytes(version: str, scenario: str) -> bytes:
 def app_server_readings(version: str, scenario: str) -> tuple[list[Reading], ContextFields | None]:
     producer = CodexProducer()
     readings: list[Reading] = []
-    for at_ms, frame in decode_recording(app_server_capture(version, scenario)):
+    for at_ms, frame in served_events(version, scenario):
         readings.extend(producer.feed(frame, at_ms or 0))
     return readings, producer.last_reading
 
@@ -124,7 +142,7 @@ def test_the_rollout_publishes_what_the_app_server_publishes(version: str, scena
 @pytest.mark.parametrize("version", CODEX_VERSIONS)
 def test_the_guard_writes_the_same_final_record_on_both_paths(version: str) -> None:
     served = Pipeline(CodexProducer(), WriteGuard("a", "i"))
-    for at_ms, frame in decode_recording(app_server_capture(version, "stdio-main")):
+    for at_ms, frame in served_events(version, "stdio-main"):
         served.feed(frame, at_ms or 0)
     followed = Pipeline(CodexProducer(), WriteGuard("a", "i"))
     follower = RolloutFollower("thread")
@@ -150,7 +168,9 @@ def test_a_partial_line_waits_for_its_newline_and_a_huge_line_is_skipped() -> No
     assert follower.feed(line[50:]) == []  # complete, but no newline yet: a writer may be mid-line
     assert len(follower.feed(b"\n")) == 2
     huge = b'{"type":"response_item","payload":{"text":"' + b"x" * (MAX_LINE_BYTES + 1)
-    assert follower.feed(huge) == [] and follower.skipping and len(follower.pending) == HEAD_BYTES
+    # Skipped, not held: only the head that says what kind of line it was.
+    assert follower.feed(huge) == [] and follower.decoder.framer.pending_bytes == 0
+    assert follower.decoder.holding == HEAD_BYTES
     assert follower.feed(b'"}}\n' + line + b"\n") != []
     assert follower.feed(b"\x00garbage\n{not json}\n" + b"[" * 50_000 + b"\n") == []
 
@@ -159,7 +179,7 @@ def test_the_compaction_item_id_is_the_line_offset() -> None:
     data = rollout_bytes("0.151.0", "stdio-main")
     first = RolloutFollower("t").feed(data)
     again = RolloutFollower("t").feed(data)
-    ids = [f["payload"]["params"]["item"]["id"] for f in first if f["payload"]["method"] == "item/started"]
+    ids = [f.item_id for f in first if isinstance(f, CompactionItem)]
     assert len(ids) == 2 and len(set(ids)) == 2
     producer = CodexProducer()
     for frame in first + again:  # the same file read twice (a re-follow) counts each compaction once
@@ -196,10 +216,8 @@ def write_rollout(home: Path, thread: str, at_ms: int, cwd: str, body: bytes = b
     return path
 
 
-def config(home: Path, cwd: str | None = "/work/repo") -> RolloutConfig:
-    return RolloutConfig.model_validate(
-        {"mode": "rollout", "codexHome": str(home), "cwd": cwd, "startedAtMs": LAUNCH_MS}
-    )
+def config(home: Path, cwd: str | None = "/work/repo") -> Rollout:
+    return Rollout.model_validate({"mode": "rollout", "codexHome": str(home), "cwd": cwd, "startedAtMs": LAUNCH_MS})
 
 
 def test_the_newest_rollout_of_this_launch_and_cwd_is_chosen(tmp_path: Path) -> None:
@@ -243,8 +261,12 @@ def test_hostile_headers_are_not_followed(tmp_path: Path, header: bytes) -> None
     [{}, {"mode": "rollout"}, {"mode": "ws", "codexHome": "/x", "startedAtMs": 1},
      {"mode": "rollout", "codexHome": 5, "startedAtMs": 1}, {"mode": "rollout", "codexHome": "/x", "startedAtMs": "1"}],
 )  # fmt: skip
-async def test_a_bad_config_ends_the_transport_quietly(bad: dict[str, Any]) -> None:
-    await follow_rollout(bad, lambda frame: None)
+def test_a_bad_config_runs_no_transport_and_says_why(bad: dict[str, Any], caplog: pytest.LogCaptureFixture) -> None:
+    from sidecar.app import transport_settings
+    from sidecar.producers.codex import SPEC
+
+    assert transport_settings(SPEC, json.dumps(bad)) is None
+    assert any(getattr(record, "event", None) == "transport-bad-config" for record in caplog.records)
 
 
 async def until(condition: Callable[[], bool]) -> None:
@@ -260,14 +282,14 @@ async def test_follow_submits_as_the_session_grows_and_backs_off_when_idle(
     lines = rollout_bytes("0.151.0", "stdio-main").splitlines(keepends=True)
     frames: list[Frame] = []
     reads: list[float] = []
-    real_read = rollout._read_from
+    real_read = rollout.read_from
 
     def counting_read(path: Path, offset: int) -> tuple[bytes, int] | None:
         reads.append(trio.current_time())
         return real_read(path, offset)
 
-    monkeypatch.setattr(rollout, "_read_from", counting_read)
-    settings = {"mode": "rollout", "codexHome": str(tmp_path), "cwd": "/work/repo", "startedAtMs": LAUNCH_MS}
+    monkeypatch.setattr(rollout, "read_from", counting_read)
+    settings = config(tmp_path)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(follow_rollout, settings, frames.append)
         await trio.sleep(3)  # nothing written yet: it waits, polling
@@ -276,18 +298,18 @@ async def test_follow_submits_as_the_session_grows_and_backs_off_when_idle(
         with trio.fail_after(10):
             await until(lambda: len(frames) >= 4)
         # session_meta first, as the app-server's thread/started (its cliVersion), then the usage.
-        assert [f["payload"]["params"].get("threadId") for f in frames[:2]] == [None, "ours"]
+        assert [getattr(f, "thread_id", None) for f in frames[:2]] == [None, "ours"]
         with path.open("ab") as handle:
             handle.write(b"".join(lines[2:]))
         with trio.fail_after(10):
-            await until(lambda: any(f["payload"]["method"] == "item/started" for f in frames))
+            await until(lambda: any(isinstance(f, CompactionItem) for f in frames))
         settled = len(reads)
         await trio.sleep(60)  # idle: back-off to one look every POLL_MAX_S, no busy loop
         assert len(reads) - settled <= 60 / rollout.POLL_MAX_S + 2
         # `/new` in the TUI: a newer rollout of the same launch and cwd takes over.
         write_rollout(tmp_path, "after-new", LAUNCH_MS + 5_000, "/work/repo", lines[0])
         with trio.fail_after(30):
-            await until(lambda: any(f["payload"]["params"].get("threadId") == "after-new" for f in frames))
+            await until(lambda: any(getattr(f, "thread_id", None) == "after-new" for f in frames))
         nursery.cancel_scope.cancel()
     producer = CodexProducer()
     for frame in frames:
@@ -301,7 +323,7 @@ async def test_the_last_turn_is_read_when_the_session_ends_between_polls(
     monkeypatch.setattr(rollout, "_now_ms", lambda: LAUNCH_MS + 10_000)
     lines = rollout_bytes("0.171.0", "stdio-main").splitlines(keepends=True)
     frames: list[Frame] = []
-    settings = {"mode": "rollout", "codexHome": str(tmp_path), "cwd": "/work/repo", "startedAtMs": LAUNCH_MS}
+    settings = config(tmp_path)
     path = write_rollout(tmp_path, "ours", LAUNCH_MS + 1_000, "/work/repo", lines[0])
     async with trio.open_nursery() as nursery:
         nursery.start_soon(follow_rollout, settings, frames.append)
@@ -310,8 +332,8 @@ async def test_the_last_turn_is_read_when_the_session_ends_between_polls(
         with path.open("ab") as handle:
             handle.write(b"".join(lines[1:]))
         nursery.cancel_scope.cancel()  # the seat ended before the next poll
-    usages = [f for f in frames if f["payload"]["method"] == "thread/tokenUsage/updated"]
-    assert usages[-1]["payload"]["params"]["tokenUsage"]["last"]["totalTokens"] == 18250
+    usages = [f for f in frames if isinstance(f, TokenUsage)]
+    assert usages[-1].tokens_in_window == 18250
 
 
 async def test_a_session_too_short_to_be_found_is_found_at_the_end(
@@ -319,13 +341,13 @@ async def test_a_session_too_short_to_be_found_is_found_at_the_end(
 ) -> None:
     monkeypatch.setattr(rollout, "_now_ms", lambda: LAUNCH_MS + 10_000)
     frames: list[Frame] = []
-    settings = {"mode": "rollout", "codexHome": str(tmp_path), "cwd": "/work/repo", "startedAtMs": LAUNCH_MS}
+    settings = config(tmp_path)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(follow_rollout, settings, frames.append)
         await trio.sleep(1)  # the follower looked, found nothing, and sleeps
         write_rollout(tmp_path, "ours", LAUNCH_MS + 1_000, "/work/repo", rollout_bytes("0.151.0", "stdio-main"))
         nursery.cancel_scope.cancel()
-    assert sum(f["payload"]["method"] == "item/started" for f in frames) == 2
+    assert sum(isinstance(f, CompactionItem) for f in frames) == 2
 
 
 def test_a_compaction_line_too_long_to_parse_still_counts() -> None:
@@ -338,8 +360,8 @@ def test_a_compaction_line_too_long_to_parse_still_counts() -> None:
     frames = [
         frame for piece in range(0, len(compacted), 65536) for frame in follower.feed(compacted[piece : piece + 65536])
     ]
-    assert [f["payload"]["method"] for f in frames] == ["item/started"]
-    assert frames[0]["payload"]["params"]["item"]["id"] == "rollout-compacted:t:0"
+    assert [type(f) for f in frames] == [CompactionItem]
+    assert frames[0].item_id == "rollout-compacted:t:0"
     assert (
         follower.feed(
             b'{"timestamp":"x","type":"response_item","payload":{"t":"' + b"y" * (MAX_LINE_BYTES + 1) + b'"}}\n'
@@ -363,13 +385,12 @@ def holding(*paths: Path) -> Any:
             handle.close()
 
 
-def pid_config(home: Path, root_pid: int) -> dict[str, Any]:
-    return {"mode": "rollout", "codexHome": str(home), "cwd": "/work/repo", "startedAtMs": LAUNCH_MS,
-            "rootPid": root_pid}  # fmt: skip
+def pid_config(home: Path, root_pid: int) -> Rollout:
+    return config(home).model_copy(update={"root_pid": root_pid})
 
 
 def threads_of(frames: list[Frame]) -> set[str]:
-    return {f["payload"]["params"]["threadId"] for f in frames if f["payload"]["method"] == "thread/tokenUsage/updated"}
+    return {f.thread_id for f in frames if isinstance(f, TokenUsage)}
 
 
 async def test_two_seats_in_one_directory_each_follow_the_rollout_their_codex_holds(
@@ -390,7 +411,7 @@ async def test_two_seats_in_one_directory_each_follow_the_rollout_their_codex_ho
             process.wait()
 
 
-async def followed(settings: dict[str, Any]) -> list[Frame]:
+async def followed(settings: Rollout) -> list[Frame]:
     """What the follower submits once it published a reading and looked half a second longer."""
     frames: list[Frame] = []
     async with trio.open_nursery() as nursery:
@@ -420,9 +441,7 @@ async def test_a_resumed_rollout_is_followed_from_its_latest_reading(
             with earlier.open("ab") as handle:
                 handle.write(lines[-1])
             with trio.fail_after(10):
-                await until(
-                    lambda: len([f for f in frames if f["payload"]["method"] == "thread/tokenUsage/updated"]) == 2
-                )
+                await until(lambda: len([f for f in frames if isinstance(f, TokenUsage)]) == 2)
             nursery.cancel_scope.cancel()
     finally:
         process.kill()

@@ -241,7 +241,7 @@ def test_an_out_of_range_count_is_null_with_a_warning_and_the_rest_is_listed(
     assert rows[fine]["usedTokens"] == 1000 and rows[fine]["problem"] is None
     assert rows[huge]["usedTokens"] is None and rows[huge]["usedPercent"] is None
     assert rows[huge]["problem"] == "usedTokens 9007199254740993 is out of range (above 2**53); shown as null"
-    assert rows[CODEX_THREAD]["usedTokens"] is None and "totalTokens" in rows[CODEX_THREAD]["problem"]
+    assert rows[CODEX_THREAD]["usedTokens"] is None and "total_tokens" in rows[CODEX_THREAD]["problem"]
     warnings = captured.err.splitlines()
     assert len(warnings) == 2 and all(line.startswith("hctx scan: ") for line in warnings)
     assert any(f"{huge}.jsonl: usedTokens 9007199254740993 is out of range" in line for line in warnings)

@@ -16,6 +16,9 @@ import pytest
 from guard.record import HarnessContext, parse_record
 from guard.state import read_state
 from guard.store import AgentDir
+from sidecar.registry import spec_for
+from sidecar.transports import Streams
+from tests.conftest import failing_writer, submit_channel_bytes
 from tests.wrapping import HOST, agent_dir, context_frame, env, log_events, pid_gone, wait_for
 from wrapper.launcher import WrapOptions, claim
 
@@ -107,33 +110,24 @@ def test_the_sidecar_exits_when_its_lifeline_closes(tmp_path: Path) -> None:
 
 
 async def test_a_failed_write_is_retried_until_it_lands(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import json
-
     import trio
 
     from sidecar import app
 
     monkeypatch.setattr(app, "WRITE_RETRY_S", 0.05)
-    attempts: list[int] = []
-    real_write = app.write_context
-
-    def full_disk_once(agent: AgentDir, record: HarnessContext) -> HarnessContext:
-        attempts.append(record.used_tokens or 0)
-        if len(attempts) == 1:
-            raise OSError(28, "No space left on device")
-        return real_write(agent, record)
-
-    monkeypatch.setattr(app, "write_context", full_disk_once)
     config = app.SidecarConfig(tmp_path, HOST, "flaky", "pi", "inc", tmp_path / "unused")
-    writer = app.Writer(config)
+    writer, store = failing_writer(config, OSError(28, "No space left on device"))
     async with trio.open_nursery() as nursery:
         nursery.start_soon(writer.run)
-        writer.submit(json.loads(context_frame(500, 1000, 50.0)))
+        submit_channel_bytes(writer, context_frame(500, 1000, 50.0).encode() + b"\n", "pi")
         with trio.fail_after(5):
+            while not store.attempts:  # noqa: ASYNC110 - a list has no event to await
+                await trio.sleep(0.01)
+            store.broken = False  # space returns after the first attempt
             while record_of(tmp_path, "flaky") is None:  # noqa: ASYNC110 - a file has no event to await
                 await trio.sleep(0.01)
         writer.close()
-    assert attempts == [500, 500]  # the same reading, retried; nothing lost
+    assert [attempt.used_tokens for attempt in store.attempts] == [500, 500]  # the same reading, retried
     record = record_of(tmp_path, "flaky")
     assert record is not None and record.used_tokens == 500
 
@@ -141,10 +135,10 @@ async def test_a_failed_write_is_retried_until_it_lands(tmp_path: Path, monkeypa
 async def test_a_failing_transport_costs_its_stream_not_the_sidecar(caplog: pytest.LogCaptureFixture) -> None:
     from sidecar.app import run_transport
 
-    async def broken(config: dict[str, object], submit: object) -> None:
+    async def broken(config: dict[str, object], streams: object) -> None:
         raise ValueError("bad listen address")
 
-    await run_transport(broken, {}, lambda frame: None)
+    await run_transport(broken, {}, Streams(spec_for("codex"), lambda event: None))
     assert any("transport failed" in r.getMessage() for r in caplog.records)
 
 

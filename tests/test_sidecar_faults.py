@@ -25,8 +25,9 @@ import pytest
 import trio
 
 from guard.constants import HARNESS_CONTEXT_HEARTBEAT_MS
+from guard.errors import RecordRefused
 from guard.policy import Reading, WriteGuard
-from guard.record import ContextFields, HarnessContext, RecordRefused, parse_record
+from guard.record import ContextFields, HarnessContext, parse_record
 from guard.store import AgentDir, log_path, write_context
 from scripts.fault_suite import (
     HOSTILE_FRAME,
@@ -45,7 +46,9 @@ from scripts.fault_suite import (
     send,
     tiny_filesystem,
 )
-from sidecar.producers.base import FrameRejected
+from sidecar.decoding import Dropped
+from sidecar.pipeline import Pipeline
+from tests.conftest import Received, failing_writer, raw_channel_decoder, submit_channel_bytes
 from tests.guard_factory import record, wire_bytes
 from tests.wrapping import HOST, agent_dir, env
 
@@ -89,37 +92,26 @@ def test_a_read_only_catalog_is_retried_on_schedule_and_logged_once(
 ) -> None:
     from sidecar import app
 
-    attempts: list[float | None] = []
-    real_write = app.write_context
-    broken = True
-
-    def read_only(agent: AgentDir, rec: HarnessContext) -> HarnessContext:
-        attempts.append(rec.used_percent)
-        if broken:
-            raise OSError(errno.EROFS, "Read-only file system")
-        return real_write(agent, rec)
-
-    monkeypatch.setattr(app, "write_context", read_only)
     monkeypatch.setattr(app, "WRITE_RETRY_S", 0.3)
-    writer = app.Writer(app.SidecarConfig(tmp_path, HOST, "ro", "pi", "inc", tmp_path / "unused"))
+    config = app.SidecarConfig(tmp_path, HOST, "ro", "pi", "inc", tmp_path / "unused")
+    writer, store = failing_writer(config, OSError(errno.EROFS, "Read-only file system"))
 
     async def scenario() -> None:
-        nonlocal broken
         async with trio.open_nursery() as nursery:
             nursery.start_soon(writer.run)
             for i in range(300):
-                writer.submit(json.loads(frame(10.0 if i % 2 else 60.0)))
+                submit_channel_bytes(writer, frame(10.0 if i % 2 else 60.0), "pi")
                 await trio.sleep(0.001)
-            writer.submit(json.loads(frame(33.0)))
+            submit_channel_bytes(writer, frame(33.0), "pi")
             await trio.sleep(0.1)
-            broken = False
+            store.broken = False
             with trio.fail_after(5):
                 while (rec := record_at(tmp_path, "ro")) is None or rec.used_percent != 33.0:  # noqa: ASYNC110
                     await trio.sleep(0.02)
             writer.close()
 
     trio.run(scenario)
-    assert len(attempts) <= 4  # on the retry schedule, never once per frame
+    assert len(store.attempts) <= 4  # on the retry schedule, never once per frame
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1, [r.getMessage() for r in errors]
     assert any(getattr(r, "event", None) == "write-recovered" for r in caplog.records)
@@ -191,27 +183,27 @@ async def test_the_codex_tap_reconnects_to_a_sidecar_started_again_on_the_same_c
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     from sidecar import channel
-    from wrapper.launcher import _tap_stdout
+    from wrapper.launcher import tap_stdout_lines
 
     directory = tmp_path / "ch"
     directory.mkdir(mode=0o700)
     path = directory / "s"
-    received: list[dict[str, Any]] = []
+    received = Received()
     send_out, receive_out = trio.testing.memory_stream_one_way_pair()
     async with trio.open_nursery() as nursery:
         async with trio.open_nursery() as first:  # the sidecar that dies
-            await first.start(channel.serve, path, received.append)
-            nursery.start_soon(_tap_stdout, receive_out, "codex.rpc", path)
+            await first.start(channel.serve, path, raw_channel_decoder, received.submit)
+            nursery.start_soon(tap_stdout_lines, receive_out, "codex.rpc", path)
             await send_out.send_all(b'{"n":1}\n')
             with trio.fail_after(5):
                 while not received:  # noqa: ASYNC110 - a list has no event to await
                     await trio.sleep(0.01)
             first.cancel_scope.cancel()
         await trio.sleep(0.1)
-        await nursery.start(channel.serve, path, received.append)  # the respawned sidecar
+        await nursery.start(channel.serve, path, raw_channel_decoder, received.submit)  # the respawned sidecar
         with trio.fail_after(10):
             n = 2
-            while not any(f.get("payload") == {"n": n - 1} for f in received[1:]):
+            while not any(f.get("payload") == f'{{"n":{n - 1}}}' for f in received[1:]):
                 await send_out.send_all(b'{"n":%d}\n' % n)
                 n += 1
                 await trio.sleep(0.05)
@@ -247,23 +239,29 @@ async def test_the_codex_stdout_tap_delivers_the_newest_usage_after_a_burst(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     from sidecar import channel
-    from wrapper.launcher import _tap_stdout
+    from wrapper.launcher import tap_stdout_lines
 
     directory = tmp_path / "ch"
     directory.mkdir(mode=0o700)
     path = directory / "s"
     data, usage = codex_burst(4000)
-    received: list[dict[str, Any]] = []
+    received = Received()
     async with trio.open_nursery() as nursery:
-        await nursery.start(channel.serve, path, received.append)
-        await _tap_stdout(Burst(data), "codex.rpc", path)
+        await nursery.start(channel.serve, path, raw_channel_decoder, received.submit)
+        await tap_stdout_lines(Burst(data), "codex.rpc", path)
         with trio.fail_after(10):
-            while not received or received[-1].get("payload") != usage[-1]:  # noqa: ASYNC110
+            while not received or tapped_message(received[-1]) != usage[-1]:  # noqa: ASYNC110
                 await trio.sleep(0.02)
         nursery.cancel_scope.cancel()
-    payloads = [f.get("payload") for f in received]
+    payloads = [tapped_message(f) for f in received]
     assert usage[-1] in payloads
     assert capfd.readouterr().out.encode() == data  # the copy is untouched
+
+
+def tapped_message(frame: dict[str, Any]) -> object:
+    """The message a Codex tap frame carries: its payload is the stdout line as a string."""
+    payload = frame.get("payload")
+    return json.loads(payload) if isinstance(payload, str) else None
 
 
 # --- 5. held connections never starve the harness's frames -----------------------------------------
@@ -275,11 +273,11 @@ async def test_two_thousand_idle_connections_do_not_keep_a_frame_out(tmp_path: P
     directory = tmp_path / "ch"
     directory.mkdir(mode=0o700)
     path = directory / "s"
-    received: list[dict[str, Any]] = []
+    received = Received()
     held: list[socket.socket] = []
     try:
         async with trio.open_nursery() as nursery:
-            await nursery.start(channel.serve, path, received.append)
+            await nursery.start(channel.serve, path, raw_channel_decoder, received.submit)
             for _ in range(2000):
                 idle = socket.socket(socket.AF_UNIX)
                 idle.setblocking(False)
@@ -310,7 +308,7 @@ async def test_a_half_sent_frame_is_cut_after_the_partial_frame_timeout(
     directory.mkdir(mode=0o700)
     path = directory / "s"
     async with trio.open_nursery() as nursery:
-        await nursery.start(channel.serve, path, lambda frame: None)
+        await nursery.start(channel.serve, path, raw_channel_decoder, lambda event: None)
         stream = await trio.open_unix_socket(os.fspath(path))
         async with stream:
             await stream.send_all(b'{"type":"context","reading":')
@@ -325,10 +323,10 @@ async def test_half_open_megabyte_frames_cannot_hold_more_than_the_buffer_budget
     directory = tmp_path / "ch"
     directory.mkdir(mode=0o700)
     path = directory / "s"
-    received: list[dict[str, Any]] = []
+    received = Received()
     streams: list[trio.SocketStream] = []
     async with trio.open_nursery() as nursery:
-        await nursery.start(channel.serve, path, received.append)
+        await nursery.start(channel.serve, path, raw_channel_decoder, received.submit)
         for _ in range(128):
             stream = await trio.open_unix_socket(os.fspath(path))
             streams.append(stream)
@@ -393,61 +391,65 @@ def test_a_symlinked_log_file_is_not_followed(tmp_path: Path) -> None:
     ],
 )
 def test_pi_refuses_numbers_outside_their_domain(reading: dict[str, Any]) -> None:
-    from sidecar.producers.pi import PiProducer
+    from sidecar.producers.pi import PI
 
-    with pytest.raises(FrameRejected):
-        PiProducer("pi").feed({"type": "context", "reading": reading, "compaction": None}, 1000)
+    line = json.dumps({"type": "context", "reading": reading, "compaction": None}).encode() + b"\n"
+    [refused] = PI.decoder("channel").receive_data(line)
+    assert isinstance(refused, Dropped) and "reading" in refused.reason
 
 
 @pytest.mark.parametrize("used", [-50.0, 1e308])
 def test_claude_never_publishes_a_rate_limit_outside_its_domain(used: float) -> None:
-    from sidecar.producers.claude import ClaudeProducer
+    from sidecar.producers.claude import SPEC, ClaudeProducer
 
     payload = {
         "context_window": {"total_input_tokens": 10, "context_window_size": 200_000, "current_usage": {},
                            "used_percentage": 0},
         "rate_limits": {"five_hour": {"used_percentage": used}, "seven_day": {"used_percentage": 10.0}},
     }  # fmt: skip
-    try:
-        readings = ClaudeProducer().feed({"type": "claude.statusline", "payload": payload}, 1000)
-    except FrameRejected:
-        return
-    limits = readings[0].fields.rate_limits
-    assert limits is None or limits.five_hour is None
+    line = json.dumps({"type": "claude.statusline", "payload": payload}).encode() + b"\n"
+    [event] = SPEC.decoder("channel").receive_data(line)
+    assert not isinstance(event, Dropped)  # the status line stands; only the bad window is dropped
+    [reading] = ClaudeProducer().feed(event, 1000)
+    limits = reading.fields.rate_limits
+    assert limits is not None and limits.five_hour is None and limits.seven_day == 10.0
 
 
 @pytest.mark.parametrize("used", [-50.0, 1e308])
 def test_codex_refuses_a_rate_limit_outside_its_domain(used: float) -> None:
-    from sidecar.producers.codex import CodexProducer
+    from sidecar.producers.codex import SPEC, CodexProducer
 
     message = {"method": "account/rateLimits/updated",
                "params": {"rateLimits": {"primary": {"usedPercent": used, "windowDurationMins": 300}}}}  # fmt: skip
     producer = CodexProducer()
-    with contextlib.suppress(FrameRejected):
-        producer.feed({"type": "codex.rpc", "payload": message}, 1000)
-    assert producer.five_hour is None
+    events = SPEC.decoder("stdout").receive_data(json.dumps(message).encode() + b"\n")
+    assert all(isinstance(event, Dropped) for event in events)  # only a logged drop
+    for event in events:
+        if not isinstance(event, Dropped):
+            producer.feed(event, 1000)
+    assert producer.held_limits == (None, None)
 
 
 def test_a_percent_computed_past_its_domain_is_refused_not_published() -> None:
-    from sidecar.pipeline import Pipeline
-    from sidecar.producers.opencode import OpenCodeProducer
+    from sidecar.producers.opencode import SPEC, sse_event
 
-    producer = OpenCodeProducer()
-    pipeline = Pipeline(producer, WriteGuard("a", "i"))
-    pipeline.feed({"type": "hctx.providers", "payload": {"providers": [
-        {"id": "p", "models": {"m": {"limit": {"context": 1}}}}]}}, 1000)  # fmt: skip
+    pipeline = Pipeline(SPEC.make_producer(), WriteGuard("a", "i"))
+    answer = {"providers": [{"id": "p", "models": {"m": {"limit": {"context": 1}}}}]}
+    for event in SPEC.decoder("providers").receive_data(json.dumps(answer).encode()):
+        assert pipeline.feed(event, 1000) == []
     message = {"type": "message.updated", "properties": {"info": {
         "id": "a", "role": "assistant", "sessionID": "s", "providerID": "p", "modelID": "m",
         "tokens": {"total": 2**52}}}}  # fmt: skip
-    assert pipeline.feed(message, 2000) == []
+    (event,) = SPEC.decoder("sse").receive_data(sse_event(json.dumps(message).encode()))
+    assert pipeline.feed(event, 2000) == []
     assert pipeline.dropped == 1
 
 
 def test_the_channel_refuses_a_frame_only_a_transport_may_supply() -> None:
-    from sidecar import channel
 
-    line = json.dumps({"type": "hctx.providers", "payload": {"providers": []}}).encode()
-    assert isinstance(channel.decode_frame(line), str)
+    line = json.dumps({"type": "hctx.providers", "payload": {"providers": []}}).encode() + b"\n"
+    [refused] = raw_channel_decoder().receive_data(line)
+    assert isinstance(refused, Dropped) and "sidecar's own" in refused.reason
 
 
 # --- 11. names: bounded and injective log names ------------------------------------------------
@@ -514,7 +516,7 @@ def test_a_bom_prefixed_record_is_refused_with_a_warning(tmp_path: Path, caplog:
 
 
 def test_a_huge_percent_prints_short() -> None:
-    from wrapper.readers import percent_text
+    from wrapper.render import percent_text
 
     assert len(percent_text(1e308)) <= 8
     assert percent_text(585.6) == "586%"
@@ -524,7 +526,7 @@ def test_a_full_tap_queue_gives_way_oldest_first_and_reports_how_many(monkeypatc
     from wrapper import launcher
 
     monkeypatch.setattr(launcher, "TAP_QUEUE_BYTES", 1000)
-    queue = launcher._TapQueue()
+    queue = launcher.TapQueue()
     lines = [b'{"n":%d}\n' % n for n in range(500)]
     for line in lines:
         queue.put(line)
@@ -541,10 +543,10 @@ async def test_a_drop_report_is_counted_where_it_happened_and_never_reaches_a_pr
     directory = tmp_path / "ch"
     directory.mkdir(mode=0o700)
     path = directory / "s"
-    received: list[dict[str, Any]] = []
+    received = Received()
     before = logs.drops["codex stdout tap"]
     async with trio.open_nursery() as nursery:
-        await nursery.start(channel.serve, path, received.append)
+        await nursery.start(channel.serve, path, raw_channel_decoder, received.submit)
         stream = await trio.open_unix_socket(os.fspath(path))
         async with stream:
             await stream.send_all(b'{"type":"hctx.dropped","where":"codex stdout tap","count":7}\n' + frame(5.0))
@@ -553,7 +555,18 @@ async def test_a_drop_report_is_counted_where_it_happened_and_never_reaches_a_pr
                 await trio.sleep(0.01)
         nursery.cancel_scope.cancel()
     assert [f["type"] for f in received] == ["context"]
+    [report] = received.dropped
+    assert (report.where, report.count) == ("codex stdout tap", 7)
+    pipeline = Pipeline(_NoFrameExpected(), WriteGuard("a", "i"))  # the sidecar's own path for it
+    assert pipeline.feed(report, 1000) == []
     assert logs.drops["codex stdout tap"] - before == 7
+
+
+class _NoFrameExpected:
+    harness = "codex"
+
+    def feed(self, event: object, now_ms: int) -> list[Reading]:
+        raise AssertionError(f"a drop report reached the producer: {event!r}")
 
 
 def test_a_write_that_waited_lands_as_the_newest_reading_of_its_bucket() -> None:
@@ -580,7 +593,7 @@ async def test_a_connection_that_never_speaks_is_closed(tmp_path: Path, monkeypa
     directory.mkdir(mode=0o700)
     path = directory / "s"
     async with trio.open_nursery() as nursery:
-        await nursery.start(channel.serve, path, lambda frame: None)
+        await nursery.start(channel.serve, path, raw_channel_decoder, lambda event: None)
         stream = await trio.open_unix_socket(os.fspath(path))
         async with stream:
             with trio.fail_after(2):

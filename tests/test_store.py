@@ -19,21 +19,20 @@ import pytest
 from guard_factory import record
 
 import guard.store as store
+from guard.catalog import iter_hosts, iter_identities
+from guard.errors import CatalogError
 from guard.projection import read_context
 from guard.record import parse_record
 from guard.store import (
     AgentDir,
-    CatalogError,
     check_name,
-    iter_hosts,
-    iter_identities,
     remove_context,
     staging_dir,
     write_agent_file,
     write_context,
 )
+from tests.conftest import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 AGENT_FILES = {"harness-context", ".harness-context.lock"}
 
 
@@ -300,13 +299,13 @@ def test_symlinked_or_non_directory_ancestry_is_refused(catalog: Path, layout: s
 def test_different_devices_are_refused_without_writing(catalog: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     agent = _agent(catalog)
     before = write_context(agent, record(used_tokens=1, written_at_ms=1))
-    real_device = store._device
+    real_device = store.device_of
 
     def staging_on_another_device(fd: int) -> int:
         on_staging = os.path.samestat(os.fstat(fd), os.stat(staging_dir(catalog)))
         return real_device(fd) + (1 if on_staging else 0)
 
-    monkeypatch.setattr(store, "_device", staging_on_another_device)
+    monkeypatch.setattr(store, "device_of", staging_on_another_device)
     with pytest.raises(CatalogError, match="different filesystems"):
         write_context(agent, record(used_tokens=2, written_at_ms=2))
     with pytest.raises(CatalogError, match="different filesystems"):

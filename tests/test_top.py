@@ -19,8 +19,7 @@ from pathlib import Path
 import pytest
 from readers_catalog import HOST, HOUR, NOW, REPO, agent_path, hctx, put_claim, put_record
 
-from wrapper import readers
-from wrapper.readers import collect_roster
+from wrapper.roster import collect_roster, now_ms
 from wrapper.top import BAR_CELLS, BAR_MIN_CELLS, COLUMNS, bar, render_frame
 
 
@@ -156,7 +155,6 @@ def test_once_on_an_unreadable_catalog(tmp_path: Path) -> None:
 # --- live, in tmux ---------------------------------------------------------------------------------
 
 
-
 class Tmux:
     def __init__(self) -> None:
         self.socket = f"hctx-test-{uuid.uuid4().hex[:8]}"
@@ -205,7 +203,7 @@ def start_top(tmux: Tmux, catalog: Path) -> None:
 def test_a_terminal_that_hangs_up_ends_the_view_quietly(tmp_path: Path, tmux: Tmux) -> None:
     """Closing the terminal (here: its tmux server) is a quit like any other: exit 0, no traceback,
     the signal handlers given back (a wrapping `hctx demo` still has its fleet to stop)."""
-    put_record(tmp_path, "alpha", usedPercent=33.0, observedAtMs=readers.now_ms())
+    put_record(tmp_path, "alpha", usedPercent=33.0, observedAtMs=now_ms())
     err, done = tmp_path / "stderr", tmp_path / "done"
     argv = [sys.executable, "-m", "wrapper.cli", "top", "--catalog", str(tmp_path), "--host", HOST]
     top = " ".join(shlex.quote(part) for part in argv)
@@ -229,7 +227,7 @@ def rewrite_atomically(path: Path, **fields: object) -> None:
 
 
 def test_live_view_updates_within_a_second_and_q_restores_the_terminal(tmp_path: Path, tmux: Tmux) -> None:
-    now = readers.now_ms()
+    now = now_ms()
     put_record(tmp_path, "alpha", usedPercent=33.0, observedAtMs=now)
     put_record(tmp_path, "bravo", usedPercent=50.0, usedTokens=100_000, windowTokens=200_000, observedAtMs=now)
     put_claim(tmp_path, "alpha")
@@ -241,12 +239,12 @@ def test_live_view_updates_within_a_second_and_q_restores_the_terminal(tmp_path:
     time.sleep(1.2)  # let it settle into its steady cadence before timing it
 
     rewrite_atomically(tmp_path / "agents" / HOST / "alpha" / "harness-context", usedPercent=97.0,
-                       usedTokens=194_000, windowTokens=200_000, observedAtMs=readers.now_ms())  # fmt: skip
+                       usedTokens=194_000, windowTokens=200_000, observedAtMs=now_ms())  # fmt: skip
     assert tmux.wait_for("97%") < 1.0
     pane = tmux.pane().splitlines()
     assert [line.split()[0] for line in pane[4:6]] == ["box/alpha", "box/bravo"]  # re-sorted by fill
 
-    put_record(tmp_path, "charlie", usedPercent=1.0, observedAtMs=readers.now_ms())
+    put_record(tmp_path, "charlie", usedPercent=1.0, observedAtMs=now_ms())
     assert tmux.wait_for("box/charlie") < 1.0  # a new agent too
 
     tmux("send-keys", "-t", "top", "q")
@@ -258,7 +256,7 @@ def test_live_view_updates_within_a_second_and_q_restores_the_terminal(tmp_path:
 
 
 def test_ctrl_c_quits_and_restores_the_terminal(tmp_path: Path, tmux: Tmux) -> None:
-    put_record(tmp_path, "alpha", usedPercent=33.0, observedAtMs=readers.now_ms())
+    put_record(tmp_path, "alpha", usedPercent=33.0, observedAtMs=now_ms())
     start_top(tmux, tmp_path)
     tmux.wait_for("box/alpha")
     tmux("send-keys", "-t", "top", "C-c")
@@ -270,7 +268,7 @@ def test_ctrl_c_quits_and_restores_the_terminal(tmp_path: Path, tmux: Tmux) -> N
 
 
 def test_ages_tick_without_any_change(tmp_path: Path, tmux: Tmux) -> None:
-    put_record(tmp_path, "alpha", usedPercent=33.0, observedAtMs=readers.now_ms() - 10_000)
+    put_record(tmp_path, "alpha", usedPercent=33.0, observedAtMs=now_ms() - 10_000)
     start_top(tmux, tmp_path)
     tmux.wait_for("box/alpha")
     tmux.wait_for(" 12s ", timeout=3)
@@ -280,7 +278,7 @@ def test_ages_tick_without_any_change(tmp_path: Path, tmux: Tmux) -> None:
 
 
 def test_resize_redraws_to_the_new_width(tmp_path: Path, tmux: Tmux) -> None:
-    put_record(tmp_path, "alpha", usedPercent=33.0, costUsd=12.5, observedAtMs=readers.now_ms())
+    put_record(tmp_path, "alpha", usedPercent=33.0, costUsd=12.5, observedAtMs=now_ms())
     start_top(tmux, tmp_path)
     tmux.wait_for("$12.50")
     tmux("resize-window", "-t", "top", "-x", "50", "-y", "20")
@@ -293,7 +291,7 @@ def test_resize_redraws_to_the_new_width(tmp_path: Path, tmux: Tmux) -> None:
 
 
 def test_sigterm_quits_and_restores_the_terminal(tmp_path: Path, tmux: Tmux) -> None:
-    put_record(tmp_path, "alpha", usedPercent=33.0, observedAtMs=readers.now_ms())
+    put_record(tmp_path, "alpha", usedPercent=33.0, observedAtMs=now_ms())
     start_top(tmux, tmp_path)
     tmux.wait_for("box/alpha")
     shell_pid = int(tmux("display", "-p", "-t", "top", "#{pane_pid}"))
@@ -305,4 +303,3 @@ def test_sigterm_quits_and_restores_the_terminal(tmp_path: Path, tmux: Tmux) -> 
     tmux.wait_for("icanon", timeout=5)
     pane_text = tmux.pane()
     assert "BEFORE-TOP" in pane_text and "box/alpha" not in pane_text and "-echo" not in pane_text
-

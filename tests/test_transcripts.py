@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sidecar.producers.codex import CodexProducer
+from sidecar.producers.codex_events import RateLimitsUpdated, TokenUsage
 from sidecar.transcripts import (
     MAX_LINE_BYTES,
     TAIL_BUDGET_BYTES,
@@ -26,10 +27,11 @@ from sidecar.transcripts import (
     read_claude_tail,
     read_codex_tail,
     rollout_event,
-    tail_frames,
+    tail_events,
 )
+from tests.conftest import FIXTURE_ROOT
 
-FIXTURES = Path(__file__).parent.parent / "fixtures" / "transcripts"
+FIXTURES = FIXTURE_ROOT / "transcripts"
 CLAUDE_VERSIONS = ("2.1.250", "2.1.332")
 CODEX_VERSIONS = ("0.151.0", "0.171.0")
 
@@ -268,14 +270,12 @@ def rollout_lines(version: str, name: str = "rollout-token-events.jsonl") -> lis
 def test_token_count_becomes_the_app_server_pair(version: str) -> None:
     first = rollout_event(rollout_lines(version)[1], 0, "thread")  # turn 2: 90,800 of 190,000
     assert first is not None and first.kind == "token_count"
-    usage, limits = first.messages
-    assert usage["method"] == "thread/tokenUsage/updated"
-    assert usage["params"]["tokenUsage"]["last"]["totalTokens"] == 90800
-    assert usage["params"]["tokenUsage"]["total"]["totalTokens"] == 121300
-    assert usage["params"]["tokenUsage"]["modelContextWindow"] == 190000
-    assert limits["method"] == "account/rateLimits/updated"
+    usage, limits = first.events  # the app-server's two notifications' events, in its order
+    assert isinstance(usage, TokenUsage) and usage.thread_id == "thread"
+    assert (usage.tokens_in_window, usage.session_total_tokens, usage.context_window) == (90800, 121300, 190000)
+    assert isinstance(limits, RateLimitsUpdated) and limits.primary is not None
     # The rollout keeps Codex's float 17.5; the v2 notification carries round() as i32 = 18.
-    assert limits["params"]["rateLimits"]["primary"]["usedPercent"] == 18
+    assert limits.primary.used_percent == 18
 
 
 def test_token_count_without_info_carries_no_usage() -> None:
@@ -286,7 +286,7 @@ def test_token_count_without_info_carries_no_usage() -> None:
     }).encode()  # fmt: skip
     event = rollout_event(line, 0, "t")
     assert event is not None
-    assert [message["method"] for message in event.messages] == ["account/rateLimits/updated"]
+    assert [type(item) for item in event.events] == [RateLimitsUpdated]
 
 
 @pytest.mark.parametrize(
@@ -302,7 +302,7 @@ def test_token_count_without_info_carries_no_usage() -> None:
 def test_hostile_token_counts_are_dropped(payload: dict[str, object]) -> None:
     line = json.dumps({"timestamp": "2026-11-29T22:31:11Z", "type": "event_msg", "payload": payload}).encode()
     event = rollout_event(line, 0, "t")
-    assert event is None or event.messages == ()
+    assert event is None or event.events == ()
 
 
 @given(st.binary(max_size=400))
@@ -325,7 +325,7 @@ def test_codex_tail_through_the_producer(version: str) -> None:
     data = b"\n".join(lines) + b"\n"
     tail = read_codex_tail(lines_of(data), "thread")
     producer = CodexProducer()
-    for at_ms, frame in tail_frames(tail):
+    for at_ms, frame in tail_events(tail):
         producer.feed(frame, at_ms or 0)
     reading = producer.last_reading
     assert reading is not None
@@ -349,7 +349,7 @@ def test_a_broken_rate_limit_block_does_not_cost_the_usage() -> None:
     line = json.dumps({"timestamp": "2026-11-29T22:31:11Z", "type": "event_msg", "payload": payload}).encode()
     event = rollout_event(line, 0, "t")
     assert event is not None
-    assert [message["method"] for message in event.messages] == ["thread/tokenUsage/updated"]
+    assert [type(item) for item in event.events] == [TokenUsage]
 
 
 def test_compactions_too_long_to_parse_are_still_counted() -> None:

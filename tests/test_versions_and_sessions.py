@@ -13,22 +13,26 @@ import pytest
 from readers_catalog import HOST, NOW, hctx, put_claim, put_record
 
 from guard.record import parse_record
-from sidecar.producers import verified_versions
+from sidecar.producers.claude import SPEC as CLAUDE
 from sidecar.producers.claude import VERIFIED_VERSIONS as CLAUDE_VERIFIED
-from sidecar.producers.claude import load_recordings
 from sidecar.producers.codex import CODEX_CONTEXT_VERIFIED_VERSIONS, CodexProducer
-from sidecar.producers.opencode import OPENCODE_CONTEXT_VERIFIED_VERSIONS
+from sidecar.producers.codex import SPEC as CODEX
+from sidecar.producers.opencode import OPENCODE_CONTEXT_VERIFIED_VERSIONS, recording_chunks
+from sidecar.producers.opencode import SPEC as OPENCODE
+from sidecar.registry import verified_versions
 from sidecar.replay import replay
 from sidecar.rollout import RolloutFollower
-from wrapper.readers import collect_roster, doctor_advisories
+from tests.conftest import FIXTURE_ROOT
+from wrapper.render import doctor_advisories
+from wrapper.roster import collect_roster
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+FIXTURES = FIXTURE_ROOT
 
 
 @pytest.mark.parametrize("version", CLAUDE_VERIFIED)
 def test_claude_records_carry_the_status_line_version(version: str) -> None:
     files = [FIXTURES / "claude" / f"{kind}-{version}.jsonl" for kind in ("statusline", "precompact", "postcompact")]
-    written = list(replay("claude", load_recordings(files)))
+    written = list(replay(CLAUDE, CLAUDE.read_recording(files)))
     assert written and {w.record.harness_version for w in written} == {version}
     assert json.loads(written[-1].record.to_json())["harnessVersion"] == version
 
@@ -36,8 +40,8 @@ def test_claude_records_carry_the_status_line_version(version: str) -> None:
 @pytest.mark.parametrize("version", CODEX_CONTEXT_VERIFIED_VERSIONS)
 @pytest.mark.parametrize("capture", ["stdio-main", "ws-main", "stdio-resume"])
 def test_codex_records_carry_the_app_servers_user_agent_version(version: str, capture: str) -> None:
-    data = (FIXTURES / "codex" / f"codex-{version}-{capture}.jsonl").read_bytes()
-    written = list(replay("codex", [data]))
+    path = FIXTURES / "codex" / f"codex-{version}-{capture}.jsonl"
+    written = list(replay(CODEX, CODEX.read_recording([path])))
     assert written and {w.record.harness_version for w in written} == {version}
 
 
@@ -93,7 +97,7 @@ def test_opencode_interleaved_sessions_each_record_names_its_session(version: st
     and a reader can tell B's 31,222 from C's 61,333 without guessing."""
     providers, events, labels = _opencode_capture(version)
     totals = {(info["sessionID"], info["tokens"]["total"]) for info in _completions(events)}
-    written = [w.record for w in replay("opencode", [providers, events])]
+    written = [w.record for w in replay(OPENCODE, [*recording_chunks(providers), *recording_chunks(events)])]
     assert written
     for record in written:
         assert record.session_id in labels
@@ -164,7 +168,7 @@ def test_a_tui_told_to_show_one_session_keeps_its_record_on_that_session(version
     composed = _with_select(events, first_b.decode(), b, "evt_hctx_select_b")
     last_line = composed.splitlines()[-1].decode()
     composed = _with_select(composed, last_line, c, "evt_hctx_select_c")
-    written = [w.record for w in replay("opencode", [providers, composed])]
+    written = [w.record for w in replay(OPENCODE, [*recording_chunks(providers), *recording_chunks(composed)])]
     sessions = [r.session_id for r in written]
     b_at = sessions.index(b)
     shown_b = written[b_at:-1]

@@ -23,7 +23,8 @@ from readers_catalog import HOST, put_claim, put_record
 from wrapping import pid_gone
 
 from guard.constants import HARNESS_CONTEXT_STALE_MS
-from wrapper.readers import AgentRow
+from tests.conftest import REPO
+from wrapper.roster import AgentRow
 from wrapper.watch import (
     Event,
     Observation,
@@ -37,7 +38,6 @@ from wrapper.watch import (
     step,
 )
 
-REPO = Path(__file__).resolve().parent.parent
 NOW = 1_788_000_000_000
 
 
@@ -287,7 +287,7 @@ def test_a_damaged_state_file_starts_from_nothing_told(tmp_path: Path, capsys: p
 
 
 def test_a_second_watch_with_the_same_name_is_refused(tmp_path: Path) -> None:
-    from guard.store import CatalogError
+    from guard.errors import CatalogError
 
     with StateFile(tmp_path, "default").held():
         with pytest.raises(CatalogError, match="another hctx watch"), StateFile(tmp_path, "default").held():

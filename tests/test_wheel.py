@@ -95,9 +95,7 @@ def test_the_wheel_holds_exactly_the_package_sources(installed: Installed) -> No
     with zipfile.ZipFile(installed.wheel) as archive:
         shipped = {name for name in archive.namelist() if not name.split("/")[0].endswith(".dist-info")}
     expected = {
-        name
-        for name in source_files()
-        if name.split("/")[0] in PACKAGES and not any(part in name for part in BYTECODE)
+        name for name in source_files() if name.split("/")[0] in PACKAGES and not any(part in name for part in BYTECODE)
     }
     assert shipped == expected
     # The guard must have teeth where the bug was: subpackages and the assets beside the modules.

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from guard.store import log_path
+from tests.conftest import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 HOST = "testhost"
 
 
@@ -21,9 +21,7 @@ def hctx(*args: str) -> list[str]:
     return [sys.executable, "-m", "wrapper.cli", *args]
 
 
-def wrap_argv(
-    catalog: Path, agent: str, harness: str, *command: str, extra: tuple[str, ...] = ()
-) -> list[str]:
+def wrap_argv(catalog: Path, agent: str, harness: str, *command: str, extra: tuple[str, ...] = ()) -> list[str]:
     return hctx(
         "wrap", "--agent", agent, "--harness", harness, "--catalog", str(catalog), "--host", HOST, *extra,
         "--", *command,

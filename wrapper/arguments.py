@@ -5,7 +5,12 @@ from __future__ import annotations
 import argparse
 import math
 
-__all__ = ["non_negative", "positive_seconds", "whole_number"]
+__all__ = [
+    "harness_name",
+    "non_negative",
+    "positive_seconds",
+    "whole_number",
+]
 
 
 def whole_number(text: str) -> int:
@@ -32,3 +37,14 @@ def positive_seconds(text: str) -> float:
     if not _finite(text) > 0:
         raise argparse.ArgumentTypeError(f"{text} is not a positive number of seconds")
     return float(text)
+
+
+def harness_name(text: str) -> str:
+    """A harness the registry knows (the built-in table, then the registered ones)."""
+    from guard.errors import UnknownHarness
+    from sidecar.registry import spec_for
+
+    try:
+        return spec_for(text).name
+    except UnknownHarness as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

@@ -10,60 +10,80 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import guard
-from guard.record import HARNESSES, Harness
-from wrapper.arguments import non_negative, whole_number
+from guard.record import Harness
+from sidecar.registry import BUILT_IN
+from wrapper.arguments import harness_name, non_negative, whole_number
 from wrapper.metrics import add_metrics_command
-from wrapper.readers import add_catalog_options, add_reader_commands, catalog_of, with_host
+from wrapper.reader_commands import add_catalog_options, add_reader_commands, catalog_of, with_host
 from wrapper.replication import add_replication_command
 from wrapper.scan import add_scan_command
 from wrapper.watch import add_watch_command
 
+__all__ = [
+    "DEMO_NO_TOP_S",
+    "DEMO_TOP_S",
+    "KNOWN",
+    "PROVIDERS_WIRE",
+    "Command",
+    "build_parser",
+    "main",
+]
+
 Command = Callable[[argparse.Namespace], int]
+# Named in --help without loading a spec; a registered harness (an entry point) is accepted too.
+# A wire that carries a model catalog's windows (OpenCode's `GET /config/providers` answer).
+PROVIDERS_WIRE = "providers"
+KNOWN = ", ".join(BUILT_IN)
 
 
 def _schema(_: argparse.Namespace) -> int:
     from guard.record import record_json_schema
+    from sidecar.registry import harness_names
 
-    print(json.dumps(record_json_schema(), indent=2))
+    print(json.dumps(record_json_schema(harness_names()), indent=2))
     return 0
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from sidecar.producers import Tally, read_recordings
-    from sidecar.replay import replay, write_line
+    from sidecar.registry import harness_names, spec_for
+    from sidecar.replay import Tally, replay, write_line
 
     harness: Harness = args.harness
-    if args.providers is not None and harness != "opencode":
-        print("hctx replay: --providers is OpenCode's window source; it goes with --harness opencode", file=sys.stderr)
+    spec = spec_for(harness)
+    if args.providers is not None and PROVIDERS_WIRE not in spec.wires():
+        readers = ", ".join(name for name in harness_names() if PROVIDERS_WIRE in spec_for(name).wires())
+        print(f"hctx replay: --providers is a window source; it goes with --harness {readers}", file=sys.stderr)
         return 2
     files = [Path(name) for name in args.files]
     if args.providers is not None:
         files.insert(0, args.providers)  # the windows must be known before the first reading
     tally = Tally()
     try:
-        recordings = read_recordings(harness, files, tally)
+        chunks = list(spec.read_recording(files))
     except OSError as exc:
         print(f"hctx replay: {exc}", file=sys.stderr)
         return 2
-    for write in replay(harness, recordings, tally=tally):
+    for write in replay(spec, chunks, tally=tally):
         sys.stdout.write(write_line(write))
     if not tally.recognised:
-        lines = f"{tally.lines} line{'' if tally.lines == 1 else 's'}"
+        count = sum(len(path.read_bytes().splitlines()) for path in files)
+        lines = f"{count} line{'' if count == 1 else 's'}"
         print(f"hctx replay: read {lines}; none was a frame of the {harness} harness", file=sys.stderr)
         return 1
     return 0
 
 
 def _wrap(args: argparse.Namespace) -> int:
-    from guard.store import AgentDir, CatalogError
-    from wrapper.harnesses import PROGRAMS, infer_harness
+    from guard.errors import CatalogError
+    from guard.store import AgentDir
+    from wrapper.harnesses import infer_harness, programs
     from wrapper.launcher import WrapOptions, free_seat, parse_command, run_wrap
 
     try:
         argv = parse_command(args.command_line)
         harness: Harness | None = args.harness or infer_harness(argv)
         if harness is None:
-            known = ", ".join(sorted(set(PROGRAMS.values())))
+            known = ", ".join(sorted(set(programs().values())))
             raise ValueError(f"cannot tell which harness {argv[0]!r} is ({known}, or behind npx/bunx); "
                              "say it with --harness")  # fmt: skip
         catalog = catalog_of(args).absolute()
@@ -125,9 +145,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Print one JSON line per record the write guard would write, with its reason. "
         "Untimed frames advance a simulated clock by one second each.",
     )
-    replay.add_argument("--harness", required=True, choices=HARNESSES)
+    replay.add_argument("--harness", required=True, type=harness_name, help=f"one of {KNOWN}")
     replay.add_argument(
-        "--providers", type=Path, metavar="FILE", help="OpenCode only: a recorded GET /config/providers answer"
+        "--providers",
+        type=Path,
+        metavar="FILE",
+        help="a recorded `GET /config/providers` answer, replayed first: the windows (OpenCode's)",
     )
     replay.add_argument("files", nargs="+", metavar="FILE", help="a recorded stream of that harness")
     replay.set_defaults(run=_replay)
@@ -147,7 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
         "there, while the first runs, is NAME-2, then NAME-3, ...)",
     )  # fmt: skip
     wrap.add_argument(
-        "--harness", choices=HARNESSES, help="which harness COMMAND runs (default: told from its program's name)"
+        "--harness",
+        type=harness_name,
+        help=f"which harness COMMAND runs, one of {KNOWN} (default: told from its program's name)",
     )
     add_catalog_options(wrap)
     wrap.add_argument(

@@ -16,7 +16,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from guard.constants import AGENTS_DIR_NAME, CONTEXT_RECORD_NAME
+from guard.errors import FleetFailed
 from guard.record import Harness
+
+__all__ = [
+    "DEMO_HOST",
+    "FINISH_SLACK_S",
+    "FLEET",
+    "LOG_TAIL_LINES",
+    "STOP_TIMEOUT_S",
+    "WRAPPER_LOG",
+    "DemoAgent",
+    "failures",
+    "launch",
+    "run_demo",
+    "stop",
+    "workdir",
+]
 
 DEMO_HOST = "demo"
 STOP_TIMEOUT_S = 10.0
@@ -112,10 +128,6 @@ def stop(processes: list[subprocess.Popen[bytes]]) -> None:
 
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
-
-
-class FleetFailed(Exception):
-    """A demo agent's wrapper died while `hctx top` showed the fleet: top closes and the demo says why."""
 
 
 def run_demo(catalog: Path | None, show_top: bool, duration_s: float) -> int:

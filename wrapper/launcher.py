@@ -25,11 +25,37 @@ import wrapper.reaper
 from guard.constants import CHANNEL_DROP_REPORT
 from guard.constants import CHANNEL_MAX_FRAME_BYTES as MAX_FRAME_BYTES
 from guard.constants import CHANNEL_MAX_SOCKET_PATH as MAX_SOCKET_PATH
+from guard.errors import ClaimHeld
 from guard.record import Harness
-from guard.state import ClaimHeld, HarnessState, claim_agent, held_by_live_wrapper, read_state, update_claim
+from guard.state import HarnessState, claim_agent, held_by_live_wrapper, read_state, update_claim
 from guard.store import AgentDir, as_name
-from wrapper.harnesses import LaunchPlan, prepare, teardown
+from wrapper.harnesses import LaunchPlan, prepare, teardown, transport_json
 from wrapper.sidecars import SIDECAR_EXIT_TIMEOUT_S, Sidecars, SidecarSpec
+
+__all__ = [
+    "CLAIM_REFUSED_STATUS",
+    "FINAL_STATE_RETRIES_S",
+    "HARNESS_KILL_DEADLINE_S",
+    "SEAT_SUFFIX_ROOM",
+    "TAKEOVER_WAIT_S",
+    "TAP_QUEUE_BYTES",
+    "TAP_RECONNECT_S",
+    "GroupMode",
+    "Reaper",
+    "RestartPolicy",
+    "Session",
+    "TapQueue",
+    "WrapOptions",
+    "claim",
+    "exit_status",
+    "free_seat",
+    "parse_command",
+    "run_incarnation",
+    "run_wrap",
+    "say",
+    "tap_stdout_lines",
+    "wrap",
+]
 
 RestartPolicy = Literal["no", "on-failure", "always"]
 # From the SIGTERM (or SIGHUP) a harness is sent to the SIGKILL of whatever of its group is left.
@@ -312,7 +338,7 @@ async def _run_with_sidecar(
     agent = options.agent
     group = _harness_group()
     reaper = None if group == "shared" else await Reaper.start()
-    sidecars = Sidecars(SidecarSpec(agent, options.harness, incarnation, channel, plan.transport), say)
+    sidecars = Sidecars(SidecarSpec(agent, options.harness, incarnation, channel, transport_json(plan)), say)
     try:
         if not await sidecars.start() and sidecars.running:  # one that died is keep_alive's to report
             say("the sidecar did not come up; the harness runs without context telemetry")
@@ -414,7 +440,7 @@ async def _run_harness(
             if plan.tap_stdout and process.stdout is not None:
                 stdout = trio.lowlevel.FdStream(os.dup(process.stdout.fileno()))
                 process.stdout.close()
-                nursery.start_soon(_tap_stdout, stdout, plan.tap_stdout, channel)
+                nursery.start_soon(tap_stdout_lines, stdout, plan.tap_stdout, channel)
             async with trio.open_nursery() as watch:
                 watch.start_soon(session.kill_after_deadline)
                 returncode = await _wait_exit(process)
@@ -435,34 +461,38 @@ async def _wait_exit(process: subprocess.Popen[bytes]) -> int:
     return process.wait()
 
 
-async def _tap_stdout(stdout: trio.abc.ReceiveStream, frame_type: str, channel: Path) -> None:
+async def tap_stdout_lines(stdout: trio.abc.ReceiveStream, frame_type: str, channel: Path) -> None:
     """Copy the harness's stdout to ours untouched; send each line to the sidecar on the side.
 
-    The copy never waits on the sidecar: tapped lines queue up to TAP_QUEUE_BYTES, and past that the
-    oldest give way, so after a burst (thousands of deltas) the newest lines, the usage update among
-    them, still go. What gave way is counted and reported to the sidecar, which logs it.
+    Lines are framed by the sidecar's own `LineFramer` at the channel's limit, and each goes as the
+    harness's tap frame (`sidecar.producers.codex.tap_frame`: the line's bytes as the string
+    payload), so the sidecar decodes exactly the bytes a replay of the same stdout does. The copy
+    never waits on the sidecar: tapped lines queue up to TAP_QUEUE_BYTES, and past that the oldest
+    give way, so after a burst (thousands of deltas) the newest lines, the usage update among them,
+    still go. What gave way is counted and reported to the sidecar, which logs it. A line over the
+    limit, or one whose frame would be (the sidecar refuses those on every wire), is not sent.
     """
-    queue = _TapQueue()
-    prefix = b'{"type":' + json.dumps(frame_type).encode() + b',"payload":'
+    from sidecar.framing import Line, LineFramer
+    from sidecar.producers.codex import tap_frame
+
+    queue = TapQueue()
+    framer = LineFramer(MAX_FRAME_BYTES)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_send_tapped, queue, channel)
         try:
             async with trio.lowlevel.FdStream(os.dup(sys.stdout.fileno())) as out:
-                pending = b""
                 while chunk := await stdout.receive_some(65536):
                     await out.send_all(chunk)
-                    lines = (pending + chunk).split(b"\n")
-                    pending = lines.pop()
-                    if len(pending) > MAX_FRAME_BYTES:
-                        pending = b""
-                    for line in lines:
-                        if line.strip() and len(line) <= MAX_FRAME_BYTES:
-                            queue.put(prefix + line + b"}\n")
+                    for line in framer.receive_data(bytes(chunk)):
+                        if isinstance(line, Line) and line.data.strip():
+                            frame = tap_frame(line.data, frame_type)
+                            if len(frame) <= MAX_FRAME_BYTES:
+                                queue.put(frame + b"\n")
         finally:
             queue.close()
 
 
-class _TapQueue:
+class TapQueue:
     """Tapped lines owed to the sidecar, bounded in bytes; when full, the oldest give way."""
 
     def __init__(self) -> None:
@@ -503,7 +533,7 @@ class _TapQueue:
         return batch, count
 
 
-async def _send_tapped(queue: _TapQueue, channel: Path) -> None:
+async def _send_tapped(queue: TapQueue, channel: Path) -> None:
     """Send tapped lines to the sidecar in batches; when it is gone, try again (a sidecar started
     again listens on the same channel) while the queue keeps the newest lines. Nothing is printed
     here: a write to a stderr nobody drains would stall the copy, and the wrapper already says when

@@ -17,23 +17,27 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from guard.errors import CatalogError
 from wrapper.arguments import positive_seconds
-from wrapper.readers import (
-    CatalogUnreadable,
-    Roster,
-    _fail,
-    _quiet_guard_logs,
-    _warn,
-    add_catalog_options,
-    collect_roster,
-    existing_catalog,
-    now_ms,
-    with_host,
-)
+from wrapper.reader_commands import add_catalog_options, existing_catalog, fail, quiet_guard_logs, warn, with_host
+from wrapper.roster import Roster, collect_roster, now_ms
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
     from prometheus_client.metrics_core import Metric
+
+__all__ = [
+    "AGENT_LABELS",
+    "DEFAULT_LISTEN",
+    "MS",
+    "RATE_WINDOWS",
+    "READINGS",
+    "CatalogCollector",
+    "add_metrics_command",
+    "families",
+    "listen_address",
+    "run_metrics",
+]
 
 DEFAULT_LISTEN = ("127.0.0.1", 9478)
 AGENT_LABELS = ("host", "agent", "harness")
@@ -119,7 +123,7 @@ class CatalogCollector:
         roster: Roster | None = None
         try:
             roster = collect_roster(self.locate(), now_ms(), here=self.here)
-        except CatalogUnreadable as exc:
+        except CatalogError as exc:
             self._warn_new([f"cannot read the catalog: {exc}"])
         yield GaugeMetricFamily(
             "hctx_catalog_readable", "1 when the catalog could be listed; 0 and no other series when not.",
@@ -130,7 +134,7 @@ class CatalogCollector:
             yield from families(roster)
 
     def _warn_new(self, warnings: list[str]) -> None:
-        _warn("metrics", [warning for warning in warnings if warning not in self.warned])
+        warn("metrics", [warning for warning in warnings if warning not in self.warned])
         self.warned = set(warnings)
 
 
@@ -191,12 +195,12 @@ def run_metrics(args: argparse.Namespace) -> int:
     from prometheus_client import CollectorRegistry
 
     if args.textfile is None and args.interval is not None:
-        return _fail("metrics", "--interval repeats --textfile; a server is read at every scrape", 2)
+        return fail("metrics", "--interval repeats --textfile; a server is read at every scrape", 2)
     if args.textfile is not None and (args.listen or args.tls_cert or args.tls_client_ca):
-        return _fail("metrics", "--textfile writes a file; --listen and --tls-* are for serving", 2)
+        return fail("metrics", "--textfile writes a file; --listen and --tls-* are for serving", 2)
     if (args.tls_cert is None) != (args.tls_key is None) or (args.tls_client_ca and not args.tls_cert):
-        return _fail("metrics", "TLS needs --tls-cert with --tls-key; --tls-client-ca needs both", 2)
-    _quiet_guard_logs()
+        return fail("metrics", "TLS needs --tls-cert with --tls-key; --tls-client-ca needs both", 2)
+    quiet_guard_logs()
     registry = CollectorRegistry(auto_describe=False)
     registry.register(CatalogCollector(lambda: existing_catalog(args), args.host))
     return _serve(args, registry) if args.textfile is None else _write(args, registry)

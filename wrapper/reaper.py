@@ -18,6 +18,14 @@ import sys
 import time
 from collections.abc import Sequence
 
+__all__ = [
+    "MAX_ORDERS_BYTES",
+    "POLL_S",
+    "end_group",
+    "main",
+    "read_orders",
+]
+
 POLL_S = 0.02
 MAX_ORDERS_BYTES = 4096
 

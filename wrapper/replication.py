@@ -22,7 +22,17 @@ from guard.constants import (
     HARNESS_CONTEXT_BUCKET_PERCENT,
     REPLICATED_RECORD_NAMES,
 )
-from wrapper.readers import catalog_of
+from wrapper.reader_commands import catalog_of
+
+__all__ = [
+    "FOLDER_SETTINGS",
+    "FOLDER_TYPES",
+    "add_replication_command",
+    "include_patterns",
+    "run_syncthing",
+    "settings_json",
+    "stignore",
+]
 
 # Folder options, as Syncthing's config and REST API spell them, with why each is set.
 FOLDER_SETTINGS: Final[tuple[tuple[str, Any, str], ...]] = (

@@ -29,10 +29,32 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
 
+from guard.errors import ModelTableError
 from guard.record import MAX_COUNT, ContextFields
 
 if TYPE_CHECKING:  # the transcript readers load only when `hctx scan` runs, not for every command
     from sidecar.transcripts import BackwardLines
+
+__all__ = [
+    "DEFAULT_SINCE",
+    "MODEL_TABLE_SCHEMA",
+    "USER_MODEL_TABLE",
+    "ScanRow",
+    "SessionFile",
+    "WindowSource",
+    "add_scan_command",
+    "claude_config_dir",
+    "codex_home",
+    "find_sessions",
+    "model_table",
+    "parse_duration",
+    "read_session",
+    "render_rows",
+    "run_scan",
+    "scan",
+    "shipped_model_table",
+    "user_model_table_path",
+]
 
 DEFAULT_SINCE: Final = "24h"
 MODEL_TABLE_SCHEMA: Final = "hctx.model-windows.v1"
@@ -56,10 +78,6 @@ def parse_duration(text: str) -> int:
 
 # ---------------------------------------------------------------------------------------------
 # The model → window table
-
-
-class ModelTableError(ValueError):
-    pass
 
 
 def _windows(data: object, where: str) -> dict[str, int | None]:
@@ -303,23 +321,27 @@ def _claude_row(
 
 
 def _codex_row(session: SessionFile, session_id: str | None, lines: BackwardLines) -> ScanRow:
-    from sidecar.producers.base import FrameRejected
-    from sidecar.producers.codex import CodexProducer
-    from sidecar.transcripts import read_codex_tail, tail_frames
+    from sidecar.decoding import Dropped
+    from sidecar.producers.codex import merged_rate_limits, usage_fields
+    from sidecar.producers.codex_events import RateLimitsUpdated, TokenUsage
+    from sidecar.transcripts import read_codex_tail, session_build
 
     thread = session_id or "rollout"
     tail = read_codex_tail(lines, thread)
-    producer = CodexProducer()
     problems: list[str] = []
-    for at_ms, frame in tail_frames(tail):
-        try:
-            producer.feed(frame, session.modified_ms if at_ms is None else at_ms)
-        except FrameRejected as exc:  # e.g. a count out of range: no reading, and the row says why
-            problems.append(f"token_count refused: {exc}")
-    reading = producer.last_reading
+    usage = None if tail.usage is None else tail.usage.usage
+    limits = None if tail.rate_limits is None else tail.rate_limits.rate_limits
+    for refused in (limits, usage):
+        if isinstance(refused, Dropped):  # e.g. a count out of range: no reading, and the row says why
+            problems.append(f"token_count refused: {refused.reason}")
+    reading = ContextFields(harness="codex", observed_at_ms=session.modified_ms)
+    if isinstance(usage, TokenUsage) and tail.usage is not None:
+        # The producer's own arithmetic on the latest usage, with the rate limits held before it.
+        held = merged_rate_limits((None, None), limits) if isinstance(limits, RateLimitsUpdated) else (None, None)
+        build = None if tail.session is None else session_build(tail.session)
+        at_ms = session.modified_ms if tail.usage.at_ms is None else tail.usage.at_ms
+        reading = usage_fields(usage, at_ms, held_limits=held, version=None if build is None else build.version)
     compactions = tail.compactions
-    if reading is None:
-        reading = ContextFields(harness="codex", observed_at_ms=session.modified_ms)
     reading = reading.model_copy(
         update={
             "compactions": compactions or 0,
@@ -348,7 +370,8 @@ def scan(environ: Mapping[str, str], since_ms: int, now: int, warnings: list[str
 
 
 def render_rows(rows: list[ScanRow], now: int, *, colour: bool) -> str:
-    from wrapper.readers import age_text, fill_tint, meter_text, percent_text, printable, table
+    from guard.catalog import printable
+    from wrapper.render import age_text, fill_tint, meter_text, percent_text, table
 
     if not rows:
         return "no sessions\n"
@@ -376,7 +399,8 @@ def render_rows(rows: list[ScanRow], now: int, *, colour: bool) -> str:
 
 
 def run_scan(args: argparse.Namespace) -> int:
-    from wrapper.readers import colour_enabled, printable, render_json_array
+    from guard.catalog import printable
+    from wrapper.render import colour_enabled, render_json_array
 
     now = time.time_ns() // 1_000_000
     warnings: list[str] = []

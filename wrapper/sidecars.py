@@ -18,13 +18,25 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import trio
 
 from guard.record import Harness
 from guard.state import UNOBSERVED_LIMIT, HarnessState, Unobserved, update_claim
 from guard.store import AgentDir, append_log_line
+
+__all__ = [
+    "SIDECAR_EXIT_TIMEOUT_S",
+    "SIDECAR_READY_TIMEOUT_S",
+    "SIDECAR_RESTART_DELAYS_S",
+    "SIDECAR_STABLE_S",
+    "Note",
+    "SidecarSpec",
+    "Sidecars",
+    "checkout_env",
+    "now_ms",
+    "sidecar_restart_delay",
+]
 
 SIDECAR_READY_TIMEOUT_S = 10.0
 SIDECAR_EXIT_TIMEOUT_S = 5.0
@@ -60,7 +72,7 @@ class SidecarSpec:
     harness: Harness
     incarnation: str
     channel: Path
-    transport: dict[str, Any]
+    transport: str | None  # its JSON (`wrapper.harnesses.transport_json`)
 
     def argv(self, lifeline_fd: int, ready_fd: int) -> list[str]:
         agent = self.agent
@@ -69,7 +81,7 @@ class SidecarSpec:
             *("--catalog", os.fspath(agent.catalog), "--host", agent.host, "--agent", agent.identity),
             *("--incarnation", self.incarnation, "--channel", os.fspath(self.channel)),
             *("--lifeline-fd", str(lifeline_fd), "--ready-fd", str(ready_fd)),
-            *("--transport", json.dumps(self.transport)),
+            *(() if self.transport is None else ("--transport", self.transport)),
         ]
 
 

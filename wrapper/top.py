@@ -22,24 +22,40 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from guard.catalog import list_agents
 from guard.constants import AGENTS_DIR_NAME, CONTEXT_RECORD_NAME, STATE_RECORD_NAME
-from wrapper.readers import (
-    AgentRow,
-    CatalogUnreadable,
-    Roster,
+from guard.errors import CatalogError
+from wrapper.render import (
     Tint,
     age_text,
-    collect_roster,
     colour_enabled,
     cost_text,
+    counted,
     fill_tint,
     headroom_text,
-    list_agents,
-    now_ms,
     paint,
     percent_text,
     tokens_text,
 )
+from wrapper.roster import AgentRow, Roster, collect_roster, now_ms
+
+__all__ = [
+    "BAR_CELLS",
+    "BAR_MIN_CELLS",
+    "COLUMNS",
+    "HIDE_ORDER",
+    "POLL_S",
+    "REFRESH_S",
+    "RIGHT_ALIGNED",
+    "Screen",
+    "Segment",
+    "bar",
+    "fill_order",
+    "live",
+    "render_frame",
+    "run",
+    "signature",
+]
 
 REFRESH_S = 1.0
 POLL_S = 0.2
@@ -154,13 +170,13 @@ def render_frame(
     Only the `interactive` view says how to quit it."""
     clock = time.strftime("%H:%M:%S", time.localtime(now / 1000))
     rows = [] if roster is None else sorted(roster.rows, key=fill_order)
-    title = f"hctx top · {len(rows)} agent{'' if len(rows) == 1 else 's'} · {catalog} · {clock}"
+    title = f"hctx top · {counted(len(rows), 'agent')} · {catalog} · {clock}"
     table, widths, shown = _layout(rows, width)
     notes = ["q quits"] if interactive else []
     if problem is None and len(shown) < len(COLUMNS):
         hidden_columns = [name for index, name in enumerate(COLUMNS) if index not in shown]
-        plural = "s" if len(hidden_columns) != 1 else ""
-        notes.append(f"+{len(hidden_columns)} column{plural} hidden, widen the terminal: {', '.join(hidden_columns)}")
+        columns = counted(len(hidden_columns), "column")
+        notes.append(f"+{columns} hidden, widen the terminal: {', '.join(hidden_columns)}")
     lines = [_fit([(text, None)], width, False) for text in (title, " · ".join(notes)) if text]
     lines.append("")
     if problem is not None:
@@ -180,8 +196,7 @@ def render_frame(
         body.append(_fit(segments, width, colour))
 
     refused = 0 if roster is None else len(roster.all_warnings())
-    plural = "s" if refused != 1 else ""
-    footer = [f"{refused} warning{plural}: `hctx agents` names them"] if refused else []
+    footer = [f"{counted(refused, 'warning')}: `hctx agents` names them"] if refused else []
     if height is not None:
         room = max(1, height - len(lines) - len(footer))
         if len(body) > room:
@@ -197,7 +212,7 @@ def signature(catalog: Path) -> tuple[object, ...]:
     marks: list[object] = []
     try:
         agents, _ = list_agents(catalog)
-    except CatalogUnreadable as exc:
+    except CatalogError as exc:
         return (str(exc),)
     for host, identity in agents:
         base = catalog / AGENTS_DIR_NAME / host / identity
@@ -222,7 +237,7 @@ class Screen:
         now = now_ms()
         try:
             roster = collect_roster(self.catalog, now, here=self.here)
-        except CatalogUnreadable as exc:
+        except CatalogError as exc:
             return render_frame(None, now, catalog=self.catalog, width=width, height=height,
                                 colour=self.colour, problem=str(exc), interactive=True)  # fmt: skip
         return render_frame(roster, now, catalog=self.catalog, width=width, height=height, colour=self.colour,
@@ -305,7 +320,7 @@ def run(catalog: Path, *, here: str, once: bool) -> int:
         now = now_ms()
         try:
             roster = collect_roster(catalog, now, here=here)
-        except CatalogUnreadable as exc:  # as `hctx agents`: an unreadable catalog is a failure
+        except CatalogError as exc:  # as `hctx agents`: an unreadable catalog is a failure
             print(f"hctx top: {exc}", file=sys.stderr)
             return 2
         lines = render_frame(roster, now, catalog=catalog, width=_once_width(), height=None,

@@ -29,28 +29,44 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from guard.catalog import list_agents
 from guard.constants import CONTROL_DIR_NAME, HARNESS_CONTEXT_STALE_MS, REPLICATED_RECORD_NAMES
+from guard.errors import CatalogError
 from guard.projection import headroom_tokens
-from guard.store import CatalogError, _open_chain, check_name, control_dir, pid_alive, write_json_atomic
+from guard.store import check_name, control_dir, open_chain, pid_alive, write_json_atomic
 from wrapper.arguments import positive_seconds, whole_number
-from wrapper.readers import (
-    AgentRow,
-    CatalogUnreadable,
-    PidProbe,
-    add_catalog_options,
-    age_text,
-    existing_catalog,
-    list_agents,
-    meter_text,
-    now_ms,
-    percent_text,
-    tokens_text,
-    view_agent,
-    with_host,
-)
+from wrapper.reader_commands import add_catalog_options, existing_catalog, with_host
+from wrapper.render import age_text, meter_text, percent_text, tokens_text
+from wrapper.roster import AgentRow, PidProbe, now_ms, view_agent
 
 if TYPE_CHECKING:  # trio and watchfiles load when the command runs, not with every `hctx`
     import trio
+
+__all__ = [
+    "DEFAULT_AT",
+    "DEFAULT_EXEC_TIMEOUT_S",
+    "DEFAULT_REREAD_S",
+    "STATE_SCHEMA",
+    "WATCH_DIR_NAME",
+    "Deliver",
+    "Event",
+    "Kind",
+    "Observation",
+    "Outbox",
+    "Seen",
+    "Settings",
+    "State",
+    "StateFile",
+    "add_watch_command",
+    "dump_state",
+    "exec_command",
+    "follow",
+    "load_state",
+    "observe",
+    "print_event",
+    "run_watch",
+    "step",
+]
 
 Kind = Literal["fresh", "compaction", "fill", "headroom", "stale"]
 
@@ -269,7 +285,7 @@ class StateFile:
     @contextlib.contextmanager
     def held(self) -> Iterator[int]:
         """The directory's descriptor, with the lock taken; CatalogError when another watch holds it."""
-        dir_fd = _open_chain(self._catalog, (CONTROL_DIR_NAME, WATCH_DIR_NAME), create=True)
+        dir_fd = open_chain(self._catalog, (CONTROL_DIR_NAME, WATCH_DIR_NAME), create=True)
         try:
             flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
             lock_fd = os.open(self._lock_name, flags, 0o644, dir_fd=dir_fd)
@@ -402,7 +418,7 @@ async def follow(
             now = now_ms()
             try:
                 snapshot, warnings = observe(catalog, now, here=here)
-            except CatalogUnreadable as exc:
+            except CatalogError as exc:
                 warnings, snapshot = [f"cannot read the catalog: {exc}"], None
             for warning in warnings:
                 if warning not in told_warnings:
@@ -462,7 +478,7 @@ def run_watch(args: argparse.Namespace) -> int:
     try:
         catalog = existing_catalog(args)
         state_file = StateFile(catalog, args.name)
-    except (CatalogUnreadable, CatalogError) as exc:
+    except CatalogError as exc:
         log(str(exc))
         return 2
     deliver = print_event if args.exec is None else exec_command(args.exec, args.exec_timeout)

@@ -19,6 +19,22 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from guard.policy import Reading
 from guard.record import ContextFields, Harness, describe_validation_error
 
+__all__ = [
+    "MAX_COST_USD",
+    "MAX_PERCENT",
+    "Frame",
+    "Percent",
+    "Producer",
+    "Recording",
+    "TolerantModel",
+    "Usd",
+    "harness_version",
+    "instant_ms",
+    "optional_model",
+    "out_of_domain",
+    "remember",
+]
+
 Frame = dict[str, Any]
 
 # The domain of every number a producer publishes, beyond the record's own types (counts are
@@ -109,25 +125,19 @@ def remember(ring: OrderedDict[_Key, _Value], key: _Key, value: _Value, bound: i
         ring.popitem(last=False)
 
 
-class FrameRejected(ValueError):
-    """A frame the producer will not interpret; the message is the log line's reason."""
-
-
 class Producer(Protocol):
     harness: Harness
 
-    def feed(self, frame: Frame, now_ms: int) -> list[Reading]:
-        """Fold one frame into the producer's state; the readings it yields, oldest first.
+    # The event is one of the harness's own typed events, from its decoders (`Any` here only
+    # because each harness has its own event types; its producer's signature names them).
+    def feed(self, event: Any, now_ms: int) -> list[Reading]:
+        """Fold one event into the producer's state; the readings it yields, oldest first.
 
-        Raises FrameRejected for a frame it refuses (malformed, hostile, not its own); must never
-        raise anything else for any input, and never fabricate a number the frame did not carry.
+        Raises FrameRejected for an event it refuses (hostile, not its own); must never raise
+        anything else for any input, and never fabricate a number the event did not carry.
         """
         ...
 
 
-class Recording(Protocol):
-    """How `hctx replay` turns one harness's recorded stream into timed frames."""
-
-    def __call__(self, data: bytes) -> Iterator[tuple[int | None, Frame]]:
-        """(arrival time in ms if the recording has one, frame) for every frame in `data`."""
-        ...
+class Recording(Protocol):  # TEMPORARY: the dict-frame modules' recordings
+    def __call__(self, data: bytes) -> Iterator[tuple[int | None, Frame]]: ...

@@ -1,8 +1,13 @@
 """Claude Code: status-line payloads carry the window, compaction hooks carry the count.
 
-Frames (sent by `hctx-statusline` / `hctx-hook`, see `sidecar.claude_tee`):
+Frames (sent by `hctx-statusline` / `hctx-hook`, see `sidecar.claude_tee`, which defines the types):
     {"type": "claude.statusline", "payload": <statusLine stdin JSON>}
     {"type": "claude.hook",       "payload": <PreCompact | PostCompact | SessionStart stdin JSON>}
+
+The decoding half (`channel_frames`) validates each into a typed event, `StatusLine`, `Hook` or
+`SubagentHook`; the producer folds only those. A recording (`read_recording`: the lab's status-line
+and hook captures, one stdin payload a line, with optional `.times` siblings) is replayed as the very
+channel lines the tee builds for those payloads, with `sidecar.claude_tee.channel_line` itself.
 
 Measured on 2.1.250 and 2.1.332 (lab/claude), and followed where the spec said less:
 - `current_usage` is null until the first reply while `total_input_tokens` already reads 0 beside
@@ -24,30 +29,35 @@ Measured on 2.1.250 and 2.1.332 (lab/claude), and followed where the spec said l
 
 from __future__ import annotations
 
-import json
 from collections import Counter, OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import Field, ValidationError
 
-from guard.policy import Reading
+from guard.errors import FrameRejected
+from guard.policy import Reading, windows_at_limit
 from guard.record import CompactionTrigger, ContextFields, Count, Harness, RateLimits, describe_validation_error
-from sidecar.producers.base import (
-    Frame,
-    FrameRejected,
-    Percent,
-    TolerantModel,
-    Usd,
-    harness_version,
-    instant_ms,
-    optional_model,
-)
+from sidecar import wire
+from sidecar.claude_tee import HOOK_FRAME, HOOK_TYPE, STATUSLINE_FRAME, STATUSLINE_TYPE, channel_line
+from sidecar.decoding import CHANNEL
+from sidecar.producers.base import Percent, TolerantModel, Usd, harness_version, instant_ms, optional_model
+from sidecar.registry import Chunk, HarnessSpec
 
-STATUSLINE_FRAME = "claude.statusline"
-HOOK_FRAME = "claude.hook"
+__all__ = [
+    "SPEC",
+    "VERIFIED_VERSIONS",
+    "ClaudeEvent",
+    "ClaudeProducer",
+    "Hook",
+    "RateWindow",
+    "StatusLine",
+    "SubagentHook",
+    "channel_frames",
+    "read_recording",
+]
 
 # The versions whose payloads the fixtures pin (HC-R13); a bump is re-measured, not assumed.
 VERIFIED_VERSIONS = ("2.1.250", "2.1.332")
@@ -63,9 +73,7 @@ _Count = Count
 _Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 
 
-class _Envelope(TolerantModel):
-    type: Literal["claude.statusline", "claude.hook"]
-    payload: dict[str, Any]
+# --- the decoding half: channel frames to typed events ------------------------------------------
 
 
 class _ContextWindow(TolerantModel):
@@ -87,16 +95,98 @@ class _Cost(TolerantModel):
     total_cost_usd: Usd
 
 
-class _RateWindow(TolerantModel):
+class RateWindow(TolerantModel):
+    """One account window of `rate_limits`, as Claude gave it."""
+
     used_percentage: Percent
     resets_at: _Number | None = None  # epoch seconds
 
 
-class _Hook(TolerantModel):
+class Hook(TolerantModel):
+    """A top-level hook's payload: PreCompact, PostCompact, SessionStart (or one Claude adds)."""
+
     hook_event_name: Annotated[str, Field(strict=True)]
     prompt_id: Annotated[str, Field(strict=True)] | None = None
     trigger: Annotated[str, Field(strict=True)] | None = None
     source: Annotated[str, Field(strict=True)] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SubagentHook:
+    """A hook a subagent raised (its payload names an `agent_id`): another window than this
+    record's, which is the top-level one (DQ-C9). Its fields are never read."""
+
+
+@dataclass(frozen=True, slots=True)
+class StatusLine:
+    """One status-line payload: Claude's own numbers for the top-level window, and adjacent facts.
+
+    `measured` is whether `current_usage` was an object: null until the first reply, and then the
+    `total_input_tokens` 0 beside it is Claude not knowing yet. An adjacent fact that was absent or
+    malformed is None, never a guess.
+    """
+
+    total_input_tokens: int | None
+    context_window_size: int | None
+    used_percentage: float | None
+    measured: bool
+    model: str | None
+    cost_usd: float | None
+    five_hour: RateWindow | None
+    seven_day: RateWindow | None
+    version: str | None
+
+
+ClaudeEvent = StatusLine | Hook | SubagentHook
+
+
+def channel_frames(kind: str, frame: dict[str, Any]) -> list[object]:
+    """A `claude.statusline` or `claude.hook` envelope as its typed event; FrameRejected otherwise."""
+    if kind not in (STATUSLINE_TYPE, HOOK_TYPE):
+        raise FrameRejected(f"not a claude frame: type {kind[:40]!r}")
+    payload = frame.get("payload")
+    if not isinstance(payload, dict):
+        raise FrameRejected(f"not a claude frame: payload is {type(payload).__name__}, not an object")
+    try:
+        return [_status_line(payload) if kind == STATUSLINE_TYPE else _hook(payload)]
+    except RecursionError:
+        raise FrameRejected("claude frame nested too deeply") from None
+
+
+def _status_line(payload: dict[str, Any]) -> StatusLine:
+    try:
+        window = _StatusLine.model_validate(payload).context_window
+    except ValidationError as exc:
+        raise FrameRejected(
+            f"status line without a readable context_window: {describe_validation_error(exc)}"
+        ) from None
+    model: _Model | None = optional_model(_Model, payload.get("model"))
+    cost: _Cost | None = optional_model(_Cost, payload.get("cost"))
+    limits = payload.get("rate_limits")
+    limits = limits if isinstance(limits, dict) else {}
+    return StatusLine(
+        total_input_tokens=window.total_input_tokens,
+        context_window_size=window.context_window_size,
+        used_percentage=window.used_percentage,
+        measured=window.current_usage is not None,
+        model=model.id if model else None,
+        cost_usd=cost.total_cost_usd if cost else None,
+        five_hour=optional_model(RateWindow, limits.get("five_hour")),
+        seven_day=optional_model(RateWindow, limits.get("seven_day")),
+        version=harness_version(payload.get("version")),
+    )
+
+
+def _hook(payload: dict[str, Any]) -> Hook | SubagentHook:
+    if payload.get("agent_id") is not None:
+        return SubagentHook()
+    try:
+        return Hook.model_validate(payload)
+    except ValidationError as exc:
+        raise FrameRejected(f"unreadable hook payload: {describe_validation_error(exc)}") from None
+
+
+# --- the producer ---------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,56 +209,40 @@ class ClaudeProducer:
         # A compaction counted before any reading existed rides the first reading as its edge.
         self._edge_pending = False
 
-    def feed(self, frame: Frame, now_ms: int) -> list[Reading]:
-        try:
-            envelope = _Envelope.model_validate(frame)
-        except ValidationError as exc:
-            raise FrameRejected(f"not a claude frame: {describe_validation_error(exc)}") from None
-        except (RecursionError, TypeError, ValueError) as exc:
-            raise FrameRejected(f"not a claude frame: {type(exc).__name__}") from None
-        if envelope.type == STATUSLINE_FRAME:
-            return [self._statusline(envelope.payload, now_ms)]
-        return self._hook(envelope.payload, now_ms)
+    def feed(self, event: ClaudeEvent, now_ms: int) -> list[Reading]:
+        if isinstance(event, StatusLine):
+            return [self._statusline(event, now_ms)]
+        if isinstance(event, Hook):
+            return self._hook(event, now_ms)
+        if isinstance(event, SubagentHook):
+            return []  # a subagent's compaction; this record is the top-level window (DQ-C9)
+        raise FrameRejected(f"not a claude event: {type(event).__name__}")
 
-    def _statusline(self, payload: dict[str, Any], now_ms: int) -> Reading:
-        try:
-            window = _StatusLine.model_validate(payload).context_window
-        except ValidationError as exc:
-            raise FrameRejected(
-                f"status line without a readable context_window: {describe_validation_error(exc)}"
-            ) from None
-        measured = window.current_usage is not None
-        model: _Model | None = optional_model(_Model, payload.get("model"))
-        cost: _Cost | None = optional_model(_Cost, payload.get("cost"))
+    def _statusline(self, line: StatusLine, now_ms: int) -> Reading:
+        measured = line.measured
         try:
             fields = ContextFields(
                 harness="claude",
-                used_tokens=window.total_input_tokens if measured else None,
-                window_tokens=window.context_window_size or None,
-                used_percent=window.used_percentage if measured else None,
-                model=model.id if model else None,
-                cost_usd=cost.total_cost_usd if cost else None,
+                used_tokens=line.total_input_tokens if measured else None,
+                window_tokens=line.context_window_size or None,
+                used_percent=line.used_percentage if measured else None,
+                model=line.model,
+                cost_usd=line.cost_usd,
                 session_total_tokens=None,
-                rate_limits=_rate_limits(payload.get("rate_limits"), now_ms),
+                rate_limits=_rate_limits(line, now_ms),
                 compactions=self._compaction.count,
                 last_compaction_ms=self._compaction.last_ms,
                 last_compaction_trigger=self._compaction.trigger,
-                harness_version=harness_version(payload.get("version")),
+                harness_version=line.version,
                 observed_at_ms=now_ms,
             )
         except ValidationError as exc:
             raise FrameRejected(f"status line out of range: {describe_validation_error(exc)}") from None
         self._reading = fields
         edge, self._edge_pending = self._edge_pending, False
-        return Reading(fields, compaction_edge=edge)
+        return _reading(fields, compaction_edge=edge)
 
-    def _hook(self, payload: dict[str, Any], now_ms: int) -> list[Reading]:
-        if payload.get("agent_id") is not None:
-            return []  # a subagent's compaction; this record is the top-level window (DQ-C9)
-        try:
-            hook = _Hook.model_validate(payload)
-        except ValidationError as exc:
-            raise FrameRejected(f"unreadable hook payload: {describe_validation_error(exc)}") from None
+    def _hook(self, hook: Hook, now_ms: int) -> list[Reading]:
         event = hook.hook_event_name
         if event == "PreCompact":
             return self._compaction_edge(hook, now_ms, always_new=True)
@@ -180,7 +254,7 @@ class ClaudeProducer:
             return readings
         return []  # SessionStart startup/resume/clear and other events carry no context
 
-    def _compaction_edge(self, hook: _Hook, now_ms: int, *, always_new: bool) -> list[Reading]:
+    def _compaction_edge(self, hook: Hook, now_ms: int, *, always_new: bool) -> list[Reading]:
         """Count each compaction once, on whichever of its three edges arrives first.
 
         Each compaction raises one PreCompact, one SessionStart(compact) and one PostCompact, each
@@ -218,129 +292,118 @@ class ClaudeProducer:
                 "last_compaction_trigger": trigger,
             }
         )
-        return [Reading(self._reading, compaction_edge=True)]
+        return [_reading(self._reading, compaction_edge=True)]
 
 
-def _rate_limits(value: object, now_ms: int) -> RateLimits | None:
+def _reading(fields: ContextFields, *, compaction_edge: bool) -> Reading:
+    """A reading with the account windows Claude itself proves exhausted now: it stops a session
+    at 100%, and `_rate_limits` publishes a window only while its reset is still ahead."""
+    return Reading(fields, compaction_edge=compaction_edge, exhausted=windows_at_limit(fields.rate_limits))
+
+
+def _rate_limits(line: StatusLine, now_ms: int) -> RateLimits | None:
     """`rate_limits.{five_hour,seven_day}.used_percentage` in whichever form the version gives.
 
     A window whose `resets_at` has passed no longer describes the account; Claude itself drops
     it from the payload once it notices, and it must not hold an exhaustion edge up meanwhile.
     """
-    if not isinstance(value, dict):
-        return None
 
-    def window(name: str) -> float | None:
-        parsed: _RateWindow | None = optional_model(_RateWindow, value.get(name))
+    def window(parsed: RateWindow | None) -> float | None:
         if parsed is None:
             return None
         if parsed.resets_at is not None and parsed.resets_at * 1000 <= now_ms:
             return None
         return parsed.used_percentage
 
-    five_hour, seven_day = window("five_hour"), window("seven_day")
+    five_hour, seven_day = window(line.five_hour), window(line.seven_day)
     if five_hour is None and seven_day is None:
         return None
     return RateLimits(five_hour=five_hour, seven_day=seven_day)
 
 
-def make_producer(harness: Harness) -> ClaudeProducer:
-    if harness != "claude":
-        raise ValueError(f"the claude producer does not read {harness!r}")
-    return ClaudeProducer()
-
-
 # --- recordings -------------------------------------------------------------------------------
 
 
-def decode_recording(data: bytes) -> Iterator[tuple[int | None, Frame]]:
-    """JSONL of channel frames (`type`, `payload`, optional `atMs`), or raw captured payloads.
+@dataclass(frozen=True, slots=True)
+class _Recorded:
+    """One line of a capture: its channel bytes, when it arrived, and what orders a hook."""
 
-    A raw line (what the lab's capture scripts stored: the stdin JSON itself) is a hook payload
-    when it names `hook_event_name` and a status-line payload otherwise. Lines that are not JSON
-    objects are skipped: a truncated tail is what a killed capture leaves.
-    """
-    for line in data.splitlines():
-        item = _json_object(line)
-        if item is not None:
-            yield _timed_frame(item, None)
-
-
-def _json_object(line: bytes) -> dict[str, Any] | None:
-    if not line.strip():
-        return None
-    try:
-        item = json.loads(line)
-    except (ValueError, RecursionError):
-        return None
-    return item if isinstance(item, dict) else None
-
-
-def _timed_frame(item: dict[str, Any], at_ms: int | None) -> tuple[int | None, Frame]:
-    if "type" in item:
-        stamp = item.get("atMs")
-        own = stamp if isinstance(stamp, int) and not isinstance(stamp, bool) and stamp >= 0 else None
-        return (own if own is not None else at_ms), item
-    kind = HOOK_FRAME if "hook_event_name" in item else STATUSLINE_FRAME
-    return at_ms, {"type": kind, "payload": item}
+    at_ms: int | None
+    hook: bool
+    event: object  # a hook's hook_event_name
+    prompt: object  # its payload's prompt_id
+    data: bytes
 
 
 # Measured arrival order of one compaction's three hooks, on both versions.
 _HOOK_ORDER = {"PreCompact": 0, "SessionStart": 1, "PostCompact": 2}
 
 
-def load_recordings(paths: Sequence[Path]) -> list[bytes]:
-    """Merge capture files into one timed channel-frame stream for `hctx replay`.
+def read_recording(paths: Sequence[Path]) -> Iterator[Chunk]:
+    """Capture files as the channel lines the tee would have sent, in one session timeline.
 
-    A capture `X.jsonl` is timed by its sibling `X.times` (one ISO-8601 instant per line) when
-    there is one; channel frames by their own `atMs`. Timed frames run in time order. The lab
-    kept no times for the hook captures, so an untimed hook is placed just before the first
-    status-line payload of the same `prompt_id` (each compaction's hooks fire before the payload
-    that follows it) and takes that payload's time; a hook with no prompt_id (SessionStart at
-    startup) goes first; one whose prompt never shows up goes last.
+    A line of a capture is what Claude wrote to the tee's stdin: a hook payload when it names
+    `hook_event_name`, a status-line payload otherwise. Each becomes `channel_line`'s bytes, as the
+    tee builds them; a line the tee would not send (not one JSON object) is not in the session. A
+    line that already is a channel frame (it has a `type`) is those bytes, timed by its own `atMs`.
+
+    A capture `X.jsonl` is timed by its sibling `X.times` (one ISO-8601 instant per JSON object
+    line) when there is one. Timed lines run in time order. The lab kept no times for the hook
+    captures, so an untimed hook is placed just before the first status-line payload of the same
+    `prompt_id` (each compaction's hooks fire before the payload that follows it) and takes that
+    payload's time; a hook with no prompt_id (SessionStart at startup) goes first; one whose prompt
+    never shows up goes last.
     """
-    spine: list[tuple[int | None, Frame]] = []
-    loose: list[Frame] = []
+    spine: list[_Recorded] = []
+    loose: list[_Recorded] = []
     for path in paths:
         times = _times_beside(path)
-        for index, item in enumerate(filter(None, map(_json_object, path.read_bytes().splitlines()))):
-            at_ms, frame = _timed_frame(item, times[index] if index < len(times) else None)
-            if at_ms is None and frame.get("type") == HOOK_FRAME:
-                loose.append(frame)
-            else:
-                spine.append((at_ms, frame))
-    if all(at is not None for at, _ in spine):
-        spine.sort(key=lambda timed: timed[0] or 0)
-    first: list[Frame] = []
-    anchored: dict[str, list[Frame]] = {}
-    for hook in sorted(loose, key=lambda hook: _HOOK_ORDER.get(str(_payload(hook).get("hook_event_name")), 3)):
-        prompt = _payload(hook).get("prompt_id")
-        if isinstance(prompt, str):
-            anchored.setdefault(prompt, []).append(hook)
+        objects = ((line, item) for line in path.read_bytes().splitlines() if (item := _object(line)) is not None)
+        for index, (line, item) in enumerate(objects):
+            recorded = _recorded(line, item, times[index] if index < len(times) else None)
+            if recorded is None:
+                continue
+            (loose if recorded.at_ms is None and recorded.hook else spine).append(recorded)
+    if all(payload.at_ms is not None for payload in spine):
+        spine.sort(key=lambda payload: payload.at_ms or 0)
+    first: list[_Recorded] = []
+    anchored: dict[str, list[_Recorded]] = {}
+    for hook in sorted(loose, key=lambda hook: _HOOK_ORDER.get(str(hook.event), len(_HOOK_ORDER))):
+        if isinstance(hook.prompt, str):
+            anchored.setdefault(hook.prompt, []).append(hook)
         else:
             first.append(hook)
-    merged: list[tuple[int | None, Frame]] = []
-    for at_ms, frame in spine:
-        prompt = _payload(frame).get("prompt_id")
-        hooks = first + (anchored.pop(prompt, []) if isinstance(prompt, str) else [])
+    for payload in spine:
+        hooks = first + (anchored.pop(payload.prompt, []) if isinstance(payload.prompt, str) else [])
         first = []
-        merged.extend((at_ms, hook) for hook in hooks)
-        merged.append((at_ms, frame))
-    merged.extend((None, hook) for hook in first + [hook for hooks in anchored.values() for hook in hooks])
-    lines = []
-    for at_ms, frame in merged:
-        stamped = frame if at_ms is None else {**frame, "atMs": at_ms}
-        lines.append(json.dumps(stamped, ensure_ascii=False) + "\n")
-    return ["".join(lines).encode()]
+        yield from (Chunk(payload.at_ms, CHANNEL, hook.data) for hook in hooks)
+        yield Chunk(payload.at_ms, CHANNEL, payload.data)
+    for hook in first + [hook for hooks in anchored.values() for hook in hooks]:
+        yield Chunk(None, CHANNEL, hook.data)
 
 
-def _hook_rank(hook: Frame) -> int:
-    return _HOOK_ORDER.get(str(_payload(hook).get("hook_event_name")), len(_HOOK_ORDER))
+def _object(line: bytes) -> dict[str, Any] | None:
+    try:
+        return wire.json_object(line) if line.strip() else None
+    except FrameRejected:
+        return None  # a truncated tail is what a killed capture leaves
 
 
-def _payload(frame: Frame) -> dict[str, Any]:
-    payload = frame.get("payload")
-    return payload if isinstance(payload, dict) else {}
+def _recorded(line: bytes, item: dict[str, Any], at_ms: int | None) -> _Recorded | None:
+    if "type" in item:  # already a channel frame: the bytes the channel carried
+        stamp = item.get("atMs")
+        own = stamp if isinstance(stamp, int) and not isinstance(stamp, bool) and stamp >= 0 else None
+        payload = item.get("payload")
+        payload = payload if isinstance(payload, dict) else {}
+        hook = item.get("type") == HOOK_TYPE
+        return _Recorded(own if own is not None else at_ms, hook, payload.get("hook_event_name"),
+                         payload.get("prompt_id"), line + b"\n")  # fmt: skip
+    hook = "hook_event_name" in item
+    try:
+        data = channel_line(HOOK_FRAME if hook else STATUSLINE_FRAME, line)
+    except ValueError:
+        return None  # the tee would not have sent it
+    return _Recorded(at_ms, hook, item.get("hook_event_name"), item.get("prompt_id"), data)
 
 
 def _times_beside(path: Path) -> list[int | None]:
@@ -349,3 +412,15 @@ def _times_beside(path: Path) -> list[int | None]:
     except OSError:
         return []
     return [instant_ms(line.strip()) for line in text.splitlines()]
+
+
+SPEC = HarnessSpec(
+    name="claude",
+    make_producer=ClaudeProducer,
+    channel_frames=channel_frames,
+    decoders={},
+    read_recording=read_recording,
+    verified_versions=VERIFIED_VERSIONS,
+    launch="wrapper.harnesses.claude",
+    programs=("claude", "@anthropic-ai/claude-code"),
+)

@@ -1,8 +1,13 @@
 """Codex: the app-server's own JSON-RPC stream, mirrored in Codex's own arithmetic.
 
-Frames are `{"type": "codex.rpc", "payload": <message>}`, one per server→client JSON-RPC message,
-whether the wrapper tapped the harness's stdout (payload: the line as a string) or the sidecar's
-websocket relay tapped a connection (payload: the text message). The producer reads three things:
+Decoding is apart from the arithmetic. Every server→client JSON-RPC message is bytes through ONE
+function, `parse_message`, whichever way it came: the app-server's stdout (`stdout` wire, a JSONL
+stream: what the lab's `<name>.jsonl` captures are), one websocket text message of the sidecar's
+relay (`websocket` wire), or the wrapper's stdout tap on the channel, whose envelope
+`{"type": "codex.rpc", "payload": "<the line>"}` (`tap_frame`) carries the line's very bytes as a
+string. The rollout file an interactive seat writes (`rollout` wire, `sidecar.transcripts`) yields
+the same typed events. The producer reads only those events, and its arithmetic is pure functions
+(`usage_fields`, `merged_rate_limits`, `compact_at`) that `hctx scan` calls too:
 
 - `thread/tokenUsage/updated` is the reading. `last.totalTokens` over `modelContextWindow` through
   Codex's `percent_of_context_window_remaining` (the 12,000-token baseline, Rust's rounding), and
@@ -20,10 +25,10 @@ websocket relay tapped a connection (payload: the text message). The producer re
 Several threads on one app-server share one record: the newest reading of any thread wins.
 
 `compactAtTokens` (issue 18). Source: `model_auto_compact_token_limit` (and `model_context_window`)
-from the config Codex loads, read by the wrapper (`wrapper.harnesses.codex.compaction_config`) and
-handed over as the sidecar's own `{"type": "hctx.codex-config", "autoCompactTokenLimit",
-"modelContextWindow"}` frame before any harness frame. Rule (codex-rs `ModelInfo::
-auto_compact_token_limit`, public copies of the source, not pinned to a tag): the effective limit is
+from the config Codex loads, read by the wrapper (`wrapper.harnesses.codex.compaction_settings`) and
+handed over by the transport as a `CompactionConfig` event (`_Transport.compaction`) before any
+harness event. Rule (codex-rs `ModelInfo::auto_compact_token_limit`, public copies of the source,
+not pinned to a tag): the effective limit is
 min(configured limit, 9/10 of the model's context window), compared `>=` with the tokens in the
 window (`last.totalTokens`, the record's usedTokens) when a turn starts, so the compaction runs before
 the turn after the one that reached it. The model's window is the configured `model_context_window`,
@@ -40,28 +45,69 @@ from __future__ import annotations
 import json
 import math
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
 from typing import Annotated, Any, Final, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError
 from pydantic.alias_generators import to_camel
 
+from guard.constants import CHANNEL_MAX_FRAME_BYTES
+from guard.errors import FrameRejected
 from guard.policy import Reading
-from guard.record import (
-    MAX_COUNT,
-    ContextFields,
-    Count,
-    Harness,
-    RateLimits,
-    describe_validation_error,
-    refuse_json_constant,
-    round_half_up,
+from guard.record import MAX_COUNT, ContextFields, Harness, RateLimits, describe_validation_error, round_half_up
+from sidecar import wire
+from sidecar.decoding import Decoder, LineDecoder, MessageDecoder
+from sidecar.producers.base import Percent, harness_version, instant_ms, remember
+from sidecar.producers.codex_events import (
+    FRAME_TYPE,
+    ROLLOUT,
+    STDOUT,
+    WEBSOCKET,
+    CompactionConfig,
+    CompactionItem,
+    HarnessBuild,
+    Id,
+    RateLimitsUpdated,
+    RateWindow,
+    ThreadCompacted,
+    Tokens,
+    TokenUsage,
 )
-from sidecar.producers.base import Frame, FrameRejected, Percent, harness_version, remember
+from sidecar.registry import Chunk, HarnessSpec
 
-FRAME_TYPE: Final = "codex.rpc"
-# The sidecar's own frame (sidecar.transports.codex): the compaction settings the wrapper read.
-COMPACTION_CONFIG_FRAME: Final = "hctx.codex-config"
+__all__ = [
+    "BASELINE_TOKENS",
+    "CODEX_CONTEXT_VERIFIED_VERSIONS",
+    "COUNTED_ITEMS_REMEMBERED",
+    "FIVE_HOUR_MINUTES",
+    "ITEM_EVENTS",
+    "LEGACY_COMPACTED",
+    "RATE_LIMITS",
+    "SEVEN_DAY_MINUTES",
+    "SPEC",
+    "TOKEN_USAGE",
+    "ChannelOnly",
+    "CodexProducer",
+    "CodexTransport",
+    "HeldLimits",
+    "PositiveTokens",
+    "Relay",
+    "Rollout",
+    "WsAddress",
+    "channel_frames",
+    "compact_at",
+    "line_of",
+    "merged_rate_limits",
+    "parse_message",
+    "percent_of_context_window_remaining",
+    "rate_limits",
+    "read_recording",
+    "tap_frame",
+    "usage_fields",
+    "used_percent",
+]
+
 
 # The codex-cli build whose Rust source the arithmetic below was compared against, and the newest
 # build the lab captured with the same shapes and numbers (../shared/lab/codex/README.md).
@@ -83,17 +129,13 @@ RATE_LIMITS: Final = "account/rateLimits/updated"
 ITEM_EVENTS: Final = frozenset({"item/started", "item/completed"})
 LEGACY_COMPACTED: Final = "thread/compacted"
 
-Tokens = Count
-Id = Annotated[str, Field(min_length=1, strict=True)]
+
+# ---------------------------------------------------------------------------------------------
+# The app-server's JSON-RPC messages: bytes -> events, the same on every wire
 
 
 class _Wire(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True)
-
-
-class _Envelope(_Wire):
-    type: Literal["codex.rpc"]
-    payload: str | dict[str, Any]
 
 
 class _Breakdown(_Wire):
@@ -139,6 +181,173 @@ class _CompactedParams(_Wire):
     turn_id: Id
 
 
+_M = TypeVar("_M", bound=_Wire)
+
+
+def parse_message(data: bytes) -> list[object]:
+    """One server→client JSON-RPC message's bytes to its events; FrameRejected for one refused.
+
+    The one rule of every wire (sidecar.wire: strict UTF-8, no NaN), and one size rule: a message
+    the stdout tap could not carry to the channel (its `tap_frame` over the channel's limit) is
+    refused on the websocket and in a replay too, so no path publishes what another would drop.
+    """
+    could_outgrow = len(data) * _WORST_ESCAPE + len(_TAP_PREFIX) + 1 > CHANNEL_MAX_FRAME_BYTES
+    if could_outgrow and len(tap_frame(data)) > CHANNEL_MAX_FRAME_BYTES:
+        raise FrameRejected(f"message over {CHANNEL_MAX_FRAME_BYTES} bytes as the stdout tap frames it")
+    message = wire.json_object(data)
+    events: list[object] = []
+    build = _build(message)
+    if build is not None:
+        events.append(build)
+    method = message.get("method")
+    if not isinstance(method, str):
+        return events  # a response to the client's own request: nothing about context
+    params = message.get("params")
+    if method == TOKEN_USAGE:
+        usage = _parse(_TokenUsageParams, params, method)
+        events.append(
+            TokenUsage(
+                thread_id=usage.thread_id,
+                tokens_in_window=usage.token_usage.last.total_tokens,
+                session_total_tokens=usage.token_usage.total.total_tokens,
+                context_window=usage.token_usage.model_context_window,
+            )
+        )
+    elif method == RATE_LIMITS:
+        snapshot = _parse(_RateLimitParams, params, method).rate_limits
+        events.append(RateLimitsUpdated(primary=_window(snapshot.primary), secondary=_window(snapshot.secondary)))
+    elif method in ITEM_EVENTS:
+        item = _parse(_ItemParams, params, method)
+        if item.item.type == "contextCompaction":
+            if item.item.id is None:
+                raise FrameRejected("contextCompaction item without an id")
+            events.append(CompactionItem(item_id=item.item.id, turn_id=item.turn_id))
+    elif method == LEGACY_COMPACTED:
+        events.append(ThreadCompacted(turn_id=_parse(_CompactedParams, params, method).turn_id))
+    return events
+
+
+def _window(window: _RateLimitWindow | None) -> RateWindow | None:
+    if window is None:
+        return None
+    return RateWindow(used_percent=window.used_percent, window_minutes=window.window_duration_mins)
+
+
+def _build(message: dict[str, Any]) -> HarnessBuild | None:
+    """The initialize response's `userAgent` (`<originator>/<version> (...)`), else the last
+    `thread.cliVersion` of the result or the params."""
+    result, params = message.get("result"), message.get("params")
+    agent = result.get("userAgent") if isinstance(result, dict) else None
+    if isinstance(agent, str):
+        version = harness_version(agent.split(" ", 1)[0].rpartition("/")[2])
+        if version is not None:
+            return HarnessBuild(version=version, from_user_agent=True)
+    found: HarnessBuild | None = None
+    for holder in (result, params):
+        thread = holder.get("thread") if isinstance(holder, dict) else None
+        version = harness_version(thread.get("cliVersion")) if isinstance(thread, dict) else None
+        if version is not None:
+            found = HarnessBuild(version=version, from_user_agent=False)
+    return found
+
+
+def _parse(model: type[_M], params: object, method: str) -> _M:
+    try:
+        return model.model_validate(params)
+    except ValidationError as exc:
+        raise FrameRejected(f"{method}: {describe_validation_error(exc)}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# The stdout tap's envelope on the channel
+
+_TAP_PREFIX: Final = b'{"type":' + json.dumps(FRAME_TYPE).encode() + b',"payload":'
+# The most bytes one line byte becomes inside the envelope's string (`\udc80` for a stray byte).
+_WORST_ESCAPE: Final = 6
+
+
+def tap_frame(line: bytes, frame_type: str = FRAME_TYPE) -> bytes:
+    """The channel frame (no newline) the wrapper's stdout tap sends for one stdout line: the line's
+    very bytes as the string `payload`. A byte that is not UTF-8 travels as its surrogate escape
+    (`\\udc80`) and `line_of` gives it back, so the channel decoder parses the bytes stdout carried."""
+    text = json.dumps(line.decode("utf-8", "surrogateescape"), ensure_ascii=False)
+    kind = json.dumps(frame_type).encode()
+    return b'{"type":' + kind + b',"payload":' + text.encode("utf-8", "backslashreplace") + b"}"
+
+
+def line_of(payload: str) -> bytes:
+    """The stdout line a tap frame's payload carries (the inverse of `tap_frame`)."""
+    try:
+        return payload.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        raise FrameRejected("payload holds a lone surrogate: not the bytes of a line") from None
+
+
+def channel_frames(kind: str, frame: dict[str, Any]) -> list[object]:
+    """The channel's Codex frames: the stdout tap's `codex.rpc`, its payload the line as a string."""
+    if kind != FRAME_TYPE:
+        raise FrameRejected(f"not a {FRAME_TYPE} frame but {kind[:40]!r}")
+    payload = frame.get("payload")
+    if not isinstance(payload, str):
+        raise FrameRejected(f"{FRAME_TYPE} payload is not the line as a string but {type(payload).__name__}")
+    line = line_of(payload)
+    return parse_message(line) if line.strip() else []  # a blank line, as on stdout: nothing
+
+
+# ---------------------------------------------------------------------------------------------
+# The transport config: built by the wrapper's launch plan, validated by the sidecar, one model
+
+
+PositiveTokens = Annotated[int, Field(gt=0, le=MAX_COUNT, strict=True)]
+WsAddress = Annotated[str, Field(pattern=r"^ws://[^/\s]+:[0-9]{1,5}$", max_length=300)]
+
+
+class _Transport(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
+
+    # The compaction settings Codex will load (`wrapper.harnesses.codex.compaction_settings`).
+    auto_compact_token_limit: PositiveTokens | None = None
+    model_context_window: PositiveTokens | None = None
+
+    def compaction(self) -> CompactionConfig:
+        return CompactionConfig(
+            auto_compact_token_limit=self.auto_compact_token_limit, model_context_window=self.model_context_window
+        )
+
+
+class ChannelOnly(_Transport):
+    """The app-server on stdio: the wrapper taps its stdout onto the channel; nothing to run."""
+
+    mode: Literal["channel"] = "channel"
+
+
+class Relay(_Transport):
+    """`app-server --listen ws://...`: the sidecar listens where the client asked and relays."""
+
+    mode: Literal["relay"] = "relay"
+    listen: WsAddress
+    upstream: WsAddress
+
+
+class Rollout(_Transport):
+    """An interactive seat: no app-server, the rollout file Codex writes is followed."""
+
+    mode: Literal["rollout"] = "rollout"
+    codex_home: Annotated[str, Field(min_length=1)]
+    cwd: str | None = None
+    started_at_ms: Annotated[int, Field(ge=0, strict=True)]
+    # The wrapper, the harness's parent: the rollout its descendants hold open is this seat's.
+    root_pid: Annotated[int | None, Field(ge=1, strict=True)] = None
+
+
+class CodexTransport(RootModel[Annotated[ChannelOnly | Relay | Rollout, Field(discriminator="mode")]]):
+    """What crosses the process boundary, as one discriminated union on both sides."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Codex's arithmetic: pure, shared by the producer and `hctx scan`
+
+
 def percent_of_context_window_remaining(tokens_in_window: int, context_window: int) -> int | None:
     """Codex's `TokenUsage::percent_of_context_window_remaining`, in its own order of operations.
 
@@ -161,18 +370,89 @@ def used_percent(tokens_in_window: int, context_window: int | None) -> int | Non
     return None if remaining is None else 100 - remaining
 
 
+def compact_at(config: CompactionConfig | None, reported_window: int | None) -> int | None:
+    """The effective auto-compact limit Codex states through its config (see the module doc)."""
+    limit = None if config is None else config.auto_compact_token_limit
+    if config is None or limit is None:
+        return None
+    if config.model_context_window is not None:
+        return min(limit, config.model_context_window * 9 // 10)
+    if reported_window is not None and limit * 10 <= reported_window * 9:
+        return limit
+    return None
+
+
+# (fiveHour, sevenDay) held so far.
+HeldLimits = tuple[float | None, float | None]
+
+
+def merged_rate_limits(held: HeldLimits, update: RateLimitsUpdated) -> HeldLimits:
+    """A sparse rolling update: a null or absent window says nothing, so it never clears one."""
+    five_hour, seven_day = held
+    for window in (update.primary, update.secondary):
+        if window is None:
+            continue
+        if window.window_minutes == FIVE_HOUR_MINUTES:
+            five_hour = window.used_percent
+        elif window.window_minutes == SEVEN_DAY_MINUTES:
+            seven_day = window.used_percent
+    return five_hour, seven_day
+
+
+def rate_limits(held: HeldLimits) -> RateLimits | None:
+    five_hour, seven_day = held
+    if five_hour is None and seven_day is None:
+        return None
+    return RateLimits(five_hour=five_hour, seven_day=seven_day)
+
+
+def usage_fields(
+    usage: TokenUsage,
+    observed_at_ms: int,
+    *,
+    harness: Harness = "codex",
+    held_limits: HeldLimits = (None, None),
+    compactions: int = 0,
+    last_compaction_ms: int | None = None,
+    version: str | None = None,
+    config: CompactionConfig | None = None,
+) -> ContextFields:
+    """The reading one token-usage event makes: Codex's numbers through Codex's arithmetic."""
+    window = usage.context_window
+    tokens_in_window = usage.tokens_in_window
+    return ContextFields(
+        harness=harness,
+        used_tokens=tokens_in_window,
+        window_tokens=window,
+        used_percent=used_percent(tokens_in_window, window),
+        model=None,
+        cost_usd=None,
+        session_total_tokens=usage.session_total_tokens,
+        rate_limits=rate_limits(held_limits),
+        compactions=compactions,
+        last_compaction_ms=last_compaction_ms,
+        last_compaction_trigger="unknown" if compactions else None,
+        harness_version=version,
+        compact_at_tokens=compact_at(config, window),
+        auto_compaction=True if config is not None and config.auto_compact_token_limit is not None else None,
+        observed_at_ms=observed_at_ms,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The producer
+
+
 class CodexProducer:
-    """Sans-I/O: app-server messages in, full `ContextFields` readings out."""
+    """Sans-I/O: Codex's typed events in, full `ContextFields` readings out."""
 
     def __init__(self, harness: Harness = "codex") -> None:
         self.harness: Harness = harness
         self.compactions = 0
         self.last_compaction_ms: int | None = None
-        self.five_hour: float | None = None
-        self.seven_day: float | None = None
+        self.held_limits: HeldLimits = (None, None)
         self.last_reading: ContextFields | None = None
-        self.auto_compact_limit: int | None = None
-        self.configured_window: int | None = None
+        self.config: CompactionConfig | None = None
         self.version: str | None = None
         self._version_from_user_agent = False
         self._counted_items: OrderedDict[str, str | None] = OrderedDict()
@@ -180,113 +460,63 @@ class CodexProducer:
         # the first item seen in such a turn is that same compaction, not a second one.
         self._legacy_turns: OrderedDict[str, bool] = OrderedDict()
 
-    def feed(self, frame: Frame, now_ms: int) -> list[Reading]:
-        if isinstance(frame, dict) and frame.get("type") == COMPACTION_CONFIG_FRAME:
-            self.auto_compact_limit = _positive_count(frame.get("autoCompactTokenLimit"))
-            self.configured_window = _positive_count(frame.get("modelContextWindow"))
-            return []
-        message = _message(frame)
-        self._note_version(message)
-        method = message.get("method")
-        if not isinstance(method, str):
-            return []  # a response to the client's own request: nothing about context
-        params = message.get("params")
-        if method == TOKEN_USAGE:
-            return [self._token_usage(_parse(_TokenUsageParams, params, method), now_ms)]
-        if method == RATE_LIMITS:
-            self._merge_rate_limits(_parse(_RateLimitParams, params, method).rate_limits)
-            return self._restated_with_rate_limits()
-        if method in ITEM_EVENTS:
-            return self._item(_parse(_ItemParams, params, method), now_ms)
-        if method == LEGACY_COMPACTED:
-            return self._legacy_compacted(_parse(_CompactedParams, params, method).turn_id, now_ms)
-        return []
+    @property
+    def compaction_limit(self) -> int | None:
+        return None if self.config is None else self.config.auto_compact_token_limit
 
-    def _token_usage(self, params: _TokenUsageParams, now_ms: int) -> Reading:
-        usage = params.token_usage
-        window = usage.model_context_window
-        tokens_in_window = usage.last.total_tokens
-        fields = ContextFields(
+    def feed(self, event: object, now_ms: int) -> list[Reading]:
+        if isinstance(event, TokenUsage):
+            return [self._token_usage(event, now_ms)]
+        if isinstance(event, RateLimitsUpdated):
+            self.held_limits = merged_rate_limits(self.held_limits, event)
+            return self._restated_with_rate_limits()
+        if isinstance(event, CompactionItem):
+            return self._item(event, now_ms)
+        if isinstance(event, ThreadCompacted):
+            return self._legacy_compacted(event.turn_id, now_ms)
+        if isinstance(event, HarnessBuild):
+            self._note_version(event)
+            return []
+        if isinstance(event, CompactionConfig):
+            self.config = event
+            return []
+        raise FrameRejected(f"not a Codex event but {type(event).__name__}")
+
+    def _token_usage(self, usage: TokenUsage, now_ms: int) -> Reading:
+        self.last_reading = usage_fields(
+            usage,
+            now_ms,
             harness=self.harness,
-            used_tokens=tokens_in_window,
-            window_tokens=window,
-            used_percent=used_percent(tokens_in_window, window),
-            model=None,
-            cost_usd=None,
-            session_total_tokens=usage.total.total_tokens,
-            rate_limits=self._rate_limits(),
+            held_limits=self.held_limits,
             compactions=self.compactions,
             last_compaction_ms=self.last_compaction_ms,
-            last_compaction_trigger="unknown" if self.compactions else None,
-            harness_version=self.version,
-            compact_at_tokens=self._compact_at(window),
-            auto_compaction=True if self.auto_compact_limit is not None else None,
-            observed_at_ms=now_ms,
+            version=self.version,
+            config=self.config,
         )
-        self.last_reading = fields
-        return Reading(fields)
+        return Reading(self.last_reading)
 
-    def _compact_at(self, reported_window: int | None) -> int | None:
-        """The effective auto-compact limit Codex states through its config (see the module doc)."""
-        limit = self.auto_compact_limit
-        if limit is None:
-            return None
-        if self.configured_window is not None:
-            return min(limit, self.configured_window * 9 // 10)
-        if reported_window is not None and limit * 10 <= reported_window * 9:
-            return limit
-        return None
-
-    def _note_version(self, message: dict[str, Any]) -> None:
-        result, params = message.get("result"), message.get("params")
-        agent = result.get("userAgent") if isinstance(result, dict) else None
-        if isinstance(agent, str):
-            version = harness_version(agent.split(" ", 1)[0].rpartition("/")[2])
-            if version is not None:
-                self.version, self._version_from_user_agent = version, True
-                return
-        if self._version_from_user_agent:
-            return  # a resumed thread's cliVersion names the build that created it, not this one
-        for holder in (result, params):
-            thread = holder.get("thread") if isinstance(holder, dict) else None
-            version = harness_version(thread.get("cliVersion")) if isinstance(thread, dict) else None
-            if version is not None:
-                self.version = version
-
-    def _merge_rate_limits(self, snapshot: _RateLimitSnapshot) -> None:
-        # A sparse rolling update: a null or absent window says nothing, so it never clears one.
-        for window in (snapshot.primary, snapshot.secondary):
-            if window is None:
-                continue
-            if window.window_duration_mins == FIVE_HOUR_MINUTES:
-                self.five_hour = window.used_percent
-            elif window.window_duration_mins == SEVEN_DAY_MINUTES:
-                self.seven_day = window.used_percent
+    def _note_version(self, build: HarnessBuild) -> None:
+        if build.from_user_agent:
+            self.version, self._version_from_user_agent = build.version, True
+        elif not self._version_from_user_agent:
+            # Once the user agent spoke, a resumed thread's cliVersion names the build that created
+            # the thread, not this one.
+            self.version = build.version
 
     def _restated_with_rate_limits(self) -> list[Reading]:
         """The held reading with the merged limits, when they changed it; nothing was re-measured,
         so its observedAtMs stays. Before any reading the limits wait for the first one."""
-        held, limits = self.last_reading, self._rate_limits()
+        held, limits = self.last_reading, rate_limits(self.held_limits)
         if held is None or held.rate_limits == limits:
             return []
         self.last_reading = held.model_copy(update={"rate_limits": limits})
         return [Reading(self.last_reading, rate_limits_edge=True)]
 
-    def _rate_limits(self) -> RateLimits | None:
-        if self.five_hour is None and self.seven_day is None:
-            return None
-        return RateLimits(five_hour=self.five_hour, seven_day=self.seven_day)
-
-    def _item(self, params: _ItemParams, now_ms: int) -> list[Reading]:
-        item = params.item
-        if item.type != "contextCompaction":
+    def _item(self, item: CompactionItem, now_ms: int) -> list[Reading]:
+        if item.item_id in self._counted_items:
             return []
-        if item.id is None:
-            raise FrameRejected("contextCompaction item without an id")
-        if item.id in self._counted_items:
-            return []
-        remember(self._counted_items, item.id, params.turn_id, COUNTED_ITEMS_REMEMBERED)
-        turn = params.turn_id
+        remember(self._counted_items, item.item_id, item.turn_id, COUNTED_ITEMS_REMEMBERED)
+        turn = item.turn_id
         if turn is not None and self._legacy_turns.get(turn):
             self._legacy_turns[turn] = False  # this item is the compaction already counted
             return []
@@ -306,7 +536,7 @@ class CodexProducer:
             "compactions": self.compactions,
             "last_compaction_ms": now_ms,
             "last_compaction_trigger": "unknown",
-            "rate_limits": self._rate_limits(),
+            "rate_limits": rate_limits(self.held_limits),
             "harness_version": self.version,
         }
         if self.last_reading is None:
@@ -318,66 +548,75 @@ class CodexProducer:
         return Reading(fields, compaction_edge=True)
 
 
-_M = TypeVar("_M", bound=_Wire)
+# ---------------------------------------------------------------------------------------------
+# Recordings and the spec
 
 
-def _message(frame: Frame) -> dict[str, Any]:
-    try:
-        envelope = _Envelope.model_validate(frame, strict=True)
-    except ValidationError as exc:
-        raise FrameRejected(f"not a {FRAME_TYPE} frame: {describe_validation_error(exc)}") from None
-    payload = envelope.payload
-    if isinstance(payload, str):
-        try:
-            payload = json.loads(payload, parse_constant=refuse_json_constant)
-        except (ValueError, RecursionError) as exc:
-            raise FrameRejected(f"payload is not JSON: {str(exc)[:200]}") from None
-    if not isinstance(payload, dict):
-        raise FrameRejected(f"payload is not a JSON-RPC message but {type(payload).__name__}")
-    return payload
+def read_recording(paths: Sequence[Path]) -> Iterable[Chunk]:
+    """The bytes each recording's wire carried, with Codex's own clock.
 
-
-def _parse(model: type[_M], params: object, method: str) -> _M:
-    try:
-        return model.model_validate(params)
-    except ValidationError as exc:
-        raise FrameRejected(f"{method}: {describe_validation_error(exc)}") from None
-
-
-def _positive_count(value: object) -> int | None:
-    return value if type(value) is int and 0 < value <= MAX_COUNT else None
-
-
-def make_producer(harness: Harness) -> CodexProducer:
-    return CodexProducer(harness)
-
-
-def decode_recording(data: bytes) -> Iterator[tuple[int | None, Frame]]:
-    """The lab's captures: `<name>.jsonl` (verbatim inbound messages, one per line) or
-    `<name>.timed.jsonl` (`{"t": seconds, "dir": "in"|"out", "frame": message}`, both directions).
-
-    The clock is Codex's own `emittedAtMs`. Responses carry none; they keep the previous frame's time,
-    so they neither rewind the clock nor push it ahead of Codex's.
+    - `<name>.jsonl` (the lab's verbatim inbound messages, one a line): the `stdout` wire, each line
+      at its `emittedAtMs`; a response carries none and keeps the previous line's time, so it neither
+      rewinds the clock nor pushes it ahead of Codex's.
+    - `<name>.timed.jsonl` (`{"t": seconds, "dir": "in"|"out", "frame": message}`): each inbound
+      message as the stdout line it was, at its `emittedAtMs` (the first `t` until one comes); the
+      client's own requests are not the server's stream.
+    - a rollout file (`{"timestamp", "type": "session_meta"|"event_msg"|..., "payload"}` lines): the
+      `rollout` wire, each line at its own timestamp.
     """
+    for path in paths:
+        data = path.read_bytes()
+        if _is_rollout(data):
+            yield from _rollout_chunks(data)
+        else:
+            yield from _stdout_chunks(data)
+
+
+def _lines(data: bytes) -> Iterator[bytes]:
+    return (line for line in data.split(b"\n") if line.strip())
+
+
+def _stdout_chunks(data: bytes) -> Iterator[Chunk]:
     clock: int | None = None
-    for line in data.splitlines():
-        if not line.strip():
-            continue
+    for line in _lines(data):
         try:
-            message: Any = json.loads(line, parse_constant=refuse_json_constant)
-        except (ValueError, RecursionError):
-            # Handed on as text, so the producer refuses it and the pipeline counts the drop.
-            yield clock, {"type": FRAME_TYPE, "payload": line.decode("utf-8", "replace")}
+            message: Any = wire.loads(line)
+        except FrameRejected:
+            yield Chunk(clock, STDOUT, line + b"\n")  # as it was: its decoder drops it
             continue
         if _is_timed_line(message):
             if message["dir"] != "in":
-                continue  # the client's own requests: the producer sees server→client only
+                continue  # the client's own requests: the server→client stream only
             if clock is None:
                 clock = _seconds_to_ms(message["t"])
             message = message["frame"]
+            line = json.dumps(message, separators=(",", ":")).encode()
         if isinstance(message, dict) and _is_millis(emitted := message.get("emittedAtMs")):
             clock = emitted
-        yield clock, {"type": FRAME_TYPE, "payload": message}
+        yield Chunk(clock, STDOUT, line + b"\n")
+
+
+_ROLLOUT_TYPES: Final = frozenset({"session_meta", "event_msg", "response_item", "turn_context", "compacted"})
+
+
+def _is_rollout(data: bytes) -> bool:
+    first = next(_lines(data), None)
+    try:
+        head = wire.json_object(first) if first is not None else None
+    except FrameRejected:
+        return False
+    return head is not None and "timestamp" in head and head.get("type") in _ROLLOUT_TYPES
+
+
+def _rollout_chunks(data: bytes) -> Iterator[Chunk]:
+    clock: int | None = None
+    for line in _lines(data):
+        try:
+            stamp = instant_ms(wire.json_object(line).get("timestamp"))
+        except FrameRejected:
+            stamp = None  # its decoder says what it is
+        clock = clock if stamp is None else stamp
+        yield Chunk(clock, ROLLOUT, line + b"\n")
 
 
 def _is_timed_line(message: Any) -> bool:
@@ -392,3 +631,28 @@ def _seconds_to_ms(value: Any) -> int | None:
 
 def _is_millis(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _rollout_decoder() -> Decoder:
+    # Imported here: a stdio or relay seat never reads a rollout, nor pays for its models.
+    from sidecar.transcripts import RolloutDecoder
+
+    return RolloutDecoder()
+
+
+SPEC = HarnessSpec(
+    name="codex",
+    make_producer=CodexProducer,
+    channel_frames=channel_frames,
+    decoders={
+        STDOUT: lambda: LineDecoder(parse_message, where=STDOUT),
+        WEBSOCKET: lambda: MessageDecoder(parse_message, where=WEBSOCKET),
+        ROLLOUT: _rollout_decoder,
+    },
+    read_recording=read_recording,
+    verified_versions=CODEX_CONTEXT_VERIFIED_VERSIONS,
+    launch="wrapper.harnesses.codex",
+    transport="sidecar.transports.codex",
+    transport_config=CodexTransport,
+    programs=("codex", "@openai/codex"),
+)

@@ -1,9 +1,17 @@
 """OpenCode: the server's SSE event stream joined with the windows of `GET /config/providers`.
 
-Frames are the `/event` stream's own JSON objects (`{"id", "type", "properties"}`: `message.updated`,
-`session.updated`, `session.compacted`, `server.heartbeat`, ...), plus one frame of this project's
-own, `{"type": "hctx.providers", "payload": <GET /config/providers answer>}`, which the transport
-submits before the first message that needs a window it has not pulled yet.
+Three wires, each decoded here into typed events (`SPEC`), the same live and in `hctx replay`:
+
+- `sse`: the `/event` body (`text/event-stream`); each event's data is one JSON object
+  (`{"id", "type", "properties"}`) that becomes a `MessageUpdated`, `SessionUpdated`,
+  `SessionCompacted`, `TuiSessionSelect` or, for every other type (deltas, parts, status,
+  `server.heartbeat`), an `OtherEvent`;
+- `providers`: one `GET /config/providers` answer body per message: a `ProvidersAnswer`;
+- `config`: one `GET /config` answer body per message: a `ConfigAnswer`.
+
+The transport also submits one fact of the sidecar's own, `OutputTokenMax`: the
+`OPENCODE_EXPERIMENTAL_OUTPUT_TOKEN_MAX` the server inherited (`output_token_max`). The producer
+says which windows it lacks (`wants`), so the transport knows when another providers pull is due.
 
 What the lab measured (../shared/lab/opencode/README.md, 1.18.25 and 1.18.33 alike):
 
@@ -31,9 +39,8 @@ heartbeat of a held number: every reading this producer emits is a turn that rea
 that same turn newly joined with its window, always with the turn's own `observedAtMs`.
 
 `compactAtTokens` (issue 18). Source: the model's `limit` in `GET /config/providers` and the
-`compaction` block of `GET /config` (`{"type": "hctx.config", "payload": <answer>, "outputTokenMax":
-$OPENCODE_EXPERIMENTAL_OUTPUT_TOKEN_MAX if set}`, pulled by the transport). Rule, read off the
-1.18.25 and 1.18.33 binaries (session compaction's `usable` / `isOverflow`): no auto-compaction when
+`compaction` block of `GET /config`, and `$OPENCODE_EXPERIMENTAL_OUTPUT_TOKEN_MAX` if set. Rule,
+read off the 1.18.25 and 1.18.33 binaries (session compaction's `usable` / `isOverflow`): no auto-compaction when
 `compaction.auto` is false or `limit.context` is 0; else it compacts once the turn's `tokens.total`
 (the record's usedTokens) is >= `limit.input - (compaction.reserved ?? min(20000, maxOut))` where the
 model has `limit.input`, else >= `limit.context - maxOut`, with maxOut = min(`limit.output`, 32000)
@@ -46,21 +53,82 @@ would be wrong. Before the config is read the point is null.
 
 from __future__ import annotations
 
-import json
 import math
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any, Final, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
+from guard.errors import FrameRejected, MalformedFrame
 from guard.policy import Reading
-from guard.record import ContextFields, Count, Harness, describe_validation_error, refuse_json_constant
-from sidecar.producers.base import Frame, FrameRejected, Usd, harness_version, remember
+from guard.record import ContextFields, Count, Harness, describe_validation_error
+from sidecar import wire
+from sidecar.decoding import MessageDecoder, SseDecoder
+from sidecar.producers.base import Usd, harness_version, remember
+from sidecar.registry import Chunk, HarnessSpec
 
-PROVIDERS_FRAME: Final = "hctx.providers"
-CONFIG_FRAME: Final = "hctx.config"
+__all__ = [
+    "COMPACTIONS_REMEMBERED",
+    "COMPACTION_RESERVED_CAP",
+    "CONFIG_SCHEMA_PREFIX",
+    "CONFIG_WIRE",
+    "HEADERS_SECONDS",
+    "MAX_BACKOFF_SECONDS",
+    "MAX_EVENT_BYTES",
+    "MESSAGES_REMEMBERED",
+    "MESSAGE_UPDATED",
+    "OPENCODE_CONTEXT_VERIFIED_VERSIONS",
+    "OUTPUT_TOKEN_MAX",
+    "PROVIDERS_WIRE",
+    "SESSIONS_REMEMBERED",
+    "SESSION_COMPACTED",
+    "SESSION_UPDATED",
+    "SPEC",
+    "SSE_WIRE",
+    "STALL_SECONDS",
+    "TUI_SESSION_SELECT",
+    "WINDOWS_REMEMBERED",
+    "CompactionSettings",
+    "ConfigAnswer",
+    "Id",
+    "MessageInfo",
+    "MessageUpdated",
+    "ModelKey",
+    "ModelLimits",
+    "OpenCodeEvent",
+    "OpenCodeProducer",
+    "OpenCodeTransport",
+    "OtherEvent",
+    "OutputTokenMax",
+    "ProvidersAnswer",
+    "SessionCompacted",
+    "SessionInfo",
+    "SessionUpdated",
+    "Tokens",
+    "TuiSessionSelect",
+    "WindowCatalog",
+    "channel_frames",
+    "event_of",
+    "limits_from_providers",
+    "model_spelling",
+    "opencode_compact_at",
+    "output_token_max",
+    "parse_config",
+    "parse_event",
+    "parse_providers",
+    "read_recording",
+    "recording_chunks",
+    "sse_event",
+    "windows_from_providers",
+]
+
+# The wires (sidecar.transports.opencode moves their bytes; `read_recording` yields them).
+SSE_WIRE: Final = "sse"
+PROVIDERS_WIRE: Final = "providers"
+CONFIG_WIRE: Final = "config"
 CONFIG_SCHEMA_PREFIX: Final = "https://opencode.ai/config"
 # ProviderTransform.OUTPUT_TOKEN_MAX and session compaction's reserve cap, 1.18.25 and 1.18.33.
 OUTPUT_TOKEN_MAX: Final = 32_000
@@ -78,7 +146,8 @@ SESSIONS_REMEMBERED: Final = 1024
 MESSAGES_REMEMBERED: Final = 4096
 COMPACTIONS_REMEMBERED: Final = 1024
 WINDOWS_REMEMBERED: Final = 16384
-MAX_EVENT_CHARS: Final = 16 * 1024 * 1024
+# One SSE event's data, and one answer body: larger is dropped whole, never buffered.
+MAX_EVENT_BYTES: Final = 16 * 1024 * 1024
 
 Tokens = Count
 Id = Annotated[str, Field(min_length=1, max_length=512, strict=True)]
@@ -105,7 +174,7 @@ class _UserModel(_Wire):
     model_id: Id = Field(alias="modelID")
 
 
-class _MessageInfo(_Wire):
+class MessageInfo(_Wire):
     id: Id
     role: Annotated[str, Field(max_length=64, strict=True)]
     session_id: Id | None = Field(default=None, alias="sessionID")
@@ -118,9 +187,11 @@ class _MessageInfo(_Wire):
     model: Any = None
 
 
-class _MessageProperties(_Wire):
+class MessageUpdated(_Wire):
+    """`message.updated`: its `properties`."""
+
     session_id: Id | None = Field(default=None, alias="sessionID")
-    info: _MessageInfo
+    info: MessageInfo
 
 
 class _CacheTokens(_Wire):
@@ -135,30 +206,49 @@ class _SessionTokens(_Wire):
     cache: _CacheTokens = _CacheTokens()
 
 
-class _SessionInfo(_Wire):
+class SessionInfo(_Wire):
     id: Id
     cost: Usd | None = None
     tokens: _SessionTokens | None = None
     version: Any = None  # read through `harness_version`, never typed: a bad one is null, not a drop
 
 
-class _SessionProperties(_Wire):
-    info: _SessionInfo
+class SessionUpdated(_Wire):
+    """`session.updated`: its `properties`."""
+
+    info: SessionInfo
 
 
 class _CompactedProperties(_Wire):
     session_id: Id = Field(alias="sessionID")
 
 
-class _SelectProperties(_Wire):
+@dataclass(frozen=True, slots=True)
+class SessionCompacted:
+    """`session.compacted` (`{sessionID}`, nothing more); `event_id` is the event's own `id`."""
+
+    event_id: str | None
+    session_id: str
+
+
+class TuiSessionSelect(_Wire):
+    """`tui.session.select`: the server told its TUI to show this session."""
+
     session_id: Id = Field(alias="sessionID")
+
+
+@dataclass(frozen=True, slots=True)
+class OtherEvent:
+    """Any other event type (deltas, parts, status, heartbeats): nothing about occupancy."""
+
+    type: str
 
 
 class _Limit(_Wire):
     context: Tokens
 
 
-class _Limits(_Wire):
+class ModelLimits(_Wire):
     """What the compaction rule reads of a model's `limit`; an odd `input`/`output` makes it unknown."""
 
     context: Tokens
@@ -166,17 +256,47 @@ class _Limits(_Wire):
     output: Tokens | None = None
 
 
-class _Compaction(_Wire):
+class CompactionSettings(_Wire):
     auto: StrictBool | None = None
     reserved: Tokens | None = None
 
 
 class _Config(_Wire):
-    compaction: _Compaction | None = None
+    compaction: CompactionSettings | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProvidersAnswer:
+    """A `GET /config/providers` answer: each model's window and the limits compaction reads."""
+
+    windows: Mapping[ModelKey, int]
+    limits: Mapping[ModelKey, ModelLimits]
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigAnswer:
+    """A `GET /config` answer; `config` is None when it does not validate (the point is unknown)."""
+
+    config: _Config | None
+
+
+@dataclass(frozen=True, slots=True)
+class OutputTokenMax:
+    """The server's output cap (`OPENCODE_EXPERIMENTAL_OUTPUT_TOKEN_MAX`); None: set but unreadable."""
+
+    value: int | None
+
+
+def output_token_max(raw: str | None) -> OutputTokenMax:
+    """The cap the environment sets: unset is OpenCode's default, an unreadable one is unknown."""
+    if raw is None:
+        return OutputTokenMax(OUTPUT_TOKEN_MAX)
+    readable = raw.isascii() and raw.isdigit() and 0 < int(raw) <= 10**9
+    return OutputTokenMax(int(raw) if readable else None)
 
 
 def opencode_compact_at(
-    limits: _Limits | None, compaction: _Compaction | None, output_max: int | None
+    limits: ModelLimits | None, compaction: CompactionSettings | None, output_max: int | None
 ) -> tuple[int | None, bool | None]:
     """(compactAtTokens, autoCompaction) by OpenCode's own overflow rule (see the module doc);
     (None, None) until the config is read, (None, False) when `compaction.auto` is false."""
@@ -194,12 +314,12 @@ def opencode_compact_at(
 
 
 class _ProviderLimits(_Wire):
-    limit: _Limits
+    limit: ModelLimits
 
 
-def limits_from_providers(payload: object) -> dict[ModelKey, _Limits]:
+def limits_from_providers(payload: object) -> dict[ModelKey, ModelLimits]:
     """Every model's `limit` as the compaction rule reads it; entries that do not validate are left out."""
-    found: dict[ModelKey, _Limits] = {}
+    found: dict[ModelKey, ModelLimits] = {}
     for key, model in _provider_models(payload):
         try:
             found[key] = _ProviderLimits.model_validate(model).limit
@@ -248,7 +368,7 @@ def _provider_models(payload: object) -> Iterator[tuple[ModelKey, object]]:
     try:
         answer = _Providers.model_validate(payload)
     except ValidationError as exc:
-        raise FrameRejected(f"{PROVIDERS_FRAME}: {describe_validation_error(exc)}") from None
+        raise FrameRejected(f"providers answer: {describe_validation_error(exc)}") from None
     count = 0
     for entry in answer.providers:
         try:
@@ -263,21 +383,7 @@ def _provider_models(payload: object) -> Iterator[tuple[ModelKey, object]]:
                 yield (provider.id, model_id), model
 
 
-def model_named_by(frame: Frame) -> ModelKey | None:
-    """The `providerID/modelID` a `message.updated` frame names (assistant or user), else None.
-
-    Never raises: the transport asks this of every frame before the producer has seen it.
-    """
-    if not isinstance(frame, dict) or frame.get("type") != MESSAGE_UPDATED:
-        return None
-    try:
-        info = _MessageProperties.model_validate(frame.get("properties")).info
-    except ValidationError:
-        return None
-    return _model_key(info)
-
-
-def _model_key(info: _MessageInfo) -> ModelKey | None:
+def _model_key(info: MessageInfo) -> ModelKey | None:
     if info.provider_id is not None and info.model_id is not None:
         return (info.provider_id, info.model_id)
     try:
@@ -287,31 +393,76 @@ def _model_key(info: _MessageInfo) -> ModelKey | None:
     return (model.provider_id, model.model_id)
 
 
-class WindowCatalog:
-    """Windows cached per `providerID/modelID`, and the models named that still lack one.
+# --- decoding: bytes -> typed events ---------------------------------------------------------------
 
-    The producer joins readings through it; the transport keeps one of its own over the same
-    frames to know when a `GET /config/providers` pull is due.
-    """
+
+def event_of(frame: dict[str, Any]) -> list[object]:
+    """One `/event` object as its typed event; FrameRejected (the drop's reason) for a malformed one."""
+    envelope = _parse(_Envelope, frame, "frame")
+    if envelope.type == MESSAGE_UPDATED:
+        return [_parse(MessageUpdated, envelope.properties, MESSAGE_UPDATED)]
+    if envelope.type == SESSION_UPDATED:
+        return [_parse(SessionUpdated, envelope.properties, SESSION_UPDATED)]
+    if envelope.type == SESSION_COMPACTED:
+        compacted = _parse(_CompactedProperties, envelope.properties, SESSION_COMPACTED)
+        return [SessionCompacted(envelope.id, compacted.session_id)]
+    if envelope.type == TUI_SESSION_SELECT:
+        return [_parse(TuiSessionSelect, envelope.properties, TUI_SESSION_SELECT)]
+    return [OtherEvent(envelope.type)]
+
+
+def parse_event(data: bytes) -> list[object]:
+    """The data of one SSE event (`sse` wire)."""
+    return event_of(wire.json_object(data))
+
+
+def parse_providers(data: bytes) -> list[object]:
+    """One `GET /config/providers` answer body (`providers` wire)."""
+    payload = wire.loads(data)
+    return [ProvidersAnswer(windows_from_providers(payload), limits_from_providers(payload))]
+
+
+def parse_config(data: bytes) -> list[object]:
+    """One `GET /config` answer body (`config` wire): its `compaction` block is all that is read."""
+    payload = wire.loads(data)
+    try:
+        return [ConfigAnswer(_Config.model_validate(payload))]
+    except ValidationError:
+        return [ConfigAnswer(None)]
+
+
+def channel_frames(kind: str, frame: dict[str, Any]) -> list[object]:
+    """OpenCode's events, should a client send them on the channel: read as `/event` would."""
+    return event_of(frame)
+
+
+def sse_event(data: bytes) -> bytes:
+    """`data` as one `text/event-stream` event, as OpenCode's server writes each (`data:` lines)."""
+    return b"".join(b"data: " + line + b"\n" for line in data.split(b"\n")) + b"\n"
+
+
+# --- the producer ----------------------------------------------------------------------------------
+
+
+class WindowCatalog:
+    """Windows cached per `providerID/modelID`, and the models named that still lack one."""
 
     def __init__(self) -> None:
         self.windows: dict[ModelKey, int] = {}
         self.missing: set[ModelKey] = set()
 
-    def learn(self, payload: object) -> dict[ModelKey, int]:
-        """Fold in a providers answer; a model listed again takes its new window."""
-        windows = windows_from_providers(payload)
+    def learn(self, windows: Mapping[ModelKey, int]) -> None:
+        """Fold in a providers answer's windows; a model listed again takes its new window."""
         self.windows.update(windows)
         while len(self.windows) > WINDOWS_REMEMBERED:
             del self.windows[next(iter(self.windows))]
         self.missing -= self.windows.keys()
-        return windows
 
     def window(self, key: ModelKey) -> int | None:
         return self.windows.get(key)
 
     def note(self, key: ModelKey | None) -> bool:
-        """Record that a frame named `key`; True when its window is not known."""
+        """Record that a message named `key`; True when its window is not known."""
         if key is None or key in self.windows:
             return False
         if len(self.missing) < WINDOWS_REMEMBERED:
@@ -336,14 +487,20 @@ class _Turn:
     observed_at_ms: int
 
 
+OpenCodeEvent = (
+    MessageUpdated | SessionUpdated | SessionCompacted | TuiSessionSelect | OtherEvent
+    | ProvidersAnswer | ConfigAnswer | OutputTokenMax
+)  # fmt: skip
+
+
 class OpenCodeProducer:
-    """Sans-I/O: `/event` frames and providers answers in, full `ContextFields` readings out."""
+    """Sans-I/O: OpenCode's typed events in, full `ContextFields` readings out."""
 
     def __init__(self, harness: Harness = "opencode") -> None:
         self.harness: Harness = harness
         self.catalog = WindowCatalog()
-        self.limits: dict[ModelKey, _Limits] = {}
-        self.compaction: _Compaction | None = None  # None until a config answer was read
+        self.limits: dict[ModelKey, ModelLimits] = {}
+        self.compaction: CompactionSettings | None = None  # None until a config answer was read
         self.output_max: int | None = OUTPUT_TOKEN_MAX
         self.compactions = 0
         self.last_compaction_ms: int | None = None
@@ -360,31 +517,36 @@ class OpenCodeProducer:
         """Models a message named whose window no providers answer has supplied yet."""
         return frozenset(self.catalog.missing)
 
-    def feed(self, frame: Frame, now_ms: int) -> list[Reading]:
-        envelope = _parse(_Envelope, frame, "frame")
-        if envelope.type == PROVIDERS_FRAME:
-            if not isinstance(frame, dict) or "payload" not in frame:
-                raise FrameRejected(f"{PROVIDERS_FRAME} without a payload")
-            self.catalog.learn(frame["payload"])
-            self.limits.update(limits_from_providers(frame["payload"]))
-            return self._joined_late()
-        if envelope.type == CONFIG_FRAME:
-            self._config(frame)
-            return []
-        if envelope.type == MESSAGE_UPDATED:
-            properties = _parse(_MessageProperties, envelope.properties, MESSAGE_UPDATED)
-            return self._message(properties, now_ms)
-        if envelope.type == SESSION_UPDATED:
-            self._session(_parse(_SessionProperties, envelope.properties, SESSION_UPDATED).info)
-            return []
-        if envelope.type == SESSION_COMPACTED:
-            _parse(_CompactedProperties, envelope.properties, SESSION_COMPACTED)  # {sessionID}, nothing more
-            return self._compacted(envelope.id, now_ms)
-        if envelope.type == TUI_SESSION_SELECT:
-            return self._select(_parse(_SelectProperties, envelope.properties, TUI_SESSION_SELECT).session_id)
-        return []  # deltas, parts, status, heartbeats: nothing about occupancy
+    def wants(self) -> frozenset[ModelKey]:
+        """What a pull could supply (the transport asks after each event): the missing windows."""
+        return self.missing_windows
 
-    def _message(self, properties: _MessageProperties, now_ms: int) -> list[Reading]:
+    def feed(self, event: OpenCodeEvent, now_ms: int) -> list[Reading]:
+        if isinstance(event, MessageUpdated):
+            return self._message(event, now_ms)
+        if isinstance(event, SessionUpdated):
+            self._session(event.info)
+            return []
+        if isinstance(event, SessionCompacted):
+            return self._compacted(event.event_id, now_ms)
+        if isinstance(event, TuiSessionSelect):
+            return self._select(event.session_id)
+        if isinstance(event, ProvidersAnswer):
+            self.catalog.learn(event.windows)
+            self.limits.update(event.limits)
+            return self._joined_late()
+        if isinstance(event, ConfigAnswer):
+            # Absent `compaction` is OpenCode's defaults; an unreadable answer leaves the point unknown.
+            self.compaction = None if event.config is None else event.config.compaction or CompactionSettings()
+            return []
+        if isinstance(event, OutputTokenMax):
+            self.output_max = event.value
+            return []
+        if isinstance(event, OtherEvent):
+            return []  # deltas, parts, status, heartbeats: nothing about occupancy
+        raise FrameRejected(f"not an OpenCode event: {type(event).__name__}")
+
+    def _message(self, properties: MessageUpdated, now_ms: int) -> list[Reading]:
         info = properties.info
         key = _model_key(info)
         self.catalog.note(key)
@@ -441,21 +603,6 @@ class OpenCodeProducer:
         self.last_reading = fields
         return fields
 
-    def _config(self, frame: Frame) -> None:
-        """A `GET /config` answer: its `compaction` block (absent is OpenCode's defaults), and the
-        output cap the server's environment sets; an unreadable one leaves the point unknown."""
-        try:
-            config = _Config.model_validate(frame.get("payload"))
-        except ValidationError:
-            self.compaction = None
-            return
-        self.compaction = config.compaction or _Compaction()
-        raw = frame.get("outputTokenMax")
-        if raw is None:
-            self.output_max = OUTPUT_TOKEN_MAX
-        else:
-            self.output_max = int(raw) if isinstance(raw, str) and raw.isdigit() and 0 < int(raw) <= 10**9 else None
-
     def _joined_late(self) -> list[Reading]:
         """The held turn, now that the pull it waited for supplied its window; its time is kept."""
         turn, last = self._turn, self.last_reading
@@ -469,7 +616,7 @@ class OpenCodeProducer:
         self.last_reading = fields
         return [Reading(fields)]
 
-    def _session(self, info: _SessionInfo) -> None:
+    def _session(self, info: SessionInfo) -> None:
         tokens = info.tokens
         total = None
         if tokens is not None:
@@ -499,7 +646,6 @@ class OpenCodeProducer:
 
 
 _M = TypeVar("_M", bound=_Wire)
-_V = TypeVar("_V")
 
 
 def _parse(model: type[_M], value: object, what: str) -> _M:
@@ -511,39 +657,41 @@ def _parse(model: type[_M], value: object, what: str) -> _M:
         raise FrameRejected(f"{what}: nested too deeply") from None
 
 
-def make_producer(harness: Harness) -> OpenCodeProducer:
-    return OpenCodeProducer(harness)
+# --- recordings ------------------------------------------------------------------------------------
 
 
-def providers_frame(payload: object) -> Frame:
-    return {"type": PROVIDERS_FRAME, "payload": payload}
+def read_recording(paths: Sequence[Path]) -> Iterator[Chunk]:
+    """Every recording shape the lab and the transport produce, as the bytes of the wire it is:
 
+    - a `GET /config/providers` answer (one JSON object with `providers`): the `providers` wire;
+    - a `GET /config` answer (one JSON object naming OpenCode's config `$schema`): the `config` wire;
+    - raw SSE text (`data:` lines, blank-line separated): the `sse` wire as it is, untimed;
+    - the lab's `events.jsonl` (`{"seq","t","stream","event","id","raw"}` per line): the `/event`
+      stream's only (`stream == "event"`), each `raw` as the SSE event it came in, `t` (s) its time;
+    - plain JSONL of event objects: each line as an SSE event, untimed (a JSONL line holding a
+      providers answer, without a `type`, is one on the `providers` wire).
 
-def decode_recording(data: bytes) -> Iterator[tuple[int | None, Frame]]:
-    """Every recording shape the lab and the transport produce, one file at a time:
-
-    - a `GET /config/providers` answer (one JSON object with `providers`): one providers frame;
-    - a `GET /config` answer (one JSON object naming OpenCode's config `$schema`): one config frame;
-    - the lab's `events.jsonl` (`{"seq","t","stream","event","id","raw"}` per line): the frames of
-      the `/event` stream only (`stream == "event"`), `raw` decoded, `t` (seconds) as the clock;
-    - plain JSONL of event objects, or raw SSE text (`data:` lines, blank-line separated): untimed.
-
-    A line that is not a JSON object is handed on as an untyped frame, so the producer refuses it
-    and the pipeline counts the drop.
+    A line that is none of these goes on as an SSE event of its own, for the decoder to drop.
     """
-    text = data.decode("utf-8", "replace")
-    whole = _json_or_none(text) if text.lstrip().startswith("{") else None
+    for path in paths:
+        yield from recording_chunks(path.read_bytes())
+
+
+def recording_chunks(data: bytes) -> Iterator[Chunk]:
+    """One recording file's bytes as `read_recording` reads them (for a test holding the bytes)."""
+    whole = _json_or_none(data) if data.lstrip().startswith(b"{") else None
     if isinstance(whole, dict) and "providers" in whole:
-        yield None, providers_frame(whole)
+        yield Chunk(None, PROVIDERS_WIRE, data)
         return
     if isinstance(whole, dict) and str(whole.get("$schema", "")).startswith(CONFIG_SCHEMA_PREFIX):
-        yield None, {"type": CONFIG_FRAME, "payload": whole}
+        yield Chunk(None, CONFIG_WIRE, data)
         return
-    if any(line.startswith("data:") for line in text.splitlines()):
-        for payload in sse_payloads(text.splitlines()):
-            yield None, _as_frame(_json_or_none(payload), payload)
+    lines = data.splitlines()
+    if any(line.startswith(b"data:") for line in lines):
+        # One file is one stream: its end ends the event it ended in (as a closed connection does).
+        yield Chunk(None, SSE_WIRE, data if data.endswith((b"\n\n", b"\r\n\r\n")) else data + b"\n\n")
         return
-    for line in text.splitlines():
+    for line in lines:
         if not line.strip():
             continue
         value = _json_or_none(line)
@@ -551,73 +699,20 @@ def decode_recording(data: bytes) -> Iterator[tuple[int | None, Frame]]:
             if value["stream"] != "event":
                 continue  # /global/event and the v2 stream repeat the same events in other envelopes
             raw = value["raw"]
-            yield (
-                _seconds_to_ms(value.get("t")),
-                _as_frame(_json_or_none(raw) if isinstance(raw, str) else None, raw),
-            )
+            at_ms = _seconds_to_ms(value.get("t"))
+            # A `raw` that is not the event's text is no event: the whole line goes on, to be dropped.
+            event = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else line
+            yield Chunk(at_ms, SSE_WIRE, sse_event(event))
         elif isinstance(value, dict) and "providers" in value and "type" not in value:
-            yield None, providers_frame(value)
+            yield Chunk(None, PROVIDERS_WIRE, line)
         else:
-            yield None, _as_frame(value, line)
+            yield Chunk(None, SSE_WIRE, sse_event(line))
 
 
-class SseParser:
-    """Server-sent events, one line at a time: the `data:` payload of each event once it ends.
-
-    OpenCode sends neither `event:` nor `id:` fields, only `data:`. An event whose data outgrows
-    MAX_EVENT_CHARS is dropped whole rather than buffered without bound.
-    """
-
-    def __init__(self) -> None:
-        self._data: list[str] = []
-        self._size = 0
-        self._oversized = False
-
-    def feed(self, line: str) -> str | None:
-        line = line.rstrip("\r\n")
-        if not line:
-            return self.finish()
-        if line.startswith(":"):
-            return None  # an SSE comment
-        name, _, value = line.partition(":")
-        if name == "data" and not self._oversized:
-            value = value[1:] if value.startswith(" ") else value
-            self._size += len(value) + 1
-            if self._size > MAX_EVENT_CHARS:
-                self._oversized, self._data = True, []
-            else:
-                self._data.append(value)
-        return None
-
-    def finish(self) -> str | None:
-        """The pending event's payload (end of an event, or of the stream)."""
-        payload = "\n".join(self._data) if self._data else None
-        self._data, self._size, self._oversized = [], 0, False
-        return payload
-
-
-def sse_payloads(lines: Iterable[str]) -> Iterator[str]:
-    """The `data:` payload of every server-sent event in `lines`."""
-    parser = SseParser()
-    for line in lines:
-        payload = parser.feed(line)
-        if payload is not None:
-            yield payload
-    payload = parser.finish()
-    if payload is not None:
-        yield payload
-
-
-def _as_frame(value: object, raw: object) -> Frame:
-    if isinstance(value, dict):
-        return value
-    return {"type": None, "raw": str(raw)[:200]}
-
-
-def _json_or_none(text: str) -> object:
+def _json_or_none(data: bytes) -> object:
     try:
-        return json.loads(text, parse_constant=refuse_json_constant)
-    except (ValueError, RecursionError):
+        return wire.loads(data)
+    except MalformedFrame:
         return None
 
 
@@ -625,3 +720,46 @@ def _seconds_to_ms(value: object) -> int | None:
     if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value >= 0:
         return round(value * 1000)
     return None
+
+
+# --- the transport config ----------------------------------------------------------------------
+
+# Heartbeats come every ~10 s: two and a half missed ones mean the stream is gone.
+STALL_SECONDS: Final = 25.0
+# Measured on 1.18.25: the first request a just-started server accepts is never answered, while
+# the next one is at once. A connection whose response headers do not come promptly is retried.
+HEADERS_SECONDS: Final = 3.0
+# SSE has no replay: what the server emits while no stream is open is lost, so retries stay close.
+MAX_BACKOFF_SECONDS: Final = 2.0
+
+
+class OpenCodeTransport(BaseModel):
+    """What the wrapper's launch plan hands the transport (`sidecar.transports.opencode`), built by
+    the wrapper and validated from its JSON by the sidecar: one model on both sides."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # Plain http:// only (sidecar.http): the wrapper passes the address it made the server bind.
+    base_url: Annotated[str, Field(pattern=r"^http://[^/?#\s]+(/[^?#\s]*)?$", max_length=2048)]
+    directory: str | None = None
+    stall_seconds: Annotated[float, Field(gt=0)] = STALL_SECONDS
+    headers_seconds: Annotated[float, Field(gt=0)] = HEADERS_SECONDS
+    max_backoff_seconds: Annotated[float, Field(gt=0)] = MAX_BACKOFF_SECONDS
+
+
+SPEC = HarnessSpec(
+    name="opencode",
+    make_producer=OpenCodeProducer,
+    channel_frames=channel_frames,
+    decoders={
+        SSE_WIRE: lambda: SseDecoder(parse_event, where=SSE_WIRE, max_bytes=MAX_EVENT_BYTES),
+        PROVIDERS_WIRE: lambda: MessageDecoder(parse_providers, where=PROVIDERS_WIRE, max_bytes=MAX_EVENT_BYTES),
+        CONFIG_WIRE: lambda: MessageDecoder(parse_config, where=CONFIG_WIRE, max_bytes=MAX_EVENT_BYTES),
+    },
+    read_recording=read_recording,
+    verified_versions=OPENCODE_CONTEXT_VERIFIED_VERSIONS,
+    launch="wrapper.harnesses.opencode",
+    transport="sidecar.transports.opencode",
+    programs=("opencode", "opencode-ai"),
+    transport_config=OpenCodeTransport,
+)

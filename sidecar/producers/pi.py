@@ -14,6 +14,10 @@ The frame (sidecar/assets/hctx-channel.ts writes it, one JSON object a line):
      "compactionSettings": {"enabled", "reserveTokens"} | null,
      "version": <the host's build, the extension's reading of its package.json> | null}
 
+The decoding half (`channel_frames`, run by the channel's decoder on the bytes) validates each
+frame into a `ContextFrame`, the one typed event `PiProducer.feed` takes. `read_recording` gives a
+recording back as the channel lines the asset sent (see there for the lab's probe captures).
+
 `reading` is null when the harness gave no usage object at all (no model, no telemetry surface, a
 throwing getter); a reading whose `tokens`/`percent` are null is pi saying it does not know yet
 (right after a compaction), and is published as withheld. `compaction` is set on `session_compact`
@@ -41,13 +45,17 @@ usedTokens has, so no compactAt it could state would be comparable with the publ
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from functools import partial
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
+from guard.errors import FrameRejected
 from guard.policy import Reading
 from guard.record import (
     COMPACTION_TRIGGERS,
@@ -57,7 +65,32 @@ from guard.record import (
     Harness,
     describe_validation_error,
 )
-from sidecar.producers.base import Frame, FrameRejected, Percent, Usd, harness_version, instant_ms, optional_model
+from sidecar import wire
+from sidecar.decoding import CHANNEL
+from sidecar.producers.base import Percent, Usd, harness_version, instant_ms, optional_model
+from sidecar.registry import Chunk, HarnessSpec
+
+__all__ = [
+    "EMITTING_EVENTS",
+    "FRAME_TYPE",
+    "MAX_MODEL_ID_CHARS",
+    "OMP",
+    "OMP_VERIFIED_VERSIONS",
+    "PI",
+    "PI_DEFAULT_RESERVE_TOKENS",
+    "PI_HARNESSES",
+    "PI_VERIFIED_VERSIONS",
+    "ChannelCompaction",
+    "ChannelCompactionSettings",
+    "ChannelReading",
+    "ContextFrame",
+    "PiProducer",
+    "channel_frames",
+    "pi_compact_at",
+    "read_recording",
+    "recorded_chunks",
+    "trigger_of",
+]
 
 PI_HARNESSES: tuple[Harness, ...] = ("pi", "omp")
 
@@ -115,18 +148,51 @@ def pi_compact_at(settings: ChannelCompactionSettings | None, window: int | None
     return window - reserve, True
 
 
+FRAME_TYPE = "context"
+
+
 class ContextFrame(_Wire):
+    """The extension's one frame, validated: the typed event the producer folds."""
+
     type: Literal["context"]
     reading: ChannelReading | None
     compaction: ChannelCompaction | None
     compactions: _Tokens | None = None
-    # The harness event the frame was sent on; compared, never trusted to be a string.
-    event: Any = None
-    # Additive: the host's build as the extension found it; read through `harness_version`, so an
+    # The harness event the frame was sent on; anything but a string is no event name.
+    event: str | None = None
+    # Additive: the host's build as the extension found it, read through `harness_version`, so an
     # unreadable one is null, never a dropped frame.
-    version: Any = None
-    # Additive (issue 18): pi's compaction settings, read through `optional_model`.
-    compaction_settings: Any = None
+    version: str | None = None
+    # Additive (issue 18): pi's compaction settings, read through `optional_model`: a malformed
+    # one is unreadable settings (null), never a dropped frame.
+    compaction_settings: ChannelCompactionSettings | None = None
+
+    @field_validator("event", mode="before")
+    @classmethod
+    def _event_name(cls, value: object) -> str | None:
+        return value if isinstance(value, str) else None
+
+    @field_validator("version", mode="before")
+    @classmethod
+    def _version(cls, value: object) -> str | None:
+        return harness_version(value)
+
+    @field_validator("compaction_settings", mode="before")
+    @classmethod
+    def _settings(cls, value: object) -> ChannelCompactionSettings | None:
+        return optional_model(ChannelCompactionSettings, value)
+
+
+def channel_frames(kind: str, frame: dict[str, Any]) -> list[object]:
+    """The decoding half: a channel envelope of type `context` as its validated `ContextFrame`."""
+    if kind != FRAME_TYPE:
+        raise FrameRejected(f"not a context frame: type {kind[:40]!r}")
+    try:
+        return [ContextFrame.model_validate(frame, by_alias=True)]
+    except ValidationError as exc:
+        raise FrameRejected(f"malformed context frame: {describe_validation_error(exc)}") from None
+    except RecursionError:
+        raise FrameRejected("context frame nested too deeply") from None
 
 
 def trigger_of(reason: str | None) -> CompactionTrigger:
@@ -151,8 +217,9 @@ class PiProducer:
         self.version: str | None = None
         self.settings: ChannelCompactionSettings | None = None
 
-    def feed(self, frame: Frame, now_ms: int) -> list[Reading]:
-        decoded = _decode(frame)
+    def feed(self, decoded: ContextFrame, now_ms: int) -> list[Reading]:
+        if not isinstance(decoded, ContextFrame):
+            raise FrameRejected(f"not a context frame but {type(decoded).__name__}")
         if type(now_ms) is not int or now_ms < 0:
             raise FrameRejected(f"arrival time {now_ms!r} is not a time")
         if decoded.event == "session_start":
@@ -174,9 +241,9 @@ class PiProducer:
                 # A session whose store holds no compaction (a new one): the last edge was another's.
                 self.last_compaction_ms = None
                 self.last_compaction_trigger = None
-        self.version = harness_version(decoded.version) or self.version
+        self.version = decoded.version or self.version
         # Restated on every frame; a malformed one is unreadable settings (null), never a dropped frame.
-        self.settings = optional_model(ChannelCompactionSettings, decoded.compaction_settings)
+        self.settings = decoded.compaction_settings
         if decoded.reading is not None:
             self.last = self._fields(decoded.reading, now_ms)
         elif edge is not None:
@@ -216,23 +283,6 @@ class PiProducer:
             raise FrameRejected(f"reading does not make a record: {describe_validation_error(exc)}") from None
 
 
-def _decode(frame: Frame) -> ContextFrame:
-    if not isinstance(frame, dict):
-        raise FrameRejected(f"frame is {type(frame).__name__}, not an object")
-    if frame.get("type") != "context":
-        raise FrameRejected(f"not a context frame: type {str(frame.get('type'))[:40]!r}")
-    try:
-        return ContextFrame.model_validate(frame, by_alias=True)
-    except ValidationError as exc:
-        raise FrameRejected(f"malformed context frame: {describe_validation_error(exc)}") from None
-    except RecursionError:
-        raise FrameRejected("context frame nested too deeply") from None
-
-
-def make_producer(harness: Harness) -> PiProducer:
-    return PiProducer(harness)
-
-
 # --- recordings ---------------------------------------------------------------------------------
 
 # The events the shipped asset emits on; `session_compact` also carries the edge.
@@ -241,32 +291,47 @@ EMITTING_EVENTS = frozenset(
 )
 
 
-def decode_recording(data: bytes) -> Iterator[tuple[int | None, Frame]]:
-    """Timed frames of a pi/omp recording, one JSON object a line, in either of two shapes.
+def read_recording(paths: Sequence[Path]) -> Iterator[Chunk]:
+    """A pi/omp recording as the channel bytes the shipped asset sent, one JSON object a line, in
+    either of two shapes.
 
-    - channel frames as the asset sends them, optionally stamped `atMs` by whoever recorded them;
+    - channel frames as the asset sends them, optionally stamped `atMs` by whoever recorded them
+      (tests/fakes/pi_channel.py): each line is those bytes, timed by its stamp; a line that is no
+      frame at all goes to the decoder like any the channel carried, which drops it;
     - the lab's probe capture (`lab-capture.ts`: one line per harness event with the raw
-      `contextUsage`, `model`, `entries` and `payload`), turned into the frame the shipped asset sends
-      for the same event and ctx, stamped with the line's `t`. That is how the producer is tested on
-      the verbatim captures of the real builds.
-
-    Blank, non-JSON or truncated lines (a recording cut mid-write) are skipped.
+      `contextUsage`, `model`, `entries` and `payload`): each line is turned into the frame the
+      shipped asset sends for the same event and ctx, stamped with the line's `t`. That is a format
+      conversion (the asset is TypeScript): the frame is serialised here with `json.dumps`, compact
+      as `JSON.stringify` writes it. That is how the producer is tested on the verbatim captures of
+      the real builds.
     """
+    for path in paths:
+        yield from recorded_chunks(path.read_bytes())
+
+
+def recorded_chunks(data: bytes) -> Iterator[Chunk]:
+    """One recording file's bytes as `read_recording` reads them."""
     probe = _ProbeTranslator()
-    for line in data.split(b"\n"):
+    lines = data.split(b"\n")
+    for index, line in enumerate(lines):
+        sent = line if index == len(lines) - 1 else line + b"\n"  # a cut tail stays cut
         try:
-            item = json.loads(line)
-        except (ValueError, RecursionError):
-            continue
-        if not isinstance(item, dict):
-            continue
-        if "event" in item and "type" not in item:
+            item = wire.json_object(line) if line.strip() else None
+        except FrameRejected:
+            item = None
+        if item is not None and "event" in item and "type" not in item:
             translated = probe.frame(item)
             if translated is not None:
-                yield translated
-            continue
-        at_ms = item.get("atMs")
-        yield (at_ms if _is_millis(at_ms) else None), item
+                at_ms, frame = translated
+                yield Chunk(at_ms, CHANNEL, _as_sent(frame))
+        elif sent:
+            at_ms = item.get("atMs") if item is not None else None
+            yield Chunk(at_ms if _is_millis(at_ms) else None, CHANNEL, sent)
+
+
+def _as_sent(frame: dict[str, Any]) -> bytes:
+    """The line `JSON.stringify(frame)` and a newline make: compact, non-ASCII as itself."""
+    return json.dumps(frame, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
 
 
 def _is_millis(value: object) -> bool:
@@ -280,7 +345,7 @@ class _ProbeTranslator:
         self.cost_usd: float | None = None
         self.pending_reason: str | None = None
 
-    def frame(self, line: dict[str, Any]) -> tuple[int | None, Frame] | None:
+    def frame(self, line: dict[str, Any]) -> tuple[int | None, dict[str, Any]] | None:
         event = _string(line.get("event"))
         payload = _object(line.get("payload"))
         entries = _object(line.get("entries"))
@@ -303,7 +368,7 @@ class _ProbeTranslator:
         if event == "session_compact":
             compaction = {"reason": _string(payload.get("reason")) or self.pending_reason, "count": count}
             self.pending_reason = None
-        frame: Frame = {
+        frame: dict[str, Any] = {
             "type": "context",
             "event": event,
             "reading": self._reading(line),
@@ -340,3 +405,22 @@ def _number(value: object) -> float | None:
         return float(value)
     except OverflowError:
         return None
+
+
+PI = HarnessSpec(
+    name="pi",
+    make_producer=partial(PiProducer, "pi"),
+    channel_frames=channel_frames,
+    decoders={},
+    read_recording=read_recording,
+    verified_versions=PI_VERIFIED_VERSIONS,
+    launch="wrapper.harnesses.pi",
+    programs=("pi", "@earendil-works/pi-coding-agent"),
+)
+OMP = dataclasses.replace(
+    PI,
+    name="omp",
+    make_producer=partial(PiProducer, "omp"),
+    verified_versions=OMP_VERIFIED_VERSIONS,
+    programs=("omp", "@oh-my-pi/pi-coding-agent"),
+)  # pi's extension channel, decoder and launch plan; omp's row of the arithmetic

@@ -1,31 +1,98 @@
-"""Harness-specific transports the sidecar runs beside the always-on unix-socket channel.
+"""Transports: what moves a harness's native stream's bytes into its decoders.
 
-A transport module `sidecar.transports.<name>` defines `async def run(config, submit)`: it reads
-the harness's native stream (Codex app-server, OpenCode SSE, ...) and calls `submit(frame)` for
-every decoded frame. `config` is the JSON object the wrapper's launch plan put in
-`LaunchPlan.transport`. A harness without such a module uses the channel alone.
+A harness whose spec names a transport module (`HarnessSpec.transport`) gets, beside the always-on
+unix-socket channel, that module's `async def run(config, streams)`: it reads the harness's own
+stream (Codex's app-server websocket or rollout file, OpenCode's SSE) and hands the bytes to
+`streams.open(wire)`, one `Stream` per connection or file. It decodes nothing itself: the decoder is
+the harness's, the one `hctx replay` runs. `config` is what the wrapper's launch plan put in
+`LaunchPlan.transport`: an instance of the spec's `transport_config` model, built by the wrapper
+and validated from its JSON by the sidecar.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Awaitable, Callable
+import logging
+from collections.abc import Awaitable, Callable, Hashable
 from typing import Any
 
-from guard.record import Harness
-from sidecar.producers.base import Frame
+from sidecar.decoding import Decoder, Dropped
+from sidecar.registry import HarnessSpec
 
-Submit = Callable[[Frame], None]
-Transport = Callable[[dict[str, Any], Submit], Awaitable[None]]
+__all__ = [
+    "Stream",
+    "Streams",
+    "Submit",
+    "Transport",
+    "Wants",
+    "transport_for",
+]
+
+log = logging.getLogger(__name__)
+
+Submit = Callable[[object], None]
 
 
-def transport_for(harness: Harness) -> Transport | None:
-    name = "pi" if harness == "omp" else harness
-    try:
-        module = importlib.import_module(f"sidecar.transports.{name}")
-    except ModuleNotFoundError as exc:
-        if exc.name != f"sidecar.transports.{name}":
-            raise
+class Stream:
+    """One stream of one wire: its bytes through its own decoder, each event submitted at once."""
+
+    def __init__(self, decoder: Decoder, submit: Submit, wire: str) -> None:
+        self._decoder = decoder
+        self._submit = submit
+        self.wire = wire
+
+    def receive_data(self, data: bytes) -> int:
+        """How many events the bytes completed (each already submitted)."""
+        return self._each(self._decoder.receive_data, data)
+
+    def end_of_data(self) -> int:
+        return self._each(lambda _: self._decoder.end_of_data(), b"")
+
+    def _each(self, decode: Callable[[bytes], list[object]], data: bytes) -> int:
+        try:
+            events = decode(data)
+        except Exception:  # a decoder bug costs these bytes, never the transport
+            log.exception("decoder failed; bytes dropped", extra={"event": "decoder-failed", "wire": self.wire})
+            events = [Dropped("decoder failed", self.wire)]
+        for event in events:
+            self._submit(event)
+        return len(events)
+
+
+# What the producer lacks that a transport could pull (OpenCode's windows of models it has seen).
+Wants = Callable[[], frozenset[Hashable]]
+
+
+def _nothing() -> frozenset[Hashable]:
+    return frozenset()
+
+
+class Streams:
+    """What a transport is handed: fresh streams of its harness's wires, the sidecar's own facts
+    (settings the wrapper read) as events, and what the producer wants pulled, if it says
+    (a producer's optional `wants()`): the transport never decodes to find out."""
+
+    def __init__(self, spec: HarnessSpec, submit: Submit, wants: Wants = _nothing) -> None:
+        self.spec = spec
+        self.submit = submit
+        self.wants = wants
+
+    def open(self, wire: str) -> Stream:
+        return Stream(self.spec.decoder(wire), self.submit, wire)
+
+
+# `run(config, streams)`: config is an instance of the harness's `transport_config` model (or None).
+Transport = Callable[[Any, Streams], Awaitable[None]]
+
+
+def transport_for(spec: HarnessSpec) -> Transport | None:
+    if spec.transport is None:
         return None
+    try:
+        module = importlib.import_module(spec.transport)
+    except ModuleNotFoundError as exc:
+        if exc.name != spec.transport:
+            raise
+        return None  # TEMPORARY: the legacy specs name a module per harness, which pi has not
     run: Transport = module.run
     return run

@@ -1,63 +1,63 @@
 """OpenCode: follow the server's `GET /event` stream and pull `GET /config/providers` for windows.
 
-`config` (from the wrapper's launch plan): `base_url` (the loopback address the wrapper made the
-server listen on), optionally `directory` (the instance whose events to follow, for the TUI started
-on a project path), `stall_seconds` and `max_backoff_seconds` (tests shorten them).
+`config` is the wrapper's launch plan's `sidecar.producers.opencode.OpenCodeTransport`: `base_url`
+(the address the wrapper made the server listen on), optionally `directory` (the instance whose
+events to follow, for the TUI started on a project path), and the timings tests shorten.
 
-Every event object goes to the producer as it arrived. A providers answer goes as
-`{"type": "hctx.providers", "payload": …}`: once per connection (a restarted server may carry a new
-config) and again, BEFORE the frame that needed it, when a message names a `providerID/modelID`
-whose window no answer supplied yet. The server sends `server.heartbeat` about every 10 s, so a
-stream silent for `stall_seconds` is dead even when its socket is not; it is dropped and reopened,
-as is a stream the server ended (a restart), with a capped, doubling back-off.
+Bytes only: the `/event` body goes as it arrives into a `sse` stream (one per connection), each
+`GET /config/providers` and `GET /config` answer body into the `providers` and `config` streams;
+the harness's decoders (sidecar.producers.opencode) make the events, as `hctx replay` does. The one
+fact of the sidecar's own, the `OPENCODE_EXPERIMENTAL_OUTPUT_TOKEN_MAX` the server inherited from
+the same environment, is submitted as its typed event.
+
+Providers are pulled once per connection (a restarted server may carry a new config) and again
+when the producer wants a window no answer supplied yet (`wants`: a message named a new
+`providerID/modelID`): the decoded events are handed on one at a time, and the pull happens right
+after the event that made the window wanted, before the next. OpenCode announces every assistant
+message with a token-less frame before its completion, so the completion finds its window. The
+server sends `server.heartbeat` about every 10 s, so a stream silent for `stall_seconds` is dead
+even when its socket is not; it is dropped and reopened, as is a stream the server ended (a
+restart), with a capped, doubling back-off.
+
+HTTP is sidecar.http's, a small h11 client: `http://` only (the wrapper always passes
+`http://HOST:PORT`, HOST loopback unless the user bound the server elsewhere), never a proxy from
+the environment (h11 has none), one connection per request.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-from typing import Annotated, Any, Final
+from collections.abc import Hashable
+from typing import Final
 
-import httpx
 import trio
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from sidecar.producers.base import Frame, FrameRejected
-from sidecar.producers.opencode import (
-    CONFIG_FRAME,
-    ModelKey,
-    SseParser,
-    WindowCatalog,
-    model_named_by,
-    providers_frame,
-)
-from sidecar.transports import Submit
+from guard.errors import HttpError
+from sidecar import http
+from sidecar.producers.opencode import CONFIG_WIRE, PROVIDERS_WIRE, SSE_WIRE, OpenCodeTransport, output_token_max
+from sidecar.transports import Streams
+
+__all__ = [
+    "FIRST_BACKOFF_SECONDS",
+    "OUTPUT_TOKEN_MAX_ENV",
+    "PULL_MAX_BYTES",
+    "REPULL_SECONDS",
+    "REQUEST_SECONDS",
+    "EventFollower",
+    "next_backoff",
+    "run",
+]
 
 log = logging.getLogger(__name__)
 
-# Heartbeats come every ~10 s: two and a half missed ones mean the stream is gone.
-STALL_SECONDS: Final = 25.0
 FIRST_BACKOFF_SECONDS: Final = 0.2
-# SSE has no replay: what the server emits while no stream is open is lost, so retries stay close.
-MAX_BACKOFF_SECONDS: Final = 2.0
 # A model a pull did not supply is asked for again no sooner than this (a config edit may add it).
 REPULL_SECONDS: Final = 30.0
 REQUEST_SECONDS: Final = 10.0
-# Measured on 1.18.25: the first request a just-started server accepts is never answered, while
-# the next one is at once. A connection whose response headers do not come promptly is retried.
-HEADERS_SECONDS: Final = 3.0
+# A providers or config answer larger than this is a failed pull (the decoders cap theirs at 16 MiB).
+PULL_MAX_BYTES: Final = 64 * 1024 * 1024
 OUTPUT_TOKEN_MAX_ENV: Final = "OPENCODE_EXPERIMENTAL_OUTPUT_TOKEN_MAX"
-
-
-class OpenCodeTransportConfig(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-    base_url: Annotated[str, Field(pattern=r"^https?://", max_length=2048)]
-    directory: str | None = None
-    stall_seconds: Annotated[float, Field(gt=0)] = STALL_SECONDS
-    headers_seconds: Annotated[float, Field(gt=0)] = HEADERS_SECONDS
-    max_backoff_seconds: Annotated[float, Field(gt=0)] = MAX_BACKOFF_SECONDS
 
 
 def next_backoff(current: float, cap: float) -> float:
@@ -68,124 +68,109 @@ def next_backoff(current: float, cap: float) -> float:
 class EventFollower:
     """One server's event stream, followed across restarts, with the providers pulls it needs."""
 
-    def __init__(self, config: OpenCodeTransportConfig, submit: Submit) -> None:
+    def __init__(self, config: OpenCodeTransport, streams: Streams) -> None:
         self.config = config
-        self.submit = submit
-        self.catalog = WindowCatalog()
+        self.streams = streams
         self.connections = 0
-        self._asked_at: dict[ModelKey, float] = {}
+        self._url = http.parse_url(config.base_url)
+        # Every request names the instance, as the `directory` query parameter.
+        self._query = {"directory": config.directory} if config.directory else None
+        self._providers = streams.open(PROVIDERS_WIRE)
+        self._config = streams.open(CONFIG_WIRE)
+        self._asked_at: dict[Hashable, float] = {}
 
     async def run(self) -> None:
         log.info(
             "following OpenCode events",
             extra={"event": "opencode-follow", "url": self.config.base_url, "directory": self.config.directory},
         )
-        params = {"directory": self.config.directory} if self.config.directory else None
-        timeout = httpx.Timeout(REQUEST_SECONDS, read=self.config.stall_seconds)
-        # trust_env=False: a proxy from the environment must never see loopback traffic.
-        async with httpx.AsyncClient(
-            base_url=self.config.base_url, timeout=timeout, params=params, trust_env=False
-        ) as client:
-            backoff = 0.0
-            while True:
-                try:
-                    if await self._follow(client):
-                        backoff = 0.0
-                except (httpx.HTTPError, httpx.StreamError, trio.TooSlowError) as exc:
-                    log.info(
-                        "event stream lost: %s",
-                        exc.__class__.__name__,
-                        extra={"event": "opencode-stream-lost", "why": str(exc)[:200]},
-                    )
-                backoff = next_backoff(backoff, self.config.max_backoff_seconds)
-                await trio.sleep(backoff)
+        # The server inherited this environment from the wrapper, as the sidecar did.
+        self.streams.submit(output_token_max(os.environ.get(OUTPUT_TOKEN_MAX_ENV)))
+        backoff = 0.0
+        while True:
+            try:
+                if await self._follow():
+                    backoff = 0.0
+            except HttpError as exc:
+                log.info(
+                    "event stream lost: %s",
+                    exc,
+                    extra={"event": "opencode-stream-lost", "why": str(exc)[:200]},
+                )
+            backoff = next_backoff(backoff, self.config.max_backoff_seconds)
+            await trio.sleep(backoff)
 
-    async def _follow(self, client: httpx.AsyncClient) -> bool:
-        """One connection, until the server ends it or it stalls; True when it delivered a frame."""
+    async def _follow(self) -> bool:
+        """One connection, until the server ends it or it stalls; True when it delivered an event."""
         delivered = False
-        request = client.build_request("GET", "/event", headers={"accept": "text/event-stream"})
-        with trio.fail_after(self.config.headers_seconds):
-            response = await client.send(request, stream=True)
-        try:
+        async with http.get(
+            self._url,
+            "/event",
+            query=self._query,
+            headers=[("accept", "text/event-stream")],
+            head_seconds=self.config.headers_seconds,
+            read_seconds=self.config.stall_seconds,
+        ) as response:
             response.raise_for_status()
             self.connections += 1
             log.info("event stream open", extra={"event": "opencode-stream-open", "n": self.connections})
-            await self._pull(client)
-            await self._pull_config(client)
-            parser = SseParser()
-            async for line in response.aiter_lines():
-                payload = parser.feed(line)
-                if payload is None:
-                    continue
-                frame = _decode(payload)
-                if frame is None:
-                    continue
-                delivered = True
-                key = model_named_by(frame)
-                if self.catalog.note(key) and key is not None and self._pull_due(key):
-                    await self._pull(client)
-                self.submit(frame)
-        finally:
-            await response.aclose()
+            await self._pull()
+            await self._pull_config()
+            events = self.streams.open(SSE_WIRE)
+            try:
+                async for data in response:
+                    delivered |= events.receive_data(data) > 0
+                    if self._pull_due():  # the producer met a model whose window it lacks
+                        await self._pull()
+            finally:
+                events.end_of_data()  # the event the server closed in the middle of: a drop
         return delivered
 
-    def _pull_due(self, key: ModelKey) -> bool:
-        asked = self._asked_at.get(key)
-        return asked is None or trio.current_time() - asked >= REPULL_SECONDS
-
-    async def _pull(self, client: httpx.AsyncClient) -> None:
+    def _pull_due(self) -> bool:
         now = trio.current_time()
-        for key in self.catalog.missing:
+        for key in self.streams.wants():
+            asked = self._asked_at.get(key)
+            if asked is None or now - asked >= REPULL_SECONDS:
+                return True
+        return False
+
+    async def _answer(self, path: str) -> bytes:
+        """A whole 2xx answer's body; an HttpError otherwise."""
+        async with http.get(
+            self._url, path, query=self._query, head_seconds=REQUEST_SECONDS, read_seconds=REQUEST_SECONDS
+        ) as response:
+            response.raise_for_status()
+            return await response.read(PULL_MAX_BYTES)
+
+    async def _pull(self) -> None:
+        now = trio.current_time()
+        for key in self.streams.wants():
             self._asked_at[key] = now
         try:
-            response = await client.get("/config/providers", timeout=REQUEST_SECONDS)
-            response.raise_for_status()
-            payload: Any = json.loads(response.content)
-            self.catalog.learn(payload)
-        except (httpx.HTTPError, ValueError, RecursionError, FrameRejected) as exc:
-            # FrameRejected is a ValueError; the stream goes on, and the window stays withheld.
+            body = await self._answer("/config/providers")
+        except HttpError as exc:
             log.warning(
                 "providers pull failed: %s",
-                exc.__class__.__name__,
+                exc,
                 extra={"event": "opencode-providers-failed", "why": str(exc)[:200]},
             )
-            return
-        self.submit(providers_frame(payload))
+            return  # the stream goes on, and the window stays withheld
+        self._providers.receive_data(body)
 
-    async def _pull_config(self, client: httpx.AsyncClient) -> None:
+    async def _pull_config(self) -> None:
         """`GET /config`, once per connection: its `compaction` block and the server's output cap
         make the compaction point (sidecar.producers.opencode); a failed pull leaves it unknown."""
         try:
-            response = await client.get("/config", timeout=REQUEST_SECONDS)
-            response.raise_for_status()
-            payload: Any = json.loads(response.content)
-        except (httpx.HTTPError, ValueError, RecursionError) as exc:
+            body = await self._answer("/config")
+        except HttpError as exc:
             log.warning(
                 "config pull failed: %s",
-                exc.__class__.__name__,
+                exc,
                 extra={"event": "opencode-config-failed", "why": str(exc)[:200]},
             )
             return
-        # The server inherited this environment from the wrapper, as the sidecar did.
-        cap = os.environ.get(OUTPUT_TOKEN_MAX_ENV)
-        self.submit({"type": CONFIG_FRAME, "payload": payload, **({} if cap is None else {"outputTokenMax": cap})})
+        self._config.receive_data(body)
 
 
-def _decode(payload: str) -> Frame | None:
-    try:
-        value: Any = json.loads(payload)
-    except (ValueError, RecursionError):
-        value = None
-    if isinstance(value, dict):
-        return value
-    log.warning("event is not a JSON object", extra={"event": "opencode-bad-event", "why": payload[:200]})
-    return None
-
-
-async def run(config: dict[str, Any], submit: Submit) -> None:
-    try:
-        settings = OpenCodeTransportConfig.model_validate(config)
-    except ValidationError as exc:
-        log.error("no OpenCode transport: %s", exc, extra={"event": "opencode-bad-config"})
-        return
-    await EventFollower(settings, submit).run()
+async def run(config: OpenCodeTransport, streams: Streams) -> None:
+    await EventFollower(config, streams).run()

@@ -17,6 +17,12 @@ from typing import Any
 
 import trio
 
+from guard.errors import FrameRejected
+from guard.policy import Reading
+from sidecar.decoding import CHANNEL, Dropped
+from sidecar.producers.pi import PI, PiProducer, recorded_chunks
+from tests.conftest import channel_readings
+
 
 @dataclass
 class ChannelRecording:
@@ -80,3 +86,45 @@ async def recording_channel(path: Path) -> AsyncIterator[ChannelRecording]:
         finally:
             nursery.cancel_scope.cancel()
             path.unlink(missing_ok=True)
+
+
+# --- the channel's bytes through the spec's own decoder ----------------------------------------------
+
+
+def feed(producer: PiProducer, frame: Any, now_ms: int = 1_000) -> list[Reading]:
+    """`frame` as the extension sends it (one JSON line), through the channel decoder into
+    `producer`; FrameRejected for a frame the decoder drops (its reason), as the producer would."""
+    return fed(producer, json.dumps(frame).encode() + b"\n", now_ms)
+
+
+def fed(producer: PiProducer, data: bytes, now_ms: int = 1_000) -> list[Reading]:
+    return channel_readings(PI, producer, data, now_ms)
+
+
+def recorded_frames(data: bytes) -> list[tuple[int | None, dict[str, Any]]]:
+    """(time, frame) of each channel line a recording reads as (`recorded_chunks`), lines that are
+    no JSON object left out."""
+    frames = []
+    for chunk in recorded_chunks(data):
+        try:
+            frame = json.loads(chunk.data)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(frame, dict):
+            frames.append((chunk.at_ms, frame))
+    return frames
+
+
+def replayed_readings(producer: PiProducer, data: bytes) -> list[Reading]:
+    """A recording's chunks through one channel decoder into `producer`, each at its own time (0
+    untimed); drops and refusals cost their frame, as in `hctx replay`."""
+    decoder = PI.decoder(CHANNEL)
+    readings: list[Reading] = []
+    for chunk in recorded_chunks(data):
+        for event in decoder.receive_data(chunk.data):
+            if not isinstance(event, Dropped):
+                try:
+                    readings += producer.feed(event, chunk.at_ms or 0)
+                except FrameRejected:
+                    continue
+    return readings

@@ -38,11 +38,12 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from guard.constants import CONTEXT_RECORD_NAME, STATE_RECORD_NAME  # noqa: E402
-from guard.record import RecordRefused, parse_record  # noqa: E402
+from guard.errors import RecordRefused  # noqa: E402
+from guard.record import parse_record  # noqa: E402
 from guard.state import parse_state  # noqa: E402
 from guard.store import log_path  # noqa: E402
 from wrapper.demo import FLEET, stop  # noqa: E402
-from wrapper.readers import collect_roster, now_ms  # noqa: E402
+from wrapper.roster import collect_roster, now_ms  # noqa: E402
 
 HOST_A, HOST_B = "host-a", "host-b"
 FOLDER_ID = "hctx-agents"
@@ -171,8 +172,12 @@ class Daemon:
 
     def rest(self, method: str, path: str, body: Any = None) -> Any:
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(f"http://{self.gui}{path}", data=data, method=method,
-                                         headers={"X-API-Key": self.api_key, "Content-Type": "application/json"})
+        request = urllib.request.Request(
+            f"http://{self.gui}{path}",
+            data=data,
+            method=method,
+            headers={"X-API-Key": self.api_key, "Content-Type": "application/json"},
+        )
         try:
             with urllib.request.urlopen(request, timeout=5) as response:
                 text = response.read()
@@ -420,8 +425,10 @@ def scenario(work: Path, result: dict[str, Any]) -> None:
         wait_for(lambda: (a.rest("GET", "/rest/system/connections") or {}).get("connections", {})
                  .get(b.device_id, {}).get("connected"), "A and B to connect")  # fmt: skip
 
-        threads = [threading.Thread(target=watch.run, daemon=True),
-                   threading.Thread(target=reader_processes, args=(b.catalog, stop_readers, reader_runs), daemon=True)]
+        threads = [
+            threading.Thread(target=watch.run, daemon=True),
+            threading.Thread(target=reader_processes, args=(b.catalog, stop_readers, reader_runs), daemon=True),
+        ]
         for thread in threads:
             thread.start()
 

@@ -21,20 +21,21 @@ from __future__ import annotations
 import signal
 import socket
 import subprocess
+import tempfile
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trio
 
 from guard.record import HarnessContext, parse_record
-from sidecar.producers.codex import FRAME_TYPE
+from sidecar.producers.codex import SPEC
 from sidecar.replay import replay
-from sidecar.transports.codex import Address, serve_relay
+from sidecar.transports import Stream, Streams
+from sidecar.transports.codex_relay import Address, serve_relay
 from tests.fakes.codex_client import CodexClient, stdio_client, ws_client
 from tests.fakes.codex_model import FakeResponses, codex_config, codex_env, fake_responses
 from tests.harnesses import HARNESS_VERSIONS, require_harness
@@ -192,8 +193,31 @@ def compaction_items(client: CodexClient) -> int:
 
 
 def replayed_writes(raw: list[str]) -> list[tuple[str, float | None]]:
-    recording = "\n".join(raw).encode()
-    return [(w.reason, w.record.used_percent) for w in replay("codex", [recording])]
+    """`hctx replay` of the messages as the stdout recording they are (its clock: `emittedAtMs`)."""
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory) / "capture.jsonl"
+        path.write_bytes("".join(f"{line}\n" for line in raw).encode())
+        return [(w.reason, w.record.used_percent) for w in replay(SPEC, SPEC.read_recording([path]))]
+
+
+class TappedStreams(Streams):
+    """The sidecar's streams, keeping the bytes the relay hands each (and decoding them as usual)."""
+
+    def __init__(self) -> None:
+        self.events: list[object] = []
+        self.tapped: list[tuple[str, bytes]] = []
+        super().__init__(SPEC, self.events.append)
+
+    def open(self, wire: str) -> Stream:
+        stream = super().open(wire)
+        receive = stream.receive_data
+
+        def tapped(data: bytes) -> None:
+            self.tapped.append((wire, data))
+            receive(data)
+
+        stream.receive_data = tapped  # type: ignore[method-assign]
+        return stream
 
 
 def free_port() -> int:
@@ -321,7 +345,7 @@ async def test_the_relay_is_transparent_and_a_client_sees_what_a_bare_app_server
                 await main_scenario(bare, run, check_records=False)
 
             upstream = Address("127.0.0.1", free_port())
-            submitted: list[dict[str, Any]] = []
+            submitted = TappedStreams()
             async with trio.open_nursery() as nursery:
                 app_server = await nursery.start(
                     partial(
@@ -334,7 +358,7 @@ async def test_the_relay_is_transparent_and_a_client_sees_what_a_bare_app_server
                         check=False,
                     )
                 )
-                listeners = await nursery.start(serve_relay, Address("127.0.0.1", 0), upstream, submitted.append)
+                listeners = await nursery.start(serve_relay, Address("127.0.0.1", 0), upstream, submitted)
                 port = listeners[0].socket.getsockname()[1]
                 async with ws_client(f"ws://127.0.0.1:{port}") as relayed:
                     await main_scenario(relayed, run, check_records=False)
@@ -343,8 +367,8 @@ async def test_the_relay_is_transparent_and_a_client_sees_what_a_bare_app_server
                 nursery.cancel_scope.cancel()
 
     # Byte-identical: the client received exactly the messages the app-server sent, in order.
-    assert [f["type"] for f in submitted] == [FRAME_TYPE] * len(submitted)
-    assert relayed.raw == [f["payload"] for f in submitted]
+    assert {wire for wire, _ in submitted.tapped} == {"websocket"}
+    assert [text.encode() for text in relayed.raw] == [data for _, data in submitted.tapped]
     # The same frames as without any relay: the same readings, compactions and methods.
     assert token_usage(relayed) == token_usage(bare)
     assert compaction_items(relayed) == compaction_items(bare) == 4

@@ -24,15 +24,17 @@ import httpx
 import pytest
 import trio
 
-from guard.record import HarnessContext, RecordRefused, parse_record
+from guard.errors import RecordRefused
+from guard.record import HarnessContext, parse_record
 from guard.store import log_path
+from sidecar.producers.opencode import OpenCodeTransport
+from tests.conftest import REPO
 from tests.fakes.opencode_model import SUMMARY_USAGE, OpenCodeFakeModel, opencode_fake_model
 from tests.harnesses import HARNESS_VERSIONS, harness_env, require_harness
-from wrapper.harnesses import LaunchPlan, prepare
+from wrapper.harnesses import LaunchPlan, prepare, transport_json
 
 pytestmark = pytest.mark.live
 
-REPO = Path(__file__).resolve().parent.parent.parent
 HOST = "testhost"
 WINDOW, MAX_OUTPUT = 128_000, 8_192
 MODEL = {"providerID": "fake", "modelID": "fake-model"}
@@ -323,7 +325,7 @@ async def test_the_sidecar_follows_the_server_across_a_restart(box: Box, tmp_pat
         sidecar_argv = [
             *(sys.executable, "-m", "sidecar", "--harness", "opencode", "--catalog", str(box.catalog)),
             *("--host", HOST, "--agent", agent, "--incarnation", "inc-live"),
-            *("--channel", str(tmp_path / "channel.sock"), "--transport", json.dumps(plan.transport)),
+            *("--channel", str(tmp_path / "channel.sock"), "--transport", transport_json(plan) or ""),
         ]
         sidecar = await trio.lowlevel.open_process(sidecar_argv, env=env, stdin=subprocess.DEVNULL)
 
@@ -335,7 +337,8 @@ async def test_the_sidecar_follows_the_server_across_a_restart(box: Box, tmp_pat
 
         server = await serve()
         try:
-            async with httpx.AsyncClient(base_url=plan.transport["base_url"], trust_env=False) as client:
+            assert isinstance(plan.transport, OpenCodeTransport)
+            async with httpx.AsyncClient(base_url=plan.transport.base_url, trust_env=False) as client:
                 await wait_healthy(client)
                 await wait_for("the event stream", lambda: box.logged(agent, "opencode-stream-open"), STARTUP_S)
                 session = await new_session(client, "before restart")

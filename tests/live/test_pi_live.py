@@ -517,7 +517,8 @@ async def test_a_session_switch_publishes_the_new_sessions_compaction_facts(
 ) -> None:
     """Session A compacts by hand; a new session B compacts on the threshold; switching back to A
     (pi's `/resume`) must not publish B's compaction time and trigger beside A's reading and count."""
-    from sidecar.producers.pi import PiProducer, decode_recording
+    from sidecar.producers.pi import PiProducer
+    from tests.fakes.pi_channel import replayed_readings
 
     command = require_harness(harness, version)
     home = short_tmp / "home"
@@ -556,7 +557,7 @@ async def test_a_session_switch_publishes_the_new_sessions_compaction_facts(
     assert channel.frames[switched][1]["event"] == "session_start"
     assert channel.frames[switched][1]["compactions"] == 1  # A's own store: its one manual compaction
     producer = PiProducer(harness)  # type: ignore[arg-type]
-    readings = [r for at_ms, item in decode_recording(data) for r in producer.feed(item, at_ms or 0)]
+    readings = replayed_readings(producer, data)
     threshold_edge = next(r.fields for r in readings if r.fields.last_compaction_trigger == "threshold")
     after = producer.last
     assert after is not None and (after.used_tokens, after.compactions) == (12240, 1)

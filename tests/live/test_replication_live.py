@@ -164,4 +164,3 @@ def test_both_daemons_it_started_are_stopped(observed: dict[str, Any]) -> None:
     assert all(status is not None for status in observed["daemon_exit"].values())
     assert all(pid_gone(pid) for pid in observed["daemon_pids"])
     assert observed["folder_errors"][HOST_A]["errors"] is None and observed["folder_errors"]["host-b"]["errors"] is None
-

@@ -1,10 +1,10 @@
 """Per-harness launch preparation: how `hctx wrap` adapts the command, env and settings.
 
-A module `wrapper.harnesses.<name>` may define `prepare(plan: LaunchPlan) -> LaunchPlan`, which
-returns the plan to launch (a changed argv, extra env, rendered settings files, a transport config
-for the sidecar), and `teardown(plan: LaunchPlan) -> None`, run when that launch has ended, to undo
-what `prepare` left in the working directory. A harness without such a module launches its command
-unchanged.
+The harness's launch plan is the module its spec names (`HarnessSpec.launch`, usually
+`wrapper.harnesses.<name>`). It defines `prepare(plan: LaunchPlan) -> LaunchPlan`, which returns the
+plan to launch (a changed argv, extra env, rendered settings files, a transport config for the
+sidecar), and may define `teardown(plan: LaunchPlan) -> None`, run when that launch has ended, to
+undo what `prepare` left in the working directory.
 """
 
 from __future__ import annotations
@@ -14,9 +14,24 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+
+from pydantic import BaseModel
 
 from guard.record import Harness
+from sidecar.registry import harness_names, spec_for
+
+__all__ = [
+    "LOOPBACK",
+    "PACKAGE_RUNNERS",
+    "LaunchPlan",
+    "free_loopback_port",
+    "infer_harness",
+    "prepare",
+    "program_index",
+    "programs",
+    "teardown",
+    "transport_json",
+]
 
 
 @dataclass(frozen=True)
@@ -26,11 +41,19 @@ class LaunchPlan:
     cwd: Path
     # Added to the harness's environment (beside HCTX_CHANNEL, HCTX_AGENT, ...).
     env: dict[str, str] = field(default_factory=dict)
-    # Handed to the sidecar's transport for this harness (see sidecar.transports).
-    transport: dict[str, Any] = field(default_factory=dict)
+    # Handed to the sidecar's transport for this harness (see sidecar.transports): an instance of
+    # the harness's `transport_config` model, which the sidecar validates its JSON with.
+    transport: BaseModel | None = None
     # When set, the harness's stdout is a pipe the wrapper copies byte for byte to its own stdout
     # and, line by line, to the sidecar's channel as {"type": tap_stdout, "payload": <line>}.
     tap_stdout: str | None = None
+
+
+def transport_json(plan: LaunchPlan) -> str | None:
+    """The plan's transport config as the sidecar gets it (`--transport`); None when it has none."""
+    if plan.transport is None:
+        return None
+    return plan.transport.model_dump_json(by_alias=True, exclude_none=True)
 
 
 LOOPBACK = "127.0.0.1"
@@ -49,19 +72,11 @@ def program_index(argv: tuple[str, ...], name: str) -> int | None:
     return next((i for i, word in enumerate(argv) if Path(word).name.startswith(name)), None)
 
 
-# How each harness's program is called, and its npm package as `npx` or `bunx` runs it.
-PROGRAMS: dict[str, Harness] = {
-    "claude": "claude",
-    "@anthropic-ai/claude-code": "claude",
-    "codex": "codex",
-    "@openai/codex": "codex",
-    "pi": "pi",
-    "@earendil-works/pi-coding-agent": "pi",
-    "omp": "omp",
-    "@oh-my-pi/pi-coding-agent": "omp",
-    "opencode": "opencode",
-    "opencode-ai": "opencode",
-}
+def programs() -> dict[str, Harness]:
+    """Every harness's program names and npm packages (each spec's `programs`), to its name."""
+    return {program: name for name in harness_names() for program in spec_for(name).programs}
+
+
 PACKAGE_RUNNERS = frozenset({"npx", "bunx", "pnpx"})
 
 
@@ -77,26 +92,16 @@ def infer_harness(argv: tuple[str, ...]) -> Harness | None:
         return None
     program = Path(argv[0]).name
     if program in PACKAGE_RUNNERS:
-        package = next((word for word in argv[1:] if not word.startswith("-")), "")
-        return PROGRAMS.get(_package_name(package))
-    return PROGRAMS.get(program)
+        program = _package_name(next((word for word in argv[1:] if not word.startswith("-")), ""))
+    return programs().get(program)
 
 
-def _module(harness: Harness) -> ModuleType | None:
-    name = "pi" if harness == "omp" else harness
-    try:
-        return importlib.import_module(f"wrapper.harnesses.{name}")
-    except ModuleNotFoundError as exc:
-        if exc.name != f"wrapper.harnesses.{name}":
-            raise
-        return None
+def _module(harness: Harness) -> ModuleType:
+    return importlib.import_module(spec_for(harness).launch)
 
 
 def prepare(plan: LaunchPlan) -> LaunchPlan:
-    module = _module(plan.harness)
-    if module is None:
-        return plan
-    prepared: LaunchPlan = module.prepare(plan)
+    prepared: LaunchPlan = _module(plan.harness).prepare(plan)
     return prepared
 
 
@@ -104,5 +109,5 @@ def teardown(plan: LaunchPlan) -> None:
     """After the launch `plan` (as `prepare` returned it) has ended. A module's teardown reports its
     own failures and never raises: the wrapper's exit status is the harness's."""
     module = _module(plan.harness)
-    if module is not None and hasattr(module, "teardown"):
+    if hasattr(module, "teardown"):
         module.teardown(plan)

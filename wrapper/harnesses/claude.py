@@ -35,8 +35,29 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from guard.errors import SettingsError  # the settings file exists but cannot be merged without losing data
 from guard.store import proc_stat
 from wrapper.harnesses import LaunchPlan
+
+__all__ = [
+    "HOOK_EVENTS",
+    "PROJECT_DIR_ENV",
+    "REFRESH_INTERVAL_S",
+    "RENDERER_ENV",
+    "SEATS_PATH",
+    "SETTINGS_PATH",
+    "TEE_MODULE",
+    "Seats",
+    "leave_seat",
+    "prepare",
+    "render_settings",
+    "status_line",
+    "take_seat",
+    "teardown",
+    "tee_command",
+    "unrender_settings",
+    "write_settings",
+]
 
 SETTINGS_PATH = Path(".claude") / "settings.local.json"
 # Who runs here and what the settings file was before the first of them (see the module doc).
@@ -48,10 +69,6 @@ HOOK_EVENTS = ("PreCompact", "PostCompact", "SessionStart")
 REFRESH_INTERVAL_S = 5
 # Every command hctx renders names this module; it is how our earlier entries are recognised.
 TEE_MODULE = "sidecar.claude_tee"
-
-
-class SettingsError(ValueError):
-    """The settings file exists but is not something hctx can merge into without losing data."""
 
 
 def _sidecar_root() -> str:

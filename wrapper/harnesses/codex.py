@@ -1,7 +1,8 @@
 """Codex: tap the app-server's server→client JSON-RPC stream, on stdio or on a websocket listener.
 
 - `codex app-server` (stdio, the default): the wrapper copies the harness's stdout byte for byte to
-  its own and hands the sidecar each line (`tap_stdout`). The client's stdin goes straight through.
+  its own and hands the sidecar each line (`tap_stdout`, as `sidecar.producers.codex.tap_frame`
+  frames it). The client's stdin goes straight through.
 - `codex app-server --listen ws://IP:PORT`: the harness is moved to a free private loopback port and
   the sidecar's relay listens where the client asked, forwarding every connection to the harness
   (`sidecar.transports.codex`).
@@ -12,10 +13,12 @@
 Anything else (`app-server generate-ts`, a `unix://` listener, `codex login`) launches unchanged and
 publishes no record.
 
-Every mode's transport config also carries the compaction settings the harness will load
-(`compaction_config`): `model_auto_compact_token_limit` and `model_context_window` as the last
+Every mode's transport config (`sidecar.producers.codex.CodexTransport`, the model the sidecar
+validates it with) also carries the compaction settings the harness will load
+(`compaction_settings`): `model_auto_compact_token_limit` and `model_context_window` as the last
 `-c KEY=VALUE` sets them, else the selected profile (`--profile`/`-p`, else the file's `profile`),
-else `$CODEX_HOME/config.toml` (default `~/.codex`). The transport hands them to the producer.
+else `$CODEX_HOME/config.toml` (default `~/.codex`). The transport hands them to the producer as a
+typed event.
 A project's own `.codex/config.toml` is not read (its trust-gated layering is not measured here), so a
 limit set only there is not published.
 """
@@ -29,9 +32,17 @@ import tomllib
 from pathlib import Path
 from typing import Any, Final
 
+from sidecar.producers.codex import ChannelOnly, CodexTransport, Relay, Rollout
+from sidecar.producers.codex_events import FRAME_TYPE
 from wrapper.harnesses import LOOPBACK, LaunchPlan, free_loopback_port, program_index
 
-FRAME_TYPE: Final = "codex.rpc"
+__all__ = [
+    "APP_SERVER",
+    "COMPACTION_KEYS",
+    "compaction_settings",
+    "prepare",
+]
+
 APP_SERVER: Final = "app-server"
 
 # `codex app-server` options that take a value (codex-cli 0.151.0 and 0.171.0 `app-server --help`),
@@ -58,40 +69,41 @@ _SESSIONLESS_SUBCOMMANDS: Final = frozenset({
 })  # fmt: skip
 
 
-# The settings the producer needs (issue 18), as the transport config spells them.
-COMPACTION_KEYS: Final = {"model_auto_compact_token_limit": "autoCompactTokenLimit",
-                          "model_context_window": "modelContextWindow"}  # fmt: skip
+# The settings the producer needs (issue 18): Codex's config keys, as the transport's fields.
+COMPACTION_KEYS: Final = {"model_auto_compact_token_limit": "auto_compact_token_limit",
+                          "model_context_window": "model_context_window"}  # fmt: skip
 
 
 def prepare(plan: LaunchPlan) -> LaunchPlan:
-    plan = dataclasses.replace(plan, transport={**plan.transport, **compaction_config(plan)})
+    settings = compaction_settings(plan)
     at = _app_server_index(plan.argv)
     if at is None:
-        return _follow_rollout(plan)
+        return _follow_rollout(plan, settings)
     listen = _listen_option(plan.argv, at + 1)
+    channel = CodexTransport(ChannelOnly(**settings))
     if listen is None:
-        return dataclasses.replace(plan, tap_stdout=FRAME_TYPE)
+        return dataclasses.replace(plan, tap_stdout=FRAME_TYPE, transport=channel)
     index, inline, url = listen
     if url.startswith("stdio://"):
-        return dataclasses.replace(plan, tap_stdout=FRAME_TYPE)
+        return dataclasses.replace(plan, tap_stdout=FRAME_TYPE, transport=channel)
     if not url.startswith("ws://"):
-        return plan
+        return plan  # a listener hctx cannot read (unix://, off): no transport
     upstream = f"ws://{LOOPBACK}:{free_loopback_port()}"
     argv = list(plan.argv)
     if inline:
         argv[index] = f"--listen={upstream}"
     else:
         argv[index + 1] = upstream
-    transport = {**plan.transport, "listen": url, "upstream": upstream}
-    return dataclasses.replace(plan, argv=tuple(argv), transport=transport)
+    relay = CodexTransport(Relay(listen=url, upstream=upstream, **settings))
+    return dataclasses.replace(plan, argv=tuple(argv), transport=relay)
 
 
 def _codex_home(plan: LaunchPlan) -> str:
     return plan.env.get("CODEX_HOME") or os.environ.get("CODEX_HOME") or os.path.expanduser("~/.codex")
 
 
-def compaction_config(plan: LaunchPlan) -> dict[str, int]:
-    """The compaction settings Codex will load, in the transport's spelling; a key no layer sets,
+def compaction_settings(plan: LaunchPlan) -> dict[str, int]:
+    """The compaction settings Codex will load, as the transport's fields; a key no layer sets,
     or sets to anything but a positive integer, is left out."""
     try:
         with open(Path(_codex_home(plan)) / "config.toml", "rb") as file:
@@ -122,25 +134,21 @@ def compaction_config(plan: LaunchPlan) -> dict[str, int]:
     return found
 
 
-def _follow_rollout(plan: LaunchPlan) -> LaunchPlan:
+def _follow_rollout(plan: LaunchPlan, settings: dict[str, int]) -> LaunchPlan:
     program = program_index(plan.argv, "codex")
-    if program is None:
-        return plan
-    index = _subcommand(plan.argv, program + 1, _TOP_VALUED_OPTIONS)
-    if index is not None and plan.argv[index] in _SESSIONLESS_SUBCOMMANDS:
-        return plan
-    codex_home = _codex_home(plan)
-    transport = {
-        **plan.transport,
-        "mode": "rollout",
-        "codexHome": codex_home,
-        "cwd": os.fspath(plan.cwd),
-        "startedAtMs": time.time_ns() // 1_000_000,
+    index = None if program is None else _subcommand(plan.argv, program + 1, _TOP_VALUED_OPTIONS)
+    if program is None or (index is not None and plan.argv[index] in _SESSIONLESS_SUBCOMMANDS):
+        return plan  # no session, nothing to read: no transport
+    rollout = Rollout(
+        codex_home=_codex_home(plan),
+        cwd=os.fspath(plan.cwd),
+        started_at_ms=time.time_ns() // 1_000_000,
         # The wrapper (this process) is the harness's parent: the rollout its descendants hold open
         # is this seat's, whichever other seat in the same directory started later.
-        "rootPid": os.getpid(),
-    }
-    return dataclasses.replace(plan, transport=transport)
+        root_pid=os.getpid(),
+        **settings,
+    )
+    return dataclasses.replace(plan, transport=CodexTransport(rollout))
 
 
 def _app_server_index(argv: tuple[str, ...]) -> int | None:

@@ -13,7 +13,16 @@ import dataclasses
 from pathlib import Path
 from typing import Final
 
+from sidecar.producers.opencode import OpenCodeTransport
 from wrapper.harnesses import LOOPBACK, LaunchPlan, free_loopback_port, program_index
+
+__all__ = [
+    "ANY_INTERFACE",
+    "OTHER_COMMANDS",
+    "SERVER_COMMANDS",
+    "VALUE_OPTIONS",
+    "prepare",
+]
 
 # Subcommands that run the HTTP server and take --port/--hostname; no subcommand is the TUI.
 SERVER_COMMANDS: Final = frozenset({"serve", "web"})
@@ -95,9 +104,10 @@ def prepare(plan: LaunchPlan) -> LaunchPlan:
             argv[start:stop] = injected
         else:
             argv[args.end : args.end] = injected
-    transport: dict[str, object] = {**plan.transport, "base_url": f"http://{_url_host(host)}:{port}"}
+    directory = None
     if args.command is None and args.project is not None:
-        transport["directory"] = str((plan.cwd / Path(args.project)).resolve())
+        directory = str((plan.cwd / Path(args.project)).resolve())
+    transport = OpenCodeTransport(base_url=f"http://{_url_host(host)}:{port}", directory=directory)
     return dataclasses.replace(plan, argv=tuple(argv), transport=transport)
 
 

@@ -15,6 +15,14 @@ from pathlib import Path
 
 from wrapper.harnesses import LaunchPlan
 
+__all__ = [
+    "ASSET_NAME",
+    "END_OF_OPTIONS",
+    "EXTENSION_FLAG",
+    "channel_extension",
+    "prepare",
+]
+
 ASSET_NAME = "hctx-channel.ts"
 EXTENSION_FLAG = "--extension"
 # Everything after a bare `--` is positional to pi and omp; our flag must precede it.

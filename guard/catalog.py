@@ -1,0 +1,274 @@
+"""The catalog's read side: what every reader opens, lists and decodes in a tree it cannot trust.
+
+A replicated directory tree may hold anything. Every directory below the catalog root is opened
+through `guard.store.open_chain` (component by component, never following a symlink), every file
+through `guard.files.read_bounded` (regular files only, never blocking on a FIFO, never past its
+bound), and every listing goes through one walker, `agent_tree_children`, which passes over
+Syncthing's own entries. Two strictnesses share that walker: the readers' (`list_agents`: an entry
+that is not an agent directory is a warning, a host that cannot be listed is skipped) and the
+store's (`iter_hosts`, `iter_identities`: such an entry is a CatalogError). Nothing here writes, and
+nothing here raises on a hostile tree except `CatalogError` for a catalog not readable at all.
+
+The layering is catalog -> store, not the reverse: the claim's parser and bound (guard.state)
+build on guard.store, and the read side needs them.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import stat
+from collections.abc import Container
+from dataclasses import dataclass
+from pathlib import Path
+
+from guard.constants import AGENTS_DIR_NAME, CONTEXT_RECORD_NAME, STATE_RECORD_NAME
+from guard.errors import CatalogError, RecordRefused
+from guard.files import RawFile, read_bounded
+from guard.projection import MAX_RECORD_BYTES
+from guard.state import MAX_STATE_BYTES, HarnessState, parse_state
+from guard.store import SYNCTHING_CONFLICT_NAME, check_name, is_agent_tree_name, open_chain
+
+__all__ = [
+    "LEGACY_STAGING_NAME",
+    "PROBLEM_CHARS",
+    "SYNCTHING_DIR_NAME",
+    "SYNCTHING_FILE_NAME",
+    "AgentFiles",
+    "agent_tree_children",
+    "decode_claim",
+    "is_syncthing_entry",
+    "iter_hosts",
+    "iter_identities",
+    "list_agents",
+    "open_host_dir",
+    "printable",
+    "read_agent_files",
+    "short",
+]
+
+# Earlier writers staged beside the record and could leave exactly this behind after a crash.
+LEGACY_STAGING_NAME = re.compile(r"\.harness-context\.tmp-[0-9]+-[0-9]+")
+# What Syncthing itself puts in a tree it syncs: the folder marker and the versions directory
+# (directories), and as regular files the ignore file, its temporaries while it receives (Unix and
+# Windows prefixes, lib/fs/tempname.go) and the conflict copies a losing version is renamed to
+# (`<stem>.sync-conflict-<YYYYMMDD>-<HHMMSS>-<short device id><ext>`, lib/model/folder_sendrecv.go).
+SYNCTHING_DIR_NAME = re.compile(r"\.stfolder|\.stversions")
+SYNCTHING_FILE_NAME = re.compile(
+    rf"\.stfolder|\.stignore|(?:\.syncthing\.|~syncthing~).+\.tmp|{SYNCTHING_CONFLICT_NAME.pattern}"
+)
+# A problem quoted from a hostile file is cut here: a warning line, not a dump.
+PROBLEM_CHARS = 200
+
+
+# ---------------------------------------------------------------------------------------------
+# Text a hostile tree supplies
+
+
+_CONTROL_ESCAPES = {0x7F: "\\x7f"}
+_BIDI = frozenset(range(0x202A, 0x202F)) | frozenset(range(0x2066, 0x206A))
+
+
+def printable(text: str) -> str:
+    """`text` with terminal controls shown escaped, so a hostile field cannot drive the terminal."""
+    if text.isprintable():
+        return text
+    out = []
+    for char in text:
+        code = ord(char)
+        if code < 0x20 or code in _CONTROL_ESCAPES or 0x80 <= code < 0xA0 or code in _BIDI:
+            out.append(_CONTROL_ESCAPES.get(code, f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"))
+        else:
+            out.append(char)
+    return "".join(out)
+
+
+def short(text: str) -> str:
+    """A problem as a warning shows it: printable, and at most PROBLEM_CHARS long."""
+    text = printable(text)
+    return text if len(text) <= PROBLEM_CHARS else text[: PROBLEM_CHARS - 1] + "…"
+
+
+# ---------------------------------------------------------------------------------------------
+# The walker
+
+
+def is_syncthing_entry(name: str, *, regular: bool, real_dir: bool) -> bool:
+    """One of Syncthing's own names, as the kind of entry Syncthing makes it (never a symlink)."""
+    pattern = SYNCTHING_FILE_NAME if regular else SYNCTHING_DIR_NAME if real_dir else None
+    return pattern is not None and pattern.fullmatch(name) is not None
+
+
+def agent_tree_children(directory: Path, kind: str, *, legacy_ok: bool) -> tuple[list[str], list[str]]:
+    """The real subdirectories of `directory` that are valid `kind` names, sorted, and one line for
+    every other entry (symlinks, files, bad names, near misses of the legacy name).
+
+    With `legacy_ok` the exact legacy staging name is passed over silently, but only as a regular
+    non-symlink file: possibly a live old writer's, and left untouched. Syncthing's own names are
+    passed over silently at every level, each only as the kind of entry Syncthing makes; a conflict
+    copy is never an agent, whatever it is.
+    """
+    names: list[str] = []
+    passed_over: list[str] = []
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            try:
+                regular = entry.is_file(follow_symlinks=False)
+                real_dir = entry.is_dir(follow_symlinks=False)
+            except OSError:
+                regular = real_dir = False
+            if legacy_ok and regular and LEGACY_STAGING_NAME.fullmatch(entry.name):
+                continue
+            if is_syncthing_entry(entry.name, regular=regular, real_dir=real_dir):
+                continue
+            if real_dir and is_agent_tree_name(entry.name):
+                names.append(entry.name)
+            else:
+                passed_over.append(f"unexpected entry {Path(directory, entry.name)!s} (not a {kind} directory)")
+    return sorted(names), sorted(passed_over)
+
+
+def _is_real_dir(path: Path) -> bool:
+    """False when absent; CatalogError when it is a symlink or not a directory."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISDIR(info.st_mode):
+        raise CatalogError(f"{path} is not a real directory (symlink or file)")
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# The store's strictness: any entry that is not an agent directory is refused
+
+
+def iter_hosts(catalog: Path) -> list[str]:
+    return _strict_children(catalog / AGENTS_DIR_NAME, "host", legacy_ok=False)
+
+
+def iter_identities(catalog: Path, host: str) -> list[str]:
+    """Identity directories of one host, passing over exactly the legacy staging file."""
+    agents = catalog / AGENTS_DIR_NAME
+    if not _is_real_dir(agents):  # a symlinked `agents/` is refused here too, not walked through
+        return []
+    return _strict_children(agents / check_name("host", host), "identity", legacy_ok=True)
+
+
+def _strict_children(directory: Path, kind: str, *, legacy_ok: bool) -> list[str]:
+    if not _is_real_dir(directory):
+        return []
+    names, passed_over = agent_tree_children(directory, kind, legacy_ok=legacy_ok)
+    if passed_over:
+        raise CatalogError(passed_over[0])
+    return names
+
+
+# ---------------------------------------------------------------------------------------------
+# The readers' strictness: a warning for what is passed over, never a traceback
+
+
+def _agents_root(catalog: Path) -> Path | None:
+    """`<catalog>/agents`, None when there is no catalog yet; raises when it cannot be read at all."""
+    try:
+        catalog_info = os.stat(catalog)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise CatalogError(f"{catalog}: {exc.strerror or exc}") from None
+    if not stat.S_ISDIR(catalog_info.st_mode):
+        raise CatalogError(f"{catalog} is not a directory")
+    root = catalog / AGENTS_DIR_NAME
+    try:
+        return root if _is_real_dir(root) else None
+    except CatalogError:
+        raise  # already says where and why
+    except OSError as exc:
+        raise CatalogError(f"{root}: {exc.strerror or exc}") from None
+
+
+def _named_dirs(directory: Path, kind: str, warnings: list[str], *, legacy_ok: bool) -> list[str]:
+    """Subdirectories that can be agent-tree names; everything else is named in a warning."""
+    names, passed_over = agent_tree_children(directory, kind, legacy_ok=legacy_ok)
+    warnings.extend(f"{printable(line)}; ignored" for line in passed_over)
+    return names
+
+
+def list_agents(catalog: Path) -> tuple[list[tuple[str, str]], list[str]]:
+    """Every (host, identity) under `<catalog>/agents`, sorted, and warnings for what was passed over."""
+    root = _agents_root(catalog)
+    if root is None:
+        return [], []
+    warnings: list[str] = []
+    try:
+        hosts = _named_dirs(root, "host", warnings, legacy_ok=False)
+    except OSError as exc:
+        raise CatalogError(f"{root}: {exc.strerror or exc}") from None
+    agents: list[tuple[str, str]] = []
+    for host in hosts:
+        try:
+            identities = _named_dirs(root / host, "identity", warnings, legacy_ok=True)
+        except OSError as exc:
+            warnings.append(f"{root / host}: {exc.strerror or exc}; host skipped")
+            continue
+        agents.extend((host, identity) for identity in identities)
+    return agents, warnings
+
+
+def open_host_dir(catalog: Path, host: str) -> int | None:
+    """`<catalog>/agents/<host>` held open (the caller closes), so its agents are read without
+    re-walking the catalog; None when it cannot be, and each of its agents then names why."""
+    try:
+        return open_chain(catalog, (AGENTS_DIR_NAME, host))
+    except OSError:
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# One agent's files
+
+
+@dataclass(frozen=True, slots=True)
+class AgentFiles:
+    """The two records of one agent directory as read, before any interpretation."""
+
+    record: RawFile
+    claim: RawFile
+    problem: str | None = None  # the directory itself could not be opened
+
+
+def read_agent_files(catalog: Path, host: str, identity: str, host_fd: int | None = None) -> AgentFiles:
+    """`host_fd`, when the caller holds the host directory open, saves re-walking the catalog per agent."""
+    try:
+        if host_fd is None:
+            dir_fd = open_chain(catalog, (AGENTS_DIR_NAME, host, identity))
+        else:
+            dir_fd = open_chain(catalog / AGENTS_DIR_NAME / host, (identity,), parent_fd=host_fd)
+    except OSError as exc:
+        if isinstance(exc, CatalogError) or exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            reason = "is not a real directory (symlink or file)"
+        elif exc.errno == errno.ENOENT:
+            reason = "does not exist"
+        else:
+            reason = f"unreadable: {exc.strerror or exc}"
+        problem = f"agent directory {reason}"
+        return AgentFiles(RawFile(problem=problem), RawFile(problem=problem), problem)
+    try:
+        return AgentFiles(
+            record=read_bounded(dir_fd, CONTEXT_RECORD_NAME, MAX_RECORD_BYTES),
+            claim=read_bounded(dir_fd, STATE_RECORD_NAME, MAX_STATE_BYTES),
+        )
+    finally:
+        os.close(dir_fd)
+
+
+def decode_claim(raw: RawFile, harnesses: Container[str] | None = None) -> tuple[HarnessState | None, str | None]:
+    """The harness-state claim, or None and why (None, None for a plain absence); `harnesses` as
+    for `guard.record.parse_record`."""
+    if raw.data is None:
+        return None, None if raw.problem is None else f"harness-state claim {raw.problem}"
+    try:
+        return parse_state(raw.data, harnesses=harnesses), None
+    except RecordRefused as exc:
+        return None, short(f"harness-state claim refused: {exc}")

@@ -1,0 +1,110 @@
+"""Every exception hctx raises on purpose, under one root, in one place (as httpx does).
+
+    HctxError
+    ├── RecordRefused        a record or claim file is not one this reader accepts (ValueError)
+    ├── ClaimHeld            another live wrapper holds the agent's claim
+    ├── CatalogError         the catalog cannot be opened or walked (OSError)
+    ├── FrameRejected        a producer will not interpret a frame (ValueError)
+    │   └── MalformedFrame   the bytes are not a frame at all: bad UTF-8, bad JSON, wrong shape
+    ├── ChannelPathError     the channel's socket path is unusable (ValueError)
+    ├── HttpError            an HTTP request (sidecar.http) did not deliver its response (OSError)
+    │   ├── HttpTimeout      the server did not answer, or went silent, for longer than allowed
+    │   └── HttpStatusError  the server answered with a status that is not 2xx
+    ├── SettingsError        a harness's settings file cannot be merged (ValueError)
+    ├── AgentNotFound        no agent answers to the name asked for (LookupError)
+    ├── UnknownHarness       no registered harness has the name (LookupError)
+    ├── ModelTableError      `hctx scan`'s model table is unreadable (ValueError)
+    └── FleetFailed          a demo agent failed to start
+
+Each also derives from the builtin a caller would catch without knowing hctx, so `except ValueError`
+around a parse keeps working. The message is always the sentence a user is shown.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from guard.state import HarnessState
+
+__all__ = [
+    "AgentNotFound",
+    "CatalogError",
+    "ChannelPathError",
+    "ClaimHeld",
+    "FleetFailed",
+    "FrameRejected",
+    "HctxError",
+    "HttpError",
+    "HttpStatusError",
+    "HttpTimeout",
+    "MalformedFrame",
+    "ModelTableError",
+    "RecordRefused",
+    "SettingsError",
+    "UnknownHarness",
+]
+
+
+class HctxError(Exception):
+    """The root: anything hctx raises deliberately."""
+
+
+class RecordRefused(HctxError, ValueError):
+    """The bytes are not a record this reader may interpret; the message says why."""
+
+
+class ClaimHeld(HctxError):
+    def __init__(self, holder: HarnessState) -> None:
+        super().__init__(f"agent {holder.host}/{holder.agent} is held by wrapper pid {holder.wrapper_pid}")
+        self.holder = holder
+
+
+class CatalogError(HctxError, OSError):
+    pass
+
+
+class FrameRejected(HctxError, ValueError):
+    """The message is the log line's reason."""
+
+
+class MalformedFrame(FrameRejected):
+    pass
+
+
+class ChannelPathError(HctxError, ValueError):
+    pass
+
+
+class HttpError(HctxError, OSError):
+    """The message is the sentence to log."""
+
+
+class HttpTimeout(HttpError):
+    pass
+
+
+class HttpStatusError(HttpError):
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class SettingsError(HctxError, ValueError):
+    pass
+
+
+class AgentNotFound(HctxError, LookupError):
+    pass
+
+
+class UnknownHarness(HctxError, LookupError):
+    pass
+
+
+class ModelTableError(HctxError, ValueError):
+    pass
+
+
+class FleetFailed(HctxError):
+    pass

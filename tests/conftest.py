@@ -1,0 +1,125 @@
+"""What every test shares: where the checkout and its fixtures are, and the channel's directory.
+
+Importable as `tests.conftest` for the constants; pytest loads the fixtures itself.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from guard.errors import FrameRejected
+from guard.policy import Reading
+from guard.record import HarnessContext
+from guard.store import AgentDir
+from sidecar.app import CatalogStore, SidecarConfig, Writer, open_writer
+from sidecar.decoding import CHANNEL, Dropped, LineDecoder, channel_decoder
+from sidecar.producers.base import Producer
+from sidecar.registry import HarnessSpec
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURE_ROOT = REPO / "fixtures"
+LAB = REPO.parent / "shared" / "lab"
+
+
+@pytest.fixture
+def channel_dir(tmp_path: Path) -> Path:
+    """A directory the channel accepts: owned by this user and closed to others."""
+    directory = tmp_path / "ch"
+    directory.mkdir(mode=0o700)
+    return directory
+
+
+def _as_they_are(kind: str, frame: dict[str, Any]) -> list[object]:
+    return [frame]
+
+
+def raw_channel_decoder() -> LineDecoder:
+    """The channel's real decoder (framing, envelope) for a harness taking every frame as it is."""
+    return channel_decoder(_as_they_are)
+
+
+class Received(list[dict[str, Any]]):
+    """Frames a channel or a transport submitted, its drops apart, and a wait for a count."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dropped: list[Dropped] = []
+        self.changed = trio.Event()
+
+    def submit(self, event: object) -> None:
+        if isinstance(event, Dropped):
+            self.dropped.append(event)
+        else:
+            assert isinstance(event, dict)
+            self.append(event)
+        self.changed.set()
+        self.changed = trio.Event()
+
+    async def settle(self, count: int, timeout_s: float = 10) -> None:
+        with trio.fail_after(timeout_s):
+            while len(self) < count:
+                await self.changed.wait()
+
+
+class FailingStore(CatalogStore):
+    """The catalog's own store, failing with `error` while `broken` is set; every attempt kept."""
+
+    def __init__(self, agent_dir: AgentDir, error: OSError) -> None:
+        super().__init__(agent_dir)
+        object.__setattr__(self, "attempts", [])
+        object.__setattr__(self, "error", error)
+        object.__setattr__(self, "broken", True)
+
+    attempts: list[HarnessContext]
+    error: OSError
+    broken: bool
+
+    async def write(self, record: HarnessContext) -> HarnessContext:
+        self.attempts.append(record)
+        if self.broken:
+            raise self.error
+        return await super().write(record)
+
+
+def failing_writer(config: SidecarConfig, error: OSError) -> tuple[Writer, FailingStore]:
+    """The sidecar's own writer for `config`, its store failing until told otherwise."""
+    _, writer = open_writer(config)
+    store = FailingStore(AgentDir(config.catalog, config.host, config.agent), error)
+    writer.store = store
+    return writer, store
+
+
+def submit_channel_bytes(writer: Writer, data: bytes, harness: str) -> None:
+    """`data` as the channel carries it, through the harness's channel decoder, into `writer`."""
+    from sidecar.registry import spec_for
+
+    decoder = spec_for(harness).decoder("channel")
+    for event in decoder.receive_data(data) + decoder.end_of_data():
+        writer.submit(event)
+
+
+def channel_readings(spec: HarnessSpec, producer: Producer, data: bytes, now_ms: int) -> list[Reading]:
+    """Channel bytes through `spec`'s channel decoder into `producer`; FrameRejected for a drop."""
+    decoder = spec.decoder(CHANNEL)
+    readings: list[Reading] = []
+    for event in decoder.receive_data(data) + decoder.end_of_data():
+        if isinstance(event, Dropped):
+            raise FrameRejected(event.reason)
+        readings += producer.feed(event, now_ms)
+    return readings
+
+
+async def read_head(stream: trio.SocketStream) -> bytes:
+    """An HTTP request's head as the client sent it (all of it, up to its blank line, or what came
+    before the client closed)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = await stream.receive_some(65536)
+        if not chunk:
+            break
+        data += chunk
+    return data

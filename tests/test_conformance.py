@@ -1,0 +1,229 @@
+"""The conformance suite: every registered harness, every recorded fixture, every path the bytes take.
+
+One property per row, run over the registry instead of by hand per harness:
+
+- fed whole, fed a byte at a time, or cut where hypothesis chooses, a recording makes identical
+  writes: where the bytes break never changes what is published;
+- any bytes at all on any wire of any harness: only logged drops, never a crash, and never a number
+  the input did not contain (digit-free input publishes no number);
+- lived through the real sidecar process: the channel recordings sent on the unix socket give the
+  writes replay gives (the Codex stdio tap and websocket relay and the OpenCode SSE transport have
+  their own live rows beside their transports' tests, on these same helpers).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sidecar.decoding import CHANNEL, MessageDecoder
+from sidecar.registry import BUILT_IN, Chunk, HarnessSpec, harness_names, spec_for
+from sidecar.replay import replay
+from tests.conformance import LOGGED_FIELDS, bytewise, joined, logged, outcome, replayed, split_at
+from tests.conftest import FIXTURE_ROOT, REPO
+from tests.wrapping import HOST, env, log_events
+
+FIXTURES = FIXTURE_ROOT
+
+# Every fixture that is a recording of the harness, as the sets `hctx replay` is handed.
+RECORDINGS: dict[str, list[tuple[Path, ...]]] = {
+    "claude": [(path,) for path in sorted((FIXTURES / "claude").glob("*.jsonl"))],
+    "codex": [(path,) for path in sorted((FIXTURES / "codex").glob("*.jsonl"))]
+    + [(path,) for path in sorted((FIXTURES / "transcripts").glob("codex-*/*.jsonl"))],
+    "pi": [(path,) for path in sorted(FIXTURES.glob("pi/pi-*/capture.jsonl"))]
+    + [(path,) for path in sorted(FIXTURES.glob("pi/live/**/pi-*.channel.jsonl"))],
+    "omp": [(path,) for path in sorted(FIXTURES.glob("pi/omp-*/capture.jsonl"))]
+    + [(path,) for path in sorted(FIXTURES.glob("pi/live/**/omp-*.channel.jsonl"))],
+    "opencode": [
+        (version / "config_providers.json", version / "config.json", version / "events.jsonl")
+        for version in sorted((FIXTURES / "opencode").glob("v*"))
+    ],
+}
+CASES = [
+    pytest.param(harness, paths, id=f"{harness}-{'+'.join(path.relative_to(FIXTURES).as_posix() for path in paths)}")
+    for harness, sets in RECORDINGS.items()
+    for paths in sets
+]
+# The live leg's pace: comfortably more than a write's two fsyncs on a loaded machine.
+FRAME_PACE_S = 0.01
+# A run whose writes stalled (the outbox coalesced) compares nothing; a later one may not stall.
+LIVE_ATTEMPTS = 3
+# A fixture small enough to be fed one byte at a time in a test's budget.
+BYTEWISE_LIMIT = 96 * 1024
+
+
+def test_every_built_in_harness_has_recordings_and_a_spec_of_its_own() -> None:
+    assert set(RECORDINGS) == set(BUILT_IN) == set(harness_names())
+    for harness in BUILT_IN:
+        spec = spec_for(harness)
+        assert spec.name == harness and RECORDINGS[harness], harness
+        assert spec.wires()[0] == CHANNEL
+
+
+def chunks_of(spec: HarnessSpec, paths: tuple[Path, ...]) -> list[Chunk]:
+    return list(spec.read_recording(list(paths)))
+
+
+def splittable(spec: HarnessSpec, chunk: Chunk) -> bool:
+    """A message-framed wire (a websocket, an HTTP body) is cut by its transport, never inside."""
+    return not isinstance(spec.decoder(chunk.wire), MessageDecoder)
+
+
+def cut(spec: HarnessSpec, chunks: list[Chunk], cuts: list[int]) -> list[Chunk]:
+    pieces: list[Chunk] = []
+    offset = 0
+    for chunk in chunks:
+        inside = [point - offset for point in cuts if offset < point < offset + len(chunk.data)]
+        pieces += split_at([chunk], inside) if splittable(spec, chunk) else [chunk]
+        offset += len(chunk.data)
+    return pieces
+
+
+@pytest.mark.parametrize(("harness", "paths"), CASES)
+def test_a_recording_fed_whole_or_a_byte_at_a_time_writes_the_same(harness: str, paths: tuple[Path, ...]) -> None:
+    spec = spec_for(harness)
+    chunks = chunks_of(spec, paths)
+    assert chunks, f"{paths} read as no bytes at all"
+    expected = [outcome(write) for write in replayed(spec, chunks)]
+    assert [outcome(write) for write in replayed(spec, joined(chunks))] == expected
+    if sum(len(chunk.data) for chunk in chunks) <= BYTEWISE_LIMIT:
+        pieces = [piece for chunk in chunks for piece in (bytewise([chunk]) if splittable(spec, chunk) else [chunk])]
+        assert [outcome(write) for write in replayed(spec, pieces)] == expected
+
+
+def test_every_harness_publishes_from_its_recordings() -> None:
+    for harness, sets in RECORDINGS.items():
+        spec = spec_for(harness)
+        writes = [write for paths in sets for write in replayed(spec, chunks_of(spec, paths))]
+        assert any(write.record.used_tokens or write.record.used_percent for write in writes), harness
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_a_recording_cut_anywhere_writes_the_same(data: st.DataObject) -> None:
+    harness, paths = data.draw(st.sampled_from([case.values for case in CASES]))
+    spec = spec_for(harness)
+    chunks = chunks_of(spec, paths)
+    total = sum(len(chunk.data) for chunk in chunks)
+    cuts = data.draw(st.lists(st.integers(0, total), max_size=64))
+    expected = [outcome(write) for write in replayed(spec, chunks)]
+    assert [outcome(write) for write in replayed(spec, cut(spec, chunks, cuts))] == expected
+
+
+def wires() -> list[tuple[str, str]]:
+    return [(harness, wire) for harness in harness_names() for wire in spec_for(harness).wires()]
+
+
+NUMBERS = ("used_tokens", "window_tokens", "used_percent", "cost_usd", "session_total_tokens", "compact_at_tokens")
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(wires()), st.lists(st.binary(max_size=2048), max_size=8))
+def test_any_bytes_on_any_wire_are_drops_never_a_crash_or_a_number(target: tuple[str, str], data: list[bytes]) -> None:
+    harness, wire = target
+    spec = spec_for(harness)
+    digit_free = [bytes(byte for byte in piece if not 0x30 <= byte <= 0x39) for piece in data]
+    writes = list(replay(spec, [Chunk(None, wire, piece) for piece in digit_free]))
+    for write in writes:
+        published = {name: getattr(write.record, name) for name in NUMBERS}
+        assert set(published.values()) == {None}, f"{harness}/{wire} published {published} from digit-free bytes"
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_a_recording_damaged_anywhere_is_drops_never_a_crash(data: st.DataObject) -> None:
+    harness, paths = data.draw(st.sampled_from([case.values for case in CASES]))
+    spec = spec_for(harness)
+    chunks = chunks_of(spec, paths)
+    index = data.draw(st.integers(0, len(chunks) - 1))
+    victim = chunks[index].data
+    start = data.draw(st.integers(0, len(victim)))
+    end = data.draw(st.integers(start, min(len(victim), start + 512)))
+    junk = data.draw(
+        st.binary(max_size=64) | st.sampled_from([b"NaN", b"\x00", b"\xff\xfe", b"[" * 2000, b'"\\ud800"'])
+    )
+    damaged = [*chunks[:index], Chunk(chunks[index].at_ms, chunks[index].wire, victim[:start] + junk + victim[end:])]
+    for write in replay(spec, [*damaged, *chunks[index + 1 :]]):
+        assert write.record.harness == harness
+
+
+# --- lived: the real sidecar process, the recording's bytes on its channel ---------------------------
+
+
+def _lives_on_the_channel(harness: str, paths: tuple[Path, ...]) -> bool:
+    """A recording of the channel alone that publishes something (a lone hook capture writes
+    nothing, live or replayed: the rows above cover it)."""
+    spec = spec_for(harness)
+    chunks = chunks_of(spec, paths)
+    return all(chunk.wire == CHANNEL for chunk in chunks) and bool(replayed(spec, chunks))
+
+
+CHANNEL_CASES = [case for case in CASES if _lives_on_the_channel(*case.values)]  # type: ignore[arg-type]
+
+
+def lived_on_the_channel(harness: str, chunks: list[Chunk], where: Path) -> tuple[list[tuple[Any, ...]], int]:
+    """The writes a real sidecar process logged for `chunks` sent on its channel, and how many it
+    coalesced (a write stalled past STALLED_WRITE_S: the machine, not the decoder)."""
+    catalog, channel = where / "catalog", where / "ch" / "s"
+    channel.parent.mkdir(mode=0o700, parents=True)
+    read_end, write_end = os.pipe()
+    ready_read, ready_write = os.pipe()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "sidecar", "--catalog", str(catalog), "--host", HOST, "--agent", "conform",
+         "--harness", harness, "--incarnation", "inc", "--channel", str(channel),
+         "--lifeline-fd", str(read_end), "--ready-fd", str(ready_write)],
+        pass_fds=(read_end, ready_write), env=env(), cwd=REPO, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    os.close(read_end)
+    os.close(ready_write)
+    try:
+        with os.fdopen(ready_read, "rb") as ready:
+            assert ready.readline() == b"ready\n"
+        # One connection keeps the recording's order (across connections the channel promises none),
+        # a frame at a harness's pace: a burst of hundreds in a millisecond is the outbox's case (a
+        # stalled write coalesces; tests/test_sidecar_faults.py), not what a session sends.
+        with socket.socket(socket.AF_UNIX) as client:
+            client.connect(str(channel))
+            for chunk in chunks:
+                for line in chunk.data.splitlines(keepends=True):
+                    client.sendall(line)
+                    time.sleep(FRAME_PACE_S)
+    finally:
+        os.close(write_end)  # the wrapper is gone: the sidecar drains its channel and exits
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGKILL)
+            raise
+    assert process.returncode == 0, process.stderr.read() if process.stderr else ""
+    events = log_events(catalog, "conform")
+    lived = [tuple(event.get(key) for key in LOGGED_FIELDS)
+             for event in events if event.get("event") == "write" and event.get("reason") != "heartbeat"]  # fmt: skip
+    [exit_line] = [event for event in events if event.get("event") == "exit"]
+    return lived, exit_line["coalesced"]
+
+
+@pytest.mark.parametrize(("harness", "paths"), CHANNEL_CASES)
+def test_a_channel_recording_sent_to_the_real_sidecar_writes_what_replay_writes(
+    harness: str, paths: tuple[Path, ...], tmp_path: Path
+) -> None:
+    spec = spec_for(harness)
+    chunks = chunks_of(spec, paths)
+    # Heartbeats depend on the clock's pace, replay's simulated one and the live one alike.
+    expected = [logged(write) for write in replayed(spec, chunks) if write.reason != "heartbeat"]
+    for attempt in range(LIVE_ATTEMPTS):
+        lived, coalesced = lived_on_the_channel(harness, chunks, tmp_path / str(attempt))
+        if not coalesced:
+            assert lived == expected
+            return
+    pytest.fail(f"every one of {LIVE_ATTEMPTS} runs had a write stall past the outbox's bound: no comparison")

@@ -1,0 +1,234 @@
+"""The import graph of guard/, sidecar/ and wrapper/, read with `ast` (nothing is imported): no
+cycle, and the layering guard <- sidecar <- wrapper.
+
+Two graphs may hold no cycle: what runs at import time (module and class bodies, also inside
+`if`, `try`, `with`), and what runs at all (also inside functions: a lazy import). What
+`if TYPE_CHECKING:` guards never runs and is in neither, but the layering counts it too. A failure
+names each cycle module by module, with the line of each import.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Literal
+
+import pytest
+
+from tests.conftest import REPO
+
+PACKAGES = ("guard", "sidecar", "wrapper")
+# A package may import only from itself and the packages before it here.
+LAYERS = {"guard": {"guard"}, "sidecar": {"guard", "sidecar"}, "wrapper": {"guard", "sidecar", "wrapper"}}
+
+Graph = dict[str, dict[str, int]]  # module -> imported module -> the line of the first such import
+# Which imports a graph holds: at import time, at run time (lazy ones too), or any (type-only too).
+Scope = Literal["import-time", "run-time", "any"]
+
+
+def module_files() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join(parts)] = path
+    return found
+
+
+MODULES = module_files()
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+_CONTAINERS = (ast.stmt, ast.excepthandler, ast.match_case)
+
+
+def _statements(body: list[ast.stmt], *, functions: bool, type_only: bool) -> Iterator[ast.stmt]:
+    """Every statement of `body` and of the blocks inside it; a function's only with `functions`
+    (it runs when called, not when imported), `if TYPE_CHECKING:`'s only with `type_only`."""
+    for node in body:
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            yield from _statements([*(node.body if type_only else []), *node.orelse],
+                                   functions=functions, type_only=type_only)  # fmt: skip
+            continue
+        yield node
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and not functions:
+            continue
+        children = [child for child in ast.iter_child_nodes(node) if isinstance(child, _CONTAINERS)]
+        for child in children:
+            if isinstance(child, ast.stmt):
+                yield from _statements([child], functions=functions, type_only=type_only)
+            else:  # an except clause or a match case: its body
+                yield from _statements(child.body, functions=functions, type_only=type_only)
+
+
+def _targets(module: str, node: ast.stmt) -> Iterator[str]:
+    """The project modules an import statement loads."""
+    if isinstance(node, ast.Import):
+        for alias in node.names:
+            if alias.name in MODULES:
+                yield alias.name
+    elif isinstance(node, ast.ImportFrom):
+        base = node.module or ""
+        if node.level:
+            package = module if MODULES[module].name == "__init__.py" else module.rpartition(".")[0]
+            anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+            base = ".".join([*anchor, base] if base else anchor)
+        for alias in node.names:
+            submodule = f"{base}.{alias.name}"
+            if submodule in MODULES:
+                yield submodule  # `from wrapper import roster`
+            elif base in MODULES:
+                yield base
+
+
+def imports_of(module: str, source: str, scope: Scope) -> dict[str, int]:
+    """The project modules `module` imports in `scope`, each with the line of its first import."""
+    tree = ast.parse(source, filename=str(MODULES.get(module, module)))
+    edges: dict[str, int] = {}
+    for node in _statements(tree.body, functions=scope != "import-time", type_only=scope == "any"):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            for target in _targets(module, node):
+                if target != module:
+                    edges.setdefault(target, node.lineno)
+    return edges
+
+
+def import_graph(scope: Scope) -> Graph:
+    return {module: imports_of(module, path.read_text(), scope) for module, path in MODULES.items()}
+
+
+def cycles(graph: Graph) -> list[list[str]]:
+    """One cycle through each strongly connected component of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[set[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for target in graph[module]:
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in on_stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            component = set()
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.add(member)
+                if member == module:
+                    break
+            if len(component) > 1:
+                components.append(component)
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return [_cycle_in(graph, component) for component in components]
+
+
+def _cycle_in(graph: Graph, component: set[str]) -> list[str]:
+    """A shortest path from the component's first module back to itself, inside the component."""
+    start = min(component)
+    paths = {start: [start]}
+    frontier = [start]
+    while frontier:
+        following = []
+        for module in frontier:
+            for target in sorted(graph[module]):
+                if target == start:
+                    return [*paths[module], start]
+                if target in component and target not in paths:
+                    paths[target] = [*paths[module], target]
+                    following.append(target)
+        frontier = following
+    raise AssertionError(f"no cycle through {start} in {sorted(component)}")  # Tarjan said there is one
+
+
+def described(graph: Graph, cycle: list[str]) -> str:
+    return (
+        " -> ".join(f"{module} (line {graph[module][target]})" for module, target in itertools.pairwise(cycle))
+        + f" -> {cycle[-1]}"
+    )
+
+
+@pytest.mark.parametrize("scope", ["import-time", "run-time"])
+def test_no_import_cycle(scope: Scope) -> None:
+    graph = import_graph(scope)
+    found = [described(graph, cycle) for cycle in cycles(graph)]
+    assert not found, f"import cycles ({scope}):\n  " + "\n  ".join(found)
+
+
+def test_layering_guard_then_sidecar_then_wrapper() -> None:
+    graph = import_graph("any")
+    crossings = [
+        f"{module} imports {target} (line {line})"
+        for module, edges in sorted(graph.items())
+        for target, line in sorted(edges.items())
+        if target.split(".")[0] not in LAYERS[module.split(".")[0]]
+    ]
+    assert not crossings, "guard/ imports nothing of sidecar/ or wrapper/, sidecar/ nothing of wrapper/:\n  " + (
+        "\n  ".join(crossings)
+    )
+
+
+SAMPLE = """\
+from typing import TYPE_CHECKING
+import guard.store
+from guard import catalog
+from . import render
+if TYPE_CHECKING:
+    from wrapper.top import Screen
+else:
+    import wrapper.cli
+try:
+    from wrapper.metrics import families
+except ImportError:
+    from wrapper.watch import observe
+class Lazy:
+    from wrapper.scan import scan
+def later():
+    from wrapper.roster import collect_roster
+    if TYPE_CHECKING:
+        import wrapper.demo
+"""
+
+
+def test_each_scope_holds_the_imports_it_should() -> None:
+    import_time = {"guard.store": 2, "guard.catalog": 3, "wrapper.render": 4, "wrapper.cli": 8,
+                   "wrapper.metrics": 10, "wrapper.watch": 12, "wrapper.scan": 14}  # fmt: skip
+    assert imports_of("wrapper.reader_commands", SAMPLE, "import-time") == import_time
+    run_time = {**import_time, "wrapper.roster": 16}
+    assert imports_of("wrapper.reader_commands", SAMPLE, "run-time") == run_time
+    assert imports_of("wrapper.reader_commands", SAMPLE, "any") == {**run_time, "wrapper.top": 6, "wrapper.demo": 18}
+
+
+def test_the_graph_is_the_projects() -> None:
+    """Not vacuous: every package's modules are read, and known edges are found where they are."""
+    assert {module.split(".")[0] for module in MODULES} == set(PACKAGES)
+    import_time, run_time = import_graph("import-time"), import_graph("run-time")
+    assert "guard.store" in import_time["guard.catalog"]
+    assert "wrapper.roster" in import_time["wrapper.render"]
+    assert "wrapper.top" not in import_time["wrapper.reader_commands"]  # imported when `top` runs
+    assert "wrapper.top" in run_time["wrapper.reader_commands"]
+
+
+def test_a_cycle_is_found_and_named() -> None:
+    graph: Graph = {"a": {"b": 3}, "b": {"c": 5}, "c": {"a": 7, "d": 1}, "d": {}}
+    (cycle,) = cycles(graph)
+    assert described(graph, cycle) == "a (line 3) -> b (line 5) -> c (line 7) -> a"
+    assert cycles({"a": {"b": 1}, "b": {}}) == []

@@ -1,0 +1,124 @@
+"""A sixth harness is one module, one launch plan and one line in the registry.
+
+`tests/sixth_harness/` defines one entirely outside the product (docs/sixth-harness.md is the
+recipe it follows): its spec module, its launch plan, and its registry line, an entry point in the
+`hctx.harnesses` group (a dist-info under `registered/`, as an installed plugin would have). Nothing
+under guard/, sidecar/ or wrapper/ names it, and yet `hctx replay`, `hctx wrap` with its real
+sidecar, the readers and the conformance properties all take it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sidecar import registry
+from sidecar.registry import Chunk, harness_names, spec_for
+from tests.conformance import bytewise, outcome, replayed
+from tests.conftest import REPO
+from tests.wrapping import HOST, agent_dir, hctx, log_events, wrap_argv
+
+SIXTH = REPO / "tests" / "sixth_harness"
+REGISTERED = SIXTH / "registered"
+SESSION = SIXTH / "session.jsonl"
+PRODUCT = ("guard", "sidecar", "wrapper")
+
+
+def sixth_env() -> dict[str, str]:
+    """The suite's environment with the sixth harness installed (its dist-info on the path)."""
+    path = os.pathsep.join([str(REPO), str(REGISTERED)])
+    return os.environ | {"PYTHONPATH": path, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+
+
+@pytest.fixture
+def installed(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The sixth harness registered in this process, and gone again afterwards."""
+    monkeypatch.syspath_prepend(str(REGISTERED))
+    registry.rescan()
+    yield
+    monkeypatch.undo()
+    registry.rescan()
+
+
+def test_nothing_in_the_product_names_the_sixth_harness() -> None:
+    for root in PRODUCT:
+        for path in (REPO / root).rglob("*.py"):
+            text = path.read_text()
+            assert '"sixth"' not in text and "'sixth'" not in text and "import tests" not in text, path
+
+
+def test_the_registry_finds_it_by_its_entry_point_and_the_built_ins_first(installed: None) -> None:
+    assert harness_names() == (*registry.BUILT_IN, "sixth")
+    spec = spec_for("sixth")
+    assert spec.name == "sixth" and spec.launch == "tests.sixth_harness.launch"
+
+
+def test_its_session_replays_through_the_shared_decoder_and_guard(installed: None) -> None:
+    spec = spec_for("sixth")
+    writes = replayed(spec, spec.read_recording([SESSION]))
+    assert [(write.reason, write.record.used_tokens, write.record.compactions) for write in writes] == [
+        ("bucket", 1000, 0), ("bucket", 40000, 0), ("bucket", 90000, 0), ("compaction", 90000, 1), ("bucket", 12000, 1),
+    ]  # fmt: skip
+    assert writes[2].record.used_percent == 90.0 and writes[2].record.used_percent != 0.9
+    # The shared properties hold for it as for the built-ins: a byte at a time, the same writes.
+    chunks = [Chunk(None, "channel", SESSION.read_bytes())]
+    assert [outcome(write) for write in replayed(spec, bytewise(chunks))] == [outcome(write) for write in writes]
+
+
+def test_hctx_replay_takes_it_as_installed() -> None:
+    done = subprocess.run(
+        hctx("replay", "--harness", "sixth", str(SESSION)), env=sixth_env(), capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [(line["reason"], line["usedTokens"]) for line in lines][-2:] == [("compaction", 90000), ("bucket", 12000)]
+    assert {line["harness"] for line in lines} == {"sixth"}
+
+
+def test_without_its_registry_line_it_is_unknown_and_said_so() -> None:
+    done = subprocess.run(
+        hctx("replay", "--harness", "sixth", str(SESSION)),
+        env=sixth_env() | {"PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "no harness 'sixth'" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("told", [True, False], ids=["--harness", "inferred"])
+def test_hctx_wrap_runs_its_agent_with_a_real_sidecar_and_the_readers_show_it(tmp_path: Path, told: bool) -> None:
+    catalog = tmp_path / "catalog"
+    program = tmp_path / "bin" / "sixth-agent"  # the name the spec's `programs` lists
+    program.parent.mkdir()
+    program.write_text(f"#!{sys.executable}\n" + (SIXTH / "agent.py").read_text())
+    program.chmod(0o755)
+    argv = wrap_argv(catalog, "six", "sixth", str(program))
+    if not told:
+        argv.remove("--harness")
+        argv.remove("sixth")
+    done = subprocess.run(argv, env=sixth_env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "sixth agent done" in done.stdout
+    record = json.loads((agent_dir(catalog, "six") / "harness-context").read_text())
+    assert (record["harness"], record["usedTokens"], record["windowTokens"], record["compactions"]) == (
+        "sixth", 12000, 100000, 1,
+    )  # fmt: skip
+    writes = [event["reason"] for event in log_events(catalog, "six") if event["event"] == "write"]
+    assert writes == ["bucket", "bucket", "bucket", "compaction", "bucket"]
+    listed = subprocess.run(
+        hctx("agents", "--json", "--catalog", str(catalog), "--host", HOST),
+        env=sixth_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert listed.returncode == 0, listed.stderr
+    [row] = json.loads(listed.stdout)
+    assert row["context"]["harness"] == "sixth" and row["context"]["usedPercent"] == 12.0

@@ -1,0 +1,108 @@
+"""The writer on trio's MockClock: heartbeat and retry happen exactly when they are due, no sooner,
+and nothing is lost, with the store and the clock handed in (no disk, no sleeping in real time)."""
+
+from __future__ import annotations
+
+import errno
+
+import trio
+import trio.testing
+
+from guard.constants import HARNESS_CONTEXT_HEARTBEAT_MS
+from guard.policy import Reading, WriteGuard
+from guard.record import ContextFields, HarnessContext
+from sidecar import app
+from sidecar.app import Writer
+from sidecar.pipeline import Pipeline
+
+EPOCH_MS = 1_780_000_000_000
+HEARTBEAT_S = HARNESS_CONTEXT_HEARTBEAT_MS / 1000
+
+
+class MockWallClock:
+    """Wall time that is trio's (mock) clock plus an epoch, so the two never disagree."""
+
+    def wall_ms(self) -> int:
+        return EPOCH_MS + round(trio.current_time() * 1000)
+
+
+class Landed:
+    """A store that keeps what it was given and when (trio's clock), failing while told to."""
+
+    def __init__(self, failures: int = 0) -> None:
+        self.records: list[HarnessContext] = []
+        self.attempted_at: list[float] = []
+        self.failures = failures
+
+    async def write(self, record: HarnessContext) -> HarnessContext:
+        await trio.lowlevel.checkpoint()
+        self.attempted_at.append(trio.current_time())
+        if self.failures:
+            self.failures -= 1
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self.records.append(record)
+        return record
+
+
+class Fills:
+    """A producer whose events are the fills it reports, observed when they arrive."""
+
+    harness = "pi"
+
+    def feed(self, event: int, now_ms: int) -> list[Reading]:
+        fields = ContextFields(harness="pi", used_tokens=event, window_tokens=1000, observed_at_ms=now_ms)
+        return [Reading(fields)]
+
+
+def writer(store: Landed) -> Writer:
+    return Writer(Pipeline(Fills(), WriteGuard("a", "inc")), store, MockWallClock())
+
+
+async def test_the_heartbeat_writes_the_held_reading_exactly_when_it_is_due(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = Landed()
+    subject = writer(store)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(subject.run)
+        subject.submit(500)  # a bucket: written at once
+        await trio.sleep(1)
+        subject.submit(505)  # the same bucket: held for the heartbeat
+        await trio.sleep(HEARTBEAT_S - 2)
+        assert [record.used_tokens for record in store.records] == [500]  # not a moment early
+        await trio.sleep(2)
+        subject.close()
+    assert [record.used_tokens for record in store.records] == [500, 505]
+    first, beat = store.records
+    assert beat.written_at_ms - first.written_at_ms == HARNESS_CONTEXT_HEARTBEAT_MS
+    assert beat.observed_at_ms == EPOCH_MS + 1000  # the reading's own time, never the beat's
+
+
+async def test_a_write_that_fails_is_retried_on_schedule_and_lands_the_newest_reading(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = Landed(failures=2)
+    subject = writer(store)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(subject.run)
+        subject.submit(100)
+        await trio.sleep(1)
+        for fill in (200, 300, 400):  # arrive while the store fails: only the newest is owed
+            subject.submit(fill)
+        await trio.sleep(3 * app.WRITE_RETRY_S)
+        subject.close()
+    assert store.attempted_at == [0, app.WRITE_RETRY_S, 2 * app.WRITE_RETRY_S]
+    assert [record.used_tokens for record in store.records] == [400]
+    assert subject.failures == 0
+
+
+async def test_a_write_still_failing_at_exit_gets_one_last_try(autojump_clock: trio.testing.MockClock) -> None:
+    store = Landed(failures=1)
+    subject = writer(store)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(subject.run)
+        subject.submit(100)
+        await trio.sleep(1)  # the first attempt failed; the retry is 4 s away
+        subject.close()
+    assert store.attempted_at == [0, 1]
+    assert [record.used_tokens for record in store.records] == [100]

@@ -1,0 +1,229 @@
+"""The readers' command line: `hctx agents`, `doctor`, `inspect` and `top`, and the catalog options
+every command shares (`--catalog`, `--host`, the catalog's origin, the warning and failure lines).
+
+Only argparse and the catalog's path are loaded with every `hctx`; each command imports the
+roster, the renderer or the top view when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from guard.constants import HARNESS_CONTEXT_HEADROOM_WARN_PERCENT, HARNESS_CONTEXT_WARN_PERCENT
+from guard.errors import CatalogError
+from guard.store import default_catalog_origin, default_host
+
+__all__ = [
+    "Command",
+    "add_catalog_options",
+    "add_reader_commands",
+    "catalog_of",
+    "catalog_origin",
+    "existing_catalog",
+    "fail",
+    "quiet_guard_logs",
+    "run_agents",
+    "run_doctor",
+    "run_inspect",
+    "run_top",
+    "warn",
+    "with_host",
+]
+
+Command = Callable[[argparse.Namespace], int]
+
+
+# ---------------------------------------------------------------------------------------------
+# What every command shares
+
+
+def catalog_origin(args: argparse.Namespace) -> tuple[Path, str]:
+    """The catalog a command uses and where that path came from: `--catalog`, else `$HCTX_CATALOG`,
+    else the XDG default. Every command resolves it here."""
+    catalog: Path | None = args.catalog
+    return default_catalog_origin() if catalog is None else (catalog, "--catalog")
+
+
+def catalog_of(args: argparse.Namespace) -> Path:
+    return catalog_origin(args)[0]
+
+
+def existing_catalog(args: argparse.Namespace) -> Path:
+    """The catalog a reader reads. A path that does not exist is an error naming it and its origin,
+    so a typo never reads as an empty fleet; an existing empty catalog is an empty answer."""
+    catalog, origin = catalog_origin(args)
+    if not os.path.lexists(catalog):
+        raise CatalogError(f"{catalog} does not exist (from {origin})")
+    return catalog
+
+
+def quiet_guard_logs() -> None:
+    """The projection logs what it refuses; readers report it themselves, as a row's warning."""
+    import logging
+
+    guard_log = logging.getLogger("guard")
+    guard_log.addHandler(logging.NullHandler())
+    guard_log.propagate = False
+
+
+def warn(command: str, messages: Iterable[str]) -> None:
+    for message in messages:
+        print(f"hctx {command}: warning: {message}", file=sys.stderr)
+
+
+def fail(command: str, message: str, status: int) -> int:
+    print(f"hctx {command}: {message}", file=sys.stderr)
+    return status
+
+
+def add_catalog_options(parser: argparse.ArgumentParser) -> None:
+    """`--catalog` and `--host`, the same for every command; resolved when the command runs."""
+    parser.add_argument(
+        "--catalog",
+        type=Path,
+        metavar="DIR",
+        help="catalog root (default: $HCTX_CATALOG, else $XDG_STATE_HOME/hctx, else ~/.local/state/hctx)",
+    )
+    parser.add_argument(
+        "--host",
+        default=None,
+        metavar="NAME",
+        help="the host name this machine has in the catalog (default: the short hostname)",
+    )
+
+
+def with_host(run: Command) -> Command:
+    def resolved(args: argparse.Namespace) -> int:
+        if args.host is None:
+            args.host = default_host()
+        return run(args)
+
+    return resolved
+
+
+# ---------------------------------------------------------------------------------------------
+# The reader commands
+
+
+def run_agents(args: argparse.Namespace) -> int:
+    from guard.errors import AgentNotFound
+    from wrapper.render import colour_enabled, render_agent_json, render_agents, render_agents_json
+    from wrapper.roster import collect_roster, now_ms, resolve_agent, view_agent
+
+    quiet_guard_logs()
+    here, now = args.host, now_ms()
+    try:
+        catalog = existing_catalog(args)
+        if args.agent is not None:
+            host, identity = resolve_agent(catalog, args.agent, here=here)
+            row = view_agent(catalog, host, identity, now, here=here).row
+            warn("agents", row.warnings())
+            if args.json:
+                sys.stdout.write(render_agent_json(row))
+            else:
+                sys.stdout.write(render_agents([row], colour=colour_enabled(sys.stdout)))
+            return 0
+        roster = collect_roster(catalog, now, here=here)
+    except CatalogError as exc:
+        return fail("agents", f"cannot read the catalog: {exc}", 2)
+    except AgentNotFound as exc:
+        return fail("agents", str(exc.args[0]), 1)
+    warn("agents", roster.all_warnings())
+    if args.json:
+        sys.stdout.write(render_agents_json(roster.rows))
+    else:
+        sys.stdout.write(render_agents(roster.rows, colour=colour_enabled(sys.stdout)))
+    return 0
+
+
+def run_doctor(args: argparse.Namespace) -> int:
+    from wrapper.render import render_doctor
+    from wrapper.roster import collect_roster, now_ms
+
+    quiet_guard_logs()
+    try:
+        roster = collect_roster(existing_catalog(args), now_ms(), here=args.host)
+    except CatalogError as exc:
+        return fail("doctor", f"cannot read the catalog: {exc}", 2)
+    sys.stdout.write(render_doctor(roster))
+    return 0  # advisories are never a failure (HC-R17)
+
+
+def run_inspect(args: argparse.Namespace) -> int:
+    from guard.errors import AgentNotFound
+    from wrapper.render import render_inspection
+    from wrapper.roster import collect_inspection, now_ms, resolve_agent
+
+    quiet_guard_logs()
+    here, now = args.host, now_ms()
+    try:
+        catalog = existing_catalog(args)
+        host, identity = resolve_agent(catalog, args.agent, here=here)
+        inspection = collect_inspection(catalog, host, identity, now, here=here)
+    except CatalogError as exc:
+        return fail("inspect", f"cannot read the catalog: {exc}", 2)
+    except AgentNotFound as exc:
+        return fail("inspect", str(exc.args[0]), 1)
+    sys.stdout.write(render_inspection(inspection))
+    return 0
+
+
+def run_top(args: argparse.Namespace) -> int:
+    from wrapper.top import run
+
+    quiet_guard_logs()
+    try:
+        catalog = existing_catalog(args)
+    except CatalogError as exc:
+        return fail("top", f"cannot read the catalog: {exc}", 2)
+    return run(catalog, here=args.host, once=args.once)
+
+
+def add_reader_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    agents = commands.add_parser(
+        "agents",
+        help="list every agent with its context fill",
+        description="One row per agent directory of every host in the catalog, sorted by host then identity.",
+    )
+    agents.add_argument("agent", nargs="?", metavar="ID", help="just this agent (ID or HOST/ID)")
+    agents.add_argument(
+        "--json",
+        action="store_true",
+        help="the roster as one JSON array, an object per agent (jq '.[]'); with ID, that agent's object",
+    )
+    add_catalog_options(agents)
+    agents.set_defaults(run=with_host(run_agents))
+
+    doctor = commands.add_parser(
+        "doctor",
+        help="advise on full windows and stale records",
+        description=f"An advisory line per agent at or above {HARNESS_CONTEXT_WARN_PERCENT}% fill, per agent "
+        f"under {HARNESS_CONTEXT_HEADROOM_WARN_PERCENT}% of its window from the harness's own compaction point, "
+        "per stale record while its desired state is running, and one per host whose clock runs past the "
+        "future skew (its records read as absent); advisories never fail the exit status.",
+    )
+    add_catalog_options(doctor)
+    doctor.set_defaults(run=with_host(run_doctor))
+
+    inspect = commands.add_parser(
+        "inspect",
+        help="one agent's raw record, claim history and log tail",
+        description="The record as stored, the harness-state claim with its history, the projection "
+        "and the last lines of the agent's log: for crash-loop inspection.",
+    )
+    inspect.add_argument("agent", metavar="ID", help="the agent (ID or HOST/ID)")
+    add_catalog_options(inspect)
+    inspect.set_defaults(run=with_host(run_inspect))
+
+    top = commands.add_parser(
+        "top",
+        help="a live view of every agent, sorted by fill",
+        description="Full-screen, refreshed every second and within a second of a record changing; q or Ctrl-C quits.",
+    )
+    top.add_argument("--once", action="store_true", help="print one frame and exit")
+    add_catalog_options(top)
+    top.set_defaults(run=with_host(run_top))

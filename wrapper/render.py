@@ -1,0 +1,430 @@
+"""The readers' text: numbers, ages and costs as the columns show them, tints and colour, the
+table, `--json` arrays, and the `agents`, `doctor` and `inspect` outputs. Shared by `agents`,
+`top`, `scan`, `watch` and `doctor`; it reads nothing and writes only strings.
+
+Every field a record, a claim or a file name supplies is passed through `printable` before it
+reaches a terminal, so a hostile tree cannot drive it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+from collections.abc import Iterable
+from typing import IO, Any, Literal
+
+from guard.catalog import printable
+from guard.constants import (
+    HARNESS_CONTEXT_FUTURE_SKEW_MS,
+    HARNESS_CONTEXT_HEADROOM_WARN_PERCENT,
+    HARNESS_CONTEXT_STALE_MS,
+    HARNESS_CONTEXT_WARN_PERCENT,
+)
+from guard.files import RawFile
+from guard.projection import headroom_tokens
+from guard.record import HarnessContext, round_half_up
+from guard.state import Unobserved
+from wrapper.roster import (
+    LOG_TAIL_LINES,
+    AgentRow,
+    Inspection,
+    Roster,
+    clocks_ahead,
+    fill_advised,
+    headroom_short,
+    unverified_builds,
+)
+
+__all__ = [
+    "AMBER_PERCENT",
+    "PERCENT_DIGITS_LIMIT",
+    "RAW_SHOWN_BYTES",
+    "RED_PERCENT",
+    "Tint",
+    "age_text",
+    "colour_enabled",
+    "compaction_text",
+    "cost_text",
+    "counted",
+    "ctx_text",
+    "doctor_advisories",
+    "fill_tint",
+    "headroom_text",
+    "meter_text",
+    "paint",
+    "percent_text",
+    "render_agent_json",
+    "render_agents",
+    "render_agents_json",
+    "render_doctor",
+    "render_inspection",
+    "render_json_array",
+    "table",
+    "tokens_text",
+    "version_text",
+]
+
+Tint = Literal["amber", "red"] | None
+AMBER_PERCENT = 80
+RED_PERCENT = 95
+_SGR = {"amber": "\x1b[33m", "red": "\x1b[31m"}
+_RESET = "\x1b[0m"
+PERCENT_DIGITS_LIMIT = 100_000
+# A refused record is shown in `inspect` so its damage can be seen, but not megabytes of it.
+RAW_SHOWN_BYTES = 4096
+
+
+# ---------------------------------------------------------------------------------------------
+# Colour
+
+
+def colour_enabled(stream: IO[str], environ: dict[str, str] | None = None) -> bool:
+    """Colour on a terminal only, and never when NO_COLOR is set (https://no-color.org) or TERM=dumb."""
+    env = os.environ if environ is None else environ
+    if env.get("NO_COLOR") or env.get("TERM") == "dumb":
+        return False
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def fill_tint(context: dict[str, Any] | None) -> Tint:
+    """Amber at >= 80%, red at >= 95% of the harness's own percent; no percent, no tint."""
+    if context is None or context["usedPercent"] is None:
+        return None
+    percent = context["usedPercent"]
+    if percent >= RED_PERCENT:
+        return "red"
+    if percent >= AMBER_PERCENT:
+        return "amber"
+    return None
+
+
+def paint(text: str, tint: Tint, colour: bool) -> str:
+    if not colour or tint is None or not text:
+        return text
+    return f"{_SGR[tint]}{text}{_RESET}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Numbers, ages, costs
+
+
+def counted(count: int, noun: str) -> str:
+    """`1 agent`, `3 agents`."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def percent_text(percent: float) -> str:
+    """Rounded for width, never clamped: 585.6 is 586%; past five digits in exponent form (1e+308%),
+    so a planted number cannot print hundreds of digits."""
+    if not -PERCENT_DIGITS_LIMIT < percent < PERCENT_DIGITS_LIMIT:
+        return f"{percent:.0e}%"
+    return f"{round_half_up(percent)}%"
+
+
+def ctx_text(context: dict[str, Any] | None) -> str:
+    """The roster's compact column: `ctx:92% ⟳1`, `ctx:-`, `ctx:?`, with ` stale`."""
+    if context is None:
+        return "ctx:-"
+    percent = context["usedPercent"]
+    text = "ctx:?" if percent is None else f"ctx:{percent_text(percent)}"
+    if context["compactions"]:
+        text += f" ⟳{context['compactions']}"
+    if context["stale"]:
+        text += " stale"
+    return text
+
+
+def tokens_text(tokens: int | None) -> str:
+    """`127k` style: whole thousands below a million, then millions to one decimal."""
+    if tokens is None:
+        return "?"
+    if tokens < 1000:
+        return str(tokens)
+    if round_half_up(tokens / 1000) < 1000:
+        return f"{round_half_up(tokens / 1000)}k"
+    millions = round_half_up(tokens / 100_000) / 10
+    return f"{millions:g}M"
+
+
+def headroom_text(context: dict[str, Any] | None) -> str:
+    """The headroom column: `→ 12k` tokens to the harness's own compaction, `→ -3k` past it, `-`
+    where the harness states no compaction point (or the reading no count)."""
+    headroom = None if context is None else headroom_tokens(context)
+    if headroom is None:
+        return "-"
+    return f"→ {'-' if headroom < 0 else ''}{tokens_text(abs(headroom))}"
+
+
+def meter_text(context: dict[str, Any] | None) -> str:
+    """The decision record's `127k/200k`; empty when neither count is known."""
+    if context is None or (context["usedTokens"] is None and context["windowTokens"] is None):
+        return ""
+    return f"{tokens_text(context['usedTokens'])}/{tokens_text(context['windowTokens'])}"
+
+
+def age_text(age_ms: int) -> str:
+    seconds = age_ms // 1000
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, seconds = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m{seconds:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours}h{minutes:02d}m"
+    days, hours = divmod(hours, 24)
+    return f"{days}d{hours:02d}h"
+
+
+def cost_text(cost: float | None) -> str:
+    if cost is None:
+        return "-"
+    if cost == 0 or abs(cost) >= 1:
+        return f"${cost:,.2f}"
+    # Below a dollar, three significant digits: a per-message cost of $0.0123 is not "$0.01".
+    decimals = max(2, 2 - math.floor(math.log10(abs(cost))))
+    return f"${cost:.{decimals}f}"
+
+
+def _ms_text(ms: int) -> str:
+    try:
+        stamp = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
+    except (OverflowError, OSError, ValueError):
+        return str(ms)
+    return f"{ms} ({stamp.isoformat(timespec='milliseconds').replace('+00:00', 'Z')})"
+
+
+# ---------------------------------------------------------------------------------------------
+# Tables and JSON
+
+
+def table(rows: Iterable[list[tuple[str, Tint]]], header: list[str], colour: bool) -> str:
+    """Left-aligned columns; widths from the plain text, colour applied after padding."""
+    body = list(rows)
+    widths = [len(title) for title in header]
+    for cells in body:
+        for index, (text, _) in enumerate(cells):
+            widths[index] = max(widths[index], len(text))
+    lines = ["  ".join(title.ljust(width) for title, width in zip(header, widths, strict=True)).rstrip()]
+    for cells in body:
+        padded = [
+            paint(text, tint, colour) + " " * (width - len(text))
+            for (text, tint), width in zip(cells, widths, strict=True)
+        ]
+        lines.append("  ".join(padded).rstrip())
+    return "\n".join(lines) + "\n"
+
+
+_encode = json.JSONEncoder(ensure_ascii=False, allow_nan=False).encode
+
+
+def render_json_array(objects: list[dict[str, Any]]) -> str:
+    """What every `--json` listing prints: one JSON array, one object per line. Greppable, and
+    compact enough for json's C encoder (an indented dump is the pure-Python one, several times
+    slower on a 10,000-agent roster)."""
+    if not objects:
+        return "[]\n"
+    return "[\n" + ",\n".join(_encode(item) for item in objects) + "\n]\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# `hctx agents`
+
+
+def render_agents_json(rows: list[AgentRow]) -> str:
+    return render_json_array([row.wire() for row in rows])
+
+
+def render_agent_json(row: AgentRow) -> str:
+    return _encode(row.wire()) + "\n"
+
+
+def render_agents(rows: list[AgentRow], *, colour: bool) -> str:
+    if not rows:
+        return "no agents\n"
+    header = ["HOST", "AGENT", "HARNESS", "DESIRED", "CONTEXT", "TOKENS", "HEADROOM", "AGE", "COST"]
+    body = []
+    for row in rows:
+        context = row.context
+        body.append([
+            (row.host, None),
+            (row.identity, None),
+            (row.harness or (None if context is None else context["harness"]) or "-", None),
+            (row.desired_state or "-", None),
+            (ctx_text(context), None),
+            (meter_text(context), fill_tint(context)),
+            (headroom_text(context), None),
+            ("-" if context is None else age_text(context["ageMs"]), None),
+            (cost_text(None if context is None else context["costUsd"]), None),
+        ])  # fmt: skip
+    return table(body, header, colour)
+
+
+# ---------------------------------------------------------------------------------------------
+# `hctx doctor` (HC-R17): the rules are wrapper.roster's, the words are these
+
+
+def doctor_advisories(roster: Roster) -> list[str]:
+    """The spec's two cases, then one line per host whose clock runs past the future skew; nothing
+    for absent, refused or fresh below-threshold readings."""
+    lines = []
+    for row in roster.rows:
+        context = row.context
+        if context is None:
+            continue
+        age = age_text(context["ageMs"])
+        if fill_advised(context):
+            tokens = meter_text(context)
+            lines.append(
+                f"advisory: {row.name}: context fill {percent_text(context['usedPercent'])}"
+                + (f" ({tokens} tokens)" if tokens else "")
+                + f", at or above {HARNESS_CONTEXT_WARN_PERCENT}%; reading {age} old"
+            )
+        if headroom_short(context):
+            lines.append(
+                f"advisory: {row.name}: {headroom_text(context)} tokens"
+                f" to the harness's own compaction at {tokens_text(context['compactAtTokens'])}"
+                f", under {HARNESS_CONTEXT_HEADROOM_WARN_PERCENT}% of the {tokens_text(context['windowTokens'])}"
+                f" window; reading {age} old"
+            )
+        if row.desired_state != "running":
+            continue
+        if context["stale"]:
+            lines.append(
+                f"advisory: {row.name}: context record stale while desired state is running; "
+                f"the numbers are {age} old, older than the {age_text(HARNESS_CONTEXT_STALE_MS)} horizon"
+            )
+        harness, version = context["harness"], context.get("harnessVersion")
+        if version is not None and (verified := unverified_builds(harness, version)) is not None:
+            lines.append(
+                f"advisory: {row.name}: {harness} {printable(version)} is not a verified build "
+                f"(verified: {', '.join(verified)}); its numbers follow arithmetic measured on those"
+            )
+    for host, group in clocks_ahead(roster.rows).items():
+        most = max(row.ahead_ms or 0 for row in group)
+        names = ", ".join(row.name for row in group)
+        lines.append(
+            f"advisory: host {host}: clock ahead of this host's by at least {age_text(most)} "
+            f"({most} ms), past the {age_text(HARNESS_CONTEXT_FUTURE_SKEW_MS)} skew bound; "
+            f"context read as absent for {names}"
+        )
+    return lines
+
+
+def render_doctor(roster: Roster) -> str:
+    """The advisories, or one line saying there are none."""
+    advisories = doctor_advisories(roster)
+    if not advisories:
+        return f"ok: {counted(len(roster.rows), 'agent')}, no advisories\n"
+    return "".join(f"{line}\n" for line in advisories)
+
+
+# ---------------------------------------------------------------------------------------------
+# `hctx inspect`
+
+
+def _raw_text(raw: RawFile) -> list[str]:
+    if raw.absent:
+        return ["  (no file)"]
+    if raw.data is None:
+        return [f"  ({raw.problem})"]
+    shown = raw.data[:RAW_SHOWN_BYTES].decode("utf-8", errors="replace")
+    lines = [f"  {printable(line)}" for line in shown.splitlines() or [""]]
+    if len(raw.data) > RAW_SHOWN_BYTES:
+        lines.append(f"  … ({len(raw.data) - RAW_SHOWN_BYTES} more bytes not shown)")
+    return lines
+
+
+def compaction_text(record: HarnessContext) -> str:
+    """Where this harness compacts on its own, as the record says, and why a null is null."""
+    if record.compact_at_tokens is not None:
+        return f"at {record.compact_at_tokens} tokens, by the harness's own settings"
+    if record.auto_compaction is False:
+        return "auto-compaction off (the harness's own settings)"
+    return "point not stated by the harness"
+
+
+def _unobserved_text(gaps: list[Unobserved], indent: str) -> list[str]:
+    """Each stretch the session ran with no sidecar watching: its readings then were never written."""
+    lines = []
+    for gap in gaps:
+        since = _ms_text(gap.since_ms)
+        if gap.until_ms is None:
+            span = f"from {since}, never replaced"
+        else:
+            ms = max(0, gap.until_ms - gap.since_ms)
+            span = f"{age_text(ms) if ms >= 60_000 else f'{ms / 1000:.1f}s'} from {since}"
+        lines.append(f"{indent}unobserved {span}: sidecar pid {gap.sidecar_pid} {gap.how_it_ended()}")
+    return lines
+
+
+def version_text(record: HarnessContext) -> str:
+    """`2.1.332 (verified)`, `2.2.0 (not verified: 2.1.250, 2.1.332)`, or why there is none."""
+    version = record.harness_version
+    if version is None:
+        return "not named by the channel"
+    verified = unverified_builds(record.harness, version)
+    verdict = "verified" if verified is None else f"not verified: {', '.join(verified)}"
+    return f"{printable(version)} ({verdict})"
+
+
+def render_inspection(inspection: Inspection) -> str:
+    view = inspection.view
+    row = view.row
+    out = [f"agent {row.name}", ""]
+
+    out.append(f"== record as stored: {inspection.record_path}")
+    out.extend(_raw_text(view.files.record))
+    if view.record is not None:
+        out.append(f"  incarnation   {printable(view.record.incarnation)}")
+        out.append(f"  observedAtMs  {_ms_text(view.record.observed_at_ms)}")
+        out.append(f"  writtenAtMs   {_ms_text(view.record.written_at_ms)}")
+        out.append(f"  compaction    {compaction_text(view.record)}")
+        out.append(f"  harness build {version_text(view.record)}")
+        if view.record.session_id is not None:
+            out.append(f"  session       {printable(view.record.session_id)}")
+    if row.problem:
+        out.append(f"  ! {row.problem}")
+    out.append(f"  incarnation check: {inspection.incarnation}")
+    out.append("")
+
+    out.append(f"== harness-state claim: {inspection.claim_path}")
+    claim = view.claim
+    if claim is None:
+        out.extend(_raw_text(view.files.claim) if row.claim_problem is None else [f"  ! {row.claim_problem}"])
+    else:
+        out.append(f"  harness       {claim.harness}")
+        out.append(f"  host          {printable(claim.host)}")
+        out.append(f"  incarnation   {printable(claim.incarnation)}")
+        out.append(f"  claimedAtMs   {_ms_text(claim.claimed_at_ms)}")
+        out.append(f"  wrapperPid    {claim.wrapper_pid}")
+        out.append(f"  desiredState  {claim.desired_state} (as written; derived now: {row.desired_state})")
+        out.extend(_unobserved_text(claim.unobserved, "  "))
+        out.append(f"  launches in the last hour: {inspection.launches_last_hour}")
+        out.append(f"  history ({len(claim.history)} earlier claims, newest first):")
+        for past in claim.history:
+            out.append(
+                f"    {printable(past.incarnation)}  claimedAtMs {_ms_text(past.claimed_at_ms)}  pid {past.wrapper_pid}"
+            )
+            out.extend(_unobserved_text(past.unobserved, "      "))
+    out.append("")
+
+    out.append("== projection (the roster's context)")
+    projected = json.dumps(row.context, ensure_ascii=False, allow_nan=False, indent=2)
+    out.extend(f"  {printable(line)}" for line in projected.splitlines())
+    out.append(f"  {ctx_text(row.context)}  {meter_text(row.context)}".rstrip())
+    out.append("")
+
+    out.append(f"== log: {inspection.log_path} (last {LOG_TAIL_LINES} lines)")
+    if inspection.log_problem:
+        out.append(f"  ! log {inspection.log_problem}")
+    elif inspection.log_tail is None:
+        out.append("  (no log file)")
+    else:
+        out.extend(f"  {line}" for line in inspection.log_tail)
+    return "\n".join(out) + "\n"
