@@ -14,9 +14,9 @@ after it connected is closed; a frame must be complete PARTIAL_FRAME_TIMEOUT_S a
 and the partial frames of all connections together hold at most
 BUFFER_BUDGET_BYTES, the connection whose partial frame is oldest giving way first.
 
-Frame types under `hctx.` are the sidecar's own: a transport supplies them (OpenCode's providers
-answer), never the socket, with one exception, the drop report a tap sends for lines it could not
-deliver (`hctx.dropped`), which is counted and logged, never fed to a producer.
+Frame types under `hctx.` are the sidecar's own and refused on the socket, with one exception, the
+drop report a tap sends for lines it could not deliver (`hctx.dropped`), which becomes a `Dropped`
+event: counted and logged, never fed to a producer (sidecar.decoding.channel_parse).
 """
 
 from __future__ import annotations

@@ -141,9 +141,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     replay = commands.add_parser(
         "replay",
-        help="run a recorded harness stream through the producer and write guard",
-        description="Print one JSON line per record the write guard would write, with its reason. "
-        "Untimed frames advance a simulated clock by one second each.",
+        help="run a recorded harness stream through the sidecar's decoder, producer and write guard",
+        description="Feed the recorded bytes (a channel capture, a Codex stdout or rollout file, an OpenCode "
+        "event stream) through the harness's own decoder, producer and write guard, as the sidecar does, and "
+        "print one JSON line per record the guard would write, with its reason. Untimed frames advance a "
+        "simulated clock by one second each.",
     )
     replay.add_argument("--harness", required=True, type=harness_name, help=f"one of {KNOWN}")
     replay.add_argument(

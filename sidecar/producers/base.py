@@ -1,8 +1,9 @@
-"""The contract every producer keeps: sans-I/O, frames in, readings out.
+"""The contract every producer keeps: sans-I/O, typed events in, readings out.
 
-A producer owns no socket, no file and no clock: the transport hands it decoded frames with the
-time they arrived, and it answers with the readings the write guard should consider. The very same
-objects run live in the sidecar and offline in `hctx replay`.
+A producer owns no socket, no file and no clock: its harness's decoders hand it typed events with
+the time they arrived, and it answers with the readings the write guard should consider. The very
+same objects run live in the sidecar and offline in `hctx replay`. Also here: the domain every
+published number must lie in, and small helpers the harnesses' decoding halves share.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import math
 import re
 from collections import OrderedDict
-from collections.abc import Iterator
 from datetime import datetime
 from typing import Annotated, Any, Protocol, TypeVar
 
@@ -22,10 +22,8 @@ from guard.record import ContextFields, Harness, describe_validation_error
 __all__ = [
     "MAX_COST_USD",
     "MAX_PERCENT",
-    "Frame",
     "Percent",
     "Producer",
-    "Recording",
     "TolerantModel",
     "Usd",
     "harness_version",
@@ -35,7 +33,6 @@ __all__ = [
     "remember",
 ]
 
-Frame = dict[str, Any]
 
 # The domain of every number a producer publishes, beyond the record's own types (counts are
 # bounded there). A percent may exceed 100 (an overrun is an observation, never clamped) but not
@@ -137,7 +134,3 @@ class Producer(Protocol):
         anything else for any input, and never fabricate a number the event did not carry.
         """
         ...
-
-
-class Recording(Protocol):  # TEMPORARY: the dict-frame modules' recordings
-    def __call__(self, data: bytes) -> Iterator[tuple[int | None, Frame]]: ...

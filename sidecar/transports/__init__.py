@@ -86,13 +86,8 @@ Transport = Callable[[Any, Streams], Awaitable[None]]
 
 
 def transport_for(spec: HarnessSpec) -> Transport | None:
+    """The `run` of the spec's transport module; None for a harness the channel alone carries."""
     if spec.transport is None:
         return None
-    try:
-        module = importlib.import_module(spec.transport)
-    except ModuleNotFoundError as exc:
-        if exc.name != spec.transport:
-            raise
-        return None  # TEMPORARY: the legacy specs name a module per harness, which pi has not
-    run: Transport = module.run
+    run: Transport = importlib.import_module(spec.transport).run
     return run
