@@ -190,6 +190,7 @@ class Writer:
         """Fold one decoded event in at once (a producer is a small state machine): none is ever
         queued, so a burst or a stalled write costs no memory and never drops the newest reading.
         Called from the channel's and the transports' tasks: whatever goes wrong costs this event."""
+        due = self.pipeline.guard.heartbeat_due_ms()
         try:
             writes = self.pipeline.feed(event, self.clock.wall_ms())
         except Exception:
@@ -198,8 +199,8 @@ class Writer:
             return
         for write in writes:
             self.outbox.put(write)
-        if not writes:
-            self.outbox.wake()  # a reading held back sets the heartbeat's deadline
+        if not writes and self.pipeline.guard.heartbeat_due_ms() != due:
+            self.outbox.wake()  # a reading held back set the heartbeat's deadline the writer sleeps to
 
     def close(self) -> None:
         """No more frames: `run` makes one last try at what is owed, then returns."""

@@ -31,6 +31,7 @@ from sidecar.framing import LineFramer, Oversized, SseFramer
 
 __all__ = [
     "CHANNEL",
+    "PROVIDERS",
     "ChannelFrames",
     "Decoder",
     "Dropped",
@@ -145,6 +146,9 @@ class SseDecoder:
 # The harness's frames on the channel: (envelope `type`, the whole object) -> typed events.
 ChannelFrames = Callable[[str, dict[str, Any]], list[object]]
 CHANNEL = "channel"
+# A wire carrying a model catalog's context windows (OpenCode's `GET /config/providers` answer):
+# `hctx replay --providers` feeds its file first.
+PROVIDERS = "providers"
 
 
 def channel_decoder(on_frame: ChannelFrames) -> LineDecoder:

@@ -8,8 +8,9 @@ a test can prove that where the bytes break never changes what is written.
 
 from __future__ import annotations
 
+import bisect
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from guard.policy import Write
@@ -41,23 +42,32 @@ def untimed(chunks: Iterable[Chunk]) -> list[Chunk]:
     return [Chunk(None, chunk.wire, chunk.data) for chunk in chunks]
 
 
-def split_at(chunks: Sequence[Chunk], cuts: Iterable[int]) -> list[Chunk]:
-    """Each chunk cut at every offset in `cuts` that falls inside it (offsets into the whole)."""
+def _every_chunk(chunk: Chunk) -> bool:
+    return True
+
+
+def split_at(
+    chunks: Sequence[Chunk], cuts: Iterable[int], cuttable: Callable[[Chunk], bool] = _every_chunk
+) -> list[Chunk]:
+    """Each chunk cut at every offset in `cuts` that falls inside it (offsets into the whole); a chunk
+    `cuttable` refuses (a message its transport frames) stays whole."""
     offsets = sorted(set(cuts))
     pieces: list[Chunk] = []
     start = 0
     for chunk in chunks:
         end = start + len(chunk.data)
-        inside = [cut - start for cut in offsets if start < cut < end]
-        edges = [0, *inside, len(chunk.data)]
+        inside = (
+            offsets[bisect.bisect_right(offsets, start) : bisect.bisect_left(offsets, end)] if cuttable(chunk) else []
+        )
+        edges = [0, *(cut - start for cut in inside), len(chunk.data)]
         pieces += [Chunk(chunk.at_ms, chunk.wire, chunk.data[a:b]) for a, b in itertools.pairwise(edges)]
         start = end
     return pieces
 
 
-def bytewise(chunks: Sequence[Chunk]) -> list[Chunk]:
+def bytewise(chunks: Sequence[Chunk], cuttable: Callable[[Chunk], bool] = _every_chunk) -> list[Chunk]:
     """Every byte its own chunk: a split at every boundary at once."""
-    return [Chunk(chunk.at_ms, chunk.wire, chunk.data[i : i + 1]) for chunk in chunks for i in range(len(chunk.data))]
+    return split_at(chunks, range(sum(len(chunk.data) for chunk in chunks)), cuttable)
 
 
 def joined(chunks: Sequence[Chunk]) -> list[Chunk]:

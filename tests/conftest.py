@@ -14,8 +14,7 @@ import trio
 from guard.errors import FrameRejected
 from guard.policy import Reading
 from guard.record import HarnessContext
-from guard.store import AgentDir
-from sidecar.app import CatalogStore, SidecarConfig, Writer, open_writer
+from sidecar.app import SidecarConfig, Store, Writer, open_writer
 from sidecar.decoding import CHANNEL, Dropped, LineDecoder, channel_decoder
 from sidecar.producers.base import Producer
 from sidecar.registry import HarnessSpec
@@ -65,31 +64,26 @@ class Received(list[dict[str, Any]]):
                 await self.changed.wait()
 
 
-class FailingStore(CatalogStore):
-    """The catalog's own store, failing with `error` while `broken` is set; every attempt kept."""
+class FailingStore:
+    """The writer's own store, failing with `error` while `broken` is set; every attempt kept."""
 
-    def __init__(self, agent_dir: AgentDir, error: OSError) -> None:
-        super().__init__(agent_dir)
-        object.__setattr__(self, "attempts", [])
-        object.__setattr__(self, "error", error)
-        object.__setattr__(self, "broken", True)
-
-    attempts: list[HarnessContext]
-    error: OSError
-    broken: bool
+    def __init__(self, store: Store, error: OSError) -> None:
+        self.store = store
+        self.error = error
+        self.broken = True
+        self.attempts: list[HarnessContext] = []
 
     async def write(self, record: HarnessContext) -> HarnessContext:
         self.attempts.append(record)
         if self.broken:
             raise self.error
-        return await super().write(record)
+        return await self.store.write(record)
 
 
 def failing_writer(config: SidecarConfig, error: OSError) -> tuple[Writer, FailingStore]:
     """The sidecar's own writer for `config`, its store failing until told otherwise."""
     _, writer = open_writer(config)
-    store = FailingStore(AgentDir(config.catalog, config.host, config.agent), error)
-    writer.store = store
+    writer.store = store = FailingStore(writer.store, error)
     return writer, store
 
 
@@ -97,7 +91,7 @@ def submit_channel_bytes(writer: Writer, data: bytes, harness: str) -> None:
     """`data` as the channel carries it, through the harness's channel decoder, into `writer`."""
     from sidecar.registry import spec_for
 
-    decoder = spec_for(harness).decoder("channel")
+    decoder = spec_for(harness).decoder(CHANNEL)
     for event in decoder.receive_data(data) + decoder.end_of_data():
         writer.submit(event)
 

@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -79,16 +80,6 @@ def splittable(spec: HarnessSpec, chunk: Chunk) -> bool:
     return not isinstance(spec.decoder(chunk.wire), MessageDecoder)
 
 
-def cut(spec: HarnessSpec, chunks: list[Chunk], cuts: list[int]) -> list[Chunk]:
-    pieces: list[Chunk] = []
-    offset = 0
-    for chunk in chunks:
-        inside = [point - offset for point in cuts if offset < point < offset + len(chunk.data)]
-        pieces += split_at([chunk], inside) if splittable(spec, chunk) else [chunk]
-        offset += len(chunk.data)
-    return pieces
-
-
 @pytest.mark.parametrize(("harness", "paths"), CASES)
 def test_a_recording_fed_whole_or_a_byte_at_a_time_writes_the_same(harness: str, paths: tuple[Path, ...]) -> None:
     spec = spec_for(harness)
@@ -97,7 +88,7 @@ def test_a_recording_fed_whole_or_a_byte_at_a_time_writes_the_same(harness: str,
     expected = [outcome(write) for write in replayed(spec, chunks)]
     assert [outcome(write) for write in replayed(spec, joined(chunks))] == expected
     if sum(len(chunk.data) for chunk in chunks) <= BYTEWISE_LIMIT:
-        pieces = [piece for chunk in chunks for piece in (bytewise([chunk]) if splittable(spec, chunk) else [chunk])]
+        pieces = bytewise(chunks, partial(splittable, spec))
         assert [outcome(write) for write in replayed(spec, pieces)] == expected
 
 
@@ -117,7 +108,7 @@ def test_a_recording_cut_anywhere_writes_the_same(data: st.DataObject) -> None:
     total = sum(len(chunk.data) for chunk in chunks)
     cuts = data.draw(st.lists(st.integers(0, total), max_size=64))
     expected = [outcome(write) for write in replayed(spec, chunks)]
-    assert [outcome(write) for write in replayed(spec, cut(spec, chunks, cuts))] == expected
+    assert [outcome(write) for write in replayed(spec, split_at(chunks, cuts, partial(splittable, spec)))] == expected
 
 
 def wires() -> list[tuple[str, str]]:

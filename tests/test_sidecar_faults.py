@@ -180,14 +180,12 @@ def test_a_sidecar_killed_and_started_again_with_the_same_arguments_serves_the_s
 
 
 async def test_the_codex_tap_reconnects_to_a_sidecar_started_again_on_the_same_channel(
-    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+    channel_dir: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     from sidecar import channel
     from wrapper.launcher import tap_stdout_lines
 
-    directory = tmp_path / "ch"
-    directory.mkdir(mode=0o700)
-    path = directory / "s"
+    path = channel_dir / "s"
     received = Received()
     send_out, receive_out = trio.testing.memory_stream_one_way_pair()
     async with trio.open_nursery() as nursery:
@@ -236,14 +234,12 @@ def test_the_exit_line_counts_the_drops_of_the_channel_too(tmp_path: Path) -> No
 
 
 async def test_the_codex_stdout_tap_delivers_the_newest_usage_after_a_burst(
-    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+    channel_dir: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     from sidecar import channel
     from wrapper.launcher import tap_stdout_lines
 
-    directory = tmp_path / "ch"
-    directory.mkdir(mode=0o700)
-    path = directory / "s"
+    path = channel_dir / "s"
     data, usage = codex_burst(4000)
     received = Received()
     async with trio.open_nursery() as nursery:
@@ -267,12 +263,10 @@ def tapped_message(frame: dict[str, Any]) -> object:
 # --- 5. held connections never starve the harness's frames -----------------------------------------
 
 
-async def test_two_thousand_idle_connections_do_not_keep_a_frame_out(tmp_path: Path) -> None:
+async def test_two_thousand_idle_connections_do_not_keep_a_frame_out(channel_dir: Path) -> None:
     from sidecar import channel
 
-    directory = tmp_path / "ch"
-    directory.mkdir(mode=0o700)
-    path = directory / "s"
+    path = channel_dir / "s"
     received = Received()
     held: list[socket.socket] = []
     try:
@@ -299,14 +293,12 @@ async def test_two_thousand_idle_connections_do_not_keep_a_frame_out(tmp_path: P
 
 
 async def test_a_half_sent_frame_is_cut_after_the_partial_frame_timeout(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    channel_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from sidecar import channel
 
     monkeypatch.setattr(channel, "PARTIAL_FRAME_TIMEOUT_S", 0.3)
-    directory = tmp_path / "ch"
-    directory.mkdir(mode=0o700)
-    path = directory / "s"
+    path = channel_dir / "s"
     async with trio.open_nursery() as nursery:
         await nursery.start(channel.serve, path, raw_channel_decoder, lambda event: None)
         stream = await trio.open_unix_socket(os.fspath(path))
@@ -317,12 +309,10 @@ async def test_a_half_sent_frame_is_cut_after_the_partial_frame_timeout(
         nursery.cancel_scope.cancel()
 
 
-async def test_half_open_megabyte_frames_cannot_hold_more_than_the_buffer_budget(tmp_path: Path) -> None:
+async def test_half_open_megabyte_frames_cannot_hold_more_than_the_buffer_budget(channel_dir: Path) -> None:
     from sidecar import channel
 
-    directory = tmp_path / "ch"
-    directory.mkdir(mode=0o700)
-    path = directory / "s"
+    path = channel_dir / "s"
     received = Received()
     streams: list[trio.SocketStream] = []
     async with trio.open_nursery() as nursery:
@@ -537,12 +527,10 @@ def test_a_full_tap_queue_gives_way_oldest_first_and_reports_how_many(monkeypatc
     assert count == 500
 
 
-async def test_a_drop_report_is_counted_where_it_happened_and_never_reaches_a_producer(tmp_path: Path) -> None:
+async def test_a_drop_report_is_counted_where_it_happened_and_never_reaches_a_producer(channel_dir: Path) -> None:
     from sidecar import channel, logs
 
-    directory = tmp_path / "ch"
-    directory.mkdir(mode=0o700)
-    path = directory / "s"
+    path = channel_dir / "s"
     received = Received()
     before = logs.drops["codex stdout tap"]
     async with trio.open_nursery() as nursery:
@@ -585,13 +573,11 @@ def test_a_write_that_waited_lands_as_the_newest_reading_of_its_bucket() -> None
     assert guard.refresh(retried, 4) is retried  # nothing newer held
 
 
-async def test_a_connection_that_never_speaks_is_closed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_connection_that_never_speaks_is_closed(channel_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from sidecar import channel
 
     monkeypatch.setattr(channel, "SILENT_TIMEOUT_S", 0.3)
-    directory = tmp_path / "ch"
-    directory.mkdir(mode=0o700)
-    path = directory / "s"
+    path = channel_dir / "s"
     async with trio.open_nursery() as nursery:
         await nursery.start(channel.serve, path, raw_channel_decoder, lambda event: None)
         stream = await trio.open_unix_socket(os.fspath(path))

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from guard.record import parse_record
+from scripts.fault_suite import FILL_THE_DISK
 from tests.wrapping import (
     agent_dir,
     context_frame,
@@ -190,19 +191,6 @@ def test_a_failed_final_state_write_keeps_the_harness_exit_status(tmp_path: Path
     assert "harness-state" in result.stderr and "Traceback" not in result.stderr
     state = read_json(agent_dir(catalog, "a") / "harness-state")
     assert state["desiredState"] == "running" and state["history"] == []  # the old claim, whole
-
-
-FILL_THE_DISK = r"""
-import os, sys
-with open(os.path.join(os.environ["HCTX_CATALOG"], "filler"), "wb") as f:
-    try:
-        while True:
-            f.write(b"x" * 65536)
-            f.flush()
-    except OSError:
-        pass
-sys.exit(3)
-"""
 
 
 def _unshare_tmpfs() -> bool:

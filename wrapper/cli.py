@@ -23,7 +23,6 @@ __all__ = [
     "DEMO_NO_TOP_S",
     "DEMO_TOP_S",
     "KNOWN",
-    "PROVIDERS_WIRE",
     "Command",
     "build_parser",
     "main",
@@ -31,8 +30,6 @@ __all__ = [
 
 Command = Callable[[argparse.Namespace], int]
 # Named in --help without loading a spec; a registered harness (an entry point) is accepted too.
-# A wire that carries a model catalog's windows (OpenCode's `GET /config/providers` answer).
-PROVIDERS_WIRE = "providers"
 KNOWN = ", ".join(BUILT_IN)
 
 
@@ -45,13 +42,14 @@ def _schema(_: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
+    from sidecar.decoding import PROVIDERS
     from sidecar.registry import harness_names, spec_for
     from sidecar.replay import Tally, replay, write_line
 
     harness: Harness = args.harness
     spec = spec_for(harness)
-    if args.providers is not None and PROVIDERS_WIRE not in spec.wires():
-        readers = ", ".join(name for name in harness_names() if PROVIDERS_WIRE in spec_for(name).wires())
+    if args.providers is not None and PROVIDERS not in spec.wires():
+        readers = ", ".join(name for name in harness_names() if PROVIDERS in spec_for(name).wires())
         print(f"hctx replay: --providers is a window source; it goes with --harness {readers}", file=sys.stderr)
         return 2
     files = [Path(name) for name in args.files]

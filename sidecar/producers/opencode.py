@@ -66,7 +66,7 @@ from guard.errors import FrameRejected, MalformedFrame
 from guard.policy import Reading
 from guard.record import ContextFields, Count, Harness, describe_validation_error
 from sidecar import wire
-from sidecar.decoding import MessageDecoder, SseDecoder
+from sidecar.decoding import PROVIDERS, MessageDecoder, SseDecoder
 from sidecar.producers.base import Usd, harness_version, remember
 from sidecar.registry import Chunk, HarnessSpec
 
@@ -127,7 +127,7 @@ __all__ = [
 
 # The wires (sidecar.transports.opencode moves their bytes; `read_recording` yields them).
 SSE_WIRE: Final = "sse"
-PROVIDERS_WIRE: Final = "providers"
+PROVIDERS_WIRE: Final = PROVIDERS
 CONFIG_WIRE: Final = "config"
 CONFIG_SCHEMA_PREFIX: Final = "https://opencode.ai/config"
 # ProviderTransform.OUTPUT_TOKEN_MAX and session compaction's reserve cap, 1.18.25 and 1.18.33.

@@ -36,7 +36,7 @@ import trio
 from guard.errors import HttpError
 from sidecar import http
 from sidecar.producers.opencode import CONFIG_WIRE, PROVIDERS_WIRE, SSE_WIRE, OpenCodeTransport, output_token_max
-from sidecar.transports import Streams
+from sidecar.transports import Stream, Streams
 
 __all__ = [
     "FIRST_BACKOFF_SECONDS",
@@ -146,30 +146,23 @@ class EventFollower:
         now = trio.current_time()
         for key in self.streams.wants():
             self._asked_at[key] = now
-        try:
-            body = await self._answer("/config/providers")
-        except HttpError as exc:
-            log.warning(
-                "providers pull failed: %s",
-                exc,
-                extra={"event": "opencode-providers-failed", "why": str(exc)[:200]},
-            )
-            return  # the stream goes on, and the window stays withheld
-        self._providers.receive_data(body)
+        await self._pull_into(self._providers, "/config/providers", "providers")  # else the window stays withheld
 
     async def _pull_config(self) -> None:
         """`GET /config`, once per connection: its `compaction` block and the server's output cap
         make the compaction point (sidecar.producers.opencode); a failed pull leaves it unknown."""
+        await self._pull_into(self._config, "/config", "config")
+
+    async def _pull_into(self, stream: Stream, path: str, what: str) -> None:
+        """One answer's body into its stream; a failed pull is logged, and the event stream goes on."""
         try:
-            body = await self._answer("/config")
+            body = await self._answer(path)
         except HttpError as exc:
             log.warning(
-                "config pull failed: %s",
-                exc,
-                extra={"event": "opencode-config-failed", "why": str(exc)[:200]},
+                f"{what} pull failed: %s", exc, extra={"event": f"opencode-{what}-failed", "why": str(exc)[:200]}
             )
             return
-        self._config.receive_data(body)
+        stream.receive_data(body)
 
 
 async def run(config: OpenCodeTransport, streams: Streams) -> None:

@@ -126,13 +126,19 @@ async def wait_gone(path: Path, what: str) -> None:
     raise AssertionError(f"{path} still there {STEP_TIMEOUT_S}s after {what}: {sorted(path.rglob('*'))}")
 
 
+def claude_seat(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """(HOME, working directory, catalog) of a throwaway Claude seat the lab's way (`claude_home`)."""
+    home, work, catalog = tmp_path / "home", tmp_path / "work", tmp_path / "catalog"
+    work.mkdir()
+    claude_home(home, work)
+    return home, work, catalog
+
+
 @pytest.mark.parametrize("version", HARNESS_VERSIONS["claude"])
 async def test_claude_session_publishes_its_own_numbers_and_counts_the_compaction(version: str, tmp_path: Path) -> None:
     claude = require_harness("claude", version)
     require_tmux()
-    home, work, catalog = tmp_path / "home", tmp_path / "work", tmp_path / "catalog"
-    work.mkdir()
-    claude_home(home, work)
+    home, work, catalog = claude_seat(tmp_path)
     (home / ".claude" / "statusline-renderer.json").write_text(json.dumps({"command": RENDERER}))
     server: FakeMessages
     async with fake_messages() as server:
@@ -193,9 +199,7 @@ async def test_a_status_line_in_the_users_settings_keeps_drawing_and_the_directo
     """No hctx renderer configured: the tee chains what Claude would have drawn without hctx."""
     claude = require_harness("claude", version)
     require_tmux()
-    home, work, catalog = tmp_path / "home", tmp_path / "work", tmp_path / "catalog"
-    work.mkdir()
-    claude_home(home, work)
+    home, work, catalog = claude_seat(tmp_path)
     user_settings = {"statusLine": {"type": "command", "command": USER_RENDERER, "padding": 0}}
     (home / ".claude" / "settings.json").write_text(json.dumps(user_settings))
     server: FakeMessages

@@ -15,10 +15,19 @@ from pathlib import Path
 import pytest
 import trio
 
-from tests.fakes.claude_model import claude_home, fake_messages
+from tests.fakes.claude_model import fake_messages
 from tests.fakes.codex_client import stdio_client
 from tests.harnesses import HARNESS_VERSIONS, require_harness
-from tests.live.test_claude_live import MODEL, RENDERER, WINDOW, live_env, require_tmux, tmux_session, wait_record
+from tests.live.test_claude_live import (
+    MODEL,
+    RENDERER,
+    WINDOW,
+    claude_seat,
+    live_env,
+    require_tmux,
+    tmux_session,
+    wait_record,
+)
 from tests.live.test_codex_live import AGENT, lab
 from tests.wrapping import agent_dir, log_events, wrap_argv
 
@@ -29,9 +38,7 @@ pytestmark = pytest.mark.live
 async def test_claude_8_to_9_percent_inside_one_bucket_is_published_at_once(version: str, tmp_path: Path) -> None:
     claude = require_harness("claude", version)
     require_tmux()
-    home, work, catalog = tmp_path / "home", tmp_path / "work", tmp_path / "catalog"
-    work.mkdir()
-    claude_home(home, work)
+    home, work, catalog = claude_seat(tmp_path)
     (home / ".claude" / "statusline-renderer.json").write_text(json.dumps({"command": RENDERER}))
     async with fake_messages() as server:
         env = live_env(home, server, version)

@@ -25,6 +25,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ import trio
 
 from guard.projection import headroom_tokens
 from guard.record import HarnessContext, parse_record
-from tests.fakes.pi_channel import recording_channel
+from tests.fakes.pi_channel import ChannelRecording, recording_channel
 from tests.fakes.pi_model import FakeModel, fake_model
 from tests.harnesses import HARNESS_VERSIONS, harness_env, require_harness
 from tests.wrapping import HOST, agent_dir, hctx, log_events, wrap_argv
@@ -426,33 +427,53 @@ async def _omp_scenario(run: Run, model: FakeModel, version: str) -> None:
     assert all(write["usedTokens"] is not None for write in catalog.writes())
 
 
+@asynccontextmanager
+async def asset_session(
+    harness: str, version: str, short_tmp: Path, configure: Callable[[Path], None] | None = None
+) -> AsyncIterator[tuple[LaunchPlan, ChannelRecording, Any]]:
+    """The launch `prepare` builds, run without the sidecar in an isolated home, over RPC: what the
+    real harness's asset sends lands in a recording channel. `configure` edits the agent dir."""
+    command = require_harness(harness, version)
+    home = short_tmp / "home"
+    work = short_tmp / "work"
+    work.mkdir(parents=True)
+    plan = prepare(LaunchPlan(harness=harness, argv=(*command, *HARNESS_ARGS), cwd=work))
+    async with fake_model() as model, recording_channel(short_tmp / "channel") as channel:
+        write_config(home / "agent", model)
+        if configure is not None:
+            configure(home / "agent")
+        env = _isolated_env(harness, version, home) | {"HCTX_CHANNEL": str(channel.path)}
+        run = Run(harness, list(plan.argv), env, work, Catalog(short_tmp / "unused"))
+        async with rpc_session(list(plan.argv), run) as rpc:
+            yield plan, channel, rpc
+
+
+def keep_recording(data: bytes, folder: str, harness: str, version: str) -> None:
+    """With $HCTX_PI_LIVE_RECORD_DIR set, the channel's bytes become a fixture (fixtures/pi/live/)."""
+    destination = os.environ.get(RECORD_ENV)
+    if destination:
+        (Path(destination) / folder).mkdir(exist_ok=True)
+        (Path(destination) / folder / f"{harness}-{version}.channel.jsonl").write_bytes(data)
+
+
 @pytest.mark.parametrize(("harness", "version"), BUILDS, ids=[f"{h}-{v}" for h, v in BUILDS])
 async def test_the_injected_asset_sends_the_wire_from_the_real_harness(
     harness: str, version: str, short_tmp: Path
 ) -> None:
     """The launch `prepare` builds, run without the sidecar: the frames the real harness's asset sends."""
-    command = require_harness(harness, version)
-    home = short_tmp / "home"
-    work = short_tmp / "work"
-    work.mkdir(parents=True)
-    plan = prepare(LaunchPlan(harness=harness, argv=(*command, *HARNESS_ARGS), cwd=work))  # type: ignore[arg-type]
-    assert plan.argv[-2:] == ("--extension", str(channel_extension()))
     # pi: 36000 + 400 totalTokens; omp: the 36000 prompt — both over the 32000 window, unclamped
     overrun_percent = 113.75 if harness == "pi" else 112.5
-    async with fake_model() as model, recording_channel(short_tmp / "channel") as channel:
-        write_config(home / "agent", model)
-        env = _isolated_env(harness, version, home) | {"HCTX_CHANNEL": str(channel.path)}
-        run = Run(harness, list(plan.argv), env, work, Catalog(short_tmp / "unused"))
-        async with rpc_session(list(plan.argv), run) as rpc:
-            await rpc.turn(prompt("turn1 [[u:9600:320]]"))
-            await rpc.turn(prompt("turn2 [[u:16000:480:4000]]"))
-            await rpc.request({"type": "compact"})
-            await channel.wait_for(lambda f: f["event"] == "session_compact", STEP_TIMEOUT_S)
-            await rpc.turn(prompt("turn3 [[u:25600:800]] (over the reserve threshold)"))
-            await channel.wait_for(lambda f: (f["compaction"] or {}).get("count") == 2, STEP_TIMEOUT_S)
-            await rpc.turn(prompt("turn4 [[u:36000:400]] (prompt above the window)"))
-            await channel.wait_for(lambda f: f["reading"]["percent"] == overrun_percent, STEP_TIMEOUT_S)
-            await rpc.idle()
+    async with asset_session(harness, version, short_tmp) as (plan, channel, rpc):
+        assert plan.argv[-2:] == ("--extension", str(channel_extension()))
+        await rpc.turn(prompt("turn1 [[u:9600:320]]"))
+        await rpc.turn(prompt("turn2 [[u:16000:480:4000]]"))
+        await rpc.request({"type": "compact"})
+        await channel.wait_for(lambda f: f["event"] == "session_compact", STEP_TIMEOUT_S)
+        await rpc.turn(prompt("turn3 [[u:25600:800]] (over the reserve threshold)"))
+        await channel.wait_for(lambda f: (f["compaction"] or {}).get("count") == 2, STEP_TIMEOUT_S)
+        await rpc.turn(prompt("turn4 [[u:36000:400]] (prompt above the window)"))
+        await channel.wait_for(lambda f: f["reading"]["percent"] == overrun_percent, STEP_TIMEOUT_S)
+        await rpc.idle()
     frames = [frame for _, frame in channel.frames]
     for frame in frames:
         assert frame["type"] == "context" and set(frame["reading"]) == READING_KEYS
@@ -475,9 +496,7 @@ async def test_the_injected_asset_sends_the_wire_from_the_real_harness(
         assert threshold["compaction"] == {"reason": "threshold", "count": 2}
         assert all(frame["reading"]["tokens"] is not None for frame in frames)
     assert edge["compactions"] == 1
-    destination = os.environ.get(RECORD_ENV)
-    if destination:
-        (Path(destination) / f"{harness}-{version}.channel.jsonl").write_bytes(channel.jsonl())
+    keep_recording(channel.jsonl(), "", harness, version)
 
 
 @pytest.mark.parametrize(("harness", "version"), BUILDS, ids=[f"{h}-{v}" for h, v in BUILDS])
@@ -520,36 +539,24 @@ async def test_a_session_switch_publishes_the_new_sessions_compaction_facts(
     from sidecar.producers.pi import PiProducer
     from tests.fakes.pi_channel import replayed_readings
 
-    command = require_harness(harness, version)
-    home = short_tmp / "home"
-    work = short_tmp / "work"
-    work.mkdir(parents=True)
-    plan = prepare(LaunchPlan(harness=harness, argv=(*command, *HARNESS_ARGS), cwd=work))  # type: ignore[arg-type]
-    async with fake_model() as model, recording_channel(short_tmp / "channel") as channel:
-        write_config(home / "agent", model)
-        env = _isolated_env(harness, version, home) | {"HCTX_CHANNEL": str(channel.path)}
-        run = Run(harness, list(plan.argv), env, work, Catalog(short_tmp / "unused"))
-        async with rpc_session(list(plan.argv), run) as rpc:
-            await rpc.turn(prompt("session A [[u:9600:320]]"))
-            await rpc.turn(prompt("session A again [[u:16000:480:4000]]"))  # something to compact
-            await rpc.request({"type": "compact"})
-            await channel.wait_for(lambda f: f["event"] == "session_compact", STEP_TIMEOUT_S)
-            session_a = (await rpc.request({"type": "get_state"}))["data"]["sessionFile"]
-            await rpc.request({"type": "new_session"})
-            await rpc.turn(prompt("session B [[u:9600:320]]"))
-            await rpc.turn(prompt("session B over the reserve threshold [[u:25600:800]]"))
-            await channel.wait_for(lambda f: (f["compaction"] or {}).get("reason") == "threshold", STEP_TIMEOUT_S)
-            await rpc.idle()
-            switched = len(channel.frames)
-            await rpc.request({"type": "switch_session", "sessionPath": session_a})
-            await rpc.turn(prompt("session A resumed [[u:12000:240]]"))
-            await channel.wait_for(lambda f: (f["reading"] or {}).get("tokens") == 12240, STEP_TIMEOUT_S)
-            await rpc.idle()
+    async with asset_session(harness, version, short_tmp) as (_, channel, rpc):
+        await rpc.turn(prompt("session A [[u:9600:320]]"))
+        await rpc.turn(prompt("session A again [[u:16000:480:4000]]"))  # something to compact
+        await rpc.request({"type": "compact"})
+        await channel.wait_for(lambda f: f["event"] == "session_compact", STEP_TIMEOUT_S)
+        session_a = (await rpc.request({"type": "get_state"}))["data"]["sessionFile"]
+        await rpc.request({"type": "new_session"})
+        await rpc.turn(prompt("session B [[u:9600:320]]"))
+        await rpc.turn(prompt("session B over the reserve threshold [[u:25600:800]]"))
+        await channel.wait_for(lambda f: (f["compaction"] or {}).get("reason") == "threshold", STEP_TIMEOUT_S)
+        await rpc.idle()
+        switched = len(channel.frames)
+        await rpc.request({"type": "switch_session", "sessionPath": session_a})
+        await rpc.turn(prompt("session A resumed [[u:12000:240]]"))
+        await channel.wait_for(lambda f: (f["reading"] or {}).get("tokens") == 12240, STEP_TIMEOUT_S)
+        await rpc.idle()
     data = channel.jsonl()
-    destination = os.environ.get(RECORD_ENV)
-    if destination:
-        (Path(destination) / SWITCH_RECORDINGS).mkdir(exist_ok=True)
-        (Path(destination) / SWITCH_RECORDINGS / f"{harness}-{version}.channel.jsonl").write_bytes(data)
+    keep_recording(data, SWITCH_RECORDINGS, harness, version)
     edges = [frame for _, frame in channel.frames if frame["compaction"] is not None]
     assert [edge["compaction"] for edge in edges] == [
         {"reason": "manual", "count": 1}, {"reason": "threshold", "count": 1},
@@ -642,25 +649,13 @@ async def _roster_headroom(catalog: Catalog) -> int | None:
 async def test_the_asset_sends_pis_compaction_settings(harness: str, version: str, short_tmp: Path) -> None:
     """The frames the asset sends in real pi with configured compaction settings: the fixture the
     producer's compactAt tests replay (fixtures/pi/live/compact-at/)."""
-    command = require_harness(harness, version)
-    home = short_tmp / "home"
-    work = short_tmp / "work"
-    work.mkdir(parents=True)
-    plan = prepare(LaunchPlan(harness=harness, argv=(*command, *HARNESS_ARGS), cwd=work))  # type: ignore[arg-type]
-    async with fake_model() as model, recording_channel(short_tmp / "channel") as channel:
-        write_config(home / "agent", model)
-        _compaction_settings(home / "agent", enabled=True, reserveTokens=COMPACT_RESERVE)
-        env = _isolated_env(harness, version, home) | {"HCTX_CHANNEL": str(channel.path)}
-        run = Run(harness, list(plan.argv), env, work, Catalog(short_tmp / "unused"))
-        async with rpc_session(list(plan.argv), run) as rpc:
-            await rpc.turn(prompt("under [[u:24000:960]]"))
-            await rpc.turn(prompt("over [[u:25600:800]]"))
-            await channel.wait_for(lambda f: f["compaction"] is not None, STEP_TIMEOUT_S)
-            await rpc.idle()
+    configure = partial(_compaction_settings, enabled=True, reserveTokens=COMPACT_RESERVE)
+    async with asset_session(harness, version, short_tmp, configure) as (_, channel, rpc):
+        await rpc.turn(prompt("under [[u:24000:960]]"))
+        await rpc.turn(prompt("over [[u:25600:800]]"))
+        await channel.wait_for(lambda f: f["compaction"] is not None, STEP_TIMEOUT_S)
+        await rpc.idle()
     data = channel.jsonl()
-    destination = os.environ.get(RECORD_ENV)
-    if destination:
-        (Path(destination) / COMPACT_AT_RECORDINGS).mkdir(exist_ok=True)
-        (Path(destination) / COMPACT_AT_RECORDINGS / f"{harness}-{version}.channel.jsonl").write_bytes(data)
+    keep_recording(data, COMPACT_AT_RECORDINGS, harness, version)
     expected = {"enabled": True, "reserveTokens": COMPACT_RESERVE} if version != "0.84.2" else None
     assert {json.dumps(frame["compactionSettings"]) for _, frame in channel.frames} == {json.dumps(expected)}
