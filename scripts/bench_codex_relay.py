@@ -60,9 +60,9 @@ async def serve_echo(port: int) -> None:
 
 async def serve_relay_with_producer(port: int, upstream_port: int) -> None:
     from sidecar.decoding import Dropped
-    from sidecar.producers.codex import SPEC, CodexProducer
-    from sidecar.transports import Streams
-    from sidecar.transports.codex_relay import Address, serve_relay
+    from sidecar.harnesses.codex.producer import SPEC, CodexProducer
+    from sidecar.harnesses.codex.relay import Address, serve_relay
+    from sidecar.streams import Streams
 
     send, receive = trio.open_memory_channel[object](1024)
     producer = CodexProducer()

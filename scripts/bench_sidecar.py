@@ -191,7 +191,7 @@ def fixture_frames(case: Case) -> list[bytes]:
     own `read_recording` (Claude's status lines in the tee's envelope, pi's and omp's extension
     frames as they are), Codex's stdout lines in the envelope the wrapper's tap puts them in, and
     OpenCode's event objects (its channel takes them as the SSE stream carries them)."""
-    from sidecar.producers.codex import tap_frame
+    from sidecar.harnesses.codex.producer import tap_frame
     from sidecar.registry import spec_for
 
     lines: list[bytes] = []

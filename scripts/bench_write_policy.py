@@ -40,8 +40,8 @@ from guard.constants import HARNESS_CONTEXT_HEARTBEAT_MS
 from guard.policy import Reading, WriteGuard
 from guard.record import ContextFields, round_half_up
 from sidecar.decoding import Dropped
-from sidecar.producers.codex import SPEC as CODEX
-from sidecar.producers.codex import CodexProducer
+from sidecar.harnesses.codex.producer import SPEC as CODEX
+from sidecar.harnesses.codex.producer import CodexProducer
 from sidecar.transcripts import claude_compaction, claude_usage, forward_lines, rollout_event
 from wrapper.scan import shipped_model_table
 

@@ -1,7 +1,7 @@
 """A stand-in harness for `hctx demo`: plays back a capture of a real harness session.
 
 It plays the chunks `hctx replay` reads from the capture (the harness spec's `read_recording`) the
-way that harness sends them: a line the Claude tee built (`sidecar.claude_tee.channel_line`) goes
+way that harness sends them: a line the Claude tee built (`sidecar.harnesses.claude.tee.channel_line`) goes
 through the real `hctx-statusline` tee or `hctx-hook` forwarder again, with the payload it was built
 from as stdin; any other channel line (pi/omp extension frames) straight onto the channel. The
 sidecar decodes them with the code `hctx replay` runs. Only the pace is its own: the recorded gaps
@@ -19,8 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-from sidecar.claude_tee import unwrap
 from sidecar.decoding import CHANNEL
+from sidecar.harnesses.claude.tee import unwrap
 from sidecar.registry import Chunk, harness_names, spec_for
 
 __all__ = [
@@ -57,7 +57,10 @@ def deliver(chunk: Chunk) -> None:
     if tee is not None:
         entry, payload = tee
         subprocess.run(
-            [sys.executable, "-m", "sidecar.claude_tee", entry], input=payload, stdout=subprocess.DEVNULL, check=False
+            [sys.executable, "-m", "sidecar.harnesses.claude.tee", entry],
+            input=payload,
+            stdout=subprocess.DEVNULL,
+            check=False,
         )
         return
     with socket.socket(socket.AF_UNIX) as client:

@@ -10,7 +10,7 @@ from guard.policy import Write, WriteGuard
 from sidecar import logs
 from sidecar.decoding import Dropped
 from sidecar.logs import drop
-from sidecar.producers.base import Producer, out_of_domain
+from sidecar.producer import Producer, out_of_domain
 
 __all__ = [
     "Pipeline",

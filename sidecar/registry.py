@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from guard.errors import UnknownHarness
 from sidecar.decoding import CHANNEL, ChannelFrames, Decoder, channel_decoder
-from sidecar.producers.base import Producer
+from sidecar.producer import Producer
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -45,11 +45,11 @@ ENTRY_POINT_GROUP = "hctx.harnesses"
 
 # name -> "module:attribute" of its HarnessSpec. pi and omp share one extension channel and module.
 BUILT_IN: Mapping[str, str] = {
-    "claude": "sidecar.producers.claude:SPEC",
-    "codex": "sidecar.producers.codex:SPEC",
-    "pi": "sidecar.producers.pi:PI",
-    "omp": "sidecar.producers.pi:OMP",
-    "opencode": "sidecar.producers.opencode:SPEC",
+    "claude": "sidecar.harnesses.claude.producer:SPEC",
+    "codex": "sidecar.harnesses.codex.producer:SPEC",
+    "pi": "sidecar.harnesses.pi.producer:PI",
+    "omp": "sidecar.harnesses.pi.producer:OMP",
+    "opencode": "sidecar.harnesses.opencode.producer:SPEC",
 }
 
 

@@ -9,7 +9,7 @@ byte budget, so a 1 GB transcript costs what its last few megabytes cost.
 Codex lines are never interpreted here beyond their shape: `rollout_event` turns them into the
 Codex producer's own typed events (`TokenUsage`, `RateLimitsUpdated`, a `CompactionItem`, the
 `HarnessBuild`), the very events the app-server's messages decode to, and `RolloutDecoder` is the
-`rollout` wire's decoder, so Codex's baseline arithmetic lives in `sidecar.producers.codex` alone.
+`rollout` wire's decoder, so Codex's baseline arithmetic lives in `sidecar.harnesses.codex.producer` alone.
 """
 
 from __future__ import annotations
@@ -26,8 +26,7 @@ from guard.errors import FrameRejected
 from guard.record import CompactionTrigger, refuse_json_constant, round_half_up
 from sidecar.decoding import Dropped
 from sidecar.framing import Line, LineFramer, Oversized
-from sidecar.producers.base import TolerantModel, harness_version, instant_ms, optional_model
-from sidecar.producers.codex_events import (
+from sidecar.harnesses.codex.events import (
     ROLLOUT,
     CompactionItem,
     HarnessBuild,
@@ -36,6 +35,7 @@ from sidecar.producers.codex_events import (
     TokenUsage,
     event,
 )
+from sidecar.producer import TolerantModel, harness_version, instant_ms, optional_model
 
 __all__ = [
     "BLOCK_BYTES",

@@ -16,7 +16,7 @@ from guard.policy import Reading
 from guard.record import HarnessContext
 from sidecar.app import SidecarConfig, Store, Writer, open_writer
 from sidecar.decoding import CHANNEL, Dropped, LineDecoder, channel_decoder
-from sidecar.producers.base import Producer
+from sidecar.producer import Producer
 from sidecar.registry import HarnessSpec
 
 REPO = Path(__file__).resolve().parent.parent

@@ -23,7 +23,7 @@ from guard.constants import CHANNEL_MAX_FRAME_BYTES
 from guard.errors import FrameRejected
 from guard.policy import Reading
 from sidecar.decoding import CHANNEL, Dropped
-from sidecar.producers.claude import SPEC, ClaudeProducer, read_recording
+from sidecar.harnesses.claude.producer import SPEC, ClaudeProducer, read_recording
 from tests.conftest import FIXTURE_ROOT, channel_readings
 from tests.hostile import json_values, numbers_in
 

@@ -18,11 +18,8 @@ import pytest
 
 from guard.errors import FrameRejected
 from guard.policy import Reading, Write, WriteGuard
-from sidecar.claude_tee import HOOK_FRAME as HOOK_LINE
-from sidecar.claude_tee import channel_line
 from sidecar.decoding import CHANNEL, Dropped
-from sidecar.pipeline import Pipeline
-from sidecar.producers.claude import (
+from sidecar.harnesses.claude.producer import (
     HOOK_TYPE,
     SPEC,
     STATUSLINE_TYPE,
@@ -32,6 +29,9 @@ from sidecar.producers.claude import (
     StatusLine,
     read_recording,
 )
+from sidecar.harnesses.claude.tee import HOOK_FRAME as HOOK_LINE
+from sidecar.harnesses.claude.tee import channel_line
+from sidecar.pipeline import Pipeline
 from sidecar.registry import spec_for
 from sidecar.replay import replay
 from tests.conformance import bytewise, outcome, replayed, split_at

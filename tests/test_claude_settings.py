@@ -53,7 +53,7 @@ def our_commands(settings: dict[str, Any], event: str) -> list[str]:
         hook["command"]
         for group in settings["hooks"][event]
         for hook in group["hooks"]
-        if "sidecar.claude_tee" in hook["command"]
+        if "sidecar.harnesses.claude.tee" in hook["command"]
     ]
 
 
@@ -178,7 +178,7 @@ def test_a_symlinked_settings_file_is_written_through_and_stays_a_link(tmp_path:
     assert (tmp_path / SETTINGS_PATH).is_symlink()
     written = json.loads(dotfiles.read_text())
     assert written["permissions"] == {"allow": ["Bash(ls:*)"]}
-    assert "claude_tee" in written["statusLine"]["command"]
+    assert "sidecar.harnesses.claude.tee" in written["statusLine"]["command"]
 
 
 def test_a_users_own_status_line_keeps_drawing_through_the_tee_in_every_seat(
@@ -265,7 +265,7 @@ def test_changes_made_during_the_session_are_kept_and_only_hctxs_entries_leave(t
     expected["permissions"]["allow"].append("Bash(npm test:*)")
     expected["hooks"]["PostCompact"] = [{"hooks": [{"type": "command", "command": "mine-too"}]}]
     assert load(tmp_path) == expected  # the user's statusLine back, none of hctx's hooks left
-    assert "claude_tee" not in settings_path(tmp_path).read_text()
+    assert "sidecar.harnesses.claude.tee" not in settings_path(tmp_path).read_text()
     assert not (tmp_path / SEATS_PATH).exists()
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar import claude_tee
+from sidecar.harnesses.claude import tee as claude_tee
 from tests.conftest import FIXTURE_ROOT, REPO
 from wrapper.harnesses.claude import tee_command
 
@@ -322,17 +322,18 @@ def test_usage_error_without_an_entry_point() -> None:
 
 def test_the_tee_imports_nothing_heavy() -> None:
     probe = (
-        f"import sys; sys.path.append({str(REPO)!r}); import sidecar.claude_tee; print(' '.join(sorted(sys.modules)))"
+        f"import sys; sys.path.append({str(REPO)!r}); import sidecar.harnesses.claude.tee; "
+        "print(' '.join(sorted(sys.modules)))"
     )
     done = subprocess.run([sys.executable, "-I", "-S", "-c", probe], capture_output=True, text=True, check=True)
     loaded = set(done.stdout.split())
-    assert "sidecar.claude_tee" in loaded
+    assert "sidecar.harnesses.claude.tee" in loaded
     heavy = {"json", "re", "socket", "subprocess", "enum", "typing", "pydantic", "trio", "guard", "threading", "os"}
     assert loaded.isdisjoint(heavy), loaded & heavy
 
 
 def test_a_renderer_that_closes_stdout_and_lingers_is_still_held_to_its_deadline() -> None:
-    from sidecar.claude_tee import render
+    from sidecar.harnesses.claude.tee import render
 
     started = time.monotonic()
     output, why = render("echo partial; exec >&-; sleep 5", b"{}", timeout_s=0.5)

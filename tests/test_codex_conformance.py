@@ -28,12 +28,12 @@ from trio_websocket import WebSocketRequest
 from guard.policy import Write, WriteGuard
 from sidecar import channel
 from sidecar.decoding import Dropped, channel_decoder
+from sidecar.harnesses.codex.producer import SPEC
+from sidecar.harnesses.codex.relay import Address, serve_relay
 from sidecar.pipeline import Pipeline
-from sidecar.producers.codex import SPEC
 from sidecar.registry import Chunk
 from sidecar.replay import UNTIMED_STEP_MS
-from sidecar.transports import Streams
-from sidecar.transports.codex_relay import Address, serve_relay
+from sidecar.streams import Streams
 from tests.conformance import outcome, replayed, untimed
 from wrapper.launcher import tap_stdout_lines
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from guard.policy import Reading
 from guard.record import MAX_COUNT
 from sidecar.decoding import Dropped
-from sidecar.producers.codex import SPEC, CodexProducer, line_of, parse_message, tap_frame
+from sidecar.harnesses.codex.producer import SPEC, CodexProducer, line_of, parse_message, tap_frame
 from sidecar.registry import Chunk
 from sidecar.replay import replay
 from tests.conftest import FIXTURE_ROOT

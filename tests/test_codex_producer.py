@@ -13,7 +13,8 @@ from pydantic import ValidationError
 
 from guard.policy import Reading
 from sidecar.decoding import Decoder, Dropped
-from sidecar.producers.codex import (
+from sidecar.harnesses.codex.events import RateLimitsUpdated, TokenUsage
+from sidecar.harnesses.codex.producer import (
     BASELINE_TOKENS,
     CODEX_CONTEXT_VERIFIED_VERSIONS,
     SPEC,
@@ -22,7 +23,6 @@ from sidecar.producers.codex import (
     percent_of_context_window_remaining,
     used_percent,
 )
-from sidecar.producers.codex_events import RateLimitsUpdated, TokenUsage
 from sidecar.registry import spec_for
 from tests.conftest import FIXTURE_ROOT
 

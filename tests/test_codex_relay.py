@@ -14,12 +14,12 @@ import trio_websocket
 from trio_websocket import WebSocketRequest
 
 from sidecar.decoding import Decoder
-from sidecar.producers.codex import SPEC, CodexTransport, Rollout
-from sidecar.producers.codex_events import CompactionConfig
-from sidecar.transports import Stream, Streams, transport_for
-from sidecar.transports import codex_relay as relay_module
-from sidecar.transports.codex import run
-from sidecar.transports.codex_relay import Address, serve_relay
+from sidecar.harnesses.codex import relay as relay_module
+from sidecar.harnesses.codex.events import CompactionConfig
+from sidecar.harnesses.codex.producer import SPEC, CodexTransport, Rollout
+from sidecar.harnesses.codex.relay import Address, serve_relay
+from sidecar.harnesses.codex.transport import run
+from sidecar.streams import Stream, Streams, transport_for
 
 LOOPBACK = "127.0.0.1"
 
@@ -285,14 +285,14 @@ async def test_stdio_launch_runs_no_relay() -> None:
 
 
 async def test_an_interactive_seat_is_handed_to_the_rollout_follower(monkeypatch: pytest.MonkeyPatch) -> None:
-    import sidecar.rollout
+    import sidecar.harnesses.codex.rollout
 
     seen: list[Rollout] = []
 
     async def follow(config: Rollout, submit: Any) -> None:
         seen.append(config)
 
-    monkeypatch.setattr(sidecar.rollout, "follow_rollout", follow)
+    monkeypatch.setattr(sidecar.harnesses.codex.rollout, "follow_rollout", follow)
     config = CodexTransport.model_validate_json('{"mode":"rollout","codexHome":"/h","cwd":"/w","startedAtMs":1}')
     streams = Taped()
     await run(config, streams)

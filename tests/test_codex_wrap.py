@@ -21,7 +21,7 @@ import pytest
 import trio
 
 from guard.record import HarnessContext, parse_record
-from sidecar.producers.codex import SPEC
+from sidecar.harnesses.codex.producer import SPEC
 from sidecar.replay import replay
 from tests.conftest import FIXTURE_ROOT
 from tests.fakes.codex_client import ws_client

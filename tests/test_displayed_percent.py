@@ -17,10 +17,10 @@ import pytest
 from guard.policy import WriteGuard
 from guard.record import HarnessContext
 from sidecar.decoding import CHANNEL
-from sidecar.producers.claude import SPEC, STATUSLINE_TYPE, ClaudeProducer
-from sidecar.producers.codex import SPEC as CODEX
-from sidecar.producers.codex import CodexProducer
-from sidecar.producers.codex_events import STDOUT
+from sidecar.harnesses.claude.producer import SPEC, STATUSLINE_TYPE, ClaudeProducer
+from sidecar.harnesses.codex.events import STDOUT
+from sidecar.harnesses.codex.producer import SPEC as CODEX
+from sidecar.harnesses.codex.producer import CodexProducer
 from tests.conftest import FIXTURE_ROOT
 
 FIXTURES = FIXTURE_ROOT

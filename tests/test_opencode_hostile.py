@@ -15,8 +15,7 @@ from hypothesis import strategies as st
 from guard.errors import FrameRejected
 from guard.policy import Reading, WriteGuard
 from sidecar.decoding import Dropped
-from sidecar.pipeline import Pipeline
-from sidecar.producers.opencode import (
+from sidecar.harnesses.opencode.producer import (
     MAX_EVENT_BYTES,
     SPEC,
     WINDOWS_REMEMBERED,
@@ -26,6 +25,7 @@ from sidecar.producers.opencode import (
     sse_event,
     windows_from_providers,
 )
+from sidecar.pipeline import Pipeline
 from sidecar.registry import Chunk
 from sidecar.replay import replay
 from tests.conftest import FIXTURE_ROOT

@@ -18,13 +18,13 @@ import pytest
 from guard.policy import Reading, Write, WriteGuard
 from guard.record import ContextFields
 from sidecar.decoding import Dropped
-from sidecar.pipeline import Pipeline
-from sidecar.producers.opencode import (
+from sidecar.harnesses.opencode.producer import (
     OPENCODE_CONTEXT_VERIFIED_VERSIONS,
     SPEC,
     OpenCodeProducer,
     sse_event,
 )
+from sidecar.pipeline import Pipeline
 from sidecar.registry import Chunk, spec_for
 from sidecar.replay import replay
 from tests.conftest import FIXTURE_ROOT
@@ -140,7 +140,7 @@ def test_registry_selects_this_producer_and_decoder() -> None:
     assert spec_for("opencode") is SPEC
     assert isinstance(SPEC.make_producer(), OpenCodeProducer)
     assert SPEC.wires() == ("channel", "sse", "providers", "config")
-    assert SPEC.transport == "sidecar.transports.opencode"
+    assert SPEC.transport == "sidecar.harnesses.opencode.transport"
 
 
 def test_the_turns_publish_the_assistant_total_over_the_providers_window(capture: Capture) -> None:
@@ -457,7 +457,7 @@ def test_opencode_compact_at_follows_its_own_overflow_rule(
     limit: dict[str, int], compaction: dict[str, Any] | None, output_max: int | None,
     published: tuple[int | None, bool | None],
 ) -> None:  # fmt: skip
-    from sidecar.producers.opencode import CompactionSettings, ModelLimits, opencode_compact_at
+    from sidecar.harnesses.opencode.producer import CompactionSettings, ModelLimits, opencode_compact_at
 
     rule = None if compaction is None else CompactionSettings.model_validate(compaction)
     assert opencode_compact_at(ModelLimits.model_validate(limit), rule, output_max) == published

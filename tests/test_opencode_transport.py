@@ -18,8 +18,8 @@ import trio
 
 from guard.policy import Write, WriteGuard
 from sidecar.decoding import Dropped
-from sidecar.pipeline import Pipeline
-from sidecar.producers.opencode import (
+from sidecar.harnesses.opencode import transport
+from sidecar.harnesses.opencode.producer import (
     MAX_BACKOFF_SECONDS,
     SPEC,
     ConfigAnswer,
@@ -31,11 +31,11 @@ from sidecar.producers.opencode import (
     ProvidersAnswer,
     sse_event,
 )
+from sidecar.harnesses.opencode.transport import next_backoff
+from sidecar.pipeline import Pipeline
 from sidecar.registry import Chunk, spec_for
 from sidecar.replay import Tally, replay
-from sidecar.transports import Streams, transport_for
-from sidecar.transports import opencode as transport
-from sidecar.transports.opencode import next_backoff
+from sidecar.streams import Streams, transport_for
 from tests.conformance import outcome, untimed
 from tests.conftest import read_head
 

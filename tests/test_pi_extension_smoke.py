@@ -24,8 +24,8 @@ import trio
 
 from guard.policy import WriteGuard
 from sidecar.decoding import CHANNEL
+from sidecar.harnesses.pi.producer import recorded_chunks
 from sidecar.pipeline import Pipeline
-from sidecar.producers.pi import recorded_chunks
 from sidecar.registry import spec_for
 from tests.conftest import REPO
 from tests.fakes.pi_channel import recording_channel

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from guard.errors import FrameRejected
-from sidecar.producers.pi import MAX_MODEL_ID_CHARS, PiProducer, recorded_chunks
+from sidecar.harnesses.pi.producer import MAX_MODEL_ID_CHARS, PiProducer, recorded_chunks
 from tests.fakes.pi_channel import fed, feed, recorded_frames
 
 GOOD_READING = {"tokens": 10, "contextWindow": 100, "percent": 10.0, "model": "m", "costUsd": 0.1}

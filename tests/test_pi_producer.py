@@ -18,7 +18,7 @@ import pytest
 
 from guard.policy import Write
 from sidecar.decoding import CHANNEL
-from sidecar.producers.pi import OMP, PI, ContextFrame, PiProducer, read_recording, trigger_of
+from sidecar.harnesses.pi.producer import OMP, PI, ContextFrame, PiProducer, read_recording, trigger_of
 from sidecar.registry import spec_for
 from sidecar.replay import replay
 from tests.conformance import bytewise, outcome, replayed

@@ -18,13 +18,13 @@ import trio
 
 from guard.policy import Reading, WriteGuard
 from guard.record import ContextFields
-from sidecar import rollout
 from sidecar.decoding import Decoder, Dropped
+from sidecar.harnesses.codex import rollout
+from sidecar.harnesses.codex.events import CompactionItem, TokenUsage
+from sidecar.harnesses.codex.producer import SPEC, CodexProducer, Rollout
+from sidecar.harnesses.codex.rollout import RolloutFollower, find_rollout, follow_rollout
 from sidecar.pipeline import Pipeline
-from sidecar.producers.base import instant_ms
-from sidecar.producers.codex import SPEC, CodexProducer, Rollout
-from sidecar.producers.codex_events import CompactionItem, TokenUsage
-from sidecar.rollout import RolloutFollower, find_rollout, follow_rollout
+from sidecar.producer import instant_ms
 from sidecar.transcripts import HEAD_BYTES, MAX_LINE_BYTES
 
 Frame = Any  # a typed Codex event, as the follower submits it
@@ -263,7 +263,7 @@ def test_hostile_headers_are_not_followed(tmp_path: Path, header: bytes) -> None
 )  # fmt: skip
 def test_a_bad_config_runs_no_transport_and_says_why(bad: dict[str, Any], caplog: pytest.LogCaptureFixture) -> None:
     from sidecar.app import transport_settings
-    from sidecar.producers.codex import SPEC
+    from sidecar.harnesses.codex.producer import SPEC
 
     assert transport_settings(SPEC, json.dumps(bad)) is None
     assert any(getattr(record, "event", None) == "transport-bad-config" for record in caplog.records)

@@ -17,7 +17,7 @@ from guard.record import HarnessContext, parse_record
 from guard.state import read_state
 from guard.store import AgentDir
 from sidecar.registry import spec_for
-from sidecar.transports import Streams
+from sidecar.streams import Streams
 from tests.conftest import failing_writer, submit_channel_bytes
 from tests.wrapping import HOST, agent_dir, context_frame, env, log_events, pid_gone, wait_for
 from wrapper.launcher import WrapOptions, claim

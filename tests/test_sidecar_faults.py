@@ -381,7 +381,7 @@ def test_a_symlinked_log_file_is_not_followed(tmp_path: Path) -> None:
     ],
 )
 def test_pi_refuses_numbers_outside_their_domain(reading: dict[str, Any]) -> None:
-    from sidecar.producers.pi import PI
+    from sidecar.harnesses.pi.producer import PI
 
     line = json.dumps({"type": "context", "reading": reading, "compaction": None}).encode() + b"\n"
     [refused] = PI.decoder("channel").receive_data(line)
@@ -390,7 +390,7 @@ def test_pi_refuses_numbers_outside_their_domain(reading: dict[str, Any]) -> Non
 
 @pytest.mark.parametrize("used", [-50.0, 1e308])
 def test_claude_never_publishes_a_rate_limit_outside_its_domain(used: float) -> None:
-    from sidecar.producers.claude import SPEC, ClaudeProducer
+    from sidecar.harnesses.claude.producer import SPEC, ClaudeProducer
 
     payload = {
         "context_window": {"total_input_tokens": 10, "context_window_size": 200_000, "current_usage": {},
@@ -407,7 +407,7 @@ def test_claude_never_publishes_a_rate_limit_outside_its_domain(used: float) -> 
 
 @pytest.mark.parametrize("used", [-50.0, 1e308])
 def test_codex_refuses_a_rate_limit_outside_its_domain(used: float) -> None:
-    from sidecar.producers.codex import SPEC, CodexProducer
+    from sidecar.harnesses.codex.producer import SPEC, CodexProducer
 
     message = {"method": "account/rateLimits/updated",
                "params": {"rateLimits": {"primary": {"usedPercent": used, "windowDurationMins": 300}}}}  # fmt: skip
@@ -421,7 +421,7 @@ def test_codex_refuses_a_rate_limit_outside_its_domain(used: float) -> None:
 
 
 def test_a_percent_computed_past_its_domain_is_refused_not_published() -> None:
-    from sidecar.producers.opencode import SPEC, sse_event
+    from sidecar.harnesses.opencode.producer import SPEC, sse_event
 
     pipeline = Pipeline(SPEC.make_producer(), WriteGuard("a", "i"))
     answer = {"providers": [{"id": "p", "models": {"m": {"limit": {"context": 1}}}}]}

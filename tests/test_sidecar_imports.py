@@ -44,10 +44,14 @@ CASES: dict[str, tuple[str, str, tuple[str, ...], tuple[str, ...]]] = {
     "claude": ("claude", "none", (), HTTP + WEBSOCKET),
     "pi": ("pi", "none", (), HTTP + WEBSOCKET),
     "omp": ("omp", "none", (), HTTP + WEBSOCKET),
-    "codex-stdio": ("codex", "channel", ("sidecar.transports.codex",), HTTP + WEBSOCKET),
-    "codex-rollout": ("codex", "rollout", ("sidecar.transports.codex", "sidecar.rollout"), HTTP + WEBSOCKET),
-    "codex-relay": ("codex", "relay", ("sidecar.transports.codex", "trio_websocket"), HTTP),
-    "opencode": ("opencode", "opencode", ("sidecar.transports.opencode", "sidecar.http", "h11"), HTTP + WEBSOCKET),
+    "codex-stdio": ("codex", "channel", ("sidecar.harnesses.codex.transport",), HTTP + WEBSOCKET),
+    "codex-rollout": (
+        "codex", "rollout", ("sidecar.harnesses.codex.transport", "sidecar.harnesses.codex.rollout"), HTTP + WEBSOCKET
+    ),
+    "codex-relay": ("codex", "relay", ("sidecar.harnesses.codex.transport", "trio_websocket"), HTTP),
+    "opencode": (
+        "opencode", "opencode", ("sidecar.harnesses.opencode.transport", "sidecar.http", "h11"), HTTP + WEBSOCKET
+    ),
 }
 
 

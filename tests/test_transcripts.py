@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar.producers.codex import CodexProducer
-from sidecar.producers.codex_events import RateLimitsUpdated, TokenUsage
+from sidecar.harnesses.codex.events import RateLimitsUpdated, TokenUsage
+from sidecar.harnesses.codex.producer import CodexProducer
 from sidecar.transcripts import (
     MAX_LINE_BYTES,
     TAIL_BUDGET_BYTES,

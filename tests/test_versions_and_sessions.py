@@ -13,15 +13,15 @@ import pytest
 from readers_catalog import HOST, NOW, hctx, put_claim, put_record
 
 from guard.record import parse_record
-from sidecar.producers.claude import SPEC as CLAUDE
-from sidecar.producers.claude import VERIFIED_VERSIONS as CLAUDE_VERIFIED
-from sidecar.producers.codex import CODEX_CONTEXT_VERIFIED_VERSIONS, CodexProducer
-from sidecar.producers.codex import SPEC as CODEX
-from sidecar.producers.opencode import OPENCODE_CONTEXT_VERIFIED_VERSIONS, recording_chunks
-from sidecar.producers.opencode import SPEC as OPENCODE
+from sidecar.harnesses.claude.producer import SPEC as CLAUDE
+from sidecar.harnesses.claude.producer import VERIFIED_VERSIONS as CLAUDE_VERIFIED
+from sidecar.harnesses.codex.producer import CODEX_CONTEXT_VERIFIED_VERSIONS, CodexProducer
+from sidecar.harnesses.codex.producer import SPEC as CODEX
+from sidecar.harnesses.codex.rollout import RolloutFollower
+from sidecar.harnesses.opencode.producer import OPENCODE_CONTEXT_VERIFIED_VERSIONS, recording_chunks
+from sidecar.harnesses.opencode.producer import SPEC as OPENCODE
 from sidecar.registry import verified_versions
 from sidecar.replay import replay
-from sidecar.rollout import RolloutFollower
 from tests.conftest import FIXTURE_ROOT
 from wrapper.render import doctor_advisories
 from wrapper.roster import collect_roster

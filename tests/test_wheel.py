@@ -99,7 +99,8 @@ def test_the_wheel_holds_exactly_the_package_sources(installed: Installed) -> No
     }
     assert shipped == expected
     # The guard must have teeth where the bug was: subpackages and the assets beside the modules.
-    assert {"wrapper/harnesses/claude.py", "sidecar/producers/pi.py", "sidecar/transports/codex.py"} <= shipped
+    nested = {"wrapper/harnesses/claude.py", "sidecar/harnesses/pi/producer.py", "sidecar/harnesses/codex/transport.py"}
+    assert nested <= shipped
     assert {"sidecar/assets/hctx-channel.ts", "wrapper/model_windows.json"} <= shipped
     with zipfile.ZipFile(installed.wheel) as archive:
         capture = archive.read("sidecar/assets/demo/pi-0.84.2.channel.jsonl")
@@ -109,8 +110,8 @@ def test_the_wheel_holds_exactly_the_package_sources(installed: Installed) -> No
 def test_the_venv_imports_nothing_from_the_checkout(installed: Installed) -> None:
     probe = installed.run(
         installed.bin("python"), "-c",
-        "import json, sys, guard, sidecar.producers, wrapper.harnesses;"
-        "print(json.dumps([sys.path, [m.__file__ for m in (guard, sidecar.producers, wrapper.harnesses)]]))",
+        "import json, sys, guard, sidecar.harnesses, wrapper.harnesses;"
+        "print(json.dumps([sys.path, [m.__file__ for m in (guard, sidecar.harnesses, wrapper.harnesses)]]))",
     )  # fmt: skip
     assert probe.returncode == 0, probe.stderr
     path, files = json.loads(probe.stdout)

@@ -465,7 +465,7 @@ async def tap_stdout_lines(stdout: trio.abc.ReceiveStream, frame_type: str, chan
     """Copy the harness's stdout to ours untouched; send each line to the sidecar on the side.
 
     Lines are framed by the sidecar's own `LineFramer` at the channel's limit, and each goes as the
-    harness's tap frame (`sidecar.producers.codex.tap_frame`: the line's bytes as the string
+    harness's tap frame (`sidecar.harnesses.codex.producer.tap_frame`: the line's bytes as the string
     payload), so the sidecar decodes exactly the bytes a replay of the same stdout does. The copy
     never waits on the sidecar: tapped lines queue up to TAP_QUEUE_BYTES, and past that the oldest
     give way, so after a burst (thousands of deltas) the newest lines, the usage update among them,
@@ -473,7 +473,7 @@ async def tap_stdout_lines(stdout: trio.abc.ReceiveStream, frame_type: str, chan
     limit, or one whose frame would be (the sidecar refuses those on every wire), is not sent.
     """
     from sidecar.framing import Line, LineFramer
-    from sidecar.producers.codex import tap_frame
+    from sidecar.harnesses.codex.producer import tap_frame
 
     queue = TapQueue()
     framer = LineFramer(MAX_FRAME_BYTES)

@@ -322,8 +322,8 @@ def _claude_row(
 
 def _codex_row(session: SessionFile, session_id: str | None, lines: BackwardLines) -> ScanRow:
     from sidecar.decoding import Dropped
-    from sidecar.producers.codex import merged_rate_limits, usage_fields
-    from sidecar.producers.codex_events import RateLimitsUpdated, TokenUsage
+    from sidecar.harnesses.codex.events import RateLimitsUpdated, TokenUsage
+    from sidecar.harnesses.codex.producer import merged_rate_limits, usage_fields
     from sidecar.transcripts import read_codex_tail, session_build
 
     thread = session_id or "rollout"

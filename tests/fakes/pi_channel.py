@@ -20,7 +20,7 @@ import trio
 from guard.errors import FrameRejected
 from guard.policy import Reading
 from sidecar.decoding import CHANNEL, Dropped
-from sidecar.producers.pi import PI, PiProducer, recorded_chunks
+from sidecar.harnesses.pi.producer import PI, PiProducer, recorded_chunks
 from tests.conftest import channel_readings
 
 

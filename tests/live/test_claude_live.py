@@ -210,7 +210,7 @@ async def test_a_status_line_in_the_users_settings_keeps_drawing_and_the_directo
             await wait_record(record_path, pane, "the pre-turn window", lambda r: r["windowTokens"] == WINDOW)
             await wait_pane(pane, "USER-SETTINGS-LINE used=None")
             settings = json.loads((work / ".claude" / "settings.local.json").read_text())
-            assert "sidecar.claude_tee" in settings["statusLine"]["command"]  # hctx's tee holds the slot
+            assert "sidecar.harnesses.claude.tee" in settings["statusLine"]["command"]  # hctx's tee holds the slot
 
             await pane.type("Live turn one usage=2001,8000,10000,111")
             one = await wait_record(record_path, pane, "turn one", lambda r: r["usedTokens"] == 20001)

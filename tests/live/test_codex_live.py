@@ -32,10 +32,10 @@ import pytest
 import trio
 
 from guard.record import HarnessContext, parse_record
-from sidecar.producers.codex import SPEC
+from sidecar.harnesses.codex.producer import SPEC
+from sidecar.harnesses.codex.relay import Address, serve_relay
 from sidecar.replay import replay
-from sidecar.transports import Stream, Streams
-from sidecar.transports.codex_relay import Address, serve_relay
+from sidecar.streams import Stream, Streams
 from tests.fakes.codex_client import CodexClient, stdio_client, ws_client
 from tests.fakes.codex_model import FakeResponses, codex_config, codex_env, fake_responses
 from tests.harnesses import HARNESS_VERSIONS, require_harness

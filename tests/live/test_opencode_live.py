@@ -27,7 +27,7 @@ import trio
 from guard.errors import RecordRefused
 from guard.record import HarnessContext, parse_record
 from guard.store import log_path
-from sidecar.producers.opencode import OpenCodeTransport
+from sidecar.harnesses.opencode.producer import OpenCodeTransport
 from tests.conftest import REPO
 from tests.fakes.opencode_model import SUMMARY_USAGE, OpenCodeFakeModel, opencode_fake_model
 from tests.harnesses import HARNESS_VERSIONS, harness_env, require_harness

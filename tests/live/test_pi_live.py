@@ -536,7 +536,7 @@ async def test_a_session_switch_publishes_the_new_sessions_compaction_facts(
 ) -> None:
     """Session A compacts by hand; a new session B compacts on the threshold; switching back to A
     (pi's `/resume`) must not publish B's compaction time and trigger beside A's reading and count."""
-    from sidecar.producers.pi import PiProducer
+    from sidecar.harnesses.pi.producer import PiProducer
     from tests.fakes.pi_channel import replayed_readings
 
     async with asset_session(harness, version, short_tmp) as (_, channel, rpc):

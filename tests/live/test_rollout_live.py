@@ -23,8 +23,8 @@ import trio
 
 from guard.policy import Reading
 from sidecar.decoding import Dropped
-from sidecar.producers.codex import CodexProducer, CodexTransport, Rollout
-from sidecar.rollout import follow_rollout
+from sidecar.harnesses.codex.producer import CodexProducer, CodexTransport, Rollout
+from sidecar.harnesses.codex.rollout import follow_rollout
 from sidecar.transcripts import BackwardLines, read_codex_tail, tail_events
 from tests.fakes.codex_model import codex_config, codex_env, fake_responses
 from tests.harnesses import HARNESS_VERSIONS, require_harness
@@ -189,7 +189,7 @@ async def test_a_wrapped_exec_resume_is_followed_in_the_rollout_it_appends_to(ve
     The turn takes 2 s, as a resumed session at a person's pace does: a resume over within one poll
     is never seen holding its file, and the end-of-session fallback only knows new rollouts."""
     assert _tui_plan_follows_rollouts()
-    from sidecar.rollout import LAUNCH_SLACK_MS, read_session_meta
+    from sidecar.harnesses.codex.rollout import LAUNCH_SLACK_MS, read_session_meta
 
     codex = require_harness("codex", version)
     async with codex_seat(tmp_path, version) as seat:

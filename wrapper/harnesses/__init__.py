@@ -41,7 +41,7 @@ class LaunchPlan:
     cwd: Path
     # Added to the harness's environment (beside HCTX_CHANNEL, HCTX_AGENT, ...).
     env: dict[str, str] = field(default_factory=dict)
-    # Handed to the sidecar's transport for this harness (see sidecar.transports): an instance of
+    # Handed to the sidecar's transport for this harness (see sidecar.streams): an instance of
     # the harness's `transport_config` model, which the sidecar validates its JSON with.
     transport: BaseModel | None = None
     # When set, the harness's stdout is a pipe the wrapper copies byte for byte to its own stdout

@@ -40,6 +40,7 @@ from guard.store import proc_stat
 from wrapper.harnesses import LaunchPlan
 
 __all__ = [
+    "EARLIER_TEE_MODULES",
     "HOOK_EVENTS",
     "PROJECT_DIR_ENV",
     "REFRESH_INTERVAL_S",
@@ -68,7 +69,9 @@ PROJECT_DIR_ENV = "HCTX_CLAUDE_PROJECT_DIR"
 HOOK_EVENTS = ("PreCompact", "PostCompact", "SessionStart")
 REFRESH_INTERVAL_S = 5
 # Every command hctx renders names this module; it is how our earlier entries are recognised.
-TEE_MODULE = "sidecar.claude_tee"
+TEE_MODULE = "sidecar.harnesses.claude.tee"
+# What an earlier install rendered (the tee was `sidecar.claude_tee` until the harness packages).
+EARLIER_TEE_MODULES = ("sidecar.claude_tee",)
 
 
 def _sidecar_root() -> str:
@@ -81,7 +84,7 @@ def _sidecar_root() -> str:
 
 
 def tee_command(entry: str) -> str:
-    """The shell command line that runs `sidecar.claude_tee` `entry` ("statusline" or "hook")."""
+    """The shell command line that runs `sidecar.harnesses.claude.tee` `entry` ("statusline" or "hook")."""
     # A JSON string is also a Python literal, and its double quotes need no escaping inside shlex's single ones.
     root = json.dumps(_sidecar_root())
     code = f"import sys;sys.path.append({root});from {TEE_MODULE} import main;sys.exit(main(sys.argv[1:]))"
@@ -98,7 +101,8 @@ def status_line() -> dict[str, Any]:
 
 
 def _is_ours(hook: object) -> bool:
-    return isinstance(hook, dict) and TEE_MODULE in str(hook.get("command", ""))
+    command = str(hook.get("command", "")) if isinstance(hook, dict) else ""
+    return any(module in command for module in (TEE_MODULE, *EARLIER_TEE_MODULES))
 
 
 def _without_ours(groups: list[Any]) -> list[Any]:

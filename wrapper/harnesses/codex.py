@@ -1,19 +1,19 @@
 """Codex: tap the app-server's server→client JSON-RPC stream, on stdio or on a websocket listener.
 
 - `codex app-server` (stdio, the default): the wrapper copies the harness's stdout byte for byte to
-  its own and hands the sidecar each line (`tap_stdout`, as `sidecar.producers.codex.tap_frame`
+  its own and hands the sidecar each line (`tap_stdout`, as `sidecar.harnesses.codex.producer.tap_frame`
   frames it). The client's stdin goes straight through.
 - `codex app-server --listen ws://IP:PORT`: the harness is moved to a free private loopback port and
   the sidecar's relay listens where the client asked, forwarding every connection to the harness
-  (`sidecar.transports.codex`).
+  (`sidecar.harnesses.codex.transport`).
 
 - an interactive session (`codex`, `codex exec|resume|fork|review …`): no stream to tap, but the
-  rollout file it writes is followed by the sidecar (`sidecar.rollout`, issue 8's transport).
+  rollout file it writes is followed by the sidecar (`sidecar.harnesses.codex.rollout`, issue 8's transport).
 
 Anything else (`app-server generate-ts`, a `unix://` listener, `codex login`) launches unchanged and
 publishes no record.
 
-Every mode's transport config (`sidecar.producers.codex.CodexTransport`, the model the sidecar
+Every mode's transport config (`sidecar.harnesses.codex.producer.CodexTransport`, the model the sidecar
 validates it with) also carries the compaction settings the harness will load
 (`compaction_settings`): `model_auto_compact_token_limit` and `model_context_window` as the last
 `-c KEY=VALUE` sets them, else the selected profile (`--profile`/`-p`, else the file's `profile`),
@@ -32,8 +32,8 @@ import tomllib
 from pathlib import Path
 from typing import Any, Final
 
-from sidecar.producers.codex import ChannelOnly, CodexTransport, Relay, Rollout
-from sidecar.producers.codex_events import FRAME_TYPE
+from sidecar.harnesses.codex.events import FRAME_TYPE
+from sidecar.harnesses.codex.producer import ChannelOnly, CodexTransport, Relay, Rollout
 from wrapper.harnesses import LOOPBACK, LaunchPlan, free_loopback_port, program_index
 
 __all__ = [

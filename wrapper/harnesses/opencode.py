@@ -13,7 +13,7 @@ import dataclasses
 from pathlib import Path
 from typing import Final
 
-from sidecar.producers.opencode import OpenCodeTransport
+from sidecar.harnesses.opencode.producer import OpenCodeTransport
 from wrapper.harnesses import LOOPBACK, LaunchPlan, free_loopback_port, program_index
 
 __all__ = [

@@ -2,16 +2,16 @@
 
 `hctx wrap -- codex app-server --listen ws://IP:PORT` starts the real app-server on a private
 loopback port (`wrapper.harnesses.codex`) and hands the transport both addresses
-(`sidecar.producers.codex.Relay`: `listen`, the client's; `upstream`, 127.0.0.1:PRIVATE).
+(`sidecar.harnesses.codex.producer.Relay`: `listen`, the client's; `upstream`, 127.0.0.1:PRIVATE).
 
 Every client connection gets its own upstream connection; every message is forwarded unchanged in
 both directions, and each server→client text message's UTF-8 bytes also go to that connection's
 own `websocket` stream (`streams.open`), whose decoder is the one every Codex wire shares
-(`sidecar.producers.codex.parse_message`). Connections are independent: one failing or closing
+(`sidecar.harnesses.codex.producer.parse_message`). Connections are independent: one failing or closing
 never touches another. Plain HTTP on the listen address (the app-server's `/readyz` and `/healthz`)
 is piped through byte for byte.
 
-Its own module, so trio-websocket loads only in a sidecar that relays (`sidecar.transports.codex`).
+Its own module, so trio-websocket loads only in a sidecar that relays (`sidecar.harnesses.codex.transport`).
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ import trio
 import trio_websocket
 from trio_websocket import ConnectionRejected, WebSocketConnection, WebSocketRequest
 
-from sidecar.producers.codex import Relay
-from sidecar.producers.codex_events import WEBSOCKET
-from sidecar.transports import Stream, Streams
+from sidecar.harnesses.codex.events import WEBSOCKET
+from sidecar.harnesses.codex.producer import Relay
+from sidecar.streams import Stream, Streams
 
 __all__ = [
     "MAX_MESSAGE_BYTES",

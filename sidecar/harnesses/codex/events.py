@@ -1,5 +1,5 @@
 """Codex's typed events and wire names: what every Codex decoder makes, whichever wire the bytes
-came by (the app-server's JSON-RPC in `sidecar.producers.codex`, the rollout file's lines in
+came by (the app-server's JSON-RPC in `sidecar.harnesses.codex.producer`, the rollout file's lines in
 `sidecar.transcripts`), and all the producer ever sees.
 """
 
@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from guard.errors import FrameRejected
 from guard.record import Count
-from sidecar.producers.base import Percent
+from sidecar.producer import Percent
 
 __all__ = [
     "FRAME_TYPE",

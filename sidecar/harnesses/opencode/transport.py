@@ -1,12 +1,12 @@
 """OpenCode: follow the server's `GET /event` stream and pull `GET /config/providers` for windows.
 
-`config` is the wrapper's launch plan's `sidecar.producers.opencode.OpenCodeTransport`: `base_url`
+`config` is the wrapper's launch plan's `sidecar.harnesses.opencode.producer.OpenCodeTransport`: `base_url`
 (the address the wrapper made the server listen on), optionally `directory` (the instance whose
 events to follow, for the TUI started on a project path), and the timings tests shorten.
 
 Bytes only: the `/event` body goes as it arrives into a `sse` stream (one per connection), each
 `GET /config/providers` and `GET /config` answer body into the `providers` and `config` streams;
-the harness's decoders (sidecar.producers.opencode) make the events, as `hctx replay` does. The one
+the harness's decoders (sidecar.harnesses.opencode.producer) make the events, as `hctx replay` does. The one
 fact of the sidecar's own, the `OPENCODE_EXPERIMENTAL_OUTPUT_TOKEN_MAX` the server inherited from
 the same environment, is submitted as its typed event.
 
@@ -35,8 +35,14 @@ import trio
 
 from guard.errors import HttpError
 from sidecar import http
-from sidecar.producers.opencode import CONFIG_WIRE, PROVIDERS_WIRE, SSE_WIRE, OpenCodeTransport, output_token_max
-from sidecar.transports import Stream, Streams
+from sidecar.harnesses.opencode.producer import (
+    CONFIG_WIRE,
+    PROVIDERS_WIRE,
+    SSE_WIRE,
+    OpenCodeTransport,
+    output_token_max,
+)
+from sidecar.streams import Stream, Streams
 
 __all__ = [
     "FIRST_BACKOFF_SECONDS",
@@ -150,7 +156,7 @@ class EventFollower:
 
     async def _pull_config(self) -> None:
         """`GET /config`, once per connection: its `compaction` block and the server's output cap
-        make the compaction point (sidecar.producers.opencode); a failed pull leaves it unknown."""
+        make the compaction point (sidecar.harnesses.opencode.producer); a failed pull leaves it unknown."""
         await self._pull_into(self._config, "/config", "config")
 
     async def _pull_into(self, stream: Stream, path: str, what: str) -> None:

@@ -35,11 +35,11 @@ import trio
 import trio.lowlevel
 
 from guard.store import proc_stat
-from sidecar.producers.base import instant_ms
-from sidecar.producers.codex import Rollout
-from sidecar.producers.codex_events import ROLLOUT
+from sidecar.harnesses.codex.events import ROLLOUT
+from sidecar.harnesses.codex.producer import Rollout
+from sidecar.producer import instant_ms
+from sidecar.streams import Stream, Submit
 from sidecar.transcripts import BackwardLines, RolloutDecoder, read_codex_tail, rollout_event, tail_events
-from sidecar.transports import Stream, Submit
 
 __all__ = [
     "LAUNCH_SLACK_MS",

@@ -67,7 +67,7 @@ from guard.record import (
 )
 from sidecar import wire
 from sidecar.decoding import CHANNEL
-from sidecar.producers.base import Percent, Usd, harness_version, instant_ms, optional_model
+from sidecar.producer import Percent, Usd, harness_version, instant_ms, optional_model
 from sidecar.registry import Chunk, HarnessSpec
 
 __all__ = [

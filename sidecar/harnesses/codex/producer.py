@@ -58,8 +58,7 @@ from guard.policy import Reading
 from guard.record import MAX_COUNT, ContextFields, Harness, RateLimits, describe_validation_error, round_half_up
 from sidecar import wire
 from sidecar.decoding import Decoder, LineDecoder, MessageDecoder
-from sidecar.producers.base import Percent, harness_version, instant_ms, remember
-from sidecar.producers.codex_events import (
+from sidecar.harnesses.codex.events import (
     FRAME_TYPE,
     ROLLOUT,
     STDOUT,
@@ -74,6 +73,7 @@ from sidecar.producers.codex_events import (
     Tokens,
     TokenUsage,
 )
+from sidecar.producer import Percent, harness_version, instant_ms, remember
 from sidecar.registry import Chunk, HarnessSpec
 
 __all__ = [
@@ -652,7 +652,7 @@ SPEC = HarnessSpec(
     read_recording=read_recording,
     verified_versions=CODEX_CONTEXT_VERIFIED_VERSIONS,
     launch="wrapper.harnesses.codex",
-    transport="sidecar.transports.codex",
+    transport="sidecar.harnesses.codex.transport",
     transport_config=CodexTransport,
     programs=("codex", "@openai/codex"),
 )

@@ -67,7 +67,7 @@ from guard.policy import Reading
 from guard.record import ContextFields, Count, Harness, describe_validation_error
 from sidecar import wire
 from sidecar.decoding import PROVIDERS, MessageDecoder, SseDecoder
-from sidecar.producers.base import Usd, harness_version, remember
+from sidecar.producer import Usd, harness_version, remember
 from sidecar.registry import Chunk, HarnessSpec
 
 __all__ = [
@@ -125,7 +125,7 @@ __all__ = [
     "windows_from_providers",
 ]
 
-# The wires (sidecar.transports.opencode moves their bytes; `read_recording` yields them).
+# The wires (sidecar.harnesses.opencode.transport moves their bytes; `read_recording` yields them).
 SSE_WIRE: Final = "sse"
 PROVIDERS_WIRE: Final = PROVIDERS
 CONFIG_WIRE: Final = "config"
@@ -734,7 +734,7 @@ MAX_BACKOFF_SECONDS: Final = 2.0
 
 
 class OpenCodeTransport(BaseModel):
-    """What the wrapper's launch plan hands the transport (`sidecar.transports.opencode`), built by
+    """What the wrapper's launch plan hands the transport (`sidecar.harnesses.opencode.transport`), built by
     the wrapper and validated from its JSON by the sidecar: one model on both sides."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -759,7 +759,7 @@ SPEC = HarnessSpec(
     read_recording=read_recording,
     verified_versions=OPENCODE_CONTEXT_VERIFIED_VERSIONS,
     launch="wrapper.harnesses.opencode",
-    transport="sidecar.transports.opencode",
+    transport="sidecar.harnesses.opencode.transport",
     programs=("opencode", "opencode-ai"),
     transport_config=OpenCodeTransport,
 )

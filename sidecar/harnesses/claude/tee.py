@@ -60,7 +60,8 @@ RENDERER_FILE = "~/.claude/statusline-renderer.json"
 PROJECT_DIR_ENV = "HCTX_CLAUDE_PROJECT_DIR"
 CHANNEL_ENV = "HCTX_CHANNEL"
 # In a statusLine found in Claude's settings: hctx's own tee is no renderer (see INSIDE_RENDERER_ENV).
-TEE_MODULE = "sidecar.claude_tee"
+TEE_MODULE = "sidecar.harnesses.claude.tee"
+_EARLIER_TEE_MODULE = "sidecar.claude_tee"  # what an earlier install rendered
 # Set for the renderer: a renderer that is (or calls) the tee again must not recurse without end.
 INSIDE_RENDERER_ENV = "HCTX_INSIDE_STATUSLINE_RENDERER"
 SOURCES = f"${RENDERER_ENV}, {RENDERER_FILE}, .claude/settings.json and ~/.claude/settings.json"
@@ -263,7 +264,7 @@ def _file_command(path: str, key: str | None) -> tuple[str | None, str]:
     where = f'"{key}" -> "command"' if key else '"command"'
     if not isinstance(command, str) or not command.strip():
         return None, f"{path} has no {where} string"
-    if TEE_MODULE in command:
+    if TEE_MODULE in command or _EARLIER_TEE_MODULE in command:
         return None, f"{path} has hctx's own tee as its {where}"
     return command.strip(), ""
 
@@ -417,7 +418,7 @@ _ENTRY_POINTS = {"statusline": statusline_main, "hook": hook_main}
 def main(argv: list[str]) -> int:
     entry = _ENTRY_POINTS.get(argv[0]) if argv else None
     if entry is None:
-        _say("claude_tee", f"usage: claude_tee.py {{{'|'.join(_ENTRY_POINTS)}}} < payload.json")
+        _say("hctx tee", f"usage: tee.py {{{'|'.join(_ENTRY_POINTS)}}} < payload.json")
         return 2
     return entry()
 
