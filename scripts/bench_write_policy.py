@@ -40,9 +40,11 @@ from guard.constants import HARNESS_CONTEXT_HEARTBEAT_MS
 from guard.policy import Reading, WriteGuard
 from guard.record import ContextFields, round_half_up
 from sidecar.decoding import Dropped
+from sidecar.harnesses.claude.transcript import claude_compaction, claude_usage
 from sidecar.harnesses.codex.producer import SPEC as CODEX
 from sidecar.harnesses.codex.producer import CodexProducer
-from sidecar.transcripts import claude_compaction, claude_usage, forward_lines, rollout_event
+from sidecar.harnesses.codex.transcript import rollout_event
+from sidecar.transcripts import forward_lines
 from wrapper.scan import shipped_model_table
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -153,7 +155,7 @@ def claude_transcript_trace(name: str, data: bytes, windows: dict[str, int]) -> 
 
 
 def _stamp(line: bytes) -> int | None:
-    from sidecar.transcripts import instant_ms
+    from sidecar.producer import instant_ms
 
     try:
         return instant_ms(json.loads(line).get("timestamp"))

@@ -16,19 +16,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sidecar.harnesses.claude.transcript import claude_usage, read_claude_tail
 from sidecar.harnesses.codex.events import RateLimitsUpdated, TokenUsage
 from sidecar.harnesses.codex.producer import CodexProducer
-from sidecar.transcripts import (
-    MAX_LINE_BYTES,
-    TAIL_BUDGET_BYTES,
-    BackwardLines,
-    claude_usage,
-    forward_lines,
-    read_claude_tail,
-    read_codex_tail,
-    rollout_event,
-    tail_events,
-)
+from sidecar.harnesses.codex.transcript import read_codex_tail, rollout_event, tail_events
+from sidecar.transcripts import MAX_LINE_BYTES, TAIL_BUDGET_BYTES, BackwardLines, forward_lines
 from tests.conftest import FIXTURE_ROOT
 
 FIXTURES = FIXTURE_ROOT / "transcripts"

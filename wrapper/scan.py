@@ -288,7 +288,7 @@ def _in_range(name: str, value: int | None, problems: list[str]) -> int | None:
 def _claude_row(
     session: SessionFile, session_id: str | None, lines: BackwardLines, table: Mapping[str, int]
 ) -> ScanRow:
-    from sidecar.transcripts import read_claude_tail
+    from sidecar.harnesses.claude.transcript import read_claude_tail
 
     tail = read_claude_tail(lines)
     usage, latest = tail.usage, tail.latest_compaction
@@ -324,7 +324,7 @@ def _codex_row(session: SessionFile, session_id: str | None, lines: BackwardLine
     from sidecar.decoding import Dropped
     from sidecar.harnesses.codex.events import RateLimitsUpdated, TokenUsage
     from sidecar.harnesses.codex.producer import merged_rate_limits, usage_fields
-    from sidecar.transcripts import read_codex_tail, session_build
+    from sidecar.harnesses.codex.transcript import read_codex_tail, session_build
 
     thread = session_id or "rollout"
     tail = read_codex_tail(lines, thread)

@@ -25,7 +25,8 @@ from guard.policy import Reading
 from sidecar.decoding import Dropped
 from sidecar.harnesses.codex.producer import CodexProducer, CodexTransport, Rollout
 from sidecar.harnesses.codex.rollout import follow_rollout
-from sidecar.transcripts import BackwardLines, read_codex_tail, tail_events
+from sidecar.harnesses.codex.transcript import read_codex_tail, tail_events
+from sidecar.transcripts import BackwardLines
 from tests.fakes.codex_model import codex_config, codex_env, fake_responses
 from tests.harnesses import HARNESS_VERSIONS, require_harness
 

@@ -635,7 +635,7 @@ def _is_millis(value: Any) -> bool:
 
 def _rollout_decoder() -> Decoder:
     # Imported here: a stdio or relay seat never reads a rollout, nor pays for its models.
-    from sidecar.transcripts import RolloutDecoder
+    from sidecar.harnesses.codex.transcript import RolloutDecoder
 
     return RolloutDecoder()
 

@@ -11,7 +11,7 @@ the launch (`codex resume`) is followed from its end, after its newest reading, 
 replays one on resume: its history is not this launch's. Without `rootPid`, the newest rollout
 whose `session_meta` is stamped at or after the launch and names the launch's cwd is followed.
 Either way it is followed as it grows, its bytes through the `rollout` wire's decoder
-(`sidecar.transcripts.RolloutDecoder`), whose lines make the very typed events the app-server's
+(`sidecar.harnesses.codex.transcript.RolloutDecoder`), whose lines make the very typed events the app-server's
 messages decode to, so the record is the one the app-server path would publish.
 
     config = {"mode": "rollout", "codexHome": "/home/u/.codex", "cwd": "/work/repo", "startedAtMs": 1795994906000,
@@ -37,9 +37,10 @@ import trio.lowlevel
 from guard.store import proc_stat
 from sidecar.harnesses.codex.events import ROLLOUT
 from sidecar.harnesses.codex.producer import Rollout
+from sidecar.harnesses.codex.transcript import RolloutDecoder, read_codex_tail, rollout_event, tail_events
 from sidecar.producer import instant_ms
 from sidecar.streams import Stream, Submit
-from sidecar.transcripts import BackwardLines, RolloutDecoder, read_codex_tail, rollout_event, tail_events
+from sidecar.transcripts import BackwardLines
 
 __all__ = [
     "LAUNCH_SLACK_MS",
