@@ -27,7 +27,6 @@ from pathlib import Path
 from wrapper.harnesses.claude import tee_command
 
 REPO = Path(__file__).resolve().parent.parent
-TEE = REPO / "sidecar" / "harnesses" / "claude" / "tee.py"
 PAYLOAD = (REPO / "fixtures" / "claude" / "statusline-2.1.250.jsonl").read_bytes().splitlines()[1]
 PRE_COMPACT = (REPO / "fixtures" / "claude" / "precompact-2.1.250.jsonl").read_bytes().splitlines()[0]
 
@@ -41,7 +40,6 @@ def variants() -> dict[str, tuple[list[str], bytes]]:
         # What wrapper.harnesses.claude renders into .claude/settings.local.json.
         "tee: rendered statusLine command": (["/bin/sh", "-c", tee_command("statusline")], PAYLOAD),
         "hook: rendered hook command": (["/bin/sh", "-c", tee_command("hook")], PRE_COMPACT),
-        "tee: python -I -S tee.py (script)": ([python, "-I", "-S", str(TEE), "statusline"], PAYLOAD),
         "tee: python -m sidecar.harnesses.claude.tee": (
             [python, "-m", "sidecar.harnesses.claude.tee", "statusline"],
             PAYLOAD,

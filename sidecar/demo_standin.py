@@ -1,7 +1,7 @@
 """A stand-in harness for `hctx demo`: plays back a capture of a real harness session.
 
 It plays the chunks `hctx replay` reads from the capture (the harness spec's `read_recording`) the
-way that harness sends them: a line the Claude tee built (`sidecar.harnesses.claude.tee.channel_line`) goes
+way that harness sends them: a line the Claude tee built (`sidecar.harnesses.claude.frames.channel_line`) goes
 through the real `hctx-statusline` tee or `hctx-hook` forwarder again, with the payload it was built
 from as stdin; any other channel line (pi/omp extension frames) straight onto the channel. The
 sidecar decodes them with the code `hctx replay` runs. Only the pace is its own: the recorded gaps
@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from sidecar.decoding import CHANNEL
-from sidecar.harnesses.claude.tee import unwrap
+from sidecar.harnesses.claude.frames import unwrap
 from sidecar.registry import Chunk, harness_names, spec_for
 
 __all__ = [

@@ -19,6 +19,8 @@ import pytest
 from guard.errors import FrameRejected
 from guard.policy import Reading, Write, WriteGuard
 from sidecar.decoding import CHANNEL, Dropped
+from sidecar.harnesses.claude.frames import HOOK_FRAME as HOOK_LINE
+from sidecar.harnesses.claude.frames import channel_line
 from sidecar.harnesses.claude.producer import (
     HOOK_TYPE,
     SPEC,
@@ -29,8 +31,6 @@ from sidecar.harnesses.claude.producer import (
     StatusLine,
     read_recording,
 )
-from sidecar.harnesses.claude.tee import HOOK_FRAME as HOOK_LINE
-from sidecar.harnesses.claude.tee import channel_line
 from sidecar.pipeline import Pipeline
 from sidecar.registry import spec_for
 from sidecar.replay import replay

@@ -7,7 +7,7 @@ Frames (sent by `hctx-statusline` / `hctx-hook`, see `sidecar.harnesses.claude.t
 The decoding half (`channel_frames`) validates each into a typed event, `StatusLine`, `Hook` or
 `SubagentHook`; the producer folds only those. A recording (`read_recording`: the lab's status-line
 and hook captures, one stdin payload a line, with optional `.times` siblings) is replayed as the very
-channel lines the tee builds for those payloads, with `sidecar.harnesses.claude.tee.channel_line` itself.
+channel lines the tee builds for those payloads, with `sidecar.harnesses.claude.frames.channel_line` itself.
 
 Measured on 2.1.250 and 2.1.332 (lab/claude), and followed where the spec said less:
 - `current_usage` is null until the first reply while `total_input_tokens` already reads 0 beside
@@ -42,7 +42,7 @@ from guard.policy import Reading, windows_at_limit
 from guard.record import CompactionTrigger, ContextFields, Count, Harness, RateLimits, describe_validation_error
 from sidecar import wire
 from sidecar.decoding import CHANNEL
-from sidecar.harnesses.claude.tee import HOOK_FRAME, HOOK_TYPE, STATUSLINE_FRAME, STATUSLINE_TYPE, channel_line
+from sidecar.harnesses.claude.frames import HOOK_FRAME, HOOK_TYPE, STATUSLINE_FRAME, STATUSLINE_TYPE, channel_line
 from sidecar.producer import Percent, TolerantModel, Usd, harness_version, instant_ms, optional_model
 from sidecar.registry import Chunk, HarnessSpec
 

@@ -19,7 +19,8 @@ echoing machine JSON is worse than a blank one) and says why on stderr, naming e
 Claude spawns the tee every few seconds per seat and waits for it, so the rendered settings run it
 under `python -I -S` (wrapper.harnesses.claude) and it imports only C modules the interpreter loads
 in microseconds: no json (it pulls in re), no socket (enum), no subprocess, not even os, nothing
-of hctx (scripts/bench_statusline.py measures it).
+of hctx but its own frames (`sidecar.harnesses.claude.frames`; scripts/bench_statusline.py
+measures it).
 Both entry points always drain stdin and never fail the harness.
 """
 
@@ -29,13 +30,12 @@ import select
 import sys
 import time
 
+from sidecar.harnesses.claude.frames import HOOK_FRAME, STATUSLINE_FRAME, channel_line, load_json
+
 __all__ = [
     "CHANNEL_ENV",
     "CHANNEL_TIMEOUT_S",
-    "HOOK_FRAME",
-    "HOOK_TYPE",
     "INSIDE_RENDERER_ENV",
-    "MAX_RECORDED_BYTES",
     "MAX_RENDERED_BYTES",
     "MAX_STDIN_BYTES",
     "PROJECT_DIR_ENV",
@@ -43,16 +43,12 @@ __all__ = [
     "RENDERER_FILE",
     "RENDER_TIMEOUT_S",
     "SOURCES",
-    "STATUSLINE_FRAME",
-    "STATUSLINE_TYPE",
     "TEE_MODULE",
-    "channel_line",
     "hook_main",
     "main",
     "render",
     "resolve_renderer",
     "statusline_main",
-    "unwrap",
 ]
 
 RENDERER_ENV = "ST_CLAUDE_STATUSLINE_RENDERER"
@@ -66,21 +62,11 @@ _EARLIER_TEE_MODULE = "sidecar.claude_tee"  # what an earlier install rendered
 INSIDE_RENDERER_ENV = "HCTX_INSIDE_STATUSLINE_RENDERER"
 SOURCES = f"${RENDERER_ENV}, {RENDERER_FILE}, .claude/settings.json and ~/.claude/settings.json"
 
-# The channel frames' types, defined here only (the sidecar's decoder imports them: this module
-# is as cheap to import there as it is here), and the envelope each is sent in.
-STATUSLINE_TYPE = "claude.statusline"
-HOOK_TYPE = "claude.hook"
-STATUSLINE_FRAME = b'{"type":"' + STATUSLINE_TYPE.encode() + b'","payload":'
-HOOK_FRAME = b'{"type":"' + HOOK_TYPE.encode() + b'","payload":'
-_FRAME_END = b"}\n"
-# The sidecar's channel drops lines over 1 MiB; a payload that large is not Claude's anyway.
-MAX_RECORDED_BYTES = 1024 * 1024 - 64
 # Kept for the renderer beyond that; past it stdin is drained and dropped.
 MAX_STDIN_BYTES = 4 * 1024 * 1024
 MAX_RENDERED_BYTES = 1024 * 1024
 CHANNEL_TIMEOUT_S = 1.0
 RENDER_TIMEOUT_S = 10.0
-_JSON_SPACE = b" \t\r\n"
 
 
 def _env(name: str) -> str | None:
@@ -118,83 +104,7 @@ def _drain_stdin() -> tuple[bytes, bool]:
     return b"".join(chunks), fits
 
 
-# --- JSON without the json package -------------------------------------------------------------
-
-
-class _Strict:
-    """The context `_json.make_scanner` reads: plain JSON, no NaN/Infinity, no hooks."""
-
-    strict = True
-    object_hook = None
-    object_pairs_hook = None
-    parse_float = float
-    parse_int = int
-
-    @staticmethod
-    def parse_constant(name: str) -> object:
-        raise ValueError(f"{name} is not JSON")
-
-
-def _load_json(text: str) -> object:
-    """One JSON value filling `text`; ValueError otherwise."""
-    try:
-        import _json
-
-        scan = _json.make_scanner(_Strict)  # type: ignore[arg-type]  # it reads only these attributes
-    except (ImportError, AttributeError):  # an interpreter without the C scanner
-        import json
-
-        return json.loads(text, parse_constant=_Strict.parse_constant)
-    body = text.strip(" \t\r\n")
-    try:
-        value, end = scan(body, 0)
-    except StopIteration:
-        raise ValueError("not JSON") from None
-    except RecursionError:
-        raise ValueError("nested too deeply") from None
-    if end != len(body):
-        raise ValueError("trailing data after the JSON value")
-    return value
-
-
-def _object_bytes(data: bytes) -> bytes | None:
-    """`data` as one line if it is exactly one JSON object; the channel is line-delimited."""
-    try:
-        value = _load_json(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        return None
-    if not isinstance(value, dict):
-        return None
-    # In valid JSON a raw CR or LF can only be whitespace between tokens.
-    return data.strip(_JSON_SPACE).replace(b"\n", b" ").replace(b"\r", b" ")
-
-
 # --- the channel --------------------------------------------------------------------------------
-
-
-def channel_line(prefix: bytes, data: bytes) -> bytes:
-    """The one channel line the tee sends for stdin `data` in the envelope `prefix` opens
-    (STATUSLINE_FRAME or HOOK_FRAME); ValueError says why `data` is not sent at all.
-
-    `hctx replay` builds a Claude capture's channel bytes with this very function, so a recorded
-    payload reaches the sidecar's decoder exactly as the tee would have sent it.
-    """
-    if len(data) > MAX_RECORDED_BYTES:
-        raise ValueError(f"payload of {len(data)} bytes is too large to record")
-    payload = _object_bytes(data)
-    if payload is None:
-        raise ValueError("stdin is not one JSON object: not recorded")
-    return prefix + payload + _FRAME_END
-
-
-def unwrap(line: bytes) -> tuple[str, bytes] | None:
-    """The inverse of `channel_line`: (entry point, the payload it was sent for) of one of the
-    tee's lines, or None for a line it did not build. The payload sent again builds the same line
-    (its normalisation is idempotent): `hctx demo` plays a recording back through the real tee."""
-    for entry, prefix in (("statusline", STATUSLINE_FRAME), ("hook", HOOK_FRAME)):
-        if line.startswith(prefix) and line.endswith(_FRAME_END):
-            return entry, line[len(prefix) : -len(_FRAME_END)]
-    return None
 
 
 def _send(prefix: bytes, data: bytes) -> str | None:
@@ -255,7 +165,7 @@ def _file_command(path: str, key: str | None) -> tuple[str | None, str]:
     except OSError as exc:
         return None, f"{path} is unreadable ({exc.strerror or exc})"
     try:
-        value = _load_json(raw.decode("utf-8"))
+        value = load_json(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
         return None, f"{path} is not JSON"
     if key is not None:
