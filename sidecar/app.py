@@ -23,7 +23,8 @@ from sidecar import channel, logs
 from sidecar.decoding import channel_decoder
 from sidecar.pipeline import Pipeline
 from sidecar.registry import HarnessSpec, spec_for
-from sidecar.streams import Streams, Transport, transport_for
+from sidecar.spec import Transport
+from sidecar.streams import Streams, transport_for
 
 __all__ = [
     "OUTBOX_WRITES",

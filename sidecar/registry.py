@@ -1,9 +1,8 @@
 """The harnesses, in one explicit table: each name to the `HarnessSpec` its module defines.
 
-A spec is everything the sidecar, `hctx replay` and the wrapper need to know about one harness:
-its producer, one decoder per wire it is read from, the transport that moves those bytes (if the
-unix-socket channel is not the only one), the wrapper's launch plan, how a recording on disk
-becomes the timed bytes replay feeds, and the builds its arithmetic was verified against.
+A spec (`sidecar.spec.HarnessSpec`, re-exported here) is everything the sidecar, `hctx replay`,
+`hctx scan` and the wrapper need to know about one harness. The registry is the one door to them:
+the wrapper and the readers import this module, never a harness package.
 
 Specs load lazily, by module path, so a sidecar imports only its own harness: its HTTP client
 (`sidecar.http`, on h11) only for OpenCode, trio-websocket only for Codex's relay. A harness outside
@@ -15,15 +14,20 @@ the tests.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
 from functools import cache
-from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from guard.errors import UnknownHarness
-from sidecar.decoding import CHANNEL, ChannelFrames, Decoder, channel_decoder
-from sidecar.producer import Producer
+from sidecar.spec import (
+    Chunk,
+    HarnessSpec,
+    TranscriptFile,
+    TranscriptReader,
+    TranscriptReading,
+    WindowSource,
+    each_file,
+)
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -34,10 +38,16 @@ __all__ = [
     "REGISTERED",
     "Chunk",
     "HarnessSpec",
+    "TranscriptFile",
+    "TranscriptReader",
+    "TranscriptReading",
+    "WindowSource",
     "each_file",
     "harness_names",
     "rescan",
     "spec_for",
+    "transcript_readers",
+    "transport_config",
     "verified_versions",
 ]
 
@@ -51,50 +61,6 @@ BUILT_IN: Mapping[str, str] = {
     "omp": "sidecar.harnesses.pi.producer:OMP",
     "opencode": "sidecar.harnesses.opencode.producer:SPEC",
 }
-
-
-@dataclass(frozen=True, slots=True)
-class Chunk:
-    """Bytes one wire carried, and when they arrived (ms) if the recording says."""
-
-    at_ms: int | None
-    wire: str
-    data: bytes
-
-
-@dataclass(frozen=True)
-class HarnessSpec:
-    name: str
-    make_producer: Callable[[], Producer]
-    # The harness's frames on the unix-socket channel: (envelope type, object) -> typed events.
-    channel_frames: ChannelFrames
-    # Every other wire -> a fresh decoder for one stream of it (a connection, a file).
-    decoders: Mapping[str, Callable[[], Decoder]]
-    # Recording files -> the timed chunks they hold, in order.
-    read_recording: Callable[[Sequence[Path]], Iterable[Chunk]]
-    verified_versions: tuple[str, ...]
-    # The wrapper module whose `plan` launches the harness, and the sidecar transport module whose
-    # `run(config, streams)` moves its native stream's bytes (None: the channel is the only wire).
-    launch: str
-    transport: str | None = None
-    # How its program is called, and its npm package as `npx` or `bunx` runs it (`hctx wrap`'s
-    # inference of the harness from a command line).
-    programs: tuple[str, ...] = ()
-    # The model of the transport's config: the wrapper's launch plan builds one, the sidecar
-    # validates its JSON (`--transport`) with the same model.
-    transport_config: type[BaseModel] | None = None
-
-    def wires(self) -> tuple[str, ...]:
-        return (CHANNEL, *self.decoders)
-
-    def decoder(self, wire: str) -> Decoder:
-        """A fresh decoder for one stream of `wire`."""
-        if wire == CHANNEL:
-            return channel_decoder(self.channel_frames)
-        try:
-            return self.decoders[wire]()
-        except KeyError:
-            raise UnknownHarness(f"the {self.name} harness has no wire {wire!r}") from None
 
 
 @cache
@@ -142,10 +108,20 @@ def verified_versions(name: str) -> tuple[str, ...]:
     return spec_for(name).verified_versions
 
 
-def each_file(wire: str) -> Callable[[Sequence[Path]], Iterable[Chunk]]:
-    """The plainest recording: each file is the untimed bytes `wire` carried."""
+def transport_config(name: str, fields: Mapping[str, object]) -> BaseModel:
+    """The config a launch plan hands the harness's transport: `fields` validated by the harness's
+    own `transport_config` model, the one the sidecar validates `--transport` with."""
+    model = spec_for(name).transport_config
+    if model is None:
+        raise UnknownHarness(f"the {name} harness has no transport config")
+    return model.model_validate(fields)
 
-    def read(paths: Sequence[Path]) -> Iterable[Chunk]:
-        return [Chunk(None, wire, path.read_bytes()) for path in paths]
 
-    return read
+def transcript_readers() -> dict[str, TranscriptReader]:
+    """Each harness whose own transcripts `hctx scan` reads, to its reader module."""
+    readers: dict[str, TranscriptReader] = {}
+    for name in harness_names():
+        module = spec_for(name).transcripts
+        if module is not None:
+            readers[name] = cast("TranscriptReader", importlib.import_module(module))
+    return readers

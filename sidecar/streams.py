@@ -1,4 +1,4 @@
-"""Transports: what moves a harness's native stream's bytes into its decoders.
+"""The sidecar's streams: what a transport's bytes go through, into the harness's decoders.
 
 A harness whose spec names a transport module (`HarnessSpec.transport`) gets, beside the always-on
 unix-socket channel, that module's `async def run(config, streams)`: it reads the harness's own
@@ -6,31 +6,27 @@ stream (Codex's app-server websocket or rollout file, OpenCode's SSE) and hands 
 `streams.open(wire)`, one `Stream` per connection or file. It decodes nothing itself: the decoder is
 the harness's, the one `hctx replay` runs. `config` is what the wrapper's launch plan put in
 `LaunchPlan.transport`: an instance of the spec's `transport_config` model, built by the wrapper
-and validated from its JSON by the sidecar.
+and validated from its JSON by the sidecar. A transport knows these only as the protocols of
+`sidecar.spec` (`Stream`, `Streams`): this runtime module implements them, below nothing a harness
+imports.
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
-from collections.abc import Awaitable, Callable, Hashable
-from typing import Any
+from collections.abc import Callable, Hashable
 
 from sidecar.decoding import Decoder, Dropped
-from sidecar.registry import HarnessSpec
+from sidecar.spec import HarnessSpec, Submit, Transport, Wants
 
 __all__ = [
     "Stream",
     "Streams",
-    "Submit",
-    "Transport",
-    "Wants",
     "transport_for",
 ]
 
 log = logging.getLogger(__name__)
-
-Submit = Callable[[object], None]
 
 
 class Stream:
@@ -59,10 +55,6 @@ class Stream:
         return len(events)
 
 
-# What the producer lacks that a transport could pull (OpenCode's windows of models it has seen).
-Wants = Callable[[], frozenset[Hashable]]
-
-
 def _nothing() -> frozenset[Hashable]:
     return frozenset()
 
@@ -77,12 +69,8 @@ class Streams:
         self.submit = submit
         self.wants = wants
 
-    def open(self, wire: str) -> Stream:
-        return Stream(self.spec.decoder(wire), self.submit, wire)
-
-
-# `run(config, streams)`: config is an instance of the harness's `transport_config` model (or None).
-Transport = Callable[[Any, Streams], Awaitable[None]]
+    def open(self, wire: str, decoder: Decoder | None = None) -> Stream:
+        return Stream(self.spec.decoder(wire) if decoder is None else decoder, self.submit, wire)
 
 
 def transport_for(spec: HarnessSpec) -> Transport | None:

@@ -95,7 +95,7 @@ async def through_the_tap(data: bytes, channel_dir: Path) -> list[object]:
                     await send.send_all(data[piece : piece + 37])
 
         nursery.start_soon(harness_stdout)
-        await tap_stdout_lines(receive, "codex.rpc", path)
+        await tap_stdout_lines(receive, "codex", path)
         await until_ended(events)
         nursery.cancel_scope.cancel()
     return events

@@ -59,7 +59,7 @@ def plan(*argv: str) -> LaunchPlan:
 )
 def test_a_stdio_app_server_gets_its_stdout_tapped_and_nothing_else(argv: tuple[str, ...]) -> None:
     prepared = plan(*argv)
-    assert prepared.tap_stdout == "codex.rpc"
+    assert prepared.tap_stdout is True
     assert (prepared.argv, wire(prepared), prepared.env) == (argv, {"mode": "channel"}, {})
 
 
@@ -72,7 +72,7 @@ def test_a_websocket_app_server_moves_to_a_private_loopback_port(inline: bool) -
     assert upstream.startswith("ws://127.0.0.1:") and upstream != "ws://127.0.0.1:4500"
     expected = [f"--listen={upstream}"] if inline else ["--listen", upstream]
     assert prepared.argv == ("codex", "app-server", *expected, "--analytics-default-enabled")
-    assert prepared.tap_stdout is None
+    assert prepared.tap_stdout is False
     port = int(upstream.rsplit(":", 1)[1])
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", port))  # free: the harness can bind it
@@ -101,7 +101,7 @@ def test_an_interactive_seat_follows_its_rollout(argv: tuple[str, ...], monkeypa
     monkeypatch.setenv("CODEX_HOME", "/somewhere/codex-home")
     before = time.time_ns() // 1_000_000
     prepared = plan(*argv)
-    assert (prepared.argv, prepared.tap_stdout) == (argv, None)
+    assert (prepared.argv, prepared.tap_stdout) == (argv, False)
     transport = wire(prepared)
     started = transport.pop("startedAtMs")
     assert transport == {

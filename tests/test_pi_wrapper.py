@@ -35,7 +35,7 @@ def test_prepare_appends_the_extension_flag_and_changes_nothing_else(harness: st
     before = plan(harness, harness, "--mode", "rpc", "--model", "fake/fake-32k")
     after = prepare(before)
     assert after.argv == (*before.argv, "--extension", str(channel_extension()))
-    assert (after.cwd, after.env, after.transport, after.tap_stdout) == (before.cwd, {"KEEP": "1"}, None, None)
+    assert (after.cwd, after.env, after.transport, after.tap_stdout) == (before.cwd, {"KEEP": "1"}, None, False)
 
 
 def test_a_runtime_prefix_keeps_the_flag_with_the_harness_arguments() -> None:

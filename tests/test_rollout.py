@@ -25,6 +25,7 @@ from sidecar.harnesses.codex.producer import SPEC, CodexProducer, Rollout
 from sidecar.harnesses.codex.rollout import RolloutFollower, find_rollout, follow_rollout
 from sidecar.pipeline import Pipeline
 from sidecar.producer import instant_ms
+from sidecar.streams import Streams
 from sidecar.transcripts import HEAD_BYTES, MAX_LINE_BYTES
 
 Frame = Any  # a typed Codex event, as the follower submits it
@@ -291,7 +292,7 @@ async def test_follow_submits_as_the_session_grows_and_backs_off_when_idle(
     monkeypatch.setattr(rollout, "read_from", counting_read)
     settings = config(tmp_path)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(follow_rollout, settings, frames.append)
+        nursery.start_soon(follow_rollout, settings, Streams(SPEC, frames.append))
         await trio.sleep(3)  # nothing written yet: it waits, polling
         assert frames == []
         path = write_rollout(tmp_path, "ours", LAUNCH_MS + 1_000, "/work/repo", b"".join(lines[:2]))
@@ -326,7 +327,7 @@ async def test_the_last_turn_is_read_when_the_session_ends_between_polls(
     settings = config(tmp_path)
     path = write_rollout(tmp_path, "ours", LAUNCH_MS + 1_000, "/work/repo", lines[0])
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(follow_rollout, settings, frames.append)
+        nursery.start_soon(follow_rollout, settings, Streams(SPEC, frames.append))
         await trio.sleep(30)  # idle long enough to back off to the longest poll
         assert len(frames) == 3  # session_meta's thread/started, then the usage and its rate limits
         with path.open("ab") as handle:
@@ -343,7 +344,7 @@ async def test_a_session_too_short_to_be_found_is_found_at_the_end(
     frames: list[Frame] = []
     settings = config(tmp_path)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(follow_rollout, settings, frames.append)
+        nursery.start_soon(follow_rollout, settings, Streams(SPEC, frames.append))
         await trio.sleep(1)  # the follower looked, found nothing, and sleeps
         write_rollout(tmp_path, "ours", LAUNCH_MS + 1_000, "/work/repo", rollout_bytes("0.151.0", "stdio-main"))
         nursery.cancel_scope.cancel()
@@ -415,7 +416,7 @@ async def followed(settings: Rollout) -> list[Frame]:
     """What the follower submits once it published a reading and looked half a second longer."""
     frames: list[Frame] = []
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(follow_rollout, settings, frames.append)
+        nursery.start_soon(follow_rollout, settings, Streams(SPEC, frames.append))
         with trio.fail_after(10):
             await until(lambda: bool(threads_of(frames)))
         await trio.sleep(0.5)
@@ -435,7 +436,7 @@ async def test_a_resumed_rollout_is_followed_from_its_latest_reading(
     frames: list[Frame] = []
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(follow_rollout, pid_config(tmp_path, process.pid), frames.append)
+            nursery.start_soon(follow_rollout, pid_config(tmp_path, process.pid), Streams(SPEC, frames.append))
             with trio.fail_after(10):
                 await until(lambda: bool(threads_of(frames)))
             with earlier.open("ab") as handle:
@@ -467,7 +468,7 @@ async def test_a_seat_too_short_to_be_seen_holding_its_rollout_never_takes_a_liv
     frames: list[Frame] = []
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(follow_rollout, pid_config(tmp_path, gone), frames.append)
+            nursery.start_soon(follow_rollout, pid_config(tmp_path, gone), Streams(SPEC, frames.append))
             await trio.sleep(0.5)
             assert frames == []  # nothing of this seat is held: nothing is guessed while it runs
             nursery.cancel_scope.cancel()

@@ -191,7 +191,7 @@ async def test_the_codex_tap_reconnects_to_a_sidecar_started_again_on_the_same_c
     async with trio.open_nursery() as nursery:
         async with trio.open_nursery() as first:  # the sidecar that dies
             await first.start(channel.serve, path, raw_channel_decoder, received.submit)
-            nursery.start_soon(tap_stdout_lines, receive_out, "codex.rpc", path)
+            nursery.start_soon(tap_stdout_lines, receive_out, "codex", path)
             await send_out.send_all(b'{"n":1}\n')
             with trio.fail_after(5):
                 while not received:  # noqa: ASYNC110 - a list has no event to await
@@ -244,7 +244,7 @@ async def test_the_codex_stdout_tap_delivers_the_newest_usage_after_a_burst(
     received = Received()
     async with trio.open_nursery() as nursery:
         await nursery.start(channel.serve, path, raw_channel_decoder, received.submit)
-        await tap_stdout_lines(Burst(data), "codex.rpc", path)
+        await tap_stdout_lines(Burst(data), "codex", path)
         with trio.fail_after(10):
             while not received or tapped_message(received[-1]) != usage[-1]:  # noqa: ASYNC110
                 await trio.sleep(0.02)
@@ -516,7 +516,7 @@ def test_a_full_tap_queue_gives_way_oldest_first_and_reports_how_many(monkeypatc
     from wrapper import launcher
 
     monkeypatch.setattr(launcher, "TAP_QUEUE_BYTES", 1000)
-    queue = launcher.TapQueue()
+    queue = launcher.TapQueue("codex stdout tap")
     lines = [b'{"n":%d}\n' % n for n in range(500)]
     for line in lines:
         queue.put(line)

@@ -25,7 +25,7 @@ import wrapper.reaper
 from guard.constants import CHANNEL_DROP_REPORT
 from guard.constants import CHANNEL_MAX_FRAME_BYTES as MAX_FRAME_BYTES
 from guard.constants import CHANNEL_MAX_SOCKET_PATH as MAX_SOCKET_PATH
-from guard.errors import ClaimHeld
+from guard.errors import ClaimHeld, UnknownHarness
 from guard.record import Harness
 from guard.state import HarnessState, claim_agent, held_by_live_wrapper, read_state, update_claim
 from guard.store import AgentDir, as_name
@@ -440,7 +440,7 @@ async def _run_harness(
             if plan.tap_stdout and process.stdout is not None:
                 stdout = trio.lowlevel.FdStream(os.dup(process.stdout.fileno()))
                 process.stdout.close()
-                nursery.start_soon(tap_stdout_lines, stdout, plan.tap_stdout, channel)
+                nursery.start_soon(tap_stdout_lines, stdout, plan.harness, channel)
             async with trio.open_nursery() as watch:
                 watch.start_soon(session.kill_after_deadline)
                 returncode = await _wait_exit(process)
@@ -461,11 +461,11 @@ async def _wait_exit(process: subprocess.Popen[bytes]) -> int:
     return process.wait()
 
 
-async def tap_stdout_lines(stdout: trio.abc.ReceiveStream, frame_type: str, channel: Path) -> None:
+async def tap_stdout_lines(stdout: trio.abc.ReceiveStream, harness: Harness, channel: Path) -> None:
     """Copy the harness's stdout to ours untouched; send each line to the sidecar on the side.
 
     Lines are framed by the sidecar's own `LineFramer` at the channel's limit, and each goes as the
-    harness's tap frame (`sidecar.harnesses.codex.producer.tap_frame`: the line's bytes as the string
+    harness's tap frame (its spec's `tap_frame`: Codex's carries the line's bytes as the string
     payload), so the sidecar decodes exactly the bytes a replay of the same stdout does. The copy
     never waits on the sidecar: tapped lines queue up to TAP_QUEUE_BYTES, and past that the oldest
     give way, so after a burst (thousands of deltas) the newest lines, the usage update among them,
@@ -473,9 +473,12 @@ async def tap_stdout_lines(stdout: trio.abc.ReceiveStream, frame_type: str, chan
     limit, or one whose frame would be (the sidecar refuses those on every wire), is not sent.
     """
     from sidecar.framing import Line, LineFramer
-    from sidecar.harnesses.codex.producer import tap_frame
+    from sidecar.registry import spec_for
 
-    queue = TapQueue()
+    tap_frame = spec_for(harness).tap_frame
+    if tap_frame is None:
+        raise UnknownHarness(f"the {harness} harness has no stdout tap")
+    queue = TapQueue(f"{harness} stdout tap")
     framer = LineFramer(MAX_FRAME_BYTES)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_send_tapped, queue, channel)
@@ -485,7 +488,7 @@ async def tap_stdout_lines(stdout: trio.abc.ReceiveStream, frame_type: str, chan
                     await out.send_all(chunk)
                     for line in framer.receive_data(bytes(chunk)):
                         if isinstance(line, Line) and line.data.strip():
-                            frame = tap_frame(line.data, frame_type)
+                            frame = tap_frame(line.data)
                             if len(frame) <= MAX_FRAME_BYTES:
                                 queue.put(frame + b"\n")
         finally:
@@ -495,7 +498,8 @@ async def tap_stdout_lines(stdout: trio.abc.ReceiveStream, frame_type: str, chan
 class TapQueue:
     """Tapped lines owed to the sidecar, bounded in bytes; when full, the oldest give way."""
 
-    def __init__(self) -> None:
+    def __init__(self, where: str) -> None:
+        self.where = where  # what the drop report names
         self.lines: collections.deque[bytes] = collections.deque()
         self.size = 0
         self.dropped = 0  # lines that gave way (or were lost with the sidecar) since the last report
@@ -525,7 +529,7 @@ class TapQueue:
         lines the batch carries, to count them if it is lost."""
         report = b""
         if self.dropped:
-            frame = {"type": CHANNEL_DROP_REPORT, "where": "codex stdout tap", "count": self.dropped}
+            frame = {"type": CHANNEL_DROP_REPORT, "where": self.where, "count": self.dropped}
             report = json.dumps(frame).encode() + b"\n"
         batch, count = report + b"".join(self.lines), len(self.lines) + self.dropped
         self.lines.clear()

@@ -1,17 +1,9 @@
 """`hctx scan`: the occupancy of recent sessions nobody wrapped, read from the harnesses' transcripts.
 
-No catalog and no sidecar: every Claude session file under `$CLAUDE_CONFIG_DIR/projects` (default
-`~/.claude/projects`) and every Codex rollout under `$CODEX_HOME/sessions` (default `~/.codex`)
-modified within `--since` is read from its end (`sidecar.transcripts`), and reported as the
-decision record reads it (../shared/spec/001):
-
-- Claude: the latest main-chain assistant message's input + cache_read + cache_creation over the
-  window an explicit model table gives for its model id (`windowSource: "model-table"`); an id the
-  table does not list yields no window and no percent. After `/compact` the reading stays the
-  pre-compaction one until the next assistant message (`compactedSinceReading` says so); `/clear`
-  starts a new session file, which reads empty until its first reply.
-- Codex: the latest `token_count` through the Codex producer's own arithmetic, with the window Codex
-  reported in the rollout (`windowSource: "transcript"`).
+No catalog and no sidecar: every transcript of a harness whose spec names a transcript reader
+(`HarnessSpec.transcripts`, found through `sidecar.registry`) modified within `--since` is read from
+its end, and reported as the decision record reads it (../shared/spec/001). Where a harness keeps
+its transcripts and how one reads (the window's source, the columns only it has) is its reader's.
 """
 
 from __future__ import annotations
@@ -27,13 +19,13 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final
 
 from guard.errors import ModelTableError
-from guard.record import MAX_COUNT, ContextFields
+from guard.record import MAX_COUNT, ContextFields, Harness
 
-if TYPE_CHECKING:  # the transcript readers load only when `hctx scan` runs, not for every command
-    from sidecar.transcripts import BackwardLines
+if TYPE_CHECKING:  # the registry loads only when `hctx scan` runs, not for every command
+    from sidecar.registry import WindowSource
 
 __all__ = [
     "DEFAULT_SINCE",
@@ -41,10 +33,7 @@ __all__ = [
     "USER_MODEL_TABLE",
     "ScanRow",
     "SessionFile",
-    "WindowSource",
     "add_scan_command",
-    "claude_config_dir",
-    "codex_home",
     "find_sessions",
     "model_table",
     "parse_duration",
@@ -64,9 +53,6 @@ _DURATION: Final = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
 _UNIT_S: Final = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
 _SESSION_ID: Final = re.compile(r"([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})\.jsonl$")
 _FILE_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-
-WindowSource = Literal["transcript", "model-table"]
-
 
 def parse_duration(text: str) -> int:
     """`90s`, `30m`, `2h`, `7d`, `1w`, or combined (`1h30m`), in milliseconds."""
@@ -145,19 +131,9 @@ def model_table(environ: Mapping[str, str], warnings: list[str]) -> dict[str, in
 
 @dataclass(frozen=True)
 class SessionFile:
-    harness: Literal["claude", "codex"]
+    harness: Harness
     path: Path
     modified_ms: int
-
-
-def claude_config_dir(environ: Mapping[str, str]) -> Path:
-    configured = environ.get("CLAUDE_CONFIG_DIR")
-    return Path(configured) if configured else Path(environ.get("HOME") or Path.home()) / ".claude"
-
-
-def codex_home(environ: Mapping[str, str]) -> Path:
-    configured = environ.get("CODEX_HOME")
-    return Path(configured) if configured else Path(environ.get("HOME") or Path.home()) / ".codex"
 
 
 def _regular_mtime_ms(path: Path) -> int | None:
@@ -170,31 +146,15 @@ def _regular_mtime_ms(path: Path) -> int | None:
 
 
 def find_sessions(environ: Mapping[str, str], since_ms: int, now: int) -> Iterator[SessionFile]:
-    """Claude's `projects/*/<session>.jsonl` (subagent transcripts live deeper and are another
-    window) and Codex's `sessions/**/rollout-*.jsonl`, modified at or after `now - since_ms`."""
+    """Every harness's transcripts (its reader's `files`) modified at or after `now - since_ms`."""
+    from sidecar.registry import transcript_readers
+
     oldest = now - since_ms
-    projects = claude_config_dir(environ) / "projects"
-    for project in _subdirs(projects):
-        for path in sorted(project.glob("*.jsonl")):
+    for harness, reader in transcript_readers().items():
+        for path in reader.files(environ):
             modified = _regular_mtime_ms(path)
             if modified is not None and modified >= oldest:
-                yield SessionFile("claude", path, modified)
-    sessions = codex_home(environ) / "sessions"
-    for directory, subdirs, files in os.walk(sessions):
-        subdirs.sort()
-        for name in sorted(files):
-            if name.startswith("rollout-") and name.endswith(".jsonl"):
-                path = Path(directory) / name
-                modified = _regular_mtime_ms(path)
-                if modified is not None and modified >= oldest:
-                    yield SessionFile("codex", path, modified)
-
-
-def _subdirs(path: Path) -> list[Path]:
-    try:
-        return sorted(entry for entry in path.iterdir() if entry.is_dir() and not entry.is_symlink())
-    except OSError:
-        return []
+                yield SessionFile(harness, path, modified)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -257,6 +217,8 @@ def _session_id(path: Path) -> str | None:
 
 
 def read_session(session: SessionFile, table: Mapping[str, int]) -> ScanRow:
+    from sidecar.registry import TranscriptFile, transcript_readers
+
     session_id = _session_id(session.path)
     try:
         fd, size = _open_tail(session.path)
@@ -264,97 +226,16 @@ def read_session(session: SessionFile, table: Mapping[str, int]) -> ScanRow:
         problem = exc.strerror or str(exc)
         return ScanRow(None, session.path, session_id, None, session.modified_ms, None, None, {}, problem)
     try:
-        from sidecar.transcripts import BackwardLines
-
-        lines = BackwardLines(lambda offset, length: os.pread(fd, length, offset), size)
-        if session.harness == "claude":
-            return _claude_row(session, session_id, lines, table)
-        return _codex_row(session, session_id, lines)
+        reader = transcript_readers()[session.harness]
+        file = TranscriptFile(session.path, session_id, session.modified_ms)
+        got = reader.read(file, lambda offset, length: os.pread(fd, length, offset), size, table)
     except OSError as exc:
         problem = exc.strerror or str(exc)
         return ScanRow(None, session.path, session_id, None, session.modified_ms, None, None, {}, problem)
     finally:
         os.close(fd)
-
-
-def _in_range(name: str, value: int | None, problems: list[str]) -> int | None:
-    """A count past 2**53, which not every JSON reader keeps exact, is shown null, and says so."""
-    if value is None or value <= MAX_COUNT:
-        return value
-    problems.append(f"{name} {value} is out of range (above 2**53); shown as null")
-    return None
-
-
-def _claude_row(
-    session: SessionFile, session_id: str | None, lines: BackwardLines, table: Mapping[str, int]
-) -> ScanRow:
-    from sidecar.harnesses.claude.transcript import read_claude_tail
-
-    tail = read_claude_tail(lines)
-    usage, latest = tail.usage, tail.latest_compaction
-    model = None if usage is None else usage.model
-    window = None if model is None else table.get(model)
-    problems: list[str] = []
-    used = _in_range("usedTokens", None if usage is None else usage.used_tokens, problems)
-    fields = ContextFields(
-        harness="claude",
-        used_tokens=used,
-        window_tokens=window,
-        # st2 computes this one: the transcript carries no percent (windowSource says whence the window).
-        used_percent=None if used is None or window is None else used * 100 / window,
-        model=model,
-        compactions=tail.compactions or 0,
-        last_compaction_ms=None if latest is None else latest.at_ms,
-        last_compaction_trigger=None if latest is None else latest.trigger,
-        observed_at_ms=session.modified_ms if usage is None else usage.observed_at_ms,
-    )
-    pre, post = (None, None) if latest is None else (latest.pre_tokens, latest.post_tokens)
-    extra = {
-        "lastCompactionPreTokens": _in_range("lastCompactionPreTokens", pre, problems),
-        "lastCompactionPostTokens": _in_range("lastCompactionPostTokens", post, problems),
-        # The decision record's /compact edge: the value stays stale until the next assistant message.
-        "compactedSinceReading": bool(latest and usage and latest.offset > usage.offset),
-    }
-    source: WindowSource | None = "model-table" if window is not None else None
-    return ScanRow(fields, session.path, session_id, source, session.modified_ms, model, tail.compactions, extra,
-                   "; ".join(problems) or None)  # fmt: skip
-
-
-def _codex_row(session: SessionFile, session_id: str | None, lines: BackwardLines) -> ScanRow:
-    from sidecar.decoding import Dropped
-    from sidecar.harnesses.codex.events import RateLimitsUpdated, TokenUsage
-    from sidecar.harnesses.codex.producer import merged_rate_limits, usage_fields
-    from sidecar.harnesses.codex.transcript import read_codex_tail, session_build
-
-    thread = session_id or "rollout"
-    tail = read_codex_tail(lines, thread)
-    problems: list[str] = []
-    usage = None if tail.usage is None else tail.usage.usage
-    limits = None if tail.rate_limits is None else tail.rate_limits.rate_limits
-    for refused in (limits, usage):
-        if isinstance(refused, Dropped):  # e.g. a count out of range: no reading, and the row says why
-            problems.append(f"token_count refused: {refused.reason}")
-    reading = ContextFields(harness="codex", observed_at_ms=session.modified_ms)
-    if isinstance(usage, TokenUsage) and tail.usage is not None:
-        # The producer's own arithmetic on the latest usage, with the rate limits held before it.
-        held = merged_rate_limits((None, None), limits) if isinstance(limits, RateLimitsUpdated) else (None, None)
-        build = None if tail.session is None else session_build(tail.session)
-        at_ms = session.modified_ms if tail.usage.at_ms is None else tail.usage.at_ms
-        reading = usage_fields(usage, at_ms, held_limits=held, version=None if build is None else build.version)
-    compactions = tail.compactions
-    reading = reading.model_copy(
-        update={
-            "compactions": compactions or 0,
-            "last_compaction_ms": tail.latest_compaction_ms,
-            # A rollout's compaction line names no trigger.
-            "last_compaction_trigger": "unknown" if tail.latest_compaction_ms is not None else None,
-        }
-    )
-    source: WindowSource | None = "transcript" if reading.window_tokens is not None else None
-    if tail.session is not None and session_id is None:
-        session_id = tail.session.id
-    return ScanRow(reading, session.path, session_id, source, session.modified_ms, tail.model, compactions, {},
-                   "; ".join(problems) or None)  # fmt: skip
+    return ScanRow(got.fields, session.path, got.session_id, got.window_source, session.modified_ms, got.model,
+                   got.compactions, dict(got.extra), "; ".join(got.problems) or None)  # fmt: skip
 
 
 def scan(environ: Mapping[str, str], since_ms: int, now: int, warnings: list[str]) -> list[ScanRow]:

@@ -23,9 +23,10 @@ import trio
 
 from guard.policy import Reading
 from sidecar.decoding import Dropped
-from sidecar.harnesses.codex.producer import CodexProducer, CodexTransport, Rollout
+from sidecar.harnesses.codex.producer import SPEC, CodexProducer, CodexTransport, Rollout
 from sidecar.harnesses.codex.rollout import follow_rollout
 from sidecar.harnesses.codex.transcript import read_codex_tail, tail_events
+from sidecar.streams import Streams
 from sidecar.transcripts import BackwardLines
 from tests.fakes.codex_model import codex_config, codex_env, fake_responses
 from tests.harnesses import HARNESS_VERSIONS, require_harness
@@ -70,7 +71,7 @@ async def test_a_cli_session_is_followed_through_its_rollout(version: str, tmp_p
         prompt = "live rollout turn [[u:90000:800:29000]]"
         argv = [*codex, "exec", "--skip-git-repo-check", "-s", "read-only", prompt]
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(follow_rollout, config, frames.append)
+            nursery.start_soon(follow_rollout, config, Streams(SPEC, frames.append))
             with trio.fail_after(LIMIT_S):
                 done = await trio.run_process(
                     argv,

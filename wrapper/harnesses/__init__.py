@@ -45,8 +45,8 @@ class LaunchPlan:
     # the harness's `transport_config` model, which the sidecar validates its JSON with.
     transport: BaseModel | None = None
     # When set, the harness's stdout is a pipe the wrapper copies byte for byte to its own stdout
-    # and, line by line, to the sidecar's channel as {"type": tap_stdout, "payload": <line>}.
-    tap_stdout: str | None = None
+    # and, line by line, to the sidecar's channel, each line as its spec's `tap_frame` frames it.
+    tap_stdout: bool = False
 
 
 def transport_json(plan: LaunchPlan) -> str | None:

@@ -1,8 +1,8 @@
 """Codex: tap the app-server's server→client JSON-RPC stream, on stdio or on a websocket listener.
 
 - `codex app-server` (stdio, the default): the wrapper copies the harness's stdout byte for byte to
-  its own and hands the sidecar each line (`tap_stdout`, as `sidecar.harnesses.codex.producer.tap_frame`
-  frames it). The client's stdin goes straight through.
+  its own and hands the sidecar each line (`tap_stdout`, as the spec's `tap_frame` frames it). The
+  client's stdin goes straight through.
 - `codex app-server --listen ws://IP:PORT`: the harness is moved to a free private loopback port and
   the sidecar's relay listens where the client asked, forwarding every connection to the harness
   (`sidecar.harnesses.codex.transport`).
@@ -13,8 +13,8 @@
 Anything else (`app-server generate-ts`, a `unix://` listener, `codex login`) launches unchanged and
 publishes no record.
 
-Every mode's transport config (`sidecar.harnesses.codex.producer.CodexTransport`, the model the sidecar
-validates it with) also carries the compaction settings the harness will load
+Every mode's transport config (the spec's `transport_config`, the model the sidecar validates it
+with) also carries the compaction settings the harness will load
 (`compaction_settings`): `model_auto_compact_token_limit` and `model_context_window` as the last
 `-c KEY=VALUE` sets them, else the selected profile (`--profile`/`-p`, else the file's `profile`),
 else `$CODEX_HOME/config.toml` (default `~/.codex`). The transport hands them to the producer as a
@@ -32,8 +32,9 @@ import tomllib
 from pathlib import Path
 from typing import Any, Final
 
-from sidecar.harnesses.codex.events import FRAME_TYPE
-from sidecar.harnesses.codex.producer import ChannelOnly, CodexTransport, Relay, Rollout
+from pydantic import BaseModel
+
+from sidecar.registry import transport_config
 from wrapper.harnesses import LOOPBACK, LaunchPlan, free_loopback_port, program_index
 
 __all__ = [
@@ -80,12 +81,12 @@ def prepare(plan: LaunchPlan) -> LaunchPlan:
     if at is None:
         return _follow_rollout(plan, settings)
     listen = _listen_option(plan.argv, at + 1)
-    channel = CodexTransport(ChannelOnly(**settings))
+    channel = _config(mode="channel", **settings)
     if listen is None:
-        return dataclasses.replace(plan, tap_stdout=FRAME_TYPE, transport=channel)
+        return dataclasses.replace(plan, tap_stdout=True, transport=channel)
     index, inline, url = listen
     if url.startswith("stdio://"):
-        return dataclasses.replace(plan, tap_stdout=FRAME_TYPE, transport=channel)
+        return dataclasses.replace(plan, tap_stdout=True, transport=channel)
     if not url.startswith("ws://"):
         return plan  # a listener hctx cannot read (unix://, off): no transport
     upstream = f"ws://{LOOPBACK}:{free_loopback_port()}"
@@ -94,8 +95,13 @@ def prepare(plan: LaunchPlan) -> LaunchPlan:
         argv[index] = f"--listen={upstream}"
     else:
         argv[index + 1] = upstream
-    relay = CodexTransport(Relay(listen=url, upstream=upstream, **settings))
+    relay = _config(mode="relay", listen=url, upstream=upstream, **settings)
     return dataclasses.replace(plan, argv=tuple(argv), transport=relay)
+
+
+def _config(**fields: object) -> BaseModel:
+    """The transport's config, built by the model the sidecar validates it with (the spec's)."""
+    return transport_config("codex", fields)
 
 
 def _codex_home(plan: LaunchPlan) -> str:
@@ -139,7 +145,8 @@ def _follow_rollout(plan: LaunchPlan, settings: dict[str, int]) -> LaunchPlan:
     index = None if program is None else _subcommand(plan.argv, program + 1, _TOP_VALUED_OPTIONS)
     if program is None or (index is not None and plan.argv[index] in _SESSIONLESS_SUBCOMMANDS):
         return plan  # no session, nothing to read: no transport
-    rollout = Rollout(
+    rollout = _config(
+        mode="rollout",
         codex_home=_codex_home(plan),
         cwd=os.fspath(plan.cwd),
         started_at_ms=time.time_ns() // 1_000_000,
@@ -148,7 +155,7 @@ def _follow_rollout(plan: LaunchPlan, settings: dict[str, int]) -> LaunchPlan:
         root_pid=os.getpid(),
         **settings,
     )
-    return dataclasses.replace(plan, transport=CodexTransport(rollout))
+    return dataclasses.replace(plan, transport=rollout)
 
 
 def _app_server_index(argv: tuple[str, ...]) -> int | None:

@@ -44,7 +44,7 @@ from sidecar import wire
 from sidecar.decoding import CHANNEL
 from sidecar.harnesses.claude.frames import HOOK_FRAME, HOOK_TYPE, STATUSLINE_FRAME, STATUSLINE_TYPE, channel_line
 from sidecar.producer import Percent, TolerantModel, Usd, harness_version, instant_ms, optional_model
-from sidecar.registry import Chunk, HarnessSpec
+from sidecar.spec import Chunk, HarnessSpec
 
 __all__ = [
     "SPEC",
@@ -423,4 +423,5 @@ SPEC = HarnessSpec(
     verified_versions=VERIFIED_VERSIONS,
     launch="wrapper.harnesses.claude",
     programs=("claude", "@anthropic-ai/claude-code"),
+    transcripts="sidecar.harnesses.claude.transcript",
 )

@@ -7,16 +7,20 @@ Nothing here opens a file.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Final, Literal
 
 from pydantic import ValidationError
 
-from guard.record import CompactionTrigger
+from guard.record import MAX_COUNT, CompactionTrigger, ContextFields
 from sidecar.producer import TolerantModel, instant_ms
+from sidecar.spec import TranscriptFile, TranscriptReading, WindowSource
 from sidecar.transcripts import (
     BackwardLines,
     ModelId,
+    ReadAt,
     Tokens,
     json_object,
 )
@@ -26,7 +30,10 @@ __all__ = [
     "ClaudeTail",
     "ClaudeUsage",
     "claude_compaction",
+    "claude_config_dir",
     "claude_usage",
+    "files",
+    "read",
     "read_claude_tail",
 ]
 
@@ -166,4 +173,70 @@ def read_claude_tail(lines: BackwardLines) -> ClaudeTail:
     count += sum(_CLAUDE_BOUNDARY_KEY in head for _, head in lines.skipped_heads)
     return ClaudeTail(usage, latest, count if lines.reached_start else None, lines.bytes_read)
 
+
+
+
+# ---------------------------------------------------------------------------------------------
+# `hctx scan` (the spec's `transcripts`): every session under the config dir, read as the decision
+# record reads it
+
+
+def claude_config_dir(environ: Mapping[str, str]) -> Path:
+    configured = environ.get("CLAUDE_CONFIG_DIR")
+    return Path(configured) if configured else Path(environ.get("HOME") or Path.home()) / ".claude"
+
+
+def files(environ: Mapping[str, str]) -> Iterator[Path]:
+    """Claude's `projects/*/<session>.jsonl`: subagent transcripts live deeper and are another window."""
+    for project in _subdirs(claude_config_dir(environ) / "projects"):
+        yield from sorted(project.glob("*.jsonl"))
+
+
+def _subdirs(path: Path) -> list[Path]:
+    try:
+        return sorted(entry for entry in path.iterdir() if entry.is_dir() and not entry.is_symlink())
+    except OSError:
+        return []
+
+
+def _in_range(name: str, value: int | None, problems: list[str]) -> int | None:
+    """A count past 2**53, which not every JSON reader keeps exact, is shown null, and says so."""
+    if value is None or value <= MAX_COUNT:
+        return value
+    problems.append(f"{name} {value} is out of range (above 2**53); shown as null")
+    return None
+
+
+def read(file: TranscriptFile, read_at: ReadAt, size: int, windows: Mapping[str, int]) -> TranscriptReading:
+    """The latest main-chain assistant message's input + cache_read + cache_creation over the window
+    the model table gives for its model id (`windowSource: "model-table"`); an id the table does not
+    list yields no window and no percent. After `/compact` the reading stays the pre-compaction one
+    until the next assistant message (`compactedSinceReading` says so)."""
+    tail = read_claude_tail(BackwardLines(read_at, size))
+    usage, latest = tail.usage, tail.latest_compaction
+    model = None if usage is None else usage.model
+    window = None if model is None else windows.get(model)
+    problems: list[str] = []
+    used = _in_range("usedTokens", None if usage is None else usage.used_tokens, problems)
+    fields = ContextFields(
+        harness="claude",
+        used_tokens=used,
+        window_tokens=window,
+        # st2 computes this one: the transcript carries no percent (windowSource says whence the window).
+        used_percent=None if used is None or window is None else used * 100 / window,
+        model=model,
+        compactions=tail.compactions or 0,
+        last_compaction_ms=None if latest is None else latest.at_ms,
+        last_compaction_trigger=None if latest is None else latest.trigger,
+        observed_at_ms=file.modified_ms if usage is None else usage.observed_at_ms,
+    )
+    pre, post = (None, None) if latest is None else (latest.pre_tokens, latest.post_tokens)
+    extra = {
+        "lastCompactionPreTokens": _in_range("lastCompactionPreTokens", pre, problems),
+        "lastCompactionPostTokens": _in_range("lastCompactionPostTokens", post, problems),
+        # The decision record's /compact edge: the value stays stale until the next assistant message.
+        "compactedSinceReading": bool(latest and usage and latest.offset > usage.offset),
+    }
+    source: WindowSource | None = "model-table" if window is not None else None
+    return TranscriptReading(fields, file.session_id, source, model, tail.compactions, extra, tuple(problems))
 

@@ -74,7 +74,7 @@ from sidecar.harnesses.codex.events import (
     TokenUsage,
 )
 from sidecar.producer import Percent, harness_version, instant_ms, remember
-from sidecar.registry import Chunk, HarnessSpec
+from sidecar.spec import Chunk, HarnessSpec
 
 __all__ = [
     "BASELINE_TOKENS",
@@ -654,5 +654,7 @@ SPEC = HarnessSpec(
     launch="wrapper.harnesses.codex",
     transport="sidecar.harnesses.codex.transport",
     transport_config=CodexTransport,
+    tap_frame=tap_frame,
+    transcripts="sidecar.harnesses.codex.scan",
     programs=("codex", "@openai/codex"),
 )

@@ -27,7 +27,7 @@ from trio_websocket import ConnectionRejected, WebSocketConnection, WebSocketReq
 
 from sidecar.harnesses.codex.events import WEBSOCKET
 from sidecar.harnesses.codex.producer import Relay
-from sidecar.streams import Stream, Streams
+from sidecar.spec import Stream, Streams
 
 __all__ = [
     "MAX_MESSAGE_BYTES",

@@ -39,7 +39,7 @@ from sidecar.harnesses.codex.events import ROLLOUT
 from sidecar.harnesses.codex.producer import Rollout
 from sidecar.harnesses.codex.transcript import RolloutDecoder, read_codex_tail, rollout_event, tail_events
 from sidecar.producer import instant_ms
-from sidecar.streams import Stream, Submit
+from sidecar.spec import Stream, Streams
 from sidecar.transcripts import BackwardLines
 
 __all__ = [
@@ -249,7 +249,7 @@ class _Seat:
     """The follow loop's state: which rollout, how far into it."""
 
     settings: Rollout
-    submit: Submit
+    streams: Streams
     rejected: set[Path] = field(default_factory=set)
     held: set[Path] = field(default_factory=set)  # the rollouts the harness held at the last look
     path: Path | None = None
@@ -275,7 +275,7 @@ class _Seat:
 
     def _start(self, follower: RolloutFollower) -> None:
         self.follower = follower
-        self.stream = Stream(follower.decoder, self.submit, ROLLOUT)
+        self.stream = self.streams.open(ROLLOUT, follower.decoder)
 
     def _sessions(self) -> Path:
         return Path(self.settings.codex_home) / "sessions"
@@ -315,7 +315,7 @@ class _Seat:
         finally:
             os.close(fd)
         for _, event in tail_events(tail):
-            self.submit(event)
+            self.streams.submit(event)
         return end
 
     def read_some(self) -> bool | None:
@@ -349,14 +349,14 @@ class _Seat:
             pass
 
 
-async def follow_rollout(settings: Rollout, submit: Submit) -> None:
+async def follow_rollout(settings: Rollout, streams: Streams) -> None:
     """Find this launch's rollout and submit the Codex events its lines make, until cancelled.
 
     When cancelled (the session ended), whatever the rollout gained since the last poll is still
     read and submitted before returning: a `codex exec` that ends a second after its only turn
     must not lose that turn to the poll interval.
     """
-    seat = _Seat(settings, submit)
+    seat = _Seat(settings, streams)
     delay = POLL_MIN_S
     next_rescan = 0.0
     try:

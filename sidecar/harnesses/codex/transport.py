@@ -14,7 +14,7 @@ carries them.
 from __future__ import annotations
 
 from sidecar.harnesses.codex.producer import CodexTransport, Relay, Rollout
-from sidecar.streams import Streams
+from sidecar.spec import Streams
 
 __all__ = [
     "run",
@@ -31,4 +31,4 @@ async def run(config: CodexTransport, streams: Streams) -> None:
     elif isinstance(mode, Rollout):
         from sidecar.harnesses.codex.rollout import follow_rollout
 
-        await follow_rollout(mode, streams.submit)
+        await follow_rollout(mode, streams)

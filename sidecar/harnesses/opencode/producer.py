@@ -68,7 +68,7 @@ from guard.record import ContextFields, Count, Harness, describe_validation_erro
 from sidecar import wire
 from sidecar.decoding import PROVIDERS, MessageDecoder, SseDecoder
 from sidecar.producer import Usd, harness_version, remember
-from sidecar.registry import Chunk, HarnessSpec
+from sidecar.spec import Chunk, HarnessSpec
 
 __all__ = [
     "COMPACTIONS_REMEMBERED",

@@ -42,7 +42,7 @@ from sidecar.harnesses.opencode.producer import (
     OpenCodeTransport,
     output_token_max,
 )
-from sidecar.streams import Stream, Streams
+from sidecar.spec import Stream, Streams
 
 __all__ = [
     "FIRST_BACKOFF_SECONDS",

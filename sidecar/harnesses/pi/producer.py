@@ -68,7 +68,7 @@ from guard.record import (
 from sidecar import wire
 from sidecar.decoding import CHANNEL
 from sidecar.producer import Percent, Usd, harness_version, instant_ms, optional_model
-from sidecar.registry import Chunk, HarnessSpec
+from sidecar.spec import Chunk, HarnessSpec
 
 __all__ = [
     "EMITTING_EVENTS",

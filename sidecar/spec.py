@@ -1,0 +1,180 @@
+"""What a harness is to hctx: its `HarnessSpec`, the contract between a harness package and the rest.
+
+A spec is everything the sidecar, `hctx replay`, `hctx scan` and the wrapper need to know about one
+harness: its producer, one decoder per wire it is read from, the transport that moves those bytes
+(if the unix-socket channel is not the only one) and the model of its config, how the wrapper taps
+its stdout, the wrapper's launch plan, how a recording on disk becomes the timed bytes replay feeds,
+how its own transcripts read, and the builds its arithmetic was verified against.
+
+This module sits below the harness packages (`sidecar.harnesses.<name>`), which define their specs
+with it, and below `sidecar.registry`, which finds them by name: it imports no harness.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from guard.errors import UnknownHarness
+from sidecar.decoding import CHANNEL, ChannelFrames, Decoder, channel_decoder
+from sidecar.producer import Producer
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from guard.record import ContextFields
+    from sidecar.transcripts import ReadAt
+
+__all__ = [
+    "Chunk",
+    "HarnessSpec",
+    "Stream",
+    "Streams",
+    "Submit",
+    "TranscriptFile",
+    "TranscriptReader",
+    "TranscriptReading",
+    "Transport",
+    "Wants",
+    "WindowSource",
+    "each_file",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """Bytes one wire carried, and when they arrived (ms) if the recording says."""
+
+    at_ms: int | None
+    wire: str
+    data: bytes
+
+
+# The transport contract. A transport (`HarnessSpec.transport`'s `run(config, streams)`) sees only
+# these; the sidecar's runtime (`sidecar.streams`) implements them, with the decoding, the
+# submitting and the recording behind them.
+Submit = Callable[[object], None]
+# What the producer lacks that a transport could pull (OpenCode's windows of models it has seen).
+Wants = Callable[[], frozenset[Hashable]]
+
+
+class Stream(Protocol):
+    """One stream of one wire (a connection, a file): its bytes go through its own decoder, and
+    each event it completes is submitted at once."""
+
+    wire: str
+
+    def receive_data(self, data: bytes) -> int:
+        """How many events the bytes completed (each already submitted)."""
+        ...
+
+    def end_of_data(self) -> int: ...
+
+
+class Streams(Protocol):
+    """What a transport is handed: fresh streams of its harness's wires, the sidecar's own facts
+    (settings the wrapper read) as events through `submit`, and what the producer wants pulled."""
+
+    submit: Submit
+    wants: Wants
+
+    def open(self, wire: str, decoder: Decoder | None = None) -> Stream:
+        """A stream of `wire`, through `decoder` when the transport must start it somewhere (a
+        resumed file's offset), else through a fresh one of the harness's."""
+        ...
+
+
+# `run(config, streams)`: config is an instance of the harness's `transport_config` model (or None).
+Transport = Callable[[Any, Streams], Awaitable[None]]
+
+
+# Where a transcript reading's window came from: the transcript itself, or hctx's model table.
+WindowSource = Literal["transcript", "model-table"]
+
+
+@dataclass(frozen=True)
+class TranscriptFile:
+    """One transcript `hctx scan` reads: its path, the session its name gives, when it changed."""
+
+    path: Path
+    session_id: str | None
+    modified_ms: int
+
+
+@dataclass(frozen=True)
+class TranscriptReading:
+    """What a harness's transcript says of its session, as `hctx scan` shows it."""
+
+    fields: ContextFields
+    session_id: str | None
+    window_source: WindowSource | None
+    model: str | None
+    compactions: int | None  # exact only when the whole file was read
+    extra: Mapping[str, Any] = field(default_factory=dict)  # the harness's own columns
+    problems: tuple[str, ...] = ()
+
+
+class TranscriptReader(Protocol):
+    """The module `HarnessSpec.transcripts` names: a harness's own transcripts, for `hctx scan`
+    (sessions nobody wrapped)."""
+
+    def files(self, environ: Mapping[str, str]) -> Iterable[Path]:
+        """Every transcript file of the harness's home (scan filters them by age)."""
+        ...
+
+    def read(self, file: TranscriptFile, read_at: ReadAt, size: int, windows: Mapping[str, int]) -> TranscriptReading:
+        """Its reading, from `read_at(offset, size)` over its `size` bytes (never more than a tail
+        budget of them) and the model -> window table."""
+        ...
+
+
+@dataclass(frozen=True)
+class HarnessSpec:
+    name: str
+    make_producer: Callable[[], Producer]
+    # The harness's frames on the unix-socket channel: (envelope type, object) -> typed events.
+    channel_frames: ChannelFrames
+    # Every other wire -> a fresh decoder for one stream of it (a connection, a file).
+    decoders: Mapping[str, Callable[[], Decoder]]
+    # Recording files -> the timed chunks they hold, in order.
+    read_recording: Callable[[Sequence[Path]], Iterable[Chunk]]
+    verified_versions: tuple[str, ...]
+    # The wrapper module whose `prepare` launches the harness, and the sidecar transport module
+    # whose `run(config, streams)` moves its native stream's bytes (None: the channel is the only wire).
+    launch: str
+    transport: str | None = None
+    # How its program is called, and its npm package as `npx` or `bunx` runs it (`hctx wrap`'s
+    # inference of the harness from a command line).
+    programs: tuple[str, ...] = ()
+    # The model of the transport's config: the wrapper's launch plan builds one (through
+    # `sidecar.registry.transport_config`), the sidecar validates its JSON (`--transport`) with it.
+    transport_config: type[BaseModel] | None = None
+    # One line of the harness's stdout (without its newline) -> the channel frame the wrapper sends
+    # for it, when a launch plan asks for the stdout tap (`LaunchPlan.tap_stdout`); None: no tap.
+    tap_frame: Callable[[bytes], bytes] | None = None
+    # The module (a `TranscriptReader`) that reads its own transcripts for `hctx scan`, loaded only
+    # there; None: scan does not read this harness.
+    transcripts: str | None = None
+
+    def wires(self) -> tuple[str, ...]:
+        return (CHANNEL, *self.decoders)
+
+    def decoder(self, wire: str) -> Decoder:
+        """A fresh decoder for one stream of `wire`."""
+        if wire == CHANNEL:
+            return channel_decoder(self.channel_frames)
+        try:
+            return self.decoders[wire]()
+        except KeyError:
+            raise UnknownHarness(f"the {self.name} harness has no wire {wire!r}") from None
+
+
+def each_file(wire: str) -> Callable[[Sequence[Path]], Iterable[Chunk]]:
+    """The plainest recording: each file is the untimed bytes `wire` carried."""
+
+    def read(paths: Sequence[Path]) -> Iterable[Chunk]:
+        return [Chunk(None, wire, path.read_bytes()) for path in paths]
+
+    return read
