@@ -22,10 +22,7 @@ around a parse keeps working. The message is always the sentence a user is shown
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from guard.state import HarnessState
+from typing import Generic, Protocol, TypeVar
 
 __all__ = [
     "AgentNotFound",
@@ -54,8 +51,23 @@ class RecordRefused(HctxError, ValueError):
     """The bytes are not a record this reader may interpret; the message says why."""
 
 
-class ClaimHeld(HctxError):
-    def __init__(self, holder: HarnessState) -> None:
+class _ClaimHolder(Protocol):
+    """What the message names of the claim that holds an agent (`guard.state.HarnessState`, which
+    this module does not import: the errors are below everything that raises them)."""
+
+    @property
+    def host(self) -> str: ...
+    @property
+    def agent(self) -> str: ...
+    @property
+    def wrapper_pid(self) -> int: ...
+
+
+_Holder = TypeVar("_Holder", bound=_ClaimHolder)
+
+
+class ClaimHeld(HctxError, Generic[_Holder]):
+    def __init__(self, holder: _Holder) -> None:
         super().__init__(f"agent {holder.host}/{holder.agent} is held by wrapper pid {holder.wrapper_pid}")
         self.holder = holder
 

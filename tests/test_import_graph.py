@@ -1,5 +1,13 @@
 """The import graph of guard/, sidecar/ and wrapper/, read with `ast` (nothing is imported): no
-cycle, and the layering guard <- sidecar <- wrapper.
+cycle, and one ladder every import points down:
+
+    guard <- the kernel (framing, decoders, the JSON rule, the producer contract, HarnessSpec)
+          <- the harness packages (sidecar/harnesses/<name>/) <- the registry
+          <- the sidecar's runtime (streams, writer, channel, logs, replay)
+          <- the wrapper and the readers
+
+A module imports only from its own rung and the rungs below it; a harness package imports no other
+harness; the wrapper imports no harness module (it goes through the registry).
 
 Two graphs may hold no cycle: what runs at import time (module and class bodies, also inside
 `if`, `try`, `with`), and what runs at all (also inside functions: a lazy import). What
@@ -20,12 +28,37 @@ import pytest
 from tests.conftest import REPO
 
 PACKAGES = ("guard", "sidecar", "wrapper")
-# A package may import only from itself and the packages before it here.
-LAYERS = {"guard": {"guard"}, "sidecar": {"guard", "sidecar"}, "wrapper": {"guard", "sidecar", "wrapper"}}
+HARNESSES = "sidecar.harnesses"
+# The ladder, bottom first: each rung's modules, by name or `prefix.*`. Every module is on exactly
+# one rung, so a new module is placed on purpose (test_every_module_is_on_one_rung).
+LADDER: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("guard", ("guard", "guard.*")),
+    ("kernel", ("sidecar", "sidecar.framing", "sidecar.decoding", "sidecar.wire", "sidecar.producer",
+                "sidecar.spec", "sidecar.transcripts", "sidecar.http")),
+    ("harnesses", (HARNESSES, f"{HARNESSES}.*")),
+    ("registry", ("sidecar.registry",)),
+    ("runtime", ("sidecar.streams", "sidecar.pipeline", "sidecar.app", "sidecar.channel", "sidecar.logs",
+                 "sidecar.replay", "sidecar.__main__", "sidecar.demo_standin")),
+    ("wrapper", ("wrapper", "wrapper.*")),
+)  # fmt: skip
 
 Graph = dict[str, dict[str, int]]  # module -> imported module -> the line of the first such import
 # Which imports a graph holds: at import time, at run time (lazy ones too), or any (type-only too).
 Scope = Literal["import-time", "run-time", "any"]
+
+
+def _matches(module: str, pattern: str) -> bool:
+    return module.startswith(pattern[:-1]) if pattern.endswith(".*") else module == pattern
+
+
+def rungs_of(module: str) -> list[int]:
+    return [rung for rung, (_, patterns) in enumerate(LADDER) if any(_matches(module, p) for p in patterns)]
+
+
+def harness_of(module: str) -> str | None:
+    """`claude` for `sidecar.harnesses.claude.producer`; None outside a harness package."""
+    parts = module.split(".")
+    return parts[2] if module.startswith(f"{HARNESSES}.") and len(parts) > 2 else None
 
 
 def module_files() -> dict[str, Path]:
@@ -166,24 +199,65 @@ def described(graph: Graph, cycle: list[str]) -> str:
     )
 
 
-@pytest.mark.parametrize("scope", ["import-time", "run-time"])
+@pytest.mark.parametrize("scope", ["import-time", "run-time", "any"])
 def test_no_import_cycle(scope: Scope) -> None:
     graph = import_graph(scope)
     found = [described(graph, cycle) for cycle in cycles(graph)]
     assert not found, f"import cycles ({scope}):\n  " + "\n  ".join(found)
 
 
-def test_layering_guard_then_sidecar_then_wrapper() -> None:
-    graph = import_graph("any")
-    crossings = [
-        f"{module} imports {target} (line {line})"
-        for module, edges in sorted(graph.items())
-        for target, line in sorted(edges.items())
-        if target.split(".")[0] not in LAYERS[module.split(".")[0]]
+def test_every_module_is_on_one_rung() -> None:
+    misplaced = {module: [LADDER[rung][0] for rung in rungs_of(module)] for module in MODULES}
+    assert {module: rungs for module, rungs in misplaced.items() if len(rungs) != 1} == {}
+
+
+def crossings(graph: Graph) -> list[str]:
+    """Every import that runs up the ladder, into another harness, or from the wrapper into a harness."""
+    found = []
+    for module, edges in sorted(graph.items()):
+        (rung,) = rungs_of(module)
+        for target, line in sorted(edges.items()):
+            (target_rung,) = rungs_of(target)
+            where = f"{module} imports {target} (line {line})"
+            if target_rung > rung:
+                found.append(f"{where}: {LADDER[rung][0]} may not import {LADDER[target_rung][0]}")
+            elif harness_of(target) is not None and harness_of(module) not in (None, harness_of(target)):
+                found.append(f"{where}: one harness package imports another")
+            elif harness_of(target) is not None and module.split(".")[0] == "wrapper":
+                found.append(f"{where}: the wrapper reaches a harness through the registry only")
+    return found
+
+
+def test_every_import_points_down_the_ladder() -> None:
+    found = crossings(import_graph("any"))  # type-only imports count too
+    assert not found, "imports against the ladder:\n  " + "\n  ".join(found)
+
+
+def test_a_crossing_is_found_and_named() -> None:
+    """Not vacuous: each rule catches the import it forbids, type-only ones included."""
+    graph = {module: {} for module in MODULES} | {
+        "sidecar.harnesses.codex.producer": {"sidecar.registry": 3, "sidecar.harnesses.claude.frames": 4},
+        "wrapper.scan": {"sidecar.harnesses.codex.producer": 5, "sidecar.registry": 6},
+        "sidecar.decoding": {"sidecar.streams": 7},
+    }
+    assert crossings(graph) == [
+        "sidecar.decoding imports sidecar.streams (line 7): kernel may not import runtime",
+        "sidecar.harnesses.codex.producer imports sidecar.harnesses.claude.frames (line 4): "
+        "one harness package imports another",
+        "sidecar.harnesses.codex.producer imports sidecar.registry (line 3): harnesses may not import registry",
+        "wrapper.scan imports sidecar.harnesses.codex.producer (line 5): "
+        "the wrapper reaches a harness through the registry only",
     ]
-    assert not crossings, "guard/ imports nothing of sidecar/ or wrapper/, sidecar/ nothing of wrapper/:\n  " + (
-        "\n  ".join(crossings)
-    )
+    source = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import sidecar.app\n"
+    typed = imports_of("sidecar.decoding", source, "any")
+    assert typed == {"sidecar.app": 3}
+
+
+def test_the_claude_producer_does_not_load_the_tee() -> None:
+    """The tee's sockets and select stay out of the sidecar: the producer takes the frames' module."""
+    graph = import_graph("run-time")
+    assert "sidecar.harnesses.claude.frames" in graph["sidecar.harnesses.claude.producer"]
+    assert "sidecar.harnesses.claude.tee" not in graph["sidecar.harnesses.claude.producer"]
 
 
 SAMPLE = """\
