@@ -7,6 +7,7 @@
     ├── FrameRejected        a producer will not interpret a frame (ValueError)
     │   └── MalformedFrame   the bytes are not a frame at all: bad UTF-8, bad JSON, wrong shape
     ├── ChannelPathError     the channel's socket path is unusable (ValueError)
+    ├── ConfigError          a transport's address or config is unusable (ValueError)
     ├── HttpError            an HTTP request (sidecar.http) did not deliver its response (OSError)
     │   ├── HttpTimeout      the server did not answer, or went silent, for longer than allowed
     │   └── HttpStatusError  the server answered with a status that is not 2xx
@@ -14,7 +15,9 @@
     ├── AgentNotFound        no agent answers to the name asked for (LookupError)
     ├── UnknownHarness       no registered harness has the name (LookupError)
     ├── ModelTableError      `hctx scan`'s model table is unreadable (ValueError)
-    └── FleetFailed          a demo agent failed to start
+    ├── TranscriptError      a transcript `hctx scan` reads cannot be opened (OSError)
+    ├── UsageError           what the command line asks cannot be done (ValueError)
+    └── FleetFailed          a demo agent failed to start or cannot be played
 
 Each also derives from the builtin a caller would catch without knowing hctx, so `except ValueError`
 around a parse keeps working. The message is always the sentence a user is shown.
@@ -29,6 +32,7 @@ __all__ = [
     "CatalogError",
     "ChannelPathError",
     "ClaimHeld",
+    "ConfigError",
     "FleetFailed",
     "FrameRejected",
     "HctxError",
@@ -39,7 +43,9 @@ __all__ = [
     "ModelTableError",
     "RecordRefused",
     "SettingsError",
+    "TranscriptError",
     "UnknownHarness",
+    "UsageError",
 ]
 
 
@@ -88,6 +94,10 @@ class ChannelPathError(HctxError, ValueError):
     pass
 
 
+class ConfigError(HctxError, ValueError):
+    pass
+
+
 class HttpError(HctxError, OSError):
     """The message is the sentence to log."""
 
@@ -115,6 +125,14 @@ class UnknownHarness(HctxError, LookupError):
 
 
 class ModelTableError(HctxError, ValueError):
+    pass
+
+
+class TranscriptError(HctxError, OSError):
+    pass
+
+
+class UsageError(HctxError, ValueError):
     pass
 
 

@@ -67,7 +67,7 @@ def _exact_as_float(value: object) -> object:
         except OverflowError:
             exact = False
         if not exact:
-            raise ValueError("an integer with no exact floating-point value")
+            raise RecordRefused("an integer with no exact floating-point value")
     return value
 
 
@@ -191,7 +191,7 @@ def _utf8_text(data: bytes | str) -> str:
 
 def refuse_json_constant(name: str) -> float:
     """For `json.loads(parse_constant=...)`: NaN and Infinity are not numbers a harness reported."""
-    raise ValueError(f"{name} is not a JSON number")
+    raise RecordRefused(f"{name} is not a JSON number")
 
 
 def describe_validation_error(exc: ValidationError) -> str:

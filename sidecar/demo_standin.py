@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+from guard.errors import FleetFailed
 from sidecar.decoding import CHANNEL
 from sidecar.harnesses.claude.frames import unwrap
 from sidecar.registry import Chunk, harness_names, spec_for
@@ -52,7 +53,7 @@ def paced(harness: str, paths: list[Path], duration_s: float) -> list[tuple[floa
 def deliver(chunk: Chunk) -> None:
     """The chunk's bytes onto the channel, the way the harness's own process sends them."""
     if chunk.wire != CHANNEL:
-        raise OSError(f"a {chunk.wire!r} chunk has no sender in the demo; only the channel's")
+        raise FleetFailed(f"a {chunk.wire!r} chunk has no sender in the demo; only the channel's")
     tee = unwrap(chunk.data)
     if tee is not None:
         entry, payload = tee
@@ -83,7 +84,7 @@ def main() -> int:
         time.sleep(max(0.0, start + offset - time.monotonic()))
         try:
             deliver(chunk)
-        except OSError as exc:
+        except (OSError, FleetFailed) as exc:
             print(f"demo stand-in: {exc}", file=sys.stderr)
     if args.linger:  # a live demo keeps its agents running until the viewer quits
         # Until now a stop signal simply ends the stand-in; from here it is waited for.

@@ -39,7 +39,7 @@ from typing import Final
 import h11
 import trio
 
-from guard.errors import HttpError, HttpStatusError, HttpTimeout
+from guard.errors import ConfigError, HttpError, HttpStatusError, HttpTimeout
 
 __all__ = [
     "MAX_HEAD_BYTES",
@@ -78,19 +78,19 @@ class Url:
 
 
 def parse_url(text: str) -> Url:
-    """`http://host[:port][/prefix]`; anything else (https, userinfo, a query) is a ValueError
-    that says what is supported."""
+    """`http://host[:port][/prefix]`; anything else (https, userinfo, a query) is a ConfigError (a
+    ValueError) that says what is supported."""
     try:
         parts = urllib.parse.urlsplit(text)
         port = parts.port
     except ValueError as exc:
-        raise ValueError(f"not a usable http:// URL ({exc}): {text!r}") from None
+        raise ConfigError(f"not a usable http:// URL ({exc}): {text!r}") from None
     if parts.scheme.lower() != "http":
-        raise ValueError(f"only plain http:// is supported (no TLS; the server is on loopback): {text!r}")
+        raise ConfigError(f"only plain http:// is supported (no TLS; the server is on loopback): {text!r}")
     if not parts.hostname:
-        raise ValueError(f"no host in {text!r}")
+        raise ConfigError(f"no host in {text!r}")
     if parts.username is not None or parts.password is not None or parts.query or parts.fragment:
-        raise ValueError(f"only http://host:port[/path] is supported: {text!r}")
+        raise ConfigError(f"only http://host:port[/path] is supported: {text!r}")
     return Url(parts.hostname, 80 if port is None else port, parts.path.rstrip("/"))
 
 

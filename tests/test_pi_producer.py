@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from guard.errors import UnknownHarness
 from guard.policy import Write
 from sidecar.decoding import CHANNEL
 from sidecar.harnesses.pi.producer import OMP, PI, ContextFrame, PiProducer, read_recording, trigger_of
@@ -234,7 +235,7 @@ def test_the_registry_selects_this_producer_for_both_harnesses() -> None:
     assert PI.read_recording is OMP.read_recording is read_recording
     (event,) = PI.decoder(CHANNEL).receive_data(json.dumps(frame(reading())).encode() + b"\n")
     assert isinstance(event, ContextFrame)
-    with pytest.raises(ValueError):
+    with pytest.raises(UnknownHarness, match="serves pi and omp"):
         PiProducer("codex")
 
 

@@ -72,7 +72,7 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _wrap(args: argparse.Namespace) -> int:
-    from guard.errors import CatalogError
+    from guard.errors import CatalogError, UsageError
     from guard.store import AgentDir
     from wrapper.harnesses import infer_harness, programs
     from wrapper.launcher import WrapOptions, free_seat, parse_command, run_wrap
@@ -82,7 +82,7 @@ def _wrap(args: argparse.Namespace) -> int:
         harness: Harness | None = args.harness or infer_harness(argv)
         if harness is None:
             known = ", ".join(sorted(set(programs().values())))
-            raise ValueError(f"cannot tell which harness {argv[0]!r} is ({known}, or behind npx/bunx); "
+            raise UsageError(f"cannot tell which harness {argv[0]!r} is ({known}, or behind npx/bunx); "
                              "say it with --harness")  # fmt: skip
         catalog = catalog_of(args).absolute()
         identity = args.agent or free_seat(catalog, args.host, Path.cwd())

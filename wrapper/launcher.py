@@ -25,7 +25,7 @@ import wrapper.reaper
 from guard.constants import CHANNEL_DROP_REPORT
 from guard.constants import CHANNEL_MAX_FRAME_BYTES as MAX_FRAME_BYTES
 from guard.constants import CHANNEL_MAX_SOCKET_PATH as MAX_SOCKET_PATH
-from guard.errors import ClaimHeld, UnknownHarness
+from guard.errors import ChannelPathError, ClaimHeld, UnknownHarness, UsageError
 from guard.record import Harness
 from guard.state import HarnessState, claim_agent, held_by_live_wrapper, read_state, update_claim
 from guard.store import AgentDir, as_name
@@ -313,7 +313,7 @@ def _channel_path() -> tuple[Path, Path]:
         if len(os.fsencode(path)) <= MAX_SOCKET_PATH:
             return directory, path
         directory.rmdir()
-    raise OSError("no directory short enough for a unix socket path")
+    raise ChannelPathError("no directory short enough for a unix socket path")
 
 
 async def run_incarnation(options: WrapOptions, session: Session, incarnation: str) -> int:
@@ -574,7 +574,7 @@ def run_wrap(options: WrapOptions) -> int:
 def parse_command(command: Sequence[str]) -> tuple[str, ...]:
     argv = tuple(command[1:] if command and command[0] == "--" else command)
     if not argv:
-        raise ValueError("no harness command given after --")
+        raise UsageError("no harness command given after --")
     return argv
 
 
@@ -588,4 +588,4 @@ def free_seat(catalog: Path, host: str, cwd: Path) -> str:
     for seat in (base, *(f"{base}-{n}" for n in range(2, 10**SEAT_SUFFIX_ROOM // 10))):
         if not held_by_live_wrapper(read_state(AgentDir(catalog, host, seat)), host):
             return seat
-    raise ValueError(f"every seat {base}, {base}-2, ... in {catalog} is held by a live wrapper")
+    raise UsageError(f"every seat {base}, {base}-2, ... in {catalog} is held by a live wrapper")

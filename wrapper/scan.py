@@ -21,7 +21,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from guard.errors import ModelTableError
+from guard.errors import ModelTableError, TranscriptError
 from guard.record import MAX_COUNT, ContextFields, Harness
 
 if TYPE_CHECKING:  # the registry loads only when `hctx scan` runs, not for every command
@@ -204,7 +204,7 @@ def _open_tail(path: Path) -> tuple[int, int]:
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise OSError(f"{path} is not a regular file")
+            raise TranscriptError(f"{path} is not a regular file")
     except BaseException:
         os.close(fd)
         raise

@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from guard.catalog import list_agents
 from guard.constants import CONTROL_DIR_NAME, HARNESS_CONTEXT_STALE_MS, REPLICATED_RECORD_NAMES
-from guard.errors import CatalogError
+from guard.errors import CatalogError, RecordRefused
 from guard.projection import headroom_tokens
 from guard.store import check_name, control_dir, open_chain, pid_alive, write_json_atomic
 from wrapper.arguments import positive_seconds, whole_number
@@ -262,11 +262,11 @@ def dump_state(state: State) -> bytes:
 
 
 def load_state(data: bytes) -> dict[str, Seen]:
-    """Raises ValueError for a file that is not a watch state."""
+    """Raises RecordRefused (a ValueError) for a file that is not a watch state."""
     try:
         wire = _StateWire.model_validate_json(data)
     except ValidationError as exc:
-        raise ValueError(str(exc).splitlines()[0]) from None
+        raise RecordRefused(str(exc).splitlines()[0]) from None
     return {
         key: Seen(seen.incarnation, frozenset(seen.fired), seen.headroom_fired, seen.compactions, seen.stale)
         for key, seen in wire.agents.items()

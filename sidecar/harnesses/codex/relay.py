@@ -25,6 +25,7 @@ import trio
 import trio_websocket
 from trio_websocket import ConnectionRejected, WebSocketConnection, WebSocketRequest
 
+from guard.errors import ConfigError
 from sidecar.harnesses.codex.events import WEBSOCKET
 from sidecar.harnesses.codex.producer import Relay
 from sidecar.spec import Stream, Streams
@@ -76,7 +77,7 @@ class Address:
     def parse(cls, url: str) -> Address:
         parts = urlsplit(url)
         if parts.scheme != "ws" or parts.hostname is None or parts.port is None:
-            raise ValueError(f"not a ws://HOST:PORT address: {url!r}")
+            raise ConfigError(f"not a ws://HOST:PORT address: {url!r}")
         return cls(parts.hostname, parts.port)
 
 

@@ -55,7 +55,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
-from guard.errors import FrameRejected
+from guard.errors import FrameRejected, UnknownHarness
 from guard.policy import Reading
 from guard.record import (
     COMPACTION_TRIGGERS,
@@ -208,7 +208,7 @@ class PiProducer:
 
     def __init__(self, harness: Harness) -> None:
         if harness not in PI_HARNESSES:
-            raise ValueError(f"the pi channel producer serves pi and omp, not {harness!r}")
+            raise UnknownHarness(f"the pi channel producer serves pi and omp, not {harness!r}")
         self.harness: Harness = harness
         self.compactions = 0
         self.last_compaction_ms: int | None = None
