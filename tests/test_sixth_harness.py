@@ -71,6 +71,15 @@ def test_its_session_replays_through_the_shared_decoder_and_guard(installed: Non
     assert [outcome(write) for write in replayed(spec, bytewise(chunks))] == [outcome(write) for write in writes]
 
 
+def test_the_write_after_a_compaction_keeps_when_it_was(installed: None) -> None:
+    """The template keeps every field: a reading after the compaction still says when it was."""
+    writes = replayed(spec_for("sixth"), spec_for("sixth").read_recording([SESSION]))
+    compaction, after = writes[3], writes[4]
+    assert compaction.reason == "compaction" and compaction.record.last_compaction_ms is not None
+    assert (after.record.compactions, after.record.last_compaction_ms) == (1, compaction.record.last_compaction_ms)
+    assert all(write.record.last_compaction_ms is None for write in writes[:3])  # none before it
+
+
 def test_hctx_replay_takes_it_as_installed() -> None:
     done = subprocess.run(
         hctx("replay", "--harness", "sixth", str(SESSION)), env=sixth_env(), capture_output=True, text=True, timeout=60

@@ -17,7 +17,7 @@ from guard.errors import FrameRejected
 from guard.policy import Reading
 from guard.record import ContextFields, Count, describe_validation_error
 from sidecar.decoding import CHANNEL
-from sidecar.registry import HarnessSpec, each_file
+from sidecar.spec import HarnessSpec, each_file
 
 NAME = "sixth"
 
@@ -61,14 +61,11 @@ class SixthProducer:
     def feed(self, event: Usage | Compacted, now_ms: int) -> list[Reading]:
         if isinstance(event, Usage):
             percent = round(event.used * 100 / event.window, 1) if event.window else None
-            self.held = ContextFields(
-                harness=NAME,
-                used_tokens=event.used,
-                window_tokens=event.window or None,
-                used_percent=percent,
-                compactions=0 if self.held is None else self.held.compactions,
-                observed_at_ms=now_ms,
-            )
+            usage = {"used_tokens": event.used, "window_tokens": event.window or None, "used_percent": percent}
+            # A new reading changes what the usage says and keeps every other held field (the
+            # compaction count and its time among them): built afresh, it would forget them.
+            held = self.held or ContextFields(harness=NAME, compactions=0, observed_at_ms=now_ms)
+            self.held = held.model_copy(update={**usage, "observed_at_ms": now_ms})
             return [Reading(self.held)]
         if self.held is None:
             return []
