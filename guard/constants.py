@@ -61,6 +61,6 @@ CHANNEL_MAX_FRAME_BYTES: Final = 1024 * 1024
 # AF_UNIX sun_path is 108 bytes including the terminating NUL.
 CHANNEL_MAX_SOCKET_PATH: Final = 107
 # Frame types the sidecar reserves for itself: the channel refuses them, except the drop report a
-# tap (the wrapper's Codex stdout tap) sends for lines it could not deliver.
+# tap (the wrapper's copy of a harness's stdout) sends for lines it could not deliver.
 OWN_FRAME_PREFIX: Final = "hctx."
 CHANNEL_DROP_REPORT: Final = "hctx.dropped"

@@ -35,8 +35,8 @@ class Reading:
     """What a producer measured: the record's reading fields, plus whether this is a compaction edge.
 
     `rate_limits_edge`: the producer's held reading (its own observedAtMs kept) restated with an
-    account rate-limit snapshot that arrived after it (Codex sends a request's limits after its
-    usage). Written when the limits differ from the record's, so the record's are the latest.
+    account rate-limit snapshot that arrived after it (a harness may send a request's limits after
+    its usage). Written when the limits differ from the record's, so the record's are the latest.
 
     `exhausted`: the account windows (`fiveHour`, `sevenDay`) the harness itself proves exhausted
     now; a change of the set is an edge. Only the producer can say: one harness stops at 100%,
@@ -64,7 +64,7 @@ def bucket(fields: ContextFields) -> Bucket:
     The tokens bucket is `floor(used / (BUCKET_PERCENT% of window))`. The displayed bucket is
     `floor(usedPercent / BUCKET_PERCENT)`: usedPercent is the figure the harness itself displays
     (HC-R02, the producer's to supply), and it moves inside one tokens bucket where the harness
-    rounds (Claude's `Math.round`) or subtracts a baseline (Codex's 12,000 tokens), so a record
+    rounds (a `Math.round`) or subtracts a baseline (a fixed token allowance), so a record
     keyed by tokens alone would show another integer than the harness until the heartbeat. A
     move between withheld and known is a change of bucket, and so is a reading of another session
     (`sessionId`, where one server hosts several): its numbers describe another window.

@@ -108,8 +108,8 @@ class ContextFields(WireModel):
     # False only when the harness's own settings switch auto-compaction off; null when not known.
     auto_compaction: StrictBool | None = None
     # Additive (issue 19): the harness build that produced the reading, as its own channel names it
-    # (Claude's status-line `version`, Codex's user agent, OpenCode's session, pi/omp's extension
-    # host); null where the channel does not say. Readers compare it with the producer's verified set.
+    # (a status line's `version`, a client's user agent, a session's or an extension host's build);
+    # null where the channel does not say. Readers compare it with the producer's verified set.
     harness_version: Annotated[str, Field(max_length=64)] | None = None
     # Additive (issue 19): the harness session the reading belongs to, where one server hosts several
     # (OpenCode); null where the channel names none.

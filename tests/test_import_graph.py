@@ -306,3 +306,14 @@ def test_a_cycle_is_found_and_named() -> None:
     (cycle,) = cycles(graph)
     assert described(graph, cycle) == "a (line 3) -> b (line 5) -> c (line 7) -> a"
     assert cycles({"a": {"b": 1}, "b": {}}) == []
+
+
+def test_the_wrapper_and_guard_name_codex_only_in_its_launch_plan() -> None:
+    """What a harness is lives in its package; the wrapper and guard reach it through the registry."""
+    naming = sorted(
+        path.relative_to(REPO).as_posix()
+        for package in ("guard", "wrapper")
+        for path in (REPO / package).rglob("*")
+        if path.is_file() and path.suffix in {".py", ".json"} and "codex" in path.read_text().lower()
+    )
+    assert naming == ["wrapper/harnesses/codex.py"]

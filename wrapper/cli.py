@@ -22,7 +22,9 @@ from wrapper.watch import add_watch_command
 __all__ = [
     "DEMO_NO_TOP_S",
     "DEMO_TOP_S",
+    "FIRST",
     "KNOWN",
+    "OTHERS",
     "Command",
     "build_parser",
     "main",
@@ -31,6 +33,8 @@ __all__ = [
 Command = Callable[[argparse.Namespace], int]
 # Named in --help without loading a spec; a registered harness (an entry point) is accepted too.
 KNOWN = ", ".join(BUILT_IN)
+FIRST, *_REST = BUILT_IN
+OTHERS = ", ".join(_REST)
 
 
 def _schema(_: argparse.Namespace) -> int:
@@ -140,8 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     replay = commands.add_parser(
         "replay",
         help="run a recorded harness stream through the sidecar's decoder, producer and write guard",
-        description="Feed the recorded bytes (a channel capture, a Codex stdout or rollout file, an OpenCode "
-        "event stream) through the harness's own decoder, producer and write guard, as the sidecar does, and "
+        description="Feed the recorded bytes (a channel capture, a harness's stdout, rollout file or event "
+        "stream) through the harness's own decoder, producer and write guard, as the sidecar does, and "
         "print one JSON line per record the guard would write, with its reason. Untimed frames advance a "
         "simulated clock by one second each.",
     )
@@ -159,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
         "wrap",
         help="launch a harness as a managed agent, with a sidecar writing its context record",
         usage="%(prog)s [options] -- COMMAND [ARGS...]",
-        description="hctx wrap -- claude (or codex, pi, omp, opencode, also behind npx/bunx): claim the "
+        description=f"hctx wrap -- {FIRST} (or {OTHERS}, also behind npx/bunx): claim the "
         "agent (a new incarnation), remove its old context record, start its sidecar, then run COMMAND "
         "with HCTX_CHANNEL, HCTX_AGENT, HCTX_INCARNATION and HCTX_CATALOG set. The harness keeps the "
         "terminal; the wrapper exits with its exit status.",

@@ -465,12 +465,12 @@ async def tap_stdout_lines(stdout: trio.abc.ReceiveStream, harness: Harness, cha
     """Copy the harness's stdout to ours untouched; send each line to the sidecar on the side.
 
     Lines are framed by the sidecar's own `LineFramer` at the channel's limit, and each goes as the
-    harness's tap frame (its spec's `tap_frame`: Codex's carries the line's bytes as the string
-    payload), so the sidecar decodes exactly the bytes a replay of the same stdout does. The copy
-    never waits on the sidecar: tapped lines queue up to TAP_QUEUE_BYTES, and past that the oldest
-    give way, so after a burst (thousands of deltas) the newest lines, the usage update among them,
-    still go. What gave way is counted and reported to the sidecar, which logs it. A line over the
-    limit, or one whose frame would be (the sidecar refuses those on every wire), is not sent.
+    harness's tap frame (its spec's `tap_frame`, which carries the line's very bytes), so the
+    sidecar decodes exactly the bytes a replay of the same stdout does. The copy never waits on the
+    sidecar: tapped lines queue up to TAP_QUEUE_BYTES, and past that the oldest give way, so after a
+    burst (thousands of deltas) the newest lines, the usage update among them, still go. What gave
+    way is counted and reported to the sidecar, which logs it. A line over the limit, or one whose
+    frame would be (the sidecar refuses those on every wire), is not sent.
     """
     from sidecar.framing import Line, LineFramer
     from sidecar.registry import spec_for

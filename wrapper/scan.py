@@ -298,9 +298,10 @@ def run_scan(args: argparse.Namespace) -> int:
 def add_scan_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     scan_parser = commands.add_parser(
         "scan",
-        help="occupancy of recent Claude and Codex sessions read from their transcripts (no wrapping)",
-        description="Every Claude session under $CLAUDE_CONFIG_DIR/projects (default ~/.claude) and Codex "
-        "rollout under $CODEX_HOME/sessions (default ~/.codex) modified within --since, read from the end "
+        help="occupancy of recent sessions read from the harnesses' own transcripts (no wrapping)",
+        description="Every session transcript under the home of each harness whose transcripts hctx reads "
+        "(Claude's $CLAUDE_CONFIG_DIR/projects, default ~/.claude; each other's home directory, or the "
+        "variable that moves it) modified within --since, read from the end "
         "of the file. Claude windows come from a model table (shipped, extended by "
         "$XDG_CONFIG_HOME/hctx/models.json); an unknown model shows no window and no percent.",
     )

@@ -81,7 +81,7 @@ PACKAGE_RUNNERS = frozenset({"npx", "bunx", "pnpx"})
 
 
 def _package_name(spec: str) -> str:
-    """`@openai/codex@0.171.0` -> `@openai/codex`; `opencode-ai@latest` -> `opencode-ai`."""
+    """`@scope/agent@1.2.3` -> `@scope/agent`; `opencode-ai@latest` -> `opencode-ai`."""
     scope = "@" if spec.startswith("@") else ""
     return scope + spec.removeprefix("@").partition("@")[0]
 
