@@ -33,8 +33,8 @@ __all__ = [
 Command = Callable[[argparse.Namespace], int]
 # Named in --help without loading a spec; a registered harness (an entry point) is accepted too.
 KNOWN = ", ".join(BUILT_IN)
-FIRST, *_REST = BUILT_IN
-OTHERS = ", ".join(_REST)
+FIRST = next(iter(BUILT_IN))
+OTHERS = ", ".join(tuple(BUILT_IN)[1:])
 
 
 def _schema(_: argparse.Namespace) -> int:
