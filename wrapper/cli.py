@@ -120,10 +120,15 @@ DEMO_NO_TOP_S = 15.0
 
 def _demo(args: argparse.Namespace) -> int:
     from wrapper.demo import run_demo
+    from wrapper.top import has_terminal
 
-    default = DEMO_NO_TOP_S if args.no_top else DEMO_TOP_S
+    no_top: bool = args.no_top
+    if not no_top and not has_terminal():  # piped or in CI: the run is still worth watching, as text
+        print("hctx demo: no terminal on stdin and stdout for `hctx top`; playing as --no-top", file=sys.stderr)
+        no_top = True
+    default = DEMO_NO_TOP_S if no_top else DEMO_TOP_S
     duration: float = args.duration if args.duration is not None else default
-    return run_demo(args.catalog, show_top=not args.no_top, duration_s=duration)
+    return run_demo(args.catalog, show_top=not no_top, duration_s=duration)
 
 
 # `hctx --help` lists the commands in the order a user meets them; one registered later by a module
@@ -255,7 +260,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--catalog", type=Path, metavar="DIR", help="where the records go (default: a new temporary directory)"
     )
     demo.add_argument(
-        "--no-top", action="store_true", help=f"play every session to its end ({DEMO_NO_TOP_S:g} s) and exit"
+        "--no-top",
+        action="store_true",
+        help=f"play every session to its end ({DEMO_NO_TOP_S:g} s), printing each record as it lands, then the "
+        "roster, and exit (what the demo does without a terminal)",
     )
     demo.add_argument(
         "--duration",

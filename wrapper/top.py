@@ -51,6 +51,7 @@ __all__ = [
     "Segment",
     "bar",
     "fill_order",
+    "has_terminal",
     "live",
     "render_frame",
     "run",
@@ -315,6 +316,11 @@ def live(screen: Screen, fd: int) -> None:
             return
 
 
+def has_terminal() -> bool:
+    """What the live view needs: keys from a terminal on stdin, frames to one on stdout."""
+    return sys.stdin.isatty() and sys.stdout.isatty()
+
+
 def run(catalog: Path, *, here: str, once: bool) -> int:
     if once:
         now = now_ms()
@@ -327,7 +333,7 @@ def run(catalog: Path, *, here: str, once: bool) -> int:
                              colour=colour_enabled(sys.stdout))  # fmt: skip
         sys.stdout.write("\n".join(lines) + "\n")
         return 0
-    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+    if not has_terminal():
         print("hctx top: needs a terminal on stdin and stdout (use --once for one frame)", file=sys.stderr)
         return 2
     fd = sys.stdin.fileno()
