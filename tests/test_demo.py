@@ -26,6 +26,8 @@ from tests.wrapping import env, pid_gone, run, wait_for
 from wrapper.cli import DEMO_NO_TOP_S, DEMO_TOP_S
 from wrapper.demo import DEMO_HOST, FLEET
 
+HELP = "q quits · ↑↓ jk PgUp PgDn Home End · s sort: fill · / filter"
+
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 
 
@@ -169,7 +171,8 @@ def _check_readme_screenshot(screen: str) -> None:
         Path(target).write_text(screen)
     shot = README.split("```\n", 2)[1]
     assert re.match(_DEMO_TITLE.format(tmp="/tmp"), shot), shot.splitlines()[0]
-    assert shot.splitlines()[1] == screen.splitlines()[1] == "q quits"
+    assert shot.splitlines()[1] == screen.splitlines()[1] == HELP  # the keys
+    assert shot.splitlines()[2].startswith("hosts: demo 4 · ") and screen.splitlines()[2].startswith("hosts: demo 4 · ")
     header = next(line for line in screen.splitlines() if line.startswith("AGENT"))
     assert header.split() == next(line for line in shot.splitlines() if line.startswith("AGENT")).split()
     for agent in FLEET:
