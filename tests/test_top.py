@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from readers_catalog import HOST, HOUR, NOW, REPO, agent_path, hctx, put_claim, put_record
 
 from wrapper.roster import collect_roster, now_ms
@@ -344,6 +346,17 @@ def test_decode_keys_names_what_terminals_send() -> None:
     assert decode_keys(b"\x1b") == ["esc"]
     assert decode_keys(b"\x1b[1;5Cx") == ["x"]  # Ctrl-Right: not a key here, skipped whole, never typed
     assert decode_keys("/é".encode()) == ["/", "é"]
+
+
+@given(st.binary(max_size=512))
+def test_any_bytes_decode_to_known_keys_or_printable_characters(data: bytes) -> None:
+    """A truncated sequence, a paste of binary junk: never an exception, never a control byte typed."""
+    named = {"up", "down", "pgup", "pgdn", "home", "end", "enter", "esc", "backspace"}
+    view = View()
+    for key in decode_keys(data):
+        assert key in named or (len(key) == 1 and key.isprintable())
+        view.press(key)
+    assert view.filter.isprintable()
 
 
 def test_300_agents_in_100_by_30_scroll_to_every_row(tmp_path: Path) -> None:
