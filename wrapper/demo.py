@@ -31,6 +31,7 @@ __all__ = [
     "Progress",
     "failures",
     "launch",
+    "record_path",
     "run_demo",
     "stop",
     "workdir",
