@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Debian packages the tests drive: tmux (terminal tests: Ctrl-C, hctx top, Claude's TUI), jq (the
 # README's examples), prometheus (the live `hctx metrics` test; promtool comes with it), syncthing and
-# iproute2's ip (the two-daemon replication test, in a private network namespace). Installed only when
-# missing, in one apt-get call.
+# iproute2's ip (the two-daemon replication test, in a private network namespace), and Debian's own
+# python3 with venv and pip (the README's first command on an externally managed Python). Installed
+# only when missing, in one apt-get call.
 #
 # The body is one function, read whole before it runs: bash reads a script as it executes it, so an
 # edit to this file during a slow apt-get could otherwise run a line out of place.
@@ -15,6 +16,9 @@ main() {
   for tool in tmux jq prometheus promtool syncthing ip; do
     command -v "$tool" >/dev/null 2>&1 || missing+=("${package[$tool]}")
   done
+  # Debian's own python3 with venv and pip: the interpreter that refuses `pip install .` (PEP 668),
+  # on which the README's first command is tested as printed.
+  /usr/bin/python3 -c 'import ensurepip, pip, venv' >/dev/null 2>&1 || missing+=(python3 python3-venv python3-pip)
   [ ${#missing[@]} -eq 0 ] && return 0
   mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
   if [ "$(id -u)" -ne 0 ]; then

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from wrapper.cli import DEMO_NO_TOP_S, DEMO_TOP_S, build_parser, main
+from wrapper.cli import DEMO_NO_TOP_S, DEMO_TOP_S, build_parser, main, order_commands
 
 
 def _commands(parser: argparse.ArgumentParser, prefix: str = "hctx") -> Iterator[tuple[str, argparse.ArgumentParser]]:
@@ -55,3 +55,61 @@ def test_schema_help_describes_the_record(capsys: pytest.CaptureFixture[str]) ->
     with pytest.raises(SystemExit):
         main(["schema", "--help"])
     assert "JSON Schema (draft 2020-12) of st2.harness-context.v1" in " ".join(capsys.readouterr().out.split())
+
+
+# The order a user meets the commands in (issue 27): `web` lands here once it is registered.
+MET_IN_ORDER = ["demo", "wrap", "agents", "top", "doctor", "inspect", "watch", "metrics", "web", "scan",
+                "replication", "replay", "schema"]  # fmt: skip
+
+
+def _listed(help_text: str) -> list[str]:
+    """The command names `hctx --help` lists, in order: the indented first word of each entry."""
+    listing = help_text.split("COMMAND\n", 1)[1].split("\noptions:", 1)[0]
+    return [line.split()[0] for line in listing.splitlines() if line.startswith("    ") and line[4] != " "]
+
+
+def test_help_lists_the_commands_in_the_order_a_user_meets_them(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    listed = _listed(capsys.readouterr().out)
+    registered = {name.split()[1] for name in COMMANDS if name.count(" ") == 1}
+    assert set(listed) == registered and set(listed) <= set(MET_IN_ORDER)
+    assert listed == [name for name in MET_IN_ORDER if name in registered]
+    assert listed[:3] == ["demo", "wrap", "agents"] and listed[-2:] == ["replay", "schema"]
+
+
+def test_a_command_registered_later_lands_in_its_place_and_an_unknown_one_last() -> None:
+    parser = argparse.ArgumentParser(prog="hctx")
+    commands = parser.add_subparsers(metavar="COMMAND")
+    for name in ("schema", "zzz-plugin", "web", "demo", "scan"):
+        commands.add_parser(name, help=name)
+    order_commands(commands)
+    assert _listed(parser.format_help()) == ["demo", "web", "scan", "schema", "zzz-plugin"]
+    assert list(commands.choices) == ["demo", "web", "scan", "schema", "zzz-plugin"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "usage"),
+    [
+        (["top", "--bogus"], "usage: hctx top "),
+        (["agents", "--bogus"], "usage: hctx agents "),
+        (["doctor", "--bogus"], "usage: hctx doctor "),
+        (["watch", "--bogus"], "usage: hctx watch "),
+        (["metrics", "--bogus"], "usage: hctx metrics "),
+        (["scan", "--bogus"], "usage: hctx scan "),
+        (["demo", "--bogus"], "usage: hctx demo "),
+        (["schema", "--bogus"], "usage: hctx schema "),
+        (["inspect", "x", "--bogus"], "usage: hctx inspect "),
+        (["replication", "syncthing", "--bogus"], "usage: hctx replication syncthing "),
+        (["--bogus", "top"], "usage: hctx [-h]"),  # before the command: the top level's own
+    ],
+)
+def test_a_bad_option_prints_its_own_commands_usage(
+    argv: list[str], usage: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(usage), err
+    assert "error: unrecognized arguments: --bogus" in err

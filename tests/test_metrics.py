@@ -224,7 +224,9 @@ def test_the_textfile_is_replaced_atomically(tmp_path: Path) -> None:
     assert of(parse(target.read_text()), "alice")["hctx_context_used_tokens"] == 92283
     assert os.listdir(target.parent) == ["hctx.prom"]  # no temporary file left beside it
     missing = hctx("metrics", "--catalog", str(tmp_path / "catalog"), "--textfile", str(tmp_path / "no" / "x.prom"))
-    assert missing.returncode == 2 and "cannot write" in missing.stderr and "Traceback" not in missing.stderr
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr
+    # The directory that is missing, never prometheus_client's temporary file name (issue 27).
+    assert missing.stderr == f"hctx metrics: cannot write {tmp_path}/no/x.prom: no directory {tmp_path}/no\n"
 
 
 def test_interval_rewrites_the_textfile_from_the_catalog_as_it_is(tmp_path: Path) -> None:
@@ -306,6 +308,20 @@ def test_tls_with_required_client_certificates(tmp_path: Path) -> None:
 def test_contradictory_options_are_refused(tmp_path: Path, args: list[str]) -> None:
     done = hctx("metrics", "--catalog", str(tmp_path), *args)
     assert done.returncode == 2 and done.stderr.startswith("hctx metrics: ") and not (tmp_path / "x.prom").exists()
+
+
+def test_missing_tls_files_are_each_named_and_nothing_says_listen(tmp_path: Path) -> None:
+    (tmp_path / "host.pem").write_text("not a certificate\n")
+    args = ["metrics", "--catalog", str(tmp_path), "--listen", "127.0.0.1:0"]
+    done = hctx(*args, "--tls-cert", "host.pem", "--tls-key", "host.key", "--tls-client-ca", "ca.pem")
+    assert done.returncode == 2
+    assert done.stderr == ("hctx metrics: cannot serve HTTPS: --tls-cert host.pem: No such file or directory; "
+                           "--tls-key host.key: No such file or directory; "
+                           "--tls-client-ca ca.pem: No such file or directory\n")  # fmt: skip
+    pem = str(tmp_path / "host.pem")
+    junk = hctx(*args, "--tls-cert", pem, "--tls-key", pem)  # there, but no certificate
+    assert junk.returncode == 2 and junk.stderr.startswith("hctx metrics: cannot serve HTTPS: ")
+    assert pem in junk.stderr and "listen" not in junk.stderr and "Traceback" not in junk.stderr
 
 
 def test_a_taken_port_is_a_message_not_a_traceback(tmp_path: Path) -> None:

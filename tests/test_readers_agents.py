@@ -250,7 +250,7 @@ def test_catalog_defaults_to_hctx_catalog_then_xdg_state(tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize("command", [["agents"], ["agents", "--json"], ["doctor"], ["top", "--once"],
-                                     ["inspect", "x"], ["agents", "x"]])  # fmt: skip
+                                     ["inspect", "x"], ["agents", "x"], ["watch"]])  # fmt: skip
 def test_a_catalog_that_does_not_exist_is_named_with_where_it_came_from(
     command: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

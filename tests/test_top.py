@@ -17,17 +17,22 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from readers_catalog import HOST, HOUR, NOW, REPO, agent_path, hctx, put_claim, put_record
 
 from wrapper.roster import collect_roster, now_ms
-from wrapper.top import BAR_CELLS, BAR_MIN_CELLS, COLUMNS, bar, render_frame
+from wrapper.top import BAR_CELLS, BAR_MIN_CELLS, COLUMNS, View, bar, decode_keys, render_frame
+
+HELP = "q quits · ↑↓ jk PgUp PgDn Home End · s sort: fill · / filter"
+FLEET_SUMMARY = "hosts: box 5 · 2 at or above 80% · 1 at or above 95% · 1 stale"
 
 
 def frame(catalog: Path, *, width: int | None = None, height: int | None = None, colour: bool = False,
-          interactive: bool = True) -> list[str]:  # fmt: skip
+          interactive: bool = True, view: View | None = None) -> list[str]:  # fmt: skip
     roster = collect_roster(catalog, NOW, here=HOST, alive=lambda pid: False)
     return render_frame(roster, NOW, catalog=catalog, width=width, height=height, colour=colour,
-                        interactive=interactive)  # fmt: skip
+                        interactive=interactive, view=view)  # fmt: skip
 
 
 def fleet(catalog: Path) -> None:
@@ -46,10 +51,11 @@ def test_frame_is_sorted_by_fill_with_every_column(tmp_path: Path) -> None:
     fleet(tmp_path)
     lines = frame(tmp_path)
     assert lines[0].startswith(f"hctx top · 5 agents · {tmp_path} · ")
-    assert lines[1] == "q quits"
-    header = lines[3].split()
+    assert lines[1] == HELP
+    assert lines[2] == FLEET_SUMMARY
+    header = lines[4].split()
     assert header == ["AGENT", "HARNESS", "FILL", "PCT", "TOKENS", "WINDOW", "HEADROOM", "⟳", "AGE", "COST"]
-    rows = [line.split() for line in lines[4:]]
+    rows = [line.split() for line in lines[5:]]
     assert [row[0] for row in rows] == ["box/over", "box/mid", "box/low", "box/claude", "box/empty"]
     assert rows[0] == ["box/over", "pi", "█" * BAR_CELLS, "586%", "23k", "4k", "-", "0", "4s", "$0.0123"]
     assert rows[1] == ["box/mid", "codex", "█" * 17 + "░" * 3, "85%", "170k", "200k", "→", "-10k", "2", "4s", "-"]
@@ -72,9 +78,9 @@ def test_bar_clamps_for_layout_only_and_is_blank_without_a_percent() -> None:
 def test_frame_tints_fill_amber_and_red_only_with_colour(tmp_path: Path) -> None:
     fleet(tmp_path)
     coloured = frame(tmp_path, colour=True)
-    assert "\x1b[31m586%\x1b[0m" in coloured[4]
-    assert "\x1b[33m85%\x1b[0m" in coloured[5]
-    assert "\x1b" not in coloured[6]
+    assert "\x1b[31m586%\x1b[0m" in coloured[5]
+    assert "\x1b[33m85%\x1b[0m" in coloured[6]
+    assert "\x1b" not in coloured[7]
     assert not any("\x1b" in line for line in frame(tmp_path, colour=False))
 
 
@@ -84,7 +90,8 @@ def test_frame_fits_the_terminal(tmp_path: Path) -> None:
     lines = frame(tmp_path, width=40, height=12)
     assert len(lines) == 12
     assert all(len(line) <= 40 for line in lines)
-    assert lines[-1] == "… 23 more"
+    assert lines[-1] == "rows 1–6 of 30"  # the live view scrolls to the rest
+    assert frame(tmp_path, width=40, height=12, interactive=False)[-1] == "… 24 more"
     coloured = frame(tmp_path, width=40, height=12, colour=True)
     assert len(coloured) == 12
 
@@ -92,28 +99,28 @@ def test_frame_fits_the_terminal(tmp_path: Path) -> None:
 def test_only_the_live_view_says_how_to_quit(tmp_path: Path) -> None:
     fleet(tmp_path)
     live, once = frame(tmp_path), frame(tmp_path, interactive=False)
-    assert live[1:3] == ["q quits", ""] and live[3:] == once[2:]
-    assert once[1] == "" and not any("q quits" in line for line in once)
+    assert live[1] == HELP and live[2:] == once[1:]
+    assert once[1] == FLEET_SUMMARY and not any("q quits" in line for line in once)
 
 
 def test_a_narrow_terminal_narrows_the_bar_then_hides_columns_and_says_which(tmp_path: Path) -> None:
     fleet(tmp_path)
     full = frame(tmp_path)
-    assert max(map(len, full[3:])) == 98 and full[3].split() == list(COLUMNS)
+    assert max(map(len, full[4:])) == 98 and full[4].split() == list(COLUMNS)
     at_90 = frame(tmp_path, width=90)  # the bar gives up cells; every column stays, COST included
-    assert at_90[1] == "q quits" and at_90[3].split() == list(COLUMNS)
-    assert at_90[4].split() == ["box/over", "pi", "█" * 12, "586%", "23k", "4k", "-", "0", "4s", "$0.0123"]
+    assert at_90[1] == HELP and at_90[4].split() == list(COLUMNS)
+    assert at_90[5].split() == ["box/over", "pi", "█" * 12, "586%", "23k", "4k", "-", "0", "4s", "$0.0123"]
     assert all(len(line) <= 90 for line in at_90)
     at_80 = frame(tmp_path, width=80, interactive=False)
     assert at_80[1] == "+1 column hidden, widen the terminal: HARNESS"
-    assert at_80[3].split() == [name for name in COLUMNS if name != "HARNESS"]
-    assert at_80[4].split() == ["box/over", "█" * BAR_MIN_CELLS, "586%", "23k", "4k", "-", "0", "4s", "$0.0123"]
+    assert at_80[4].split() == [name for name in COLUMNS if name != "HARNESS"]
+    assert at_80[5].split() == ["box/over", "█" * BAR_MIN_CELLS, "586%", "23k", "4k", "-", "0", "4s", "$0.0123"]
     at_70 = frame(tmp_path, width=70, interactive=False)
     assert at_70[1] == "+2 columns hidden, widen the terminal: HARNESS, WINDOW"
-    assert at_70[3].split() == [name for name in COLUMNS if name not in ("HARNESS", "WINDOW")]
+    assert at_70[4].split() == [name for name in COLUMNS if name not in ("HARNESS", "WINDOW")]
     at_50 = frame(tmp_path, width=50, interactive=False)
     assert at_50[1] == "+4 columns hidden, widen the terminal: HARNESS, FI"  # cut to the width, never wrapped
-    assert at_50[3].split() == ["AGENT", "PCT", "TOKENS", "⟳", "AGE", "COST"]
+    assert at_50[4].split() == ["AGENT", "PCT", "TOKENS", "⟳", "AGE", "COST"]
     assert all(len(line) <= 50 for line in at_50)
 
 
@@ -129,7 +136,10 @@ def test_once_prints_one_frame(tmp_path: Path) -> None:
     done = hctx("top", "--once", "--catalog", str(tmp_path), env={"COLUMNS": ""})
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert lines[1] == "" and lines[2].split()[0] == "AGENT" and lines[3].split()[0] == "box/over"
+    # NOW is in the past by the wall clock: every reading is stale here
+    assert lines[1] == FLEET_SUMMARY.replace("1 stale", "4 stale") and lines[2] == ""
+    assert lines[3].split()[0] == "AGENT"
+    assert lines[4].split()[0] == "box/over"
     assert "q quits" not in done.stdout  # only the live view can be quit
     assert "\x1b" not in done.stdout  # not a terminal
 
@@ -235,14 +245,14 @@ def test_live_view_updates_within_a_second_and_q_restores_the_terminal(tmp_path:
     tmux.wait_for("box/alpha")
     pane = tmux.pane().splitlines()
     assert "BEFORE-TOP" not in "\n".join(pane)  # on the alternate screen
-    assert [line.split()[0] for line in pane[4:6]] == ["box/bravo", "box/alpha"]
+    assert [line.split()[0] for line in pane[5:7]] == ["box/bravo", "box/alpha"]
     time.sleep(1.2)  # let it settle into its steady cadence before timing it
 
     rewrite_atomically(tmp_path / "agents" / HOST / "alpha" / "harness-context", usedPercent=97.0,
                        usedTokens=194_000, windowTokens=200_000, observedAtMs=now_ms())  # fmt: skip
     assert tmux.wait_for("97%") < 1.0
     pane = tmux.pane().splitlines()
-    assert [line.split()[0] for line in pane[4:6]] == ["box/alpha", "box/bravo"]  # re-sorted by fill
+    assert [line.split()[0] for line in pane[5:7]] == ["box/alpha", "box/bravo"]  # re-sorted by fill
 
     put_record(tmp_path, "charlie", usedPercent=1.0, observedAtMs=now_ms())
     assert tmux.wait_for("box/charlie") < 1.0  # a new agent too
@@ -303,3 +313,152 @@ def test_sigterm_quits_and_restores_the_terminal(tmp_path: Path, tmux: Tmux) -> 
     tmux.wait_for("icanon", timeout=5)
     pane_text = tmux.pane()
     assert "BEFORE-TOP" in pane_text and "box/alpha" not in pane_text and "-echo" not in pane_text
+
+
+# --- a real fleet: scroll, sort, filter, summary (issue 27) ------------------------------------------
+
+FLEET_HOSTS = (("alpha", 100), ("bravo", 120), ("charlie", 80))
+BIG_SUMMARY = "hosts: alpha 100, bravo 120, charlie 80 · 60 at or above 80% · 15 at or above 95% · 6 stale"
+
+
+def big_fleet(catalog: Path, now: int) -> None:
+    """300 agents on three hosts: fill i % 100, harness codex/claude/pi in turn, observed i seconds
+    ago (every 50th two hours ago: stale)."""
+    index = 0
+    for host, count in FLEET_HOSTS:
+        for _ in range(count):
+            harness = ("codex", "claude", "pi")[index % 3]
+            observed = now - (2 * HOUR if index % 50 == 0 else index * 1000)
+            put_record(catalog, f"agent-{index:03d}", host=host, harness=harness, usedPercent=float(index % 100),
+                       observedAtMs=observed, writtenAtMs=observed)  # fmt: skip
+            index += 1
+
+
+def names(lines: list[str]) -> list[str]:
+    return [line.split()[0] for line in lines if line.split() and "/agent-" in line.split()[0]]
+
+
+def test_decode_keys_names_what_terminals_send() -> None:
+    assert decode_keys(b"\x1b[A\x1bOB\x1b[5~\x1b[6~") == ["up", "down", "pgup", "pgdn"]
+    assert decode_keys(b"\x1b[H\x1b[1~\x1bOH\x1b[7~") == ["home"] * 4
+    assert decode_keys(b"\x1b[F\x1b[4~\x1bOF\x1b[8~") == ["end"] * 4
+    assert decode_keys(b"jk/pi\r\x7fq") == ["j", "k", "/", "p", "i", "enter", "backspace", "q"]
+    assert decode_keys(b"\x1b") == ["esc"]
+    assert decode_keys(b"\x1b[1;5Cx") == ["x"]  # Ctrl-Right: not a key here, skipped whole, never typed
+    assert decode_keys("/é".encode()) == ["/", "é"]
+
+
+@given(st.binary(max_size=512))
+def test_any_bytes_decode_to_known_keys_or_printable_characters(data: bytes) -> None:
+    """A truncated sequence, a paste of binary junk: never an exception, never a control byte typed."""
+    named = {"up", "down", "pgup", "pgdn", "home", "end", "enter", "esc", "backspace"}
+    view = View()
+    for key in decode_keys(data):
+        assert key in named or (len(key) == 1 and key.isprintable())
+        view.press(key)
+    assert view.filter.isprintable()
+
+
+def test_300_agents_in_100_by_30_scroll_to_every_row(tmp_path: Path) -> None:
+    big_fleet(tmp_path, NOW)
+    view = View()
+    first = frame(tmp_path, width=100, height=30, view=view)
+    assert len(first) == 30 and all(len(line) <= 100 for line in first)
+    assert first[2] == BIG_SUMMARY
+    assert first[-1] == "rows 1–24 of 300" and len(names(first)) == 24
+    assert names(first)[:3] == ["alpha/agent-099", "bravo/agent-199", "charlie/agent-299"]  # fullest first
+    seen = list(names(first))
+    while not frame(tmp_path, width=100, height=30, view=view)[-1].endswith("–300 of 300"):
+        view.press("pgdn")
+        seen += names(frame(tmp_path, width=100, height=30, view=view))
+    assert set(seen) == {f"{host}/agent-{i:03d}" for host, i in _all_names()}  # every agent reached
+    view.press("home")
+    assert frame(tmp_path, width=100, height=30, view=view)[-1] == "rows 1–24 of 300"
+    view.press("end")
+    last = frame(tmp_path, width=100, height=30, view=view)
+    assert last[-1] == "rows 277–300 of 300" and names(last)[-1] == "bravo/agent-200"  # emptiest last
+    view.press("up"), view.press("k")
+    assert frame(tmp_path, width=100, height=30, view=view)[-1] == "rows 275–298 of 300"
+    view.press("down"), view.press("j"), view.press("j")  # past the end: held at the last page
+    assert frame(tmp_path, width=100, height=30, view=view)[-1] == "rows 277–300 of 300"
+
+
+def _all_names() -> list[tuple[str, int]]:
+    out, index = [], 0
+    for host, count in FLEET_HOSTS:
+        for _ in range(count):
+            out.append((host, index))
+            index += 1
+    return out
+
+
+def test_sort_keys_and_the_filter_pick_and_order_the_rows(tmp_path: Path) -> None:
+    big_fleet(tmp_path, NOW)
+    view = View()
+    assert view.press("n") is False
+    by_name = frame(tmp_path, width=100, height=30, view=view)
+    assert "s sort: name" in by_name[1] and names(by_name)[:2] == ["alpha/agent-000", "alpha/agent-001"]
+    view.press("a")  # freshest reading first; the stale ones last
+    by_age = frame(tmp_path, width=100, height=30, view=view)
+    assert "s sort: age" in by_age[1] and names(by_age)[:2] == ["alpha/agent-001", "alpha/agent-002"]
+    view.press("end")
+    assert names(frame(tmp_path, width=100, height=30, view=view))[-1] == "charlie/agent-250"
+    view.press("s")  # cycles: age -> name
+    assert view.sort == "name" and view.offset == 0
+    view.press("s"), view.press("f")
+    assert view.sort == "fill"
+
+    for key in "/CHARLIE":  # case-insensitive, typed live
+        view.press(key)
+    typing = frame(tmp_path, width=100, height=30, view=view)
+    assert typing[1] == "filter: CHARLIE▏ · 80 of 300 · Enter keeps it, Esc clears it"
+    assert typing[-1] == "rows 1–24 of 80" and all(name.startswith("charlie/") for name in names(typing))
+    assert typing[2] == BIG_SUMMARY  # the summary is the fleet's, whatever the filter shows
+    view.press("enter")
+    kept = frame(tmp_path, width=100, height=30, view=view)[1]
+    assert kept.endswith("· filter 'CHARLIE': 80 of 300 · Esc clears")
+    assert view.press("q") is True  # the filter is kept; q is a key again
+    view.press("esc")
+    assert frame(tmp_path, width=100, height=30, view=view)[-1] == "rows 1–24 of 300"
+    for key in ["/", "p", "i", "enter"]:  # a harness
+        view.press(key)
+    by_harness = frame(tmp_path, width=100, height=30, view=view)
+    assert "filter 'pi': 100 of 300" in by_harness[1] and all(" pi " in line for line in by_harness[5:-1])
+    for key in ["/", "backspace", "backspace", "-", "0", "4", "2", "enter"]:  # a name substring
+        view.press(key)
+    assert names(frame(tmp_path, width=100, height=30, view=view)) == ["alpha/agent-042"]
+    for key in ["/", "q", "esc"]:  # Esc while typing clears it; the q was text, not a quit
+        assert view.press(key) is False
+    assert view.filter == "" and not view.editing
+
+
+def test_live_view_scrolls_sorts_and_filters_from_the_keyboard(tmp_path: Path, tmux: Tmux) -> None:
+    """At 300 agents in a 100x30 terminal (issue 27: 25 rows and `… 275 more`, with no way on)."""
+    big_fleet(tmp_path, now_ms())
+    argv = [sys.executable, "-m", "wrapper.cli", "top", "--catalog", str(tmp_path), "--host", HOST]
+    top = " ".join(shlex.quote(part) for part in argv)
+    # COLUMNS/LINES from the test's environment would override the pane's real size.
+    tmux("new-session", "-d", "-s", "top", "-x", "100", "-y", "30", "-e", f"PYTHONPATH={REPO}", "-e", "NO_COLOR=",
+         "env", "-u", "COLUMNS", "-u", "LINES", "sh", "-c", f"{top}; echo EXITED $?; sleep 60")  # fmt: skip
+    tmux.wait_for("rows 1–24 of 300", timeout=20)
+    assert BIG_SUMMARY in tmux.pane()
+    for keys, shown in [("End", "rows 277–300 of 300"), ("Home", "rows 1–24 of 300"), ("NPage", "rows 25–48 of 300"),
+                        ("k", "rows 24–47 of 300"), ("Down", "rows 25–48 of 300"), ("j", "rows 26–49 of 300"),
+                        ("Up", "rows 25–48 of 300"), ("PPage", "rows 1–24 of 300")]:  # fmt: skip
+        tmux("send-keys", "-t", "top", keys)
+        tmux.wait_for(shown)
+    tmux("send-keys", "-t", "top", "End")
+    tmux.wait_for("bravo/agent-200")  # the emptiest, last by fill
+    tmux("send-keys", "-t", "top", "n")
+    tmux.wait_for("s sort: name")
+    assert names(tmux.pane().splitlines())[0] == "alpha/agent-000"
+    tmux("send-keys", "-t", "top", "/", "c", "h", "a", "r")
+    tmux.wait_for("filter: char▏ · 80 of 300")
+    tmux("send-keys", "-t", "top", "Enter")
+    tmux.wait_for("filter 'char': 80 of 300 · Esc clears")
+    pane = tmux.pane().splitlines()
+    assert names(pane)[0] == "charlie/agent-220" and all(name.startswith("charlie/") for name in names(pane))
+    tmux("send-keys", "-t", "top", "Escape")
+    tmux.wait_for("rows 1–24 of 300")
+    tmux("send-keys", "-t", "top", "q")
+    tmux.wait_for("EXITED 0", timeout=5)

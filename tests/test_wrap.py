@@ -61,11 +61,58 @@ def test_a_harness_killed_by_a_signal_exits_the_wrapper_with_128_plus_the_signal
     assert result.returncode == 128 + signal.SIGTERM
 
 
+def _left_behind(catalog: Path) -> list[Path]:
+    """What a launch left in its catalog: agent directories, sidecar logs."""
+    return sorted([*catalog.glob("agents/*/*"), *catalog.glob(".st2/logs/*")])
+
+
 def test_a_missing_command_is_a_clear_error_not_a_traceback(tmp_path: Path) -> None:
     result = run(wrap_argv(tmp_path, "a", "pi", "/nonexistent/harness"))
     assert result.returncode == 127
-    assert "cannot start '/nonexistent/harness'" in result.stderr
+    assert "hctx wrap: cannot start '/nonexistent/harness': No such file or directory" in result.stderr
+    assert "nothing claimed, no sidecar started" in result.stderr
     assert "Traceback" not in result.stderr
+    assert _left_behind(tmp_path) == []  # no ghost agent, no sidecar (issue 27)
+
+
+@pytest.mark.parametrize(
+    ("program", "status", "why"),
+    [
+        ("no-such-harness-anywhere", 127, "no 'no-such-harness-anywhere' on PATH"),
+        ("script-env", 127, "its interpreter 'no-such-node' (#!/usr/bin/env no-such-node) is not on PATH"),
+        ("script-abs", 127, "its interpreter /nonexistent/node (#!/nonexistent/node) is not there"),
+        ("not-executable", 126, "Permission denied"),
+        ("a-directory", 126, "it is not a file"),
+    ],
+)
+def test_a_program_that_cannot_start_is_refused_before_the_claim(
+    tmp_path: Path, program: str, status: int, why: str
+) -> None:
+    """An npm-installed harness is a `#!/usr/bin/env node` script: without node on PATH it would
+    exec, fail, and leave a claimed agent that never ran. Nothing is claimed for any of these."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text, mode in [("script-env", "#!/usr/bin/env no-such-node\n", 0o755),
+                             ("script-abs", "#!/nonexistent/node\n", 0o755),
+                             ("not-executable", "#!/bin/sh\n", 0o644)]:  # fmt: skip
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(mode)
+    (bin_dir / "a-directory").mkdir()
+    command = program if program.startswith("no-such") else str(bin_dir / program)
+    catalog = tmp_path / "catalog"
+    result = run(wrap_argv(catalog, "a", "pi", command))
+    assert result.returncode == status, result.stderr
+    assert f"hctx wrap: cannot start {command!r}: {why}; nothing claimed" in result.stderr
+    assert _left_behind(catalog) == []
+
+
+def test_a_script_whose_interpreter_is_on_path_runs(tmp_path: Path) -> None:
+    script = tmp_path / "harness"
+    script.write_text(f"#!/usr/bin/env {Path(sys.executable).name}\nimport sys; sys.exit(5)\n")
+    script.chmod(0o755)
+    result = run(wrap_argv(tmp_path / "catalog", "a", "pi", str(script)))
+    assert result.returncode == 5, result.stderr  # ran: the harness's own status
+    assert (agent_dir(tmp_path / "catalog", "a") / "harness-state").is_file()
 
 
 @pytest.mark.parametrize(

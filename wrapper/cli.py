@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import guard
 from guard.record import Harness
@@ -20,14 +22,17 @@ from wrapper.scan import add_scan_command
 from wrapper.watch import add_watch_command
 
 __all__ = [
+    "COMMAND_ORDER",
     "DEMO_NO_TOP_S",
     "DEMO_TOP_S",
     "FIRST",
     "KNOWN",
     "OTHERS",
     "Command",
+    "Parser",
     "build_parser",
     "main",
+    "order_commands",
 ]
 
 Command = Callable[[argparse.Namespace], int]
@@ -119,14 +124,59 @@ DEMO_NO_TOP_S = 15.0
 
 def _demo(args: argparse.Namespace) -> int:
     from wrapper.demo import run_demo
+    from wrapper.top import has_terminal
 
-    default = DEMO_NO_TOP_S if args.no_top else DEMO_TOP_S
+    no_top: bool = args.no_top
+    if not no_top and not has_terminal():  # piped or in CI: the run is still worth watching, as text
+        print("hctx demo: no terminal on stdin and stdout for `hctx top`; playing as --no-top", file=sys.stderr)
+        no_top = True
+    default = DEMO_NO_TOP_S if no_top else DEMO_TOP_S
     duration: float = args.duration if args.duration is not None else default
-    return run_demo(args.catalog, show_top=not args.no_top, duration_s=duration)
+    return run_demo(args.catalog, show_top=not no_top, duration_s=duration)
+
+
+# `hctx --help` lists the commands in the order a user meets them; one registered later by a module
+# of its own lands in its place here, one not named here after these, and a name here that is not
+# registered is skipped.
+COMMAND_ORDER = (
+    "demo", "wrap", "agents", "top", "doctor", "inspect", "watch", "metrics", "web", "scan", "replication",
+    "replay", "schema",
+)  # fmt: skip
+
+
+class Parser(argparse.ArgumentParser):
+    """Every hctx (sub)command's parser: an option's value may start with a minus and a digit
+    (`--since -1h`), so it reaches that option's own check instead of reading as an unknown option."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # argparse's own default takes only `-5` or `-.5` as a value; no hctx option looks like `-1`.
+        self._negative_number_matcher = re.compile(r"^-\d")
+
+
+def order_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The help's command list (and the choices an error names) in COMMAND_ORDER."""
+    rank = {name: index for index, name in enumerate(COMMAND_ORDER)}
+    commands._choices_actions.sort(key=lambda action: rank.get(action.dest, len(rank)))
+    parsers = commands._name_parser_map
+    for name in sorted(parsers, key=lambda name: rank.get(name, len(rank))):
+        parsers[name] = parsers.pop(name)
+
+
+def _usage_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The (sub)command that was run: its usage is the one a bad option of it should show."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            chosen = action.choices.get(getattr(args, action.dest, None) or "")
+            if isinstance(chosen, argparse.ArgumentParser):
+                return _usage_parser(chosen, args)
+    return parser
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    # Typed as the base class, so every add_*_command takes the subparsers as argparse's own; each
+    # subcommand's parser is a Parser all the same (argparse makes them of the parent's class).
+    parser: argparse.ArgumentParser = Parser(
         prog="hctx",
         description="Live context-window fill for every coding agent, in the harness's own numbers.",
     )
@@ -214,7 +264,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--catalog", type=Path, metavar="DIR", help="where the records go (default: a new temporary directory)"
     )
     demo.add_argument(
-        "--no-top", action="store_true", help=f"play every session to its end ({DEMO_NO_TOP_S:g} s) and exit"
+        "--no-top",
+        action="store_true",
+        help=f"play every session to its end ({DEMO_NO_TOP_S:g} s), printing each record as it lands, then the "
+        "roster, and exit (what the demo does without a terminal)",
     )
     demo.add_argument(
         "--duration",
@@ -228,11 +281,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_metrics_command(commands)
     add_replication_command(commands)
     add_watch_command(commands)
+    order_commands(commands)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(words)
+    if unknown:  # argparse hands a subcommand's unknown options up to the top; its own usage says more
+        before_command = unknown[0] in words[: words.index(args.command)]
+        usage = parser if before_command else _usage_parser(parser, args)
+        usage.error(f"unrecognized arguments: {' '.join(unknown)}")
     run: Command = args.run
     try:
         return run(args)

@@ -12,23 +12,26 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from guard.constants import AGENTS_DIR_NAME, CONTEXT_RECORD_NAME
-from guard.errors import FleetFailed
-from guard.record import Harness
+from guard.constants import AGENTS_DIR_NAME, CONTEXT_RECORD_NAME, STATE_RECORD_NAME
+from guard.errors import FleetFailed, RecordRefused
+from guard.record import Harness, parse_record
 
 __all__ = [
     "DEMO_HOST",
     "FINISH_SLACK_S",
     "FLEET",
     "LOG_TAIL_LINES",
+    "PROGRESS_POLL_S",
     "STOP_TIMEOUT_S",
     "WRAPPER_LOG",
     "DemoAgent",
+    "Progress",
     "failures",
     "launch",
+    "record_path",
     "run_demo",
     "stop",
     "workdir",
@@ -36,10 +39,13 @@ __all__ = [
 
 DEMO_HOST = "demo"
 STOP_TIMEOUT_S = 10.0
-# Past the last frame, time for the wrappers and sidecars to finish and exit.
-FINISH_SLACK_S = 20.0
+# Beyond the play itself, time for the wrappers and sidecars to start, finish and exit: a bound for a
+# hung session, not a pace (on two busy cores the start alone has taken 10 s).
+FINISH_SLACK_S = 60.0
 WRAPPER_LOG = "wrapper.stderr"
 LOG_TAIL_LINES = 8
+# How often `--no-top` looks for records that landed.
+PROGRESS_POLL_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -88,6 +94,49 @@ def workdir(catalog: Path, agent: DemoAgent) -> Path:
     return catalog / ".st2" / "demo" / agent.identity
 
 
+def record_path(catalog: Path, agent: DemoAgent) -> Path:
+    return catalog / AGENTS_DIR_NAME / DEMO_HOST / agent.identity / CONTEXT_RECORD_NAME
+
+
+@dataclass
+class Progress:
+    """`--no-top`'s running commentary: one line per record as it lands (each record the sidecar
+    writes, as often as it is polled), saying which agent is at what fill."""
+
+    catalog: Path
+    started: float = field(default_factory=time.monotonic)
+    shown: dict[str, tuple[int | None, int]] = field(default_factory=dict)  # identity -> (writtenAtMs, compactions)
+
+    def _clock(self) -> str:
+        return f"{time.monotonic() - self.started:5.1f}s"
+
+    def lines(self) -> list[str]:
+        from wrapper.render import meter_text, percent_text
+
+        found = []
+        width = max(len(agent.identity) for agent in FLEET) + len(DEMO_HOST) + 1
+        for agent in FLEET:
+            name = f"{DEMO_HOST}/{agent.identity}"
+            claimed = record_path(self.catalog, agent).with_name(STATE_RECORD_NAME).is_file()
+            if claimed and agent.identity not in self.shown:  # the wrapper claimed it: its sidecar starts
+                self.shown[agent.identity] = (None, 0)
+                found.append(f"{self._clock()}  {name:<{width}}  {agent.harness:<7} launched")
+            try:
+                record = parse_record(record_path(self.catalog, agent).read_bytes())
+            except (OSError, RecordRefused):
+                continue  # not written yet, or removed by a relaunch's claim
+            written, compactions = self.shown.get(agent.identity, (None, 0))
+            if written == record.written_at_ms:
+                continue
+            self.shown[agent.identity] = (record.written_at_ms, record.compactions)
+            percent = "?" if record.used_percent is None else percent_text(record.used_percent)
+            meter = meter_text({"usedTokens": record.used_tokens, "windowTokens": record.window_tokens})
+            found.append(f"{self._clock()}  {name:<{width}}  {record.harness:<7} "
+                         f"{percent:>4}  {meter:<10}  ⟳{record.compactions}"
+                         f"{'  compacted' if record.compactions > compactions else ''}")  # fmt: skip
+        return found
+
+
 def failures(fleet: list[tuple[DemoAgent, subprocess.Popen[bytes]]], catalog: Path, *, ended: bool) -> list[str]:
     """Why each agent that went wrong did. Before the end, any exit is early; at the end, a
     non-zero exit or a session that left no record is a failure."""
@@ -96,7 +145,7 @@ def failures(fleet: list[tuple[DemoAgent, subprocess.Popen[bytes]]], catalog: Pa
         status = process.poll()
         if status is None:
             continue
-        record = catalog / AGENTS_DIR_NAME / DEMO_HOST / agent.identity / CONTEXT_RECORD_NAME
+        record = record_path(catalog, agent)
         if status != 0:
             why = f"its wrapper exited with {status}"
         elif not ended:
@@ -143,6 +192,10 @@ def run_demo(catalog: Path | None, show_top: bool, duration_s: float) -> int:
             raise FleetFailed
 
     status = 0
+    if not show_top:
+        names = ", ".join(agent.identity for agent in FLEET)
+        print(f"hctx demo: {len(FLEET)} recorded sessions ({names}), {duration_s:g} s each; "
+              "every record as it lands:", flush=True)  # fmt: skip
     try:
         # Held while launching, so no wrapper can be started without being in `fleet`.
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
@@ -156,9 +209,7 @@ def run_demo(catalog: Path | None, show_top: bool, duration_s: float) -> int:
 
             status = run_top(catalog, here=DEMO_HOST, once=False)
         else:
-            deadline = time.monotonic() + duration_s + FINISH_SLACK_S
-            for _, process in fleet:
-                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            _play(fleet, catalog, duration_s)
     except KeyboardInterrupt:
         status = 130
     except FleetFailed:
@@ -179,5 +230,25 @@ def run_demo(catalog: Path | None, show_top: bool, duration_s: float) -> int:
         for problem in problems:
             print(f"  {problem}", file=sys.stderr)
         status = status if status == 130 else 1
+    if not show_top and status != 130:
+        from wrapper.render import colour_enabled, render_agents
+        from wrapper.roster import collect_roster, now_ms
+
+        roster = collect_roster(catalog, now_ms(), here=DEMO_HOST)
+        print(f"\n{render_agents(roster.rows, colour=colour_enabled(sys.stdout))}", end="")
     print(f"catalog: {catalog}\n  hctx agents --catalog {catalog}\n  hctx doctor --catalog {catalog}")
     return status
+
+
+def _play(fleet: list[tuple[DemoAgent, subprocess.Popen[bytes]]], catalog: Path, duration_s: float) -> None:
+    """Wait for every session to end, printing each record as it lands."""
+    progress = Progress(catalog)
+    deadline = time.monotonic() + duration_s + FINISH_SLACK_S
+    while any(process.poll() is None for _, process in fleet):
+        if time.monotonic() > deadline:
+            raise subprocess.TimeoutExpired("hctx demo", duration_s + FINISH_SLACK_S)
+        for line in progress.lines():
+            print(line, flush=True)
+        time.sleep(PROGRESS_POLL_S)
+    for line in progress.lines():
+        print(line, flush=True)

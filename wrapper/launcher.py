@@ -54,6 +54,7 @@ __all__ = [
     "run_wrap",
     "say",
     "tap_stdout_lines",
+    "unrunnable",
     "wrap",
 ]
 
@@ -83,7 +84,7 @@ class WrapOptions:
 
 
 def say(message: str) -> None:
-    print(f"hctx: {message}", file=sys.stderr, flush=True)
+    print(f"hctx wrap: {message}", file=sys.stderr, flush=True)
 
 
 def exit_status(returncode: int) -> int:
@@ -188,7 +189,42 @@ def _harness_group() -> GroupMode:
     return "wrapper's" if os.getpgrp() == os.getpid() else "shared"
 
 
+def unrunnable(argv: tuple[str, ...], path: str | None) -> tuple[int, str] | None:
+    """Why `argv` cannot start, with the shell's status for it (127 not found, 126 not runnable),
+    or None. Checked before the claim, so a program that is not there leaves no agent and starts no
+    sidecar. A script's `#!` interpreter is checked too: an npm-installed harness whose `node` is
+    not on PATH fails the same way, only after its exec."""
+    program = argv[0]
+    found = program if "/" in program else shutil.which(program, path=path)
+    if found is None:
+        return 127, f"no {program!r} on PATH"
+    if not os.path.isfile(found):
+        return (126, "it is not a file") if os.path.lexists(found) else (127, "No such file or directory")
+    if not os.access(found, os.X_OK):
+        return 126, "Permission denied"
+    try:
+        with open(found, "rb") as file:
+            first = file.readline(256)
+    except OSError as exc:
+        return 126, exc.strerror or str(exc)
+    words = first[2:].decode(errors="replace").split() if first.startswith(b"#!") else []
+    if not words:
+        return None
+    interpreter, shebang = words[0], first.decode(errors="replace").strip()
+    if not os.access(interpreter, os.X_OK):
+        return 127, f"its interpreter {interpreter} ({shebang}) is not there"
+    if Path(interpreter).name == "env":
+        wanted = next((word for word in words[1:] if not word.startswith("-") and "=" not in word), None)
+        if wanted is not None and shutil.which(wanted, path=path) is None:
+            return 127, f"its interpreter {wanted!r} ({shebang}) is not on PATH"
+    return None
+
+
 async def wrap(options: WrapOptions) -> int:
+    if (refused := unrunnable(options.argv, os.environ.get("PATH"))) is not None:
+        not_started, why = refused
+        say(f"cannot start {options.argv[0]!r}: {why}; nothing claimed, no sidecar started")
+        return not_started
     session = Session()
     status: int | None = None  # None until a harness ran
     incarnation: str | None = None

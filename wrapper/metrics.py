@@ -151,18 +151,42 @@ def listen_address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def _tls_files(args: argparse.Namespace) -> list[tuple[str, str | None]]:
+    return [("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key), ("--tls-client-ca", args.tls_client_ca)]
+
+
+def _unreadable_tls_files(args: argparse.Namespace) -> list[str]:
+    """Each TLS file given that cannot be read, named with its option (ssl names none, or only one)."""
+    problems = []
+    for option, name in _tls_files(args):
+        if name is None:
+            continue
+        try:
+            with open(name, "rb"):
+                pass
+        except OSError as exc:
+            problems.append(f"{option} {name}: {exc.strerror or exc}")
+    return problems
+
+
 def _serve(args: argparse.Namespace, registry: CollectorRegistry) -> int:
+    import ssl
+
     from prometheus_client import start_http_server
 
     host, port = args.listen or DEFAULT_LISTEN
+    if unreadable := _unreadable_tls_files(args):
+        return fail("metrics", f"cannot serve HTTPS: {'; '.join(unreadable)}", 2)
     try:
         server, thread = start_http_server(
             port, addr=host, registry=registry, certfile=args.tls_cert, keyfile=args.tls_key,
             client_cafile=args.tls_client_ca, client_auth_required=args.tls_client_ca is not None,
         )  # fmt: skip
+    except ssl.SSLError as exc:  # files that are there but are no certificate, key or CA the other wants
+        reason = exc.args[0] if len(exc.args) == 1 else exc  # prometheus_client's text names the files
+        return fail("metrics", f"cannot serve HTTPS: {reason}", 2)
     except OSError as exc:
-        print(f"hctx metrics: cannot listen on {host}:{port}: {exc}", file=sys.stderr)
-        return 2
+        return fail("metrics", f"cannot listen on {host}:{port}: {exc.strerror or exc}", 2)
     scheme = "https" if args.tls_cert else "http"
     shown = f"[{host}]" if ":" in host else host
     print(f"hctx metrics: serving {scheme}://{shown}:{server.server_port}/metrics", file=sys.stderr, flush=True)
@@ -181,8 +205,10 @@ def _write(args: argparse.Namespace, registry: CollectorRegistry) -> int:
         try:
             write_to_textfile(str(target), registry)
         except OSError as exc:
-            print(f"hctx metrics: cannot write {target}: {exc}", file=sys.stderr)
-            return 2
+            # prometheus_client's error names its temporary file beside the target, not the target.
+            parent = target.parent
+            why = f"no directory {parent}" if not parent.is_dir() else f"{exc.strerror or exc} (in {parent})"
+            return fail("metrics", f"cannot write {target}: {why}", 2)
         if args.interval is None:
             return 0
         try:

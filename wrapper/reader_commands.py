@@ -221,8 +221,11 @@ def add_reader_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
 
     top = commands.add_parser(
         "top",
-        help="a live view of every agent, sorted by fill",
-        description="Full-screen, refreshed every second and within a second of a record changing; q or Ctrl-C quits.",
+        help="a live view of every agent, sorted by fill; scroll, sort and filter from the keyboard",
+        description="Full-screen, refreshed every second and within a second of a record changing, with a "
+        "summary line (agents per host, how many at or above 80% and 95%, how many stale). Keys: arrows, j/k, "
+        "PgUp/PgDn and Home/End (g/G) scroll; f, a and n sort by fill, age or name, s cycles them; / filters "
+        "by a substring of the host, harness or name (Enter keeps it, Esc clears it); q or Ctrl-C quits.",
     )
     top.add_argument("--once", action="store_true", help="print one frame and exit")
     add_catalog_options(top)

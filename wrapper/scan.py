@@ -56,6 +56,8 @@ _FILE_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 def parse_duration(text: str) -> int:
     """`90s`, `30m`, `2h`, `7d`, `1w`, or combined (`1h30m`), in milliseconds."""
+    if text.startswith("-"):
+        raise argparse.ArgumentTypeError(f"{text!r} is negative: how far back, like 30m, 2h or 7d")
     parts = _DURATION.findall(text)
     if not parts or "".join(value + unit for value, unit in parts) != text:
         raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 30m, 2h or 7d")

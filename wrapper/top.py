@@ -15,17 +15,20 @@ import sys
 import termios
 import time
 import tty
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, Literal
 
 from guard.catalog import list_agents
 from guard.constants import AGENTS_DIR_NAME, CONTEXT_RECORD_NAME, STATE_RECORD_NAME
 from guard.errors import CatalogError
 from wrapper.render import (
+    AMBER_PERCENT,
+    RED_PERCENT,
     Tint,
     age_text,
     colour_enabled,
@@ -44,17 +47,26 @@ __all__ = [
     "BAR_MIN_CELLS",
     "COLUMNS",
     "HIDE_ORDER",
+    "ORDERS",
     "POLL_S",
     "REFRESH_S",
     "RIGHT_ALIGNED",
+    "SORT_KEYS",
     "Screen",
     "Segment",
+    "SortKey",
+    "View",
+    "age_order",
     "bar",
+    "decode_keys",
     "fill_order",
+    "has_terminal",
     "live",
+    "name_order",
     "render_frame",
     "run",
     "signature",
+    "summary",
 ]
 
 REFRESH_S = 1.0
@@ -74,6 +86,132 @@ def fill_order(row: AgentRow) -> tuple[int, float, str, str]:
     if percent is None:
         return (1, 0.0, row.host, row.identity)
     return (0, -percent, row.host, row.identity)
+
+
+def age_order(row: AgentRow) -> tuple[int, int, str, str]:
+    """Freshest reading first; rows with no reading last."""
+    if row.context is None:
+        return (1, 0, row.host, row.identity)
+    return (0, row.context["ageMs"], row.host, row.identity)
+
+
+def name_order(row: AgentRow) -> tuple[str, str]:
+    return (row.host, row.identity)
+
+
+SortKey = Literal["fill", "age", "name"]
+SORT_KEYS: tuple[SortKey, ...] = ("fill", "age", "name")
+ORDERS: dict[SortKey, Callable[[AgentRow], Any]] = {"fill": fill_order, "age": age_order, "name": name_order}
+
+
+@dataclass(slots=True)
+class View:
+    """What the person at the live view chose: the order, the filter, how far down they scrolled.
+
+    Keys: arrows, j/k, PgUp/PgDn, Home/End (g/G) scroll; s cycles the order, f, a and n pick fill,
+    age or name; / starts a filter (typed live, Enter keeps it, Esc clears it); q quits."""
+
+    sort: SortKey = "fill"
+    filter: str = ""
+    editing: bool = False  # typing the filter after `/`
+    offset: int = 0  # the first row shown; the frame clamps it to what there is
+    page: int = 1  # rows the last frame had room for: what PgUp/PgDn move by
+
+    def shows(self, row: AgentRow) -> bool:
+        """The filter is a substring of the row's host, harness or name, in any case."""
+        needle = self.filter.casefold()
+        harness = row.harness or (row.context or {}).get("harness") or ""
+        return not needle or any(needle in text.casefold() for text in (row.host, harness, row.identity))
+
+    def rows(self, rows: Iterable[AgentRow]) -> list[AgentRow]:
+        return sorted((row for row in rows if self.shows(row)), key=ORDERS[self.sort])
+
+    def press(self, key: str) -> bool:
+        """Apply one key (a name from `decode_keys`); True when it quits."""
+        if self.editing:
+            if key == "enter":
+                self.editing = False
+            elif key == "esc":
+                self.editing, self.filter = False, ""
+            elif key == "backspace":
+                self.filter = self.filter[:-1]
+            elif len(key) == 1 and key.isprintable():
+                self.filter += key
+            self.offset = 0
+            return False
+        steps = {"up": -1, "k": -1, "down": 1, "j": 1, "pgup": -self.page, "pgdn": self.page,
+                 "home": -sys.maxsize, "g": -sys.maxsize, "end": sys.maxsize, "G": sys.maxsize}  # fmt: skip
+        picked: dict[str, SortKey] = {"f": "fill", "a": "age", "n": "name"}
+        if key in ("q", "Q"):
+            return True
+        if key in steps:
+            self.offset = max(0, min(sys.maxsize, self.offset + steps[key]))
+        elif key == "s":
+            self.sort, self.offset = SORT_KEYS[(SORT_KEYS.index(self.sort) + 1) % len(SORT_KEYS)], 0
+        elif key in picked:
+            self.sort, self.offset = picked[key], 0
+        elif key == "/":
+            self.editing = True
+        elif key == "esc":
+            self.filter, self.offset = "", 0
+        return False
+
+    def help(self, shown: int, total: int) -> str:
+        if self.editing:
+            return f"filter: {self.filter}▏ · {shown} of {total} · Enter keeps it, Esc clears it"
+        words = ["q quits", "↑↓ jk PgUp PgDn Home End", f"s sort: {self.sort}"]
+        words.append(f"filter {self.filter!r}: {shown} of {total} · Esc clears" if self.filter else "/ filter")
+        return " · ".join(words)
+
+
+_KEY_SEQUENCES = {
+    b"\x1b[A": "up", b"\x1bOA": "up", b"\x1b[B": "down", b"\x1bOB": "down",
+    b"\x1b[5~": "pgup", b"\x1b[6~": "pgdn",
+    b"\x1b[H": "home", b"\x1bOH": "home", b"\x1b[1~": "home", b"\x1b[7~": "home",
+    b"\x1b[F": "end", b"\x1bOF": "end", b"\x1b[4~": "end", b"\x1b[8~": "end",
+}  # fmt: skip
+_KEY_CHARACTERS = {"\r": "enter", "\n": "enter", "\x7f": "backspace", "\x08": "backspace"}
+
+
+def decode_keys(data: bytes) -> list[str]:
+    """Key names from what a terminal sent: `up`, `pgdn`, `home`, `enter`, `esc`, ... or the
+    character typed. An escape sequence it does not know is skipped whole, never typed."""
+    keys: list[str] = []
+    index = 0
+    while index < len(data):
+        if data[index] != 0x1B:
+            end = data.find(b"\x1b", index)
+            end = len(data) if end < 0 else end
+            for char in data[index:end].decode(errors="ignore"):
+                if char in _KEY_CHARACTERS:
+                    keys.append(_KEY_CHARACTERS[char])
+                elif char.isprintable():
+                    keys.append(char)
+            index = end
+            continue
+        known = next((seq for seq in _KEY_SEQUENCES if data.startswith(seq, index)), None)
+        if known is not None:
+            keys.append(_KEY_SEQUENCES[known])
+            index += len(known)
+        elif data[index + 1 : index + 2] in (b"[", b"O"):  # CSI or SS3: up to its final byte
+            final = next((i for i in range(index + 2, len(data)) if 0x40 <= data[i] <= 0x7E), len(data) - 1)
+            index = final + 1
+        else:
+            keys.append("esc")
+            index += 1
+    return keys
+
+
+def summary(rows: list[AgentRow]) -> str:
+    """Agents per host, how many at or above the amber and the red fill, how many stale."""
+    hosts = Counter(row.host for row in rows)
+    contexts = [row.context for row in rows if row.context is not None]
+    percents = [context["usedPercent"] for context in contexts if context["usedPercent"] is not None]
+    per_host = "hosts: " + ", ".join(f"{host} {count}" for host, count in sorted(hosts.items()))
+    amber = sum(percent >= AMBER_PERCENT for percent in percents)
+    red = sum(percent >= RED_PERCENT for percent in percents)
+    stale = sum(bool(context["stale"]) for context in contexts)
+    return f"{per_host} · {amber} at or above {AMBER_PERCENT}% · {red} at or above {RED_PERCENT}% · {stale} stale"
 
 
 def bar(context: dict[str, Any] | None, cells: int = BAR_CELLS) -> str:
@@ -165,46 +303,60 @@ def render_frame(
     colour: bool,
     problem: str | None = None,
     interactive: bool = False,
+    view: View | None = None,
 ) -> list[str]:
     """The screen's lines (no trailing newline on any); `height` bounds them, `width` cuts them.
-    Only the `interactive` view says how to quit it."""
+    Only the `interactive` view says its keys and where its scrolled rows are; it clamps the
+    `view`'s offset to the rows there are, and keeps the room it had as the view's page."""
+    view = View() if view is None else view
     clock = time.strftime("%H:%M:%S", time.localtime(now / 1000))
-    rows = [] if roster is None else sorted(roster.rows, key=fill_order)
-    title = f"hctx top · {counted(len(rows), 'agent')} · {catalog} · {clock}"
+    fleet = [] if roster is None else roster.rows
+    rows = view.rows(fleet)
+    title = f"hctx top · {counted(len(fleet), 'agent')} · {catalog} · {clock}"
     table, widths, shown = _layout(rows, width)
-    notes = ["q quits"] if interactive else []
+    notes = [view.help(len(rows), len(fleet))] if interactive else []
     if problem is None and len(shown) < len(COLUMNS):
         hidden_columns = [name for index, name in enumerate(COLUMNS) if index not in shown]
         columns = counted(len(hidden_columns), "column")
         notes.append(f"+{columns} hidden, widen the terminal: {', '.join(hidden_columns)}")
-    lines = [_fit([(text, None)], width, False) for text in (title, " · ".join(notes)) if text]
+    heading = [title, " · ".join(notes), summary(fleet) if fleet and problem is None else ""]
+    lines = [_fit([(text, None)], width, False) for text in heading if text]
     lines.append("")
     if problem is not None:
         lines.append(_fit([(f"cannot read the catalog: {problem}", "red")], width, colour))
         return lines if height is None else lines[:height]
 
-    body = []
-    for cells in table:
-        segments: list[Segment] = []
-        for index in shown:
-            (text, tint), column_width = cells[index], widths[index]
-            pad = " " * (column_width - len(text))
-            if segments:
-                segments.append(("  ", None))
-            right = COLUMNS[index] in RIGHT_ALIGNED
-            segments.extend([(pad, None), (text, tint)] if right else [(text, tint), (pad, None)])
-        body.append(_fit(segments, width, colour))
-
+    header, *body = [_row_line(cells, widths, shown, width, colour) for cells in table]
     refused = 0 if roster is None else len(roster.all_warnings())
     footer = [f"{counted(refused, 'warning')}: `hctx agents` names them"] if refused else []
     if height is not None:
-        room = max(1, height - len(lines) - len(footer))
+        room = max(1, height - len(lines) - 1 - len(footer))
         if len(body) > room:
-            hidden = len(body) - (room - 1)
-            body = [*body[: room - 1], _fit([(f"… {hidden} more", None)], width, False)]
+            room = max(1, room - 1)  # one line says where the rows shown are
+            view.offset = min(view.offset, len(body) - room) if interactive else 0
+            last = view.offset + room
+            footer.insert(0, f"rows {view.offset + 1}–{last} of {len(body)}" if interactive
+                          else f"… {len(body) - room} more")  # fmt: skip
+            body = body[view.offset : last]
+        else:
+            view.offset = 0
+        view.page = room
+    lines.append(header)
     lines.extend(body)
     lines.extend(_fit([(line, None)], width, False) for line in footer)
     return lines
+
+
+def _row_line(cells: list[Segment], widths: list[int], shown: list[int], width: int | None, colour: bool) -> str:
+    segments: list[Segment] = []
+    for index in shown:
+        (text, tint), column_width = cells[index], widths[index]
+        pad = " " * (column_width - len(text))
+        if segments:
+            segments.append(("  ", None))
+        right = COLUMNS[index] in RIGHT_ALIGNED
+        segments.extend([(pad, None), (text, tint)] if right else [(text, tint), (pad, None)])
+    return _fit(segments, width, colour)
 
 
 def signature(catalog: Path) -> tuple[object, ...]:
@@ -232,6 +384,7 @@ class Screen:
     catalog: Path
     here: str
     colour: bool
+    view: View
 
     def frame(self, width: int | None, height: int | None) -> list[str]:
         now = now_ms()
@@ -241,7 +394,7 @@ class Screen:
             return render_frame(None, now, catalog=self.catalog, width=width, height=height,
                                 colour=self.colour, problem=str(exc), interactive=True)  # fmt: skip
         return render_frame(roster, now, catalog=self.catalog, width=width, height=height, colour=self.colour,
-                            interactive=True)  # fmt: skip
+                            interactive=True, view=self.view)  # fmt: skip
 
 
 def _once_width() -> int | None:
@@ -280,12 +433,10 @@ def _terminal(fd: int) -> Iterator[None]:
             termios.tcsetattr(fd, termios.TCSADRAIN, saved)
 
 
-def _quit_requested(fd: int, timeout: float) -> bool:
+def _read_keys(fd: int, timeout: float) -> bytes | None:
+    """What the terminal sent within `timeout`: None for nothing, b"" once stdin is closed."""
     readable, _, _ = select.select([fd], [], [], max(0.0, timeout))
-    if not readable:
-        return False
-    keys = os.read(fd, 64)
-    return not keys or any(key in keys for key in (b"q", b"Q", b"\x03"))
+    return os.read(fd, 256) if readable else None
 
 
 def _draw(lines: list[str]) -> None:
@@ -311,8 +462,17 @@ def live(screen: Screen, fd: int) -> None:
                 _draw(frame)
             last_frame, last_size, last_mark = frame, size, mark
             next_refresh = clock + REFRESH_S
-        if _quit_requested(fd, min(poll, next_refresh - time.monotonic())):
-            return
+        data = _read_keys(fd, min(poll, next_refresh - time.monotonic()))
+        if data is None:
+            continue
+        if not data or any(screen.view.press(key) for key in decode_keys(data)):
+            return  # closed stdin, q, or Ctrl-C as a byte (a terminal without ISIG)
+        next_refresh = 0.0  # a key's effect shows at once
+
+
+def has_terminal() -> bool:
+    """What the live view needs: keys from a terminal on stdin, frames to one on stdout."""
+    return sys.stdin.isatty() and sys.stdout.isatty()
 
 
 def run(catalog: Path, *, here: str, once: bool) -> int:
@@ -327,11 +487,11 @@ def run(catalog: Path, *, here: str, once: bool) -> int:
                              colour=colour_enabled(sys.stdout))  # fmt: skip
         sys.stdout.write("\n".join(lines) + "\n")
         return 0
-    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+    if not has_terminal():
         print("hctx top: needs a terminal on stdin and stdout (use --once for one frame)", file=sys.stderr)
         return 2
     fd = sys.stdin.fileno()
-    screen = Screen(catalog, here, colour_enabled(sys.stdout))
+    screen = Screen(catalog, here, colour_enabled(sys.stdout), View())
     try:
         with _terminal(fd):
             live(screen, fd)

@@ -46,6 +46,7 @@ __all__ = [
     "DEFAULT_AT",
     "DEFAULT_EXEC_TIMEOUT_S",
     "DEFAULT_REREAD_S",
+    "OVERRUN_HARNESSES",
     "STATE_SCHEMA",
     "WATCH_DIR_NAME",
     "Deliver",
@@ -461,13 +462,27 @@ async def follow(
 # The command line
 
 
+# The harnesses whose usedPercent runs past 100 on an overrun: pi and omp publish their own float
+# (585.6 measured against a 4,000-token window), OpenCode's is usedTokens / windowTokens unclamped.
+# Claude clamps its own integer to 0..100 and Codex's displayed percent stops at 100, so a
+# threshold above 100 is reachable only by these; there is no ceiling to what they publish.
+OVERRUN_HARNESSES = ("pi", "omp", "opencode")
+
+
 def _thresholds(text: str) -> tuple[float, ...]:
+    """`--at`: percents above 0 (at or below 0 every reading would be past it); above 100 is allowed,
+    and said once, for the harnesses that publish an overrun."""
     try:
         values = {float(part) for part in text.split(",") if part.strip()}
     except ValueError:
         values = set()
     if not values or not all(math.isfinite(value) for value in values):
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of percents")
+    if bad := sorted(value for value in values if value <= 0):
+        raise argparse.ArgumentTypeError(f"{bad[0]:g} is not a percent above 0 (every reading is at or above it)")
+    if over := sorted(value for value in values if value > 100):
+        log(f"--at {', '.join(f'{value:g}' for value in over)}: above 100% only an overrun reaches, "
+            f"which {', '.join(OVERRUN_HARNESSES)} publish; Claude and Codex stop at 100")  # fmt: skip
     # 80, not 80.0, in the event and in HCTX_THRESHOLD: what the user wrote
     return tuple(sorted(int(value) if value.is_integer() else value for value in values))
 
@@ -479,7 +494,7 @@ def run_watch(args: argparse.Namespace) -> int:
         catalog = existing_catalog(args)
         state_file = StateFile(catalog, args.name)
     except CatalogError as exc:
-        log(str(exc))
+        log(f"cannot read the catalog: {exc}")
         return 2
     deliver = print_event if args.exec is None else exec_command(args.exec, args.exec_timeout)
     settings = Settings(args.at, args.headroom)
@@ -512,8 +527,8 @@ def add_watch_command(commands: argparse._SubParsersAction[argparse.ArgumentPars
     )  # fmt: skip
     watch.add_argument(
         "--at", type=_thresholds, default=DEFAULT_AT, metavar="PERCENTS",
-        help="fill thresholds, comma-separated; each fires once and is re-armed by a reading below it "
-        "(default: 80,95)",
+        help="fill thresholds above 0, comma-separated; each fires once and is re-armed by a reading below "
+        "it; above 100 only an overrun reaches, which pi, omp and OpenCode publish (default: 80,95)",
     )  # fmt: skip
     watch.add_argument(
         "--headroom", type=whole_number, metavar="TOKENS",

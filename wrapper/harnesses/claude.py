@@ -276,7 +276,7 @@ def _load_seats(cwd: Path) -> Seats | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError, TypeError, KeyError) as exc:
-        print(f"hctx: ignoring the unreadable {path} ({exc!r})", file=sys.stderr)
+        print(f"hctx wrap: ignoring the unreadable {path} ({exc!r})", file=sys.stderr)
         return None
     return seats
 
@@ -388,4 +388,4 @@ def teardown(plan: LaunchPlan) -> None:
     try:
         leave_seat(plan.cwd)
     except (OSError, SettingsError) as exc:
-        print(f"hctx: could not put {plan.cwd / SETTINGS_PATH} back: {exc}", file=sys.stderr)
+        print(f"hctx wrap: could not put {plan.cwd / SETTINGS_PATH} back: {exc}", file=sys.stderr)
