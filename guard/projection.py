@@ -33,7 +33,7 @@ CONTEXT_KEYS = (
     "harness", "usedTokens", "windowTokens", "usedPercent", "model", "costUsd",
     "sessionTotalTokens", "rateLimits", "compactions", "lastCompactionMs",
     "lastCompactionTrigger", "compactAtTokens", "autoCompaction", "harnessVersion", "sessionId",
-    "observedAtMs", "ageMs", "stale", "headroomTokens",
+    "account", "rateLimitResetsAtMs", "observedAtMs", "ageMs", "stale", "headroomTokens",
 )  # fmt: skip
 
 

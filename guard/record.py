@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, ValidationError
 from pydantic.alias_generators import to_camel
 
+from guard.account import Account, tolerant_account
 from guard.constants import ACCEPTED_SCHEMAS, SCHEMA_V1
 from guard.errors import RecordRefused
 
@@ -24,6 +25,7 @@ __all__ = [
     "Harness",
     "HarnessContext",
     "Millis",
+    "RateLimitResets",
     "RateLimits",
     "Trigger",
     "WireModel",
@@ -86,6 +88,24 @@ class RateLimits(WireModel):
     seven_day: FiniteFloat | None = None
 
 
+class RateLimitResets(WireModel):
+    """When each `rateLimits` window resets, as the harness stated it, in Unix ms; null unstated."""
+
+    five_hour: Millis | None = None
+    seven_day: Millis | None = None
+
+
+def _tolerant_resets(value: object) -> object:
+    """Additive-tolerant on read: reset times this version cannot read are unstated, and never
+    refuse the record's numbers."""
+    if value is None or isinstance(value, RateLimitResets):
+        return value
+    try:
+        return RateLimitResets.model_validate(value)
+    except ValueError:
+        return None
+
+
 class ContextFields(WireModel):
     """The reading a producer publishes: every record field except provenance and stamps."""
 
@@ -114,6 +134,11 @@ class ContextFields(WireModel):
     # Additive (issue 19): the harness session the reading belongs to, where one server hosts several
     # (OpenCode); null where the channel names none.
     session_id: Annotated[str, Field(max_length=512)] | None = None  # an OpenCode id: 512 at most
+    # Additive (issue 29): the account `rateLimits` belong to, as the harness states it (guard.account):
+    # an opaque key and a label; null where nothing states one (the agent is its own group).
+    account: Annotated[Account | None, BeforeValidator(tolerant_account)] = None
+    # Additive (issue 29): when each rate-limit window resets, as the harness stated it.
+    rate_limit_resets_at_ms: Annotated[RateLimitResets | None, BeforeValidator(_tolerant_resets)] = None
     observed_at_ms: Millis
 
 
@@ -135,7 +160,7 @@ class HarnessContext(ContextFields):
 _FIELD_ORDER = (
     "schema", "agent", "harness", "usedTokens", "windowTokens", "usedPercent", "model", "costUsd",
     "sessionTotalTokens", "rateLimits", "compactions", "lastCompactionMs", "lastCompactionTrigger",
-    "compactAtTokens", "autoCompaction", "harnessVersion", "sessionId",
+    "compactAtTokens", "autoCompaction", "harnessVersion", "sessionId", "account", "rateLimitResetsAtMs",
     "incarnation", "observedAtMs", "writtenAtMs",
 )  # fmt: skip
 

@@ -33,6 +33,7 @@ __all__ = [
     "RATE_WINDOWS",
     "READINGS",
     "CatalogCollector",
+    "account_families",
     "add_metrics_command",
     "families",
     "listen_address",
@@ -65,6 +66,45 @@ READINGS: tuple[tuple[str, str, str, int], ...] = (
 )  # fmt: skip
 # The record's account rate-limit windows, as the `window` label spells them.
 RATE_WINDOWS = (("fiveHour", "five_hour"), ("sevenDay", "seven_day"))
+
+
+def account_families(roster: Roster) -> Iterator[Metric]:
+    """Per account the harness states (its opaque key, never the label: the series stay few and free
+    of personal data) and window, the fan-in's newest snapshot across the account's agents."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    from wrapper.accounts import WINDOWS, fan_in
+
+    labels = ("account", "window")
+    used = GaugeMetricFamily(
+        "hctx_account_rate_limit_used_percent",
+        "Account rate-limit window used, in percent: the newest snapshot across the account's agents.",
+        labels=labels,
+    )
+    observed = GaugeMetricFamily(
+        "hctx_account_rate_limit_observed_timestamp_seconds",
+        "When that newest snapshot was taken, in Unix time; its age is time() minus this.",
+        labels=labels,
+    )
+    resets = GaugeMetricFamily(
+        "hctx_account_rate_limit_resets_timestamp_seconds",
+        "When the window resets, as the harness stated it, in Unix time.",
+        labels=labels,
+    )
+    agents = GaugeMetricFamily("hctx_account_agents", "Agents whose records name the account.", labels=("account",))
+    for group in fan_in(roster.rows):
+        if group.key is None:
+            continue  # an agent that states no account: its own hctx_rate_limit_used_percent says it
+        agents.add_metric([group.key], len(group.agents))
+        for window, name in WINDOWS:
+            snapshot = group.windows.get(window)
+            if snapshot is None:
+                continue
+            used.add_metric([group.key, name], snapshot.used_percent)
+            observed.add_metric([group.key, name], snapshot.observed_at_ms / MS)
+            if snapshot.resets_at_ms is not None:
+                resets.add_metric([group.key, name], snapshot.resets_at_ms / MS)
+    yield from (used, observed, resets, agents)
 
 
 def families(roster: Roster) -> Iterator[Metric]:
@@ -103,6 +143,7 @@ def families(roster: Roster) -> Iterator[Metric]:
         if context["model"] is not None:
             model.add_metric([*labels, context["model"]], {})  # the record parser refuses lone surrogates
     yield from (*readings.values(), rate, stale, model, running)
+    yield from account_families(roster)
     yield GaugeMetricFamily("hctx_catalog_agents", "Agent directories in the catalog.", len(roster.rows))
     yield GaugeMetricFamily(
         "hctx_catalog_unreadable", "Agents whose context record is refused and exports nothing.", unreadable

@@ -12,6 +12,7 @@ import datetime
 import json
 import math
 import os
+import time
 from collections.abc import Iterable
 from typing import IO, Any, Literal
 
@@ -26,6 +27,7 @@ from guard.files import RawFile
 from guard.projection import headroom_tokens
 from guard.record import HarnessContext, round_half_up
 from guard.state import Unobserved
+from wrapper.accounts import WINDOWS, AccountGroup, Snapshot, fan_in, groups_by_agent
 from wrapper.roster import (
     LOG_TAIL_LINES,
     AgentRow,
@@ -43,6 +45,7 @@ __all__ = [
     "RAW_SHOWN_BYTES",
     "RED_PERCENT",
     "Tint",
+    "account_limits_wire",
     "age_text",
     "colour_enabled",
     "compaction_text",
@@ -52,15 +55,20 @@ __all__ = [
     "doctor_advisories",
     "fill_tint",
     "headroom_text",
+    "limits_text",
+    "limits_tint",
     "meter_text",
     "paint",
     "percent_text",
+    "render_accounts",
+    "render_accounts_json",
     "render_agent_json",
     "render_agents",
     "render_agents_json",
     "render_doctor",
     "render_inspection",
     "render_json_array",
+    "reset_text",
     "table",
     "tokens_text",
     "version_text",
@@ -236,20 +244,42 @@ def render_json_array(objects: list[dict[str, Any]]) -> str:
 # `hctx agents`
 
 
-def render_agents_json(rows: list[AgentRow]) -> str:
-    return render_json_array([row.wire() for row in rows])
+def _agent_wire(row: AgentRow, groups: dict[str, AccountGroup], now: int) -> dict[str, Any]:
+    return {**row.wire(), "accountRateLimits": account_limits_wire(groups.get(row.name), row, now)}
 
 
-def render_agent_json(row: AgentRow) -> str:
-    return _encode(row.wire()) + "\n"
+def _clock(now: int | None) -> int:
+    return time.time_ns() // 1_000_000 if now is None else now
 
 
-def render_agents(rows: list[AgentRow], *, colour: bool) -> str:
+def render_agents_json(
+    rows: list[AgentRow], *, now: int | None = None, roster: Iterable[AgentRow] | None = None
+) -> str:
+    """`roster`: the rows the accounts are fanned in from (default `rows`)."""
+    groups = groups_by_agent(fan_in(rows if roster is None else roster))
+    return render_json_array([_agent_wire(row, groups, _clock(now)) for row in rows])
+
+
+def render_agent_json(row: AgentRow, *, now: int | None = None, roster: Iterable[AgentRow] | None = None) -> str:
+    groups = groups_by_agent(fan_in([row] if roster is None else roster))
+    return _encode(_agent_wire(row, groups, _clock(now))) + "\n"
+
+
+def render_agents(
+    rows: list[AgentRow], *, colour: bool, now: int | None = None, roster: Iterable[AgentRow] | None = None
+) -> str:
+    """The table; LIMITS is each agent's account's current figure (`limits_text`), fanned in from
+    `roster` (default `rows`), and shown only when some agent has one."""
     if not rows:
         return "no agents\n"
+    now = _clock(now)
+    groups = groups_by_agent(fan_in(rows if roster is None else roster))
+    limits = [limits_text(groups.get(row.name), row, now) for row in rows]
+    with_limits = any(text != "-" for text, _ in limits)
     header = ["HOST", "AGENT", "HARNESS", "DESIRED", "CONTEXT", "TOKENS", "HEADROOM", "AGE", "COST"]
+    header += ["LIMITS"] if with_limits else []
     body = []
-    for row in rows:
+    for row, limit in zip(rows, limits, strict=True):
         context = row.context
         body.append([
             (row.host, None),
@@ -261,6 +291,7 @@ def render_agents(rows: list[AgentRow], *, colour: bool) -> str:
             (headroom_text(context), None),
             ("-" if context is None else age_text(context["ageMs"]), None),
             (cost_text(None if context is None else context["costUsd"]), None),
+            *([limit] if with_limits else []),
         ])  # fmt: skip
     return table(body, header, colour)
 
@@ -428,3 +459,96 @@ def render_inspection(inspection: Inspection) -> str:
     else:
         out.extend(f"  {line}" for line in inspection.log_tail)
     return "\n".join(out) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# `hctx accounts`, and the account's figure beside an agent (issue 29)
+
+_WINDOW_SHORT = {"fiveHour": "5h", "sevenDay": "7d"}
+
+
+def reset_text(resets_at_ms: int | None, now: int) -> str:
+    """`in 2h13m`, `passed 4m00s ago`, or `-` when the harness stated no reset time."""
+    if resets_at_ms is None:
+        return "-"
+    if resets_at_ms <= now:
+        return f"passed {age_text(now - resets_at_ms)} ago"
+    return f"in {age_text(resets_at_ms - now)}"
+
+
+def limits_tint(snapshots: Iterable[Snapshot], now: int) -> Tint:
+    """The meter's tints on the account's percent: amber from 80, red from 95; a snapshot past its
+    reset or the hour horizon is not the account's state and is not tinted."""
+    current = [snap.used_percent for snap in snapshots if not snap.stale and not snap.reset_passed(now)]
+    return fill_tint({"usedPercent": max(current)}) if current else None
+
+
+def limits_text(group: AccountGroup | None, row: AgentRow, now: int) -> tuple[str, Tint]:
+    """The account's current figure beside one agent: `5h 44% 7d 61%`, each window the newest
+    snapshot across the account's agents; `*` after a window where this agent's own snapshot is
+    older (the figure came from another agent); `-` where there is none."""
+    if group is None or not group.windows:
+        return "-", None
+    own = row.context or {}
+    parts = []
+    for window, _ in WINDOWS:
+        snapshot = group.windows.get(window)
+        if snapshot is None:
+            continue
+        text = f"{_WINDOW_SHORT[window]} {percent_text(snapshot.used_percent)}"
+        if snapshot.reset_passed(now):
+            text += " reset"
+        elif snapshot.stale:
+            text += " stale"
+        if snapshot.source.name != row.name and snapshot.observed_at_ms > own.get("observedAtMs", -1):
+            text += "*"
+        parts.append(text)
+    return " ".join(parts), limits_tint(group.windows.values(), now)
+
+
+def account_limits_wire(group: AccountGroup | None, row: AgentRow, now: int) -> dict[str, Any] | None:
+    """`hctx agents --json`'s `accountRateLimits`: the account's newest snapshot per window, each
+    with `newerThanOwn` (the agent's own snapshot is older); null when the group has none."""
+    if group is None or not group.windows:
+        return None
+    own_ms = (row.context or {}).get("observedAtMs", -1)
+    out: dict[str, Any] = {"account": group.key, "agentCount": len(group.agents)}
+    for window, _ in WINDOWS:
+        snapshot = group.windows.get(window)
+        out[window] = None if snapshot is None else {
+            **snapshot.wire(now),
+            "newerThanOwn": snapshot.source.name != row.name and snapshot.observed_at_ms > own_ms,
+        }  # fmt: skip
+    return out
+
+
+def render_accounts_json(groups: list[AccountGroup], now: int) -> str:
+    return render_json_array([group.wire(now) for group in groups])
+
+
+def render_accounts(groups: list[AccountGroup], now: int, *, colour: bool) -> str:
+    """One line per account and window: the newest snapshot, its reset, its age, its agent."""
+    if not groups:
+        return "no account rate limits reported\n"
+    header = ["ACCOUNT", "LABEL", "WINDOW", "USED", "RESETS", "AGE", "FROM", "AGENTS"]
+    body = []
+    for group in groups:
+        key = "-" if group.key is None else group.key[:12]
+        label = printable(group.label) if group.label else "(no account stated)"
+        for window, _ in WINDOWS:
+            snapshot = group.windows.get(window)
+            if snapshot is None:
+                continue
+            age = age_text(snapshot.age_ms) + (" stale" if snapshot.stale else "")
+            tint = limits_tint([snapshot], now)
+            body.append([
+                (key, None),
+                (label, None),
+                (_WINDOW_SHORT[window], None),
+                (percent_text(snapshot.used_percent), tint),
+                (reset_text(snapshot.resets_at_ms, now), None),
+                (age, None),
+                (snapshot.source.name, None),
+                (str(len(group.agents)), None),
+            ])  # fmt: skip
+    return table(body, header, colour)
