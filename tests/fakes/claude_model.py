@@ -18,6 +18,12 @@ The usage a reply reports is dictated by the request, so a test decides what Cla
 - side calls (title generation: no `tools`) answer 120/0/0/7, so no marker is ever counted twice.
 
 Every request is kept in `requests` for assertions.
+
+Rate limits (issue 29): with `unified` set, a response carries the `anthropic-ratelimit-unified-{5h,7d}-
+{utilization,reset}` headers the real service sends a claude.ai subscriber, for the account the
+request names (`metadata.user_id`'s `account_uuid`, which Claude takes from its config dir's
+`oauthAccount`): the account's n-th main-loop turn gets its n-th (five-hour, seven-day) utilization
+(the last one repeats), a side call the current one. `account_uuids` keeps what each request named.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -62,7 +69,31 @@ class FakeMessages:
     port: int = 0
     requests: list[Served] = field(default_factory=list)
     other_paths: list[str] = field(default_factory=list)
+    # account_uuid -> the (five-hour, seven-day) utilizations (fractions) its turns are told, in order
+    unified: dict[str, list[tuple[float, float]]] | None = None
+    account_uuids: list[str | None] = field(default_factory=list)
+    _turns_of: dict[str, int] = field(default_factory=dict)
     _index: itertools.count[int] = field(default_factory=itertools.count)
+
+    def rate_limit_headers(self, body: dict[str, Any], kind: Kind) -> list[tuple[bytes, bytes]]:
+        """The unified headers for the account this request names; none without `unified`."""
+        account = _account_uuid(body)
+        self.account_uuids.append(account)
+        if self.unified is None or account not in self.unified:
+            return []
+        steps, served = self.unified[account], self._turns_of.get(account, 0)
+        five_hour, seven_day = steps[min(served, len(steps) - 1)]
+        if kind == "turn":
+            self._turns_of[account] = served + 1
+        now = int(time.time())
+        pairs = {
+            "anthropic-ratelimit-unified-status": "allowed",
+            "anthropic-ratelimit-unified-5h-utilization": f"{five_hour}",
+            "anthropic-ratelimit-unified-5h-reset": f"{now + 2 * 3600}",
+            "anthropic-ratelimit-unified-7d-utilization": f"{seven_day}",
+            "anthropic-ratelimit-unified-7d-reset": f"{now + 3 * 86_400}",
+        }
+        return [(name.encode(), value.encode()) for name, value in pairs.items()]
 
     @property
     def base_url(self) -> str:
@@ -95,6 +126,17 @@ class FakeMessages:
 
     def turns(self) -> list[Served]:
         return [served for served in self.requests if served.kind == "turn"]
+
+
+def _account_uuid(body: dict[str, Any]) -> str | None:
+    """`metadata.user_id` is a JSON string naming `account_uuid` ("" without a stored account)."""
+    metadata = body.get("metadata")
+    try:
+        user = json.loads(metadata.get("user_id", "")) if isinstance(metadata, dict) else None
+    except ValueError:
+        return None
+    account = user.get("account_uuid") if isinstance(user, dict) else None
+    return account if isinstance(account, str) and account else None
 
 
 def _text_of(message: dict[str, Any]) -> str:
@@ -175,10 +217,14 @@ async def _serve_one(
         await reply_json(conn, stream, 200, {"input_tokens": 1000})
         return
     served, text = server.answer(parsed)
+    limits = server.rate_limit_headers(parsed, served.kind)
     if not served.stream:
-        await reply_json(conn, stream, 200, _message(served, text))
+        payload = json.dumps(_message(served, text)).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()), *limits]
+        await send(conn, stream, h11.Response(status_code=200, headers=headers), h11.Data(data=payload),
+                   h11.EndOfMessage())  # fmt: skip
         return
-    headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+    headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"), *limits]
     await send(conn, stream, h11.Response(status_code=200, headers=headers))
     for chunk in sse_events(served, text):
         await send(conn, stream, h11.Data(data=chunk))

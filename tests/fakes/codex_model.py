@@ -256,3 +256,7 @@ env_key = "FAKE_OPENAI_API_KEY"
 request_max_retries = 0
 stream_max_retries = 0
 """
+
+
+# One `POST …/responses` as this fake answers it, for servers that route other paths themselves.
+serve_responses = _serve_one

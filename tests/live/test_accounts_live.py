@@ -1,0 +1,212 @@
+"""Live: where the real harnesses state an account, and the rate limits they report for it (issue 29).
+
+Codex (0.151.0 and 0.171.0): three seats, each its own CODEX_HOME with a fake ChatGPT login
+(`tests.fakes.chatgpt_backend`): A and B one person of one workspace (the same `account_id` and
+`chatgpt_user_id`, different emails), C another person of the same workspace, and D an API-key
+seat on a custom provider. Each seat's app-server is asked `account/read` and
+`account/rateLimits/read`, and runs a turn where its build can reach the loopback fake (0.151.0
+ChatGPT seats; every API-key seat), whose responses carry the `x-codex-*` headers the real service
+sends. The key `guard.account.codex_account` derives from `auth.json` must be what Codex itself
+states: A = B, C apart, D none.
+
+`HCTX_ACCOUNTS_CAPTURE=DIR` writes each seat's messages there, as `fixtures/accounts/` holds them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from guard.account import codex_account
+from tests.fakes.chatgpt_backend import FakeChatGPT, chatgpt_config, fake_chatgpt, seat_auth_json
+from tests.fakes.codex_client import CodexClient, RpcError, stdio_client
+from tests.fakes.codex_model import codex_config, codex_env
+from tests.harnesses import HARNESS_VERSIONS, require_harness
+
+pytestmark = pytest.mark.live
+
+CODEX_VERSIONS = HARNESS_VERSIONS["codex"]
+# seat -> (workspace, ChatGPT user, email); None: an API-key login
+CODEX_SEATS: dict[str, tuple[str, str, str] | None] = {
+    "A": ("acct-AAA", "user-111", "alice@example.com"),
+    "B": ("acct-AAA", "user-111", "alice+laptop@example.com"),
+    "C": ("acct-AAA", "user-222", "carol@example.com"),
+    "D": None,
+}
+# what `wham/usage` reports per workspace: (five-hour %, seven-day %)
+USAGE = {"acct-AAA": (23, 61)}  # integers: Codex decodes `used_percent` as an i32
+
+
+def _capture(name: str, data: str) -> None:
+    target = os.environ.get("HCTX_ACCOUNTS_CAPTURE")
+    if target:
+        Path(target).mkdir(parents=True, exist_ok=True)
+        (Path(target) / name).write_text(data)
+
+
+async def _codex_seat(version: str, seat: str, fake: FakeChatGPT, tmp_path: Path) -> dict[str, Any]:
+    codex = require_harness("codex", version)
+    home, codex_home, work = (tmp_path / seat / part for part in ("home", "codexhome", "work"))
+    for directory in (home, codex_home, work):
+        directory.mkdir(parents=True)
+    ids = CODEX_SEATS[seat]
+    if ids is None:
+        (codex_home / "config.toml").write_text(codex_config(fake.responses.base_url))
+    else:
+        (codex_home / "auth.json").write_text(seat_auth_json(*ids))
+        (codex_home / "config.toml").write_text(chatgpt_config(fake.base_url))
+    env = codex_env(home, codex_home, version)
+    found: dict[str, Any] = {"auth": (codex_home / "auth.json").read_bytes() if ids else b""}
+    async with stdio_client([*codex, "app-server"], env=env, cwd=work, stderr=tmp_path / f"{seat}.stderr") as (
+        client, _, _,
+    ):  # fmt: skip
+        await client.initialize()
+        found["account"] = await client.request("account/read", {})
+        try:
+            found["limits"] = await client.request("account/rateLimits/read", {})
+        except RpcError as exc:
+            found["limits"] = str(exc)
+        if ids is None or version == "0.151.0":  # 0.171.0 routes ChatGPT turns to https://chatgpt.com
+            thread = await client.start_thread(work)
+            await client.turn(thread, f"seat {seat} [[u:1200:20]]")
+            await client.wait_for(lambda _: client.count("account/rateLimits/updated") > 0)
+        found["pushed"] = [m["params"] for m in client.messages if m.get("method") == "account/rateLimits/updated"]
+        _capture(f"codex-{version}-seat-{seat}.jsonl", "".join(line + "\n" for line in client.raw))
+        if ids is not None:
+            _capture(f"codex-{version}-seat-{seat}.auth.json", found["auth"].decode() + "\n")
+    return found
+
+
+@pytest.mark.parametrize("version", CODEX_VERSIONS)
+async def test_codex_states_the_account_the_key_is_derived_from(version: str, tmp_path: Path) -> None:
+    async with fake_chatgpt() as fake:
+        fake.usage.update(USAGE)
+        seats = {seat: await _codex_seat(version, seat, fake, tmp_path) for seat in CODEX_SEATS}
+
+    keys = {seat: codex_account(found["auth"]) for seat, found in seats.items()}
+    a, b, c = keys["A"], keys["B"], keys["C"]
+    assert a is not None and b is not None and c is not None
+    assert a.key == b.key != c.key  # one person on two seats; another person of the same workspace apart
+    assert keys["D"] is None  # an API-key seat states no account
+    for seat in "ABC":
+        account = seats[seat]["account"]
+        assert account["account"]["type"] == "chatgpt" and account["account"]["planType"] == "pro"
+        email = account["account"]["email"]
+        assert email == CODEX_SEATS[seat][2]  # type: ignore[index]
+        assert email not in json.dumps(keys[seat].model_dump())  # type: ignore[union-attr]
+        if version == "0.171.0":
+            # What the key is made of is what Codex states: the workspace and the user.
+            workspace, user, _ = CODEX_SEATS[seat]  # type: ignore[misc]
+            assert account["userId"] == user and account["workspaceRouting"]["chatgptAccountId"] == workspace
+        else:
+            assert set(account) == {"account", "requiresOpenaiAuth"}  # 0.151.0 states no id at all
+        pulled = seats[seat]["limits"]["rateLimits"]
+        assert (pulled["primary"]["usedPercent"], pulled["secondary"]["usedPercent"]) == (23, 61)
+        assert pulled["primary"]["windowDurationMins"] == 300 and pulled["secondary"]["windowDurationMins"] == 10_080
+        assert isinstance(pulled["primary"]["resetsAt"], int)  # unix seconds
+    # A custom provider with its env_key is no OpenAI login at all: no account (measured: null).
+    assert seats["D"]["account"]["account"] is None
+    assert "authentication required to read rate limits" in seats["D"]["limits"]
+    # The push rides every seat whose turn reached the fake: the headers' numbers, Codex's rounding.
+    pushed = [(seat, params) for seat, found in seats.items() for params in found["pushed"]]
+    assert pushed and {seat for seat, _ in pushed} == ({"A", "B", "C", "D"} if version == "0.151.0" else {"D"})
+    for _, params in pushed:
+        limits = params["rateLimits"]
+        assert limits["primary"]["windowDurationMins"] == 300 and limits["secondary"]["windowDurationMins"] == 10_080
+        assert all(isinstance(limits[w]["resetsAt"], int) and limits[w]["resetsAt"] > time.time()
+                   for w in ("primary", "secondary"))  # stated, in unix seconds  # fmt: skip
+
+
+# --- Claude ------------------------------------------------------------------------------------
+
+CLAUDE_MODEL = "claude-sonnet-4-5"
+# seat -> (accountUuid, organizationUuid, email): A and B one claude.ai account, C another
+CLAUDE_SEATS = {
+    "A": ("3f1d2c4b-0000-4000-8000-00000000000a", "9e8d7c6b-0000-4000-8000-0000000000f1", "alice@example.com"),
+    "B": ("3f1d2c4b-0000-4000-8000-00000000000a", "9e8d7c6b-0000-4000-8000-0000000000f1", "alice@example.com"),
+    "C": ("5a5a5a5a-0000-4000-8000-00000000000c", "9e8d7c6b-0000-4000-8000-0000000000f1", "carol@example.com"),
+}
+# account -> the (five-hour, seven-day) utilization each of its turns is told, in order (fractions
+# whose x100 and one-decimal rounding agree, so both builds publish the same number)
+CLAUDE_UNIFIED = {
+    CLAUDE_SEATS["A"][0]: [(0.8, 0.3), (0.85, 0.31)],
+    CLAUDE_SEATS["C"][0]: [(0.1, 0.15)],
+}
+
+
+def claude_config_dir(home: Path, seat: str, work: Path) -> Path:
+    """`$CLAUDE_CONFIG_DIR` of a fake claude.ai seat: the lab's first-run state, plus the
+    `oauthAccount` Claude's own profile fetch would have stored there."""
+    from tests.fakes.claude_model import claude_home
+
+    config = home / f"claude-{seat}"
+    claude_home(home, work)  # the onboarding and trust the lab found sufficient
+    state = json.loads((home / ".claude.json").read_text())
+    account, organization, email = CLAUDE_SEATS[seat]
+    state["oauthAccount"] = {"accountUuid": account, "emailAddress": email, "organizationUuid": organization,
+                             "displayName": email.split("@")[0], "billingType": "stripe_subscription"}  # fmt: skip
+    config.mkdir(parents=True)
+    (config / ".claude.json").write_text(json.dumps(state))
+    (config / "settings.json").write_text("{}\n")
+    return config
+
+
+@pytest.mark.parametrize("version", HARNESS_VERSIONS["claude"])
+async def test_claude_names_its_config_dirs_account_and_reports_its_windows(version: str, tmp_path: Path) -> None:
+    """Three wrapped Claude seats, A and B on one claude.ai account and C on another: Claude sends
+    the `accountUuid` of its config dir's `oauthAccount` on every request (so the real service
+    answers with that account's windows), keeps that `oauthAccount` as seeded, and publishes the
+    unified headers' utilization on its status line, which the record carries."""
+    from tests.fakes.claude_model import fake_messages
+    from tests.live.test_claude_live import live_env, require_tmux, tmux_session, wait_record
+    from tests.wrapping import agent_dir, wrap_argv
+
+    claude = require_harness("claude", version)
+    require_tmux()
+    catalog = tmp_path / "catalog"
+    records: dict[str, dict[str, Any]] = {}
+    async with fake_messages() as server:
+        server.unified = CLAUDE_UNIFIED
+        for seat in "ACB":  # B after A: its snapshot of the shared account is the newer one
+            home, work = tmp_path / seat / "home", tmp_path / seat / "work"
+            work.mkdir(parents=True)
+            config = claude_config_dir(home, seat, work)
+            # The operator's renderer keeps every payload Claude drew its status line from, verbatim.
+            payloads = tmp_path / seat / "statusline.jsonl"
+            keep = f"import sys; open({str(payloads)!r}, 'a').write(sys.stdin.read().strip() + chr(10))"
+            renderer = {"command": f"{shlex.quote(sys.executable)} -S -c {shlex.quote(keep)}"}
+            (home / ".claude" / "statusline-renderer.json").write_text(json.dumps(renderer))
+            env = live_env(home, server, version)
+            del env["ANTHROPIC_API_KEY"]
+            env |= {"CLAUDE_CONFIG_DIR": str(config), "CLAUDE_CODE_OAUTH_TOKEN": "sk-ant-oat01-hctx-fake-token",
+                    "CLAUDE_CODE_SUBSCRIPTION_TYPE": "max"}  # fmt: skip
+            agent = f"claude-seat-{seat}"
+            command = wrap_argv(catalog, agent, "claude", *claude, "--model", CLAUDE_MODEL)
+            path = agent_dir(catalog, agent) / "harness-context"
+            async with tmux_session(command, work, env) as pane:
+                await wait_record(path, pane, "the pre-turn window", lambda r: r["windowTokens"] == 200_000)
+                await pane.type(f"seat {seat} turn usage=2001,8000,10000,111")
+                records[seat] = await wait_record(path, pane, "the turn's rate limits", lambda r: r["rateLimits"])
+                await pane.type("/exit")
+            stored = json.loads((config / ".claude.json").read_text())["oauthAccount"]
+            assert (stored["accountUuid"], stored["organizationUuid"]) == CLAUDE_SEATS[seat][:2]
+            _capture(f"claude-{version}-seat-{seat}.claude.json", json.dumps({"oauthAccount": stored}) + "\n")
+            lines = payloads.read_text().splitlines()
+            limited = [json.loads(line)["rate_limits"] for line in lines if '"rate_limits"' in line]
+            assert limited and all(set(limits) == {"five_hour", "seven_day"} for limits in limited)
+            assert all(isinstance(limits["five_hour"]["resets_at"], int) for limits in limited)  # epoch seconds
+            _capture(f"statusline-{version}-seat-{seat}.jsonl", "".join(line + "\n" for line in lines))
+
+    named = {uuid for uuid in server.account_uuids if uuid is not None}
+    assert named == {CLAUDE_SEATS["A"][0], CLAUDE_SEATS["C"][0]}  # each request named its seat's account
+    assert records["A"]["rateLimits"] == {"fiveHour": 80, "sevenDay": 30}
+    assert records["B"]["rateLimits"] == {"fiveHour": 85, "sevenDay": 31}  # the same account, one turn later
+    assert records["C"]["rateLimits"] == {"fiveHour": 10, "sevenDay": 15}
+    assert records["B"]["observedAtMs"] > records["A"]["observedAtMs"]
