@@ -17,6 +17,7 @@ from typing import Any, Final, Literal
 from wrapper.roster import AgentRow
 
 __all__ = [
+    "DEFAULT_RATE_LIMIT_AT",
     "WINDOWS",
     "AccountGroup",
     "Snapshot",
@@ -28,6 +29,8 @@ __all__ = [
 ]
 
 Window = Literal["fiveHour", "sevenDay"]
+# `hctx watch --rate-limit-at`'s default: the meter's amber and red, on the account's percent.
+DEFAULT_RATE_LIMIT_AT: Final[tuple[float, ...]] = (80, 95)
 # The record's windows, and how `hctx metrics` and `watch` spell them.
 WINDOWS: Final[tuple[tuple[Window, str], ...]] = (("fiveHour", "five_hour"), ("sevenDay", "seven_day"))
 

@@ -34,6 +34,7 @@ from guard.constants import CONTROL_DIR_NAME, HARNESS_CONTEXT_STALE_MS, REPLICAT
 from guard.errors import CatalogError, RecordRefused
 from guard.projection import headroom_tokens
 from guard.store import check_name, control_dir, open_chain, pid_alive, write_json_atomic
+from wrapper.accounts import DEFAULT_RATE_LIMIT_AT
 from wrapper.arguments import positive_seconds, whole_number
 from wrapper.reader_commands import add_catalog_options, existing_catalog, with_host
 from wrapper.render import age_text, meter_text, percent_text, tokens_text
@@ -69,7 +70,7 @@ __all__ = [
     "step",
 ]
 
-Kind = Literal["fresh", "compaction", "fill", "headroom", "stale"]
+Kind = Literal["fresh", "compaction", "fill", "headroom", "stale", "rate-limit"]
 
 DEFAULT_AT: tuple[float, ...] = (80, 95)
 DEFAULT_EXEC_TIMEOUT_S = 10.0
@@ -86,6 +87,7 @@ STATE_SCHEMA = "hctx.watch-state.v1"
 class Settings:
     thresholds: tuple[float, ...] = DEFAULT_AT
     headroom: int | None = None  # tokens; None: no headroom events
+    rate_limit_at: tuple[float, ...] = DEFAULT_RATE_LIMIT_AT  # account rate-limit percents (wrapper.account_watch)
 
 
 @dataclass(frozen=True, slots=True)
@@ -410,9 +412,13 @@ async def follow(
     import trio
     from watchfiles import awatch
 
+    from wrapper.account_watch import AccountWatch
+
     told_warnings: set[str] = set()  # each warning once while it lasts, not at every re-read
+    accounts = AccountWatch(state_file, settings.rate_limit_at)
     with state_file.held() as dir_fd:
         state = state_file.load(dir_fd)
+        accounts.load(dir_fd)
 
         def tick(outbox: Outbox) -> None:
             nonlocal state, told_warnings
@@ -434,6 +440,7 @@ async def follow(
                 except OSError as exc:
                     log(f"cannot save {state_file.path}: {exc}; a restart may repeat these events")
                 state = after
+            events.extend(accounts.step(dir_fd, snapshot, now))
             for event in events:
                 outbox.put(event)
 
@@ -497,7 +504,7 @@ def run_watch(args: argparse.Namespace) -> int:
         log(f"cannot read the catalog: {exc}")
         return 2
     deliver = print_event if args.exec is None else exec_command(args.exec, args.exec_timeout)
-    settings = Settings(args.at, args.headroom)
+    settings = Settings(args.at, args.headroom, args.rate_limit_at)
     try:
         trio.run(lambda: follow(catalog, here=args.host, settings=settings, deliver=deliver,
                                 state_file=state_file, reread_s=args.reread))  # fmt: skip
@@ -510,11 +517,13 @@ def run_watch(args: argparse.Namespace) -> int:
 def add_watch_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     watch = commands.add_parser(
         "watch",
-        help="run a command for every fill crossing, compaction and stale record (alerts)",
+        help="run a command for every fill crossing, compaction, stale record and account rate-limit crossing",
         description="Follows the catalog (inotify where the platform has it, and a re-read every --reread "
         "seconds) and turns it into events: a reading at or above an --at percent after one below it (or "
         "the first reading of an incarnation), headroom to compaction under --headroom tokens, a compaction, "
-        "a record gone stale while its agent runs, and fresh again. Withheld and stale readings fire "
+        "a record gone stale while its agent runs, and fresh again; and per account and window, its rate limit "
+        "reaching a --rate-limit-at percent (the newest snapshot across the agents sharing it). Withheld and "
+        "stale readings fire "
         "nothing. Each event is one JSON object with a human `message`: on the stdin of --exec's command "
         "(also as HCTX_* variables: HCTX_EVENT, HCTX_AGENT, HCTX_USED_PERCENT, HCTX_MESSAGE, ...), or "
         "without --exec one JSON line on stdout. What was told is kept in <catalog>/.st2/watch/NAME.json, "
@@ -534,6 +543,12 @@ def add_watch_command(commands: argparse._SubParsersAction[argparse.ArgumentPars
         "--headroom", type=whole_number, metavar="TOKENS",
         help="fire when compactAtTokens - usedTokens falls under TOKENS (only where the harness states "
         "where it compacts; default: no headroom events)",
+    )  # fmt: skip
+    watch.add_argument(
+        "--rate-limit-at", type=_thresholds, default=DEFAULT_RATE_LIMIT_AT, metavar="PERCENTS",
+        help="account rate-limit thresholds, comma-separated: a `rate-limit` event per account and window "
+        "(five-hour, seven-day) when the newest snapshot across the account's agents reaches one; re-armed "
+        "below it or once the window resets; a snapshot past the hour horizon fires nothing (default: 80,95)",
     )  # fmt: skip
     watch.add_argument(
         "--exec-timeout", type=positive_seconds, default=DEFAULT_EXEC_TIMEOUT_S, metavar="S",
