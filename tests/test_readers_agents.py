@@ -66,9 +66,9 @@ PINNED_ROSTER = (
     '"observedAtMs": 1788000100000, "ageMs": 4210, "stale": false, "headroomTokens": null}, '
     '"accountRateLimits": {"account": null, "agentCount": 1, "fiveHour": {"usedPercent": 31.0, '
     '"resetsAtMs": null, "resetPassed": false, "observedAtMs": 1788000100000, "ageMs": 4210, "stale": false, '
-    '"agent": "box/alpha", "newerThanOwn": false}, "sevenDay": {"usedPercent": 55.0, "resetsAtMs": null, '
+    '"agent": "box/alpha", "fromAnotherAgent": false}, "sevenDay": {"usedPercent": 55.0, "resetsAtMs": null, '
     '"resetPassed": false, "observedAtMs": 1788000100000, "ageMs": 4210, "stale": false, "agent": "box/alpha", '
-    '"newerThanOwn": false}}},\n'
+    '"fromAnotherAgent": false}}},\n'
     '{"host": "box", "identity": "bravo", "harness": null, "desiredState": null, "context": null, '
     '"accountRateLimits": null}\n'
     "]\n"

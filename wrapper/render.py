@@ -485,11 +485,10 @@ def limits_tint(snapshots: Iterable[Snapshot], now: int) -> Tint:
 
 def limits_text(group: AccountGroup | None, row: AgentRow, now: int) -> tuple[str, Tint]:
     """The account's current figure beside one agent: `5h 44% 7d 61%`, each window the newest
-    snapshot across the account's agents; `*` after a window where this agent's own snapshot is
-    older (the figure came from another agent); `-` where there is none."""
+    snapshot across the account's agents; `*` after a window whose figure is another agent's (this
+    agent's own snapshot of it is older, or it has none); `-` where there is none."""
     if group is None or not group.windows:
         return "-", None
-    own = row.context or {}
     parts = []
     for window, _ in WINDOWS:
         snapshot = group.windows.get(window)
@@ -500,7 +499,7 @@ def limits_text(group: AccountGroup | None, row: AgentRow, now: int) -> tuple[st
             text += " reset"
         elif snapshot.stale:
             text += " stale"
-        if snapshot.source.name != row.name and snapshot.observed_at_ms > own.get("observedAtMs", -1):
+        if snapshot.source.name != row.name:
             text += "*"
         parts.append(text)
     return " ".join(parts), limits_tint(group.windows.values(), now)
@@ -508,16 +507,15 @@ def limits_text(group: AccountGroup | None, row: AgentRow, now: int) -> tuple[st
 
 def account_limits_wire(group: AccountGroup | None, row: AgentRow, now: int) -> dict[str, Any] | None:
     """`hctx agents --json`'s `accountRateLimits`: the account's newest snapshot per window, each
-    with `newerThanOwn` (the agent's own snapshot is older); null when the group has none."""
+    with `fromAnotherAgent` (the agent's own snapshot is older, or it has none); null when the
+    group has none."""
     if group is None or not group.windows:
         return None
-    own_ms = (row.context or {}).get("observedAtMs", -1)
     out: dict[str, Any] = {"account": group.key, "agentCount": len(group.agents)}
     for window, _ in WINDOWS:
         snapshot = group.windows.get(window)
         out[window] = None if snapshot is None else {
-            **snapshot.wire(now),
-            "newerThanOwn": snapshot.source.name != row.name and snapshot.observed_at_ms > own_ms,
+            **snapshot.wire(now), "fromAnotherAgent": snapshot.source.name != row.name,
         }  # fmt: skip
     return out
 
