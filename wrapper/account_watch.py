@@ -111,13 +111,15 @@ def account_step(
     observations = list(snapshot)
     incarnations = {observation.row.name: observation.incarnation for observation in observations}
     events: list[Event] = []
-    after = {key: seen for key, seen in state.items() if now - seen.seen_at_ms < HARNESS_CONTEXT_STALE_MS}
+    after = dict(state)
+    present: set[str] = set()
     for group in fan_in(observation.row for observation in observations):
         for window, _ in WINDOWS:
             latest = group.windows.get(window)
             if latest is None:
                 continue
             key = f"{group_key(group.agents[0])}/{window}"
+            present.add(key)
             before = after.get(key, WindowSeen())
             seen = before.seen_at_ms if now - before.seen_at_ms < SEEN_REFRESH_MS else now
             if before.resets_at_ms is not None and before.resets_at_ms <= now:
@@ -135,6 +137,9 @@ def account_step(
                     group=group, snapshot=latest,
                 ))  # fmt: skip
             after[key] = WindowSeen(fired, latest.resets_at_ms, seen)
+    for key in [key for key, seen in after.items() if key not in present]:
+        if now - after[key].seen_at_ms >= HARNESS_CONTEXT_STALE_MS:
+            del after[key]
     return events, after
 
 
