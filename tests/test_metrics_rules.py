@@ -29,6 +29,7 @@ def test_promtool_checks_the_rules() -> None:
     assert f"SUCCESS: {len(ALERTS)} rules found" in done.stdout
     assert ALERTS == [
         "HctxContextFilling", "HctxContextNearlyFull", "HctxContextStale", "HctxRateLimitHigh",
+        "HctxAccountRateLimitHigh", "HctxAccountRateLimitNearlyExhausted",
         "HctxCatalogUnreadable", "HctxExporterDown",
     ]  # fmt: skip
 
@@ -53,7 +54,8 @@ def test_every_alert_is_proven_to_fire_by_the_unit_tests(tmp_path: Path) -> None
 
 def _full_exposition(tmp_path: Path) -> set[str]:
     """Every series name `hctx metrics` exports, from a record with every field filled."""
-    put_record(tmp_path, "alice", model="gpt-5", costUsd=1.5)
+    put_record(tmp_path, "alice", model="gpt-5", costUsd=1.5, account={"key": "0" * 32, "label": "pro"},
+               rateLimitResetsAtMs={"fiveHour": NOW + 60_000, "sevenDay": NOW + 60_000})  # fmt: skip
     put_claim(tmp_path, "alice", desiredState="running")
     names = {name for name, _ in parse(exposition(collect_roster(tmp_path, NOW, here=HOST, alive=dead)))}
     return names | {"hctx_catalog_readable"}  # the collector's own, beside the roster's
