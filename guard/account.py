@@ -23,18 +23,25 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
+import stat
+from collections.abc import Mapping
 from typing import Annotated, Any, Final
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 __all__ = [
+    "ACCOUNT_FILE_MAX_BYTES",
     "ACCOUNT_KEY_PATTERN",
     "LABEL_MAX_CHARS",
     "Account",
     "account_key",
     "claude_account",
+    "claude_env_account",
     "clean_label",
     "codex_account",
+    "read_account_file",
+    "shown_dir",
     "tolerant_account",
 ]
 
@@ -42,6 +49,8 @@ __all__ = [
 ACCOUNT_KEY_PATTERN: Final = r"^[0-9a-f]{32}$"
 # A label is for a column: a longer one (a hostile 10 kB) is cut, never a reason to refuse a record.
 LABEL_MAX_CHARS: Final = 64
+# Logins and configs are a few kB (a `.claude.json` with many projects more); a larger file is not read.
+ACCOUNT_FILE_MAX_BYTES: Final = 4 * 1024 * 1024
 # An id longer than this is not one a harness issued (UUIDs, `acct-…`, `user-…` are tens of chars).
 _ID_MAX_CHARS: Final = 256
 
@@ -154,3 +163,43 @@ def claude_account(claude_json: bytes, where: str | None = None, plan: str | Non
         return None
     key = account_key("claude", account_uuid, organization_uuid)
     return Account(key=key, label=_label("claude", _plan(plan), where))
+
+
+def claude_env_account(env: Mapping[str, str], where: str | None = None, plan: str | None = None) -> Account | None:
+    """Claude's own fallback: `CLAUDE_CODE_ACCOUNT_UUID`, `CLAUDE_CODE_ORGANIZATION_UUID` and
+    `CLAUDE_CODE_USER_EMAIL` seed `oauthAccount` when the config stores none (2.1.250 and 2.1.332
+    both require all three); the email is only a condition, never read into anything."""
+    account_uuid = _id(env.get("CLAUDE_CODE_ACCOUNT_UUID"))
+    organization_uuid = _id(env.get("CLAUDE_CODE_ORGANIZATION_UUID"))
+    if account_uuid is None or organization_uuid is None or not env.get("CLAUDE_CODE_USER_EMAIL"):
+        return None
+    key = account_key("claude", account_uuid, organization_uuid)
+    return Account(key=key, label=_label("claude", _plan(plan), where))
+
+
+
+
+def read_account_file(path: str) -> bytes | None:
+    """The bytes of a harness's login or config file; None when absent, unreadable, not a regular
+    file or larger than ACCOUNT_FILE_MAX_BYTES (then no account is stated, and nothing fails)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > ACCOUNT_FILE_MAX_BYTES:
+            return None
+        return os.read(fd, ACCOUNT_FILE_MAX_BYTES + 1)[:ACCOUNT_FILE_MAX_BYTES]
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def shown_dir(path: str, home: str | None = None) -> str:
+    """A config directory as its user knows it: under the home directory as `~/…`."""
+    home = os.path.expanduser("~") if home is None else home
+    if home and home != "/" and (path == home or path.startswith(home.rstrip("/") + "/")):
+        return "~" + path[len(home.rstrip("/")) :]
+    return path

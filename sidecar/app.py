@@ -16,6 +16,7 @@ from typing import Protocol
 import trio
 from pydantic import BaseModel, ValidationError
 
+from guard.account import Account
 from guard.policy import Write, WriteGuard, WriteReason
 from guard.record import Harness, HarnessContext, describe_validation_error
 from guard.store import AgentDir, sweep_staging, write_context
@@ -41,6 +42,7 @@ __all__ = [
     "open_writer",
     "run_sidecar",
     "run_transport",
+    "stated_account",
     "transport_settings",
     "transport_streams",
     "wait_for_eof",
@@ -73,6 +75,7 @@ class SidecarConfig:
     lifeline_fd: int | None = None
     ready_fd: int | None = None
     transport: str = ""  # the launch plan's transport config, as JSON (HarnessSpec.transport_config)
+    account: str = ""  # the account the harness states, as JSON (guard.account.Account); "" none
 
 
 class Clock(Protocol):
@@ -308,8 +311,21 @@ def open_writer(config: SidecarConfig) -> tuple[HarnessSpec, Writer]:
     if swept := sweep_staging(config.catalog):
         log.info("removed %d staging files of dead writers", swept, extra={"event": "staging-swept"})
     spec = spec_for(config.harness)
-    pipeline = Pipeline(spec.make_producer(), WriteGuard(config.agent, config.incarnation))
+    guard = WriteGuard(config.agent, config.incarnation)
+    pipeline = Pipeline(spec.make_producer(), guard, stated_account(config.account))
     return spec, Writer(pipeline, CatalogStore(AgentDir(config.catalog, config.host, config.agent)))
+
+
+def stated_account(text: str) -> Account | None:
+    """The launch plan's account; None (logged) when the JSON is not one: readings go out without."""
+    if not text:
+        return None
+    try:
+        return Account.model_validate_json(text)
+    except ValidationError as exc:
+        log.error("no account: its JSON is refused: %s", describe_validation_error(exc),
+                  extra={"event": "account-bad-config"})  # fmt: skip
+        return None
 
 
 def transport_streams(spec: HarnessSpec, writer: Writer) -> Streams:

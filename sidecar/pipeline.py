@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 
+from guard.account import Account
 from guard.errors import FrameRejected
 from guard.policy import Write, WriteGuard
 from sidecar import logs
@@ -23,6 +25,9 @@ log = logging.getLogger(__name__)
 class Pipeline:
     producer: Producer
     guard: WriteGuard
+    # The account the harness's own login states (issue 29), read by the wrapper at launch: every
+    # reading carries it. A producer that states one itself keeps its own.
+    account: Account | None = None
     dropped: int = field(default=0, init=False)
 
     def feed(self, event: object, now_ms: int) -> list[Write]:
@@ -46,6 +51,9 @@ class Pipeline:
             log.exception("producer failed on a frame; dropped", extra={"event": "frame-dropped"})
             return writes
         for reading in readings:
+            if self.account is not None and reading.fields.account is None:
+                stamped = reading.fields.model_copy(update={"account": self.account})
+                reading = dataclasses.replace(reading, fields=stamped)
             if (problem := out_of_domain(reading.fields)) is not None:
                 self._drop(problem, "producer")
                 continue

@@ -29,7 +29,7 @@ from guard.errors import ChannelPathError, ClaimHeld, UnknownHarness, UsageError
 from guard.record import Harness
 from guard.state import HarnessState, claim_agent, held_by_live_wrapper, read_state, update_claim
 from guard.store import AgentDir, as_name
-from wrapper.harnesses import LaunchPlan, prepare, teardown, transport_json
+from wrapper.harnesses import LaunchPlan, account_json, prepare, teardown, transport_json
 from wrapper.sidecars import SIDECAR_EXIT_TIMEOUT_S, Sidecars, SidecarSpec
 
 __all__ = [
@@ -374,7 +374,8 @@ async def _run_with_sidecar(
     agent = options.agent
     group = _harness_group()
     reaper = None if group == "shared" else await Reaper.start()
-    sidecars = Sidecars(SidecarSpec(agent, options.harness, incarnation, channel, transport_json(plan)), say)
+    spec = SidecarSpec(agent, options.harness, incarnation, channel, transport_json(plan), account_json(plan))
+    sidecars = Sidecars(spec, say)
     try:
         if not await sidecars.start() and sidecars.running:  # one that died is keep_alive's to report
             say("the sidecar did not come up; the harness runs without context telemetry")

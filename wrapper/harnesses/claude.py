@@ -35,6 +35,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from guard.account import Account, claude_account, claude_env_account, read_account_file, shown_dir
 from guard.errors import SettingsError  # the settings file exists but cannot be merged without losing data
 from guard.store import proc_stat
 from wrapper.harnesses import LaunchPlan
@@ -374,6 +375,19 @@ def _status_line_command(seats: Seats) -> str | None:
     return command if isinstance(command, str) and command.strip() else None
 
 
+def seat_account(plan: LaunchPlan) -> Account | None:
+    """The account the seat's config states (issue 29): `$CLAUDE_CONFIG_DIR/.claude.json`, else
+    `~/.claude.json`, `oauthAccount`; else Claude's own env seeding. None for an API-key seat."""
+    env = {**os.environ, **plan.env}
+    config_dir = env.get("CLAUDE_CONFIG_DIR")
+    path = os.path.join(config_dir, ".claude.json") if config_dir else os.path.expanduser("~/.claude.json")
+    where = shown_dir(config_dir) if config_dir else "~"
+    plan_name = env.get("CLAUDE_CODE_SUBSCRIPTION_TYPE")
+    data = read_account_file(path)
+    stored = None if data is None else claude_account(data, where, plan_name)
+    return stored or claude_env_account(env, where, plan_name)
+
+
 def prepare(plan: LaunchPlan) -> LaunchPlan:
     seats = take_seat(plan.cwd)
     env = {PROJECT_DIR_ENV: os.fspath(plan.cwd)}
@@ -381,7 +395,7 @@ def prepare(plan: LaunchPlan) -> LaunchPlan:
     renderer = _status_line_command(seats)
     if renderer is not None and not os.environ.get(RENDERER_ENV):
         env[RENDERER_ENV] = renderer
-    return dataclasses.replace(plan, env={**plan.env, **env})
+    return dataclasses.replace(plan, env={**plan.env, **env}, account=seat_account(plan))
 
 
 def teardown(plan: LaunchPlan) -> None:

@@ -34,6 +34,7 @@ from typing import Any, Final
 
 from pydantic import BaseModel
 
+from guard.account import Account, codex_account, read_account_file, shown_dir
 from sidecar.registry import transport_config
 from wrapper.harnesses import LOOPBACK, LaunchPlan, free_loopback_port, program_index
 
@@ -42,6 +43,7 @@ __all__ = [
     "COMPACTION_KEYS",
     "compaction_settings",
     "prepare",
+    "seat_account",
 ]
 
 APP_SERVER: Final = "app-server"
@@ -75,7 +77,20 @@ COMPACTION_KEYS: Final = {"model_auto_compact_token_limit": "auto_compact_token_
                           "model_context_window": "model_context_window"}  # fmt: skip
 
 
+def seat_account(plan: LaunchPlan) -> Account | None:
+    """The account `$CODEX_HOME/auth.json` states (issue 29): its workspace with its ChatGPT user;
+    None for an API key or a provider's key, which state none."""
+    home = _codex_home(plan)
+    data = read_account_file(os.path.join(home, "auth.json"))
+    return None if data is None else codex_account(data, shown_dir(home))
+
+
 def prepare(plan: LaunchPlan) -> LaunchPlan:
+    prepared = _prepare(plan)
+    return prepared if prepared.transport is None else dataclasses.replace(prepared, account=seat_account(plan))
+
+
+def _prepare(plan: LaunchPlan) -> LaunchPlan:
     settings = compaction_settings(plan)
     at = _app_server_index(plan.argv)
     if at is None:

@@ -39,7 +39,15 @@ from pydantic import Field, ValidationError
 
 from guard.errors import FrameRejected
 from guard.policy import Reading, windows_at_limit
-from guard.record import CompactionTrigger, ContextFields, Count, Harness, RateLimits, describe_validation_error
+from guard.record import (
+    CompactionTrigger,
+    ContextFields,
+    Count,
+    Harness,
+    RateLimitResets,
+    RateLimits,
+    describe_validation_error,
+)
 from sidecar import wire
 from sidecar.decoding import CHANNEL
 from sidecar.harnesses.claude.frames import HOOK_FRAME, HOOK_TYPE, STATUSLINE_FRAME, STATUSLINE_TYPE, channel_line
@@ -230,6 +238,7 @@ class ClaudeProducer:
                 cost_usd=line.cost_usd,
                 session_total_tokens=None,
                 rate_limits=_rate_limits(line, now_ms),
+                rate_limit_resets_at_ms=_rate_limit_resets(line, now_ms),
                 compactions=self._compaction.count,
                 last_compaction_ms=self._compaction.last_ms,
                 last_compaction_trigger=self._compaction.trigger,
@@ -319,6 +328,26 @@ def _rate_limits(line: StatusLine, now_ms: int) -> RateLimits | None:
     if five_hour is None and seven_day is None:
         return None
     return RateLimits(five_hour=five_hour, seven_day=seven_day)
+
+
+# A reset past this (epoch ms, the year 2286) is no time a harness stated: it is left unstated.
+_MAX_RESET_MS = 10**13
+
+
+def _rate_limit_resets(line: StatusLine, now_ms: int) -> RateLimitResets | None:
+    """`rate_limits.{five_hour,seven_day}.resets_at` (epoch seconds; Claude rounds the header's), in
+    ms, for each window `_rate_limits` publishes."""
+
+    def resets(parsed: RateWindow | None) -> int | None:
+        if parsed is None or parsed.resets_at is None or not 0 < parsed.resets_at * 1000 < _MAX_RESET_MS:
+            return None
+        at = round(parsed.resets_at * 1000)
+        return at if at > now_ms else None  # a window past its reset is not published at all
+
+    five_hour, seven_day = resets(line.five_hour), resets(line.seven_day)
+    if five_hour is None and seven_day is None:
+        return None
+    return RateLimitResets(five_hour=five_hour, seven_day=seven_day)
 
 
 # --- recordings -------------------------------------------------------------------------------

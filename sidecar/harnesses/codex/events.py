@@ -63,6 +63,9 @@ class TokenUsage(_Event):
 class RateWindow(_Event):
     used_percent: Percent
     window_minutes: Tokens | None
+    # `resetsAt`, unix seconds, as Codex stated it (from the `x-codex-*-reset-at` header or
+    # `wham/usage`); None unstated. Additive (issue 29).
+    resets_at_s: Tokens | None = None
 
 
 class RateLimitsUpdated(_Event):

@@ -55,7 +55,15 @@ from pydantic.alias_generators import to_camel
 from guard.constants import CHANNEL_MAX_FRAME_BYTES
 from guard.errors import FrameRejected
 from guard.policy import Reading
-from guard.record import MAX_COUNT, ContextFields, Harness, RateLimits, describe_validation_error, round_half_up
+from guard.record import (
+    MAX_COUNT,
+    ContextFields,
+    Harness,
+    RateLimitResets,
+    RateLimits,
+    describe_validation_error,
+    round_half_up,
+)
 from sidecar import wire
 from sidecar.decoding import Decoder, LineDecoder, MessageDecoder
 from sidecar.harnesses.codex.events import (
@@ -91,6 +99,7 @@ __all__ = [
     "CodexProducer",
     "CodexTransport",
     "HeldLimits",
+    "HeldResets",
     "PositiveTokens",
     "Relay",
     "Rollout",
@@ -99,8 +108,10 @@ __all__ = [
     "compact_at",
     "line_of",
     "merged_rate_limits",
+    "merged_resets",
     "parse_message",
     "percent_of_context_window_remaining",
+    "rate_limit_resets",
     "rate_limits",
     "read_recording",
     "tap_frame",
@@ -156,6 +167,7 @@ class _TokenUsageParams(_Wire):
 class _RateLimitWindow(_Wire):
     used_percent: Percent
     window_duration_mins: Tokens | None = None
+    resets_at: Tokens | None = None  # unix seconds
 
 
 class _RateLimitSnapshot(_Wire):
@@ -230,7 +242,9 @@ def parse_message(data: bytes) -> list[object]:
 def _window(window: _RateLimitWindow | None) -> RateWindow | None:
     if window is None:
         return None
-    return RateWindow(used_percent=window.used_percent, window_minutes=window.window_duration_mins)
+    return RateWindow(
+        used_percent=window.used_percent, window_minutes=window.window_duration_mins, resets_at_s=window.resets_at
+    )
 
 
 def _build(message: dict[str, Any]) -> HarnessBuild | None:
@@ -384,6 +398,8 @@ def compact_at(config: CompactionConfig | None, reported_window: int | None) -> 
 
 # (fiveHour, sevenDay) held so far.
 HeldLimits = tuple[float | None, float | None]
+# Their reset times, unix ms, as Codex stated them with each window (issue 29).
+HeldResets = tuple[int | None, int | None]
 
 
 def merged_rate_limits(held: HeldLimits, update: RateLimitsUpdated) -> HeldLimits:
@@ -399,11 +415,33 @@ def merged_rate_limits(held: HeldLimits, update: RateLimitsUpdated) -> HeldLimit
     return five_hour, seven_day
 
 
+def merged_resets(held: HeldResets, update: RateLimitsUpdated) -> HeldResets:
+    """Each window's reset goes with its percent: a window that came restates its reset (null when
+    this snapshot stated none, so an old reset never rides a newer percent)."""
+    five_hour, seven_day = held
+    for window in (update.primary, update.secondary):
+        if window is None:
+            continue
+        resets = None if window.resets_at_s is None else window.resets_at_s * 1000
+        if window.window_minutes == FIVE_HOUR_MINUTES:
+            five_hour = resets
+        elif window.window_minutes == SEVEN_DAY_MINUTES:
+            seven_day = resets
+    return five_hour, seven_day
+
+
 def rate_limits(held: HeldLimits) -> RateLimits | None:
     five_hour, seven_day = held
     if five_hour is None and seven_day is None:
         return None
     return RateLimits(five_hour=five_hour, seven_day=seven_day)
+
+
+def rate_limit_resets(held: HeldResets) -> RateLimitResets | None:
+    five_hour, seven_day = held
+    if five_hour is None and seven_day is None:
+        return None
+    return RateLimitResets(five_hour=five_hour, seven_day=seven_day)
 
 
 def usage_fields(
@@ -412,6 +450,7 @@ def usage_fields(
     *,
     harness: Harness = "codex",
     held_limits: HeldLimits = (None, None),
+    held_resets: HeldResets = (None, None),
     compactions: int = 0,
     last_compaction_ms: int | None = None,
     version: str | None = None,
@@ -429,6 +468,7 @@ def usage_fields(
         cost_usd=None,
         session_total_tokens=usage.session_total_tokens,
         rate_limits=rate_limits(held_limits),
+        rate_limit_resets_at_ms=rate_limit_resets(held_resets),
         compactions=compactions,
         last_compaction_ms=last_compaction_ms,
         last_compaction_trigger="unknown" if compactions else None,
@@ -451,6 +491,7 @@ class CodexProducer:
         self.compactions = 0
         self.last_compaction_ms: int | None = None
         self.held_limits: HeldLimits = (None, None)
+        self.held_resets: HeldResets = (None, None)
         self.last_reading: ContextFields | None = None
         self.config: CompactionConfig | None = None
         self.version: str | None = None
@@ -469,6 +510,7 @@ class CodexProducer:
             return [self._token_usage(event, now_ms)]
         if isinstance(event, RateLimitsUpdated):
             self.held_limits = merged_rate_limits(self.held_limits, event)
+            self.held_resets = merged_resets(self.held_resets, event)
             return self._restated_with_rate_limits()
         if isinstance(event, CompactionItem):
             return self._item(event, now_ms)
@@ -488,6 +530,7 @@ class CodexProducer:
             now_ms,
             harness=self.harness,
             held_limits=self.held_limits,
+            held_resets=self.held_resets,
             compactions=self.compactions,
             last_compaction_ms=self.last_compaction_ms,
             version=self.version,
@@ -506,10 +549,10 @@ class CodexProducer:
     def _restated_with_rate_limits(self) -> list[Reading]:
         """The held reading with the merged limits, when they changed it; nothing was re-measured,
         so its observedAtMs stays. Before any reading the limits wait for the first one."""
-        held, limits = self.last_reading, rate_limits(self.held_limits)
-        if held is None or held.rate_limits == limits:
+        held, limits, resets = self.last_reading, rate_limits(self.held_limits), rate_limit_resets(self.held_resets)
+        if held is None or (held.rate_limits, held.rate_limit_resets_at_ms) == (limits, resets):
             return []
-        self.last_reading = held.model_copy(update={"rate_limits": limits})
+        self.last_reading = held.model_copy(update={"rate_limits": limits, "rate_limit_resets_at_ms": resets})
         return [Reading(self.last_reading, rate_limits_edge=True)]
 
     def _item(self, item: CompactionItem, now_ms: int) -> list[Reading]:
@@ -537,6 +580,7 @@ class CodexProducer:
             "last_compaction_ms": now_ms,
             "last_compaction_trigger": "unknown",
             "rate_limits": rate_limits(self.held_limits),
+            "rate_limit_resets_at_ms": rate_limit_resets(self.held_resets),
             "harness_version": self.version,
         }
         if self.last_reading is None:

@@ -249,7 +249,7 @@ def _rate_limits(count: _TokenCount) -> RateLimitsUpdated | Dropped | None:
     try:
         windows = [
             None if w is None else event(RateWindow, _WINDOW_NAMES, used_percent=round_half_up(w.used_percent),
-                                               window_minutes=w.window_minutes)
+                                               window_minutes=w.window_minutes, resets_at_s=w.resets_at)
             for w in (limits.primary, limits.secondary)
         ]  # fmt: skip
         return RateLimitsUpdated(primary=windows[0], secondary=windows[1])
