@@ -17,12 +17,15 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 from guard.account import codex_account
 from tests.fakes.chatgpt_backend import FakeChatGPT, chatgpt_config, fake_chatgpt, seat_auth_json
@@ -210,3 +213,118 @@ async def test_claude_names_its_config_dirs_account_and_reports_its_windows(vers
     assert records["B"]["rateLimits"] == {"fiveHour": 85, "sevenDay": 31}  # the same account, one turn later
     assert records["C"]["rateLimits"] == {"fiveHour": 10, "sevenDay": 15}
     assert records["B"]["observedAtMs"] > records["A"]["observedAtMs"]
+
+
+# --- the whole path: wrapped seats, their records, the fan-in and the warning ---------------------
+
+
+def _hctx(*args: str) -> subprocess.CompletedProcess[str]:
+    from tests.wrapping import env as suite_env
+
+    return subprocess.run([sys.executable, "-m", "wrapper.cli", *args], capture_output=True, text=True,
+                          timeout=120, env=suite_env(), check=False)  # fmt: skip
+
+
+def _watch_events(catalog: Path, seconds: float) -> list[dict[str, Any]]:
+    """`hctx watch` (fills off) for `seconds` once it follows the catalog, then SIGTERM: the
+    rate-limit events it printed."""
+    from tests.wrapping import HOST
+    from tests.wrapping import env as suite_env
+
+    argv = [sys.executable, "-m", "wrapper.cli", "watch", "--catalog", str(catalog), "--host", HOST, "--at", "1000"]
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=suite_env())
+    assert process.stderr is not None
+    started = process.stderr.readline()  # "following …": its signal handlers are in place
+    assert "following" in started, started
+    time.sleep(seconds)
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=30)
+    assert process.returncode == 0, err
+    return [event for event in map(json.loads, out.splitlines()) if event["event"] == "rate-limit"]
+
+
+def _fan_in_and_warning(catalog: Path, shared: tuple[str, str], alone: str) -> dict[str, Any]:
+    """`hctx accounts --json` on the seats' records, and `hctx watch` told once, then nothing again."""
+    records = {
+        agent: json.loads((catalog / "agents" / "testhost" / agent / "harness-context").read_text())
+        for agent in (*shared, alone)
+    }
+    first, second = (records[agent] for agent in shared)
+    assert first["account"]["key"] == second["account"]["key"] != records[alone]["account"]["key"]
+    assert all(record["rateLimitResetsAtMs"]["fiveHour"] > time.time() * 1000 for record in records.values())
+    done = _hctx("accounts", "--json", "--catalog", str(catalog))
+    assert done.returncode == 0, done.stderr
+    listed = {item["account"]: item for item in json.loads(done.stdout)}
+    group = listed[first["account"]["key"]]
+    newest = max(shared, key=lambda agent: records[agent]["observedAtMs"])
+    assert group["agentCount"] == 2
+    assert group["rateLimits"]["fiveHour"]["agent"] == f"testhost/{newest}"
+    assert group["rateLimits"]["fiveHour"]["usedPercent"] == records[newest]["rateLimits"]["fiveHour"]
+    assert group["rateLimits"]["fiveHour"]["resetsAtMs"] == records[newest]["rateLimitResetsAtMs"]["fiveHour"]
+    told = _watch_events(catalog, 6)
+    again = _watch_events(catalog, 4)  # restarted: nothing repeated
+    assert again == []
+    return {"records": records, "told": told, "group": group}
+
+
+@pytest.mark.parametrize("version", HARNESS_VERSIONS["claude"])
+async def test_wrapped_claude_seats_fan_in_and_warn_once(version: str, tmp_path: Path) -> None:
+    await test_claude_names_its_config_dirs_account_and_reports_its_windows(version, tmp_path)
+    found = _fan_in_and_warning(tmp_path / "catalog", ("claude-seat-A", "claude-seat-B"), "claude-seat-C")
+    assert found["group"]["rateLimits"]["fiveHour"]["usedPercent"] == 85  # B's, not A's older 80
+    assert found["group"]["label"] == "claude · max · ~/claude-B"  # the wrapper's HOME is the seat's
+    # One crossing of 80 on the shared account, though both of its seats are past it; C (10%) none.
+    assert [(e["agent"], e["window"], e["threshold"], e["agents"]) for e in found["told"]] == [
+        ("claude-seat-B", "fiveHour", 80, 2),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("version", CODEX_VERSIONS)
+async def test_wrapped_codex_seats_fan_in_and_warn_once(version: str, tmp_path: Path) -> None:
+    """0.151.0: ChatGPT seats A, B (one person) and C (another), each `hctx wrap -- codex app-server`
+    running one turn whose response carries the `x-codex-*` headers (the fake's primary rises 7.5
+    points a request). 0.171.0 cannot run a ChatGPT turn against loopback: its API-key seat D is
+    checked to publish the limits and their resets with no account."""
+    from tests.wrapping import wrap_argv
+
+    codex = require_harness("codex", version)
+    catalog = tmp_path / "catalog"
+    seats = "ABC" if version == "0.151.0" else "D"
+    async with fake_chatgpt() as fake:
+        for seat in seats:
+            home, codex_home, work = (tmp_path / seat / part for part in ("home", "codexhome", "work"))
+            for directory in (home, codex_home, work):
+                directory.mkdir(parents=True)
+            ids = CODEX_SEATS[seat]
+            if ids is None:
+                (codex_home / "config.toml").write_text(codex_config(fake.responses.base_url))
+            else:
+                (codex_home / "auth.json").write_text(seat_auth_json(*ids))
+                (codex_home / "config.toml").write_text(chatgpt_config(fake.base_url))
+            env = codex_env(home, codex_home, version)
+            agent = f"codex-seat-{seat}"
+            argv = wrap_argv(catalog, agent, "codex", *codex, "app-server")
+            async with stdio_client(argv, env=env, cwd=work, stderr=tmp_path / f"{seat}.stderr") as (client, _, _):
+                await client.initialize()
+                thread = await client.start_thread(work)
+                await client.turn(thread, f"seat {seat} [[u:1200:20]]")
+                await client.wait_for(lambda _: client.count("account/rateLimits/updated") > 0)
+                path = catalog / "agents" / "testhost" / agent / "harness-context"
+                for _ in range(300):  # 15 s
+                    if path.exists() and json.loads(path.read_text())["rateLimitResetsAtMs"]:
+                        break
+                    await trio.sleep(0.05)
+                else:
+                    raise AssertionError(f"{agent}: no record with its rate limits' resets")
+    if version != "0.151.0":
+        record = json.loads((catalog / "agents" / "testhost" / "codex-seat-D" / "harness-context").read_text())
+        assert record["account"] is None and record["rateLimits"]["fiveHour"] is not None
+        assert record["rateLimitResetsAtMs"]["fiveHour"] % 1000 == 0  # Codex's unix seconds, in ms
+        return
+    found = _fan_in_and_warning(catalog, ("codex-seat-A", "codex-seat-B"), "codex-seat-C")
+    records = found["records"]
+    assert records["codex-seat-B"]["rateLimits"]["fiveHour"] == 18  # the header's 17.5, Codex's rounding
+    assert found["group"]["rateLimits"]["fiveHour"]["usedPercent"] == 18  # B's, not A's older 10
+    assert found["group"]["label"].startswith("chatgpt · pro · /")  # CODEX_HOME, cut to 64 characters
+    # Seven-day is 40 + n: A 40, B 41, C 42; nothing crosses 80, so nothing is told.
+    assert found["told"] == []
