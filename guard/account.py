@@ -42,7 +42,6 @@ __all__ = [
     "codex_account",
     "read_account_file",
     "shown_dir",
-    "tolerant_account",
 ]
 
 # 128 bits of sha256, hex: opaque, fixed-width, and a Prometheus label value as it is.
@@ -84,17 +83,6 @@ class Account(BaseModel):
 
     key: Annotated[str, Field(pattern=ACCOUNT_KEY_PATTERN, strict=True)]
     label: Label = None
-
-
-def tolerant_account(value: object) -> object:
-    """Additive-tolerant on read: an `account` this version cannot read is no account (the agent its
-    own group), never a reason to refuse the record's numbers."""
-    if value is None or isinstance(value, Account):
-        return value
-    try:
-        return Account.model_validate(value)
-    except ValueError:
-        return None
 
 
 def _id(value: object) -> str | None:

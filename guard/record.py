@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Container, Sequence
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal, TypeVar, get_args
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, ValidationError
 from pydantic.alias_generators import to_camel
 
-from guard.account import Account, tolerant_account
+from guard.account import Account
 from guard.constants import ACCEPTED_SCHEMAS, SCHEMA_V1
 from guard.errors import RecordRefused
 
@@ -30,6 +30,7 @@ __all__ = [
     "Trigger",
     "WireModel",
     "describe_validation_error",
+    "optional_model",
     "parse_record",
     "record_json_schema",
     "refuse_json_constant",
@@ -95,15 +96,23 @@ class RateLimitResets(WireModel):
     seven_day: Millis | None = None
 
 
-def _tolerant_resets(value: object) -> object:
-    """Additive-tolerant on read: reset times this version cannot read are unstated, and never
-    refuse the record's numbers."""
-    if value is None or isinstance(value, RateLimitResets):
-        return value
-    try:
-        return RateLimitResets.model_validate(value)
-    except ValueError:
+_Model = TypeVar("_Model", bound=BaseModel)
+
+
+def optional_model(model: type[_Model], value: object) -> _Model | None:
+    """An adjacent fact decoded conservatively: absent or malformed is null, never a guess."""
+    if value is None:
         return None
+    try:
+        return model.model_validate(value)
+    except ValidationError:
+        return None
+
+
+def _tolerant(model: type[BaseModel]) -> BeforeValidator:
+    """Additive-tolerant on read: a field of this model this version cannot read is null, and never
+    a reason to refuse the record's numbers."""
+    return BeforeValidator(lambda value: optional_model(model, value))
 
 
 class ContextFields(WireModel):
@@ -136,9 +145,9 @@ class ContextFields(WireModel):
     session_id: Annotated[str, Field(max_length=512)] | None = None  # an OpenCode id: 512 at most
     # Additive (issue 29): the account `rateLimits` belong to, as the harness states it (guard.account):
     # an opaque key and a label; null where nothing states one (the agent is its own group).
-    account: Annotated[Account | None, BeforeValidator(tolerant_account)] = None
+    account: Annotated[Account | None, _tolerant(Account)] = None
     # Additive (issue 29): when each rate-limit window resets, as the harness stated it.
-    rate_limit_resets_at_ms: Annotated[RateLimitResets | None, BeforeValidator(_tolerant_resets)] = None
+    rate_limit_resets_at_ms: Annotated[RateLimitResets | None, _tolerant(RateLimitResets)] = None
     observed_at_ms: Millis
 
 

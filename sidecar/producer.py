@@ -17,7 +17,7 @@ from typing import Annotated, Any, Protocol, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from guard.policy import Reading
-from guard.record import ContextFields, Harness, describe_validation_error
+from guard.record import ContextFields, Harness, describe_validation_error, optional_model
 
 __all__ = [
     "MAX_COST_USD",
@@ -72,19 +72,8 @@ class TolerantModel(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
 
-_Model = TypeVar("_Model", bound=BaseModel)
 _Key = TypeVar("_Key")
 _Value = TypeVar("_Value")
-
-
-def optional_model(model: type[_Model], value: object) -> _Model | None:
-    """An adjacent fact decoded conservatively: absent or malformed is null, never a guess."""
-    if value is None:
-        return None
-    try:
-        return model.model_validate(value)
-    except ValidationError:
-        return None
 
 
 def instant_ms(value: object) -> int | None:

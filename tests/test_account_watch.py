@@ -5,18 +5,15 @@ snapshot; remembered across restarts."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from readers_catalog import HOST, HOUR, MINUTE, put_record
+from test_watch import _lines, _wait, _watch
 
 from guard.account import account_key
-from tests.conftest import REPO
 from wrapper.account_watch import RateLimitEvent, WindowSeen, account_step, dump_account_state, load_account_state
 from wrapper.watch import Event, observe
 
@@ -161,27 +158,6 @@ def test_a_hostile_label_reaches_the_message_printable(tmp_path: Path) -> None:
 
 
 # --- the command ---------------------------------------------------------------------------------
-
-
-def _watch(catalog: Path, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "wrapper.cli", "watch", "--catalog", str(catalog), "--host", HOST, *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO,
-    )  # fmt: skip
-
-
-def _lines(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def _wait(predicate: Any, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        time.sleep(0.05)
-    raise AssertionError("timed out")
 
 
 def _stop(process: subprocess.Popen[str]) -> str:

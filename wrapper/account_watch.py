@@ -14,7 +14,6 @@ replaced atomically before the events go out (at most once, as the fill events).
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -26,7 +25,7 @@ from guard.constants import HARNESS_CONTEXT_STALE_MS
 from guard.store import write_json_atomic
 from wrapper.accounts import WINDOWS, AccountGroup, Snapshot, fan_in, group_key
 from wrapper.render import age_text, percent_text, reset_text
-from wrapper.watch import Event, Observation, StateFile, log
+from wrapper.watch import Event, Observation, StateFile, log, read_state
 
 __all__ = [
     "ACCOUNT_STATE_SCHEMA",
@@ -188,16 +187,10 @@ class AccountWatch:
 
     def load(self, dir_fd: int) -> None:
         try:
-            fd = os.open(self.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-        except FileNotFoundError:
-            return
-        try:
-            with os.fdopen(fd, "rb", closefd=False) as handle:
-                self.state = load_account_state(handle.read(16 * 1024 * 1024))
+            data = read_state(dir_fd, self.name)
+            self.state = {} if data is None else load_account_state(data)
         except (OSError, ValueError) as exc:
             log(f"{self.path} unreadable ({exc}); starting with no rate limit told")
-        finally:
-            os.close(fd)
 
     def step(self, dir_fd: int, snapshot: Iterable[Observation], now: int) -> list[Event]:
         """The events, with the state saved first (a failed save is said, and the events still go)."""

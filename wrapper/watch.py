@@ -66,6 +66,7 @@ __all__ = [
     "load_state",
     "observe",
     "print_event",
+    "read_state",
     "run_watch",
     "step",
 ]
@@ -276,6 +277,19 @@ def load_state(data: bytes) -> dict[str, Seen]:
     }
 
 
+def read_state(dir_fd: int, name: str) -> bytes | None:
+    """A state file's bytes (at most 16 MiB, never through a symlink); None when there is none."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+    try:
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            return handle.read(16 * 1024 * 1024)
+    finally:
+        os.close(fd)
+
+
 class StateFile:
     """`<catalog>/.st2/watch/NAME.json`, replaced atomically; `NAME.lock` held while a watch runs."""
 
@@ -305,17 +319,11 @@ class StateFile:
 
     def load(self, dir_fd: int) -> dict[str, Seen]:
         try:
-            fd = os.open(self.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-        except FileNotFoundError:
-            return {}
-        try:
-            with os.fdopen(fd, "rb", closefd=False) as handle:
-                return load_state(handle.read(16 * 1024 * 1024))
+            data = read_state(dir_fd, self.name)
+            return {} if data is None else load_state(data)
         except (OSError, ValueError) as exc:
             log(f"{self.path} unreadable ({exc}); starting with nothing told")
             return {}
-        finally:
-            os.close(fd)
 
     def save(self, dir_fd: int, state: State) -> None:
         write_json_atomic(dir_fd, self.name, dump_state(state), dir_fd)

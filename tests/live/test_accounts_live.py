@@ -54,8 +54,9 @@ def _capture(name: str, data: str) -> None:
         (Path(target) / name).write_text(data)
 
 
-async def _codex_seat(version: str, seat: str, fake: FakeChatGPT, tmp_path: Path) -> dict[str, Any]:
-    codex = require_harness("codex", version)
+def _codex_home(version: str, seat: str, fake: FakeChatGPT, tmp_path: Path) -> tuple[dict[str, str], Path, Path]:
+    """(env, CODEX_HOME, working directory) of one seat: its fake ChatGPT login, or for an API-key
+    seat the custom provider on the fake's Responses API."""
     home, codex_home, work = (tmp_path / seat / part for part in ("home", "codexhome", "work"))
     for directory in (home, codex_home, work):
         directory.mkdir(parents=True)
@@ -65,7 +66,13 @@ async def _codex_seat(version: str, seat: str, fake: FakeChatGPT, tmp_path: Path
     else:
         (codex_home / "auth.json").write_text(seat_auth_json(*ids))
         (codex_home / "config.toml").write_text(chatgpt_config(fake.base_url))
-    env = codex_env(home, codex_home, version)
+    return codex_env(home, codex_home, version), codex_home, work
+
+
+async def _codex_seat(version: str, seat: str, fake: FakeChatGPT, tmp_path: Path) -> dict[str, Any]:
+    codex = require_harness("codex", version)
+    env, codex_home, work = _codex_home(version, seat, fake, tmp_path)
+    ids = CODEX_SEATS[seat]
     found: dict[str, Any] = {"auth": (codex_home / "auth.json").read_bytes() if ids else b""}
     async with stdio_client([*codex, "app-server"], env=env, cwd=work, stderr=tmp_path / f"{seat}.stderr") as (
         client, _, _,
@@ -292,16 +299,7 @@ async def test_wrapped_codex_seats_fan_in_and_warn_once(version: str, tmp_path: 
     seats = "ABC" if version == "0.151.0" else "D"
     async with fake_chatgpt() as fake:
         for seat in seats:
-            home, codex_home, work = (tmp_path / seat / part for part in ("home", "codexhome", "work"))
-            for directory in (home, codex_home, work):
-                directory.mkdir(parents=True)
-            ids = CODEX_SEATS[seat]
-            if ids is None:
-                (codex_home / "config.toml").write_text(codex_config(fake.responses.base_url))
-            else:
-                (codex_home / "auth.json").write_text(seat_auth_json(*ids))
-                (codex_home / "config.toml").write_text(chatgpt_config(fake.base_url))
-            env = codex_env(home, codex_home, version)
+            env, _, work = _codex_home(version, seat, fake, tmp_path)
             agent = f"codex-seat-{seat}"
             argv = wrap_argv(catalog, agent, "codex", *codex, "app-server")
             async with stdio_client(argv, env=env, cwd=work, stderr=tmp_path / f"{seat}.stderr") as (client, _, _):
