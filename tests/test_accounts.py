@@ -11,11 +11,13 @@ from typing import Any
 import pytest
 from readers_catalog import HOST, HOUR, MINUTE, NOW, hctx, put_record
 
-from guard.account import Account, account_key, claude_account, clean_label, codex_account
+from guard.account import Account, account_key, clean_label
 from guard.record import parse_record
 from tests.conftest import REPO
 from tests.prometheus_tools import dead, exposition, parse
 from wrapper.accounts import fan_in, groups_by_agent
+from wrapper.harnesses.claude import claude_account
+from wrapper.harnesses.codex import codex_account
 from wrapper.render import render_accounts, render_agents, render_agents_json
 from wrapper.roster import collect_roster
 

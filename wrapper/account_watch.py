@@ -13,6 +13,7 @@ replaced atomically before the events go out (at most once, as the fill events).
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -22,20 +23,26 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from guard.catalog import printable
 from guard.constants import HARNESS_CONTEXT_STALE_MS
+from guard.errors import RecordRefused
 from guard.store import write_json_atomic
-from wrapper.accounts import WINDOWS, AccountGroup, Snapshot, fan_in, group_key
+from wrapper.accounts import DEFAULT_RATE_LIMIT_AT, WINDOWS, AccountGroup, Snapshot, fan_in, group_key
+from wrapper.reader_commands import with_host
 from wrapper.render import age_text, percent_text, reset_text
-from wrapper.watch import Event, Observation, StateFile, log, read_state
+from wrapper.watch import Event, Observation, StateFile, log, parse_percents, read_state, run_watch
+from wrapper.watch import add_watch_command as add_fill_watch_command
 
 __all__ = [
     "ACCOUNT_STATE_SCHEMA",
     "SEEN_REFRESH_MS",
+    "AccountState",
     "AccountWatch",
     "RateLimitEvent",
     "WindowSeen",
     "account_step",
+    "add_watch_command",
     "dump_account_state",
     "load_account_state",
+    "run_watch_with_accounts",
 ]
 
 ACCOUNT_STATE_SCHEMA = "hctx.watch-accounts.v1"
@@ -166,11 +173,11 @@ def dump_account_state(state: AccountState) -> bytes:
 
 
 def load_account_state(data: bytes) -> dict[str, WindowSeen]:
-    """Raises ValueError for a file that is not an account watch state."""
+    """Raises RecordRefused (a ValueError) for a file that is not an account watch state."""
     try:
         wire = _StateWire.model_validate_json(data)
     except ValidationError as exc:
-        raise ValueError(str(exc).splitlines()[0]) from None
+        raise RecordRefused(str(exc).splitlines()[0]) from None
     return {
         key: WindowSeen(frozenset(seen.fired), seen.resets_at_ms, seen.seen_at_ms) for key, seen in wire.windows.items()
     }
@@ -192,7 +199,7 @@ class AccountWatch:
         except (OSError, ValueError) as exc:
             log(f"{self.path} unreadable ({exc}); starting with no rate limit told")
 
-    def step(self, dir_fd: int, snapshot: Iterable[Observation], now: int) -> list[Event]:
+    def step(self, dir_fd: int, snapshot: list[Observation], now: int) -> list[Event]:
         """The events, with the state saved first (a failed save is said, and the events still go)."""
         events, after = account_step(self.state, snapshot, now, self.thresholds)
         if after != self.state:
@@ -202,3 +209,20 @@ class AccountWatch:
                 log(f"cannot save {self.path}: {exc}; a restart may repeat these events")
             self.state = after
         return events
+
+
+def run_watch_with_accounts(args: argparse.Namespace) -> int:
+    return run_watch(args, lambda state_file: [AccountWatch(state_file, args.rate_limit_at)])
+
+
+def add_watch_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`hctx watch` (wrapper.watch) with the account rate-limit events beside its own."""
+    add_fill_watch_command(commands)
+    watch = commands.choices["watch"]
+    watch.add_argument(
+        "--rate-limit-at", type=parse_percents, default=DEFAULT_RATE_LIMIT_AT, metavar="PERCENTS",
+        help="account rate-limit thresholds, comma-separated: a `rate-limit` event per account and window "
+        "(five-hour, seven-day) when the newest snapshot across the account's agents reaches one; re-armed "
+        "below it or once the window resets; a snapshot past the hour horizon fires nothing (default: 80,95)",
+    )  # fmt: skip
+    watch.set_defaults(run=with_host(run_watch_with_accounts))

@@ -14,12 +14,12 @@ from typing import Any
 import guard
 from guard.record import Harness
 from sidecar.registry import BUILT_IN
+from wrapper.account_watch import add_watch_command
 from wrapper.arguments import harness_name, non_negative, whole_number
 from wrapper.metrics import add_metrics_command
 from wrapper.reader_commands import add_catalog_options, add_reader_commands, catalog_of, with_host
 from wrapper.replication import add_replication_command
 from wrapper.scan import add_scan_command
-from wrapper.watch import add_watch_command
 
 __all__ = [
     "COMMAND_ORDER",
@@ -139,7 +139,7 @@ def _demo(args: argparse.Namespace) -> int:
 # of its own lands in its place here, one not named here after these, and a name here that is not
 # registered is skipped.
 COMMAND_ORDER = (
-    "demo", "wrap", "agents", "top", "doctor", "inspect", "watch", "metrics", "web", "scan", "replication",
+    "demo", "wrap", "agents", "accounts", "top", "doctor", "inspect", "watch", "metrics", "web", "scan", "replication",
     "replay", "schema",
 )  # fmt: skip
 

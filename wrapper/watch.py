@@ -22,10 +22,10 @@ import os
 import re
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -34,7 +34,6 @@ from guard.constants import CONTROL_DIR_NAME, HARNESS_CONTEXT_STALE_MS, REPLICAT
 from guard.errors import CatalogError, RecordRefused
 from guard.projection import headroom_tokens
 from guard.store import check_name, control_dir, open_chain, pid_alive, write_json_atomic
-from wrapper.accounts import DEFAULT_RATE_LIMIT_AT
 from wrapper.arguments import positive_seconds, whole_number
 from wrapper.reader_commands import add_catalog_options, existing_catalog, with_host
 from wrapper.render import age_text, meter_text, percent_text, tokens_text
@@ -50,6 +49,7 @@ __all__ = [
     "OVERRUN_HARNESSES",
     "STATE_SCHEMA",
     "WATCH_DIR_NAME",
+    "Companion",
     "Deliver",
     "Event",
     "Kind",
@@ -65,6 +65,7 @@ __all__ = [
     "follow",
     "load_state",
     "observe",
+    "parse_percents",
     "print_event",
     "read_state",
     "run_watch",
@@ -88,7 +89,6 @@ STATE_SCHEMA = "hctx.watch-state.v1"
 class Settings:
     thresholds: tuple[float, ...] = DEFAULT_AT
     headroom: int | None = None  # tokens; None: no headroom events
-    rate_limit_at: tuple[float, ...] = DEFAULT_RATE_LIMIT_AT  # account rate-limit percents (wrapper.account_watch)
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,6 +340,15 @@ def log(message: str) -> None:
 Deliver = Callable[[Event], Awaitable[None]]
 
 
+class Companion(Protocol):
+    """Another state machine stepping on the watch's snapshots (`wrapper.account_watch`): its
+    state loaded once the lock is held, and saved by `step` before its events go out."""
+
+    def load(self, dir_fd: int) -> None: ...
+
+    def step(self, dir_fd: int, snapshot: list[Observation], now: int) -> list[Event]: ...
+
+
 async def print_event(event: Event) -> None:
     sys.stdout.write(json.dumps(event.wire(), ensure_ascii=False) + "\n")
     sys.stdout.flush()
@@ -414,19 +423,19 @@ async def follow(
     deliver: Deliver,
     state_file: StateFile,
     reread_s: float = DEFAULT_REREAD_S,
+    companions: Sequence[Companion] = (),
 ) -> None:
-    """Until SIGINT or SIGTERM: read, step, save, deliver; on every record change and every `reread_s`."""
+    """Until SIGINT or SIGTERM: read, step, save, deliver; on every record change and every `reread_s`.
+    Each of `companions` steps on the same snapshots, under the same lock."""
     import anyio
     import trio
     from watchfiles import awatch
 
-    from wrapper.account_watch import AccountWatch
-
     told_warnings: set[str] = set()  # each warning once while it lasts, not at every re-read
-    accounts = AccountWatch(state_file, settings.rate_limit_at)
     with state_file.held() as dir_fd:
         state = state_file.load(dir_fd)
-        accounts.load(dir_fd)
+        for companion in companions:
+            companion.load(dir_fd)
 
         def tick(outbox: Outbox) -> None:
             nonlocal state, told_warnings
@@ -448,7 +457,8 @@ async def follow(
                 except OSError as exc:
                     log(f"cannot save {state_file.path}: {exc}; a restart may repeat these events")
                 state = after
-            events.extend(accounts.step(dir_fd, snapshot, now))
+            for companion in companions:
+                events.extend(companion.step(dir_fd, snapshot, now))
             for event in events:
                 outbox.put(event)
 
@@ -502,7 +512,11 @@ def _thresholds(text: str) -> tuple[float, ...]:
     return tuple(sorted(int(value) if value.is_integer() else value for value in values))
 
 
-def run_watch(args: argparse.Namespace) -> int:
+# The --at parser, public for the options beside it (`wrapper.account_watch`'s --rate-limit-at).
+parse_percents = _thresholds
+
+
+def run_watch(args: argparse.Namespace, companions: Callable[[StateFile], Sequence[Companion]] = lambda _: ()) -> int:
     import trio
 
     try:
@@ -512,10 +526,11 @@ def run_watch(args: argparse.Namespace) -> int:
         log(f"cannot read the catalog: {exc}")
         return 2
     deliver = print_event if args.exec is None else exec_command(args.exec, args.exec_timeout)
-    settings = Settings(args.at, args.headroom, args.rate_limit_at)
+    settings = Settings(args.at, args.headroom)
+    beside = companions(state_file)
     try:
         trio.run(lambda: follow(catalog, here=args.host, settings=settings, deliver=deliver,
-                                state_file=state_file, reread_s=args.reread))  # fmt: skip
+                                state_file=state_file, reread_s=args.reread, companions=beside))  # fmt: skip
     except CatalogError as exc:
         log(str(exc))
         return 2
@@ -551,12 +566,6 @@ def add_watch_command(commands: argparse._SubParsersAction[argparse.ArgumentPars
         "--headroom", type=whole_number, metavar="TOKENS",
         help="fire when compactAtTokens - usedTokens falls under TOKENS (only where the harness states "
         "where it compacts; default: no headroom events)",
-    )  # fmt: skip
-    watch.add_argument(
-        "--rate-limit-at", type=_thresholds, default=DEFAULT_RATE_LIMIT_AT, metavar="PERCENTS",
-        help="account rate-limit thresholds, comma-separated: a `rate-limit` event per account and window "
-        "(five-hour, seven-day) when the newest snapshot across the account's agents reaches one; re-armed "
-        "below it or once the window resets; a snapshot past the hour horizon fires nothing (default: 80,95)",
     )  # fmt: skip
     watch.add_argument(
         "--exec-timeout", type=positive_seconds, default=DEFAULT_EXEC_TIMEOUT_S, metavar="S",
