@@ -241,8 +241,10 @@ def _watch_events(catalog: Path, seconds: float) -> list[dict[str, Any]]:
     argv = [sys.executable, "-m", "wrapper.cli", "watch", "--catalog", str(catalog), "--host", HOST, "--at", "1000"]
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=suite_env())
     assert process.stderr is not None
-    started = process.stderr.readline()  # "following …": its signal handlers are in place
-    assert "following" in started, started
+    started = [process.stderr.readline() for _ in range(1)]
+    while "following" not in started[-1] and started[-1] and len(started) < 10:  # a note on --at comes first
+        started.append(process.stderr.readline())
+    assert "following" in started[-1], started  # "following …": its signal handlers are in place
     time.sleep(seconds)
     process.send_signal(signal.SIGTERM)
     out, err = process.communicate(timeout=30)
