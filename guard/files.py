@@ -13,11 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
+    "SYMLINK_PROBLEM",
     "RawFile",
     "open_regular",
     "read_bounded",
 ]
 
+SYMLINK_PROBLEM = "is a symlink; not followed"
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
@@ -40,7 +42,7 @@ def open_regular(name: str | Path, dir_fd: int | None = None) -> tuple[int, int]
     except FileNotFoundError:
         return None
     except OSError as exc:
-        return "is a symlink; not followed" if exc.errno == errno.ELOOP else f"unreadable: {exc.strerror or exc}"
+        return SYMLINK_PROBLEM if exc.errno == errno.ELOOP else f"unreadable: {exc.strerror or exc}"
     try:
         info = os.fstat(fd)
     except OSError as exc:
