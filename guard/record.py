@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Container, Sequence
 from typing import Annotated, Any, Literal, get_args
 
@@ -152,7 +153,7 @@ def parse_record(data: bytes | str, *, harnesses: Container[str] | None = None) 
         raise RecordRefused(f"not JSON: {exc}") from None
     if not isinstance(raw, dict):
         raise RecordRefused(f"not a JSON object but {type(raw).__name__}")
-    refuse_lone_surrogates(raw)
+    refuse_lone_surrogates(raw, nul=True)
     schema = raw.get("schema")
     if not isinstance(schema, str) or schema not in ACCEPTED_SCHEMAS:  # a list would raise TypeError
         raise RecordRefused(f"schema {schema!r} is not one this reader accepts")
@@ -165,13 +166,22 @@ def parse_record(data: bytes | str, *, harnesses: Container[str] | None = None) 
         raise RecordRefused(f"invalid record: {describe_validation_error(exc)}") from None
 
 
-def refuse_lone_surrogates(raw: Any) -> None:
+def refuse_lone_surrogates(raw: Any, *, nul: bool = False) -> None:
     """JSON can spell a lone surrogate (`"\\ud800"`) that no UTF-8 text holds: every reader that
-    prints the value would fail on it, so the record is refused where it is read."""
+    prints the value would fail on it, so the record is refused where it is read. With `nul`, a NUL
+    character (`"\\u0000"`) too: no environment variable, path or C string carries one, and a record's
+    values become all three (`hctx watch --exec`'s HCTX_* variables)."""
+    text = json.dumps(raw, ensure_ascii=False)
     try:
-        json.dumps(raw, ensure_ascii=False).encode("utf-8")
+        text.encode("utf-8")
     except UnicodeEncodeError:
         raise RecordRefused("holds a lone surrogate (\\ud800-\\udfff), which is not text") from None
+    if nul and _NUL_ESCAPE.search(text):
+        raise RecordRefused("holds a NUL character (\\u0000), which no environment or path carries")
+
+
+# In dumped JSON a backslash only ever starts an escape: `\u0000` after an even run of them is a NUL.
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
 def _utf8_text(data: bytes | str) -> str:

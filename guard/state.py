@@ -102,7 +102,7 @@ def parse_state(data: bytes | str, *, harnesses: Container[str] | None = None) -
     """The claim; `harnesses` as for `guard.record.parse_record` (None: any well-formed name)."""
     try:
         raw = json.loads(data)
-        refuse_lone_surrogates(raw)
+        refuse_lone_surrogates(raw, nul=True)
         state = HarnessState.model_validate(raw, by_alias=True)
     except (ValueError, RecursionError, ValidationError) as exc:  # RecordRefused is a ValueError
         raise RecordRefused(f"harness-state refused: {exc}") from None

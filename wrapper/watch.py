@@ -6,8 +6,10 @@ re-read when watchfiles reports a changed record (inotify on Linux) and every `-
 (staleness is time-based: no file event marks it), the state is saved atomically under the
 catalog's host-local `.st2/watch/`, then each event goes to `--exec` (or stdout as a JSON line).
 
-The state is saved before its events are delivered: a watch killed mid-delivery does not repeat
-them when it starts again (at most once, never twice).
+What is saved for an agent is what was told as far as its events' delivery was attempted: an event
+is recorded as told the moment its command starts (a watch killed while it runs does not repeat it:
+at most once, never twice), and one still queued when the watch stops is told by the next watch.
+One hostile record or failing command costs only its own agent's events.
 """
 
 from __future__ import annotations
@@ -119,6 +121,9 @@ class Event:
     incarnation: str
     threshold: float | None  # fill: the percent crossed; headroom: the --headroom margin
     at_ms: int
+    # The agent's state to record once this event's delivery is attempted: what was told up to and
+    # including it, none of what comes after it (None: nothing to record).
+    told: Seen | None = None
 
     def wire(self) -> dict[str, Any]:
         context = self.row.context or {}
@@ -142,11 +147,16 @@ class Event:
         }
 
     def env(self) -> dict[str, str]:
-        """`HCTX_USED_PERCENT=96.5` for `usedPercent`, and so on; a null is the empty string."""
+        """`HCTX_USED_PERCENT=96.5` for `usedPercent`, and so on; a null is the empty string. A value
+        no environment can carry (a NUL, a lone surrogate) goes escaped, as JSON would spell it."""
         return {
-            "HCTX_" + re.sub(r"(?<!^)(?=[A-Z])", "_", key).upper(): "" if value is None else str(value)
+            "HCTX_" + re.sub(r"(?<!^)(?=[A-Z])", "_", key).upper(): "" if value is None else _carried(str(value))
             for key, value in self.wire().items()
         }
+
+    def line(self) -> str:
+        """The event as one JSON line, text any stream can carry."""
+        return _carried(json.dumps(self.wire(), ensure_ascii=False)) + "\n"
 
     def message(self) -> str:
         context = self.row.context or {}
@@ -171,6 +181,27 @@ class Event:
                 f"(older than {age_text(HARNESS_CONTEXT_STALE_MS)})"
             )
         return f"{name}: context reading fresh again; context {fill}"
+
+
+def _carried(text: str) -> str:
+    return text.replace("\x00", "\\u0000").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _told_before(seen: Seen, later: list[tuple[Kind, float | None]], before: Seen) -> Seen:
+    """`seen` (the state after all of one step's events) less what the `later` ones tell: the state
+    to record once the events before them were attempted."""
+    for kind, threshold in later:
+        if kind == "fill":
+            seen = dataclasses.replace(seen, fired=seen.fired - {threshold})
+        elif kind == "headroom":
+            seen = dataclasses.replace(seen, headroom_fired=before.headroom_fired)
+        elif kind == "compaction":
+            seen = dataclasses.replace(seen, compactions=before.compactions)
+        elif kind == "fresh":
+            seen = dataclasses.replace(seen, stale=True)
+        else:  # stale
+            seen = dataclasses.replace(seen, stale=before.stale)
+    return seen
 
 
 def _agent_step(seen: Seen, row: AgentRow, settings: Settings) -> tuple[list[tuple[Kind, float | None]], Seen]:
@@ -216,7 +247,10 @@ def step(
         if before is None or before.incarnation != incarnation:
             before = Seen(incarnation, stale=before is not None and before.stale)
         found, after[row.name] = _agent_step(before, row, settings)
-        events.extend(Event(kind, row, incarnation, threshold, now) for kind, threshold in found)
+        events.extend(
+            Event(kind, row, incarnation, threshold, now, _told_before(after[row.name], found[n + 1 :], before))
+            for n, (kind, threshold) in enumerate(found)
+        )
     return events, after
 
 
@@ -331,7 +365,7 @@ Deliver = Callable[[Event], Awaitable[None]]
 
 
 async def print_event(event: Event) -> None:
-    sys.stdout.write(json.dumps(event.wire(), ensure_ascii=False) + "\n")
+    sys.stdout.write(event.line())
     sys.stdout.flush()
 
 
@@ -345,7 +379,7 @@ def exec_command(command: str, timeout_s: float) -> Deliver:
             os.killpg(process.pid, signal.SIGKILL)
 
     async def deliver(event: Event) -> None:
-        payload = (json.dumps(event.wire(), ensure_ascii=False) + "\n").encode()
+        payload = event.line().encode()
         what = f"--exec for {event.kind} of {event.row.name}"
         with trio.move_on_after(timeout_s) as scope:
             try:
@@ -366,26 +400,59 @@ def exec_command(command: str, timeout_s: float) -> Deliver:
 
 class Outbox:
     """One queue and one worker per agent: an agent's events in order, and a slow or hung command
-    for one agent holding up no other agent's."""
+    for one agent holding up no other agent's. It keeps what is recorded as told: per agent, the
+    state as far as its events' delivery was attempted, and the latest state once none is pending."""
 
-    def __init__(self, nursery: trio.Nursery, deliver: Deliver) -> None:
+    def __init__(self, nursery: trio.Nursery, deliver: Deliver, record: Callable[[State], None], told: State) -> None:
         self._nursery = nursery
         self._deliver = deliver
+        self._record = record
+        self._told = dict(told)
+        self._latest: State = told
+        self._pending: dict[str, int] = {}
         self._queues: dict[str, trio.MemorySendChannel[Event]] = {}
+
+    def settle(self, latest: State, events: Iterable[Event]) -> None:
+        """One step's outcome: its events queued, and the state recorded for every agent that owes none."""
+        self._latest = latest
+        for event in events:
+            self.put(event)
+        told = {name: seen for name, seen in self._told.items() if self._pending.get(name)}
+        told |= {name: seen for name, seen in latest.items() if not self._pending.get(name)}
+        self._told_now(told)
 
     def put(self, event: Event) -> None:
         import trio
 
-        queue = self._queues.get(event.row.name)
+        name = event.row.name
+        queue = self._queues.get(name)
         if queue is None:
             queue, inbox = trio.open_memory_channel[Event](math.inf)
-            self._queues[event.row.name] = queue
+            self._queues[name] = queue
             self._nursery.start_soon(self._work, inbox)
+        self._pending[name] = self._pending.get(name, 0) + 1
         queue.send_nowait(event)
+
+    def _told_now(self, told: dict[str, Seen]) -> None:
+        if told != self._told:
+            self._told = told
+            self._record(told)
 
     async def _work(self, inbox: trio.MemoryReceiveChannel[Event]) -> None:
         async for event in inbox:
-            await self._deliver(event)
+            name = event.row.name
+            if event.told is not None:
+                self._told_now(self._told | {name: event.told})  # recorded as the attempt starts
+            try:
+                await self._deliver(event)
+            except Exception as exc:  # a record no command could take costs its own event, nothing else
+                log(f"could not deliver {event.kind} of {name}: {type(exc).__name__}: {exc}")
+            self._pending[name] -= 1
+            if not self._pending[name]:
+                told = {key: seen for key, seen in self._told.items() if key != name}
+                if name in self._latest:
+                    told[name] = self._latest[name]
+                self._told_now(told)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -427,15 +494,8 @@ async def follow(
             told_warnings = set(warnings)
             if snapshot is None:
                 return
-            events, after = step(state, snapshot, now, settings)
-            if after != state:
-                try:
-                    state_file.save(dir_fd, after)
-                except OSError as exc:
-                    log(f"cannot save {state_file.path}: {exc}; a restart may repeat these events")
-                state = after
-            for event in events:
-                outbox.put(event)
+            events, state = step(state, snapshot, now, settings)
+            outbox.settle(state, events)
 
         stop = anyio.Event()
         async with trio.open_nursery() as nursery:
@@ -446,8 +506,14 @@ async def follow(
                         stop.set()
                         return
 
+            def record(told: State) -> None:
+                try:
+                    state_file.save(dir_fd, told)
+                except OSError as exc:
+                    log(f"cannot save {state_file.path}: {exc}; a restart may repeat events")
+
             nursery.start_soon(stop_on_signal)
-            outbox = Outbox(nursery, deliver)
+            outbox = Outbox(nursery, deliver, record, state)
             log(f"following {catalog}, re-reading every {reread_s:g} s; state in {state_file.path}")
             tick(outbox)
             async for _ in awatch(
