@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +18,7 @@ __all__ = [
     "RawFile",
     "open_regular",
     "read_bounded",
+    "set_aside",
 ]
 
 SYMLINK_PROBLEM = "is a symlink; not followed"
@@ -79,3 +81,11 @@ def read_bounded(dir_fd: int | None, name: str | Path, limit: int) -> RawFile:
     if len(data) > limit:  # grew between fstat and read
         return RawFile(problem=f"is over the {limit}-byte bound; not read")
     return RawFile(data=data)
+
+
+def set_aside(dir_fd: int, name: str) -> str:
+    """Rename a file of hctx's own that cannot be used (a symlink, a FIFO, hostile bytes) out of the
+    way, beside it, without following it: the evidence stays and the name is free. The new name."""
+    aside = f"{name}.unreadable-{time.time_ns() // 1_000_000}"
+    os.rename(name, aside, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    return aside

@@ -17,12 +17,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import errno
 import fcntl
 import json
 import math
 import os
 import re
 import signal
+import stat
 import sys
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -34,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from guard.catalog import list_agents
 from guard.constants import CONTROL_DIR_NAME, HARNESS_CONTEXT_STALE_MS, REPLICATED_RECORD_NAMES
 from guard.errors import CatalogError, RecordRefused
+from guard.files import read_bounded, set_aside
 from guard.projection import headroom_tokens
 from guard.store import check_name, control_dir, open_chain, pid_alive, write_json_atomic
 from wrapper.arguments import positive_seconds, whole_number
@@ -77,6 +80,7 @@ DEFAULT_AT: tuple[float, ...] = (80, 95)
 DEFAULT_EXEC_TIMEOUT_S = 10.0
 DEFAULT_REREAD_S = 30.0
 WATCH_DIR_NAME = "watch"
+MAX_STATE_BYTES = 16 * 1024 * 1024
 STATE_SCHEMA = "hctx.watch-state.v1"
 
 
@@ -319,11 +323,11 @@ class StateFile:
 
     @contextlib.contextmanager
     def held(self) -> Iterator[int]:
-        """The directory's descriptor, with the lock taken; CatalogError when another watch holds it."""
+        """The directory's descriptor, with the lock taken; CatalogError when another watch holds it.
+        A lock file that is a symlink or not a regular file is set aside, never followed."""
         dir_fd = open_chain(self._catalog, (CONTROL_DIR_NAME, WATCH_DIR_NAME), create=True)
         try:
-            flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-            lock_fd = os.open(self._lock_name, flags, 0o644, dir_fd=dir_fd)
+            lock_fd = self._open_lock(dir_fd)
             try:
                 try:
                     fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -335,19 +339,43 @@ class StateFile:
         finally:
             os.close(dir_fd)
 
+    def _open_lock(self, dir_fd: int) -> int:
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        for _ in range(3):  # another watch may be setting the same one aside
+            try:
+                fd = os.open(self._lock_name, flags, 0o644, dir_fd=dir_fd)
+            except OSError as exc:
+                if exc.errno != errno.ELOOP:
+                    raise
+                problem = "is a symlink"
+            else:
+                if stat.S_ISREG(os.fstat(fd).st_mode):
+                    return fd
+                os.close(fd)
+                problem = "is not a regular file"
+            with contextlib.suppress(FileNotFoundError):
+                aside = set_aside(dir_fd, self._lock_name)
+                log(f"{self.path.with_name(self._lock_name)} {problem}; set aside as {aside}")
+        raise CatalogError(f"{self.path.with_name(self._lock_name)} keeps being replaced by something else; refusing")
+
     def load(self, dir_fd: int) -> dict[str, Seen]:
-        try:
-            fd = os.open(self.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-        except FileNotFoundError:
+        """What the last watch told; nothing, with the file set aside, when it cannot be read."""
+        raw = read_bounded(dir_fd, self.name, MAX_STATE_BYTES)
+        if raw.absent:
             return {}
+        problem = raw.problem
+        if raw.data is not None:
+            try:
+                return load_state(raw.data)
+            except ValueError as exc:
+                problem = f"unreadable ({exc})"
         try:
-            with os.fdopen(fd, "rb", closefd=False) as handle:
-                return load_state(handle.read(16 * 1024 * 1024))
-        except (OSError, ValueError) as exc:
-            log(f"{self.path} unreadable ({exc}); starting with nothing told")
-            return {}
-        finally:
-            os.close(fd)
+            aside = set_aside(dir_fd, self.name)
+        except OSError as exc:
+            log(f"{self.path} {problem}; starting with nothing told (cannot set it aside: {exc.strerror})")
+        else:
+            log(f"{self.path} {problem}; set aside as {aside}, starting with nothing told")
+        return {}
 
     def save(self, dir_fd: int, state: State) -> None:
         write_json_atomic(dir_fd, self.name, dump_state(state), dir_fd)
@@ -371,29 +399,61 @@ async def print_event(event: Event) -> None:
 
 def exec_command(command: str, timeout_s: float) -> Deliver:
     """Run `command` (a shell command line) per event: the event as one JSON line on its stdin and
-    as HCTX_* variables; killed with its process group past `timeout_s`. Any failure is logged."""
+    as HCTX_* variables, in a session and process group of its own; killed with its group past
+    `timeout_s`. What it leaves behind (backgrounded or `setsid` children) is ended when it returns,
+    times out or the watch stops (wrapper.leftovers). Any failure is logged."""
+    import itertools
+    import secrets
+    from functools import partial
+
     import trio
+
+    from wrapper import leftovers
+
+    leftovers.become_subreaper()
+    marks = (f"{os.getpid()}-{secrets.token_hex(4)}-{n}" for n in itertools.count())
+    running: set[int] = set()  # commands' shells: their own waiter reaps them, never reap_zombies
+    spawning = trio.Lock()  # a shell is in `running` before any reaping can see it
 
     async def kill_group(process: trio.Process) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
 
     async def deliver(event: Event) -> None:
-        payload = event.line().encode()
         what = f"--exec for {event.kind} of {event.row.name}"
-        with trio.move_on_after(timeout_s) as scope:
-            try:
-                done = await trio.run_process(
-                    command, shell=True, stdin=payload, env={**os.environ, **event.env()}, check=False,
-                    start_new_session=True, deliver_cancel=kill_group,
-                )  # fmt: skip
-            except OSError as exc:
-                log(f"{what} could not start: {exc}")
-                return
+        mark = next(marks)
+        env = {**os.environ, **event.env(), leftovers.MARK_ENV: mark}
+        run = partial(trio.run_process, command, shell=True, stdin=event.line().encode(), env=env, check=False,
+                      start_new_session=True, deliver_cancel=kill_group)  # fmt: skip
+        process: trio.Process | None = None
+        stopping = True
+        try:
+            with trio.move_on_after(timeout_s) as scope:
+                async with trio.open_nursery() as nursery, spawning:
+                    process = await nursery.start(run)
+                    running.add(process.pid)
+            stopping = False
+        except OSError as exc:
+            log(f"{what} could not start: {exc}")
+            stopping = False
+        finally:
+            with trio.CancelScope(shield=True):
+                if process is not None:
+                    running.discard(process.pid)
+                left = leftovers.marked(mark)
+                if stopping:  # the watch stops: whatever it adopted goes too, marked or not
+                    left.extend(leftovers.orphans(running))
+                ended = await leftovers.end(left)
+                async with spawning:
+                    leftovers.reap_zombies(running)
+            if ended:
+                log(f"{what} left {ended} process{'' if ended == 1 else 'es'} running; ended")
+        if process is None:
+            return
         if scope.cancelled_caught:
             log(f"{what} timed out after {timeout_s:g} s; killed")
-        elif done.returncode != 0:
-            log(f"{what} exited with status {done.returncode}")
+        elif process.returncode != 0:
+            log(f"{what} exited with status {process.returncode}")
 
     return deliver
 

@@ -32,7 +32,6 @@ import os
 import shlex
 import stat
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -40,7 +39,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from guard.errors import CatalogError, SettingsError  # SettingsError: the file cannot be merged without loss
-from guard.files import SYMLINK_PROBLEM, read_bounded
+from guard.files import SYMLINK_PROBLEM, read_bounded, set_aside
 from guard.record import describe_validation_error, refuse_json_constant, refuse_lone_surrogates
 from guard.store import open_chain, proc_stat, write_json_atomic
 from wrapper.harnesses import LaunchPlan
@@ -410,9 +409,8 @@ def _load_seats(claude: _ClaudeDir) -> Seats | None:
             problem = f"is not a seats record ({describe_validation_error(exc)})"
         except UnicodeEncodeError:
             problem = "holds a lone surrogate, which is not text"
-    aside = f"{name}.unreadable-{time.time_ns() // 1_000_000}"
     try:
-        os.rename(name, aside, src_dir_fd=claude.fd, dst_dir_fd=claude.fd)
+        aside = set_aside(claude.fd, name)
         print(f"hctx wrap: {shown} {problem}; set aside as {aside}, starting a new one", file=sys.stderr)
     except OSError as exc:
         raise SettingsError(f"{shown} {problem}, and cannot be set aside ({exc.strerror}); remove it") from None
