@@ -15,7 +15,7 @@ import pytest
 
 from guard.errors import SettingsError
 from wrapper.harnesses import LaunchPlan, prepare, teardown
-from wrapper.harnesses.claude import SEATS_PATH, SETTINGS_PATH, tee_command
+from wrapper.harnesses.claude import SEATS_PATH, SETTINGS_PATH
 
 VICTIM_BYTES = b'{"victim": true}\n'
 
@@ -42,7 +42,7 @@ def test_a_symlinked_seats_file_is_refused_and_its_target_untouched(tmp_path: Pa
     work = tmp_path / "repo" / "sub"
     (work / ".claude").mkdir(parents=True)
     (work / SEATS_PATH).symlink_to(Path("../../../outside/victim.json") if relative else target)
-    with pytest.raises(SettingsError, match="hctx-seats.json is a symlink"):
+    with pytest.raises(SettingsError, match=r"hctx-seats\.json is a symlink"):
         prepare(plan(work))
     assert untouched(target)
     assert not (work / SETTINGS_PATH).exists()  # nothing rendered either

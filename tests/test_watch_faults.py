@@ -107,7 +107,9 @@ def test_an_event_still_queued_when_the_watch_stops_is_told_by_the_next(tmp_path
     80 is not told again (its delivery was attempted), the 95 is (it never was)."""
     catalog, got, hung = tmp_path / "catalog", tmp_path / "got.jsonl", tmp_path / "hung"
     put(catalog, "a", 96.0)
-    script = f'line=$(cat); printf "%s\\n" "$line" >> {got}; [ "$HCTX_THRESHOLD" = 80 ] && touch {hung} && sleep 60; true'
+    script = (
+        f'line=$(cat); printf "%s\\n" "$line" >> {got}; [ "$HCTX_THRESHOLD" = 80 ] && touch {hung} && sleep 60; true'
+    )
     first = watch(catalog, "--exec", script, "--exec-timeout", "60", "--reread", "600")
     try:
         wait(hung.exists)
@@ -153,8 +155,10 @@ def test_a_hostile_state_or_lock_file_is_set_aside_and_the_watch_goes_on(tmp_pat
 
 # --- 7. what a command leaves behind goes with it ----------------------------------------------------
 
-LEAVER = "sleep 300 & echo $! >> {pids}; setsid sleep 300 & echo $! >> {pids}; " \
+LEAVER = (
+    "sleep 300 & echo $! >> {pids}; setsid sleep 300 & echo $! >> {pids}; "
     "(setsid sh -c 'sleep 300 & echo $! >> {pids}; wait' &); sleep 0.3; exit 0"
+)
 
 
 async def test_children_a_command_leaves_behind_are_ended_when_it_returns(tmp_path: Path) -> None:
@@ -172,7 +176,7 @@ async def test_children_a_command_leaves_behind_are_ended_when_it_returns(tmp_pa
 def test_a_stopped_watch_ends_a_running_commands_children_and_its_pipe_reaches_eof(tmp_path: Path) -> None:
     catalog, pids = tmp_path / "catalog", tmp_path / "pids"
     put(catalog, "a", 85.0)
-    script = "sleep 300 & echo $! >> {pids}; setsid sleep 300 & echo $! >> {pids}; exec sleep 300".format(pids=pids)
+    script = f"sleep 300 & echo $! >> {pids}; setsid sleep 300 & echo $! >> {pids}; exec sleep 300"
     process = watch(catalog, "--exec", script, "--reread", "600")
     wait(lambda: pids.exists() and len(pids.read_text().split()) == 2)
     left = [int(pid) for pid in pids.read_text().split()]
