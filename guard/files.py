@@ -37,10 +37,11 @@ class RawFile:
         return self.data is None and self.problem is None
 
 
-def open_regular(name: str | Path, dir_fd: int | None = None) -> tuple[int, int] | str | None:
-    """`(fd, size)` of a regular file, which the caller closes; None when absent; else why not."""
+def open_regular(name: str | Path, dir_fd: int | None = None, *, follow: bool = False) -> tuple[int, int] | str | None:
+    """`(fd, size)` of a regular file, which the caller closes; None when absent; else why not.
+    A symlink is refused unless `follow` (a path the user named, not one a hostile tree holds)."""
     try:
-        fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
+        fd = os.open(name, _FILE_FLAGS & ~os.O_NOFOLLOW if follow else _FILE_FLAGS, dir_fd=dir_fd)
     except FileNotFoundError:
         return None
     except OSError as exc:
@@ -56,9 +57,9 @@ def open_regular(name: str | Path, dir_fd: int | None = None) -> tuple[int, int]
     return fd, info.st_size
 
 
-def read_bounded(dir_fd: int | None, name: str | Path, limit: int) -> RawFile:
+def read_bounded(dir_fd: int | None, name: str | Path, limit: int, *, follow: bool = False) -> RawFile:
     """A regular file named `name` in `dir_fd`, whole if it is at most `limit` bytes."""
-    opened = open_regular(name, dir_fd)
+    opened = open_regular(name, dir_fd, follow=follow)
     if not isinstance(opened, tuple):
         return RawFile(problem=opened)
     fd, size = opened

@@ -54,6 +54,7 @@ def _replay(args: argparse.Namespace) -> int:
     from sidecar.decoding import PROVIDERS
     from sidecar.registry import harness_names, spec_for
     from sidecar.replay import Tally, replay, write_line
+    from sidecar.spec import recording_bytes
 
     harness: Harness = args.harness
     spec = spec_for(harness)
@@ -73,7 +74,7 @@ def _replay(args: argparse.Namespace) -> int:
     for write in replay(spec, chunks, tally=tally):
         sys.stdout.write(write_line(write))
     if not tally.recognised:
-        count = sum(len(path.read_bytes().splitlines()) for path in files)
+        count = sum(len(recording_bytes(path).splitlines()) for path in files)
         lines = f"{count} line{'' if count == 1 else 's'}"
         print(f"hctx replay: read {lines}; none was a frame of the {harness} harness", file=sys.stderr)
         return 1

@@ -44,7 +44,7 @@ from sidecar import wire
 from sidecar.decoding import CHANNEL
 from sidecar.harnesses.claude.frames import HOOK_FRAME, HOOK_TYPE, STATUSLINE_FRAME, STATUSLINE_TYPE, channel_line
 from sidecar.producer import Percent, TolerantModel, Usd, harness_version, instant_ms, optional_model
-from sidecar.spec import Chunk, HarnessSpec
+from sidecar.spec import Chunk, HarnessSpec, recording_bytes
 
 __all__ = [
     "SPEC",
@@ -358,7 +358,7 @@ def read_recording(paths: Sequence[Path]) -> Iterator[Chunk]:
     loose: list[_Recorded] = []
     for path in paths:
         times = _times_beside(path)
-        objects = ((line, item) for line in path.read_bytes().splitlines() if (item := _object(line)) is not None)
+        objects = ((line, item) for line in recording_bytes(path).splitlines() if (item := _object(line)) is not None)
         for index, (line, item) in enumerate(objects):
             recorded = _recorded(line, item, times[index] if index < len(times) else None)
             if recorded is None:
@@ -408,7 +408,7 @@ def _recorded(line: bytes, item: dict[str, Any], at_ms: int | None) -> _Recorded
 
 def _times_beside(path: Path) -> list[int | None]:
     try:
-        text = path.with_suffix(".times").read_bytes().decode("utf-8", "replace")
+        text = recording_bytes(path.with_suffix(".times")).decode("utf-8", "replace")
     except OSError:
         return []
     return [instant_ms(line.strip()) for line in text.splitlines()]

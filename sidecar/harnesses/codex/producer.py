@@ -74,7 +74,7 @@ from sidecar.harnesses.codex.events import (
     TokenUsage,
 )
 from sidecar.producer import Percent, harness_version, instant_ms, remember
-from sidecar.spec import Chunk, HarnessSpec
+from sidecar.spec import Chunk, HarnessSpec, recording_bytes
 
 __all__ = [
     "BASELINE_TOKENS",
@@ -565,7 +565,7 @@ def read_recording(paths: Sequence[Path]) -> Iterable[Chunk]:
       `rollout` wire, each line at its own timestamp.
     """
     for path in paths:
-        data = path.read_bytes()
+        data = recording_bytes(path)
         if _is_rollout(data):
             yield from _rollout_chunks(data)
         else:

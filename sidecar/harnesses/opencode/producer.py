@@ -68,7 +68,7 @@ from guard.record import ContextFields, Count, Harness, describe_validation_erro
 from sidecar import wire
 from sidecar.decoding import PROVIDERS, MessageDecoder, SseDecoder
 from sidecar.producer import Usd, harness_version, remember
-from sidecar.spec import Chunk, HarnessSpec
+from sidecar.spec import Chunk, HarnessSpec, recording_bytes
 
 __all__ = [
     "COMPACTIONS_REMEMBERED",
@@ -674,7 +674,7 @@ def read_recording(paths: Sequence[Path]) -> Iterator[Chunk]:
     A line that is none of these goes on as an SSE event of its own, for the decoder to drop.
     """
     for path in paths:
-        yield from recording_chunks(path.read_bytes())
+        yield from recording_chunks(recording_bytes(path))
 
 
 def recording_chunks(data: bytes) -> Iterator[Chunk]:
