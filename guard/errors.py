@@ -73,8 +73,11 @@ _Holder = TypeVar("_Holder", bound=_ClaimHolder)
 
 
 class ClaimHeld(HctxError, Generic[_Holder]):
-    def __init__(self, holder: _Holder) -> None:
-        super().__init__(f"agent {holder.host}/{holder.agent} is held by wrapper pid {holder.wrapper_pid}")
+    """Another wrapper holds the agent; `holder` is its claim (None while it has not written one yet)."""
+
+    def __init__(self, holder: _Holder | None) -> None:
+        who = "another wrapper" if holder is None else f"wrapper pid {holder.wrapper_pid}"
+        super().__init__(f"the agent is held by {who}")
         self.holder = holder
 
 
