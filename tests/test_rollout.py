@@ -9,6 +9,8 @@ the one Codex producer; their readings and final records must agree.
 from __future__ import annotations
 
 import json
+import os
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -476,3 +478,50 @@ async def test_a_seat_too_short_to_be_seen_holding_its_rollout_never_takes_a_liv
         running.kill()
         running.wait()
     assert threads_of(frames) == {"ours"} and ours.exists()
+
+
+def codex_with_a_tool(ours: Path, tool: str) -> Any:
+    """A stand-in codex holding `ours` for appending, with a child running the shell line `tool`."""
+    import subprocess
+
+    return subprocess.Popen(["sh", "-c", f'exec 4>>{ours}; sh -c "{tool}" & wait'], start_new_session=True)
+
+
+@pytest.mark.parametrize("tool_opens", ["exec 3<", "exec 3>>"], ids=["read", "append"])
+async def test_a_tool_the_harness_runs_opening_another_sessions_rollout_never_moves_the_seat(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tool_opens: str
+) -> None:
+    """Issue 26, point 4: the seat's codex holds its rollout for writing; a child of it (a tool) opens
+    another session's newer rollout, to read it or even to append. The seat stays on its own file,
+    and the reading its codex appends afterwards is the one submitted."""
+    monkeypatch.setattr(rollout, "_now_ms", lambda: LAUNCH_MS + 10_000)
+    monkeypatch.setattr(rollout, "RESCAN_EVERY_S", 0.1)
+    lines = rollout_bytes("0.171.0", "stdio-main").splitlines(keepends=True)
+    ours = write_rollout(tmp_path, "ours", LAUNCH_MS + 1_000, "/work/repo", b"".join(lines[:-1]))
+    other = write_rollout(tmp_path, "other", LAUNCH_MS + 2_000, "/work/repo", b"".join(lines))
+    go = tmp_path / "go"
+    tool = f"while [ ! -e {go} ]; do sleep 0.02; done; {tool_opens}{other}; sleep 60"
+    codex = codex_with_a_tool(ours, tool)
+    frames: list[Frame] = []
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(follow_rollout, pid_config(tmp_path, codex.pid), frames.append)
+            with trio.fail_after(10):
+                await until(lambda: bool(threads_of(frames)))
+            go.touch()
+            await trio.sleep(1.0)  # ten rescans with the tool holding the other session's file
+            with ours.open("ab") as handle:
+                handle.write(lines[-1])
+            with trio.fail_after(10):
+                await until(lambda: len([f for f in frames if isinstance(f, TokenUsage)]) >= 2)
+            await trio.sleep(0.3)
+            nursery.cancel_scope.cancel()
+    finally:
+        os.killpg(codex.pid, signal.SIGKILL)  # the seat's codex and its tool, their own group
+        codex.wait()
+    assert threads_of(frames) == {"ours"}
+    usages = [f for f in frames if isinstance(f, TokenUsage)]
+    producer = CodexProducer()
+    for frame in frames:
+        producer.feed(frame, 0)
+    assert producer.last_reading is not None and usages[-1].thread_id == "ours"

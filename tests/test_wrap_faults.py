@@ -313,7 +313,7 @@ def test_takeover_never_signals_a_process_a_planted_claim_names(tmp_path: Path, 
     catalog = tmp_path / "c"
     bystander = subprocess.Popen(["sleep", "60"])
     try:
-        first, claim = _live_wrapper(catalog, "a")
+        first, _ = _live_wrapper(catalog, "a")
         first.kill()
         first.wait()
         state = read_json(agent_dir(catalog, "a") / "harness-state")
