@@ -602,8 +602,8 @@ def symlinked_log_paths(work: Path, scale: Scale) -> Row:
 # Real `hctx wrap` processes (a stand-in pi harness) under each fault of points 3, 7, 8 and 9.
 
 
-def wrap_argv(catalog: Path, agent: str, *command: str) -> list[str]:
-    return [sys.executable, "-m", "wrapper.cli", "wrap", "--agent", agent, "--harness", "pi",
+def wrap_argv(catalog: Path, agent: str, *command: str, harness: str = "pi") -> list[str]:
+    return [sys.executable, "-m", "wrapper.cli", "wrap", "--agent", agent, "--harness", harness,
             "--catalog", str(catalog), "--host", HOST, "--", *command]  # fmt: skip
 
 
@@ -935,21 +935,7 @@ def claude_symlinked_project_files(work: Path, scale: Scale) -> Row:
             (root / "outside" / "victim.json").chmod(0o644)
             project, refusal = claude_case(root, case)
             before, inside = files_below(root / "outside"), files_below(project)
-            argv = hctx_argv(
-                "wrap",
-                "--agent",
-                "c",
-                "--harness",
-                "claude",
-                "--catalog",
-                str(root / "catalog"),
-                "--host",
-                HOST,
-                "--",
-                sys.executable,
-                "-c",
-                "print('RAN')",
-            )
+            argv = wrap_argv(root / "catalog", "c", sys.executable, "-c", "print('RAN')", harness="claude")
             done = subprocess.run(argv, cwd=project, env=child_env(), capture_output=True, text=True, timeout=60)
             outside_changes += changed(before, files_below(root / "outside"))
             clean = "Traceback" not in done.stderr
@@ -1292,21 +1278,7 @@ def hostile_local_files(work: Path, scale: Scale) -> Row:
                 os.mkfifo(root / ".claude" / "hctx-seats.json")
             else:
                 (root / ".claude" / "hctx-seats.json").write_bytes(content)
-            return hctx_argv(
-                "wrap",
-                "--agent",
-                "c",
-                "--harness",
-                "claude",
-                "--catalog",
-                str(root / "catalog"),
-                "--host",
-                HOST,
-                "--",
-                sys.executable,
-                "-c",
-                "print('RAN')",
-            )
+            return wrap_argv(root / "catalog", "c", sys.executable, "-c", "print('RAN')", harness="claude")
 
         return make
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import trio
 from readers_catalog import HOST, put_record
-from wrapping import pid_gone
+from wrapping import pid_gone, wait_for
 
 from tests.conftest import REPO
 from wrapper.roster import AgentRow
@@ -37,12 +37,7 @@ def stop(process: subprocess.Popen[str]) -> tuple[int, str, str]:
 
 
 def wait(predicate: Any, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        time.sleep(0.05)
-    raise AssertionError("timed out")
+    return wait_for(predicate, timeout)
 
 
 def lines(path: Path) -> list[dict[str, Any]]:

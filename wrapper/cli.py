@@ -248,7 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
     wrap.add_argument(
         "--takeover", action="store_true",
         help="when a live wrapper on this host holds the agent, stop it and take the agent over "
-        "(without this, a second wrapper for one agent is refused)",
+        "(without this, a second wrapper for one agent is refused); only a process proven to hold the "
+        "agent's wrapper lock is signalled, anything else is refused with what was found",
     )  # fmt: skip
     wrap.add_argument("command_line", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]")
     wrap.set_defaults(run=with_host(_wrap))

@@ -649,7 +649,8 @@ def add_watch_command(commands: argparse._SubParsersAction[argparse.ArgumentPars
     watch.add_argument(
         "--exec", metavar="CMD",
         help="a shell command run for each event, the event as JSON on its stdin; one agent's events run "
-        "in order, one at a time (default: print each event as a JSON line)",
+        "in order, one at a time, each in a process group of its own; whatever it leaves running "
+        "(backgrounded or setsid children) is ended when it returns (default: print each event as a JSON line)",
     )  # fmt: skip
     watch.add_argument(
         "--at", type=_thresholds, default=DEFAULT_AT, metavar="PERCENTS",
