@@ -1177,12 +1177,13 @@ async def follow_seat(settings: Any, ours: Path, go: Path) -> list[Any]:
     a second later its codex's 22222, until that lands (10 s at most)."""
     from sidecar.harnesses.codex import rollout
     from sidecar.harnesses.codex.events import TokenUsage
+    from sidecar.harnesses.codex.producer import SPEC
+    from sidecar.streams import Streams
 
     usages: list[TokenUsage] = []
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(
-            rollout.follow_rollout, settings, lambda e: usages.append(e) if isinstance(e, TokenUsage) else None
-        )
+        submit = lambda e: usages.append(e) if isinstance(e, TokenUsage) else None  # noqa: E731
+        nursery.start_soon(rollout.follow_rollout, settings, Streams(SPEC, submit))
         with trio.move_on_after(10):
             while not usages:  # noqa: ASYNC110
                 await trio.sleep(0.05)

@@ -505,7 +505,7 @@ async def test_a_tool_the_harness_runs_opening_another_sessions_rollout_never_mo
     frames: list[Frame] = []
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(follow_rollout, pid_config(tmp_path, codex.pid), frames.append)
+            nursery.start_soon(follow_rollout, pid_config(tmp_path, codex.pid), Streams(SPEC, frames.append))
             with trio.fail_after(10):
                 await until(lambda: bool(threads_of(frames)))
             go.touch()
