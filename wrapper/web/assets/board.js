@@ -1,0 +1,157 @@
+// hctx web: the fleet page. One snapshot, then only what changed, from /api/events.
+"use strict";
+
+(() => {
+  const main = document.getElementById("board");
+  const body = document.querySelector("#fleet tbody");
+  const limitsBody = document.querySelector("#limits tbody");
+  const sortSelect = document.getElementById("sort");
+  const shown = new Map(); // key -> {view, tr, cells}
+  let updates = 0;
+
+  const COLUMNS = ["host", "agent", "harness", "model", "context", "tokens", "headroom", "compactions", "age",
+    "cost", "state"];
+
+  function build(view) {
+    const tr = document.createElement("tr");
+    tr.dataset.key = view.key;
+    const cells = {};
+    for (const name of COLUMNS) {
+      const td = document.createElement("td");
+      td.className = name;
+      tr.append(td);
+      cells[name] = td;
+    }
+    const link = document.createElement("a");
+    cells.agent.append(link);
+    cells.link = link;
+    return { view, tr, cells };
+  }
+
+  function fill(entry, view) {
+    const c = entry.cells;
+    c.host.textContent = view.agent.host;
+    c.link.textContent = view.agent.identity;
+    c.link.href = hctx.agentHref(view);
+    c.harness.textContent = view.harness;
+    c.model.textContent = view.model;
+    hctx.context(c.context, view);
+    c.tokens.textContent = view.meter;
+    c.headroom.textContent = view.headroom;
+    c.compactions.textContent = view.compactions;
+    hctx.age(c.age, view.age, view.stale);
+    c.cost.textContent = view.cost;
+    c.state.textContent = view.state;
+    entry.view = view;
+  }
+
+  function compare(a, b) {
+    for (let i = 0; i < Math.min(a.length, b.length); i++) {
+      if (a[i] < b[i]) return -1;
+      if (a[i] > b[i]) return 1;
+    }
+    return a.length - b.length;
+  }
+
+  function order() {
+    const by = sortSelect.value;
+    const entries = [...shown.values()];
+    if (by === "host") entries.sort((x, y) => compare([x.view.agent.host, x.view.agent.identity],
+      [y.view.agent.host, y.view.agent.identity]));
+    else entries.sort((x, y) => compare(x.view.order[by], y.view.order[by]));
+    let previous = null;
+    for (const entry of entries) { // moves only what is out of place
+      const expected = previous ? previous.nextSibling : body.firstChild;
+      if (entry.tr !== expected) body.insertBefore(entry.tr, expected);
+      previous = entry.tr;
+    }
+  }
+
+  function upsert(view) {
+    let entry = shown.get(view.key);
+    if (!entry) {
+      entry = build(view);
+      shown.set(view.key, entry);
+    }
+    fill(entry, view);
+  }
+
+  function panel(data) {
+    if (!data) return;
+    const rows = data.entries.map((item) => {
+      const tr = document.createElement("tr");
+      for (const value of [item.key, item.harness, item.fiveHour, item.sevenDay, item.age]) {
+        const td = document.createElement("td");
+        td.textContent = value;
+        tr.append(td);
+      }
+      tr.dataset.key = item.key;
+      return tr;
+    });
+    limitsBody.replaceChildren(...rows);
+    document.getElementById("limits-none").hidden = rows.length > 0;
+    const more = document.getElementById("limits-more");
+    more.hidden = data.more === 0;
+    more.textContent = `and ${data.more} older readings`;
+  }
+
+  function summary() {
+    const count = shown.size;
+    document.getElementById("summary").textContent = `${count} agent${count === 1 ? "" : "s"}`;
+    document.getElementById("empty").hidden = count > 0;
+    main.dataset.updates = String(updates);
+  }
+
+  function snapshot(data) {
+    const problem = document.getElementById("problem");
+    problem.hidden = !data.problem;
+    problem.textContent = data.problem || "";
+    const keys = new Set(data.rows.map((view) => view.key));
+    for (const [key, entry] of shown) if (!keys.has(key)) { entry.tr.remove(); shown.delete(key); }
+    for (const view of data.rows) upsert(view);
+    panel(data.panel);
+    const warnings = document.getElementById("warnings");
+    warnings.hidden = data.warnings.length === 0;
+    warnings.querySelector("ul").replaceChildren(...data.warnings.map((text) => {
+      const li = document.createElement("li");
+      li.textContent = text;
+      return li;
+    }));
+    order();
+    summary();
+    main.dataset.rendered = String(performance.now());
+  }
+
+  function changed(data) {
+    for (const [key, view] of Object.entries(data.rows)) {
+      if (view === null) {
+        const entry = shown.get(key);
+        if (entry) { entry.tr.remove(); shown.delete(key); }
+      } else {
+        upsert(view);
+      }
+      updates += 1;
+    }
+    panel(data.panel);
+    order();
+    summary();
+  }
+
+  function ages(data) {
+    for (const [key, text] of Object.entries(data)) {
+      const entry = shown.get(key);
+      if (entry) hctx.age(entry.cells.age, text, entry.view.stale);
+    }
+    for (const tr of limitsBody.children) {
+      if (data[tr.dataset.key] !== undefined) tr.lastChild.textContent = data[tr.dataset.key];
+    }
+  }
+
+  sortSelect.addEventListener("change", order);
+  const events = new EventSource("/api/events");
+  events.addEventListener("open", () => hctx.live(true));
+  events.addEventListener("error", () => hctx.live(false));
+  events.addEventListener("snapshot", (event) => snapshot(JSON.parse(event.data)));
+  events.addEventListener("rows", (event) => changed(JSON.parse(event.data)));
+  events.addEventListener("ages", (event) => ages(JSON.parse(event.data)));
+})();
