@@ -7,8 +7,8 @@ answer carries a Content-Security-Policy that lets the page load nothing but its
 Routes: `/` the fleet, `/agents/HOST/AGENT` one agent, `/assets/*` the page's files (from the
 wheel), `/api/agents` (= `hctx agents --json`), `/api/agents/HOST/AGENT` (= `hctx agents
 HOST/AGENT --json`), `/api/agents/HOST/AGENT/detail` (the agent page's record, claim and plot),
-`/api/board` (the fleet page's views) and `/api/events` (Server-Sent Events: the same views as they
-change; `?agent=HOST/AGENT` for one).
+`/api/board` (the fleet page's views), `/api/events` (Server-Sent Events: the same views as they
+change; `?agent=HOST/AGENT` for one) and `/api/status` (agents held, streams open).
 """
 
 from __future__ import annotations
@@ -164,6 +164,11 @@ def make_app(board: Board, allowed_hosts: Sequence[str]) -> Starlette:
         await board.ready.wait()
         return _json(json.dumps(board.snapshot(), ensure_ascii=False, allow_nan=False))
 
+    async def status(_: Request) -> Response:
+        await board.ready.wait()
+        found = {"agents": len(board.views), "streams": len(board.mailboxes), "problem": board.problem}
+        return _json(json.dumps(found) + "\n")
+
     async def events(request: Request) -> Response:
         only = request.query_params.get("agent")
 
@@ -198,6 +203,7 @@ def make_app(board: Board, allowed_hosts: Sequence[str]) -> Starlette:
         Route("/api/agents/{host}/{agent}/detail", detail),
         Route("/api/board", board_views),
         Route("/api/events", events),
+        Route("/api/status", status),
     ]
     middleware = [Middleware(SecurityHeaders), Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))]
     return Starlette(routes=routes, middleware=middleware)
