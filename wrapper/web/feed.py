@@ -13,6 +13,7 @@ agent, so a slow page costs at most one view per agent, never a queue of every u
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 from collections.abc import Iterator
@@ -93,13 +94,25 @@ class Board:
         self.problem: str | None = None  # the catalog itself cannot be read
         self.mailboxes: set[Mailbox] = set()
         self.ready = trio.Event()
+        self.version = 0  # counts the changes: a page holding this version's snapshot is current
+        self._encoded: str | None = None
 
     # -- what a page is sent -------------------------------------------------------------------
 
     def snapshot(self, only: str | None = None) -> dict[str, Any]:
         views = list(self.views.values()) if only is None else [v for k, v in self.views.items() if k == only]
         return {"rows": views, "panel": self.panel, "warnings": self.warnings, "problem": self.problem,
-                "catalog": str(self.catalog)}  # fmt: skip
+                "catalog": str(self.catalog), "version": self.version}  # fmt: skip
+
+    def encoded(self) -> str:
+        """The whole snapshot as JSON, encoded once per change however many pages load it."""
+        if self._encoded is None:
+            self._encoded = json.dumps(self.snapshot(), ensure_ascii=False, allow_nan=False)
+        return self._encoded
+
+    def _changed(self) -> None:
+        self.version += 1
+        self._encoded = None
 
     @contextlib.contextmanager
     def subscribe(self, only: str | None = None) -> Iterator[Mailbox]:
@@ -139,6 +152,8 @@ class Board:
         panel = rate_limit_panel(((r.row, r.read_ms) for r in self.readings.values()), now_ms())
         panel_changed = panel != self.panel
         self.panel = panel
+        if changed or panel_changed or whole:
+            self._changed()
         if changed or panel_changed:
             for box in self.mailboxes:
                 box.post(changed, panel if panel_changed else None)
@@ -150,11 +165,13 @@ class Board:
                 self.views.pop(name, None)
                 changed[name] = None
         if changed:
+            self._changed()
             for box in self.mailboxes:
                 box.post(changed, None)
 
     def failed(self, problem: str) -> None:
         self.problem = problem
+        self._changed()
 
     def ages(self) -> dict[str, str]:
         now = now_ms()
