@@ -116,9 +116,9 @@ def import_cost(repeat: int) -> tuple[float, float]:
                               env=web_env(), cwd=REPO, check=True)  # fmt: skip
         top = {}
         for line in done.stderr.splitlines():
-            if line.startswith("import time:") and "|" in line:
+            if line.startswith("import time:") and "|" in line and "cumulative" not in line:
                 _, cumulative, name = line.split("|")
-                if not name.startswith("  "):  # a top-level import: its cumulative time holds its own
+                if not name.startswith("  "):  # top level: its cumulative time holds its own imports
                     top[name.strip()] = int(cumulative) / 1000
         every.append(top["wrapper.cli"])
         web.append(sum(ms for name, ms in top.items() if name.split(".")[0] in ("starlette", "hypercorn")))

@@ -268,10 +268,16 @@ def test_memory_stays_flat_over_10000_pushed_updates(chromium: Any, tmp_path: Pa
 # Security, as the browser meets it
 
 
-def test_no_request_leaves_the_origin(page: Any, served: Served) -> None:
+def test_no_request_leaves_the_origin(page: Any, served: Served, catalog: Path) -> None:
+    """Nor does a hostile record make one: every field reaches the page as text, never as markup."""
+    hostile = '<img src="https://203.0.113.9/x.png" onerror="window.pwned=1">'
+    put(catalog, "hostile", model=hostile, rateLimits=None)
     requests: list[str] = []
     page.on("request", lambda request: requests.append(request.url))
     open_fleet(page, served)
+    page.wait_for_selector(f'#fleet .row[data-key="{HERE}/hostile"]')
+    assert cell(page, f"{HERE}/hostile", "model").inner_text() == hostile
+    assert page.evaluate("() => window.pwned") is None
     page.click(f'#fleet .row[data-key="{HERE}/amber"] .agent a')
     page.wait_for_selector("#plot-note, #plot svg", state="attached")
     page.wait_for_load_state("networkidle")

@@ -18,7 +18,7 @@ from functools import partial
 from pathlib import Path
 
 from guard.errors import CatalogError
-from wrapper.arguments import positive_seconds
+from wrapper.arguments import TLS_PAIRING, add_tls_options, positive_seconds, tls_unpaired
 from wrapper.metrics import listen_address
 from wrapper.reader_commands import add_catalog_options, existing_catalog, fail, with_host
 
@@ -112,8 +112,8 @@ def run_web(args: argparse.Namespace) -> int:
 
     if args.reread is None:
         args.reread = DEFAULT_REREAD_S
-    if (args.tls_cert is None) != (args.tls_key is None) or (args.tls_client_ca and not args.tls_cert):
-        return fail("web", "TLS needs --tls-cert with --tls-key; --tls-client-ca needs both", 2)
+    if tls_unpaired(args):
+        return fail("web", TLS_PAIRING, 2)
     try:
         catalog = existing_catalog(args)
     except CatalogError as exc:
@@ -156,9 +156,7 @@ def add_web_command(commands: argparse._SubParsersAction[argparse.ArgumentParser
         help=f"where to serve (default: {DEFAULT_LISTEN[0]}:{DEFAULT_LISTEN[1]}; port 0 picks a free one; "
         "an address that is not loopback is warned about)",
     )  # fmt: skip
-    web.add_argument("--tls-cert", metavar="FILE", help="serve HTTPS with this certificate (PEM)")
-    web.add_argument("--tls-key", metavar="FILE", help="the certificate's private key (PEM)")
-    web.add_argument("--tls-client-ca", metavar="FILE", help="require client certificates signed by this CA (PEM)")
+    add_tls_options(web)
     web.add_argument(
         "--reread", type=positive_seconds, metavar="S",
         help="re-read the whole catalog every S seconds, for records going stale and changes a file event "
