@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import re
 import struct
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,7 +34,9 @@ from tests.web_board import (
     record_bytes,
     replace_file,
     serving,
+    web_env,
 )
+from wrapper.demo import DEMO_HOST
 
 README = (REPO / "README.md").read_text()
 SCREENSHOT = REPO / "docs" / "web-board.png"
@@ -421,3 +425,22 @@ def test_the_readme_shows_the_board_as_the_browser_draws_it(page: Any, served: S
     assert "hctx web" in README.split("## In a browser", 1)[1].split("\n## ", 1)[0]
     assert "](docs/web-board.png)" in README
     assert _png_size(SCREENSHOT.read_bytes()) == _png_size(shot) == (VIEWPORT["width"], VIEWPORT["height"])
+
+
+def test_the_plot_of_a_real_sidecar_log_shows_its_curve_and_its_compaction(page: Any, tmp_path: Path) -> None:
+    """The demo's real wrapper and sidecars write the logs; the page reads them as the sidecar wrote."""
+    subprocess.run(
+        [sys.executable, "-m", "wrapper.cli", "demo", "--catalog", str(tmp_path), "--no-top", "--duration", "4"],
+        capture_output=True, text=True, timeout=120, env=web_env(), cwd=REPO, check=False,
+    )  # fmt: skip
+    # Whether every session ended in the demo's time is tests/test_demo.py's; this one needs the log.
+    log = tmp_path / ".st2" / "logs" / f"{DEMO_HOST}~pi-worker.jsonl"
+    writes = [line for line in log.read_text().splitlines() if '"event": "write"' in line]
+    assert len(writes) >= 5
+    with serving(tmp_path, "--host", DEMO_HOST) as board:
+        page.goto(board.url + f"agents/{DEMO_HOST}/pi-worker")
+        page.wait_for_selector("#plot svg")
+        points = page.locator("#plot svg polyline.fill").get_attribute("points") or ""
+        assert len(points.split()) >= 5, points
+        assert page.locator("#plot svg line.compaction").count() >= 1  # the pi capture compacts
+        assert int(page.locator("#agent").get_attribute("data-points") or 0) >= 5

@@ -79,7 +79,7 @@ def web_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(REPO)}
 
 
-def first_line(process: subprocess.Popen[str], timeout: float = 30) -> str:
+def first_line(process: subprocess.Popen[str], timeout: float = 90) -> str:
     assert process.stdout is not None
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
