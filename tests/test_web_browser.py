@@ -444,3 +444,22 @@ def test_the_plot_of_a_real_sidecar_log_shows_its_curve_and_its_compaction(page:
         assert len(points.split()) >= 5, points
         assert page.locator("#plot svg line.compaction").count() >= 1  # the pi capture compacts
         assert int(page.locator("#agent").get_attribute("data-points") or 0) >= 5
+
+
+def test_a_catalog_turned_unreadable_is_said_on_the_open_page_and_cleared_when_it_heals(
+    page: Any, tmp_path: Path
+) -> None:
+    fleet(tmp_path)
+    with serving(tmp_path, "--reread", "1") as board:
+        open_fleet(page, board, rows=7)
+        problem = page.locator("#problem")
+        assert problem.is_hidden()
+        agents = tmp_path / "agents"
+        agents.rename(tmp_path / "agents.real")
+        agents.symlink_to("agents.real")  # a symlinked agents/ is refused, never walked through
+        expect(problem).to_contain_text("cannot read the catalog", timeout=15_000)
+        assert "is not a real directory" in problem.inner_text()
+        assert page.locator("#fleet .row").count() == 7  # the last rows stay, under the warning
+        agents.unlink()
+        (tmp_path / "agents.real").rename(agents)
+        expect(problem).to_be_hidden(timeout=15_000)

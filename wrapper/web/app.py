@@ -195,7 +195,9 @@ def make_app(board: Board, allowed_hosts: Sequence[str]) -> Starlette:
                     if taken is None:
                         yield ": keep-alive\n\n"
                         continue
-                    rows, panel, ages = taken
+                    rows, panel, ages, problem_changed = taken
+                    if problem_changed:
+                        yield _event("problem", {"problem": board.problem})
                     if rows or panel is not None:
                         yield _event("rows", {"rows": rows, "panel": panel})
                     if ages:

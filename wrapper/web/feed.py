@@ -59,6 +59,7 @@ class Mailbox:
         self.rows: dict[str, dict[str, Any] | None] = {}
         self.panel: dict[str, Any] | None = None
         self.ages: dict[str, str] | None = None
+        self.problem_changed = False  # the catalog turned unreadable, or readable again
         self._news = trio.Event()
 
     def post(self, rows: dict[str, dict[str, Any] | None], panel: dict[str, Any] | None) -> None:
@@ -70,15 +71,19 @@ class Mailbox:
             self.panel = panel if panel is not None else self.panel
             self._news.set()
 
+    def post_problem(self) -> None:
+        self.problem_changed = True
+        self._news.set()
+
     def post_ages(self, ages: dict[str, str]) -> None:
         self.ages = ages if self.only is None else {k: v for k, v in ages.items() if k == self.only}
         self._news.set()
 
-    async def take(self) -> tuple[dict[str, dict[str, Any] | None], dict[str, Any] | None, dict[str, str] | None]:
+    async def take(self) -> tuple[dict[str, dict[str, Any] | None], dict[str, Any] | None, dict[str, str] | None, bool]:
         await self._news.wait()
         self._news = trio.Event()
-        taken = self.rows, self.panel, self.ages
-        self.rows, self.panel, self.ages = {}, None, None
+        taken = self.rows, self.panel, self.ages, self.problem_changed
+        self.rows, self.panel, self.ages, self.problem_changed = {}, None, None, False
         return taken
 
 
@@ -147,7 +152,10 @@ class Board:
                     changed[name] = None
             if warnings is not None:
                 self.warnings = warnings
-            self.problem = None
+            if self.problem is not None:
+                self.problem = None
+                for box in self.mailboxes:
+                    box.post_problem()
         self.views = dict(sorted(self.views.items()))
         panel = rate_limit_panel(((r.row, r.read_ms) for r in self.readings.values()), now_ms())
         panel_changed = panel != self.panel
@@ -170,8 +178,12 @@ class Board:
                 box.post(changed, None)
 
     def failed(self, problem: str) -> None:
-        self.problem = problem
-        self._changed()
+        """The whole catalog could not be read: every open page is told, and keeps its last rows."""
+        if problem != self.problem:
+            self.problem = problem
+            self._changed()
+            for box in self.mailboxes:
+                box.post_problem()
 
     def ages(self) -> dict[str, str]:
         now = now_ms()

@@ -107,10 +107,14 @@
     main.dataset.updates = String(updates);
   }
 
+  function problem(text) { // the catalog cannot be read: said above the rows it last showed
+    const line = document.getElementById("problem");
+    line.hidden = !text;
+    line.textContent = text || "";
+  }
+
   function snapshot(data) {
-    const problem = document.getElementById("problem");
-    problem.hidden = !data.problem;
-    problem.textContent = data.problem || "";
+    problem(data.problem);
     const keys = new Set(data.rows.map((view) => view.key));
     for (const [key, entry] of shown) if (!keys.has(key)) { entry.element.remove(); shown.delete(key); }
     for (const view of data.rows) upsert(view);
@@ -164,4 +168,5 @@
   events.addEventListener("snapshot", (event) => snapshot(JSON.parse(event.data)));
   events.addEventListener("rows", (event) => changed(JSON.parse(event.data)));
   events.addEventListener("ages", (event) => ages(JSON.parse(event.data)));
+  events.addEventListener("problem", (event) => problem(JSON.parse(event.data).problem));
 })();
