@@ -38,6 +38,7 @@ __all__ = [
     "ASSETS",
     "CSP",
     "KEEPALIVE_S",
+    "SNAPSHOT_SLOT",
     "SecurityHeaders",
     "make_app",
 ]

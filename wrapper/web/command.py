@@ -24,6 +24,7 @@ from wrapper.reader_commands import add_catalog_options, existing_catalog, fail,
 
 __all__ = [
     "DEFAULT_LISTEN",
+    "WILDCARDS",
     "add_web_command",
     "allowed_hosts",
     "is_loopback",
