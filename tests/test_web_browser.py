@@ -240,13 +240,16 @@ def test_memory_stays_flat_over_10000_pushed_updates(chromium: Any, tmp_path: Pa
         cdp = context.new_cdp_session(page)
         open_fleet(page, board, rows=agents)
 
-        def measure() -> tuple[int, int]:
-            cdp.send("HeapProfiler.collectGarbage")
+        def measure() -> tuple[int, int, int]:
+            for _ in range(3):  # V8's collection, then Blink's for the nodes it released
+                cdp.send("HeapProfiler.collectGarbage")
+                time.sleep(0.2)
             heap = cdp.send("Runtime.getHeapUsage")["usedSize"]
             nodes = cdp.send("Memory.getDOMCounters")["nodes"]
-            return int(heap), int(nodes)
+            attached = page.evaluate("() => document.getElementsByTagName('*').length")
+            return int(heap), int(nodes), int(attached)
 
-        heap_before = nodes_before = rss_before = 0
+        heap_before = nodes_before = attached_before = rss_before = 0
         for round_number in range(1, rounds + 1):
             for index, path in enumerate(paths):
                 replace_file(path, record_bytes(path.parent.name, usedTokens=round_number * 100 + index,
@@ -254,16 +257,19 @@ def test_memory_stays_flat_over_10000_pushed_updates(chromium: Any, tmp_path: Pa
             page.wait_for_function("n => Number(document.getElementById('board').dataset.updates) >= n",
                                    arg=round_number * agents, timeout=30_000)  # fmt: skip
             if round_number == warm:
-                (heap_before, nodes_before), rss_before = measure(), board.rss_kib()
+                (heap_before, nodes_before, attached_before), rss_before = measure(), board.rss_kib()
         pushed = int(page.evaluate("document.getElementById('board').dataset.updates"))
-        (heap_after, nodes_after), rss_after = measure(), board.rss_kib()
+        (heap_after, nodes_after, attached_after), rss_after = measure(), board.rss_kib()
         context.close()
     assert pushed >= agents * rounds
-    print(f"heap {heap_before} -> {heap_after} B, DOM nodes {nodes_before} -> {nodes_after}, "
+    print(f"heap {heap_before} -> {heap_after} B, DOM nodes {nodes_before} -> {nodes_after} "
+          f"({attached_before} -> {attached_after} in the document), "
           f"server RSS {rss_before} -> {rss_after} KiB over {pushed} updates")  # fmt: skip
     # A page that kept every update (~1 kB each) would grow by ~9 MB here, a server likewise; one
-    # that kept a node per update by 9,000 nodes. Measured: +0.1 MB, +120 nodes, +0.4 MB RSS.
+    # that kept a node per update by 9,000 nodes (the panel's rows, rebuilt per push, by 100,000+).
+    # Measured: +16 kB of heap, +0 nodes, +0.4 MB of RSS.
     assert heap_after - heap_before < 2 * 1024 * 1024
+    assert attached_after == attached_before
     assert abs(nodes_after - nodes_before) < 500
     assert rss_after - rss_before < 6 * 1024
 
