@@ -20,6 +20,7 @@ from wrapper.reader_commands import add_catalog_options, add_reader_commands, ca
 from wrapper.replication import add_replication_command
 from wrapper.scan import add_scan_command
 from wrapper.watch import add_watch_command
+from wrapper.web.command import add_web_command
 
 __all__ = [
     "COMMAND_ORDER",
@@ -283,6 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_metrics_command(commands)
     add_replication_command(commands)
     add_watch_command(commands)
+    add_web_command(commands)
     order_commands(commands)
     return parser
 

@@ -44,6 +44,7 @@ __all__ = [
     "RED_PERCENT",
     "Tint",
     "age_text",
+    "claim_section",
     "colour_enabled",
     "compaction_text",
     "cost_text",
@@ -53,8 +54,10 @@ __all__ = [
     "fill_tint",
     "headroom_text",
     "meter_text",
+    "meter_title",
     "paint",
     "percent_text",
+    "record_section",
     "render_agent_json",
     "render_agents",
     "render_agents_json",
@@ -158,6 +161,12 @@ def headroom_text(context: dict[str, Any] | None) -> str:
     if headroom is None:
         return "-"
     return f"→ {'-' if headroom < 0 else ''}{tokens_text(abs(headroom))}"
+
+
+def meter_title(context: dict[str, Any] | None) -> str:
+    """The meter as a sentence, the web chip's title: `170k of 200k tokens`; empty as `meter_text`."""
+    meter = meter_text(context)
+    return meter.replace("/", " of ", 1) + " tokens" if meter else ""
 
 
 def meter_text(context: dict[str, Any] | None) -> str:
@@ -373,12 +382,11 @@ def version_text(record: HarnessContext) -> str:
     return f"{printable(version)} ({verdict})"
 
 
-def render_inspection(inspection: Inspection) -> str:
+def record_section(inspection: Inspection) -> list[str]:
+    """`inspect`'s record as stored, with what it says of itself: also the web board's agent page."""
     view = inspection.view
     row = view.row
-    out = [f"agent {row.name}", ""]
-
-    out.append(f"== record as stored: {inspection.record_path}")
+    out = [f"== record as stored: {inspection.record_path}"]
     out.extend(_raw_text(view.files.record))
     if view.record is not None:
         out.append(f"  incarnation   {printable(view.record.incarnation)}")
@@ -391,28 +399,38 @@ def render_inspection(inspection: Inspection) -> str:
     if row.problem:
         out.append(f"  ! {row.problem}")
     out.append(f"  incarnation check: {inspection.incarnation}")
-    out.append("")
+    return out
 
-    out.append(f"== harness-state claim: {inspection.claim_path}")
+
+def claim_section(inspection: Inspection) -> list[str]:
+    """`inspect`'s claim with its history: a crash loop and the stretches without a sidecar."""
+    view = inspection.view
+    row = view.row
+    out = [f"== harness-state claim: {inspection.claim_path}"]
     claim = view.claim
     if claim is None:
         out.extend(_raw_text(view.files.claim) if row.claim_problem is None else [f"  ! {row.claim_problem}"])
-    else:
-        out.append(f"  harness       {claim.harness}")
-        out.append(f"  host          {printable(claim.host)}")
-        out.append(f"  incarnation   {printable(claim.incarnation)}")
-        out.append(f"  claimedAtMs   {_ms_text(claim.claimed_at_ms)}")
-        out.append(f"  wrapperPid    {claim.wrapper_pid}")
-        out.append(f"  desiredState  {claim.desired_state} (as written; derived now: {row.desired_state})")
-        out.extend(_unobserved_text(claim.unobserved, "  "))
-        out.append(f"  launches in the last hour: {inspection.launches_last_hour}")
-        out.append(f"  history ({len(claim.history)} earlier claims, newest first):")
-        for past in claim.history:
-            out.append(
-                f"    {printable(past.incarnation)}  claimedAtMs {_ms_text(past.claimed_at_ms)}  pid {past.wrapper_pid}"
-            )
-            out.extend(_unobserved_text(past.unobserved, "      "))
-    out.append("")
+        return out
+    out.append(f"  harness       {claim.harness}")
+    out.append(f"  host          {printable(claim.host)}")
+    out.append(f"  incarnation   {printable(claim.incarnation)}")
+    out.append(f"  claimedAtMs   {_ms_text(claim.claimed_at_ms)}")
+    out.append(f"  wrapperPid    {claim.wrapper_pid}")
+    out.append(f"  desiredState  {claim.desired_state} (as written; derived now: {row.desired_state})")
+    out.extend(_unobserved_text(claim.unobserved, "  "))
+    out.append(f"  launches in the last hour: {inspection.launches_last_hour}")
+    out.append(f"  history ({len(claim.history)} earlier claims, newest first):")
+    for past in claim.history:
+        out.append(
+            f"    {printable(past.incarnation)}  claimedAtMs {_ms_text(past.claimed_at_ms)}  pid {past.wrapper_pid}"
+        )
+        out.extend(_unobserved_text(past.unobserved, "      "))
+    return out
+
+
+def render_inspection(inspection: Inspection) -> str:
+    row = inspection.view.row
+    out = [f"agent {row.name}", "", *record_section(inspection), "", *claim_section(inspection), ""]
 
     out.append("== projection (the roster's context)")
     projected = json.dumps(row.context, ensure_ascii=False, allow_nan=False, indent=2)

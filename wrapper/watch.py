@@ -26,7 +26,7 @@ import re
 import signal
 import stat
 import sys
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from guard.catalog import list_agents
-from guard.constants import CONTROL_DIR_NAME, HARNESS_CONTEXT_STALE_MS, REPLICATED_RECORD_NAMES
+from guard.constants import AGENTS_DIR_NAME, CONTROL_DIR_NAME, HARNESS_CONTEXT_STALE_MS, REPLICATED_RECORD_NAMES
 from guard.errors import CatalogError, RecordRefused
 from guard.files import read_bounded, set_aside
 from guard.projection import headroom_tokens
@@ -45,7 +45,9 @@ from wrapper.render import age_text, meter_text, percent_text, tokens_text
 from wrapper.roster import AgentRow, PidProbe, now_ms, view_agent
 
 if TYPE_CHECKING:  # trio and watchfiles load when the command runs, not with every `hctx`
+    import anyio
     import trio
+    from watchfiles import Change
 
 __all__ = [
     "DEFAULT_AT",
@@ -64,12 +66,14 @@ __all__ = [
     "State",
     "StateFile",
     "add_watch_command",
+    "agent_of",
     "dump_state",
     "exec_command",
     "follow",
     "load_state",
     "observe",
     "print_event",
+    "record_changes",
     "run_watch",
     "step",
 ]
@@ -523,6 +527,31 @@ def _is_record(_change: object, path: str) -> bool:
     return os.path.basename(path) in REPLICATED_RECORD_NAMES
 
 
+def record_changes(
+    catalog: Path, stop: anyio.Event, *, timeout_s: float, debounce_ms: int = 400, step_ms: int = 50
+) -> AsyncIterator[set[tuple[Change, str]]]:
+    """The catalog's record files as they change (inotify on Linux, through watchfiles): one set of
+    (change, path) per batch, and an empty one every `timeout_s` without a change. `hctx watch`
+    and `hctx web` follow the catalog through this one function."""
+    from watchfiles import awatch
+
+    return awatch(
+        catalog, watch_filter=_is_record, stop_event=stop, debounce=debounce_ms, step=step_ms,
+        rust_timeout=max(1, int(timeout_s * 1000)), yield_on_timeout=True,
+    )  # fmt: skip
+
+
+def agent_of(catalog: Path, path: str) -> tuple[str, str] | None:
+    """(host, identity) of a record path `record_changes` reported; None for any other path."""
+    try:
+        parts = Path(path).relative_to(catalog).parts
+    except ValueError:
+        return None
+    if len(parts) != 4 or parts[0] != AGENTS_DIR_NAME or parts[3] not in REPLICATED_RECORD_NAMES:
+        return None
+    return parts[1], parts[2]
+
+
 async def follow(
     catalog: Path,
     *,
@@ -535,7 +564,6 @@ async def follow(
     """Until SIGINT or SIGTERM: read, step, save, deliver; on every record change and every `reread_s`."""
     import anyio
     import trio
-    from watchfiles import awatch
 
     told_warnings: set[str] = set()  # each warning once while it lasts, not at every re-read
     with state_file.held() as dir_fd:
@@ -576,10 +604,7 @@ async def follow(
             outbox = Outbox(nursery, deliver, record, state)
             log(f"following {catalog}, re-reading every {reread_s:g} s; state in {state_file.path}")
             tick(outbox)
-            async for _ in awatch(
-                catalog, watch_filter=_is_record, stop_event=stop, debounce=400,
-                rust_timeout=max(1, int(reread_s * 1000)), yield_on_timeout=True,
-            ):  # fmt: skip
+            async for _ in record_changes(catalog, stop, timeout_s=reread_s):
                 tick(outbox)
             nursery.cancel_scope.cancel()
 
