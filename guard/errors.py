@@ -16,6 +16,7 @@
     ├── UnknownHarness       no registered harness has the name (LookupError)
     ├── ModelTableError      `hctx scan`'s model table is unreadable (ValueError)
     ├── TranscriptError      a transcript `hctx scan` reads cannot be opened (OSError)
+    ├── RecordingError       a recording `hctx replay` reads is no file of bytes (OSError)
     ├── UsageError           what the command line asks cannot be done (ValueError)
     └── FleetFailed          a demo agent failed to start or cannot be played
 
@@ -42,6 +43,7 @@ __all__ = [
     "MalformedFrame",
     "ModelTableError",
     "RecordRefused",
+    "RecordingError",
     "SettingsError",
     "TranscriptError",
     "UnknownHarness",
@@ -132,6 +134,10 @@ class ModelTableError(HctxError, ValueError):
 
 
 class TranscriptError(HctxError, OSError):
+    pass
+
+
+class RecordingError(HctxError, OSError):
     pass
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from guard.errors import UnknownHarness
+from guard.errors import RecordingError, UnknownHarness
 from guard.files import read_bounded
 from sidecar.decoding import CHANNEL, ChannelFrames, Decoder, channel_decoder
 from sidecar.producer import Producer
@@ -196,4 +196,4 @@ def recording_bytes(path: Path) -> bytes:
         return raw.data
     if raw.problem is None:
         raise FileNotFoundError(errno.ENOENT, f"{path}: no such file")
-    raise OSError(f"{path} {raw.problem} (a recording is a file of bytes already written)")
+    raise RecordingError(f"{path} {raw.problem} (a recording is a file of bytes already written)")

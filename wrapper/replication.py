@@ -23,6 +23,7 @@ from guard.constants import (
     HARNESS_CONTEXT_BUCKET_PERCENT,
     REPLICATED_RECORD_NAMES,
 )
+from guard.errors import UsageError
 from wrapper.reader_commands import catalog_of
 
 __all__ = [
@@ -64,11 +65,11 @@ def stignore(catalog: Path) -> str:
     """A complete `.stignore` for the folder `<catalog>/agents`, its settings in `//` comments.
 
     The path is printed in those comments: one holding a newline (or any other control or line
-    separator character) would inject live patterns (`!*`) into the file, so it is a ValueError."""
+    separator character) would inject live patterns (`!*`) into the file, so it is a UsageError."""
     root = catalog / AGENTS_DIR_NAME
     if bad := sorted({char for char in str(root) if unicodedata.category(char) in ("Cc", "Zl", "Zp")}):
         shown = ", ".join(f"U+{ord(char):04X}" for char in bad)
-        raise ValueError(f"the catalog path {str(catalog)!r} holds control characters ({shown}); refusing to print it "
+        raise UsageError(f"the catalog path {str(catalog)!r} holds control characters ({shown}); refusing to print it "
                          "into a .stignore, where a line break starts a pattern")  # fmt: skip
     width = max(len(key) for key, _, _ in FOLDER_SETTINGS)
     lines = [

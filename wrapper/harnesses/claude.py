@@ -45,8 +45,11 @@ from guard.store import open_chain, proc_stat, write_json_atomic
 from wrapper.harnesses import LaunchPlan
 
 __all__ = [
+    "CLAUDE_DIR",
     "EARLIER_TEE_MODULES",
     "HOOK_EVENTS",
+    "MAX_SEATS_BYTES",
+    "MAX_SETTINGS_BYTES",
     "PROJECT_DIR_ENV",
     "REFRESH_INTERVAL_S",
     "RENDERER_ENV",
