@@ -22,7 +22,7 @@ from guard.policy import Reading, WriteGuard
 from guard.record import ContextFields
 from sidecar.decoding import Decoder, Dropped
 from sidecar.harnesses.codex import rollout
-from sidecar.harnesses.codex.events import CompactionItem, TokenUsage
+from sidecar.harnesses.codex.events import CompactionItem, HarnessBuild, ThreadOpened, TokenUsage
 from sidecar.harnesses.codex.producer import SPEC, CodexProducer, Rollout
 from sidecar.harnesses.codex.rollout import RolloutFollower, find_rollout, follow_rollout
 from sidecar.pipeline import Pipeline
@@ -169,7 +169,8 @@ def test_a_partial_line_waits_for_its_newline_and_a_huge_line_is_skipped() -> No
     follower = RolloutFollower("t")
     assert follower.feed(line[:50]) == []
     assert follower.feed(line[50:]) == []  # complete, but no newline yet: a writer may be mid-line
-    assert len(follower.feed(b"\n")) == 2
+    # The seat's own thread first (the follower never follows a subagent's), then the line's events.
+    assert follower.feed(b"\n")[0] == ThreadOpened(thread_id="t")
     huge = b'{"type":"response_item","payload":{"text":"' + b"x" * (MAX_LINE_BYTES + 1)
     # Skipped, not held: only the head that says what kind of line it was.
     assert follower.feed(huge) == [] and follower.decoder.framer.pending_bytes == 0
@@ -300,8 +301,10 @@ async def test_follow_submits_as_the_session_grows_and_backs_off_when_idle(
         path = write_rollout(tmp_path, "ours", LAUNCH_MS + 1_000, "/work/repo", b"".join(lines[:2]))
         with trio.fail_after(10):
             await until(lambda: len(frames) >= 4)
-        # session_meta first, as the app-server's thread/started (its cliVersion), then the usage.
-        assert [getattr(f, "thread_id", None) for f in frames[:2]] == [None, "ours"]
+        # The seat's own thread, then session_meta as the app-server's thread/started (its
+        # cliVersion), then the usage.
+        assert [type(f) for f in frames[:3]] == [ThreadOpened, HarnessBuild, TokenUsage]
+        assert [getattr(f, "thread_id", None) for f in frames[:3]] == ["ours", None, "ours"]
         with path.open("ab") as handle:
             handle.write(b"".join(lines[2:]))
         with trio.fail_after(10):
@@ -331,7 +334,7 @@ async def test_the_last_turn_is_read_when_the_session_ends_between_polls(
     async with trio.open_nursery() as nursery:
         nursery.start_soon(follow_rollout, settings, Streams(SPEC, frames.append))
         await trio.sleep(30)  # idle long enough to back off to the longest poll
-        assert len(frames) == 3  # session_meta's thread/started, then the usage and its rate limits
+        assert len(frames) == 4  # its thread, session_meta's build, then the usage and its rate limits
         with path.open("ab") as handle:
             handle.write(b"".join(lines[1:]))
         nursery.cancel_scope.cancel()  # the seat ended before the next poll
@@ -363,8 +366,8 @@ def test_a_compaction_line_too_long_to_parse_still_counts() -> None:
     frames = [
         frame for piece in range(0, len(compacted), 65536) for frame in follower.feed(compacted[piece : piece + 65536])
     ]
-    assert [type(f) for f in frames] == [CompactionItem]
-    assert frames[0].item_id == "rollout-compacted:t:0"
+    assert [type(f) for f in frames] == [ThreadOpened, CompactionItem]
+    assert frames[1].item_id == "rollout-compacted:t:0"
     assert (
         follower.feed(
             b'{"timestamp":"x","type":"response_item","payload":{"t":"' + b"y" * (MAX_LINE_BYTES + 1) + b'"}}\n'

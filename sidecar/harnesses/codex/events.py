@@ -26,6 +26,7 @@ __all__ = [
     "RateLimitsUpdated",
     "RateWindow",
     "ThreadCompacted",
+    "ThreadOpened",
     "TokenUsage",
     "Tokens",
     "event",
@@ -58,6 +59,15 @@ class TokenUsage(_Event):
     tokens_in_window: Tokens  # `last.totalTokens`: what the window holds
     session_total_tokens: Tokens  # `total.totalTokens`: spend, never occupancy
     context_window: Tokens | None  # `modelContextWindow`, already Codex's effective window
+
+
+class ThreadOpened(_Event):
+    """A thread that is the agent's own: one a client started, resumed or forked (`thread/started`,
+    a `thread/start`/`thread/resume`/`thread/fork` result's `thread`, neither naming a
+    `parentThreadId`), or the rollout an interactive seat writes. A subagent's thread is never one:
+    Codex sends no `thread/started` for it, only its `turn/*`, `item/*` and usage under its id."""
+
+    thread_id: Id
 
 
 class RateWindow(_Event):

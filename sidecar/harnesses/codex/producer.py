@@ -22,7 +22,14 @@ the same typed events. The producer reads only those events, and its arithmetic 
   binary itself; before it (a relay that joined late, the rollout follower's `session_meta`), a
   thread's `cliVersion`, the build that created the thread. It rides every reading.
 
-Several threads on one app-server share one record: the newest reading of any thread wins.
+Several threads on one app-server share one record: the newest reading of any of the agent's own
+threads wins. A thread is the agent's own only when the stream said so (`ThreadOpened`: a
+`thread/started`, or a thread a client's `thread/start`/`thread/resume`/`thread/fork` returned,
+without a `parentThreadId`; the rollout a seat follows). A subagent's thread never is (issue 28):
+Codex 0.151.0 and 0.171.0 (multi_agent on by default) send no `thread/started` for a
+`spawn_agent` child, while its `thread/tokenUsage/updated` arrive on the same connection under its
+own `threadId`, in the parent's shape; a reading of a thread not opened as the agent's own is never
+the agent's (fixtures/codex/*-delegation.jsonl, recorded live).
 
 `compactAtTokens` (issue 18). Source: `model_auto_compact_token_limit` (and `model_context_window`)
 from the config Codex loads, read by the wrapper (`wrapper.harnesses.codex.compaction_settings`) and
@@ -70,6 +77,7 @@ from sidecar.harnesses.codex.events import (
     RateLimitsUpdated,
     RateWindow,
     ThreadCompacted,
+    ThreadOpened,
     Tokens,
     TokenUsage,
 )
@@ -83,6 +91,7 @@ __all__ = [
     "FIVE_HOUR_MINUTES",
     "ITEM_EVENTS",
     "LEGACY_COMPACTED",
+    "OWN_THREADS_REMEMBERED",
     "RATE_LIMITS",
     "SEVEN_DAY_MINUTES",
     "SPEC",
@@ -119,6 +128,9 @@ BASELINE_TOKENS: Final = 12_000
 # Rate-limit windows are named primary/secondary and identified by their length alone.
 FIVE_HOUR_MINUTES: Final = 300
 SEVEN_DAY_MINUTES: Final = 10_080
+
+# The agent's own threads: one per `thread/start` or resume a client made on this app-server.
+OWN_THREADS_REMEMBERED: Final = 1024
 
 # Item ids already counted. One compaction is at most a handful of frames apart on one connection,
 # a few more across relay connections; the bound only keeps a hostile stream from growing memory.
@@ -181,6 +193,9 @@ class _CompactedParams(_Wire):
     turn_id: Id
 
 
+THREAD_STARTED: Final = "thread/started"
+
+
 _M = TypeVar("_M", bound=_Wire)
 
 
@@ -199,6 +214,9 @@ def parse_message(data: bytes) -> list[object]:
     build = _build(message)
     if build is not None:
         events.append(build)
+    opened = _own_thread(message)
+    if opened is not None:
+        events.append(opened)
     method = message.get("method")
     if not isinstance(method, str):
         return events  # a response to the client's own request: nothing about context
@@ -249,6 +267,28 @@ def _build(message: dict[str, Any]) -> HarnessBuild | None:
         if version is not None:
             found = HarnessBuild(version=version, from_user_agent=False)
     return found
+
+
+def _own_thread(message: dict[str, Any]) -> ThreadOpened | None:
+    """The agent's own thread a `thread/started` or a response's `result.thread` names: one
+    without a `parentThreadId` (a subagent's names its parent, where Codex says anything of it)."""
+    if message.get("method") == THREAD_STARTED:
+        holder = message.get("params")
+    elif "method" not in message:
+        holder = message.get("result")
+    else:
+        return None
+    thread = holder.get("thread") if isinstance(holder, dict) else None
+    if not isinstance(thread, dict) or thread.get("parentThreadId") is not None:
+        return None
+    thread_id = thread.get("id")
+    if not isinstance(thread_id, str) or not 0 < len(thread_id) <= MAX_THREAD_ID:
+        return None
+    return ThreadOpened(thread_id=thread_id)
+
+
+# Codex's thread ids are UUIDs; anything much longer is not one.
+MAX_THREAD_ID: Final = 256
 
 
 def _parse(model: type[_M], params: object, method: str) -> _M:
@@ -455,6 +495,7 @@ class CodexProducer:
         self.config: CompactionConfig | None = None
         self.version: str | None = None
         self._version_from_user_agent = False
+        self._own_threads: OrderedDict[str, None] = OrderedDict()
         self._counted_items: OrderedDict[str, str | None] = OrderedDict()
         # Turns whose compaction was counted from the deprecated notification, which names no item:
         # the first item seen in such a turn is that same compaction, not a second one.
@@ -466,7 +507,12 @@ class CodexProducer:
 
     def feed(self, event: object, now_ms: int) -> list[Reading]:
         if isinstance(event, TokenUsage):
+            if event.thread_id not in self._own_threads:
+                return []  # a subagent's (or an unknown) thread: never the agent's numbers
             return [self._token_usage(event, now_ms)]
+        if isinstance(event, ThreadOpened):
+            remember(self._own_threads, event.thread_id, None, OWN_THREADS_REMEMBERED)
+            return []
         if isinstance(event, RateLimitsUpdated):
             self.held_limits = merged_rate_limits(self.held_limits, event)
             return self._restated_with_rate_limits()

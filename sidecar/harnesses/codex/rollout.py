@@ -39,7 +39,13 @@ import trio.lowlevel
 from guard.store import proc_stat
 from sidecar.harnesses.codex.events import ROLLOUT
 from sidecar.harnesses.codex.producer import Rollout
-from sidecar.harnesses.codex.transcript import RolloutDecoder, read_codex_tail, rollout_event, tail_events
+from sidecar.harnesses.codex.transcript import (
+    RolloutDecoder,
+    is_subagent_source,
+    read_codex_tail,
+    rollout_event,
+    tail_events,
+)
 from sidecar.producer import instant_ms
 from sidecar.spec import Stream, Streams
 from sidecar.transcripts import BackwardLines
@@ -142,7 +148,7 @@ def find_rollout(config: Rollout, now_ms: int, rejected: set[Path]) -> Candidate
             if meta is None:
                 continue  # perhaps not written yet: looked at again next time
             started = instant_ms(meta.get("timestamp"))
-            if started is None or started < oldest or _is_subagent(meta.get("source")):
+            if started is None or started < oldest or is_subagent_source(meta.get("source")):
                 rejected.add(path)
                 continue
             if config.cwd is not None and meta.get("cwd") != config.cwd:
@@ -207,10 +213,6 @@ def _written_files(pid: int) -> list[str]:
         except (OSError, ValueError, IndexError):
             continue
     return targets
-
-
-def _is_subagent(source: object) -> bool:
-    return isinstance(source, dict) and "subagent" in source
 
 
 class RolloutFollower:
@@ -311,7 +313,7 @@ class _Seat:
                 held.discard(path)  # its header is not written yet: looked at again next time
                 continue
             started = instant_ms(meta.get("timestamp"))
-            if started is None or _is_subagent(meta.get("source")):
+            if started is None or is_subagent_source(meta.get("source")):
                 continue
             if newest is None or started > newest.started_at_ms:
                 newest = Candidate(path, str(meta.get("id") or ""), started)

@@ -30,6 +30,14 @@ spec's v1 rule, DQ-C10), carrying the cost and cumulative tokens of its own sess
 (`sessionId`, issue 19), so a reader can tell two sessions' windows apart. `harnessVersion` is the
 session's own `version` (`session.updated`: the build that created the session).
 
+A child session is never the agent's (issue 28): the `task` tool runs a subagent in a session whose
+`session.created`/`session.updated` `info.parentID` names its parent (the parent's `task` tool
+part names it too, `state.metadata.sessionId` beside `parentSessionId`), and its turns arrive on
+the same stream, on the subagent's own model and window. Measured live on 1.18.25 and 1.18.33 with
+plain `opencode serve` (fixtures/opencode/delegation-*.events.sse): without this rule, each child's
+turn was the newest reading and became the agent's. So a child's turns, its compactions and a TUI
+told to show it change nothing of the record, whether or not a TUI selected a session.
+
 Which session a TUI shows is the TUI's own route; the server learns it only when it tells the TUI
 (`POST /tui/select-session` publishes `tui.session.select {sessionID}`, which the TUI obeys; measured
 on 1.18.33, live). Once it has, the record follows that session: other sessions' turns are held (the
@@ -82,15 +90,19 @@ __all__ = [
     "MESSAGE_UPDATED",
     "OPENCODE_CONTEXT_VERIFIED_VERSIONS",
     "OUTPUT_TOKEN_MAX",
+    "PART_UPDATED",
     "PROVIDERS_WIRE",
     "SESSIONS_REMEMBERED",
     "SESSION_COMPACTED",
+    "SESSION_CREATED",
     "SESSION_UPDATED",
     "SPEC",
     "SSE_WIRE",
     "STALL_SECONDS",
+    "TASK_TOOL",
     "TUI_SESSION_SELECT",
     "WINDOWS_REMEMBERED",
+    "ChildSession",
     "CompactionSettings",
     "ConfigAnswer",
     "Id",
@@ -135,6 +147,9 @@ OUTPUT_TOKEN_MAX: Final = 32_000
 COMPACTION_RESERVED_CAP: Final = 20_000
 MESSAGE_UPDATED: Final = "message.updated"
 SESSION_UPDATED: Final = "session.updated"
+SESSION_CREATED: Final = "session.created"
+PART_UPDATED: Final = "message.part.updated"
+TASK_TOOL: Final = "task"
 SESSION_COMPACTED: Final = "session.compacted"
 TUI_SESSION_SELECT: Final = "tui.session.select"
 
@@ -208,6 +223,7 @@ class _SessionTokens(_Wire):
 
 class SessionInfo(_Wire):
     id: Id
+    parent_id: Id | None = Field(default=None, alias="parentID")  # set on a `task` child session
     cost: Usd | None = None
     tokens: _SessionTokens | None = None
     version: Any = None  # read through `harness_version`, never typed: a bad one is null, not a drop
@@ -235,6 +251,45 @@ class TuiSessionSelect(_Wire):
     """`tui.session.select`: the server told its TUI to show this session."""
 
     session_id: Id = Field(alias="sessionID")
+
+
+@dataclass(frozen=True, slots=True)
+class ChildSession:
+    """A session the parent's `task` tool part names as the one it runs (`state.metadata`)."""
+
+    session_id: str
+    parent_session_id: str
+
+
+class _TaskMetadata(_Wire):
+    session_id: Id = Field(alias="sessionId")
+    parent_session_id: Id = Field(alias="parentSessionId")
+
+
+class _TaskState(_Wire):
+    metadata: _TaskMetadata
+
+
+class _TaskPart(_Wire):
+    type: Annotated[str, Field(max_length=64, strict=True)]
+    tool: Annotated[str, Field(max_length=256, strict=True)]
+    state: _TaskState
+
+
+class _PartProperties(_Wire):
+    part: _TaskPart
+
+
+def _child_of_task_part(properties: object) -> ChildSession | None:
+    """The child a `task` tool part names, or None: any other part is nothing about occupancy, so
+    one that does not read as a task part is no drop."""
+    try:
+        part = _PartProperties.model_validate(properties).part
+    except (ValidationError, RecursionError):
+        return None
+    if part.type != "tool" or part.tool != TASK_TOOL:
+        return None
+    return ChildSession(part.state.metadata.session_id, part.state.metadata.parent_session_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -401,8 +456,10 @@ def event_of(frame: dict[str, Any]) -> list[object]:
     envelope = _parse(_Envelope, frame, "frame")
     if envelope.type == MESSAGE_UPDATED:
         return [_parse(MessageUpdated, envelope.properties, MESSAGE_UPDATED)]
-    if envelope.type == SESSION_UPDATED:
-        return [_parse(SessionUpdated, envelope.properties, SESSION_UPDATED)]
+    if envelope.type in (SESSION_UPDATED, SESSION_CREATED):
+        return [_parse(SessionUpdated, envelope.properties, envelope.type)]
+    if envelope.type == PART_UPDATED and (child := _child_of_task_part(envelope.properties)) is not None:
+        return [child]
     if envelope.type == SESSION_COMPACTED:
         compacted = _parse(_CompactedProperties, envelope.properties, SESSION_COMPACTED)
         return [SessionCompacted(envelope.id, compacted.session_id)]
@@ -488,7 +545,7 @@ class _Turn:
 
 
 OpenCodeEvent = (
-    MessageUpdated | SessionUpdated | SessionCompacted | TuiSessionSelect | OtherEvent
+    MessageUpdated | SessionUpdated | SessionCompacted | TuiSessionSelect | ChildSession | OtherEvent
     | ProvidersAnswer | ConfigAnswer | OutputTokenMax
 )  # fmt: skip
 
@@ -509,6 +566,7 @@ class OpenCodeProducer:
         self._turns: OrderedDict[str, _Turn] = OrderedDict()  # the newest turn of each session
         self._shown: str | None = None  # the session the server last told its TUI to show
         self._sessions: OrderedDict[str, _SessionFacts] = OrderedDict()
+        self._children: OrderedDict[str, str] = OrderedDict()  # a `task` child session -> its parent
         self._landed: OrderedDict[tuple[str | None, str], int] = OrderedDict()
         self._counted_compactions: OrderedDict[str, None] = OrderedDict()
 
@@ -527,9 +585,16 @@ class OpenCodeProducer:
         if isinstance(event, SessionUpdated):
             self._session(event.info)
             return []
+        if isinstance(event, ChildSession):
+            remember(self._children, event.session_id, event.parent_session_id, SESSIONS_REMEMBERED)
+            return []
         if isinstance(event, SessionCompacted):
+            if event.session_id in self._children:
+                return []  # a subagent's window compacted, not the agent's
             return self._compacted(event.event_id, now_ms)
         if isinstance(event, TuiSessionSelect):
+            if event.session_id in self._children:
+                return []  # a TUI showing a subagent's session: still not the agent's numbers
             return self._select(event.session_id)
         if isinstance(event, ProvidersAnswer):
             self.catalog.learn(event.windows)
@@ -556,6 +621,8 @@ class OpenCodeProducer:
         if total is None or total == 0 or key is None:
             return []  # creation frame or a provider that reported no usage: no reading at all
         session_id = info.session_id or properties.session_id
+        if session_id in self._children:
+            return []  # a `task` subagent's own turn: never the agent's numbers
         landed = (session_id, info.id)
         if self._landed.get(landed) == total:
             return []  # the duplicated completion frame
@@ -623,6 +690,8 @@ class OpenCodeProducer:
             total = tokens.input + tokens.output + tokens.reasoning + tokens.cache.read + tokens.cache.write
         facts = _SessionFacts(info.cost, total, harness_version(info.version))
         remember(self._sessions, info.id, facts, SESSIONS_REMEMBERED)
+        if info.parent_id is not None:
+            remember(self._children, info.id, info.parent_id, SESSIONS_REMEMBERED)
 
     def _compacted(self, event_id: str | None, now_ms: int) -> list[Reading]:
         if event_id is not None:
