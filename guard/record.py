@@ -18,6 +18,7 @@ __all__ = [
     "COMPACTION_TRIGGERS",
     "HARNESS_NAME_PATTERN",
     "MAX_COUNT",
+    "MAX_SUBAGENTS",
     "CompactionTrigger",
     "ContextFields",
     "Count",
@@ -25,8 +26,12 @@ __all__ = [
     "Harness",
     "HarnessContext",
     "Millis",
+    "Printable",
     "RateLimits",
+    "Subagent",
+    "SubagentState",
     "Trigger",
+    "WindowSource",
     "WireModel",
     "describe_validation_error",
     "parse_record",
@@ -87,6 +92,34 @@ class RateLimits(WireModel):
     seven_day: FiniteFloat | None = None
 
 
+# Additive (issue 28): at most this many subagents ride a record, the newest first. 16 rows of the
+# longest fields stay far under the record's 64 KiB (guard.projection.MAX_RECORD_BYTES).
+MAX_SUBAGENTS = 16
+# Text a harness names a subagent by: printable, bounded. A control character (a terminal escape in a
+# hostile id) is refused, never cleaned into another name.
+Printable = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f-\x9f]*$")]
+SubagentState = Literal["running", "finished"]
+WindowSource = Literal["harness", "model-table"]
+
+
+class Subagent(WireModel):
+    """One subagent of the agent (issue 28): its own numbers, each from the harness's own field
+    for that subagent, and never the parent's."""
+
+    id: Printable
+    name: Printable | None = None  # its type (Claude's agent_type, OpenCode's agent) where stated
+    model: Printable | None = None
+    used_tokens: Count | None = None
+    window_tokens: Count | None = None
+    used_percent: FiniteFloat | None = None
+    # Where the window came from: the harness's own channel, or (Claude, which states none) the
+    # model table `hctx scan` uses; null with a null window.
+    window_source: WindowSource | None = None
+    compactions: Count | None = None  # null where the harness states none for it
+    state: SubagentState
+    observed_at_ms: Millis
+
+
 class ContextFields(WireModel):
     """The reading a producer publishes: every record field except provenance and stamps."""
 
@@ -115,6 +148,10 @@ class ContextFields(WireModel):
     # Additive (issue 19): the harness session the reading belongs to, where one server hosts several
     # (OpenCode); null where the channel names none.
     session_id: Annotated[str, Field(max_length=512)] | None = None  # an OpenCode id: 512 at most
+    # Additive (issue 28): the agent's running and recently finished subagents, newest first, at most
+    # MAX_SUBAGENTS; the key is left out when there are none, so a session that never delegated
+    # writes the bytes it wrote before, and a reader that knows nothing of it ignores it.
+    subagents: Annotated[tuple[Subagent, ...], Field(max_length=MAX_SUBAGENTS)] = ()
     observed_at_ms: Millis
 
 
@@ -129,14 +166,14 @@ class HarnessContext(ContextFields):
     def to_json(self) -> str:
         """The exact bytes written: the spec's key order, newline-terminated."""
         fields = self.model_dump(mode="json", by_alias=True)
-        ordered = {name: fields[name] for name in _FIELD_ORDER}
+        ordered = {name: fields[name] for name in _FIELD_ORDER if name != "subagents" or fields[name]}
         return json.dumps(ordered, ensure_ascii=False, allow_nan=False) + "\n"
 
 
 _FIELD_ORDER = (
     "schema", "agent", "harness", "usedTokens", "windowTokens", "usedPercent", "model", "costUsd",
     "sessionTotalTokens", "rateLimits", "compactions", "lastCompactionMs", "lastCompactionTrigger",
-    "compactAtTokens", "autoCompaction", "harnessVersion", "sessionId",
+    "compactAtTokens", "autoCompaction", "harnessVersion", "sessionId", "subagents",
     "incarnation", "observedAtMs", "writtenAtMs",
 )  # fmt: skip
 

@@ -47,6 +47,7 @@ _MAX_MODEL_ID: Final = 256
 ModelId = Annotated[str, Field(min_length=1, max_length=_MAX_MODEL_ID, strict=True)]
 
 
+
 # ---------------------------------------------------------------------------------------------
 # Lines, newest first, within a budget
 
@@ -171,3 +172,5 @@ def json_object(line: bytes) -> dict[str, Any] | None:
     except (ValueError, RecursionError):
         return None
     return value if isinstance(value, dict) else None
+
+

@@ -71,7 +71,9 @@ def test_a_fresh_directory_gets_the_status_line_and_three_hooks(tmp_path: Path) 
         "padding": 0,
         "refreshInterval": 5,
     }
-    assert set(settings["hooks"]) == set(HOOK_EVENTS) == {"PreCompact", "PostCompact", "SessionStart"}
+    assert set(settings["hooks"]) == set(HOOK_EVENTS) == {
+        "PreCompact", "PostCompact", "SessionStart", "SubagentStart", "SubagentStop"
+    }  # fmt: skip
     for event in HOOK_EVENTS:
         assert our_commands(settings, event) == [tee_command("hook")]
 

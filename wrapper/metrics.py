@@ -84,6 +84,15 @@ def families(roster: Roster) -> Iterator[Metric]:
     running = GaugeMetricFamily(
         "hctx_agent_running", "1 when the agent's desired state is running, 0 when stopped.", labels=AGENT_LABELS
     )
+    # Issue 28, bounded cardinality: per agent, never per subagent id.
+    subagents_running = GaugeMetricFamily(
+        "hctx_subagents_running", "Subagents of the agent its harness states running.", labels=AGENT_LABELS
+    )
+    subagent_fill = GaugeMetricFamily(
+        "hctx_subagent_max_used_percent",
+        "The highest fill among the agent's subagents, in percent, each its harness's own number.",
+        labels=AGENT_LABELS,
+    )
     unreadable = 0
     for row in roster.rows:
         context: dict[str, Any] | None = row.context
@@ -102,7 +111,13 @@ def families(roster: Roster) -> Iterator[Metric]:
         stale.add_metric(labels, float(context["stale"]))
         if context["model"] is not None:
             model.add_metric([*labels, context["model"]], {})  # the record parser refuses lone surrogates
-    yield from (*readings.values(), rate, stale, model, running)
+        subagents = context.get("subagents") or []
+        if subagents:
+            subagents_running.add_metric(labels, float(sum(sub["state"] == "running" for sub in subagents)))
+            fills = [sub["usedPercent"] for sub in subagents if sub["usedPercent"] is not None]
+            if fills:
+                subagent_fill.add_metric(labels, max(fills))
+    yield from (*readings.values(), rate, stale, model, running, subagents_running, subagent_fill)
     yield GaugeMetricFamily("hctx_catalog_agents", "Agent directories in the catalog.", len(roster.rows))
     yield GaugeMetricFamily(
         "hctx_catalog_unreadable", "Agents whose context record is refused and exports nothing.", unreadable

@@ -64,6 +64,7 @@ __all__ = [
     "render_doctor",
     "render_inspection",
     "render_json_array",
+    "subagent_cells",
     "table",
     "tokens_text",
     "version_text",
@@ -271,7 +272,24 @@ def render_agents(rows: list[AgentRow], *, colour: bool) -> str:
             ("-" if context is None else age_text(context["ageMs"]), None),
             (cost_text(None if context is None else context["costUsd"]), None),
         ])  # fmt: skip
+        body += [subagent_cells(sub) for sub in (context or {}).get("subagents", [])]
     return table(body, header, colour)
+
+
+def subagent_cells(sub: dict[str, Any]) -> list[tuple[str, Tint]]:
+    """One subagent's row, indented under its agent's (issue 28): its own fill, never the agent's."""
+    shown = {"compactions": sub["compactions"], "stale": False, "usedPercent": sub["usedPercent"]}
+    return [
+        ("", None),
+        (f"  └ {sub['name'] or 'subagent'} {sub['id'][:16]}", None),
+        (sub["model"] or "", None),
+        (sub["state"], None),
+        (ctx_text(shown), None),
+        (meter_text(sub), fill_tint(sub)),
+        ("-", None),
+        (age_text(sub["ageMs"]), None),
+        ("", None),
+    ]
 
 
 # ---------------------------------------------------------------------------------------------

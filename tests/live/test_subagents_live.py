@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import sys
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -25,12 +27,28 @@ import httpx
 import pytest
 import trio
 
+from tests.fakes.claude_model import FakeMessages, fake_messages
 from tests.fakes.codex_client import CodexClient, stdio_client
 from tests.fakes.opencode_model import TASK_AGENT, OpenCodeFakeModel, opencode_fake_model
 from tests.harnesses import HARNESS_VERSIONS, require_harness
+from tests.live.test_claude_live import MODEL as CLAUDE_MODEL
+from tests.live.test_claude_live import (
+    RENDERER,
+    claude_seat,
+    live_env,
+    read_record,
+    require_tmux,
+    tmux_session,
+    wait_gone,
+    wait_pane,
+    wait_record,
+)
+from tests.live.test_claude_live import (
+    WINDOW as CLAUDE_WINDOW,
+)
 from tests.live.test_codex_live import AGENT, Lab, lab
 from tests.live.test_opencode_live import TURN_S, WINDOW, Box, new_session, opencode_under_wrap, prompt, wait_for
-from tests.wrapping import log_events
+from tests.wrapping import agent_dir, log_events, wrap_argv
 
 pytestmark = pytest.mark.live
 
@@ -213,3 +231,113 @@ async def test_opencode_parent_record_never_carries_a_task_sessions_numbers(dele
     assert writes and {w["usedTokens"] for w in writes} <= OPENCODE_PARENT_TOKENS, writes
     assert {w["windowTokens"] for w in writes} == {WINDOW}  # never the child's model's 64,000
     assert (final.model, final.window_tokens, final.session_id) == ("fake/fake-model", WINDOW, session)
+
+
+# ---- Claude: the `Agent` tool's background subagents ---------------------------------------------
+
+# Main agent: 2,001 + 8,000 + 10,000 = 20,001 in its window, then 21,100 and 23,000 after the
+# subagents report. Subagents: 1,000 + 2,000 + 3,000 = 6,000; 7,500; 9,000 (input + cache
+# creation + cache read, as for the main agent).
+CLAUDE_PARALLEL = (
+    "Delegate twice usage=2001,8000,10000,111 agent=1000,2000,3000,40 agent=1500,2500,3500,50 after=2100,8000,11000,120"
+)
+CLAUDE_ONCE = "Delegate once usage=2200,9000,11000,130 agent=2000,3000,4000,60 after=2000,9000,12000,140"
+CLAUDE_PARENT_TOKENS = {20_001, 21_100, 22_200, 23_000}
+CLAUDE_CHILD_TOKENS = {6_000, 7_500, 9_000}
+HOOK_RECORDER = f"{sys.executable} -S -c " + shlex.quote(
+    "import sys; open(sys.argv[1], 'ab').write(sys.stdin.buffer.read().strip() + b'\\n')"
+)
+
+
+def subagent_hooks(log: Path) -> dict[str, Any]:
+    """User-level hooks that keep every SubagentStart/SubagentStop payload verbatim, one a line."""
+    command = f"{HOOK_RECORDER} {shlex.quote(str(log))}"
+    return {
+        event: [{"hooks": [{"type": "command", "command": command}]}] for event in ("SubagentStart", "SubagentStop")
+    }
+
+
+def hook_payloads(log: Path) -> list[dict[str, Any]]:
+    if not log.exists():
+        return []
+    return [json.loads(line) for line in log.read_bytes().splitlines() if line.strip()]
+
+
+QUIET_S = 3.0
+
+
+async def wait_stops(log: Path, count: int, pane: Any, server: FakeMessages) -> None:
+    """Until `count` SubagentStop payloads landed; else fail with the screen and the requests."""
+    with trio.move_on_after(90):
+        # Every subagent stopped, then no request for QUIET_S: the main agent has answered the tool
+        # result and every notification (2.1.250 may take two in one request) and is at its prompt.
+        while sum(p["hook_event_name"] == "SubagentStop" for p in hook_payloads(log)) < count:  # noqa: ASYNC110
+            await trio.sleep(0.2)  # another process writes the file
+        seen = -1
+        while seen != len(server.requests):
+            seen = len(server.requests)
+            await trio.sleep(QUIET_S)
+        return
+    served = [(s.kind, s.usage, len(s.calls)) for s in server.requests]
+    raise AssertionError(f"{count} subagents never stopped: {hook_payloads(log)}\n{served}\n{await pane.text()}")
+
+
+@pytest.mark.parametrize("version", HARNESS_VERSIONS["claude"])
+async def test_claude_parent_record_never_carries_a_subagents_numbers(version: str, tmp_path: Path) -> None:
+    claude = require_harness("claude", version)
+    require_tmux()
+    home, work, catalog = claude_seat(tmp_path)
+    hooks_log = tmp_path / "subagent-hooks.jsonl"
+    (home / ".claude" / "settings.json").write_text(json.dumps({"hooks": subagent_hooks(hooks_log)}))
+    (home / ".claude" / "statusline-renderer.json").write_text(json.dumps({"command": RENDERER}))
+    agent = "claude-delegates"
+    record_path = agent_dir(catalog, agent) / "harness-context"
+    server: FakeMessages
+    async with fake_messages() as server:
+        command = wrap_argv(catalog, agent, "claude", *claude, "--model", CLAUDE_MODEL)
+        async with tmux_session(command, work, live_env(home, server, version)) as pane:
+            await wait_record(record_path, pane, "the pre-turn window", lambda r: r["windowTokens"] == CLAUDE_WINDOW)
+            await wait_pane(pane, "OPERATOR-LINE used=None")  # the TUI is up and takes input
+            for text, stops in ((CLAUDE_PARALLEL, 2), (CLAUDE_ONCE, 3)):
+                await pane.type(text)
+                await wait_stops(hooks_log, stops, pane, server)
+            final = await wait_record(record_path, pane, "the last reply", lambda r: r["usedTokens"] == 23_000)
+            await pane.type("/exit")
+            await wait_gone(work / ".claude", "/exit")
+    payloads = hook_payloads(hooks_log)
+    projects = home / ".claude" / "projects"
+    [transcript] = [path for path in projects.rglob("*.jsonl") if "subagents" not in path.parts]
+    subagent_files = sorted((transcript.parent / transcript.stem / "subagents").iterdir())
+    destination = f"claude/delegation/{version}"
+    keep_recording(hooks_log.read_bytes(), f"{destination}/subagent-hooks.jsonl")
+    keep_recording(transcript.read_bytes(), f"{destination}/session.jsonl")
+    for path in subagent_files:
+        keep_recording(path.read_bytes(), f"{destination}/subagents/{path.name}")
+    # What the real binary did: three subagents, started and stopped, each with its own transcript.
+    starts = [p for p in payloads if p["hook_event_name"] == "SubagentStart"]
+    stops = [p for p in payloads if p["hook_event_name"] == "SubagentStop"]
+    assert len(starts) == len(stops) == 3 and {p["agent_id"] for p in starts} == {p["agent_id"] for p in stops}
+    for stop in stops:
+        assert Path(stop["agent_transcript_path"]).is_relative_to(projects)
+    contexts = set()
+    for path in subagent_files:
+        if path.suffix == ".jsonl":
+            for line in path.read_bytes().splitlines():
+                usage = (json.loads(line).get("message") or {}).get("usage")
+                if isinstance(usage, dict):
+                    contexts.add(
+                        usage["input_tokens"] + usage["cache_read_input_tokens"] + usage["cache_creation_input_tokens"]
+                    )
+    assert contexts == CLAUDE_CHILD_TOKENS
+    # The parent's record: the main agent's numbers only (the status line never names a subagent).
+    writes = [e for e in log_events(catalog, agent) if e["event"] == "write" and e["usedTokens"] is not None]
+    assert writes and {w["usedTokens"] for w in writes} <= CLAUDE_PARENT_TOKENS, writes
+    assert final["windowTokens"] == CLAUDE_WINDOW and final["model"] == CLAUDE_MODEL
+    # hctx's own SubagentStart/SubagentStop hooks made a row per subagent, each finished; the hooks
+    # carry no usage, so its numbers are null (never the parent's).
+    record = read_record(record_path) or final
+    rows = {row["id"]: row for row in record.get("subagents", [])}
+    assert set(rows) == {p["agent_id"] for p in starts}
+    assert {(r["name"], r["state"], r["usedTokens"], r["windowTokens"]) for r in rows.values()} == {
+        ("general-purpose", "finished", None, None)
+    }

@@ -75,7 +75,8 @@ SEATS_PATH = Path(CLAUDE_DIR) / "hctx-seats.json"
 RENDERER_ENV = "ST_CLAUDE_STATUSLINE_RENDERER"
 # Tells the tee where this project's `.claude/settings.json` is (it chains that file's statusLine).
 PROJECT_DIR_ENV = "HCTX_CLAUDE_PROJECT_DIR"
-HOOK_EVENTS = ("PreCompact", "PostCompact", "SessionStart")
+# SubagentStart/SubagentStop (issue 28): a subagent's id, type and finish; they carry no usage.
+HOOK_EVENTS = ("PreCompact", "PostCompact", "SessionStart", "SubagentStart", "SubagentStop")
 REFRESH_INTERVAL_S = 5
 # Every command hctx renders names this module; it is how our earlier entries are recognised.
 TEE_MODULE = "sidecar.harnesses.claude.tee"

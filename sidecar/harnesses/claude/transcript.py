@@ -174,6 +174,8 @@ def read_claude_tail(lines: BackwardLines) -> ClaudeTail:
     return ClaudeTail(usage, latest, count if lines.reached_start else None, lines.bytes_read)
 
 
+
+
 # ---------------------------------------------------------------------------------------------
 # `hctx scan` (the spec's `transcripts`): every session under the config dir, read as the decision
 # record reads it
@@ -237,3 +239,4 @@ def read(file: TranscriptFile, read_at: ReadAt, size: int, windows: Mapping[str,
     }
     source: WindowSource | None = "model-table" if window is not None else None
     return TranscriptReading(fields, file.session_id, source, model, tail.compactions, extra, tuple(problems))
+

@@ -25,10 +25,12 @@ __all__ = [
     "Id",
     "RateLimitsUpdated",
     "RateWindow",
+    "SubagentsSpawned",
     "ThreadCompacted",
     "ThreadOpened",
     "TokenUsage",
     "Tokens",
+    "TurnState",
     "event",
 ]
 
@@ -70,6 +72,21 @@ class ThreadOpened(_Event):
     thread_id: Id
 
 
+class SubagentsSpawned(_Event):
+    """A finished `spawnAgent` `collabAgentToolCall` item: the threads it started for a sender."""
+
+    sender_thread_id: Id
+    thread_ids: tuple[Id, ...]
+    model: Annotated[str, Field(max_length=128)] | None
+
+
+class TurnState(_Event):
+    """`turn/started` (running) or `turn/completed` (not) of a thread."""
+
+    thread_id: Id
+    running: bool
+
+
 class RateWindow(_Event):
     used_percent: Percent
     window_minutes: Tokens | None
@@ -87,6 +104,7 @@ class CompactionItem(_Event):
 
     item_id: Id
     turn_id: Id | None
+    thread_id: Id | None = None  # the thread it compacted, where the item's params name it
 
 
 class ThreadCompacted(_Event):

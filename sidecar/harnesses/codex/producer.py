@@ -76,26 +76,32 @@ from sidecar.harnesses.codex.events import (
     Id,
     RateLimitsUpdated,
     RateWindow,
+    SubagentsSpawned,
     ThreadCompacted,
     ThreadOpened,
     Tokens,
     TokenUsage,
+    TurnState,
 )
-from sidecar.producer import Percent, harness_version, instant_ms, remember
+from sidecar.producer import Percent, SubagentRoster, harness_version, instant_ms, remember
 from sidecar.spec import Chunk, HarnessSpec, recording_bytes
 
 __all__ = [
     "BASELINE_TOKENS",
     "CODEX_CONTEXT_VERIFIED_VERSIONS",
+    "COLLAB_ITEM",
     "COUNTED_ITEMS_REMEMBERED",
     "FIVE_HOUR_MINUTES",
     "ITEM_EVENTS",
     "LEGACY_COMPACTED",
+    "MAX_THREAD_ID",
     "OWN_THREADS_REMEMBERED",
     "RATE_LIMITS",
     "SEVEN_DAY_MINUTES",
     "SPEC",
+    "THREAD_STARTED",
     "TOKEN_USAGE",
+    "TURN_EVENTS",
     "ChannelOnly",
     "CodexProducer",
     "CodexTransport",
@@ -187,6 +193,17 @@ class _Item(_Wire):
 class _ItemParams(_Wire):
     item: _Item
     turn_id: Id | None = None
+    thread_id: Id | None = None
+
+
+class _SpawnItem(_Wire):
+    sender_thread_id: Id
+    receiver_thread_ids: list[Id]
+    model: str | None = None
+
+
+class _TurnParams(_Wire):
+    thread_id: Id
 
 
 class _CompactedParams(_Wire):
@@ -239,7 +256,12 @@ def parse_message(data: bytes) -> list[object]:
         if item.item.type == "contextCompaction":
             if item.item.id is None:
                 raise FrameRejected("contextCompaction item without an id")
-            events.append(CompactionItem(item_id=item.item.id, turn_id=item.turn_id))
+            events.append(CompactionItem(item_id=item.item.id, turn_id=item.turn_id, thread_id=item.thread_id))
+        elif method == "item/completed" and item.item.type == COLLAB_ITEM:
+            events += _spawned(params)
+    elif method in TURN_EVENTS:
+        turn = _parse(_TurnParams, params, method)
+        events.append(TurnState(thread_id=turn.thread_id, running=method == "turn/started"))
     elif method == LEGACY_COMPACTED:
         events.append(ThreadCompacted(turn_id=_parse(_CompactedParams, params, method).turn_id))
     return events
@@ -267,6 +289,24 @@ def _build(message: dict[str, Any]) -> HarnessBuild | None:
         if version is not None:
             found = HarnessBuild(version=version, from_user_agent=False)
     return found
+
+
+COLLAB_ITEM: Final = "collabAgentToolCall"
+TURN_EVENTS: Final = frozenset({"turn/started", "turn/completed"})
+
+
+def _spawned(params: object) -> list[object]:
+    """The children a finished `spawnAgent` item started; any other collab tool says nothing here,
+    and one that does not read as a spawn is no drop (it is nothing about the parent's numbers)."""
+    item = params.get("item") if isinstance(params, dict) else None
+    if not isinstance(item, dict) or item.get("tool") != "spawnAgent":
+        return []
+    try:
+        spawn = _SpawnItem.model_validate(item)
+        return [SubagentsSpawned(sender_thread_id=spawn.sender_thread_id, thread_ids=tuple(spawn.receiver_thread_ids),
+                                 model=spawn.model if spawn.model and len(spawn.model) <= 128 else None)]  # fmt: skip
+    except ValidationError:
+        return []
 
 
 def _own_thread(message: dict[str, Any]) -> ThreadOpened | None:
@@ -446,6 +486,18 @@ def rate_limits(held: HeldLimits) -> RateLimits | None:
     return RateLimits(five_hour=five_hour, seven_day=seven_day)
 
 
+def _subagent_usage(usage: TokenUsage) -> dict[str, Any]:
+    """A child thread's own reading, in the parent's arithmetic (the same shape, its own window)."""
+    window = usage.context_window
+    percent = used_percent(usage.tokens_in_window, window)
+    return {
+        "used_tokens": usage.tokens_in_window,
+        "window_tokens": window,
+        "used_percent": None if percent is None else float(percent),
+        "window_source": None if window is None else "harness",
+    }
+
+
 def usage_fields(
     usage: TokenUsage,
     observed_at_ms: int,
@@ -496,6 +548,7 @@ class CodexProducer:
         self.version: str | None = None
         self._version_from_user_agent = False
         self._own_threads: OrderedDict[str, None] = OrderedDict()
+        self.subagents = SubagentRoster()  # spawned threads of the agent's own (issue 28)
         self._counted_items: OrderedDict[str, str | None] = OrderedDict()
         # Turns whose compaction was counted from the deprecated notification, which names no item:
         # the first item seen in such a turn is that same compaction, not a second one.
@@ -507,9 +560,23 @@ class CodexProducer:
 
     def feed(self, event: object, now_ms: int) -> list[Reading]:
         if isinstance(event, TokenUsage):
+            if event.thread_id in self.subagents:
+                return self._subagent(event.thread_id, now_ms, **_subagent_usage(event))
             if event.thread_id not in self._own_threads:
-                return []  # a subagent's (or an unknown) thread: never the agent's numbers
+                return []  # an unknown thread: never the agent's numbers
             return [self._token_usage(event, now_ms)]
+        if isinstance(event, SubagentsSpawned):
+            if event.sender_thread_id not in self._own_threads:
+                return []  # a grandchild (depth > 1 is off by default): not this record's row
+            readings: list[Reading] = []
+            for thread in event.thread_ids:
+                # Codex states a child's compactions as items under its thread: none yet is a 0.
+                readings = self._subagent(thread, now_ms, model=event.model, state="running", compactions=0) or readings
+            return readings
+        if isinstance(event, TurnState):
+            if event.thread_id not in self.subagents:
+                return []
+            return self._subagent(event.thread_id, now_ms, state="running" if event.running else "finished")
         if isinstance(event, ThreadOpened):
             remember(self._own_threads, event.thread_id, None, OWN_THREADS_REMEMBERED)
             return []
@@ -538,8 +605,15 @@ class CodexProducer:
             last_compaction_ms=self.last_compaction_ms,
             version=self.version,
             config=self.config,
-        )
+        ).model_copy(update={"subagents": self.subagents.rows()})
         return Reading(self.last_reading)
+
+    def _subagent(self, thread_id: str, now_ms: int, **fields: Any) -> list[Reading]:
+        """The record with one subagent's row changed; the parent's numbers and time as held."""
+        if not self.subagents.update(thread_id, now_ms, observed_at_ms=now_ms, **fields):
+            return []
+        self.last_reading = self.subagents.onto(self.last_reading, self.harness, now_ms)
+        return [Reading(self.last_reading)]
 
     def _note_version(self, build: HarnessBuild) -> None:
         if build.from_user_agent:
@@ -561,6 +635,12 @@ class CodexProducer:
     def _item(self, item: CompactionItem, now_ms: int) -> list[Reading]:
         if item.item_id in self._counted_items:
             return []
+        if item.thread_id is not None and item.thread_id not in self._own_threads:
+            remember(self._counted_items, item.item_id, item.turn_id, COUNTED_ITEMS_REMEMBERED)
+            row = self.subagents.get(item.thread_id)
+            if row is None:
+                return []  # an unknown thread's compaction: not the agent's window
+            return self._subagent(item.thread_id, now_ms, compactions=(row.compactions or 0) + 1)
         remember(self._counted_items, item.item_id, item.turn_id, COUNTED_ITEMS_REMEMBERED)
         turn = item.turn_id
         if turn is not None and self._legacy_turns.get(turn):

@@ -75,7 +75,7 @@ from guard.policy import Reading
 from guard.record import ContextFields, Count, Harness, describe_validation_error
 from sidecar import wire
 from sidecar.decoding import PROVIDERS, MessageDecoder, SseDecoder
-from sidecar.producer import Usd, harness_version, remember
+from sidecar.producer import SubagentRoster, Usd, harness_version, remember
 from sidecar.spec import Chunk, HarnessSpec, recording_bytes
 
 __all__ = [
@@ -200,6 +200,7 @@ class MessageInfo(_Wire):
     tokens: _MessageTokens | None = None
     # `{providerID, modelID}` on user messages; read only where the message names no model itself.
     model: Any = None
+    agent: Any = None  # the agent that answered (`general` in a `task` child): read, never typed
 
 
 class MessageUpdated(_Wire):
@@ -255,10 +256,12 @@ class TuiSessionSelect(_Wire):
 
 @dataclass(frozen=True, slots=True)
 class ChildSession:
-    """A session the parent's `task` tool part names as the one it runs (`state.metadata`)."""
+    """A session the parent's `task` tool part names as the one it runs (`state.metadata`), and
+    whether that task is done (`state.status` completed or error)."""
 
     session_id: str
     parent_session_id: str
+    finished: bool = False
 
 
 class _TaskMetadata(_Wire):
@@ -268,6 +271,7 @@ class _TaskMetadata(_Wire):
 
 class _TaskState(_Wire):
     metadata: _TaskMetadata
+    status: str | None = None
 
 
 class _TaskPart(_Wire):
@@ -289,7 +293,8 @@ def _child_of_task_part(properties: object) -> ChildSession | None:
         return None
     if part.type != "tool" or part.tool != TASK_TOOL:
         return None
-    return ChildSession(part.state.metadata.session_id, part.state.metadata.parent_session_id)
+    finished = part.state.status in ("completed", "error")
+    return ChildSession(part.state.metadata.session_id, part.state.metadata.parent_session_id, finished)
 
 
 @dataclass(frozen=True, slots=True)
@@ -567,6 +572,7 @@ class OpenCodeProducer:
         self._shown: str | None = None  # the session the server last told its TUI to show
         self._sessions: OrderedDict[str, _SessionFacts] = OrderedDict()
         self._children: OrderedDict[str, str] = OrderedDict()  # a `task` child session -> its parent
+        self.subagents = SubagentRoster()
         self._landed: OrderedDict[tuple[str | None, str], int] = OrderedDict()
         self._counted_compactions: OrderedDict[str, None] = OrderedDict()
 
@@ -587,10 +593,12 @@ class OpenCodeProducer:
             return []
         if isinstance(event, ChildSession):
             remember(self._children, event.session_id, event.parent_session_id, SESSIONS_REMEMBERED)
-            return []
+            return self._subagent(event.session_id, now_ms, state="finished" if event.finished else "running")
         if isinstance(event, SessionCompacted):
             if event.session_id in self._children:
-                return []  # a subagent's window compacted, not the agent's
+                # A subagent's window compacted, not the agent's: counted on its row.
+                row = self.subagents.get(event.session_id)
+                return self._subagent(event.session_id, now_ms, compactions=(row.compactions or 0) + 1 if row else 1)
             return self._compacted(event.event_id, now_ms)
         if isinstance(event, TuiSessionSelect):
             if event.session_id in self._children:
@@ -621,8 +629,8 @@ class OpenCodeProducer:
         if total is None or total == 0 or key is None:
             return []  # creation frame or a provider that reported no usage: no reading at all
         session_id = info.session_id or properties.session_id
-        if session_id in self._children:
-            return []  # a `task` subagent's own turn: never the agent's numbers
+        if session_id is not None and session_id in self._children:
+            return self._child_turn(session_id, info, key, total, now_ms)  # never the agent's numbers
         landed = (session_id, info.id)
         if self._landed.get(landed) == total:
             return []  # the duplicated completion frame
@@ -634,6 +642,25 @@ class OpenCodeProducer:
             return []  # not the session the TUI was told to show: held for when it is
         self._turn = turn
         return [Reading(self._snapshot(turn))]
+
+    def _child_turn(self, session_id: str, info: MessageInfo, key: ModelKey, total: int, now_ms: int) -> list[Reading]:
+        """A `task` child's completed turn: its own row, on its own model's window."""
+        window = self.catalog.window(key)
+        name = info.agent if isinstance(info.agent, str) else None
+        return self._subagent(
+            session_id, now_ms, used_tokens=total, window_tokens=window, model=model_spelling(key),
+            used_percent=None if window is None else total * 100 / window,
+            window_source=None if window is None else "harness", name=name,
+        )  # fmt: skip
+
+    def _subagent(self, session_id: str, now_ms: int, **fields: Any) -> list[Reading]:
+        """The record with one subagent's row changed; the parent's numbers and time as held."""
+        row = self.subagents.get(session_id)
+        start = {} if row is not None else {"compactions": 0}  # OpenCode states a session's compactions
+        if not self.subagents.update(session_id, now_ms, **start, observed_at_ms=now_ms, **fields):
+            return []
+        self.last_reading = self.subagents.onto(self.last_reading, self.harness, now_ms)
+        return [Reading(self.last_reading)]
 
     def _select(self, session_id: str) -> list[Reading]:
         """The TUI now shows `session_id`: its newest turn, with that turn's own time, if one landed."""
@@ -665,6 +692,7 @@ class OpenCodeProducer:
             session_id=turn.session_id,
             compact_at_tokens=compact_at,
             auto_compaction=auto_compaction,
+            subagents=self.subagents.rows(),
             observed_at_ms=turn.observed_at_ms,
         )
         self.last_reading = fields
@@ -690,7 +718,7 @@ class OpenCodeProducer:
             total = tokens.input + tokens.output + tokens.reasoning + tokens.cache.read + tokens.cache.write
         facts = _SessionFacts(info.cost, total, harness_version(info.version))
         remember(self._sessions, info.id, facts, SESSIONS_REMEMBERED)
-        if info.parent_id is not None:
+        if info.parent_id is not None and info.id not in self._children:
             remember(self._children, info.id, info.parent_id, SESSIONS_REMEMBERED)
 
     def _compacted(self, event_id: str | None, now_ms: int) -> list[Reading]:
