@@ -283,6 +283,7 @@ def test_codex_rows_are_each_childs_own_numbers_and_finish(version: str) -> None
     for thread, tokens in own.items():
         row = rows[thread]
         assert (row.used_tokens, row.window_tokens) == (tokens["last"]["totalTokens"], tokens["modelContextWindow"])
+        assert row.used_tokens is not None
         assert row.used_percent == codex.used_percent(row.used_tokens, row.window_tokens)  # Codex's own rule
         assert (row.state, row.model, row.window_source, row.compactions) == ("finished", "lab-model", "harness", 0)
         assert row.used_tokens != final.used_tokens
@@ -298,7 +299,7 @@ def test_opencode_rows_are_each_task_sessions_own_numbers_on_its_own_model(versi
     assert {row.used_tokens for row in final.subagents} == OPENCODE_CHILDREN
     for row in final.subagents:
         assert (row.model, row.window_tokens, row.name, row.state) == ("fake/fake-small", 64_000, "general", "finished")
-        assert row.used_percent == row.used_tokens * 100 / 64_000
+        assert row.used_tokens is not None and row.used_percent == row.used_tokens * 100 / 64_000
     assert (final.used_tokens, final.window_tokens, final.model) == (33_300, 128_000, "fake/fake-model")
 
 

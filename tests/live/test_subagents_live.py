@@ -144,7 +144,14 @@ async def test_codex_parent_record_never_carries_a_spawned_agents_numbers(versio
         if m.get("method") == "thread/tokenUsage/updated" and m["params"]["threadId"] == thread
     ]
     assert final.session_total_tokens == parent_totals[-1]
-    assert json.loads(run.record_path.read_bytes())["usedTokens"] == 35_500
+    record = json.loads(run.record_path.read_bytes())
+    assert record["usedTokens"] == 35_500
+    # Each child its own row: its thread, its own last reading and window, finished.
+    rows = {row["id"]: row for row in record["subagents"]}
+    assert set(rows) == children
+    for child in children:
+        assert (rows[child]["usedTokens"], rows[child]["state"]) == (usage[child][-1], "finished")
+        assert rows[child]["windowTokens"] == 190_000
 
 
 # ---- OpenCode: the `task` tool's child sessions --------------------------------------------------
@@ -227,10 +234,19 @@ async def test_opencode_parent_record_never_carries_a_task_sessions_numbers(dele
     assert len(children) == 3 and session not in children
     assert {t for child in children for t in totals.get(child, set())} == OPENCODE_CHILD_TOKENS
     assert totals[session] <= OPENCODE_PARENT_TOKENS
+    # Every write: the parent's numbers, or (before its first turn completed, its children's rows
+    # already landing) none at all; never a child's tokens or its model's 64,000-token window.
     writes = box.writes(agent)
-    assert writes and {w["usedTokens"] for w in writes} <= OPENCODE_PARENT_TOKENS, writes
-    assert {w["windowTokens"] for w in writes} == {WINDOW}  # never the child's model's 64,000
+    assert writes and {w["usedTokens"] for w in writes} <= OPENCODE_PARENT_TOKENS | {None}, writes
+    assert {w["windowTokens"] for w in writes} <= {WINDOW, None}
     assert (final.model, final.window_tokens, final.session_id) == ("fake/fake-model", WINDOW, session)
+    # Each child its own row, on its own model and window, finished.
+    rows = {row.id: row for row in final.subagents}
+    assert set(rows) == children
+    assert {row.used_tokens for row in rows.values()} == OPENCODE_CHILD_TOKENS
+    assert {(row.model, row.window_tokens, row.state) for row in rows.values()} == {
+        (f"fake/{CHILD_MODEL}", CHILD_WINDOW, "finished")
+    }
 
 
 # ---- Claude: the `Agent` tool's background subagents ---------------------------------------------
