@@ -13,10 +13,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import stat
 from typing import Annotated, Any, Final
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+from guard.files import read_bounded
 
 __all__ = [
     "ACCOUNT_FILE_MAX_BYTES",
@@ -101,19 +102,7 @@ def label_of(*parts: str | None) -> str | None:
 def read_account_file(path: str) -> bytes | None:
     """The bytes of a harness's login or config file; None when absent, unreadable, not a regular
     file or larger than ACCOUNT_FILE_MAX_BYTES (then no account is stated, and nothing fails)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError:
-        return None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > ACCOUNT_FILE_MAX_BYTES:
-            return None
-        return os.read(fd, ACCOUNT_FILE_MAX_BYTES + 1)[:ACCOUNT_FILE_MAX_BYTES]
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
+    return read_bounded(None, path, ACCOUNT_FILE_MAX_BYTES).data
 
 
 def shown_dir(path: str, home: str | None = None) -> str:

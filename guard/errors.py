@@ -16,6 +16,7 @@
     ├── UnknownHarness       no registered harness has the name (LookupError)
     ├── ModelTableError      `hctx scan`'s model table is unreadable (ValueError)
     ├── TranscriptError      a transcript `hctx scan` reads cannot be opened (OSError)
+    ├── RecordingError       a recording `hctx replay` reads is no file of bytes (OSError)
     ├── UsageError           what the command line asks cannot be done (ValueError)
     └── FleetFailed          a demo agent failed to start or cannot be played
 
@@ -42,6 +43,7 @@ __all__ = [
     "MalformedFrame",
     "ModelTableError",
     "RecordRefused",
+    "RecordingError",
     "SettingsError",
     "TranscriptError",
     "UnknownHarness",
@@ -73,8 +75,11 @@ _Holder = TypeVar("_Holder", bound=_ClaimHolder)
 
 
 class ClaimHeld(HctxError, Generic[_Holder]):
-    def __init__(self, holder: _Holder) -> None:
-        super().__init__(f"agent {holder.host}/{holder.agent} is held by wrapper pid {holder.wrapper_pid}")
+    """Another wrapper holds the agent; `holder` is its claim (None while it has not written one yet)."""
+
+    def __init__(self, holder: _Holder | None) -> None:
+        who = "another wrapper" if holder is None else f"wrapper pid {holder.wrapper_pid}"
+        super().__init__(f"the agent is held by {who}")
         self.holder = holder
 
 
@@ -129,6 +134,10 @@ class ModelTableError(HctxError, ValueError):
 
 
 class TranscriptError(HctxError, OSError):
+    pass
+
+
+class RecordingError(HctxError, OSError):
     pass
 
 

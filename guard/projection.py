@@ -61,7 +61,12 @@ def project(record: HarnessContext, now_ms: int) -> dict[str, Any] | None:
     fields["ageMs"] = age_ms
     fields["stale"] = record.observed_at_ms <= now_ms - HARNESS_CONTEXT_STALE_MS
     fields["headroomTokens"] = headroom_tokens(fields)
-    return {key: fields[key] for key in CONTEXT_KEYS}
+    context = {key: fields[key] for key in CONTEXT_KEYS}
+    if fields["subagents"]:
+        # Additive (issue 28), present only where the record names some: each row the harness's own
+        # numbers with its own age, as the parent's.
+        context["subagents"] = [row | {"ageMs": max(0, now_ms - row["observedAtMs"])} for row in fields["subagents"]]
+    return context
 
 
 def decode_record(raw: RawFile, harnesses: Container[str] | None = None) -> tuple[HarnessContext | None, str | None]:

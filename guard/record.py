@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Container, Sequence
 from typing import Annotated, Any, Literal, TypeVar, get_args
 
@@ -18,6 +19,7 @@ __all__ = [
     "COMPACTION_TRIGGERS",
     "HARNESS_NAME_PATTERN",
     "MAX_COUNT",
+    "MAX_SUBAGENTS",
     "CompactionTrigger",
     "ContextFields",
     "Count",
@@ -25,9 +27,13 @@ __all__ = [
     "Harness",
     "HarnessContext",
     "Millis",
+    "Printable",
     "RateLimitResets",
     "RateLimits",
+    "Subagent",
+    "SubagentState",
     "Trigger",
+    "WindowSource",
     "WireModel",
     "describe_validation_error",
     "optional_model",
@@ -115,6 +121,34 @@ def _tolerant(model: type[BaseModel]) -> BeforeValidator:
     return BeforeValidator(lambda value: optional_model(model, value))
 
 
+# Additive (issue 28): at most this many subagents ride a record, the newest first. 16 rows of the
+# longest fields stay far under the record's 64 KiB (guard.projection.MAX_RECORD_BYTES).
+MAX_SUBAGENTS = 16
+# Text a harness names a subagent by: printable, bounded. A control character (a terminal escape in a
+# hostile id) is refused, never cleaned into another name.
+Printable = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f-\x9f]*$")]
+SubagentState = Literal["running", "finished"]
+WindowSource = Literal["harness", "model-table"]
+
+
+class Subagent(WireModel):
+    """One subagent of the agent (issue 28): its own numbers, each from the harness's own field
+    for that subagent, and never the parent's."""
+
+    id: Printable
+    name: Printable | None = None  # its type (Claude's agent_type, OpenCode's agent) where stated
+    model: Printable | None = None
+    used_tokens: Count | None = None
+    window_tokens: Count | None = None
+    used_percent: FiniteFloat | None = None
+    # Where the window came from: the harness's own channel, or (Claude, which states none) the
+    # model table `hctx scan` uses; null with a null window.
+    window_source: WindowSource | None = None
+    compactions: Count | None = None  # null where the harness states none for it
+    state: SubagentState
+    observed_at_ms: Millis
+
+
 class ContextFields(WireModel):
     """The reading a producer publishes: every record field except provenance and stamps."""
 
@@ -143,6 +177,10 @@ class ContextFields(WireModel):
     # Additive (issue 19): the harness session the reading belongs to, where one server hosts several
     # (OpenCode); null where the channel names none.
     session_id: Annotated[str, Field(max_length=512)] | None = None  # an OpenCode id: 512 at most
+    # Additive (issue 28): the agent's running and recently finished subagents, newest first, at most
+    # MAX_SUBAGENTS; the key is left out when there are none, so a session that never delegated
+    # writes the bytes it wrote before, and a reader that knows nothing of it ignores it.
+    subagents: Annotated[tuple[Subagent, ...], Field(max_length=MAX_SUBAGENTS)] = ()
     # Additive (issue 29): the account `rateLimits` belong to, as the harness states it (guard.account):
     # an opaque key and a label; null where nothing states one (the agent is its own group).
     account: Annotated[Account | None, _tolerant(Account)] = None
@@ -162,15 +200,15 @@ class HarnessContext(ContextFields):
     def to_json(self) -> str:
         """The exact bytes written: the spec's key order, newline-terminated."""
         fields = self.model_dump(mode="json", by_alias=True)
-        ordered = {name: fields[name] for name in _FIELD_ORDER}
+        ordered = {name: fields[name] for name in _FIELD_ORDER if name != "subagents" or fields[name]}
         return json.dumps(ordered, ensure_ascii=False, allow_nan=False) + "\n"
 
 
 _FIELD_ORDER = (
     "schema", "agent", "harness", "usedTokens", "windowTokens", "usedPercent", "model", "costUsd",
     "sessionTotalTokens", "rateLimits", "compactions", "lastCompactionMs", "lastCompactionTrigger",
-    "compactAtTokens", "autoCompaction", "harnessVersion", "sessionId", "account", "rateLimitResetsAtMs",
-    "incarnation", "observedAtMs", "writtenAtMs",
+    "compactAtTokens", "autoCompaction", "harnessVersion", "sessionId", "subagents", "account",
+    "rateLimitResetsAtMs", "incarnation", "observedAtMs", "writtenAtMs",
 )  # fmt: skip
 
 
@@ -186,7 +224,7 @@ def parse_record(data: bytes | str, *, harnesses: Container[str] | None = None) 
         raise RecordRefused(f"not JSON: {exc}") from None
     if not isinstance(raw, dict):
         raise RecordRefused(f"not a JSON object but {type(raw).__name__}")
-    refuse_lone_surrogates(raw)
+    refuse_lone_surrogates(raw, nul=True)
     schema = raw.get("schema")
     if not isinstance(schema, str) or schema not in ACCEPTED_SCHEMAS:  # a list would raise TypeError
         raise RecordRefused(f"schema {schema!r} is not one this reader accepts")
@@ -199,13 +237,22 @@ def parse_record(data: bytes | str, *, harnesses: Container[str] | None = None) 
         raise RecordRefused(f"invalid record: {describe_validation_error(exc)}") from None
 
 
-def refuse_lone_surrogates(raw: Any) -> None:
+def refuse_lone_surrogates(raw: Any, *, nul: bool = False) -> None:
     """JSON can spell a lone surrogate (`"\\ud800"`) that no UTF-8 text holds: every reader that
-    prints the value would fail on it, so the record is refused where it is read."""
+    prints the value would fail on it, so the record is refused where it is read. With `nul`, a NUL
+    character (`"\\u0000"`) too: no environment variable, path or C string carries one, and a record's
+    values become all three (`hctx watch --exec`'s HCTX_* variables)."""
+    text = json.dumps(raw, ensure_ascii=False)
     try:
-        json.dumps(raw, ensure_ascii=False).encode("utf-8")
+        text.encode("utf-8")
     except UnicodeEncodeError:
         raise RecordRefused("holds a lone surrogate (\\ud800-\\udfff), which is not text") from None
+    if nul and _NUL_ESCAPE.search(text):
+        raise RecordRefused("holds a NUL character (\\u0000), which no environment or path carries")
+
+
+# In dumped JSON a backslash only ever starts an escape: `\u0000` after an even run of them is a NUL.
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
 def _utf8_text(data: bytes | str) -> str:

@@ -253,12 +253,17 @@ def _locked(agent_fd: int, name: str = CONTEXT_LOCK_NAME) -> Iterator[None]:
         os.close(fd)
 
 
-def write_json_atomic(dir_fd: int, name: str, data: bytes, staging_fd: int) -> None:
-    """Stage in `staging_fd`, fsync, rename over `name` in `dir_fd`, fsync the directory."""
+def write_json_atomic(dir_fd: int, name: str, data: bytes, staging_fd: int, *, mode: int | None = None) -> None:
+    """Stage in `staging_fd`, fsync, rename over `name` in `dir_fd`, fsync the directory. The file
+    is 0644 less the umask, or exactly `mode`; the rename replaces a symlink named `name`, never
+    what it points at."""
     temp = f"{name}.{os.getpid()}.{secrets.token_hex(6)}"
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=staging_fd)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(temp, flags, 0o644 if mode is None else 0o600, dir_fd=staging_fd)
     try:
         try:
+            if mode is not None:
+                os.fchmod(fd, mode)
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]

@@ -245,6 +245,7 @@ class Writer:
                 "windowTokens": record.window_tokens,
                 "usedPercent": record.used_percent,
                 "compactions": record.compactions,
+                "compactAtTokens": record.compact_at_tokens,  # the board's fill plot draws it in
                 "observedAtMs": record.observed_at_ms,
                 "writtenAtMs": record.written_at_ms,
             },

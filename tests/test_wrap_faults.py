@@ -298,3 +298,53 @@ def test_a_sigkilled_wrapper_in_a_terminal_takes_its_harness_group_along(tmp_pat
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
         os.close(terminal)
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 26, point 3: --takeover signals only a process proven to be the agent's wrapper
+
+
+@pytest.mark.parametrize("identity", ["none", "computed"])
+def test_takeover_never_signals_a_process_a_planted_claim_names(tmp_path: Path, identity: str) -> None:
+    """A planted harness-state whose wrapperPid is an unrelated `sleep` (with no wrapperIdentity, or
+    with the one anyone can compute from /proc): it is not signalled, and the agent is taken."""
+    from guard.state import process_identity
+
+    catalog = tmp_path / "c"
+    bystander = subprocess.Popen(["sleep", "60"])
+    try:
+        first, _ = _live_wrapper(catalog, "a")
+        first.kill()
+        first.wait()
+        state = read_json(agent_dir(catalog, "a") / "harness-state")
+        state |= {"wrapperPid": bystander.pid, "desiredState": "running",
+                  "wrapperIdentity": process_identity(bystander.pid) if identity == "computed" else None}  # fmt: skip
+        (agent_dir(catalog, "a") / "harness-state").write_text(json.dumps(state))
+        taken = run(wrap_argv(catalog, "a", "pi", sys.executable, "-c", "print('RAN')", extra=("--takeover",)))
+        assert taken.returncode == 0 and "RAN" in taken.stdout, taken.stderr
+        time.sleep(0.2)
+        assert bystander.poll() is None  # never signalled
+        assert "stopping it" not in taken.stderr
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_takeover_refuses_when_the_lock_holder_is_not_the_claims_pid(tmp_path: Path) -> None:
+    """A live wrapper holds the agent, but the claim on disk was rewritten to name a `sleep`: the
+    sleep is not signalled, the takeover is refused with the evidence, the wrapper runs on."""
+    catalog = tmp_path / "c"
+    first, _ = _live_wrapper(catalog, "a")
+    bystander = subprocess.Popen(["sleep", "60"])
+    try:
+        path = agent_dir(catalog, "a") / "harness-state"
+        path.write_text(json.dumps(read_json(path) | {"wrapperPid": bystander.pid}))
+        taken = run(wrap_argv(catalog, "a", "pi", sys.executable, "-c", "print('RAN')", extra=("--takeover",)))
+        assert taken.returncode == 2 and "RAN" not in taken.stdout
+        assert f"pid {bystander.pid} (sleep) does not hold" in taken.stderr
+        assert f"held by pid {first.pid}" in taken.stderr and "nothing was signalled" in taken.stderr
+        assert bystander.poll() is None and first.poll() is None
+    finally:
+        for process in (bystander, first):
+            process.kill()
+            process.wait()

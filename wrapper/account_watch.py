@@ -193,11 +193,7 @@ class AccountWatch:
         self.state: dict[str, WindowSeen] = {}
 
     def load(self, dir_fd: int) -> None:
-        try:
-            data = read_state(dir_fd, self.name)
-            self.state = {} if data is None else load_account_state(data)
-        except (OSError, ValueError) as exc:
-            log(f"{self.path} unreadable ({exc}); starting with no rate limit told")
+        self.state = read_state(dir_fd, self.name, self.path, load_account_state, "no rate limit told") or {}
 
     def step(self, dir_fd: int, snapshot: list[Observation], now: int) -> list[Event]:
         """The events, with the state saved first (a failed save is said, and the events still go)."""

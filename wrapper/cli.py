@@ -20,6 +20,7 @@ from wrapper.metrics import add_metrics_command
 from wrapper.reader_commands import add_catalog_options, add_reader_commands, catalog_of, with_host
 from wrapper.replication import add_replication_command
 from wrapper.scan import add_scan_command
+from wrapper.web.command import add_web_command
 
 __all__ = [
     "COMMAND_ORDER",
@@ -54,6 +55,7 @@ def _replay(args: argparse.Namespace) -> int:
     from sidecar.decoding import PROVIDERS
     from sidecar.registry import harness_names, spec_for
     from sidecar.replay import Tally, replay, write_line
+    from sidecar.spec import recording_bytes
 
     harness: Harness = args.harness
     spec = spec_for(harness)
@@ -73,7 +75,7 @@ def _replay(args: argparse.Namespace) -> int:
     for write in replay(spec, chunks, tally=tally):
         sys.stdout.write(write_line(write))
     if not tally.recognised:
-        count = sum(len(path.read_bytes().splitlines()) for path in files)
+        count = sum(len(recording_bytes(path).splitlines()) for path in files)
         lines = f"{count} line{'' if count == 1 else 's'}"
         print(f"hctx replay: read {lines}; none was a frame of the {harness} harness", file=sys.stderr)
         return 1
@@ -247,7 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
     wrap.add_argument(
         "--takeover", action="store_true",
         help="when a live wrapper on this host holds the agent, stop it and take the agent over "
-        "(without this, a second wrapper for one agent is refused)",
+        "(without this, a second wrapper for one agent is refused); only a process proven to hold the "
+        "agent's wrapper lock is signalled, anything else is refused with what was found",
     )  # fmt: skip
     wrap.add_argument("command_line", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]")
     wrap.set_defaults(run=with_host(_wrap))
@@ -281,6 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_metrics_command(commands)
     add_replication_command(commands)
     add_watch_command(commands)
+    add_web_command(commands)
     order_commands(commands)
     return parser
 

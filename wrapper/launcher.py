@@ -27,7 +27,15 @@ from guard.constants import CHANNEL_MAX_FRAME_BYTES as MAX_FRAME_BYTES
 from guard.constants import CHANNEL_MAX_SOCKET_PATH as MAX_SOCKET_PATH
 from guard.errors import ChannelPathError, ClaimHeld, UnknownHarness, UsageError
 from guard.record import Harness
-from guard.state import HarnessState, claim_agent, held_by_live_wrapper, read_state, update_claim
+from guard.state import (
+    AgentLock,
+    HarnessState,
+    claim_agent,
+    held_by_live_wrapper,
+    read_state,
+    update_claim,
+    wrapper_lock_evidence,
+)
 from guard.store import AgentDir, as_name
 from wrapper.harnesses import LaunchPlan, account_json, prepare, teardown, transport_json
 from wrapper.sidecars import SIDECAR_EXIT_TIMEOUT_S, Sidecars, SidecarSpec
@@ -228,12 +236,13 @@ async def wrap(options: WrapOptions) -> int:
     session = Session()
     status: int | None = None  # None until a harness ran
     incarnation: str | None = None
+    lock = AgentLock(options.agent)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(session.forward_signals)
         restarts = 0
         while True:
             try:
-                incarnation = await _claim(options, first=status is None)
+                incarnation = await _claim(options, lock, relaunch_of=incarnation)
             except ClaimHeld as held:
                 say(_held_text(options.agent, held.holder, relaunch=status is not None))
                 break
@@ -255,6 +264,7 @@ async def wrap(options: WrapOptions) -> int:
         if incarnation is not None:
             await _mark_stopped(options.agent, incarnation)
         nursery.cancel_scope.cancel()
+    lock.close()
     return CLAIM_REFUSED_STATUS if status is None else status
 
 
@@ -279,47 +289,58 @@ async def _mark_stopped(agent: AgentDir, incarnation: str) -> None:
             await trio.sleep(delay)
 
 
-def claim(options: WrapOptions, *, takeover: bool = False) -> str:
+def claim(options: WrapOptions, lock: AgentLock, *, relaunch_of: str | None = None, takeover: bool = False) -> str:
     """A fresh incarnation, claimed under the state lock, the old record removed; ClaimHeld while
-    another live wrapper holds the agent, unless `takeover`."""
+    another wrapper holds the agent (its wrapper lock), unless `takeover`."""
     incarnation = secrets.token_hex(16)
     now = time.time_ns() // 1_000_000
-    claim_agent(options.agent, options.harness, incarnation, now, os.getpid(), takeover=takeover)
+    locked = lock.take()
+    claim_agent(options.agent, options.harness, incarnation, now, os.getpid(), locked=locked,
+                relaunch_of=relaunch_of, takeover=takeover)  # fmt: skip
     return incarnation
 
 
-async def _claim(options: WrapOptions, *, first: bool) -> str:
-    """`claim`; a first claim with --takeover stops the live wrapper holding the agent, then claims."""
+async def _claim(options: WrapOptions, lock: AgentLock, *, relaunch_of: str | None) -> str:
+    """`claim`; a first claim with --takeover stops the wrapper holding the agent, then claims. Only
+    a process proven to hold the agent's wrapper lock is signalled; otherwise it is refused, saying why."""
     try:
-        return claim(options)
+        return claim(options, lock, relaunch_of=relaunch_of)
     except ClaimHeld as held:
-        if not (first and options.takeover):
+        if relaunch_of is not None or not options.takeover or held.holder is None:
             raise
         pid = held.holder.wrapper_pid
-        say(f"taking {_name(options.agent)} over from wrapper pid {pid}: stopping it")
-        if not await _stop_wrapper(held.holder):
+        why = await _stop_wrapper(options.agent, pid)
+        if why is not None:
+            say(f"not taking {_name(options.agent)} over: {why}; nothing was signalled")
+            raise
+        with trio.move_on_after(TAKEOVER_WAIT_S):
+            while not lock.take():  # noqa: ASYNC110 (a lock released by a process's exit has no event)
+                await trio.sleep(0.05)
+        if not lock.held:
             say(f"wrapper pid {pid} did not stop within {TAKEOVER_WAIT_S:g}s; taking the claim regardless")
-        return claim(options, takeover=True)
+        return claim(options, lock, takeover=True)
 
 
-async def _stop_wrapper(holder: HarnessState) -> bool:
-    """SIGTERM the claim's wrapper (it stops its harness and sidecar); True once it is gone."""
+async def _stop_wrapper(agent: AgentDir, pid: int) -> str | None:
+    """SIGTERM the wrapper `pid` (it stops its harness and sidecar) once it is proven to hold the
+    agent's wrapper lock; None once it is stopping, else why it was not signalled."""
     try:
-        pidfd = os.pidfd_open(holder.wrapper_pid)
+        pidfd = os.pidfd_open(pid)
     except ProcessLookupError:
-        return True
+        return f"its claim's wrapper pid {pid} is not running, yet another process holds the agent's lock"
     try:
-        if not held_by_live_wrapper(holder, holder.host):
-            return True  # checked again with the pidfd open: the process signalled is the claim's
+        # Checked with the pidfd open: the process signalled is the one the evidence is about.
+        if (evidence := wrapper_lock_evidence(agent, pid)) is not None:
+            return evidence
+        say(f"taking {_name(agent)} over from wrapper pid {pid}: stopping it")
         signal.pidfd_send_signal(pidfd, signal.SIGTERM)
         with trio.move_on_after(TAKEOVER_WAIT_S):
             await trio.lowlevel.wait_readable(pidfd)
-            return True
-        return False
+        return None
     except ProcessLookupError:
-        return True
+        return None
     except PermissionError:
-        return False
+        return f"wrapper pid {pid} is not this user's to signal"
     finally:
         os.close(pidfd)
 
@@ -328,7 +349,9 @@ def _name(agent: AgentDir) -> str:
     return f"{agent.host}/{agent.identity}"
 
 
-def _held_text(agent: AgentDir, holder: HarnessState, *, relaunch: bool) -> str:
+def _held_text(agent: AgentDir, holder: HarnessState | None, *, relaunch: bool) -> str:
+    if holder is None:
+        return f"{_name(agent)} is held by another wrapper starting now; stop that one, or pass --takeover"
     if relaunch:
         return f"{_name(agent)} was taken over by wrapper pid {holder.wrapper_pid}; not relaunching"
     since = max(0, time.time_ns() // 1_000_000 - holder.claimed_at_ms) // 1000

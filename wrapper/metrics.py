@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from guard.errors import CatalogError
-from wrapper.arguments import positive_seconds
+from wrapper.arguments import TLS_PAIRING, add_tls_options, positive_seconds, tls_unpaired
 from wrapper.reader_commands import add_catalog_options, existing_catalog, fail, quiet_guard_logs, warn, with_host
 from wrapper.roster import Roster, collect_roster, now_ms
 
@@ -124,6 +124,15 @@ def families(roster: Roster) -> Iterator[Metric]:
     running = GaugeMetricFamily(
         "hctx_agent_running", "1 when the agent's desired state is running, 0 when stopped.", labels=AGENT_LABELS
     )
+    # Issue 28, bounded cardinality: per agent, never per subagent id.
+    subagents_running = GaugeMetricFamily(
+        "hctx_subagents_running", "Subagents of the agent its harness states running.", labels=AGENT_LABELS
+    )
+    subagent_fill = GaugeMetricFamily(
+        "hctx_subagent_max_used_percent",
+        "The highest fill among the agent's subagents, in percent, each its harness's own number.",
+        labels=AGENT_LABELS,
+    )
     unreadable = 0
     for row in roster.rows:
         context: dict[str, Any] | None = row.context
@@ -142,7 +151,13 @@ def families(roster: Roster) -> Iterator[Metric]:
         stale.add_metric(labels, float(context["stale"]))
         if context["model"] is not None:
             model.add_metric([*labels, context["model"]], {})  # the record parser refuses lone surrogates
-    yield from (*readings.values(), rate, stale, model, running)
+        subagents = context.get("subagents") or []
+        if subagents:
+            subagents_running.add_metric(labels, float(sum(sub["state"] == "running" for sub in subagents)))
+            fills = [sub["usedPercent"] for sub in subagents if sub["usedPercent"] is not None]
+            if fills:
+                subagent_fill.add_metric(labels, max(fills))
+    yield from (*readings.values(), rate, stale, model, running, subagents_running, subagent_fill)
     yield from account_families(roster)
     yield GaugeMetricFamily("hctx_catalog_agents", "Agent directories in the catalog.", len(roster.rows))
     yield GaugeMetricFamily(
@@ -265,8 +280,8 @@ def run_metrics(args: argparse.Namespace) -> int:
         return fail("metrics", "--interval repeats --textfile; a server is read at every scrape", 2)
     if args.textfile is not None and (args.listen or args.tls_cert or args.tls_client_ca):
         return fail("metrics", "--textfile writes a file; --listen and --tls-* are for serving", 2)
-    if (args.tls_cert is None) != (args.tls_key is None) or (args.tls_client_ca and not args.tls_cert):
-        return fail("metrics", "TLS needs --tls-cert with --tls-key; --tls-client-ca needs both", 2)
+    if tls_unpaired(args):
+        return fail("metrics", TLS_PAIRING, 2)
     quiet_guard_logs()
     registry = CollectorRegistry(auto_describe=False)
     registry.register(CatalogCollector(lambda: existing_catalog(args), args.host))
@@ -284,9 +299,7 @@ def add_metrics_command(commands: argparse._SubParsersAction[argparse.ArgumentPa
         "--listen", type=listen_address, metavar="HOST:PORT",
         help=f"where to serve (default: {DEFAULT_LISTEN[0]}:{DEFAULT_LISTEN[1]}; port 0 picks a free one)",
     )  # fmt: skip
-    metrics.add_argument("--tls-cert", metavar="FILE", help="serve HTTPS with this certificate (PEM)")
-    metrics.add_argument("--tls-key", metavar="FILE", help="the certificate's private key (PEM)")
-    metrics.add_argument("--tls-client-ca", metavar="FILE", help="require client certificates signed by this CA (PEM)")
+    add_tls_options(metrics)
     metrics.add_argument(
         "--textfile", type=Path, metavar="FILE",
         help="write the exposition to FILE once, atomically (node_exporter's textfile collector wants *.prom)",

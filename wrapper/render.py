@@ -13,7 +13,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import IO, Any, Literal
 
 from guard.catalog import printable
@@ -47,6 +47,8 @@ __all__ = [
     "Tint",
     "account_limits_wire",
     "age_text",
+    "agent_wire",
+    "claim_section",
     "colour_enabled",
     "compaction_text",
     "cost_text",
@@ -58,8 +60,10 @@ __all__ = [
     "limits_text",
     "limits_tint",
     "meter_text",
+    "meter_title",
     "paint",
     "percent_text",
+    "record_section",
     "render_accounts",
     "render_accounts_json",
     "render_agent_json",
@@ -69,6 +73,7 @@ __all__ = [
     "render_inspection",
     "render_json_array",
     "reset_text",
+    "subagent_cells",
     "table",
     "tokens_text",
     "version_text",
@@ -168,6 +173,12 @@ def headroom_text(context: dict[str, Any] | None) -> str:
     return f"→ {'-' if headroom < 0 else ''}{tokens_text(abs(headroom))}"
 
 
+def meter_title(context: dict[str, Any] | None) -> str:
+    """The meter as a sentence, the web chip's title: `170k of 200k tokens`; empty as `meter_text`."""
+    meter = meter_text(context)
+    return meter.replace("/", " of ", 1) + " tokens" if meter else ""
+
+
 def meter_text(context: dict[str, Any] | None) -> str:
     """The decision record's `127k/200k`; empty when neither count is known."""
     if context is None or (context["usedTokens"] is None and context["windowTokens"] is None):
@@ -244,7 +255,8 @@ def render_json_array(objects: list[dict[str, Any]]) -> str:
 # `hctx agents`
 
 
-def _agent_wire(row: AgentRow, groups: dict[str, AccountGroup], now: int) -> dict[str, Any]:
+def agent_wire(row: AgentRow, groups: Mapping[str, AccountGroup], now: int) -> dict[str, Any]:
+    """One object of `hctx agents --json`: the row, and its account's figure fanned in from `groups`."""
     return {**row.wire(), "accountRateLimits": account_limits_wire(groups.get(row.name), row, now)}
 
 
@@ -257,12 +269,12 @@ def render_agents_json(
 ) -> str:
     """`roster`: the rows the accounts are fanned in from (default `rows`)."""
     groups = groups_by_agent(fan_in(rows if roster is None else roster))
-    return render_json_array([_agent_wire(row, groups, _clock(now)) for row in rows])
+    return render_json_array([agent_wire(row, groups, _clock(now)) for row in rows])
 
 
 def render_agent_json(row: AgentRow, *, now: int | None = None, roster: Iterable[AgentRow] | None = None) -> str:
     groups = groups_by_agent(fan_in([row] if roster is None else roster))
-    return _encode(_agent_wire(row, groups, _clock(now))) + "\n"
+    return _encode(agent_wire(row, groups, _clock(now))) + "\n"
 
 
 def render_agents(
@@ -293,7 +305,25 @@ def render_agents(
             (cost_text(None if context is None else context["costUsd"]), None),
             *([limit] if with_limits else []),
         ])  # fmt: skip
+        below = [("", None)] if with_limits else []  # a subagent's limits are its agent's
+        body += [[*subagent_cells(sub), *below] for sub in (context or {}).get("subagents", [])]
     return table(body, header, colour)
+
+
+def subagent_cells(sub: dict[str, Any]) -> list[tuple[str, Tint]]:
+    """One subagent's row, indented under its agent's (issue 28): its own fill, never the agent's."""
+    shown = {"compactions": sub["compactions"], "stale": False, "usedPercent": sub["usedPercent"]}
+    return [
+        ("", None),
+        (f"  └ {sub['name'] or 'subagent'} {sub['id'][:16]}", None),
+        (sub["model"] or "", None),
+        (sub["state"], None),
+        (ctx_text(shown), None),
+        (meter_text(sub), fill_tint(sub)),
+        ("-", None),
+        (age_text(sub["ageMs"]), None),
+        ("", None),
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -404,12 +434,11 @@ def version_text(record: HarnessContext) -> str:
     return f"{printable(version)} ({verdict})"
 
 
-def render_inspection(inspection: Inspection) -> str:
+def record_section(inspection: Inspection) -> list[str]:
+    """`inspect`'s record as stored, with what it says of itself: also the web board's agent page."""
     view = inspection.view
     row = view.row
-    out = [f"agent {row.name}", ""]
-
-    out.append(f"== record as stored: {inspection.record_path}")
+    out = [f"== record as stored: {inspection.record_path}"]
     out.extend(_raw_text(view.files.record))
     if view.record is not None:
         out.append(f"  incarnation   {printable(view.record.incarnation)}")
@@ -422,28 +451,38 @@ def render_inspection(inspection: Inspection) -> str:
     if row.problem:
         out.append(f"  ! {row.problem}")
     out.append(f"  incarnation check: {inspection.incarnation}")
-    out.append("")
+    return out
 
-    out.append(f"== harness-state claim: {inspection.claim_path}")
+
+def claim_section(inspection: Inspection) -> list[str]:
+    """`inspect`'s claim with its history: a crash loop and the stretches without a sidecar."""
+    view = inspection.view
+    row = view.row
+    out = [f"== harness-state claim: {inspection.claim_path}"]
     claim = view.claim
     if claim is None:
         out.extend(_raw_text(view.files.claim) if row.claim_problem is None else [f"  ! {row.claim_problem}"])
-    else:
-        out.append(f"  harness       {claim.harness}")
-        out.append(f"  host          {printable(claim.host)}")
-        out.append(f"  incarnation   {printable(claim.incarnation)}")
-        out.append(f"  claimedAtMs   {_ms_text(claim.claimed_at_ms)}")
-        out.append(f"  wrapperPid    {claim.wrapper_pid}")
-        out.append(f"  desiredState  {claim.desired_state} (as written; derived now: {row.desired_state})")
-        out.extend(_unobserved_text(claim.unobserved, "  "))
-        out.append(f"  launches in the last hour: {inspection.launches_last_hour}")
-        out.append(f"  history ({len(claim.history)} earlier claims, newest first):")
-        for past in claim.history:
-            out.append(
-                f"    {printable(past.incarnation)}  claimedAtMs {_ms_text(past.claimed_at_ms)}  pid {past.wrapper_pid}"
-            )
-            out.extend(_unobserved_text(past.unobserved, "      "))
-    out.append("")
+        return out
+    out.append(f"  harness       {claim.harness}")
+    out.append(f"  host          {printable(claim.host)}")
+    out.append(f"  incarnation   {printable(claim.incarnation)}")
+    out.append(f"  claimedAtMs   {_ms_text(claim.claimed_at_ms)}")
+    out.append(f"  wrapperPid    {claim.wrapper_pid}")
+    out.append(f"  desiredState  {claim.desired_state} (as written; derived now: {row.desired_state})")
+    out.extend(_unobserved_text(claim.unobserved, "  "))
+    out.append(f"  launches in the last hour: {inspection.launches_last_hour}")
+    out.append(f"  history ({len(claim.history)} earlier claims, newest first):")
+    for past in claim.history:
+        out.append(
+            f"    {printable(past.incarnation)}  claimedAtMs {_ms_text(past.claimed_at_ms)}  pid {past.wrapper_pid}"
+        )
+        out.extend(_unobserved_text(past.unobserved, "      "))
+    return out
+
+
+def render_inspection(inspection: Inspection) -> str:
+    row = inspection.view.row
+    out = [f"agent {row.name}", "", *record_section(inspection), "", *claim_section(inspection), ""]
 
     out.append("== projection (the roster's context)")
     projected = json.dumps(row.context, ensure_ascii=False, allow_nan=False, indent=2)

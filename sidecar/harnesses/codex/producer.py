@@ -22,7 +22,14 @@ the same typed events. The producer reads only those events, and its arithmetic 
   binary itself; before it (a relay that joined late, the rollout follower's `session_meta`), a
   thread's `cliVersion`, the build that created the thread. It rides every reading.
 
-Several threads on one app-server share one record: the newest reading of any thread wins.
+Several threads on one app-server share one record: the newest reading of any of the agent's own
+threads wins. A thread is the agent's own only when the stream said so (`ThreadOpened`: a
+`thread/started`, or a thread a client's `thread/start`/`thread/resume`/`thread/fork` returned,
+without a `parentThreadId`; the rollout a seat follows). A subagent's thread never is (issue 28):
+Codex 0.151.0 and 0.171.0 (multi_agent on by default) send no `thread/started` for a
+`spawn_agent` child, while its `thread/tokenUsage/updated` arrive on the same connection under its
+own `threadId`, in the parent's shape; a reading of a thread not opened as the agent's own is never
+the agent's (fixtures/codex/*-delegation.jsonl, recorded live).
 
 `compactAtTokens` (issue 18). Source: `model_auto_compact_token_limit` (and `model_context_window`)
 from the config Codex loads, read by the wrapper (`wrapper.harnesses.codex.compaction_settings`) and
@@ -77,24 +84,32 @@ from sidecar.harnesses.codex.events import (
     Id,
     RateLimitsUpdated,
     RateWindow,
+    SubagentsSpawned,
     ThreadCompacted,
+    ThreadOpened,
     Tokens,
     TokenUsage,
+    TurnState,
 )
-from sidecar.producer import Percent, harness_version, instant_ms, remember
-from sidecar.spec import Chunk, HarnessSpec
+from sidecar.producer import Percent, SubagentRoster, harness_version, instant_ms, remember
+from sidecar.spec import Chunk, HarnessSpec, recording_bytes
 
 __all__ = [
     "BASELINE_TOKENS",
     "CODEX_CONTEXT_VERIFIED_VERSIONS",
+    "COLLAB_ITEM",
     "COUNTED_ITEMS_REMEMBERED",
     "FIVE_HOUR_MINUTES",
     "ITEM_EVENTS",
     "LEGACY_COMPACTED",
+    "MAX_THREAD_ID",
+    "OWN_THREADS_REMEMBERED",
     "RATE_LIMITS",
     "SEVEN_DAY_MINUTES",
     "SPEC",
+    "THREAD_STARTED",
     "TOKEN_USAGE",
+    "TURN_EVENTS",
     "ChannelOnly",
     "CodexProducer",
     "CodexTransport",
@@ -130,6 +145,9 @@ BASELINE_TOKENS: Final = 12_000
 # Rate-limit windows are named primary/secondary and identified by their length alone.
 FIVE_HOUR_MINUTES: Final = 300
 SEVEN_DAY_MINUTES: Final = 10_080
+
+# The agent's own threads: one per `thread/start` or resume a client made on this app-server.
+OWN_THREADS_REMEMBERED: Final = 1024
 
 # Item ids already counted. One compaction is at most a handful of frames apart on one connection,
 # a few more across relay connections; the bound only keeps a hostile stream from growing memory.
@@ -187,10 +205,24 @@ class _Item(_Wire):
 class _ItemParams(_Wire):
     item: _Item
     turn_id: Id | None = None
+    thread_id: Id | None = None
+
+
+class _SpawnItem(_Wire):
+    sender_thread_id: Id
+    receiver_thread_ids: list[Id]
+    model: str | None = None
+
+
+class _TurnParams(_Wire):
+    thread_id: Id
 
 
 class _CompactedParams(_Wire):
     turn_id: Id
+
+
+THREAD_STARTED: Final = "thread/started"
 
 
 _M = TypeVar("_M", bound=_Wire)
@@ -211,6 +243,9 @@ def parse_message(data: bytes) -> list[object]:
     build = _build(message)
     if build is not None:
         events.append(build)
+    opened = _own_thread(message)
+    if opened is not None:
+        events.append(opened)
     method = message.get("method")
     if not isinstance(method, str):
         return events  # a response to the client's own request: nothing about context
@@ -233,7 +268,12 @@ def parse_message(data: bytes) -> list[object]:
         if item.item.type == "contextCompaction":
             if item.item.id is None:
                 raise FrameRejected("contextCompaction item without an id")
-            events.append(CompactionItem(item_id=item.item.id, turn_id=item.turn_id))
+            events.append(CompactionItem(item_id=item.item.id, turn_id=item.turn_id, thread_id=item.thread_id))
+        elif method == "item/completed" and item.item.type == COLLAB_ITEM:
+            events += _spawned(params)
+    elif method in TURN_EVENTS:
+        turn = _parse(_TurnParams, params, method)
+        events.append(TurnState(thread_id=turn.thread_id, running=method == "turn/started"))
     elif method == LEGACY_COMPACTED:
         events.append(ThreadCompacted(turn_id=_parse(_CompactedParams, params, method).turn_id))
     return events
@@ -263,6 +303,46 @@ def _build(message: dict[str, Any]) -> HarnessBuild | None:
         if version is not None:
             found = HarnessBuild(version=version, from_user_agent=False)
     return found
+
+
+COLLAB_ITEM: Final = "collabAgentToolCall"
+TURN_EVENTS: Final = frozenset({"turn/started", "turn/completed"})
+
+
+def _spawned(params: object) -> list[object]:
+    """The children a finished `spawnAgent` item started; any other collab tool says nothing here,
+    and one that does not read as a spawn is no drop (it is nothing about the parent's numbers)."""
+    item = params.get("item") if isinstance(params, dict) else None
+    if not isinstance(item, dict) or item.get("tool") != "spawnAgent":
+        return []
+    try:
+        spawn = _SpawnItem.model_validate(item)
+        return [SubagentsSpawned(sender_thread_id=spawn.sender_thread_id, thread_ids=tuple(spawn.receiver_thread_ids),
+                                 model=spawn.model if spawn.model and len(spawn.model) <= 128 else None)]  # fmt: skip
+    except ValidationError:
+        return []
+
+
+def _own_thread(message: dict[str, Any]) -> ThreadOpened | None:
+    """The agent's own thread a `thread/started` or a response's `result.thread` names: one
+    without a `parentThreadId` (a subagent's names its parent, where Codex says anything of it)."""
+    if message.get("method") == THREAD_STARTED:
+        holder = message.get("params")
+    elif "method" not in message:
+        holder = message.get("result")
+    else:
+        return None
+    thread = holder.get("thread") if isinstance(holder, dict) else None
+    if not isinstance(thread, dict) or thread.get("parentThreadId") is not None:
+        return None
+    thread_id = thread.get("id")
+    if not isinstance(thread_id, str) or not 0 < len(thread_id) <= MAX_THREAD_ID:
+        return None
+    return ThreadOpened(thread_id=thread_id)
+
+
+# Codex's thread ids are UUIDs; anything much longer is not one.
+MAX_THREAD_ID: Final = 256
 
 
 def _parse(model: type[_M], params: object, method: str) -> _M:
@@ -444,6 +524,18 @@ def rate_limit_resets(held: HeldResets) -> RateLimitResets | None:
     return RateLimitResets(five_hour=five_hour, seven_day=seven_day)
 
 
+def _subagent_usage(usage: TokenUsage) -> dict[str, Any]:
+    """A child thread's own reading, in the parent's arithmetic (the same shape, its own window)."""
+    window = usage.context_window
+    percent = used_percent(usage.tokens_in_window, window)
+    return {
+        "used_tokens": usage.tokens_in_window,
+        "window_tokens": window,
+        "used_percent": None if percent is None else float(percent),
+        "window_source": None if window is None else "harness",
+    }
+
+
 def usage_fields(
     usage: TokenUsage,
     observed_at_ms: int,
@@ -496,6 +588,8 @@ class CodexProducer:
         self.config: CompactionConfig | None = None
         self.version: str | None = None
         self._version_from_user_agent = False
+        self._own_threads: OrderedDict[str, None] = OrderedDict()
+        self.subagents = SubagentRoster()  # spawned threads of the agent's own (issue 28)
         self._counted_items: OrderedDict[str, str | None] = OrderedDict()
         # Turns whose compaction was counted from the deprecated notification, which names no item:
         # the first item seen in such a turn is that same compaction, not a second one.
@@ -507,7 +601,26 @@ class CodexProducer:
 
     def feed(self, event: object, now_ms: int) -> list[Reading]:
         if isinstance(event, TokenUsage):
+            if event.thread_id in self.subagents:
+                return self._subagent(event.thread_id, now_ms, **_subagent_usage(event))
+            if event.thread_id not in self._own_threads:
+                return []  # an unknown thread: never the agent's numbers
             return [self._token_usage(event, now_ms)]
+        if isinstance(event, SubagentsSpawned):
+            if event.sender_thread_id not in self._own_threads:
+                return []  # a grandchild (depth > 1 is off by default): not this record's row
+            readings: list[Reading] = []
+            for thread in event.thread_ids:
+                # Codex states a child's compactions as items under its thread: none yet is a 0.
+                readings = self._subagent(thread, now_ms, model=event.model, state="running", compactions=0) or readings
+            return readings
+        if isinstance(event, TurnState):
+            if event.thread_id not in self.subagents:
+                return []
+            return self._subagent(event.thread_id, now_ms, state="running" if event.running else "finished")
+        if isinstance(event, ThreadOpened):
+            remember(self._own_threads, event.thread_id, None, OWN_THREADS_REMEMBERED)
+            return []
         if isinstance(event, RateLimitsUpdated):
             self.held_limits = merged_rate_limits(self.held_limits, event)
             self.held_resets = merged_resets(self.held_resets, event)
@@ -535,8 +648,15 @@ class CodexProducer:
             last_compaction_ms=self.last_compaction_ms,
             version=self.version,
             config=self.config,
-        )
+        ).model_copy(update={"subagents": self.subagents.rows()})
         return Reading(self.last_reading)
+
+    def _subagent(self, thread_id: str, now_ms: int, **fields: Any) -> list[Reading]:
+        """The record with one subagent's row changed; the parent's numbers and time as held."""
+        if not self.subagents.update(thread_id, now_ms, observed_at_ms=now_ms, **fields):
+            return []
+        self.last_reading = self.subagents.onto(self.last_reading, self.harness, now_ms)
+        return [Reading(self.last_reading)]
 
     def _note_version(self, build: HarnessBuild) -> None:
         if build.from_user_agent:
@@ -558,6 +678,12 @@ class CodexProducer:
     def _item(self, item: CompactionItem, now_ms: int) -> list[Reading]:
         if item.item_id in self._counted_items:
             return []
+        if item.thread_id is not None and item.thread_id not in self._own_threads:
+            remember(self._counted_items, item.item_id, item.turn_id, COUNTED_ITEMS_REMEMBERED)
+            row = self.subagents.get(item.thread_id)
+            if row is None:
+                return []  # an unknown thread's compaction: not the agent's window
+            return self._subagent(item.thread_id, now_ms, compactions=(row.compactions or 0) + 1)
         remember(self._counted_items, item.item_id, item.turn_id, COUNTED_ITEMS_REMEMBERED)
         turn = item.turn_id
         if turn is not None and self._legacy_turns.get(turn):
@@ -609,7 +735,7 @@ def read_recording(paths: Sequence[Path]) -> Iterable[Chunk]:
       `rollout` wire, each line at its own timestamp.
     """
     for path in paths:
-        data = path.read_bytes()
+        data = recording_bytes(path)
         if _is_rollout(data):
             yield from _rollout_chunks(data)
         else:

@@ -26,6 +26,7 @@ from sidecar.harnesses.codex.events import (
     HarnessBuild,
     RateLimitsUpdated,
     RateWindow,
+    ThreadOpened,
     TokenUsage,
     event,
 )
@@ -45,6 +46,7 @@ __all__ = [
     "RolloutDecoder",
     "RolloutEvent",
     "compacted_event",
+    "is_subagent_source",
     "line_timestamp",
     "oversized_rollout_event",
     "read_codex_tail",
@@ -265,6 +267,7 @@ class RolloutDecoder:
 
     def __init__(self, thread_id: str | None = None, *, offset: int = 0, max_bytes: int = MAX_LINE_BYTES) -> None:
         self.thread_id = thread_id
+        self._opened = False
         self.framer = LineFramer(max_bytes, offset=offset, head_bytes=HEAD_BYTES)
 
     @property
@@ -298,11 +301,23 @@ class RolloutDecoder:
         return self.thread_id or "rollout"
 
     def _events(self, event: RolloutEvent | None) -> list[object]:
-        if event is None:
-            return []
-        if event.session is not None and self.thread_id is None and event.session.id:
+        opened: list[object] = []
+        if event is not None and event.session is not None and self.thread_id is None and event.session.id:
+            if is_subagent_source(event.session.source):
+                self._opened = True  # a subagent's rollout: its thread is never an agent's own
             self.thread_id = event.session.id
-        return list(event.events)
+        if not self._opened and self.thread_id is not None:
+            # The rollout a seat follows is its own thread's (the follower never follows a
+            # subagent's), and so is a replayed one whose session_meta names no parent.
+            self._opened = True
+            opened.append(ThreadOpened(thread_id=self.thread_id))
+        return opened if event is None else [*opened, *event.events]
+
+
+def is_subagent_source(source: object) -> bool:
+    """A rollout `session_meta.source` naming a spawning thread (`{"subagent": {"thread_spawn":
+    {"parent_thread_id": ...}}}` on 0.151.0 and 0.171.0): a subagent's rollout."""
+    return isinstance(source, dict) and "subagent" in source
 
 
 @dataclass(frozen=True)
@@ -362,10 +377,14 @@ def read_codex_tail(lines: BackwardLines, thread_id: str) -> CodexTail:
 
 def tail_events(tail: CodexTail) -> Iterable[tuple[int | None, object]]:
     """The session's build, the held rate limits, then the usage, so the one reading carries all;
-    each with the time its line says (None: the build's, which no reading takes)."""
+    each with the time its line says (None: the build's, which no reading takes). The usage's
+    thread is opened as the agent's own first, unless the session is a subagent's."""
     if tail.session is not None and (build := session_build(tail.session)) is not None:
         yield None, build
     if tail.rate_limits is not None and tail.rate_limits.rate_limits is not None:
         yield tail.rate_limits.at_ms, tail.rate_limits.rate_limits
+    usage = tail.usage.usage if tail.usage is not None else None
+    if isinstance(usage, TokenUsage) and not (tail.session is not None and is_subagent_source(tail.session.source)):
+        yield None, ThreadOpened(thread_id=usage.thread_id)  # a seat's own rollout: its thread is the agent's
     if tail.usage is not None and tail.usage.usage is not None:
         yield tail.usage.at_ms, tail.usage.usage

@@ -68,7 +68,7 @@ from guard.record import (
 from sidecar import wire
 from sidecar.decoding import CHANNEL
 from sidecar.producer import Percent, Usd, harness_version, instant_ms, optional_model
-from sidecar.spec import Chunk, HarnessSpec
+from sidecar.spec import Chunk, HarnessSpec, recording_bytes
 
 __all__ = [
     "EMITTING_EVENTS",
@@ -306,7 +306,7 @@ def read_recording(paths: Sequence[Path]) -> Iterator[Chunk]:
       the real builds.
     """
     for path in paths:
-        yield from recorded_chunks(path.read_bytes())
+        yield from recorded_chunks(recording_bytes(path))
 
 
 def recorded_chunks(data: bytes) -> Iterator[Chunk]:
