@@ -19,9 +19,11 @@ import errno
 import os
 import re
 import stat
-from collections.abc import Container
+import time
+from collections.abc import Callable, Container
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Generic, TypeVar
 
 from guard.constants import AGENTS_DIR_NAME, CONTEXT_RECORD_NAME, STATE_RECORD_NAME
 from guard.errors import CatalogError, RecordRefused
@@ -33,9 +35,12 @@ from guard.store import SYNCTHING_CONFLICT_NAME, check_name, is_agent_tree_name,
 __all__ = [
     "LEGACY_STAGING_NAME",
     "PROBLEM_CHARS",
+    "RACY_NS",
     "SYNCTHING_DIR_NAME",
     "SYNCTHING_FILE_NAME",
     "AgentFiles",
+    "CatalogCache",
+    "CatalogSnapshot",
     "agent_tree_children",
     "decode_claim",
     "is_syncthing_entry",
@@ -272,3 +277,101 @@ def decode_claim(raw: RawFile, harnesses: Container[str] | None = None) -> tuple
         return parse_state(raw.data, harnesses=harnesses), None
     except RecordRefused as exc:
         return None, short(f"harness-state claim refused: {exc}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading only what changed
+
+
+# A file changed this close to the moment it was looked at may change again within the same tick
+# of the file system's timestamp clock, keeping its mtime, ctime and size (and, after a rename over
+# it, possibly a reused inode): such an entry is read again next time (git's "racily clean" rule).
+RACY_NS = 1_000_000_000
+
+# A file as `lstat` sees it: (device, inode, size, mtime, ctime); None when absent; the errno when
+# it could not be looked at.
+_Signature = tuple[int, int, int, int, int] | int | None
+
+T = TypeVar("T")
+
+
+def _signature(host_fd: int | None, identity: str, name: str) -> _Signature:
+    if host_fd is None:
+        return -1
+    try:
+        info = os.stat(f"{identity}/{name}", dir_fd=host_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return exc.errno or -1
+    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns
+
+
+def _racy(signature: _Signature, since_ns: int) -> bool:
+    return isinstance(signature, tuple) and max(signature[3], signature[4]) >= since_ns
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry(Generic[T]):
+    signature: tuple[_Signature, _Signature]
+    racy: bool
+    value: T
+
+
+@dataclass(frozen=True, slots=True)
+class CatalogSnapshot(Generic[T]):
+    """Every agent of the catalog with its value, sorted by host then identity, the listing's
+    warnings, and which agents were read again for this snapshot (all of them the first time)."""
+
+    agents: list[tuple[str, str, T]]
+    warnings: list[str]
+    changed: list[tuple[str, str]]
+
+
+class CatalogCache(Generic[T]):
+    """The catalog's agents, each turned into a value by `load` from its two files, and read again
+    only when one of those files changed: each refresh lists the tree and `lstat`s the two records
+    of every agent; an agent whose files look as they did is not opened. The exporter, `hctx watch`
+    and the board read a live catalog through this; a one-shot reader needs none of it.
+
+    `load(host, identity, files)` must not depend on the clock: what changes with time alone (age,
+    staleness, whether a wrapper still lives) is the caller's to derive from the value."""
+
+    def __init__(self, catalog: Path, load: Callable[[str, str, AgentFiles], T]) -> None:
+        self.catalog, self._load = catalog, load
+        self._entries: dict[tuple[str, str], _Entry[T]] = {}
+        self.reads = 0  # agents (re)read since the cache was made
+
+    def refresh(self) -> CatalogSnapshot[T]:
+        """CatalogError when the catalog cannot be listed at all (the cache is kept)."""
+        agents, warnings = list_agents(self.catalog)
+        entries: dict[tuple[str, str], _Entry[T]] = {}
+        found: list[tuple[str, str, T]] = []
+        changed: list[tuple[str, str]] = []
+        host_fd: int | None = None
+        current_host: str | None = None
+        try:
+            for host, identity in agents:
+                if host != current_host:
+                    if host_fd is not None:
+                        os.close(host_fd)
+                    host_fd, current_host = open_host_dir(self.catalog, host), host
+                looked_ns = time.time_ns() - RACY_NS
+                signature = (
+                    _signature(host_fd, identity, CONTEXT_RECORD_NAME),
+                    _signature(host_fd, identity, STATE_RECORD_NAME),
+                )
+                entry = self._entries.get((host, identity))
+                if entry is None or entry.racy or entry.signature != signature:
+                    files = read_agent_files(self.catalog, host, identity, host_fd)
+                    racy = any(_racy(part, looked_ns) for part in signature)
+                    entry = _Entry(signature, racy, self._load(host, identity, files))
+                    self.reads += 1
+                    changed.append((host, identity))
+                entries[host, identity] = entry
+                found.append((host, identity, entry.value))
+        finally:
+            if host_fd is not None:
+                os.close(host_fd)
+        self._entries = entries
+        return CatalogSnapshot(found, warnings, changed)
