@@ -24,14 +24,15 @@ from readers_catalog import HOST, HOUR, NOW, hctx, put_claim, put_record
 from test_readers_hostile import BAD_RECORDS, JUNK_CATALOG_NAMES, junk_catalog
 
 from guard.projection import headroom_tokens
-from tests.prometheus_tools import dead, exposition, get, of, parse, start_exporter, stop
+from tests.prometheus_tools import dead, exporter_of, exposition, get, of, parse, start_exporter, stop
 from tests.wrapping import wait_for
-from wrapper.metrics import DEFAULT_LISTEN, READINGS, CatalogCollector, listen_address
+from wrapper.metrics import DEFAULT_LISTEN, READINGS, listen_address
+from wrapper.metrics import exposition as render
 from wrapper.roster import collect_roster
 
 
 def scrape(catalog: Path, now: int = NOW) -> dict[str, Any]:
-    return parse(exposition(collect_roster(catalog, now, here=HOST, alive=dead)))
+    return parse(exposition(catalog, now, HOST))
 
 
 # The spec's Exposure example (tests/guard_factory.py) as series: model and cost are null there.
@@ -39,9 +40,9 @@ SPEC_SERIES = {
     "hctx_context_used_tokens": 92283,
     "hctx_context_window_tokens": 258400,
     "hctx_context_used_percent": 33,
-    "hctx_context_compactions": 3,
+    "hctx_context_compactions_total": 3,
     "hctx_context_last_compaction_timestamp_seconds": 1788000097.29,
-    "hctx_session_tokens": 2235329,
+    "hctx_session_tokens_total": 2235329,
     "hctx_context_observed_timestamp_seconds": 1788000100.0,
     "hctx_rate_limit_used_percent:five_hour": 31,
     "hctx_rate_limit_used_percent:seven_day": 55,
@@ -76,7 +77,7 @@ NULLABLE = {
     "usedTokens": ["hctx_context_used_tokens"],
     "windowTokens": ["hctx_context_window_tokens"],
     "usedPercent": ["hctx_context_used_percent"],
-    "sessionTotalTokens": ["hctx_session_tokens"],
+    "sessionTotalTokens": ["hctx_session_tokens_total"],
     "lastCompactionMs": ["hctx_context_last_compaction_timestamp_seconds"],
     "rateLimits": ["hctx_rate_limit_used_percent:five_hour", "hctx_rate_limit_used_percent:seven_day"],
 }
@@ -103,7 +104,7 @@ def test_model_and_cost_an_overrun_and_a_stale_reading(tmp_path: Path) -> None:
     samples = scrape(tmp_path)
     series = of(samples, "pi")
     assert series["hctx_context_used_percent"] == 113.75  # never clamped
-    assert series["hctx_session_cost_usd"] == 36.8
+    assert series["hctx_session_cost_usd_total"] == 36.8
     assert series["hctx_context_stale"] == 1 and series["hctx_context_used_tokens"] == 92283
     info = [dict(labels) for name, labels in samples if name == "hctx_model_info"]
     assert info == [{"agent": "pi", "harness": "pi", "host": HOST, "model": "fake-32k"}]
@@ -156,13 +157,13 @@ def test_no_series_value_is_other_than_the_records_own(tmp_path: Path, fields: d
     put_record(catalog, "x", **fields)
     raw = wire(**fields)
     (row,) = collect_roster(catalog, NOW, here=HOST, alive=dead).rows
-    series = of(parse(exposition(collect_roster(catalog, NOW, here=HOST, alive=dead))), "x")
+    series = of(scrape(catalog), "x")
     if row.context is None:
         assert series == {}
         return
-    for name, _, key, divisor in READINGS:
+    for family, key, divisor in READINGS:
         value = headroom_tokens(raw) if key == "headroomTokens" else raw[key]  # derived, as the reader does
-        assert series.get(name) == (None if value is None else value / divisor), name
+        assert series.get(family.sample) == (None if value is None else value / divisor), family.sample
     for window in ("fiveHour", "sevenDay"):
         published = (raw["rateLimits"] or {}).get(window)
         label = {"fiveHour": "five_hour", "sevenDay": "seven_day"}[window]
@@ -189,9 +190,9 @@ def test_an_unreadable_catalog_is_readable_0_and_nothing_else_warned_once(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     (tmp_path / "catalog").write_text("not a directory")
-    collector = CatalogCollector(lambda: tmp_path / "catalog", HOST)
+    exporter = exporter_of(tmp_path / "catalog", NOW, HOST)
     for _ in range(2):
-        samples = {sample.name: sample.value for family in collector.collect() for sample in family.samples}
+        samples = {name: value for (name, _), value in parse(render(exporter)).items() if name.startswith("hctx_c")}
         assert samples == {"hctx_catalog_readable": 0}
     assert capsys.readouterr().err.count("cannot read the catalog") == 1
 
@@ -202,7 +203,9 @@ def test_a_missing_catalog_reads_0_until_it_appears(tmp_path: Path) -> None:
     catalog = tmp_path / "catalog"
     process, url = start_exporter(catalog, HOST, tmp_path / "exporter.log", "--listen", "127.0.0.1:0")
     try:
-        assert parse(get(url)) == {("hctx_catalog_readable", ()): 0}
+        assert {key: value for key, value in parse(get(url)).items() if key[0].startswith("hctx_c")} == {
+            ("hctx_catalog_readable", ()): 0
+        }
         assert f"{catalog} does not exist (from --catalog)" in (tmp_path / "exporter.log").read_text()
         put_record(catalog, "alice", observedAtMs=int(time.time() * 1000))
         samples = parse(get(url))
