@@ -147,4 +147,4 @@ def test_promtool_check_metrics_finds_nothing_in_the_exposition(tmp_path: Path) 
     done = subprocess.run([require_tool("promtool"), "check", "metrics"], capture_output=True, text=True, timeout=60,
                           input=text.replace("# TYPE hctx_session_tokens_total counter",
                                              "# TYPE hctx_session_tokens_total gauge"))  # fmt: skip
-    assert 'hctx_session_tokens_total non-counter metrics should not have "_total" suffix' in done.stdout
+    assert 'hctx_session_tokens_total non-counter metrics should not have "_total" suffix' in done.stdout + done.stderr
