@@ -283,9 +283,10 @@ def decode_claim(raw: RawFile, harnesses: Container[str] | None = None) -> tuple
 # Reading only what changed
 
 
-# A file changed this close to the moment it was looked at may change again within the same tick
+# A file modified this close to the moment it was looked at may change again within the same tick
 # of the file system's timestamp clock, keeping its mtime, ctime and size (and, after a rename over
-# it, possibly a reused inode): such an entry is read again next time (git's "racily clean" rule).
+# it, possibly a reused inode): such an entry is read again next time (git's "racily clean" rule,
+# on the modification time, which is what a write sets).
 RACY_NS = 1_000_000_000
 
 # A file as `lstat` sees it: (device, inode, size, mtime, ctime); None when absent; the errno when
@@ -308,7 +309,7 @@ def _signature(host_fd: int | None, identity: str, name: str) -> _Signature:
 
 
 def _racy(signature: _Signature, since_ns: int) -> bool:
-    return isinstance(signature, tuple) and max(signature[3], signature[4]) >= since_ns
+    return isinstance(signature, tuple) and signature[3] >= since_ns
 
 
 @dataclass(frozen=True, slots=True)
