@@ -338,8 +338,9 @@ class CatalogCache(Generic[T]):
     `load(host, identity, files)` must not depend on the clock: what changes with time alone (age,
     staleness, whether a wrapper still lives) is the caller's to derive from the value."""
 
-    def __init__(self, catalog: Path, load: Callable[[str, str, AgentFiles], T]) -> None:
-        self.catalog, self._load = catalog, load
+    def __init__(self, catalog: Path, load: Callable[[str, str, AgentFiles], T], *, remember: bool = True) -> None:
+        # `remember=False`: a reader that refreshes once keeps nothing and looks at no signature.
+        self.catalog, self._load, self._remember = catalog, load, remember
         self._entries: dict[tuple[str, str], _Entry[T]] = {}
         self.reads = 0  # agents (re)read since the cache was made
 
@@ -361,7 +362,7 @@ class CatalogCache(Generic[T]):
                 signature = (
                     _signature(host_fd, identity, CONTEXT_RECORD_NAME),
                     _signature(host_fd, identity, STATE_RECORD_NAME),
-                )
+                ) if self._remember else (None, None)  # fmt: skip
                 entry = self._entries.get((host, identity))
                 if entry is None or entry.racy or entry.signature != signature:
                     files = read_agent_files(self.catalog, host, identity, host_fd)
@@ -369,7 +370,8 @@ class CatalogCache(Generic[T]):
                     entry = _Entry(signature, racy, self._load(host, identity, files))
                     self.reads += 1
                     changed.append((host, identity))
-                entries[host, identity] = entry
+                if self._remember:
+                    entries[host, identity] = entry
                 found.append((host, identity, entry.value))
         finally:
             if host_fd is not None:

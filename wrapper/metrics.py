@@ -140,6 +140,23 @@ RUNNING = _gauge("hctx_agent_running", "1 when the agent's desired state is runn
 # In exposition order; the last two move with the clock and are decided at every scrape.
 AGENT_FAMILIES: tuple[Family, ...] = (*(family for family, _, _ in READINGS), RATE, MODEL, STALE, RUNNING)
 _STATIC = len(AGENT_FAMILIES) - 2
+_READING_SAMPLES = tuple((family.sample, key, divisor) for family, key, divisor in READINGS)
+
+
+def _number(value: float) -> str:
+    """A value as prometheus_client spells it (Go's shortest form), the common whole numbers fast."""
+    if type(value) is int and -(10**15) < value < 1_000_000:
+        return f"{value}.0"  # what floatToGoString gives them, at a fraction of its cost
+    return _go_string(value)
+
+
+def _go_string(value: float) -> str:
+    from prometheus_client.utils import floatToGoString
+
+    global _go_string  # the import once, then the library's function itself
+    _go_string = floatToGoString
+    spelled: str = floatToGoString(value)  # type: ignore[no-untyped-call]
+    return spelled
 
 
 def _label(value: str) -> str:
@@ -157,9 +174,6 @@ class ExportedAgent:
 
     @classmethod
     def of(cls, host: str, identity: str, files: AgentFiles) -> ExportedAgent:
-        from prometheus_client.utils import floatToGoString as go_string
-
-        number: Callable[[float], str] = go_string  # the library's own spelling of a value
         decoded = decode_agent(files)
         fields = decoded.fields
         harness = decoded.harness or (fields or {}).get("harness") or ""
@@ -167,13 +181,13 @@ class ExportedAgent:
         labels = f'agent="{_label(identity)}",harness="{_label(harness)}",host="{_label(host)}"'
         lines = [""] * _STATIC
         if fields is not None:
-            for index, (family, key, divisor) in enumerate(READINGS):
+            for index, (sample, key, divisor) in enumerate(_READING_SAMPLES):
                 if (value := fields[key]) is not None:
-                    lines[index] = f"{family.sample}{{{labels}}} {number(value / divisor)}\n"
+                    lines[index] = f"{sample}{{{labels}}} {_number(value if divisor == 1 else value / divisor)}\n"
             rate = []
             for key, window in RATE_WINDOWS:
                 if (value := (fields["rateLimits"] or {}).get(key)) is not None:
-                    rate.append(f'{RATE.sample}{{{labels},window="{window}"}} {number(value)}\n')
+                    rate.append(f'{RATE.sample}{{{labels},window="{window}"}} {_number(value)}\n')
             lines[len(READINGS)] = "".join(rate)
             if fields["model"] is not None:  # the record parser refuses lone surrogates
                 lines[len(READINGS) + 1] = f'{MODEL.sample}{{{labels},model="{_label(fields["model"])}"}} 1.0\n'
@@ -221,12 +235,14 @@ class Exporter:
         process: bool,
         alive: PidProbe = pid_alive,
         clock: Callable[[], int] = now_ms,
+        remember: bool = True,
     ) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Info, disable_created_metrics
 
         disable_created_metrics()  # type: ignore[no-untyped-call]  # no `_created` series beside every counter
         # `locate` is resolved per scrape: a catalog created after the exporter started is read.
         self.locate, self.here, self.alive, self.clock = locate, here, alive, clock
+        self.remember = remember  # False: one read only (a single --textfile), no signatures kept
         self.cache: CatalogCache[ExportedAgent] | None = None
         self.warned: set[str] = set()
         self.last = _Build(None, b"", 0, 0)
@@ -262,7 +278,7 @@ class Exporter:
         try:
             catalog = self.locate()
             if self.cache is None or self.cache.catalog != catalog:
-                self.cache = CatalogCache(catalog, ExportedAgent.of)
+                self.cache = CatalogCache(catalog, ExportedAgent.of, remember=self.remember)
             snapshot = self.cache.refresh()
         except CatalogError as exc:
             self._warn_new([f"cannot read the catalog: {exc}"])
@@ -412,7 +428,9 @@ def run_metrics(args: argparse.Namespace) -> int:
     if tls_unpaired(args):
         return fail("metrics", TLS_PAIRING, 2)
     quiet_guard_logs()
-    exporter = Exporter(lambda: existing_catalog(args), args.host, process=args.textfile is None)
+    serving = args.textfile is None
+    exporter = Exporter(lambda: existing_catalog(args), args.host, process=serving,
+                        remember=serving or args.interval is not None)  # fmt: skip
     if args.textfile is not None:
         return _write(args, exporter)
     from wrapper.metrics_server import serve_exporter
