@@ -180,6 +180,10 @@ def watch_p99(scratch: Path, size: int, events: int) -> float:
     return latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
 
 
+def ratio(figure: tuple[float, float], base: tuple[float, float]) -> str:
+    return f"{figure[0] / base[0]:.2f}x ({figure[1] / base[1]:.2f}x)"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--sizes", default="1000,10000")
@@ -197,15 +201,12 @@ def main() -> int:
             build_catalog(catalog, size, now_ms)
             base = run_process([sys.executable, "-m", "wrapper.cli", "agents", "--json", "--host", "alpha",
                                 "--catalog", str(catalog)], args.repeat)  # fmt: skip
+            out = str(Path(scratch) / "hctx.prom")
             textfile = run_process([sys.executable, "-m", "wrapper.cli", "metrics", "--host", "alpha", "--catalog",
-                                    str(catalog), "--textfile", str(Path(scratch) / "hctx.prom")], args.repeat)  # fmt: skip
+                                    str(catalog), "--textfile", out], args.repeat)  # fmt: skip
             scraped = scrapes(catalog, size, args.repeat)
-
-            def cell(figure: tuple[float, float]) -> str:
-                return f"{figure[0] / base[0]:.2f}x ({figure[1] / base[1]:.2f}x)"
-
-            print(f"| {size:6d} | {base[0]:10.0f} ({base[1]:6.0f}) | {cell(textfile)} | {cell(scraped['cold'])} "
-                  f"| {cell(scraped['warm'])} | {cell(scraped['changed'])} |", flush=True)  # fmt: skip
+            cells = [ratio(figure, base) for figure in (textfile, scraped["cold"], scraped["warm"], scraped["changed"])]
+            print(f"| {size:6d} | {base[0]:10.0f} ({base[1]:6.0f}) | " + " | ".join(cells) + " |", flush=True)
         print()
         print("Each cell: wall time over `agents --json`'s (CPU time over its CPU time).")
         print()

@@ -5,6 +5,7 @@ record exports nothing and is counted, and the exposition is served (HTTP, TLS) 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import ssl
@@ -352,3 +353,116 @@ def test_other_commands_do_not_load_prometheus_client() -> None:
     done = subprocess.run([sys.executable, "-c", "import json; " + probe], capture_output=True, text=True,
                           env=os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parent.parent)})  # fmt: skip
     assert json.loads(done.stdout) is False, done.stderr
+
+
+# --- the server: paths, formats, bounds -----------------------------------------------------------
+
+
+def _raw(url: str, request: bytes, timeout: float = 10) -> bytes:
+    """One raw exchange on a fresh connection: what came back before the server closed it."""
+    import socket
+    import urllib.parse
+
+    where = urllib.parse.urlsplit(url)
+    with socket.create_connection((where.hostname, where.port), timeout=timeout) as sock:
+        sock.sendall(request)
+        chunks = []
+        with contextlib.suppress(ConnectionResetError):  # closed with our bytes unread: a reset
+            while chunk := sock.recv(65536):
+                chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def test_metrics_at_metrics_a_page_at_the_root_and_404_elsewhere(tmp_path: Path) -> None:
+    import gzip
+    import urllib.request
+
+    put_record(tmp_path / "catalog", "alice", observedAtMs=int(time.time() * 1000))
+    process, url = start_exporter(tmp_path / "catalog", HOST, tmp_path / "exporter.log", "--listen", "127.0.0.1:0")
+    root = url.removesuffix("/metrics")
+    try:
+        page = get(root + "/")
+        assert "<title>hctx metrics</title>" in page and 'href="/metrics"' in page
+        for path in ("/foo", "/metrics/x", "/metricsx"):
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                get(root + path)
+            assert refused.value.code == 404, path
+        with pytest.raises(urllib.error.HTTPError) as post:
+            urllib.request.urlopen(urllib.request.Request(url, data=b"x", method="POST"), timeout=10)
+        assert post.value.code == 405 and post.value.headers["Allow"] == "GET, HEAD"
+        # Text format 0.0.4 unless OpenMetrics is asked for, as Prometheus does; gzip when accepted.
+        with urllib.request.urlopen(url, timeout=10) as plain:
+            assert plain.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+            text = plain.read().decode()
+        assert "# TYPE hctx_model_info gauge" in text and not text.endswith("# EOF\n")
+        ask = {"Accept": "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5",
+               "Accept-Encoding": "gzip"}  # fmt: skip
+        with urllib.request.urlopen(urllib.request.Request(url, headers=ask), timeout=10) as negotiated:
+            assert negotiated.headers["Content-Type"].startswith("application/openmetrics-text; version=1.0.0")
+            assert negotiated.headers["Content-Encoding"] == "gzip"
+            body = gzip.decompress(negotiated.read()).decode()  # two gzip members, read as one stream
+        assert "# TYPE hctx_model info" in body and "# TYPE hctx_session_tokens counter" in body
+        assert body.endswith("# EOF\n") and body.count("# EOF") == 1
+        assert of(parse(body), "alice") == of(parse(text), "alice") != {}
+        head = _raw(url, b"HEAD /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 ") and head.endswith(b"\r\n\r\n")  # headers, no body
+    finally:
+        stop(process)
+
+
+def test_held_connections_are_closed_and_never_starve_a_scrape(tmp_path: Path) -> None:
+    """Past --max-connections the connection waiting longest is closed; a head that never ends is
+    closed at --header-timeout; a kept-alive connection at --idle-timeout; a scrape gets through."""
+    import socket
+    import urllib.parse
+
+    put_record(tmp_path / "catalog", "alice", observedAtMs=int(time.time() * 1000))
+    process, url = start_exporter(tmp_path / "catalog", HOST, tmp_path / "exporter.log", "--listen", "127.0.0.1:0",
+                                  "--max-connections", "4", "--header-timeout", "1", "--idle-timeout", "2")  # fmt: skip
+    where = urllib.parse.urlsplit(url)
+    try:
+        held = [socket.create_connection((where.hostname, where.port), timeout=10) for _ in range(8)]
+        for sock in held[4:]:
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # never finished
+        assert of(parse(get(url)), "alice")["hctx_context_used_tokens"] == 92283  # a ninth, served
+        started = time.monotonic()
+        for sock in held:
+            assert sock.recv(100) == b""  # closed by the exporter: evicted, or at the header timeout
+        assert time.monotonic() - started < 5
+        kept = _raw(url, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", timeout=10)  # keep-alive, then silence
+        assert kept.startswith(b"HTTP/1.1 200 ") and b"hctx metrics" in kept  # closed at the idle timeout
+        huge = _raw(url, b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 40_000 + b"\r\n\r\n")
+        assert not huge.startswith(b"HTTP/1.1 200")  # a head past 16 KiB is not served
+        assert process.poll() is None
+    finally:
+        stop(process)
+
+
+def test_a_scrape_reads_only_the_agents_whose_files_changed(tmp_path: Path) -> None:
+    from guard.catalog import RACY_NS
+
+    catalog = tmp_path / "catalog"
+    for agent in ("a", "b", "c"):
+        put_record(catalog, agent)
+        put_claim(catalog, agent, desiredState="running")
+        for name in ("harness-context", "harness-state"):
+            os.utime(catalog / "agents" / HOST / agent / name, ns=(time.time_ns() - 2 * RACY_NS,) * 2)
+    exporter = exporter_of(catalog, NOW, HOST)
+    reads = lambda: parse(render(exporter))[("hctx_exporter_records_read_total", ())]  # noqa: E731
+    assert reads() == 3
+    assert reads() == 3 and exporter.agents_text(False, False) is exporter.agents_text(False, False)
+    put_record(catalog, "b", usedTokens=7)
+    samples = parse(render(exporter))
+    assert samples[("hctx_exporter_records_read_total", ())] == 4
+    assert of(samples, "b")["hctx_context_used_tokens"] == 7 and of(samples, "a")["hctx_context_used_tokens"] == 92283
+    (catalog / "agents" / HOST / "c" / "harness-context").unlink()
+    assert "hctx_context_used_tokens" not in of(parse(render(exporter)), "c")
+
+
+@given(st.one_of(st.integers(-(10**18), 10**18), st.floats(allow_nan=True, allow_infinity=True)))
+def test_values_are_spelled_as_prometheus_client_spells_them(value: float) -> None:
+    from prometheus_client.utils import floatToGoString
+
+    from wrapper.metrics import _number
+
+    assert _number(value) == floatToGoString(value)

@@ -30,10 +30,13 @@ import guard
 from guard.catalog import AgentFiles, CatalogCache, CatalogSnapshot
 from guard.constants import HARNESS_CONTEXT_FUTURE_SKEW_MS, HARNESS_CONTEXT_STALE_MS
 from guard.errors import CatalogError
+from guard.projection import headroom_tokens
+from guard.record import HarnessContext, RateLimits
+from guard.state import HarnessState
 from guard.store import pid_alive
 from wrapper.arguments import positive_seconds
 from wrapper.reader_commands import add_catalog_options, existing_catalog, fail, quiet_guard_logs, warn, with_host
-from wrapper.roster import DecodedAgent, PidProbe, decode_agent, desired_state, now_ms
+from wrapper.roster import PidProbe, decode_agent, desired_state, now_ms
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -140,7 +143,16 @@ RUNNING = _gauge("hctx_agent_running", "1 when the agent's desired state is runn
 # In exposition order; the last two move with the clock and are decided at every scrape.
 AGENT_FAMILIES: tuple[Family, ...] = (*(family for family, _, _ in READINGS), RATE, MODEL, STALE, RUNNING)
 _STATIC = len(AGENT_FAMILIES) - 2
-_READING_SAMPLES = tuple((family.sample, key, divisor) for family, key, divisor in READINGS)
+# The record's attribute behind each `context` key (None: headroom, derived), read off the model
+# itself: rendering skips the record's dump into a dict.
+_ATTRIBUTES = {field.alias or name: name for name, field in HarnessContext.model_fields.items()}
+_READING_SAMPLES = tuple((family.sample, _ATTRIBUTES.get(key), divisor) for family, key, divisor in READINGS)
+_RATE_ALIASES = {field.alias or name: name for name, field in RateLimits.model_fields.items()}
+_RATE_ATTRIBUTES = tuple((_RATE_ALIASES[key], window) for key, window in RATE_WINDOWS)
+
+
+def _headroom(record: HarnessContext) -> int | None:
+    return headroom_tokens({"compactAtTokens": record.compact_at_tokens, "usedTokens": record.used_tokens})
 
 
 def _number(value: float) -> str:
@@ -165,50 +177,59 @@ def _label(value: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class ExportedAgent:
-    """One agent as the exporter keeps it between scrapes: its decoding and its rendered lines."""
+    """One agent as the exporter keeps it between scrapes: its rendered lines and the little the
+    clock still decides on. The decoded record is not kept: at 10,000 agents the garbage
+    collector's passes over kept models cost more than rendering them."""
 
-    decoded: DecodedAgent
     lines: tuple[str, ...]  # per family of AGENT_FAMILIES[:_STATIC], "" where it has no sample
     stale_line: str  # the `hctx_context_stale` sample without its value
     running_line: str
+    observed_at_ms: int | None  # None: no record that reads
+    claim: HarnessState | None
+    problem: str | None
+    claim_problem: str | None
 
     @classmethod
     def of(cls, host: str, identity: str, files: AgentFiles) -> ExportedAgent:
-        decoded = decode_agent(files)
-        fields = decoded.fields
-        harness = decoded.harness or (fields or {}).get("harness") or ""
+        decoded = decode_agent(files, expose=False)
+        record = decoded.record
+        harness = decoded.harness or (record.harness if record is not None else "")
         # Sorted label names, as prometheus_client writes them.
         labels = f'agent="{_label(identity)}",harness="{_label(harness)}",host="{_label(host)}"'
         lines = [""] * _STATIC
-        if fields is not None:
-            for index, (sample, key, divisor) in enumerate(_READING_SAMPLES):
-                if (value := fields[key]) is not None:
+        if record is not None:
+            for index, (sample, attribute, divisor) in enumerate(_READING_SAMPLES):
+                value = _headroom(record) if attribute is None else getattr(record, attribute)
+                if value is not None:
                     lines[index] = f"{sample}{{{labels}}} {_number(value if divisor == 1 else value / divisor)}\n"
             rate = []
-            for key, window in RATE_WINDOWS:
-                if (value := (fields["rateLimits"] or {}).get(key)) is not None:
+            for attribute, window in _RATE_ATTRIBUTES:
+                if record.rate_limits is not None and (value := getattr(record.rate_limits, attribute)) is not None:
                     rate.append(f'{RATE.sample}{{{labels},window="{window}"}} {_number(value)}\n')
             lines[len(READINGS)] = "".join(rate)
-            if fields["model"] is not None:  # the record parser refuses lone surrogates
-                lines[len(READINGS) + 1] = f'{MODEL.sample}{{{labels},model="{_label(fields["model"])}"}} 1.0\n'
-        return cls(decoded, tuple(lines), f"{STALE.sample}{{{labels}}} ", f"{RUNNING.sample}{{{labels}}} ")
+            if record.model is not None:  # the record parser refuses lone surrogates
+                lines[len(READINGS) + 1] = f'{MODEL.sample}{{{labels},model="{_label(record.model)}"}} 1.0\n'
+        return cls(
+            tuple(lines), f"{STALE.sample}{{{labels}}} ", f"{RUNNING.sample}{{{labels}}} ",
+            None if decoded.record is None else decoded.record.observed_at_ms, decoded.claim, decoded.problem,
+            decoded.claim_problem,
+        )  # fmt: skip
 
     def flags(self, now: int, host: str, here: str, alive: PidProbe) -> int:
         """What the clock decides: bit 0 the record reads (not dated past the skew), bit 1 stale,
         bit 2 the agent has a desired state, bit 3 it is running."""
-        record = self.decoded.record
-        flags = 0
-        if record is not None and record.observed_at_ms <= now + HARNESS_CONTEXT_FUTURE_SKEW_MS:
-            flags |= 1 | (2 if record.observed_at_ms <= now - HARNESS_CONTEXT_STALE_MS else 0)
-        state = desired_state(self.decoded.claim, host, here, alive)
+        observed, flags = self.observed_at_ms, 0
+        if observed is not None and observed <= now + HARNESS_CONTEXT_FUTURE_SKEW_MS:
+            flags |= 1 | (2 if observed <= now - HARNESS_CONTEXT_STALE_MS else 0)
+        state = desired_state(self.claim, host, here, alive)
         if state is not None:
             flags |= 4 | (8 if state == "running" else 0)
         return flags
 
     def problems(self, name: str, flags: int, now: int) -> list[str]:
-        record, found = self.decoded.record, [self.decoded.problem, self.decoded.claim_problem]
-        if record is not None and not flags & 1:
-            ahead = record.observed_at_ms - now
+        found = [self.problem, self.claim_problem]
+        if self.observed_at_ms is not None and not flags & 1:
+            ahead = self.observed_at_ms - now
             found[0] = f"context record observed {ahead} ms in the future; clock untrusted, read as absent"
         return [f"{name}: {problem}" for problem in found if problem]
 
@@ -288,12 +309,11 @@ class Exporter:
         unreadable = errors = 0
         changed = set(snapshot.changed)
         for (host, identity, agent), flag in zip(snapshot.agents, flags, strict=True):
-            decoded = agent.decoded
             warnings.extend(agent.problems(f"{host}/{identity}", flag, now))
             # Refused, or dated past the skew: the agent exports no reading.
-            unreadable += not flag & 1 and (decoded.record is not None or decoded.problem is not None)
+            unreadable += not flag & 1 and (agent.observed_at_ms is not None or agent.problem is not None)
             if (host, identity) in changed:
-                errors += (decoded.problem is not None) + (decoded.claim_problem is not None)
+                errors += (agent.problem is not None) + (agent.claim_problem is not None)
         self.reads.inc(len(snapshot.changed))
         self.errors.inc(errors)
         self._warn_new(warnings)

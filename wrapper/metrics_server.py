@@ -36,6 +36,7 @@ __all__ = ["MAX_BODY_BYTES", "MAX_HEAD_BYTES", "MetricsServer", "serve_exporter"
 MAX_HEAD_BYTES = 16 * 1024
 MAX_BODY_BYTES = 64 * 1024
 CHUNK = 64 * 1024
+REASONS = {200: b"OK", 404: b"Not Found", 405: b"Method Not Allowed", 500: b"Internal Server Error"}
 
 
 class _Refused(Exception):
@@ -82,8 +83,9 @@ class MetricsServer:
             self._waiting.pop(key, None)
             if request is None:
                 return
-            with trio.fail_after(self.limits.idle_s):
-                await self._respond(stream, connection, request)
+            status, headers, parts = await self._answer(request)
+            with trio.fail_after(self.limits.idle_s):  # a client too slow to take its answer
+                await self._send_response(stream, connection, request, status, headers, parts)
             if connection.our_state is not h11.DONE or connection.their_state is not h11.DONE:
                 return
             connection.start_next_cycle()
@@ -94,7 +96,8 @@ class MetricsServer:
             event = connection.next_event()
             if event is not h11.NEED_DATA:
                 return event
-            connection.receive_data(bytes(await stream.receive_some(CHUNK)))
+            # At most a head's bound at a time: h11 refuses a head that outgrows it while incomplete.
+            connection.receive_data(bytes(await stream.receive_some(MAX_HEAD_BYTES)))
 
     async def _request(self, stream: trio.abc.Stream, connection: h11.Connection) -> h11.Request | None:
         event = await self._receive(stream, connection)
@@ -109,7 +112,8 @@ class MetricsServer:
                 raise _Refused
         return event
 
-    async def _respond(self, stream: trio.abc.Stream, connection: h11.Connection, request: h11.Request) -> None:
+    async def _answer(self, request: h11.Request) -> tuple[int, list[tuple[str, str]], list[bytes]]:
+        """The status, headers and body parts for a request (a scrape waits here for its read)."""
         path = request.target.split(b"?", 1)[0]
         headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in request.headers}
         extra: list[tuple[str, str]] = []
@@ -140,8 +144,18 @@ class MetricsServer:
         else:
             status, kind, parts = 404, "text/plain; charset=utf-8", [b"not found; the metrics are at /metrics\n"]
         length = sum(len(part) for part in parts)
-        response = h11.Response(status_code=status, headers=[("Content-Type", kind), ("Content-Length", str(length)),
-                                                             *extra])  # fmt: skip
+        return status, [("Content-Type", kind), ("Content-Length", str(length)), *extra], parts
+
+    async def _send_response(
+        self,
+        stream: trio.abc.Stream,
+        connection: h11.Connection,
+        request: h11.Request,
+        status: int,
+        headers: list[tuple[str, str]],
+        parts: list[bytes],
+    ) -> None:
+        response = h11.Response(status_code=status, headers=headers, reason=REASONS[status])
         await stream.send_all(connection.send(response) or b"")
         if request.method != b"HEAD":
             for part in parts:

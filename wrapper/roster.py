@@ -141,14 +141,15 @@ class DecodedAgent:
         return None if self.claim is None else self.claim.harness
 
 
-def decode_agent(files: AgentFiles) -> DecodedAgent:
+def decode_agent(files: AgentFiles, *, expose: bool = True) -> DecodedAgent:
+    """`expose=False` skips the record's `exposure` (for a reader that takes the model's attributes)."""
     record, problem = decode_record(files.record, REGISTERED)
     claim, claim_problem = decode_claim(files.claim, REGISTERED)
     if files.problem is not None:
         claim_problem = None  # one warning for the directory, not one per file
     return DecodedAgent(
         files, record, None if problem is None else short(problem), claim, claim_problem,
-        None if record is None else exposure(record),
+        None if record is None or not expose else exposure(record),
     )  # fmt: skip
 
 
