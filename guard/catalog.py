@@ -294,7 +294,7 @@ RACY_NS = 1_000_000_000
 # it could not be looked at.
 _Signature = tuple[int, int, int, int, int] | int | None
 
-T = TypeVar("T")
+_Value = TypeVar("_Value")
 
 
 def _signature(host_fd: int | None, identity: str, name: str) -> _Signature:
@@ -314,23 +314,23 @@ def _racy(signature: _Signature, since_ns: int) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
-class _Entry(Generic[T]):
+class _Entry(Generic[_Value]):
     signature: tuple[_Signature, _Signature]
     racy: bool
-    value: T
+    value: _Value
 
 
 @dataclass(frozen=True, slots=True)
-class CatalogSnapshot(Generic[T]):
+class CatalogSnapshot(Generic[_Value]):
     """Every agent of the catalog with its value, sorted by host then identity, the listing's
     warnings, and which agents were read again for this snapshot (all of them the first time)."""
 
-    agents: list[tuple[str, str, T]]
+    agents: list[tuple[str, str, _Value]]
     warnings: list[str]
     changed: list[tuple[str, str]]
 
 
-class CatalogCache(Generic[T]):
+class CatalogCache(Generic[_Value]):
     """The catalog's agents, each turned into a value by `load` from its two files, and read again
     only when one of those files changed: each refresh lists the tree and `lstat`s the two records
     of every agent; an agent whose files look as they did is not opened. The exporter, `hctx watch`
@@ -339,13 +339,13 @@ class CatalogCache(Generic[T]):
     `load(host, identity, files)` must not depend on the clock: what changes with time alone (age,
     staleness, whether a wrapper still lives) is the caller's to derive from the value."""
 
-    def __init__(self, catalog: Path, load: Callable[[str, str, AgentFiles], T], *, remember: bool = True) -> None:
+    def __init__(self, catalog: Path, load: Callable[[str, str, AgentFiles], _Value], *, remember: bool = True) -> None:
         # `remember=False`: a reader that refreshes once keeps nothing and looks at no signature.
         self.catalog, self._load, self._remember = catalog, load, remember
-        self._entries: dict[tuple[str, str], _Entry[T]] = {}
+        self._entries: dict[tuple[str, str], _Entry[_Value]] = {}
         self.reads = 0  # agents (re)read since the cache was made
 
-    def refresh(self) -> CatalogSnapshot[T]:
+    def refresh(self) -> CatalogSnapshot[_Value]:
         """CatalogError when the catalog cannot be listed at all (the cache is kept)."""
         collecting = gc.isenabled()
         gc.disable()  # a read allocates and keeps a few dozen objects per agent and makes no cycles:
@@ -355,10 +355,10 @@ class CatalogCache(Generic[T]):
             if collecting:
                 gc.enable()
 
-    def _refresh(self) -> CatalogSnapshot[T]:
+    def _refresh(self) -> CatalogSnapshot[_Value]:
         agents, warnings = list_agents(self.catalog)
-        entries: dict[tuple[str, str], _Entry[T]] = {}
-        found: list[tuple[str, str, T]] = []
+        entries: dict[tuple[str, str], _Entry[_Value]] = {}
+        found: list[tuple[str, str, _Value]] = []
         changed: list[tuple[str, str]] = []
         host_fd: int | None = None
         current_host: str | None = None

@@ -463,6 +463,6 @@ def test_a_scrape_reads_only_the_agents_whose_files_changed(tmp_path: Path) -> N
 def test_values_are_spelled_as_prometheus_client_spells_them(value: float) -> None:
     from prometheus_client.utils import floatToGoString
 
-    from wrapper.metrics import _number
+    from wrapper.metrics import number_text
 
-    assert _number(value) == floatToGoString(value)
+    assert number_text(value) == floatToGoString(value)

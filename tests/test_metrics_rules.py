@@ -148,3 +148,21 @@ def test_promtool_check_metrics_finds_nothing_in_the_exposition(tmp_path: Path) 
                           input=text.replace("# TYPE hctx_session_tokens_total counter",
                                              "# TYPE hctx_session_tokens_total gauge"))  # fmt: skip
     assert 'hctx_session_tokens_total non-counter metrics should not have "_total" suffix' in done.stdout + done.stderr
+
+
+def test_the_panel_render_draws_every_dashboard_panel_with_its_series() -> None:
+    """scripts/render_panels.py (the README's screenshot) draws each panel of the shipped dashboard,
+    by its title, with each series' legend and last value; a panel whose queries found nothing says so."""
+    import json
+
+    from scripts.render_panels import DASHBOARD, render
+
+    board = json.loads(DASHBOARD.read_text())
+    ranges = {panel["title"]: [[] for _ in panel["targets"]] for panel in board["panels"]}
+    ranges["Fleet fill"] = [[{"metric": {"host": "bravo", "agent": "hot"}, "values": [[1, "90"], [2, "97"]]}]]
+    ranges["Stale agents"] = [[{"metric": {"host": "bravo", "agent": "old"}, "values": [[2, "1"]]}]]
+    page = render({"ranges": ranges})
+    for panel in board["panels"]:
+        assert f"<h2>{panel['title']}</h2>".replace("'", "&#x27;") in page, panel["title"]
+    assert "bravo/hot" in page and "bravo/old" in page
+    assert page.count("No data") == len(board["panels"]) - 2

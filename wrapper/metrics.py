@@ -45,11 +45,13 @@ __all__ = [
     "AGENT_FAMILIES",
     "DEFAULT_LIMITS",
     "DEFAULT_LISTEN",
+    "MODEL",
     "MS",
-    "OPENMETRICS",
+    "RATE",
     "RATE_WINDOWS",
     "READINGS",
-    "TEXT_0_0_4",
+    "RUNNING",
+    "STALE",
     "ExportedAgent",
     "Exporter",
     "Family",
@@ -57,13 +59,12 @@ __all__ = [
     "add_metrics_command",
     "exposition",
     "listen_address",
+    "number_text",
     "run_metrics",
 ]
 
 DEFAULT_LISTEN = ("127.0.0.1", 9478)
 MS = 1000  # ms / 1000 is the double nearest the seconds; ms * 0.001 is not always
-OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8"
-TEXT_0_0_4 = "text/plain; version=0.0.4; charset=utf-8"
 
 
 def _connections(text: str) -> int:
@@ -155,7 +156,7 @@ def _headroom(record: HarnessContext) -> int | None:
     return headroom_tokens({"compactAtTokens": record.compact_at_tokens, "usedTokens": record.used_tokens})
 
 
-def _number(value: float) -> str:
+def number_text(value: float) -> str:
     """A value as prometheus_client spells it (Go's shortest form), the common whole numbers fast."""
     if type(value) is int and -(10**15) < value < 1_000_000:
         return f"{value}.0"  # what floatToGoString gives them, at a fraction of its cost
@@ -201,11 +202,11 @@ class ExportedAgent:
             for index, (sample, attribute, divisor) in enumerate(_READING_SAMPLES):
                 value = _headroom(record) if attribute is None else getattr(record, attribute)
                 if value is not None:
-                    lines[index] = f"{sample}{{{labels}}} {_number(value if divisor == 1 else value / divisor)}\n"
+                    lines[index] = f"{sample}{{{labels}}} {number_text(value if divisor == 1 else value / divisor)}\n"
             rate = []
             for attribute, window in _RATE_ATTRIBUTES:
                 if record.rate_limits is not None and (value := getattr(record.rate_limits, attribute)) is not None:
-                    rate.append(f'{RATE.sample}{{{labels},window="{window}"}} {_number(value)}\n')
+                    rate.append(f'{RATE.sample}{{{labels},window="{window}"}} {number_text(value)}\n')
             lines[len(READINGS)] = "".join(rate)
             if record.model is not None:  # the record parser refuses lone surrogates
                 lines[len(READINGS) + 1] = f'{MODEL.sample}{{{labels},model="{_label(record.model)}"}} 1.0\n'

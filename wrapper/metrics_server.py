@@ -31,11 +31,23 @@ import guard
 if TYPE_CHECKING:
     from wrapper.metrics import Exporter, Limits
 
-__all__ = ["MAX_BODY_BYTES", "MAX_HEAD_BYTES", "MetricsServer", "serve_exporter"]
+__all__ = [
+    "CHUNK",
+    "LANDING",
+    "MAX_BODY_BYTES",
+    "MAX_HEAD_BYTES",
+    "OPENMETRICS",
+    "REASONS",
+    "TEXT_0_0_4",
+    "MetricsServer",
+    "serve_exporter",
+]
 
 MAX_HEAD_BYTES = 16 * 1024
 MAX_BODY_BYTES = 64 * 1024
 CHUNK = 64 * 1024
+OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+TEXT_0_0_4 = "text/plain; version=0.0.4; charset=utf-8"
 REASONS = {200: b"OK", 404: b"Not Found", 405: b"Method Not Allowed", 500: b"Internal Server Error"}
 
 
@@ -133,8 +145,6 @@ class MetricsServer:
                 print(f"hctx metrics: scrape failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
                 status, kind, parts = 500, "text/plain; charset=utf-8", [b"scrape failed; see the exporter's log\n"]
             else:
-                from wrapper.metrics import OPENMETRICS, TEXT_0_0_4
-
                 status, kind = 200, OPENMETRICS if openmetrics else TEXT_0_0_4
                 if compressed:
                     extra.append(("Content-Encoding", "gzip"))
