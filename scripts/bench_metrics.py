@@ -24,6 +24,7 @@ Usage: scripts/bench_metrics.py [--sizes 1000,10000] [--repeat 5] [--watch-sizes
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import queue
@@ -161,11 +162,26 @@ def watch_p99(scratch: Path, size: int, events: int) -> float:
     threading.Thread(target=lambda: [lines.put(line) for line in watch.stdout], daemon=True).start()  # type: ignore[union-attr]
     if "following" not in watch.stderr.readline():
         raise SystemExit("hctx watch did not start")
-    time.sleep(1.5)
     latencies = []
     try:
+        # Until its file watching is set up (after its first read) a write goes unseen until the
+        # re-read: probe with the last agent until an event comes, then measure from then on.
+        probe, deadline = directories[-1], time.monotonic() + 180
+        while True:
+            replace_record(probe, 85.0)
+            with contextlib.suppress(queue.Empty):
+                lines.get(timeout=2)
+                break
+            if time.monotonic() > deadline:
+                raise SystemExit("hctx watch never reported the probe")
+            replace_record(probe, 50.0)
+        replace_record(probe, 50.0)
+        time.sleep(1)
+        with contextlib.suppress(queue.Empty):
+            while True:
+                lines.get_nowait()  # a late event of the probe
         for index in range(events):
-            directory = directories[index % len(directories)]
+            directory = directories[index % max(1, len(directories) - 1)]
             started = time.perf_counter()
             replace_record(directory, 85.0)
             event = json.loads(lines.get(timeout=60))
