@@ -597,3 +597,13 @@ def process_logged(process: subprocess.Popen[str], text: str, timeout: float = 2
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: lines.put(process.stderr.readline()), daemon=True).start()  # type: ignore[union-attr]
     return text in lines.get(timeout=timeout)
+
+
+def test_a_partial_step_keeps_the_agents_it_did_not_see() -> None:
+    """A file event steps only the agents whose files changed; the others keep what was told."""
+    both = [seen_row("a", "i1", context(85)), seen_row("b", "i1", context(90))]
+    events, state = step({}, both, NOW, Settings())
+    assert len(events) == 4
+    events, after = step(state, [seen_row("a", "i1", context(10))], NOW, Settings(), partial=True)
+    assert events == [] and after["box/b"] == state["box/b"] and after["box/a"].fired == frozenset()
+    assert "box/b" not in step(state, [seen_row("a", "i1", context(10))], NOW, Settings())[1]

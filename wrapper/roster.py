@@ -238,11 +238,16 @@ class RosterCache:
     def __init__(self, catalog: Path) -> None:
         self.cache = CatalogCache(catalog, lambda _host, _identity, files: decode_agent(files))
 
-    def views(self, now: int, *, here: str, alive: PidProbe = pid_alive) -> tuple[list[AgentView], list[str]]:
-        """Every agent's view at `now` and the listing's warnings; CatalogError as `list_agents`."""
+    def views(
+        self, now: int, *, here: str, alive: PidProbe = pid_alive, changed_only: bool = False
+    ) -> tuple[list[AgentView], list[str]]:
+        """Every agent's view at `now` (`changed_only`: of the agents read again) and the listing's
+        warnings; CatalogError as `list_agents`."""
         snapshot = self.cache.refresh()
+        changed = set(snapshot.changed) if changed_only else None
         views = [agent_view(host, identity, decoded, now, here=here, alive=alive)
-                 for host, identity, decoded in snapshot.agents]  # fmt: skip
+                 for host, identity, decoded in snapshot.agents
+                 if changed is None or (host, identity) in changed]  # fmt: skip
         return views, snapshot.warnings
 
     def roster(self, now: int, *, here: str, alive: PidProbe = pid_alive) -> Roster:

@@ -251,16 +251,17 @@ def _first_sight(incarnation: str, row: AgentRow, settings: Settings) -> Seen:
 
 
 def step(
-    state: State, snapshot: Iterable[Observation], now: int, settings: Settings
+    state: State, snapshot: Iterable[Observation], now: int, settings: Settings, *, partial: bool = False
 ) -> tuple[list[Event], dict[str, Seen]]:
     """The events one roster snapshot brings after `state`, and the state after them.
 
     A new incarnation starts from nothing told (its thresholds armed, zero compactions); a record of
     another incarnation observed before the reading last told is a straggler of an older one and
     changes nothing. An agent watch has never seen is armed by `_first_sight`. An agent missing from
-    the snapshot is forgotten; one present without a reading keeps what was told."""
+    the snapshot is forgotten (unless the snapshot is `partial`: only the agents whose files
+    changed); one present without a reading keeps what was told."""
     events: list[Event] = []
-    after: dict[str, Seen] = {}
+    after: dict[str, Seen] = dict(state) if partial else {}
     for observation in snapshot:
         row, incarnation = observation.row, observation.incarnation
         before = state.get(row.name)
@@ -284,12 +285,18 @@ def step(
 
 
 def observe(
-    catalog: Path, now: int, *, here: str, alive: PidProbe = pid_alive, cache: RosterCache | None = None
+    catalog: Path,
+    now: int,
+    *,
+    here: str,
+    alive: PidProbe = pid_alive,
+    cache: RosterCache | None = None,
+    changed_only: bool = False,
 ) -> tuple[list[Observation], list[str]]:
     """The roster's rows (every host's; running-ness for this host's) with their records' incarnations;
-    through `cache`, only the agents whose files changed are read again. A record of an incarnation
-    the claim lists as past is a straggler, and no reading."""
-    views, warnings = (cache or RosterCache(catalog)).views(now, here=here, alive=alive)
+    through `cache`, only the agents whose files changed are read again (and, `changed_only`, only
+    they are observed). A record of an incarnation the claim lists as past is a straggler, and no reading."""
+    views, warnings = (cache or RosterCache(catalog)).views(now, here=here, alive=alive, changed_only=changed_only)
     observations = []
     for view in views:
         incarnation = None if view.record is None or view.row.context is None else view.record.incarnation
@@ -328,7 +335,8 @@ def dump_state(state: State) -> bytes:
               "compactions": seen.compactions, "stale": seen.stale, "observedMs": seen.observed_ms}
         for key, seen in sorted(state.items())
     }  # fmt: skip
-    return (json.dumps({"schema": STATE_SCHEMA, "agents": agents}, indent=1) + "\n").encode()
+    # One line: without `indent` json uses its C encoder, and this runs after every change.
+    return (json.dumps({"schema": STATE_SCHEMA, "agents": agents}, separators=(",", ":")) + "\n").encode()
 
 
 def load_state(data: bytes) -> dict[str, Seen]:
@@ -598,21 +606,29 @@ async def follow(
     with state_file.held() as dir_fd:
         state = state_file.load(dir_fd)
 
-        def tick(outbox: Outbox) -> None:
+        def tick(outbox: Outbox, full: bool = True) -> None:
+            """`full`: every agent (the periodic re-read, for staleness); else the ones whose files changed."""
             nonlocal state, told_warnings
             now = now_ms()
             try:
-                snapshot, warnings = observe(catalog, now, here=here, cache=cache)
+                snapshot, warnings = observe(catalog, now, here=here, cache=cache, changed_only=not full)
             except CatalogError as exc:
                 warnings, snapshot = [f"cannot read the catalog: {exc}"], None
             for warning in warnings:
                 if warning not in told_warnings:
                     log(f"warning: {warning}")
-            told_warnings = set(warnings)
+            told_warnings = set(warnings) if full else told_warnings | set(warnings)
             if snapshot is None:
                 return
-            events, state = step(state, snapshot, now, settings)
-            outbox.settle(state, events)
+            events, after = step(state, snapshot, now, settings, partial=not full)
+            if after != state:
+                try:
+                    state_file.save(dir_fd, after)
+                except OSError as exc:
+                    log(f"cannot save {state_file.path}: {exc}; a restart may repeat these events")
+                state = after
+            for event in events:
+                outbox.put(event)
 
         stop = anyio.Event()
         async with trio.open_nursery() as nursery:
@@ -633,8 +649,11 @@ async def follow(
             outbox = Outbox(nursery, deliver, record, state)
             log(f"following {catalog}, re-reading every {reread_s:g} s; state in {state_file.path}")
             tick(outbox)
-            async for _ in record_changes(catalog, stop, timeout_s=reread_s):
-                tick(outbox)
+            async for changes in awatch(
+                catalog, watch_filter=_is_record, stop_event=stop, debounce=400,
+                rust_timeout=max(1, int(reread_s * 1000)), yield_on_timeout=True,
+            ):  # fmt: skip
+                tick(outbox, full=not changes)  # an empty set: the re-read's timeout
             nursery.cancel_scope.cancel()
 
 
