@@ -21,7 +21,7 @@ import os
 import re
 import stat
 import time
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, TypeVar
@@ -355,6 +355,45 @@ class CatalogCache(Generic[_Value]):
             if collecting:
                 gc.enable()
 
+    def refresh_agents(self, keys: Iterable[tuple[str, str]]) -> CatalogSnapshot[_Value]:
+        """Only these agents (named by a file event), without listing the catalog: each is looked
+        at and read again if its files changed; one whose directory is gone is dropped. The next
+        `refresh` lists everything again."""
+        found: list[tuple[str, str, _Value]] = []
+        changed: list[tuple[str, str]] = []
+        for host, identity in sorted(set(keys)):
+            if not (is_agent_tree_name(host) and is_agent_tree_name(identity)):
+                continue
+            host_fd = open_host_dir(self.catalog, host)
+            try:
+                if host_fd is None or not _is_dir_at(host_fd, identity):
+                    self._entries.pop((host, identity), None)
+                    continue
+                entry, reread = self._look(host, identity, host_fd)
+            finally:
+                if host_fd is not None:
+                    os.close(host_fd)
+            self._entries[host, identity] = entry
+            found.append((host, identity, entry.value))
+            if reread:
+                changed.append((host, identity))
+        return CatalogSnapshot(found, [], changed)
+
+    def _look(self, host: str, identity: str, host_fd: int | None) -> tuple[_Entry[_Value], bool]:
+        """The agent's entry, read again when its files changed (and whether it was)."""
+        looked_ns = time.time_ns() - RACY_NS
+        signature = (
+            _signature(host_fd, identity, CONTEXT_RECORD_NAME),
+            _signature(host_fd, identity, STATE_RECORD_NAME),
+        ) if self._remember else (None, None)  # fmt: skip
+        entry = self._entries.get((host, identity))
+        if entry is not None and not entry.racy and entry.signature == signature:
+            return entry, False
+        files = read_agent_files(self.catalog, host, identity, host_fd)
+        racy = any(_racy(part, looked_ns) for part in signature)
+        self.reads += 1
+        return _Entry(signature, racy, self._load(host, identity, files)), True
+
     def _refresh(self) -> CatalogSnapshot[_Value]:
         agents, warnings = list_agents(self.catalog)
         entries: dict[tuple[str, str], _Entry[_Value]] = {}
@@ -368,17 +407,8 @@ class CatalogCache(Generic[_Value]):
                     if host_fd is not None:
                         os.close(host_fd)
                     host_fd, current_host = open_host_dir(self.catalog, host), host
-                looked_ns = time.time_ns() - RACY_NS
-                signature = (
-                    _signature(host_fd, identity, CONTEXT_RECORD_NAME),
-                    _signature(host_fd, identity, STATE_RECORD_NAME),
-                ) if self._remember else (None, None)  # fmt: skip
-                entry = self._entries.get((host, identity))
-                if entry is None or entry.racy or entry.signature != signature:
-                    files = read_agent_files(self.catalog, host, identity, host_fd)
-                    racy = any(_racy(part, looked_ns) for part in signature)
-                    entry = _Entry(signature, racy, self._load(host, identity, files))
-                    self.reads += 1
+                entry, reread = self._look(host, identity, host_fd)
+                if reread:
                     changed.append((host, identity))
                 if self._remember:
                     entries[host, identity] = entry
@@ -388,3 +418,10 @@ class CatalogCache(Generic[_Value]):
                 os.close(host_fd)
         self._entries = entries
         return CatalogSnapshot(found, warnings, changed)
+
+
+def _is_dir_at(dir_fd: int, name: str) -> bool:
+    try:
+        return stat.S_ISDIR(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False

@@ -12,7 +12,7 @@ import itertools
 import operator
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -239,12 +239,12 @@ class RosterCache:
         self.cache = CatalogCache(catalog, lambda _host, _identity, files: decode_agent(files))
 
     def views(
-        self, now: int, *, here: str, alive: PidProbe = pid_alive, changed_only: bool = False
+        self, now: int, *, here: str, alive: PidProbe = pid_alive, only: Iterable[tuple[str, str]] | None = None
     ) -> tuple[list[AgentView], list[str]]:
-        """Every agent's view at `now` (`changed_only`: of the agents read again) and the listing's
-        warnings; CatalogError as `list_agents`."""
-        snapshot = self.cache.refresh()
-        changed = set(snapshot.changed) if changed_only else None
+        """Every agent's view at `now` and the listing's warnings; CatalogError as `list_agents`.
+        `only`: just these agents (host, identity), and of them the ones whose files changed."""
+        snapshot = self.cache.refresh() if only is None else self.cache.refresh_agents(only)
+        changed = None if only is None else set(snapshot.changed)
         views = [agent_view(host, identity, decoded, now, here=here, alive=alive)
                  for host, identity, decoded in snapshot.agents
                  if changed is None or (host, identity) in changed]  # fmt: skip

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from guard.constants import CONTROL_DIR_NAME, HARNESS_CONTEXT_STALE_MS, REPLICATED_RECORD_NAMES
+from guard.constants import AGENTS_DIR_NAME, CONTROL_DIR_NAME, HARNESS_CONTEXT_STALE_MS, REPLICATED_RECORD_NAMES
 from guard.errors import CatalogError
 from guard.projection import headroom_tokens
 from guard.store import check_name, control_dir, open_chain, pid_alive, write_json_atomic
@@ -291,12 +291,13 @@ def observe(
     here: str,
     alive: PidProbe = pid_alive,
     cache: RosterCache | None = None,
-    changed_only: bool = False,
+    only: Iterable[tuple[str, str]] | None = None,
 ) -> tuple[list[Observation], list[str]]:
     """The roster's rows (every host's; running-ness for this host's) with their records' incarnations;
-    through `cache`, only the agents whose files changed are read again (and, `changed_only`, only
-    they are observed). A record of an incarnation the claim lists as past is a straggler, and no reading."""
-    views, warnings = (cache or RosterCache(catalog)).views(now, here=here, alive=alive, changed_only=changed_only)
+    through `cache`, only the agents whose files changed are read again (and with `only`, the agents
+    a file event named, only those of them that changed are observed). A record of an incarnation
+    the claim lists as past is a straggler, and no reading."""
+    views, warnings = (cache or RosterCache(catalog)).views(now, here=here, alive=alive, only=only)
     observations = []
     for view in views:
         incarnation = None if view.record is None or view.row.context is None else view.record.incarnation
@@ -563,29 +564,17 @@ def _is_record(_change: object, path: str) -> bool:
     return os.path.basename(path) in REPLICATED_RECORD_NAMES
 
 
-def record_changes(
-    catalog: Path, stop: anyio.Event, *, timeout_s: float, debounce_ms: int = 400, step_ms: int = 50
-) -> AsyncIterator[set[tuple[Change, str]]]:
-    """The catalog's record files as they change (inotify on Linux, through watchfiles): one set of
-    (change, path) per batch, and an empty one every `timeout_s` without a change. `hctx watch`
-    and `hctx web` follow the catalog through this one function."""
-    from watchfiles import awatch
-
-    return awatch(
-        catalog, watch_filter=_is_record, stop_event=stop, debounce=debounce_ms, step=step_ms,
-        rust_timeout=max(1, int(timeout_s * 1000)), yield_on_timeout=True,
-    )  # fmt: skip
-
-
-def agent_of(catalog: Path, path: str) -> tuple[str, str] | None:
-    """(host, identity) of a record path `record_changes` reported; None for any other path."""
-    try:
-        parts = Path(path).relative_to(catalog).parts
-    except ValueError:
-        return None
-    if len(parts) != 4 or parts[0] != AGENTS_DIR_NAME or parts[3] not in REPLICATED_RECORD_NAMES:
-        return None
-    return parts[1], parts[2]
+def _named_agents(catalog: Path, changes: Iterable[tuple[object, str]]) -> set[tuple[str, str]] | None:
+    """The (host, identity) of each changed record; None (read everything) for the re-read's
+    timeout (no change) or a path that is not `agents/<host>/<identity>/<record>`."""
+    agents = catalog / AGENTS_DIR_NAME
+    named = set()
+    for _, path in changes:
+        parts = Path(path).relative_to(agents).parts if Path(path).is_relative_to(agents) else ()
+        if len(parts) != 3:
+            return None
+        named.add((parts[0], parts[1]))
+    return named or None
 
 
 async def follow(
@@ -606,12 +595,13 @@ async def follow(
     with state_file.held() as dir_fd:
         state = state_file.load(dir_fd)
 
-        def tick(outbox: Outbox, full: bool = True) -> None:
-            """`full`: every agent (the periodic re-read, for staleness); else the ones whose files changed."""
+        def tick(outbox: Outbox, only: set[tuple[str, str]] | None = None) -> None:
+            """Every agent (the periodic re-read, for staleness), or `only` the agents a file event named."""
             nonlocal state, told_warnings
             now = now_ms()
+            full = only is None
             try:
-                snapshot, warnings = observe(catalog, now, here=here, cache=cache, changed_only=not full)
+                snapshot, warnings = observe(catalog, now, here=here, cache=cache, only=only)
             except CatalogError as exc:
                 warnings, snapshot = [f"cannot read the catalog: {exc}"], None
             for warning in warnings:
@@ -653,7 +643,7 @@ async def follow(
                 catalog, watch_filter=_is_record, stop_event=stop, debounce=400,
                 rust_timeout=max(1, int(reread_s * 1000)), yield_on_timeout=True,
             ):  # fmt: skip
-                tick(outbox, full=not changes)  # an empty set: the re-read's timeout
+                tick(outbox, _named_agents(catalog, changes))
             nursery.cancel_scope.cancel()
 
 
