@@ -34,7 +34,7 @@ from guard.projection import headroom_tokens
 from guard.record import HarnessContext, RateLimits
 from guard.state import HarnessState
 from guard.store import pid_alive
-from wrapper.arguments import positive_seconds
+from wrapper.arguments import TLS_PAIRING, add_tls_options, positive_seconds, tls_unpaired
 from wrapper.reader_commands import add_catalog_options, existing_catalog, fail, quiet_guard_logs, warn, with_host
 from wrapper.roster import PidProbe, decode_agent, desired_state, now_ms
 
@@ -431,14 +431,30 @@ def _write(args: argparse.Namespace, exporter: Exporter) -> int:
                 os.unlink(staging)
                 raise
         except OSError as exc:
-            print(f"hctx metrics: cannot write {target}: {exc.strerror or exc}", file=sys.stderr)
-            return 2
+            parent = target.parent
+            why = f"no directory {parent}" if not parent.is_dir() else f"{exc.strerror or exc} (in {parent})"
+            return fail("metrics", f"cannot write {target}: {why}", 2)
         if args.interval is None:
             return 0
         try:
             time.sleep(args.interval)
         except KeyboardInterrupt:
             return 0
+
+
+def _unreadable_tls_files(args: argparse.Namespace) -> list[str]:
+    """Each TLS file given that cannot be read, named with its option (ssl names none, or only one)."""
+    problems = []
+    for option, name in (("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key),
+                         ("--tls-client-ca", args.tls_client_ca)):  # fmt: skip
+        if name is None:
+            continue
+        try:
+            with open(name, "rb"):
+                pass
+        except OSError as exc:
+            problems.append(f"{option} {name}: {exc.strerror or exc}")
+    return problems
 
 
 def run_metrics(args: argparse.Namespace) -> int:
@@ -455,6 +471,9 @@ def run_metrics(args: argparse.Namespace) -> int:
     if args.textfile is not None:
         return _write(args, exporter)
     from wrapper.metrics_server import serve_exporter
+
+    if unreadable := _unreadable_tls_files(args):
+        return fail("metrics", f"cannot serve HTTPS: {'; '.join(unreadable)}", 2)
 
     limits = Limits(args.max_connections, args.header_timeout, args.idle_timeout)
     return serve_exporter(exporter, args.listen or DEFAULT_LISTEN, limits, args.tls_cert, args.tls_key,

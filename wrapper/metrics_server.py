@@ -222,8 +222,10 @@ def serve_exporter(
     host, port = address
     try:
         context = None if cert is None or key is None else _tls(cert, key, client_ca)
-    except (OSError, ssl.SSLError) as exc:
-        print(f"hctx metrics: cannot use the TLS files: {exc}", file=sys.stderr)
+    except (OSError, ssl.SSLError) as exc:  # there, but no certificate, key or CA the other wants
+        files = " and ".join(f"{option} {name}" for option, name in (("--tls-cert", cert), ("--tls-key", key),
+                             ("--tls-client-ca", client_ca)) if name)  # fmt: skip
+        print(f"hctx metrics: cannot serve HTTPS: {files}: {getattr(exc, 'reason', None) or exc}", file=sys.stderr)
         return 2
     server = MetricsServer(exporter, limits)
 

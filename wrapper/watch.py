@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from guard.constants import AGENTS_DIR_NAME, CONTROL_DIR_NAME, HARNESS_CONTEXT_STALE_MS, REPLICATED_RECORD_NAMES
-from guard.errors import CatalogError
+from guard.errors import CatalogError, RecordRefused
+from guard.files import read_bounded, set_aside
 from guard.projection import headroom_tokens
 from guard.store import check_name, control_dir, open_chain, pid_alive, write_json_atomic
 from wrapper.arguments import positive_seconds, whole_number
@@ -564,17 +565,29 @@ def _is_record(_change: object, path: str) -> bool:
     return os.path.basename(path) in REPLICATED_RECORD_NAMES
 
 
-def _named_agents(catalog: Path, changes: Iterable[tuple[object, str]]) -> set[tuple[str, str]] | None:
-    """The (host, identity) of each changed record; None (read everything) for the re-read's
-    timeout (no change) or a path that is not `agents/<host>/<identity>/<record>`."""
-    agents = catalog / AGENTS_DIR_NAME
-    named = set()
-    for _, path in changes:
-        parts = Path(path).relative_to(agents).parts if Path(path).is_relative_to(agents) else ()
-        if len(parts) != 3:
-            return None
-        named.add((parts[0], parts[1]))
-    return named or None
+def record_changes(
+    catalog: Path, stop: anyio.Event, *, timeout_s: float, debounce_ms: int = 400, step_ms: int = 50
+) -> AsyncIterator[set[tuple[Change, str]]]:
+    """The catalog's record files as they change (inotify on Linux, through watchfiles): one set of
+    (change, path) per batch, and an empty one every `timeout_s` without a change. `hctx watch`
+    and `hctx web` follow the catalog through this one function."""
+    from watchfiles import awatch
+
+    return awatch(
+        catalog, watch_filter=_is_record, stop_event=stop, debounce=debounce_ms, step=step_ms,
+        rust_timeout=max(1, int(timeout_s * 1000)), yield_on_timeout=True,
+    )  # fmt: skip
+
+
+def agent_of(catalog: Path, path: str) -> tuple[str, str] | None:
+    """(host, identity) of a record path `record_changes` reported; None for any other path."""
+    try:
+        parts = Path(path).relative_to(catalog).parts
+    except ValueError:
+        return None
+    if len(parts) != 4 or parts[0] != AGENTS_DIR_NAME or parts[3] not in REPLICATED_RECORD_NAMES:
+        return None
+    return parts[1], parts[2]
 
 
 async def follow(
@@ -610,15 +623,8 @@ async def follow(
             told_warnings = set(warnings) if full else told_warnings | set(warnings)
             if snapshot is None:
                 return
-            events, after = step(state, snapshot, now, settings, partial=not full)
-            if after != state:
-                try:
-                    state_file.save(dir_fd, after)
-                except OSError as exc:
-                    log(f"cannot save {state_file.path}: {exc}; a restart may repeat these events")
-                state = after
-            for event in events:
-                outbox.put(event)
+            events, state = step(state, snapshot, now, settings, partial=not full)
+            outbox.settle(state, events)
 
         stop = anyio.Event()
         async with trio.open_nursery() as nursery:
@@ -639,11 +645,10 @@ async def follow(
             outbox = Outbox(nursery, deliver, record, state)
             log(f"following {catalog}, re-reading every {reread_s:g} s; state in {state_file.path}")
             tick(outbox)
-            async for changes in awatch(
-                catalog, watch_filter=_is_record, stop_event=stop, debounce=400,
-                rust_timeout=max(1, int(reread_s * 1000)), yield_on_timeout=True,
-            ):  # fmt: skip
-                tick(outbox, _named_agents(catalog, changes))
+            async for changes in record_changes(catalog, stop, timeout_s=reread_s):
+                named = {agent_of(catalog, path) for _, path in changes}
+                # No change (the re-read's timeout) or a path of no agent: read every agent.
+                tick(outbox, None if not named or None in named else {agent for agent in named if agent})
             nursery.cancel_scope.cancel()
 
 
