@@ -611,16 +611,16 @@ def test_a_partial_step_keeps_the_agents_it_did_not_see() -> None:
 
 def test_a_file_event_reads_only_the_agents_it_names(tmp_path: Path) -> None:
     from wrapper.roster import RosterCache
-    from wrapper.watch import _named_agents
+    from wrapper.watch import agent_of
 
     for agent in ("a", "b"):
         put_record(tmp_path, agent, observedAtMs=NOW - 1000, writtenAtMs=NOW - 1000)
     cache = RosterCache(tmp_path)
     observe(tmp_path, NOW, here=HOST, cache=cache)
+    reads = cache.cache.reads
     put_record(tmp_path, "b", usedPercent=90.0, observedAtMs=NOW - 500, writtenAtMs=NOW - 500)
-    named = _named_agents(tmp_path, {(1, str(tmp_path / "agents" / HOST / "b" / "harness-context"))})
-    assert named == {(HOST, "b")}
-    seen, _ = observe(tmp_path, NOW, here=HOST, cache=cache, only=named)
+    named = agent_of(tmp_path, str(tmp_path / "agents" / HOST / "b" / "harness-context"))
+    assert named == (HOST, "b")
+    seen, _ = observe(tmp_path, NOW, here=HOST, cache=cache, only={named})
     assert [(o.row.identity, o.row.context and o.row.context["usedPercent"]) for o in seen] == [("b", 90.0)]
-    assert _named_agents(tmp_path, set()) is None  # the re-read's timeout: everything
-    assert _named_agents(tmp_path, {(1, str(tmp_path / "elsewhere" / "harness-context"))}) is None
+    assert cache.cache.reads == reads + 1  # `a` was not looked at

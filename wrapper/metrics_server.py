@@ -21,15 +21,26 @@ import signal
 import ssl
 import sys
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import h11
 import trio
 
 import guard
 
-if TYPE_CHECKING:
-    from wrapper.metrics import Exporter, Limits
+
+class Exporter(Protocol):
+    """What the server needs of wrapper.metrics.Exporter (kept apart: no import cycle)."""
+
+    def build(self) -> None: ...
+
+    def body(self, openmetrics: bool, compressed: bool = False) -> list[bytes]: ...
+
+
+class Limits(Protocol):
+    connections: int
+    header_s: float
+    idle_s: float
 
 __all__ = [
     "CHUNK",
@@ -39,6 +50,8 @@ __all__ = [
     "OPENMETRICS",
     "REASONS",
     "TEXT_0_0_4",
+    "Exporter",
+    "Limits",
     "MetricsServer",
     "serve_exporter",
 ]
