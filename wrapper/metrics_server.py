@@ -38,9 +38,14 @@ class Exporter(Protocol):
 
 
 class Limits(Protocol):
-    connections: int
-    header_s: float
-    idle_s: float
+    @property
+    def connections(self) -> int: ...
+
+    @property
+    def header_s(self) -> float: ...
+
+    @property
+    def idle_s(self) -> float: ...
 
 __all__ = [
     "CHUNK",
