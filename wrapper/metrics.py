@@ -52,6 +52,8 @@ __all__ = [
     "READINGS",
     "RUNNING",
     "STALE",
+    "SUBAGENTS_RUNNING",
+    "SUBAGENT_FILL",
     "ExportedAgent",
     "Exporter",
     "Family",
