@@ -16,6 +16,8 @@ from typing import Protocol
 import trio
 from pydantic import BaseModel, ValidationError
 
+from guard.errors import ConfigError
+from guard.json_rule import loads
 from guard.policy import Write, WriteGuard, WriteReason
 from guard.record import Harness, HarnessContext, describe_validation_error
 from guard.store import AgentDir, sweep_staging, write_context
@@ -277,11 +279,13 @@ def transport_settings(spec: HarnessSpec, text: str) -> BaseModel | None:
     if model is None or not text:  # a launch plan that set none: the channel is the only wire
         return None
     try:
-        return model.model_validate_json(text)
+        return model.model_validate(loads(text, error=ConfigError))
+    except ConfigError as exc:
+        reason = str(exc)
     except ValidationError as exc:
-        log.error("no %s transport: its config is refused: %s", spec.name, describe_validation_error(exc),
-                  extra={"event": "transport-bad-config"})  # fmt: skip
-        return None
+        reason = describe_validation_error(exc)
+    log.error("no %s transport: its config is refused: %s", spec.name, reason, extra={"event": "transport-bad-config"})
+    return None
 
 
 async def run_transport(transport: Transport, config: BaseModel | None, streams: Streams) -> None:

@@ -33,7 +33,7 @@ HARNESSES = "sidecar.harnesses"
 # one rung, so a new module is placed on purpose (test_every_module_is_on_one_rung).
 LADDER: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("guard", ("guard", "guard.*")),
-    ("kernel", ("sidecar", "sidecar.framing", "sidecar.decoding", "sidecar.wire", "sidecar.producer",
+    ("kernel", ("sidecar", "sidecar.framing", "sidecar.decoding", "sidecar.producer",
                 "sidecar.spec", "sidecar.transcripts", "sidecar.http")),
     ("harnesses", (HARNESSES, f"{HARNESSES}.*")),
     ("registry", ("sidecar.registry",)),
