@@ -21,7 +21,7 @@ from guard.json_rule import loads
 from guard.policy import Write, WriteGuard, WriteReason
 from guard.record import Harness, HarnessContext, describe_validation_error
 from guard.store import AgentDir, sweep_staging, write_context
-from sidecar import channel, logs
+from sidecar import channel
 from sidecar.decoding import channel_decoder
 from sidecar.pipeline import Pipeline
 from sidecar.registry import HarnessSpec, spec_for
@@ -197,7 +197,7 @@ class Writer:
         try:
             writes = self.pipeline.feed(event, self.clock.wall_ms())
         except Exception:
-            logs.drops["pipeline"] += 1
+            self.pipeline.count_drop("pipeline")
             log.exception("frame dropped: the write guard failed on it", extra={"event": "frame-dropped"})
             return
         for write in writes:
@@ -350,7 +350,8 @@ async def run_sidecar(config: SidecarConfig) -> None:
         writer.close()
     log.info(
         "sidecar exiting",
-        extra={"event": "exit", "dropped": sum(logs.drops.values()), "droppedBy": dict(logs.drops),
+        extra={"event": "exit", "dropped": sum(writer.pipeline.drops.values()),
+               "droppedBy": dict(writer.pipeline.drops),
                "coalesced": writer.outbox.coalesced, "writeFailures": writer.failures},
     )  # fmt: skip
 
