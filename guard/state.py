@@ -12,21 +12,17 @@ from typing import Annotated, Literal
 
 from pydantic import Field, ValidationError
 
+from guard.atomic import write_agent_file
 from guard.constants import AGENTS_DIR_NAME, STATE_LOCK_NAME, STATE_RECORD_NAME, STATE_SCHEMA, WRAPPER_LOCK_NAME
 from guard.errors import ClaimHeld, JsonRefused, RecordRefused
 from guard.files import read_bounded
 from guard.json_rule import loads_object
+from guard.layout import AgentDir
+from guard.locks import agent_locked
+from guard.procs import pid_alive, proc_stat
 from guard.record import Count, Harness, Millis, WireModel, refuse_nul_characters
-from guard.store import (
-    AgentDir,
-    agent_locked,
-    open_append,
-    open_chain,
-    pid_alive,
-    proc_stat,
-    remove_context,
-    write_agent_file,
-)
+from guard.store import remove_context
+from guard.walk import open_append, open_chain
 
 __all__ = [
     "CLAIM_HISTORY_LIMIT",
