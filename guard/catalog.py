@@ -1,7 +1,7 @@
 """The catalog's read side: what every reader opens, lists and decodes in a tree it cannot trust.
 
 A replicated directory tree may hold anything. Every directory below the catalog root is opened
-through `guard.store.open_chain` (component by component, never following a symlink), every file
+through `guard.walk.open_chain` (component by component, never following a symlink), every file
 through `guard.files.read_bounded` (regular files only, never blocking on a FIFO, never past its
 bound), and every listing goes through one walker, `agent_tree_children`, which passes over
 Syncthing's own entries. Two strictnesses share that walker: the readers' (`list_agents`: an entry
@@ -9,8 +9,8 @@ that is not an agent directory is a warning, a host that cannot be listed is ski
 store's (`iter_hosts`, `iter_identities`: such an entry is a CatalogError). Nothing here writes, and
 nothing here raises on a hostile tree except `CatalogError` for a catalog not readable at all.
 
-The layering is catalog -> store, not the reverse: the claim's parser and bound (guard.state)
-build on guard.store, and the read side needs them.
+The layering is catalog -> layout and walk, not the reverse: the claim's parser and bound
+(guard.state) build on the store's modules, and the read side needs them.
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ from typing import Generic, TypeVar
 from guard.constants import AGENTS_DIR_NAME, CONTEXT_RECORD_NAME, STATE_RECORD_NAME
 from guard.errors import CatalogError, RecordRefused
 from guard.files import RawFile, read_bounded
+from guard.layout import SYNCTHING_CONFLICT_NAME, check_name, is_agent_tree_name
 from guard.projection import MAX_RECORD_BYTES
 from guard.state import MAX_STATE_BYTES, HarnessState, parse_state
-from guard.store import SYNCTHING_CONFLICT_NAME, check_name, is_agent_tree_name, open_chain
+from guard.walk import open_chain
 
 __all__ = [
     "LEGACY_STAGING_NAME",

@@ -1,6 +1,7 @@
 """Every exception hctx raises on purpose, under one root, in one place (as httpx does).
 
     HctxError
+    ├── JsonRefused          bytes the one JSON rule (guard.json_rule) refuses (ValueError)
     ├── RecordRefused        a record or claim file is not one this reader accepts (ValueError)
     ├── ClaimHeld            another live wrapper holds the agent's claim
     ├── CatalogError         the catalog cannot be opened or walked (OSError)
@@ -36,6 +37,7 @@ __all__ = [
     "FrameRejected",
     "HctxError",
     "HttpError",
+    "JsonRefused",
     "MalformedFrame",
     "ModelTableError",
     "RecordRefused",
@@ -49,6 +51,10 @@ __all__ = [
 
 class HctxError(Exception):
     """The root: anything hctx raises deliberately."""
+
+
+class JsonRefused(HctxError, ValueError):
+    """Bytes the one JSON rule refuses (`guard.json_rule.loads`' default `error`)."""
 
 
 class RecordRefused(HctxError, ValueError):

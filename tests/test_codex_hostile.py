@@ -16,7 +16,7 @@ from guard.errors import FrameRejected
 from guard.policy import Reading
 from guard.record import MAX_COUNT
 from sidecar.decoding import Dropped
-from sidecar.harnesses.codex.producer import SPEC, CodexProducer, line_of, parse_message, tap_frame
+from sidecar.harnesses.codex.producer import SPEC, CodexProducer, parse_message, tap_frame, tapped_line
 from sidecar.registry import Chunk
 from sidecar.replay import replay
 from tests.codex_threads import own_producer
@@ -101,7 +101,7 @@ def test_the_tap_frame_carries_a_lines_very_bytes(line: bytes) -> None:
     """Whatever stdout carried, UTF-8 or not: the channel decodes the bytes a replay decodes."""
     frame = tap_frame(line)
     assert b"\n" not in frame and json.loads(frame)["type"] == "codex.rpc"
-    assert line_of(json.loads(frame)["payload"]) == line
+    assert tapped_line(json.loads(frame)) == line
     assert same(decoded(frame + b"\n", "channel")) == same(decoded(line + b"\n", "stdout"))
 
 
@@ -167,7 +167,7 @@ def test_every_truncation_of_every_captured_line_is_refused(name: str) -> None:
 def test_hostile_payload_text_is_refused(payload: str) -> None:
     assert refused(channel_line(payload), "channel")
     if payload != "\ud800":
-        assert refused(line_of(payload) + b"\n", "stdout")
+        assert refused(payload.encode("utf-8", "surrogateescape") + b"\n", "stdout")
 
 
 def test_a_blank_line_is_nothing_on_every_wire() -> None:

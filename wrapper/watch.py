@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from guard.constants import AGENTS_DIR_NAME, CONTROL_DIR_NAME, HARNESS_CONTEXT_STALE_MS, REPLICATED_RECORD_NAMES
 from guard.errors import CatalogError, RecordRefused
 from guard.files import read_bounded, set_aside
+from guard.json_rule import loads_object
 from guard.projection import headroom_tokens
 from guard.store import check_name, control_dir, open_chain, pid_alive, write_json_atomic
 from wrapper.arguments import positive_seconds, whole_number
@@ -344,7 +345,7 @@ def dump_state(state: State) -> bytes:
 def load_state(data: bytes) -> dict[str, Seen]:
     """Raises RecordRefused (a ValueError) for a file that is not a watch state."""
     try:
-        wire = _StateWire.model_validate_json(data)
+        wire = _StateWire.model_validate(loads_object(data, error=RecordRefused))
     except ValidationError as exc:
         raise RecordRefused(str(exc).splitlines()[0]) from None
     return {
