@@ -11,13 +11,14 @@ of the harness's own file, read when the launch is planned); this is what they s
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from typing import Annotated, Any, Final
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from guard.errors import JsonRefused
 from guard.files import read_bounded
+from guard.json_rule import loads_object
 
 __all__ = [
     "ACCOUNT_FILE_MAX_BYTES",
@@ -83,11 +84,11 @@ def id_text(value: object) -> str | None:
 
 
 def json_object(data: bytes) -> dict[str, Any] | None:
+    """A login or config file's object, read by the one JSON rule (guard.json_rule); None otherwise."""
     try:
-        raw = json.loads(data)
-    except (ValueError, RecursionError):
+        return loads_object(data)
+    except JsonRefused:
         return None
-    return raw if isinstance(raw, dict) else None
 
 
 def plan_text(value: object) -> str | None:

@@ -1,6 +1,7 @@
 """Every exception hctx raises on purpose, under one root, in one place (as httpx does).
 
     HctxError
+    ├── JsonRefused          bytes the one JSON rule (guard.json_rule) refuses (ValueError)
     ├── RecordRefused        a record or claim file is not one this reader accepts (ValueError)
     ├── ClaimHeld            another live wrapper holds the agent's claim
     ├── CatalogError         the catalog cannot be opened or walked (OSError)
@@ -8,9 +9,7 @@
     │   └── MalformedFrame   the bytes are not a frame at all: bad UTF-8, bad JSON, wrong shape
     ├── ChannelPathError     the channel's socket path is unusable (ValueError)
     ├── ConfigError          a transport's address or config is unusable (ValueError)
-    ├── HttpError            an HTTP request (sidecar.http) did not deliver its response (OSError)
-    │   ├── HttpTimeout      the server did not answer, or went silent, for longer than allowed
-    │   └── HttpStatusError  the server answered with a status that is not 2xx
+    ├── HttpError            an HTTP request (httpx, OpenCode's transport) did not deliver (OSError)
     ├── SettingsError        a harness's settings file cannot be merged (ValueError)
     ├── AgentNotFound        no agent answers to the name asked for (LookupError)
     ├── UnknownHarness       no registered harness has the name (LookupError)
@@ -38,8 +37,7 @@ __all__ = [
     "FrameRejected",
     "HctxError",
     "HttpError",
-    "HttpStatusError",
-    "HttpTimeout",
+    "JsonRefused",
     "MalformedFrame",
     "ModelTableError",
     "RecordRefused",
@@ -53,6 +51,10 @@ __all__ = [
 
 class HctxError(Exception):
     """The root: anything hctx raises deliberately."""
+
+
+class JsonRefused(HctxError, ValueError):
+    """Bytes the one JSON rule refuses (`guard.json_rule.loads`' default `error`)."""
 
 
 class RecordRefused(HctxError, ValueError):
@@ -105,16 +107,6 @@ class ConfigError(HctxError, ValueError):
 
 class HttpError(HctxError, OSError):
     """The message is the sentence to log."""
-
-
-class HttpTimeout(HttpError):
-    pass
-
-
-class HttpStatusError(HttpError):
-    def __init__(self, message: str, status: int) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 class SettingsError(HctxError, ValueError):

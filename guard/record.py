@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Container, Sequence
 from typing import Annotated, Any, Literal, TypeVar, get_args
 
@@ -14,6 +13,7 @@ from pydantic.alias_generators import to_camel
 from guard.account import Account
 from guard.constants import ACCEPTED_SCHEMAS, SCHEMA_V1
 from guard.errors import RecordRefused
+from guard.json_rule import loads_object, strings_of
 
 __all__ = [
     "COMPACTION_TRIGGERS",
@@ -39,8 +39,7 @@ __all__ = [
     "optional_model",
     "parse_record",
     "record_json_schema",
-    "refuse_json_constant",
-    "refuse_lone_surrogates",
+    "refuse_nul_characters",
     "round_half_up",
 ]
 
@@ -217,14 +216,8 @@ def parse_record(data: bytes | str, *, harnesses: Container[str] | None = None) 
 
     `harnesses`: the names whose arithmetic the reader knows (the registry's); a record of any
     other is refused. None (the writer re-reading its own record) takes any well-formed name."""
-    text = _utf8_text(data)
-    try:
-        raw: Any = json.loads(text, parse_constant=refuse_json_constant)
-    except (ValueError, RecursionError) as exc:
-        raise RecordRefused(f"not JSON: {exc}") from None
-    if not isinstance(raw, dict):
-        raise RecordRefused(f"not a JSON object but {type(raw).__name__}")
-    refuse_lone_surrogates(raw, nul=True)
+    raw = loads_object(data, error=RecordRefused)
+    refuse_nul_characters(raw)
     schema = raw.get("schema")
     if not isinstance(schema, str) or schema not in ACCEPTED_SCHEMAS:  # a list would raise TypeError
         raise RecordRefused(f"schema {schema!r} is not one this reader accepts")
@@ -237,42 +230,12 @@ def parse_record(data: bytes | str, *, harnesses: Container[str] | None = None) 
         raise RecordRefused(f"invalid record: {describe_validation_error(exc)}") from None
 
 
-def refuse_lone_surrogates(raw: Any, *, nul: bool = False) -> None:
-    """JSON can spell a lone surrogate (`"\\ud800"`) that no UTF-8 text holds: every reader that
-    prints the value would fail on it, so the record is refused where it is read. With `nul`, a NUL
-    character (`"\\u0000"`) too: no environment variable, path or C string carries one, and a record's
-    values become all three (`hctx watch --exec`'s HCTX_* variables)."""
-    text = json.dumps(raw, ensure_ascii=False)
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise RecordRefused("holds a lone surrogate (\\ud800-\\udfff), which is not text") from None
-    if nul and _NUL_ESCAPE.search(text):
+def refuse_nul_characters(raw: object) -> None:
+    """A NUL character (`"\\u0000"`, which the JSON rule allows) in a record's or claim's value: no
+    environment variable, path or C string carries one, and a record's values become all three
+    (`hctx watch --exec`'s HCTX_* variables), so the file is refused where it is read."""
+    if any("\x00" in text for text in strings_of(raw)):
         raise RecordRefused("holds a NUL character (\\u0000), which no environment or path carries")
-
-
-# In dumped JSON a backslash only ever starts an escape: `\u0000` after an even run of them is a NUL.
-_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
-
-
-def _utf8_text(data: bytes | str) -> str:
-    """A record is UTF-8 JSON without a byte-order mark. `json.loads` would quietly accept a BOM
-    and detect UTF-16 or UTF-32; a reader that does is reading something no writer of ours wrote."""
-    if isinstance(data, bytes):
-        try:
-            data = data.decode("utf-8")
-        except UnicodeDecodeError:
-            raise RecordRefused("not UTF-8 (a record is UTF-8 JSON; UTF-16 and UTF-32 are refused)") from None
-    if data.startswith("\ufeff"):
-        raise RecordRefused("starts with a byte-order mark (a record is UTF-8 JSON without one)")
-    if "\x00" in data:
-        raise RecordRefused("holds NUL bytes: UTF-16 or UTF-32, not UTF-8 JSON")
-    return data
-
-
-def refuse_json_constant(name: str) -> float:
-    """For `json.loads(parse_constant=...)`: NaN and Infinity are not numbers a harness reported."""
-    raise RecordRefused(f"{name} is not a JSON number")
 
 
 def describe_validation_error(exc: ValidationError) -> str:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import signal
 from collections.abc import Callable, Container, Iterator
@@ -13,20 +12,17 @@ from typing import Annotated, Literal
 
 from pydantic import Field, ValidationError
 
+from guard.atomic import write_agent_file
 from guard.constants import AGENTS_DIR_NAME, STATE_LOCK_NAME, STATE_RECORD_NAME, STATE_SCHEMA, WRAPPER_LOCK_NAME
-from guard.errors import ClaimHeld, RecordRefused
+from guard.errors import ClaimHeld, JsonRefused, RecordRefused
 from guard.files import read_bounded
-from guard.record import Count, Harness, Millis, WireModel, refuse_lone_surrogates
-from guard.store import (
-    AgentDir,
-    agent_locked,
-    open_append,
-    open_chain,
-    pid_alive,
-    proc_stat,
-    remove_context,
-    write_agent_file,
-)
+from guard.json_rule import loads_object
+from guard.layout import AgentDir
+from guard.locks import agent_locked
+from guard.procs import pid_alive, proc_stat
+from guard.record import Count, Harness, Millis, WireModel, refuse_nul_characters
+from guard.store import remove_context
+from guard.walk import open_append, open_chain
 
 __all__ = [
     "CLAIM_HISTORY_LIMIT",
@@ -114,10 +110,10 @@ class HarnessState(WireModel):
 def parse_state(data: bytes | str, *, harnesses: Container[str] | None = None) -> HarnessState:
     """The claim; `harnesses` as for `guard.record.parse_record` (None: any well-formed name)."""
     try:
-        raw = json.loads(data)
-        refuse_lone_surrogates(raw, nul=True)
+        raw = loads_object(data)
+        refuse_nul_characters(raw)
         state = HarnessState.model_validate(raw, by_alias=True)
-    except (ValueError, RecursionError, ValidationError) as exc:  # RecordRefused is a ValueError
+    except (JsonRefused, RecordRefused, ValidationError) as exc:
         raise RecordRefused(f"harness-state refused: {exc}") from None
     if harnesses is not None and state.harness not in harnesses:
         raise RecordRefused(f"harness-state refused: harness {state.harness!r} is not one this reader knows")

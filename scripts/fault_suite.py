@@ -42,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -596,6 +597,115 @@ def symlinked_log_paths(work: Path, scale: Scale) -> Row:
         sum(landed is None for landed in cases),
         measured=f"{leaked} bytes/files written outside the catalog", outside=leaked,
     )  # fmt: skip
+
+
+# --- the exporter's bounds (issue 26 point 5) ---------------------------------------------------
+
+METRICS_THREADS_BOUND = 3  # the trio thread, one worker reading the catalog, and one spare of trio's cache
+METRICS_RSS_BOUND_MB = {"ci": 150, "full": 400}
+
+
+def _proc_status(pid: int, key: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+@fault("metrics-bounds")
+def metrics_bounds(work: Path, scale: Scale) -> Row:
+    """Held connections (silent, and with a request head that never ends) while concurrent scrapes
+    of a large catalog run: every scrape is answered whole, the threads and the memory stay within
+    their bounds, and every held connection is closed by the exporter within its timeouts."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from scripts.bench_roster import build_catalog
+
+    agents, held_count, concurrent = pick(scale, ci=2000, full=10000), pick(scale, ci=400, full=2000), pick(
+        scale, ci=20, full=50)  # fmt: skip
+    held_count = min(held_count, _raise_fd_limit(held_count + 300) - 300)
+    catalog = work / "catalog"
+    build_catalog(catalog, agents, int(time.time() * 1000))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    header_s, idle_s = 2.0, 3.0
+    argv = [sys.executable, "-m", "wrapper.cli", "metrics", "--catalog", str(catalog), "--host", "alpha",
+            "--listen", f"127.0.0.1:{port}", "--header-timeout", str(header_s), "--idle-timeout", str(idle_s),
+            "--max-connections", "64"]  # fmt: skip
+    exporter = subprocess.Popen(argv, env=child_env(), stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    held: list[socket.socket] = []
+    try:
+        wait_for(lambda: _connectable(port), timeout=60, what="the exporter listening")
+        for index in range(held_count):
+            sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+            if index % 2:
+                sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: ")  # a head that never ends
+            held.append(sock)
+        threads_peak = _proc_status(exporter.pid, "Threads")
+
+        def scrape(_: int) -> tuple[bool, float]:
+            started = time.monotonic()
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=120) as response:
+                body = response.read().decode()
+            whole = body.count("hctx_context_used_tokens{") == agents and "hctx_catalog_readable 1.0" in body
+            return whole, time.monotonic() - started
+
+        with ThreadPoolExecutor(concurrent) as pool:
+            futures = [pool.submit(scrape, index) for index in range(concurrent)]
+            while not all(future.done() for future in futures):
+                threads_peak = max(threads_peak, _proc_status(exporter.pid, "Threads"))
+                time.sleep(0.05)
+            answers = [future.result() for future in futures]
+        rss_peak_mb = _proc_status(exporter.pid, "VmHWM") / 1024
+        threads_peak = max(threads_peak, _proc_status(exporter.pid, "Threads"))
+        deadline = time.monotonic() + header_s + 5
+        open_after = held_count
+        while time.monotonic() < deadline and open_after:
+            open_after = sum(not _closed(sock) for sock in held)
+            time.sleep(0.2)
+        alive = exporter.poll() is None
+    finally:
+        for sock in held:
+            sock.close()
+        exporter.terminate()
+        exporter.wait(timeout=20)
+    whole = sum(ok for ok, _ in answers)
+    slowest = max(took for _, took in answers)
+    failed = None
+    if threads_peak > METRICS_THREADS_BOUND:
+        failed = f"{threads_peak} threads"
+    elif rss_peak_mb > METRICS_RSS_BOUND_MB[scale]:
+        failed = f"peak RSS {rss_peak_mb:.0f} MB"
+    elif open_after:
+        failed = f"{open_after} held connections still open after {header_s + 5:g} s"
+    return Row(
+        "metrics-bounds", held_count + concurrent, (held_count - open_after) + whole if alive else 0,
+        lost=concurrent - whole,
+        measured=f"{agents} agents, {concurrent} concurrent scrapes: slowest {slowest:.1f} s, peak RSS "
+        f"{rss_peak_mb:.0f} MB (bound {METRICS_RSS_BOUND_MB[scale]}), threads {threads_peak} (bound "
+        f"{METRICS_THREADS_BOUND}); {held_count} held connections, {open_after} open {header_s + 5:g} s later",
+        failed=failed,
+    )  # fmt: skip
+
+
+def _connectable(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+def _closed(sock: socket.socket) -> bool:
+    """True once the peer closed: a read returns b"" (or the connection was reset)."""
+    sock.setblocking(False)
+    try:
+        return sock.recv(1 << 16) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
 
 
 # --- the wrapper's faults -----------------------------------------------------------------------

@@ -17,10 +17,12 @@ import trio
 from pydantic import BaseModel, ValidationError
 
 from guard.account import Account
+from guard.errors import ConfigError
+from guard.json_rule import loads
 from guard.policy import Write, WriteGuard, WriteReason
 from guard.record import Harness, HarnessContext, describe_validation_error
 from guard.store import AgentDir, sweep_staging, write_context
-from sidecar import channel, logs
+from sidecar import channel
 from sidecar.decoding import channel_decoder
 from sidecar.pipeline import Pipeline
 from sidecar.registry import HarnessSpec, spec_for
@@ -198,7 +200,7 @@ class Writer:
         try:
             writes = self.pipeline.feed(event, self.clock.wall_ms())
         except Exception:
-            logs.drops["pipeline"] += 1
+            self.pipeline.count_drop("pipeline")
             log.exception("frame dropped: the write guard failed on it", extra={"event": "frame-dropped"})
             return
         for write in writes:
@@ -280,11 +282,13 @@ def transport_settings(spec: HarnessSpec, text: str) -> BaseModel | None:
     if model is None or not text:  # a launch plan that set none: the channel is the only wire
         return None
     try:
-        return model.model_validate_json(text)
+        return model.model_validate(loads(text, error=ConfigError))
+    except ConfigError as exc:
+        reason = str(exc)
     except ValidationError as exc:
-        log.error("no %s transport: its config is refused: %s", spec.name, describe_validation_error(exc),
-                  extra={"event": "transport-bad-config"})  # fmt: skip
-        return None
+        reason = describe_validation_error(exc)
+    log.error("no %s transport: its config is refused: %s", spec.name, reason, extra={"event": "transport-bad-config"})
+    return None
 
 
 async def run_transport(transport: Transport, config: BaseModel | None, streams: Streams) -> None:
@@ -362,7 +366,8 @@ async def run_sidecar(config: SidecarConfig) -> None:
         writer.close()
     log.info(
         "sidecar exiting",
-        extra={"event": "exit", "dropped": sum(logs.drops.values()), "droppedBy": dict(logs.drops),
+        extra={"event": "exit", "dropped": sum(writer.pipeline.drops.values()),
+               "droppedBy": dict(writer.pipeline.drops),
                "coalesced": writer.outbox.coalesced, "writeFailures": writer.failures},
     )  # fmt: skip
 

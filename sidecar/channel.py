@@ -34,8 +34,7 @@ import trio
 
 from guard.constants import CHANNEL_MAX_FRAME_BYTES, CHANNEL_MAX_SOCKET_PATH
 from guard.errors import ChannelPathError
-from sidecar.decoding import LineDecoder
-from sidecar.logs import drop
+from sidecar.decoding import CHANNEL, Dropped, LineDecoder
 
 __all__ = [
     "BUFFER_BUDGET_BYTES",
@@ -151,7 +150,8 @@ async def serve(
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Listen at `path` (0600); each connection's bytes go through a decoder of its own, and
-    every event they make (a drop included: the pipeline logs it) is submitted.
+    every event they make is submitted, a drop included (the connection's own too: a frame cut
+    short or over the buffer budget), which the pipeline counts and logs.
 
     Runs until cancelled, or until `stop` is set: then it stops accepting, takes the connections
     already queued, and returns once every open connection has delivered its frames, so the last
@@ -231,7 +231,7 @@ async def _connection(
                 return
             await _read_frames(conn, open_decoder(), submit, peer)
         if peer.scope.cancelled_caught and peer.partial_since is not None:
-            drop("channel", "connection closed mid-frame to make room for others")
+            submit(Dropped("connection closed mid-frame to make room for others", CHANNEL))
     except OSError as exc:
         log.info("channel connection ended: %s", exc)
     finally:
@@ -246,7 +246,8 @@ async def _read_frames(conn: trio.socket.SocketType, decoder: LineDecoder, submi
             data = await conn.recv(_READ_SIZE)
         if waiting.cancelled_caught:
             if peer.partial_since is not None:
-                drop("channel", f"frame incomplete {PARTIAL_FRAME_TIMEOUT_S}s after its first byte; connection closed")
+                why = f"frame incomplete {PARTIAL_FRAME_TIMEOUT_S}s after its first byte; connection closed"
+                submit(Dropped(why, CHANNEL))
             else:
                 log.warning("channel connection silent for %ss closed", SILENT_TIMEOUT_S, extra={"event": "silent-cut"})
             return
@@ -261,7 +262,7 @@ async def _read_frames(conn: trio.socket.SocketType, decoder: LineDecoder, submi
         if framer.mid_frame and peer.partial_since is None:
             peer.partial_since = peer.active_at
         if framer.pending_bytes and not _budget.hold(peer, framer.pending_bytes):
-            drop("channel", "partial frame over the channel's buffer budget")
+            submit(Dropped("partial frame over the channel's buffer budget", CHANNEL))
             framer.discard_partial()
         if not framer.pending_bytes:
             _budget.release(peer)

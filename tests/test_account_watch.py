@@ -14,8 +14,16 @@ from readers_catalog import HOST, HOUR, MINUTE, put_record
 from test_watch import _lines, _wait, _watch
 
 from guard.account import account_key
-from wrapper.account_watch import RateLimitEvent, WindowSeen, account_step, dump_account_state, load_account_state
-from wrapper.watch import Event, observe
+from wrapper.account_watch import (
+    AccountWatch,
+    RateLimitEvent,
+    WindowSeen,
+    account_step,
+    dump_account_state,
+    load_account_state,
+)
+from wrapper.roster import RosterCache
+from wrapper.watch import Event, StateFile, observe
 
 NOW = 1_788_000_000_000
 KEY = account_key("codex", "acct-AAA", "user-111")
@@ -67,6 +75,25 @@ def test_two_seats_on_one_account_fire_once_per_crossing(tmp_path: Path) -> None
     assert watch.read(NOW + 4000) == [(KEY, "fiveHour", 95, "a")]
     seat(tmp_path, "c", 96, NOW + 3000, key=OTHER)  # another person of the workspace: another account
     assert watch.read(NOW + 5000) == [(OTHER, "fiveHour", 80, "c"), (OTHER, "fiveHour", 95, "c")]
+
+
+def test_a_file_event_naming_one_seat_is_judged_across_every_seat(tmp_path: Path) -> None:
+    """A file event's tick observes only the agents it named (`observe(only=...)`); the account's
+    newest snapshot is still across all of its agents, so an older seat's event neither re-arms the
+    crossing nor, on the next full re-read, tells it again."""
+    seat(tmp_path, "a", 70, NOW - 3 * MINUTE)
+    seat(tmp_path, "b", 85, NOW - 2 * MINUTE)
+    state_file = StateFile(tmp_path, "default")
+    watch, cache = AccountWatch(state_file, AT), RosterCache(tmp_path)
+    with state_file.held() as dir_fd:
+        full, _ = observe(tmp_path, NOW, here=HOST, cache=cache)
+        assert [_told(event) for event in watch.step(dir_fd, full, NOW)] == [(KEY, "fiveHour", 80, "b")]
+        seat(tmp_path, "a", 70, NOW - 150_000)  # a's record again, still older than b's 85
+        named, _ = observe(tmp_path, NOW + 1000, here=HOST, cache=cache, only={(HOST, "a")})
+        assert [observation.row.identity for observation in named] == ["a"]
+        assert watch.step(dir_fd, named, NOW + 1000, partial=True) == []
+        full, _ = observe(tmp_path, NOW + 2000, here=HOST, cache=cache)
+        assert watch.step(dir_fd, full, NOW + 2000) == []  # not re-armed by a's older 70: nothing again
 
 
 def test_a_falling_percent_rearms_and_a_stale_snapshot_fires_nothing(tmp_path: Path) -> None:

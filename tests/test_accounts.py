@@ -219,7 +219,7 @@ def test_hostile_labels_future_stamps_and_thousands_of_accounts(tmp_path: Path) 
 
 def test_the_account_series_are_the_fan_in_keyed_never_labelled(tmp_path: Path) -> None:
     _fleet(tmp_path)
-    samples = parse(exposition(collect_roster(tmp_path, NOW, here=HOST, alive=dead)))
+    samples = parse(exposition(tmp_path, NOW, HOST))
     account = {
         (name, dict(labels).get("account"), dict(labels).get("window")): value
         for (name, labels), value in samples.items()

@@ -12,10 +12,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from guard.errors import FrameRejected
 from guard.policy import Reading
 from guard.record import MAX_COUNT
 from sidecar.decoding import Dropped
-from sidecar.harnesses.codex.producer import SPEC, CodexProducer, line_of, parse_message, tap_frame
+from sidecar.harnesses.codex.producer import SPEC, CodexProducer, parse_message, tap_frame, tapped_line
 from sidecar.registry import Chunk
 from sidecar.replay import replay
 from tests.codex_threads import own_producer
@@ -100,7 +101,7 @@ def test_the_tap_frame_carries_a_lines_very_bytes(line: bytes) -> None:
     """Whatever stdout carried, UTF-8 or not: the channel decodes the bytes a replay decodes."""
     frame = tap_frame(line)
     assert b"\n" not in frame and json.loads(frame)["type"] == "codex.rpc"
-    assert line_of(json.loads(frame)["payload"]) == line
+    assert tapped_line(json.loads(frame)) == line
     assert same(decoded(frame + b"\n", "channel")) == same(decoded(line + b"\n", "stdout"))
 
 
@@ -166,7 +167,7 @@ def test_every_truncation_of_every_captured_line_is_refused(name: str) -> None:
 def test_hostile_payload_text_is_refused(payload: str) -> None:
     assert refused(channel_line(payload), "channel")
     if payload != "\ud800":
-        assert refused(line_of(payload) + b"\n", "stdout")
+        assert refused(payload.encode("utf-8", "surrogateescape") + b"\n", "stdout")
 
 
 def test_a_blank_line_is_nothing_on_every_wire() -> None:
@@ -257,3 +258,18 @@ def valid_int(value: Any) -> bool:
 
 def assert_nothing_fabricated_in_record(used: int | None, data: bytes) -> None:
     assert used is None or str(used).encode() in data
+
+
+@pytest.mark.parametrize("line", [b'{"a": 1}', b'{"type": "context", "reading": null}', b'{"id": 7}', b'{}',
+                                  b'{"method": 5, "params": {}}', b'{"result": {}}'])  # fmt: skip
+def test_a_json_object_that_is_no_app_server_message_is_refused_on_every_wire(line: bytes) -> None:
+    """Not a request, a notification nor a response (a pi frame given as Codex, a config file): a
+    drop with its reason, on the live wires and in `hctx replay --harness codex` alike."""
+    with pytest.raises(FrameRejected, match="not an app-server message"):
+        parse_message(line)
+    for wire in ("stdout", "websocket"):
+        [event] = SPEC.decoder(wire).receive_data(line + b"\n")
+        assert isinstance(event, Dropped) and "not an app-server message" in event.reason
+    assert list(replay(SPEC, [Chunk(None, "stdout", line + b"\n")])) == []
+    for message in (b'{"id": 1, "result": {}}', b'{"id": 2, "error": {"code": -1}}', b'{"method": "x/y"}'):
+        assert parse_message(message) == []  # the app-server's own shapes pass, and carry nothing here

@@ -191,13 +191,21 @@ class AccountWatch:
         self.name = state_file.name.removesuffix(".json") + ".accounts.json"
         self.path = state_file.path.with_name(self.name)
         self.state: dict[str, WindowSeen] = {}
+        # Every agent's newest observation: a file event's tick observes only the agents it named,
+        # and an account's newest snapshot is across all of its agents.
+        self.held: dict[str, Observation] = {}
 
     def load(self, dir_fd: int) -> None:
         self.state = read_state(dir_fd, self.name, self.path, load_account_state, "no rate limit told") or {}
 
-    def step(self, dir_fd: int, snapshot: list[Observation], now: int) -> list[Event]:
-        """The events, with the state saved first (a failed save is said, and the events still go)."""
-        events, after = account_step(self.state, snapshot, now, self.thresholds)
+    def step(self, dir_fd: int, snapshot: list[Observation], now: int, *, partial: bool = False) -> list[Event]:
+        """The events, with the state saved first (a failed save is said, and the events still go).
+        `partial`: `snapshot` is only the agents that changed; the others are as last observed."""
+        if partial:
+            self.held.update((observation.row.name, observation) for observation in snapshot)
+        else:
+            self.held = {observation.row.name: observation for observation in snapshot}
+        events, after = account_step(self.state, self.held.values(), now, self.thresholds)
         if after != self.state:
             try:
                 write_json_atomic(dir_fd, self.name, dump_account_state(after), dir_fd)

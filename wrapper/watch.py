@@ -33,16 +33,16 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from guard.catalog import list_agents
 from guard.constants import AGENTS_DIR_NAME, CONTROL_DIR_NAME, HARNESS_CONTEXT_STALE_MS, REPLICATED_RECORD_NAMES
 from guard.errors import CatalogError, RecordRefused
 from guard.files import read_bounded, set_aside
+from guard.json_rule import loads_object
 from guard.projection import headroom_tokens
 from guard.store import check_name, control_dir, open_chain, pid_alive, write_json_atomic
 from wrapper.arguments import positive_seconds, whole_number
 from wrapper.reader_commands import add_catalog_options, existing_catalog, with_host
 from wrapper.render import age_text, meter_text, percent_text, tokens_text
-from wrapper.roster import AgentRow, PidProbe, now_ms, view_agent
+from wrapper.roster import AgentRow, PidProbe, RosterCache, now_ms
 
 if TYPE_CHECKING:  # trio and watchfiles load when the command runs, not with every `hctx`
     import anyio
@@ -105,14 +105,15 @@ class Settings:
 @dataclass(frozen=True, slots=True)
 class Seen:
     """What watch has told about one agent: for the incarnation whose record it last read, the
-    thresholds fired and not yet re-armed, whether headroom fired, the compaction count told; and,
-    across incarnations, whether it told `stale` and still owes `fresh`."""
+    thresholds fired and not yet re-armed, whether headroom fired, the compaction count told, when
+    that reading was observed; and, across incarnations, whether it told `stale` and still owes `fresh`."""
 
     incarnation: str
     fired: frozenset[float] = frozenset()
     headroom_fired: bool = False
     compactions: int = 0
     stale: bool = False
+    observed_ms: int = 0
 
 
 State = Mapping[str, Seen]  # keyed "host/identity"
@@ -236,19 +237,36 @@ def _agent_step(seen: Seen, row: AgentRow, settings: Settings) -> tuple[list[tup
         headroom_fired = headroom < settings.headroom
         if headroom_fired and not seen.headroom_fired:
             found.append(("headroom", settings.headroom))
-    return found, Seen(seen.incarnation, fired, headroom_fired, context["compactions"], stale=False)
+    return found, Seen(seen.incarnation, fired, headroom_fired, context["compactions"], False, context["observedAtMs"])
+
+
+def _first_sight(incarnation: str, row: AgentRow, settings: Settings) -> Seen:
+    """An agent this watch has never told anything about is armed from its record as it stands:
+    the compactions it already had are not news, nor is the last fresh reading of a stopped agent.
+    Any other fresh reading is the present, told as any reading is (and a stale one, as ever,
+    fires nothing and arms nothing)."""
+    context = row.context
+    assert context is not None
+    if row.desired_state != "stopped" or context["stale"]:
+        return Seen(incarnation, compactions=context["compactions"])
+    percent, headroom = context["usedPercent"], headroom_tokens(context)
+    reached = frozenset() if percent is None else frozenset(t for t in settings.thresholds if percent >= t)
+    below = settings.headroom is not None and headroom is not None and headroom < settings.headroom
+    return Seen(incarnation, reached, below, context["compactions"], observed_ms=context["observedAtMs"])
 
 
 def step(
-    state: State, snapshot: Iterable[Observation], now: int, settings: Settings
+    state: State, snapshot: Iterable[Observation], now: int, settings: Settings, *, partial: bool = False
 ) -> tuple[list[Event], dict[str, Seen]]:
     """The events one roster snapshot brings after `state`, and the state after them.
 
-    A new incarnation starts from nothing told (its thresholds armed, zero compactions), so an agent
-    watch has never seen is told once what it has not been told. An agent missing from the snapshot
-    is forgotten; one present without a reading keeps what was told."""
+    A new incarnation starts from nothing told (its thresholds armed, zero compactions); a record of
+    another incarnation observed before the reading last told is a straggler of an older one and
+    changes nothing. An agent watch has never seen is armed by `_first_sight`. An agent missing from
+    the snapshot is forgotten (unless the snapshot is `partial`: only the agents whose files
+    changed); one present without a reading keeps what was told."""
     events: list[Event] = []
-    after: dict[str, Seen] = {}
+    after: dict[str, Seen] = dict(state) if partial else {}
     for observation in snapshot:
         row, incarnation = observation.row, observation.incarnation
         before = state.get(row.name)
@@ -256,8 +274,13 @@ def step(
             if before is not None:
                 after[row.name] = before
             continue
-        if before is None or before.incarnation != incarnation:
-            before = Seen(incarnation, stale=before is not None and before.stale)
+        if before is None:
+            before = _first_sight(incarnation, row, settings)
+        elif before.incarnation != incarnation:
+            if row.context["observedAtMs"] < before.observed_ms:
+                after[row.name] = before  # a straggler from an older incarnation
+                continue
+            before = Seen(incarnation, stale=before.stale)
         found, after[row.name] = _agent_step(before, row, settings)
         events.extend(
             Event(kind, row, incarnation, threshold, now, _told_before(after[row.name], found[n + 1 :], before))
@@ -266,13 +289,25 @@ def step(
     return events, after
 
 
-def observe(catalog: Path, now: int, *, here: str, alive: PidProbe = pid_alive) -> tuple[list[Observation], list[str]]:
-    """The roster's rows (every host's; running-ness for this host's) with their records' incarnations."""
-    agents, warnings = list_agents(catalog)
+def observe(
+    catalog: Path,
+    now: int,
+    *,
+    here: str,
+    alive: PidProbe = pid_alive,
+    cache: RosterCache | None = None,
+    only: Iterable[tuple[str, str]] | None = None,
+) -> tuple[list[Observation], list[str]]:
+    """The roster's rows (every host's; running-ness for this host's) with their records' incarnations;
+    through `cache`, only the agents whose files changed are read again (and with `only`, the agents
+    a file event named, only those of them that changed are observed). A record of an incarnation
+    the claim lists as past is a straggler, and no reading."""
+    views, warnings = (cache or RosterCache(catalog)).views(now, here=here, alive=alive, only=only)
     observations = []
-    for host, identity in agents:
-        view = view_agent(catalog, host, identity, now, here=here, alive=alive)
+    for view in views:
         incarnation = None if view.record is None or view.row.context is None else view.record.incarnation
+        if view.claim is not None and incarnation in {past.incarnation for past in view.claim.history}:
+            incarnation = None
         observations.append(Observation(view.row, incarnation))
         warnings.extend(view.row.warnings())
     return observations, warnings
@@ -290,6 +325,7 @@ class _SeenWire(BaseModel):
     headroom_fired: bool = Field(default=False, alias="headroomFired")
     compactions: int = Field(default=0, ge=0)
     stale: bool = False
+    observed_ms: int = Field(default=0, alias="observedMs")
 
 
 class _StateWire(BaseModel):
@@ -302,20 +338,22 @@ class _StateWire(BaseModel):
 def dump_state(state: State) -> bytes:
     agents = {
         key: {"incarnation": seen.incarnation, "fired": sorted(seen.fired), "headroomFired": seen.headroom_fired,
-              "compactions": seen.compactions, "stale": seen.stale}
+              "compactions": seen.compactions, "stale": seen.stale, "observedMs": seen.observed_ms}
         for key, seen in sorted(state.items())
     }  # fmt: skip
-    return (json.dumps({"schema": STATE_SCHEMA, "agents": agents}, indent=1) + "\n").encode()
+    # One line: without `indent` json uses its C encoder, and this runs after every change.
+    return (json.dumps({"schema": STATE_SCHEMA, "agents": agents}, separators=(",", ":")) + "\n").encode()
 
 
 def load_state(data: bytes) -> dict[str, Seen]:
     """Raises RecordRefused (a ValueError) for a file that is not a watch state."""
     try:
-        wire = _StateWire.model_validate_json(data)
+        wire = _StateWire.model_validate(loads_object(data, error=RecordRefused))
     except ValidationError as exc:
         raise RecordRefused(str(exc).splitlines()[0]) from None
     return {
-        key: Seen(seen.incarnation, frozenset(seen.fired), seen.headroom_fired, seen.compactions, seen.stale)
+        key: Seen(seen.incarnation, frozenset(seen.fired), seen.headroom_fired, seen.compactions, seen.stale,
+                  seen.observed_ms)
         for key, seen in wire.agents.items()
     }
 
@@ -412,11 +450,14 @@ Deliver = Callable[[Event], Awaitable[None]]
 
 class Companion(Protocol):
     """Another state machine stepping on the watch's snapshots (`wrapper.account_watch`): its
-    state loaded once the lock is held, and saved by `step` before its events go out."""
+    state loaded once the lock is held, and saved by `step` before its events go out; its events
+    are delivered through the same outbox as the watch's own."""
 
     def load(self, dir_fd: int) -> None: ...
 
-    def step(self, dir_fd: int, snapshot: list[Observation], now: int) -> list[Event]: ...
+    def step(self, dir_fd: int, snapshot: list[Observation], now: int, *, partial: bool) -> list[Event]:
+        """`partial`: the snapshot holds only the agents a file event named, not the whole roster."""
+        ...
 
 
 async def print_event(event: Event) -> None:
@@ -591,27 +632,30 @@ async def follow(
     import trio
 
     told_warnings: set[str] = set()  # each warning once while it lasts, not at every re-read
+    cache = RosterCache(catalog)  # each tick reads again only the agents whose files changed
     with state_file.held() as dir_fd:
         state = state_file.load(dir_fd)
         for companion in companions:
             companion.load(dir_fd)
 
-        def tick(outbox: Outbox) -> None:
+        def tick(outbox: Outbox, only: set[tuple[str, str]] | None = None) -> None:
+            """Every agent (the periodic re-read, for staleness), or `only` the agents a file event named."""
             nonlocal state, told_warnings
             now = now_ms()
+            full = only is None
             try:
-                snapshot, warnings = observe(catalog, now, here=here)
+                snapshot, warnings = observe(catalog, now, here=here, cache=cache, only=only)
             except CatalogError as exc:
                 warnings, snapshot = [f"cannot read the catalog: {exc}"], None
             for warning in warnings:
                 if warning not in told_warnings:
                     log(f"warning: {warning}")
-            told_warnings = set(warnings)
+            told_warnings = set(warnings) if full else told_warnings | set(warnings)
             if snapshot is None:
                 return
-            events, state = step(state, snapshot, now, settings)
+            events, state = step(state, snapshot, now, settings, partial=not full)
             for companion in companions:
-                events.extend(companion.step(dir_fd, snapshot, now))
+                events.extend(companion.step(dir_fd, snapshot, now, partial=not full))
             outbox.settle(state, events)
 
         stop = anyio.Event()
@@ -633,8 +677,10 @@ async def follow(
             outbox = Outbox(nursery, deliver, record, state)
             log(f"following {catalog}, re-reading every {reread_s:g} s; state in {state_file.path}")
             tick(outbox)
-            async for _ in record_changes(catalog, stop, timeout_s=reread_s):
-                tick(outbox)
+            async for changes in record_changes(catalog, stop, timeout_s=reread_s):
+                named = {agent_of(catalog, path) for _, path in changes}
+                # No change (the re-read's timeout) or a path of no agent: read every agent.
+                tick(outbox, None if not named or None in named else {agent for agent in named if agent})
             nursery.cancel_scope.cancel()
 
 

@@ -39,9 +39,14 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from guard.account import Account, account_key, id_text, json_object, label_of, plan_text, read_account_file, shown_dir
-from guard.errors import CatalogError, SettingsError  # SettingsError: the file cannot be merged without loss
+from guard.errors import (  # SettingsError: the file cannot be merged without loss
+    CatalogError,
+    JsonRefused,
+    SettingsError,
+)
 from guard.files import SYMLINK_PROBLEM, read_bounded, set_aside
-from guard.record import describe_validation_error, refuse_json_constant, refuse_lone_surrogates
+from guard.json_rule import loads
+from guard.record import describe_validation_error
 from guard.store import open_chain, proc_stat, write_json_atomic
 from wrapper.harnesses import LaunchPlan
 
@@ -195,9 +200,8 @@ def _parse(path: Path, text: str) -> dict[str, Any]:
     if not text.strip():
         return {}
     try:
-        settings = json.loads(text, parse_constant=refuse_json_constant)
-        refuse_lone_surrogates(settings)
-    except (ValueError, RecursionError) as exc:
+        settings = loads(text)
+    except JsonRefused as exc:
         raise SettingsError(f"{path} is not JSON ({exc}); fix or remove it, hctx will not overwrite it") from None
     if not isinstance(settings, dict):
         raise SettingsError(f"{path} is not a JSON object; hctx will not overwrite it")
@@ -409,14 +413,12 @@ def _load_seats(claude: _ClaudeDir) -> Seats | None:
     problem = raw.problem
     if raw.data is not None:
         try:
-            wire = _SeatsWire.model_validate_json(raw.data)
-            if wire.original is not None:
-                wire.original.encode("utf-8")  # a lone surrogate is no text to put back
+            wire = _SeatsWire.model_validate(loads(raw.data))  # the rule refuses a lone surrogate too
             return Seats(wire.original, wire.created_dir, [(seat.pid, seat.start_time) for seat in wire.seats])
+        except JsonRefused as exc:
+            problem = f"is not a seats record ({exc})"
         except ValidationError as exc:
             problem = f"is not a seats record ({describe_validation_error(exc)})"
-        except UnicodeEncodeError:
-            problem = "holds a lone surrogate, which is not text"
     try:
         aside = set_aside(claude.fd, name)
         print(f"hctx wrap: {shown} {problem}; set aside as {aside}, starting a new one", file=sys.stderr)

@@ -10,7 +10,6 @@ text) out; nothing here serves or watches.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -19,7 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from guard.catalog import printable
+from guard.errors import JsonRefused
 from guard.files import open_regular
+from guard.json_rule import loads
 from guard.store import log_path
 from sidecar.logs import LOG_BACKUPS
 from wrapper.accounts import AccountGroup, Window, fan_in, groups_by_agent
@@ -190,8 +191,8 @@ def read_fill_history(catalog: Path, host: str, identity: str, *, here: str) -> 
             problems.append(problem)
         for line in lines:
             try:
-                entry = json.loads(line)
-            except ValueError:
+                entry = loads(line)  # the one rule: a deep or hostile line is a skipped line, never a crash
+            except JsonRefused:
                 continue
             if not isinstance(entry, dict):
                 continue

@@ -37,7 +37,8 @@ from typing import Annotated, Any, Final
 
 from pydantic import Field, ValidationError
 
-from guard.errors import FrameRejected
+from guard.errors import FrameRejected, MalformedFrame
+from guard.json_rule import loads_object
 from guard.policy import Reading, windows_at_limit
 from guard.record import (
     CompactionTrigger,
@@ -48,7 +49,6 @@ from guard.record import (
     RateLimits,
     describe_validation_error,
 )
-from sidecar import wire
 from sidecar.decoding import CHANNEL
 from sidecar.harnesses.claude.frames import HOOK_FRAME, HOOK_TYPE, STATUSLINE_FRAME, STATUSLINE_TYPE, channel_line
 from sidecar.producer import Percent, SubagentRoster, TolerantModel, Usd, harness_version, instant_ms, optional_model
@@ -440,7 +440,7 @@ def read_recording(paths: Sequence[Path]) -> Iterator[Chunk]:
 
 def _object(line: bytes) -> dict[str, Any] | None:
     try:
-        return wire.json_object(line) if line.strip() else None
+        return loads_object(line, error=MalformedFrame) if line.strip() else None
     except FrameRejected:
         return None  # a truncated tail is what a killed capture leaves
 

@@ -5,9 +5,10 @@ function, `parse_message`, whichever way it came: the app-server's stdout (`stdo
 stream: what the lab's `<name>.jsonl` captures are), one websocket text message of the sidecar's
 relay (`websocket` wire), or the wrapper's stdout tap on the channel, whose envelope
 `{"type": "codex.rpc", "payload": "<the line>"}` (`tap_frame`) carries the line's very bytes as a
-string. The rollout file an interactive seat writes (`rollout` wire, `sidecar.transcripts`) yields
-the same typed events. The producer reads only those events, and its arithmetic is pure functions
-(`usage_fields`, `merged_rate_limits`, `compact_at`) that `hctx scan` calls too:
+string (in base64 when not UTF-8). The rollout file an interactive seat writes (`rollout` wire,
+`sidecar.transcripts`) yields the same typed events. The producer reads only those events, and its
+arithmetic is pure functions (`usage_fields`, `merged_rate_limits`, `compact_at`) that `hctx scan`
+calls too:
 
 - `thread/tokenUsage/updated` is the reading. `last.totalTokens` over `modelContextWindow` through
   Codex's `percent_of_context_window_remaining` (the 12,000-token baseline, Rust's rounding), and
@@ -49,6 +50,8 @@ published 100,000 is where it compacted (a turn at 99,000 did not, the next afte
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import math
 from collections import OrderedDict
@@ -60,7 +63,8 @@ from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError
 from pydantic.alias_generators import to_camel
 
 from guard.constants import CHANNEL_MAX_FRAME_BYTES
-from guard.errors import FrameRejected
+from guard.errors import FrameRejected, MalformedFrame
+from guard.json_rule import loads, loads_object
 from guard.policy import Reading
 from guard.record import (
     MAX_COUNT,
@@ -71,7 +75,6 @@ from guard.record import (
     describe_validation_error,
     round_half_up,
 )
-from sidecar import wire
 from sidecar.decoding import Decoder, LineDecoder, MessageDecoder
 from sidecar.harnesses.codex.events import (
     FRAME_TYPE,
@@ -121,7 +124,6 @@ __all__ = [
     "WsAddress",
     "channel_frames",
     "compact_at",
-    "line_of",
     "merged_rate_limits",
     "merged_resets",
     "parse_message",
@@ -130,6 +132,7 @@ __all__ = [
     "rate_limits",
     "read_recording",
     "tap_frame",
+    "tapped_line",
     "usage_fields",
     "used_percent",
 ]
@@ -231,14 +234,16 @@ _M = TypeVar("_M", bound=_Wire)
 def parse_message(data: bytes) -> list[object]:
     """One server→client JSON-RPC message's bytes to its events; FrameRejected for one refused.
 
-    The one rule of every wire (sidecar.wire: strict UTF-8, no NaN), and one size rule: a message
+    The one rule of every wire (guard.json_rule: strict UTF-8, no NaN), and one size rule: a message
     the stdout tap could not carry to the channel (its `tap_frame` over the channel's limit) is
     refused on the websocket and in a replay too, so no path publishes what another would drop.
     """
     could_outgrow = len(data) * _WORST_ESCAPE + len(_TAP_PREFIX) + 1 > CHANNEL_MAX_FRAME_BYTES
     if could_outgrow and len(tap_frame(data)) > CHANNEL_MAX_FRAME_BYTES:
         raise FrameRejected(f"message over {CHANNEL_MAX_FRAME_BYTES} bytes as the stdout tap frames it")
-    message = wire.json_object(data)
+    message = loads_object(data, error=MalformedFrame)
+    if not _is_app_server_message(message):
+        raise FrameRejected("not an app-server message: no method, and no id with a result or an error")
     events: list[object] = []
     build = _build(message)
     if build is not None:
@@ -277,6 +282,14 @@ def parse_message(data: bytes) -> list[object]:
     elif method == LEGACY_COMPACTED:
         events.append(ThreadCompacted(turn_id=_parse(_CompactedParams, params, method).turn_id))
     return events
+
+
+def _is_app_server_message(message: dict[str, Any]) -> bool:
+    """JSON-RPC as the app-server speaks it (without the `jsonrpc` member): a request or notification
+    names its `method`, a response carries the `id` it answers and a `result` or an `error`."""
+    if "method" in message:
+        return isinstance(message["method"], str)
+    return "id" in message and ("result" in message or "error" in message)
 
 
 def _window(window: _RateLimitWindow | None) -> RateWindow | None:
@@ -362,29 +375,39 @@ _WORST_ESCAPE: Final = 6
 
 def tap_frame(line: bytes, frame_type: str = FRAME_TYPE) -> bytes:
     """The channel frame (no newline) the wrapper's stdout tap sends for one stdout line: the line's
-    very bytes as the string `payload`. A byte that is not UTF-8 travels as its surrogate escape
-    (`\\udc80`) and `line_of` gives it back, so the channel decoder parses the bytes stdout carried."""
-    text = json.dumps(line.decode("utf-8", "surrogateescape"), ensure_ascii=False)
+    very bytes, as the string `payload` when they are UTF-8 and in base64 as `bytes` when not. Such
+    a line is never a message, but it is dropped for the very reason stdout drops it: a surrogate
+    escape of its stray bytes would be a lone surrogate, which the one JSON rule refuses."""
     kind = json.dumps(frame_type).encode()
-    return b'{"type":' + kind + b',"payload":' + text.encode("utf-8", "backslashreplace") + b"}"
-
-
-def line_of(payload: str) -> bytes:
-    """The stdout line a tap frame's payload carries (the inverse of `tap_frame`)."""
     try:
-        return payload.encode("utf-8", "surrogateescape")
-    except UnicodeEncodeError:
-        raise FrameRejected("payload holds a lone surrogate: not the bytes of a line") from None
+        text = line.decode("utf-8")
+    except UnicodeDecodeError:
+        return b'{"type":' + kind + b',"bytes":"' + base64.b64encode(line) + b'"}'
+    return b'{"type":' + kind + b',"payload":' + json.dumps(text, ensure_ascii=False).encode("utf-8") + b"}"
+
+
+def tapped_line(frame: dict[str, Any]) -> bytes:
+    """The stdout line a tap frame carries (the inverse of `tap_frame`)."""
+    payload, raw = frame.get("payload"), frame.get("bytes")
+    if isinstance(payload, str):
+        try:
+            return payload.encode("utf-8")
+        except UnicodeEncodeError:
+            raise FrameRejected("payload holds a lone surrogate: not the bytes of a line") from None
+    if payload is None and isinstance(raw, str):
+        try:
+            return base64.b64decode(raw, validate=True)
+        except binascii.Error:
+            raise FrameRejected(f"{FRAME_TYPE} bytes are not base64") from None
+    shown = type(payload).__name__ if payload is not None else "absent"
+    raise FrameRejected(f"{FRAME_TYPE} payload is not the line as a string but {shown}")
 
 
 def channel_frames(kind: str, frame: dict[str, Any]) -> list[object]:
-    """The channel's Codex frames: the stdout tap's `codex.rpc`, its payload the line as a string."""
+    """The channel's Codex frames: the stdout tap's `codex.rpc`, carrying one stdout line."""
     if kind != FRAME_TYPE:
         raise FrameRejected(f"not a {FRAME_TYPE} frame but {kind[:40]!r}")
-    payload = frame.get("payload")
-    if not isinstance(payload, str):
-        raise FrameRejected(f"{FRAME_TYPE} payload is not the line as a string but {type(payload).__name__}")
-    line = line_of(payload)
+    line = tapped_line(frame)
     return parse_message(line) if line.strip() else []  # a blank line, as on stdout: nothing
 
 
@@ -750,7 +773,7 @@ def _stdout_chunks(data: bytes) -> Iterator[Chunk]:
     clock: int | None = None
     for line in _lines(data):
         try:
-            message: Any = wire.loads(line)
+            message: Any = loads(line, error=MalformedFrame)
         except FrameRejected:
             yield Chunk(clock, STDOUT, line + b"\n")  # as it was: its decoder drops it
             continue
@@ -772,7 +795,7 @@ _ROLLOUT_TYPES: Final = frozenset({"session_meta", "event_msg", "response_item",
 def _is_rollout(data: bytes) -> bool:
     first = next(_lines(data), None)
     try:
-        head = wire.json_object(first) if first is not None else None
+        head = loads_object(first, error=MalformedFrame) if first is not None else None
     except FrameRejected:
         return False
     return head is not None and "timestamp" in head and head.get("type") in _ROLLOUT_TYPES
@@ -782,7 +805,7 @@ def _rollout_chunks(data: bytes) -> Iterator[Chunk]:
     clock: int | None = None
     for line in _lines(data):
         try:
-            stamp = instant_ms(wire.json_object(line).get("timestamp"))
+            stamp = instant_ms(loads_object(line, error=MalformedFrame).get("timestamp"))
         except FrameRejected:
             stamp = None  # its decoder says what it is
         clock = clock if stamp is None else stamp

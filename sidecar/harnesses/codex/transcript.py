@@ -16,7 +16,8 @@ from typing import Any, Final, Literal
 
 from pydantic import ValidationError
 
-from guard.errors import FrameRejected
+from guard.errors import FrameRejected, MalformedFrame
+from guard.json_rule import loads_object
 from guard.record import round_half_up
 from sidecar.decoding import Dropped
 from sidecar.framing import Line, LineFramer, Oversized
@@ -38,7 +39,6 @@ from sidecar.transcripts import (
     ModelId,
     Percent,
     Tokens,
-    json_object,
 )
 
 __all__ = [
@@ -166,10 +166,19 @@ def rollout_event(line: bytes, offset: int, thread_id: str) -> RolloutEvent | No
     however often the follower re-reads it.
     """
     if not any(marker in line for marker in _ROLLOUT_MARKERS):
-        return None
-    raw = json_object(line)
-    if raw is None:
-        return None
+        return None  # a tail read skips messages and tool output unparsed: most of a rollout
+    found = _rollout_line(line, offset, thread_id)
+    return None if isinstance(found, Dropped) else found
+
+
+def _rollout_line(line: bytes, offset: int, thread_id: str) -> RolloutEvent | Dropped | None:
+    """`rollout_event` for the `rollout` wire, which parses every line it is handed, so a line that
+    is no JSON object (the one rule) is a `Dropped` the follower counts, whatever it held. Live,
+    lines come one message at a time, and a resumed follower starts at the file's end."""
+    try:
+        raw = loads_object(line, error=MalformedFrame)
+    except MalformedFrame as exc:
+        return Dropped(f"rollout line: {exc}", ROLLOUT)
     try:
         entry = _RolloutLine.model_validate(raw)
     except ValidationError:
@@ -295,7 +304,8 @@ class RolloutDecoder:
     def _line(self, line: Line | Oversized) -> list[object]:
         if isinstance(line, Oversized):
             return self._events(oversized_rollout_event(line.head, line.start, self._thread()))
-        return self._events(rollout_event(line.data, line.start, self._thread()))
+        found = _rollout_line(line.data, line.start, self._thread())
+        return [found] if isinstance(found, Dropped) else self._events(found)
 
     def _thread(self) -> str:
         return self.thread_id or "rollout"

@@ -71,9 +71,9 @@ from typing import Annotated, Any, Final, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from guard.errors import FrameRejected, MalformedFrame
+from guard.json_rule import loads, loads_object
 from guard.policy import Reading
 from guard.record import ContextFields, Count, Harness, describe_validation_error
-from sidecar import wire
 from sidecar.decoding import PROVIDERS, MessageDecoder, SseDecoder
 from sidecar.producer import SubagentRoster, Usd, harness_version, remember
 from sidecar.spec import Chunk, HarnessSpec, recording_bytes
@@ -475,18 +475,18 @@ def event_of(frame: dict[str, Any]) -> list[object]:
 
 def parse_event(data: bytes) -> list[object]:
     """The data of one SSE event (`sse` wire)."""
-    return event_of(wire.json_object(data))
+    return event_of(loads_object(data, error=MalformedFrame))
 
 
 def parse_providers(data: bytes) -> list[object]:
     """One `GET /config/providers` answer body (`providers` wire)."""
-    payload = wire.loads(data)
+    payload = loads(data, error=MalformedFrame)
     return [ProvidersAnswer(windows_from_providers(payload), limits_from_providers(payload))]
 
 
 def parse_config(data: bytes) -> list[object]:
     """One `GET /config` answer body (`config` wire): its `compaction` block is all that is read."""
-    payload = wire.loads(data)
+    payload = loads(data, error=MalformedFrame)
     try:
         return [ConfigAnswer(_Config.model_validate(payload))]
     except ValidationError:
@@ -808,7 +808,7 @@ def recording_chunks(data: bytes) -> Iterator[Chunk]:
 
 def _json_or_none(data: bytes) -> object:
     try:
-        return wire.loads(data)
+        return loads(data, error=MalformedFrame)
     except MalformedFrame:
         return None
 
@@ -836,7 +836,7 @@ class OpenCodeTransport(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    # Plain http:// only (sidecar.http): the wrapper passes the address it made the server bind.
+    # Plain http:// only: the wrapper passes the address it made the server bind.
     base_url: Annotated[str, Field(pattern=r"^http://[^/?#\s]+(/[^?#\s]*)?$", max_length=2048)]
     directory: str | None = None
     stall_seconds: Annotated[float, Field(gt=0)] = STALL_SECONDS
