@@ -73,6 +73,7 @@ class SidecarSpec:
     incarnation: str
     channel: Path
     transport: str | None  # its JSON (`wrapper.harnesses.transport_json`)
+    record: Path | None = None  # `hctx wrap --record`'s file
 
     def argv(self, lifeline_fd: int, ready_fd: int) -> list[str]:
         agent = self.agent
@@ -82,6 +83,7 @@ class SidecarSpec:
             *("--incarnation", self.incarnation, "--channel", os.fspath(self.channel)),
             *("--lifeline-fd", str(lifeline_fd), "--ready-fd", str(ready_fd)),
             *(() if self.transport is None else ("--transport", self.transport)),
+            *(() if self.record is None else ("--record", os.fspath(self.record))),
         ]
 
 
