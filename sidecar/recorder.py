@@ -69,6 +69,7 @@ class Recorder:
     lost_chunks: int = 0
     lost_bytes: int = 0
     truncated: bool = False
+    last_at_ms: int = 0  # the newest chunk's time: a gap said at the end is dated by it
     _queue: deque[dict[str, Any] | tuple[int, str, int, bytes]] = field(default_factory=deque)
     _queued_bytes: int = 0
     _streams: int = 0
@@ -82,6 +83,7 @@ class Recorder:
     def chunk(self, at_ms: int, wire: str, stream: int, data: bytes) -> None:
         if self.truncated or self._closed or not data:
             return
+        self.last_at_ms = at_ms
         if self._queued_bytes + len(data) > QUEUE_BYTES:
             self.lost_chunks += 1
             self.lost_bytes += len(data)
@@ -122,7 +124,7 @@ class Recorder:
                 batch = [_encoded(entry) for entry in self._drain()]
                 await trio.to_thread.run_sync(self._write, batch)
             if self.lost_chunks:
-                self._gap_if_lost(0)
+                self._gap_if_lost(self.last_at_ms)
                 await trio.to_thread.run_sync(self._write, [_encoded(entry) for entry in self._drain()])
         except OSError as exc:  # a full disk costs the recording, never the session
             log.error("recording stopped: %s", exc, extra={"event": "recording-failed"})
