@@ -188,7 +188,7 @@ async def test_claude_session_publishes_its_own_numbers_and_counts_the_compactio
     kinds = [served.kind for served in server.requests]
     assert kinds.count("compaction") == 1
     assert [served.usage for served in server.turns()][-1] == (1500, 2000, 1500, 99)
-    assert_replays_as_logged(catalog, "claude-live", recording)
+    await assert_replays_as_logged(catalog, "claude-live", recording)
 
 
 # The status line most users have: ccstatusline, claude-hud and the like install it here.

@@ -280,7 +280,7 @@ async def test_stdio_under_wrap_main_then_resume_in_a_fresh_process(version: str
                 ("rate-limits", 92), ("rate-limits", 92), ("rate-limits", 4),
             ]  # fmt: skip
             assert compaction_items(client) == 4 and client.count("thread/compacted") == 0
-            assert_replays_as_logged(run.catalog, AGENT, recording)  # the session `--record` made
+            await assert_replays_as_logged(run.catalog, AGENT, recording)  # the session `--record` made
             first_incarnation = run.record()
             assert first_incarnation is not None
 
@@ -332,7 +332,7 @@ async def test_websocket_under_wrap(version: str, tmp_path: Path) -> None:
                 assert (ours.used_percent, ours.session_total_tokens) == (22, 655_950)
             assert process.returncode is not None
         assert without_rate_limits(run.writes()) == [*MAIN_WRITES, ("bucket", 16), ("bucket", 22)]
-        assert_replays_as_logged(run.catalog, AGENT, recording)  # the relay's websocket bytes, recorded
+        await assert_replays_as_logged(run.catalog, AGENT, recording)  # the relay's websocket bytes, recorded
         assert without_rate_limits(replayed_writes(client.raw)) == [*MAIN_WRITES, ("bucket", 22)]
         final = run.record()
         assert final is not None and limits(final) == latest_snapshot(client)

@@ -317,7 +317,7 @@ async def test_records_from_a_live_opencode_server_under_hctx_wrap(box: Box) -> 
         assert SUMMARY_TOTAL not in {w["usedTokens"] for w in written}
         assert [served.kind for served in fake.requests].count("summary") == 2
         assert all(served.kind != "title" for served in fake.requests)
-    assert_replays_as_logged(box.catalog, agent, recording)  # the SSE and the answers, as recorded
+    await assert_replays_as_logged(box.catalog, agent, recording)  # the SSE and the answers, as recorded
 
 
 async def test_the_sidecar_follows_the_server_across_a_restart(box: Box, tmp_path: Path) -> None:

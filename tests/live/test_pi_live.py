@@ -369,7 +369,7 @@ async def _pi_scenario(run: Run, model: FakeModel) -> None:
     assert numbers[first_edge:] == [(None, None), (26400, 82.5), (None, None), (36400, 113.75), (None, None)]
     compaction_writes = [w for w in p1_writes if w["reason"] == "compaction"]
     assert [(w["usedTokens"], w["compactions"]) for w in compaction_writes] == [(None, 1), (None, 2), (None, 3)]
-    assert_replays_as_logged(run.catalog.root, AGENT, recording)  # the session `--record` made
+    await assert_replays_as_logged(run.catalog.root, AGENT, recording)  # the session `--record` made
 
     async with wrapped(run, "pi", "--continue") as rpc:
         # a new incarnation: the record was removed at the claim; pi still withholds after its last
@@ -424,7 +424,7 @@ async def _omp_scenario(run: Run, model: FakeModel, version: str) -> None:
     assert all(write["usedTokens"] is not None for write in p1_writes)
     assert p1_count >= 2
 
-    assert_replays_as_logged(run.catalog.root, AGENT, recording)  # the session `--record` made
+    await assert_replays_as_logged(run.catalog.root, AGENT, recording)  # the session `--record` made
     async with wrapped(run, "omp", "--continue") as rpc:
         record = await catalog.settles(lambda r: r.compactions >= p1_count, "the durable count after restart")
         await rpc.turn(prompt("turn5 after restart [[u:12000:240]]"))
