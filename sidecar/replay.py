@@ -27,6 +27,7 @@ from sidecar.decoding import Decoder, Dropped
 from sidecar.pipeline import Pipeline
 from sidecar.recorder import FORMAT
 from sidecar.registry import Chunk, HarnessSpec
+from sidecar.spec import recording_bytes
 from sidecar.wire import json_object
 
 if TYPE_CHECKING:
@@ -140,7 +141,7 @@ def replay_recording(spec: HarnessSpec, path: Path, *, agent: str = "replay") ->
     so the outbox, the refresh of the newest write and a decoder's failure all run as they ran live."""
     summary = Summary()
     landed: list[Write] = []
-    lines = path.read_bytes().split(b"\n")
+    lines = recording_bytes(path).split(b"\n")  # a FIFO, a device or a huge file is refused
     if lines and not lines[-1]:
         lines.pop()
     trio.run(_drive, spec, lines, agent, landed, summary, clock=MockClock(autojump_threshold=0))
