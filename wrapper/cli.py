@@ -93,8 +93,11 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _is_a(test: Callable[[bytes], bool], path: Path) -> bool:
-    """Whether the file's first line passes `test` (False for one that cannot be read: the reader says)."""
+    """Whether the file's first line passes `test` (False for one that cannot be read, or is no
+    regular file: a FIFO would never answer; the reader then says why)."""
     try:
+        if not path.is_file():
+            return False
         with path.open("rb") as file:
             return test(file.readline(64 * 1024))
     except OSError:
