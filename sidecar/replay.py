@@ -21,6 +21,7 @@ import trio
 from trio.testing import MockClock, wait_all_tasks_blocked
 
 from guard.errors import CatalogError, MalformedFrame, RecordingError
+from guard.json_rule import loads_object
 from guard.policy import Write, WriteGuard
 from guard.record import HarnessContext
 from sidecar.decoding import Decoder, Dropped
@@ -28,7 +29,6 @@ from sidecar.pipeline import Pipeline
 from sidecar.recorder import FORMAT
 from sidecar.registry import Chunk, HarnessSpec
 from sidecar.spec import recording_bytes
-from sidecar.wire import json_object
 
 if TYPE_CHECKING:
     from sidecar.app import Writer
@@ -117,7 +117,7 @@ def is_recording(head: bytes) -> bool:
     """Whether a file starting with `head` is a recording the product made: its header line."""
     first = head.split(b"\n", 1)[0]
     try:
-        header = json_object(first)
+        header = _object(first)
     except MalformedFrame:
         return False
     return header.get("format") == FORMAT
@@ -127,7 +127,7 @@ def read_header(path: Path) -> dict[str, Any]:
     with path.open("rb") as file:
         first = file.readline()
     try:
-        header = json_object(first.rstrip(b"\n"))
+        header = _object(first.rstrip(b"\n"))
     except MalformedFrame as exc:
         raise RecordingError(f"{path}: its first line is no recording header: {exc}") from None
     if header.get("format") != FORMAT:
@@ -203,7 +203,7 @@ async def _drive(
     header: dict[str, Any] | None = None
     for number, line in enumerate(lines, 1):
         try:
-            entry = json_object(line)
+            entry = _object(line)
         except MalformedFrame as exc:
             summary.problems.append(f"line {number}: {exc}")
             continue
@@ -299,3 +299,8 @@ def _fact(spec: HarnessSpec, entry: dict[str, Any], writer: Writer) -> str | Non
     except (ImportError, AttributeError, ValidationError, TypeError) as exc:
         return f"fact {name!r} not rebuilt: {str(exc)[:120]}"
     return None
+
+
+def _object(data: bytes) -> dict[str, Any]:
+    """One line of a recording by the one JSON rule; MalformedFrame says why it is none."""
+    return loads_object(data, error=MalformedFrame)
