@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import importlib
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -110,6 +110,7 @@ class Summary:
     sidecars: int = 0  # header lines: each a sidecar (a replacement, a relaunch) starting afresh
     lost_chunks: int = 0  # the recorder's gap lines: chunks it dropped for want of room
     truncated: bool = False  # the recorder reached its byte cap
+    drops: Counter[str] = field(default_factory=Counter)  # what the pipelines dropped, by where, as live
     problems: list[str] = field(default_factory=list)  # lines that are not a recording's
 
 
@@ -256,6 +257,7 @@ async def _sidecar(
             summary.truncated = summary.truncated or "truncated" in entry
         store.release_all()
         writer.close()
+    summary.drops.update(writer.pipeline.drops)
 
 
 def _play(spec: HarnessSpec, entry: dict[str, Any], writer: Writer, streams: dict[int, Stream]) -> str | None:
