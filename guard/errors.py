@@ -15,7 +15,7 @@
     ├── UnknownHarness       no registered harness has the name (LookupError)
     ├── ModelTableError      `hctx scan`'s model table is unreadable (ValueError)
     ├── TranscriptError      a transcript `hctx scan` reads cannot be opened (OSError)
-    ├── RecordingError       a recording `hctx replay` reads is no file of bytes (OSError)
+    ├── RecordingError       a recording `hctx replay` reads is no file of bytes, or not one hctx made (OSError)
     ├── UsageError           what the command line asks cannot be done (ValueError)
     └── FleetFailed          a demo agent failed to start or cannot be played
 

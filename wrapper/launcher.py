@@ -89,6 +89,7 @@ class WrapOptions:
     restart_delay_s: float = 1.0
     restart_delay_max_s: float = 60.0
     takeover: bool = False
+    record: Path | None = None  # `--record`: a file `create_recording` made; every sidecar appends to it
 
 
 def say(message: str) -> None:
@@ -397,7 +398,8 @@ async def _run_with_sidecar(
     agent = options.agent
     group = _harness_group()
     reaper = None if group == "shared" else await Reaper.start()
-    spec = SidecarSpec(agent, options.harness, incarnation, channel, transport_json(plan), account_json(plan))
+    spec = SidecarSpec(agent, options.harness, incarnation, channel, transport_json(plan), account_json(plan),
+                       options.record)  # fmt: skip
     sidecars = Sidecars(spec, say)
     try:
         if not await sidecars.start() and sidecars.running:  # one that died is keep_alive's to report

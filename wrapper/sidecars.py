@@ -74,6 +74,7 @@ class SidecarSpec:
     channel: Path
     transport: str | None  # its JSON (`wrapper.harnesses.transport_json`)
     account: str | None = None  # the account the harness states, as JSON (`wrapper.harnesses.account_json`)
+    record: Path | None = None  # `hctx wrap --record`'s file
 
     def argv(self, lifeline_fd: int, ready_fd: int) -> list[str]:
         agent = self.agent
@@ -84,6 +85,7 @@ class SidecarSpec:
             *("--lifeline-fd", str(lifeline_fd), "--ready-fd", str(ready_fd)),
             *(() if self.transport is None else ("--transport", self.transport)),
             *(() if self.account is None else ("--account", self.account)),
+            *(() if self.record is None else ("--record", os.fspath(self.record))),
         ]
 
 
