@@ -497,7 +497,7 @@ def burst_codex_tap(work: Path, scale: Scale) -> Row:
         async with trio.open_nursery() as nursery:
             await nursery.start(channel.serve, directory / "s", partial(channel_decoder, tapped), received.append)
             started = trio.current_time()
-            await tap_stdout_lines(Burst(data), "codex.rpc", directory / "s")
+            await tap_stdout_lines(Burst(data), "codex", directory / "s")
             with trio.move_on_after(15):
                 while not received or received[-1] != usage[-1]:  # noqa: ASYNC110
                     await trio.sleep(0.01)
