@@ -43,6 +43,7 @@ from guard.policy import Reading, WriteGuard
 from guard.record import ContextFields, round_half_up
 from sidecar.decoding import Dropped
 from sidecar.harnesses.claude.transcript import claude_compaction, claude_usage
+from sidecar.harnesses.codex.events import ThreadOpened
 from sidecar.harnesses.codex.producer import SPEC as CODEX
 from sidecar.harnesses.codex.producer import CodexProducer
 from sidecar.harnesses.codex.transcript import rollout_event
@@ -111,6 +112,8 @@ def codex_app_server_trace(path: Path) -> Trace:
 def codex_rollout_trace(name: str, data: bytes) -> Trace:
     trace = Trace("codex", name)
     producer = CodexProducer()
+    # The rollout a seat follows is its own thread's, as the live follower tells the producer.
+    producer.feed(ThreadOpened(thread_id="bench"), 0)
     for offset, line in forward_lines(data):
         event = rollout_event(line, offset, "bench")
         if event is None or event.at_ms is None:
