@@ -610,8 +610,8 @@ def test_a_partial_step_keeps_the_agents_it_did_not_see() -> None:
 
 
 def test_a_file_event_reads_only_the_agents_it_names(tmp_path: Path) -> None:
+    from wrapper.notice import agent_of
     from wrapper.roster import RosterCache
-    from wrapper.watch import agent_of
 
     for agent in ("a", "b"):
         put_record(tmp_path, agent, observedAtMs=NOW - 1000, writtenAtMs=NOW - 1000)

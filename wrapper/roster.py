@@ -260,6 +260,19 @@ class RosterCache:
                  if changed is None or (host, identity) in changed]  # fmt: skip
         return views, snapshot.warnings
 
+    def changed(
+        self, agents: Iterable[tuple[str, str]], now: int, *, here: str, alive: PidProbe = pid_alive
+    ) -> tuple[list[AgentView], list[tuple[str, str]]]:
+        """Of these agents (named by a file event), the views of those whose files changed, and the
+        ones whose directory is gone (or never was an agent's)."""
+        wanted = set(agents)
+        snapshot = self.cache.refresh_agents(wanted)
+        present = {(host, identity) for host, identity, _ in snapshot.agents}
+        changed = set(snapshot.changed)
+        views = [agent_view(host, identity, decoded, now, here=here, alive=alive)
+                 for host, identity, decoded in snapshot.agents if (host, identity) in changed]  # fmt: skip
+        return views, sorted(wanted - present)
+
     def roster(self, now: int, *, here: str, alive: PidProbe = pid_alive) -> Roster:
         views, warnings = self.views(now, here=here, alive=alive)
         return Roster([view.row for view in views], warnings)
