@@ -63,6 +63,21 @@ def agent_of(catalog: Path, path: str) -> Agent | None:
     return parts[1], parts[2]
 
 
+def _noticed(catalog: Path, path: str) -> Agent | bool:
+    """What a changed path asks for: its agent (a record, or the agent's directory itself: a new
+    agent's record may land before its directory is watched), True for a whole re-read (a host
+    directory, a record name anywhere else), False for nothing (any other file)."""
+    if _is_record(path):
+        return agent_of(catalog, path) or True
+    try:
+        parts = Path(path).relative_to(catalog).parts
+    except ValueError:
+        return False
+    if not parts or parts[0] != AGENTS_DIR_NAME or len(parts) > 3:
+        return False
+    return (parts[1], parts[2]) if len(parts) == 3 else True
+
+
 class Noticed:
     """The changes not yet taken, and the reader's side: `async for changes in noticed`."""
 
@@ -118,8 +133,8 @@ async def _follow_files(
             if not noticed.armed.is_set():
                 noticed.armed.set()
                 noticed.post(whole=True)  # what changed before the watching was in place
-            named = {agent_of(catalog, path) for _, path in batch if _is_record(path)}
-            noticed.post((agent for agent in named if agent is not None), whole=None in named)
+            asked = {_noticed(catalog, path) for _, path in batch}
+            noticed.post((agent for agent in asked if isinstance(agent, tuple)), whole=True in asked)
     except OSError as exc:  # no inotify left (fs.inotify.max_user_watches), a catalog gone
         warn(f"cannot watch {catalog} for changes ({exc}); reading it again every re-read only")
         noticed.armed.set()
