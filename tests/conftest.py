@@ -24,6 +24,28 @@ FIXTURE_ROOT = REPO / "fixtures"
 LAB = REPO.parent / "shared" / "lab"
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under `pytest -n N --dist loadgroup` (scripts/test), the tests sharing a module- or
+    session-scoped fixture (a wheel built once, a browser, two Syncthing daemons) run on one worker,
+    so each such fixture is still set up once (once per parameter: each gets a group of its own);
+    every other test goes wherever a worker is free. Only the suite's own fixtures count (a plugin's,
+    such as tmp_path_factory, has no baseid)."""
+    for item in items:
+        fixtures = getattr(item, "_fixtureinfo", None)
+        if fixtures is None:
+            continue
+        shared = sorted(
+            name
+            for name, defs in fixtures.name2fixturedefs.items()
+            if any(d.baseid and d.scope != "function" for d in defs)
+        )
+        if shared:
+            params = getattr(getattr(item, "callspec", None), "params", {})
+            suffix = ",".join(f"{name}={params[name]}" for name in shared if name in params)
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0] + (f"[{suffix}]" if suffix else "")))
+
+
 @pytest.fixture
 def channel_dir(tmp_path: Path) -> Path:
     """A directory the channel accepts: owned by this user and closed to others."""
