@@ -24,26 +24,21 @@ FIXTURE_ROOT = REPO / "fixtures"
 LAB = REPO.parent / "shared" / "lab"
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under `pytest -n N --dist loadgroup` (scripts/test), the tests sharing a module- or
-    session-scoped fixture (a wheel built once, a browser, two Syncthing daemons) run on one worker,
-    so each such fixture is still set up once (once per parameter: each gets a group of its own);
-    every other test goes wherever a worker is free. Only the suite's own fixtures count (a plugin's,
-    such as tmp_path_factory, has no baseid)."""
-    for item in items:
-        fixtures = getattr(item, "_fixtureinfo", None)
-        if fixtures is None:
-            continue
-        shared = sorted(
-            name
-            for name, defs in fixtures.name2fixturedefs.items()
-            if any(d.baseid and d.scope != "function" for d in defs)
-        )
-        if shared:
-            params = getattr(getattr(item, "callspec", None), "params", {})
-            suffix = ",".join(f"{name}={params[name]}" for name in shared if name in params)
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0] + (f"[{suffix}]" if suffix else "")))
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under `pytest -n N` (scripts/test), a work unit is a test module, so a module-scoped fixture
+    (a wheel built once, a browser, two Syncthing daemons) is still set up once; and the live tests
+    are one unit, run one after another on one worker while the other workers take the rest: real
+    harnesses started side by side starve each other on two cores and miss their deadlines."""
+    if config.getvalue("dist") != "load":
+        return None  # a --dist the caller chose
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModulesLiveTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "tests/live" if module.startswith("tests/live/") else module
+
+    return ModulesLiveTogether(config, log)
 
 
 @pytest.fixture
