@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # trio and watchfiles load when a follower runs, not with eve
 
 __all__ = [
     "ARM_PROBE_MS",
+    "Agent",
     "Changes",
     "Noticed",
     "agent_of",

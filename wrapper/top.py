@@ -59,6 +59,7 @@ __all__ = [
     "Screen",
     "Segment",
     "SortKey",
+    "Until",
     "View",
     "age_order",
     "bar",
