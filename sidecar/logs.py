@@ -9,16 +9,12 @@ a flood is written once per RATE_WINDOW_S with the count of those held back.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import enum
 import itertools
-import json
 import logging
 import os
 import time
 from collections import Counter
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from guard.store import log_name, log_path, open_append, open_logs_dir
@@ -28,12 +24,12 @@ __all__ = [
     "LOG_BYTES",
     "RATE_WINDOW_S",
     "REOPEN_S",
-    "JsonLines",
     "LogFile",
     "RateLimit",
     "configure",
     "drop",
     "drops",
+    "json_lines",
     "silence_stderr",
 ]
 
@@ -163,90 +159,26 @@ class RateLimit(logging.Filter):
         return True
 
 
-# The attributes every LogRecord has (and `message`, `asctime`, set while formatting): anything else
-# on a record is an `extra` field, written after the fixed ones.
-_RECORD_ATTRS = frozenset({
-    "args", "asctime", "created", "exc_info", "exc_text", "filename", "funcName", "levelname", "levelno",
-    "lineno", "module", "msecs", "message", "msg", "name", "pathname", "process", "processName",
-    "relativeCreated", "stack_info", "taskName", "thread", "threadName",
-})  # fmt: skip
+def json_lines(static: dict[str, Any]) -> logging.Formatter:
+    """python-json-logger's formatter, one JSON object per record: `time` (logging's asctime),
+    `level`, `logger`, `message`, the static fields, then every `extra` field in the order it was
+    set (a later key replacing an earlier one in place), `exc_info` / `stack_info` when present."""
+    from pythonjsonlogger.json import JsonFormatter
 
-
-class JsonLines(logging.Formatter):
-    """One JSON object per record, the line shape python-json-logger wrote (the dependency is gone,
-    and with it half a megabyte of the sidecar): `time` (logging's asctime), `level`, `logger`,
-    `message`, the static fields, `exc_info` / `stack_info` when present, then every `extra`
-    field in the order it was set, a later key replacing an earlier one in place."""
-
-    def __init__(self, static: dict[str, Any]) -> None:
-        super().__init__()
-        self.static = dict(static)
-
-    def format(self, record: logging.LogRecord) -> str:
-        fields: dict[str, Any] = {}
-        if isinstance(record.msg, dict):  # a dict logged as the message is merged, not printed
-            fields = record.msg.copy()
-            record.message = ""
-        else:
-            record.message = record.getMessage()
-        if record.exc_info and not fields.get("exc_info"):
-            fields["exc_info"] = self.formatException(record.exc_info)
-        if not fields.get("exc_info") and record.exc_text:
-            fields["exc_info"] = record.exc_text
-        if record.stack_info and not fields.get("stack_info"):
-            fields["stack_info"] = self.formatStack(record.stack_info)
-        line: dict[str, Any] = {
-            "time": self.formatTime(record),
-            "level": record.levelname,
-            "logger": record.name,
-            "message": record.message,
-            **self.static,
-            **fields,
-        }
-        for key, value in record.__dict__.items():
-            if key not in _RECORD_ATTRS and not key.startswith("_"):
-                line[key] = value
-        return json.dumps(line, default=_json_default)
-
-
-def _json_default(value: object) -> Any:
-    """What python-json-logger's encoder made of a value `json` cannot write (rare: imports here)."""
-    import datetime
-
-    if isinstance(value, datetime.date | datetime.time):
-        return value.isoformat()
-    if isinstance(value, BaseException):
-        return f"{value.__class__.__name__}: {value}"
-    if isinstance(value, TracebackType):
-        import traceback
-
-        return "".join(traceback.format_tb(value)).strip()
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, enum.EnumMeta):
-        members: list[enum.Enum] = list(value)
-        return [member.value for member in members]
-    if isinstance(value, bytes | bytearray):
-        import base64
-
-        return base64.urlsafe_b64encode(value).decode("utf8")
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.asdict(value)
-    if isinstance(value, type):
-        return value.__name__
-    for text in (str, repr):
-        try:
-            return text(value)
-        except Exception:
-            pass
-    return "__could_not_encode__"
+    return JsonFormatter(
+        "{asctime}{levelname}{name}{message}",
+        style="{",
+        rename_fields={"asctime": "time", "levelname": "level", "name": "logger"},
+        static_fields=static,
+        json_ensure_ascii=True,
+    )
 
 
 def configure(catalog: Path, host: str, agent: str) -> Path:
     """Route every log record of this process to the agent's size-bounded, rotated JSON log."""
     handler = LogFile(catalog, host, agent)
     handler.addFilter(RateLimit())
-    handler.setFormatter(JsonLines({"agent": agent, "host": host}))
+    handler.setFormatter(json_lines({"agent": agent, "host": host}))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.INFO)
