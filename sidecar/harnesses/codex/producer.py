@@ -56,7 +56,7 @@ from guard.constants import CHANNEL_MAX_FRAME_BYTES
 from guard.errors import FrameRejected
 from guard.policy import Reading
 from guard.record import MAX_COUNT, ContextFields, Harness, RateLimits, describe_validation_error, round_half_up
-from sidecar import wire
+from sidecar import framing, wire
 from sidecar.decoding import Decoder, LineDecoder, MessageDecoder
 from sidecar.harnesses.codex.events import (
     FRAME_TYPE,
@@ -267,12 +267,9 @@ _WORST_ESCAPE: Final = 6
 
 
 def tap_frame(line: bytes, frame_type: str = FRAME_TYPE) -> bytes:
-    """The channel frame (no newline) the wrapper's stdout tap sends for one stdout line: the line's
-    very bytes as the string `payload`. A byte that is not UTF-8 travels as its surrogate escape
-    (`\\udc80`) and `line_of` gives it back, so the channel decoder parses the bytes stdout carried."""
-    text = json.dumps(line.decode("utf-8", "surrogateescape"), ensure_ascii=False)
-    kind = json.dumps(frame_type).encode()
-    return b'{"type":' + kind + b',"payload":' + text.encode("utf-8", "backslashreplace") + b"}"
+    """The channel frame (no newline) the wrapper's stdout tap sends for one stdout line
+    (`sidecar.framing.tap_frame`); `line_of` gives the line back."""
+    return framing.tap_frame(line, frame_type)
 
 
 def line_of(payload: str) -> bytes:
