@@ -8,9 +8,7 @@
     │   └── MalformedFrame   the bytes are not a frame at all: bad UTF-8, bad JSON, wrong shape
     ├── ChannelPathError     the channel's socket path is unusable (ValueError)
     ├── ConfigError          a transport's address or config is unusable (ValueError)
-    ├── HttpError            an HTTP request (sidecar.http) did not deliver its response (OSError)
-    │   ├── HttpTimeout      the server did not answer, or went silent, for longer than allowed
-    │   └── HttpStatusError  the server answered with a status that is not 2xx
+    ├── HttpError            an HTTP request (httpx, OpenCode's transport) did not deliver (OSError)
     ├── SettingsError        a harness's settings file cannot be merged (ValueError)
     ├── AgentNotFound        no agent answers to the name asked for (LookupError)
     ├── UnknownHarness       no registered harness has the name (LookupError)
@@ -37,8 +35,6 @@ __all__ = [
     "FrameRejected",
     "HctxError",
     "HttpError",
-    "HttpStatusError",
-    "HttpTimeout",
     "MalformedFrame",
     "ModelTableError",
     "RecordRefused",
@@ -100,16 +96,6 @@ class ConfigError(HctxError, ValueError):
 
 class HttpError(HctxError, OSError):
     """The message is the sentence to log."""
-
-
-class HttpTimeout(HttpError):
-    pass
-
-
-class HttpStatusError(HttpError):
-    def __init__(self, message: str, status: int) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 class SettingsError(HctxError, ValueError):

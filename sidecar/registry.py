@@ -5,7 +5,7 @@ A spec (`sidecar.spec.HarnessSpec`, re-exported here) is everything the sidecar,
 the wrapper and the readers import this module, never a harness package.
 
 Specs load lazily, by module path, so a sidecar imports only its own harness: its HTTP client
-(`sidecar.http`, on h11) only for OpenCode, trio-websocket only for Codex's relay. A harness outside
+(httpx) only for OpenCode, trio-websocket only for Codex's relay. A harness outside
 this package registers the same `module:attribute` path under the `hctx.harnesses` entry-point
 group; docs/sixth-harness.md has the recipe, and tests/sixth_harness/ is one defined entirely in
 the tests.

@@ -34,7 +34,7 @@ HARNESSES = "sidecar.harnesses"
 LADDER: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("guard", ("guard", "guard.*")),
     ("kernel", ("sidecar", "sidecar.framing", "sidecar.decoding", "sidecar.wire", "sidecar.producer",
-                "sidecar.spec", "sidecar.transcripts", "sidecar.http")),
+                "sidecar.spec", "sidecar.transcripts")),
     ("harnesses", (HARNESSES, f"{HARNESSES}.*")),
     ("registry", ("sidecar.registry",)),
     ("runtime", ("sidecar.streams", "sidecar.pipeline", "sidecar.app", "sidecar.channel", "sidecar.logs",

@@ -290,7 +290,7 @@ def logged(caplog: pytest.LogCaptureFixture, event: str) -> list[logging.LogReco
 
 async def test_every_request_names_the_directory_and_no_proxy_is_used(monkeypatch: pytest.MonkeyPatch) -> None:
     """The `directory` query parameter on `/event` and both pulls, `/event` asking for SSE, and a
-    proxy in the environment (which would break every request) never used: h11 reads no environment."""
+    proxy in the environment (which would break every request) never used: the client is trust_env=False."""
     for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
         monkeypatch.setenv(name, "http://127.0.0.1:9")
     monkeypatch.delenv("NO_PROXY", raising=False)

@@ -49,9 +49,7 @@ CASES: dict[str, tuple[str, str, tuple[str, ...], tuple[str, ...]]] = {
         "codex", "rollout", ("sidecar.harnesses.codex.transport", "sidecar.harnesses.codex.rollout"), HTTP + WEBSOCKET
     ),
     "codex-relay": ("codex", "relay", ("sidecar.harnesses.codex.transport", "trio_websocket"), HTTP),
-    "opencode": (
-        "opencode", "opencode", ("sidecar.harnesses.opencode.transport", "sidecar.http", "h11"), HTTP + WEBSOCKET
-    ),
+    "opencode": ("opencode", "opencode", ("sidecar.harnesses.opencode.transport", *HTTP, "anyio"), WEBSOCKET),
 }
 
 

@@ -42,6 +42,7 @@ __all__ = [
     "FINAL_STATE_RETRIES_S",
     "HARNESS_KILL_DEADLINE_S",
     "SEAT_SUFFIX_ROOM",
+    "STEPS",
     "TAKEOVER_WAIT_S",
     "RestartPolicy",
     "WrapOptions",

@@ -585,7 +585,8 @@ class Sidecars:
 class TapQueue:
     """Tapped lines owed to the sidecar, bounded in bytes; when full, the oldest give way."""
 
-    def __init__(self) -> None:
+    def __init__(self, where: str) -> None:
+        self.where = where  # the drop report's `where`
         self.lines: collections.deque[bytes] = collections.deque()
         self.size = 0
         self.dropped = 0  # lines that gave way (or were lost with the sidecar) since the last report

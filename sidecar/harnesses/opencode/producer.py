@@ -739,7 +739,7 @@ class OpenCodeTransport(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    # Plain http:// only (sidecar.http): the wrapper passes the address it made the server bind.
+    # Plain http:// only: the wrapper passes the address it made the server bind.
     base_url: Annotated[str, Field(pattern=r"^http://[^/?#\s]+(/[^?#\s]*)?$", max_length=2048)]
     directory: str | None = None
     stall_seconds: Annotated[float, Field(gt=0)] = STALL_SECONDS

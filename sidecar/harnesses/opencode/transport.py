@@ -19,22 +19,27 @@ server sends `server.heartbeat` about every 10 s, so a stream silent for `stall_
 even when its socket is not; it is dropped and reopened, as is a stream the server ended (a
 restart), with a capped, doubling back-off.
 
-HTTP is sidecar.http's, a small h11 client: `http://` only (the wrapper always passes
-`http://HOST:PORT`, HOST loopback unless the user bound the server elsewhere), never a proxy from
-the environment (h11 has none), one connection per request.
+HTTP is httpx's (on trio through anyio), one `AsyncClient` per transport: `trust_env=False`, so a
+proxy in the environment never sees loopback traffic, and explicit timeouts: the response head of
+`/event` within `headers_seconds` (a just-started server may leave a first request unanswered),
+then each wait for more of its body within `stall_seconds`; each pull within REQUEST_SECONDS. The
+wrapper always passes `http://HOST:PORT`, HOST loopback unless the user bound the server elsewhere.
+Every way a request can fail is one `HttpError` whose message is the sentence to log (`_why`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from collections.abc import Hashable
+import urllib.parse
+from collections.abc import AsyncIterator, Hashable
 from typing import Final
 
+import httpx
 import trio
 
 from guard.errors import HttpError
-from sidecar import http
 from sidecar.harnesses.opencode.producer import (
     CONFIG_WIRE,
     PROVIDERS_WIRE,
@@ -74,13 +79,15 @@ def next_backoff(current: float, cap: float) -> float:
 class EventFollower:
     """One server's event stream, followed across restarts, with the providers pulls it needs."""
 
-    def __init__(self, config: OpenCodeTransport, streams: Streams) -> None:
+    def __init__(self, config: OpenCodeTransport, streams: Streams, client: httpx.AsyncClient) -> None:
         self.config = config
         self.streams = streams
+        self.client = client
         self.connections = 0
-        self._url = http.parse_url(config.base_url)
-        # Every request names the instance, as the `directory` query parameter.
-        self._query = {"directory": config.directory} if config.directory else None
+        self._base = config.base_url.rstrip("/")
+        # Every request names the instance, as the `directory` query parameter (%20 for a space,
+        # as OpenCode's own clients send it).
+        self._query = "" if not config.directory else "?directory=" + urllib.parse.quote(config.directory, safe="")
         self._providers = streams.open(PROVIDERS_WIRE)
         self._config = streams.open(CONFIG_WIRE)
         self._asked_at: dict[Hashable, float] = {}
@@ -106,25 +113,42 @@ class EventFollower:
             backoff = next_backoff(backoff, self.config.max_backoff_seconds)
             await trio.sleep(backoff)
 
+    @contextlib.asynccontextmanager
+    async def _get(
+        self, path: str, head_seconds: float, read_seconds: float, **headers: str
+    ) -> AsyncIterator[httpx.Response]:
+        """`GET path` streamed: the 2xx response once its head came within `head_seconds`, each
+        wait for more of its body bounded by `read_seconds`; an HttpError for every failure."""
+        url = f"{self._base}{path}{self._query}"
+        shown = f"{self._base}{path}"
+        timeout = httpx.Timeout(head_seconds, read=read_seconds)
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                with trio.move_on_after(head_seconds) as head:
+                    request = self.client.stream("GET", url, headers=headers, timeout=timeout)
+                    response = await stack.enter_async_context(request)
+                if head.cancelled_caught:
+                    raise HttpError(f"GET {shown}: no response head within {head_seconds:g} s")
+                if not response.is_success:
+                    raise HttpError(f"GET {shown} answered {response.status_code} {response.reason_phrase}".rstrip())
+                yield response
+        except httpx.HTTPError as exc:
+            raise HttpError(f"GET {shown}: {_why(exc, read_seconds)}") from None
+
     async def _follow(self) -> bool:
         """One connection, until the server ends it or it stalls; True when it delivered an event."""
         delivered = False
-        async with http.get(
-            self._url,
-            "/event",
-            query=self._query,
-            headers=[("accept", "text/event-stream")],
-            head_seconds=self.config.headers_seconds,
-            read_seconds=self.config.stall_seconds,
-        ) as response:
-            response.raise_for_status()
+        config = self.config
+        async with self._get("/event", config.headers_seconds, config.stall_seconds, accept="text/event-stream") as (
+            response
+        ):
             self.connections += 1
             log.info("event stream open", extra={"event": "opencode-stream-open", "n": self.connections})
             await self._pull()
             await self._pull_config()
             events = self.streams.open(SSE_WIRE)
             try:
-                async for data in response:
+                async for data in response.aiter_bytes():
                     delivered |= events.receive_data(data) > 0
                     if self._pull_due():  # the producer met a model whose window it lacks
                         await self._pull()
@@ -142,11 +166,13 @@ class EventFollower:
 
     async def _answer(self, path: str) -> bytes:
         """A whole 2xx answer's body; an HttpError otherwise."""
-        async with http.get(
-            self._url, path, query=self._query, head_seconds=REQUEST_SECONDS, read_seconds=REQUEST_SECONDS
-        ) as response:
-            response.raise_for_status()
-            return await response.read(PULL_MAX_BYTES)
+        async with self._get(path, REQUEST_SECONDS, REQUEST_SECONDS) as response:
+            body = bytearray()
+            async for data in response.aiter_bytes():
+                body += data
+                if len(body) > PULL_MAX_BYTES:
+                    raise HttpError(f"GET {self._base}{path}: the body is larger than {PULL_MAX_BYTES} bytes")
+            return bytes(body)
 
     async def _pull(self) -> None:
         now = trio.current_time()
@@ -171,5 +197,21 @@ class EventFollower:
         stream.receive_data(body)
 
 
+def _why(exc: httpx.HTTPError, read_seconds: float) -> str:
+    """The sentence for a failed request (httpx's own text where it is one already)."""
+    text = str(exc) or type(exc).__name__
+    if isinstance(exc, httpx.ConnectError):
+        return f"cannot connect: {text}"
+    if isinstance(exc, httpx.ReadTimeout):
+        return f"nothing more for {read_seconds:g} s"
+    if isinstance(exc, httpx.TimeoutException):
+        return f"timed out ({type(exc).__name__})"
+    if "complete message body" in text:  # h11's words for a body cut short of its declared end
+        return f"the server closed the connection before the end of the body ({text})"
+    return text
+
+
 async def run(config: OpenCodeTransport, streams: Streams) -> None:
-    await EventFollower(config, streams).run()
+    limits = httpx.Limits(max_connections=4, max_keepalive_connections=2)
+    async with httpx.AsyncClient(trust_env=False, timeout=REQUEST_SECONDS, limits=limits) as client:
+        await EventFollower(config, streams, client).run()
