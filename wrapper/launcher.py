@@ -5,7 +5,7 @@ hours needs neither. So `run_wrap` claims the agent (stopping the live wrapper o
 prepares the first incarnation and `exec`s `wrapper/resident.py` under `python -I -S` with it: the
 same process (the claim's pid and start time stay its own), a few megabytes from then on. The steps
 the resident needs later (a relaunch's claim and plan, a launch's teardown, a dead sidecar's record,
-the final `stopped`) are `python -m wrapper.launcher STEP PAYLOAD`, run by the resident (`main`).
+the final `stopped`) are `python -m wrapper.launcher STEP` (its payload on stdin), run by the resident (`main`).
 
 SIGINT, SIGTERM and SIGHUP are blocked from the start of `run_wrap` to the resident's first loop:
 one that comes during the claim is kept pending across the exec and handled there (it stops the
@@ -14,7 +14,7 @@ session, and the harness about to start gets it), as it was while the wrapper wa
 
 from __future__ import annotations
 
-import json
+import marshal
 import os
 import secrets
 import select
@@ -78,7 +78,7 @@ class WrapOptions:
     restart_delay_max_s: float = 60.0
     takeover: bool = False
 
-    def to_json(self) -> dict[str, Any]:
+    def as_payload(self) -> dict[str, Any]:
         """As the resident carries them, and hands them back to a `begin` step."""
         agent = self.agent
         return {
@@ -93,7 +93,7 @@ class WrapOptions:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> WrapOptions:
+    def from_payload(cls, data: dict[str, Any]) -> WrapOptions:
         agent = data["agent"]
         return cls(
             agent=AgentDir(Path(agent["catalog"]), agent["host"], agent["identity"]),
@@ -151,14 +151,14 @@ def run_wrap(options: WrapOptions) -> int:
         say(_held_text(options.agent, held.holder, relaunch=False))
         return CLAIM_REFUSED_STATUS
     first = begin_incarnation(options, incarnation)
-    _exec_resident({"options": options.to_json(), "incarnation": first})
+    _exec_resident({"options": options.as_payload(), "incarnation": first})
     raise AssertionError("unreachable: exec returned")  # pragma: no cover
 
 
 def _exec_resident(spec: dict[str, Any]) -> None:
     """Become wrapper/resident.py: its spec in an inherited memfd, so `ps` shows a short command."""
     spec_fd = os.memfd_create("hctx-wrap", 0)  # no MFD_CLOEXEC: the resident reads it
-    os.write(spec_fd, json.dumps(spec).encode())
+    os.write(spec_fd, marshal.dumps(spec))
     os.lseek(spec_fd, 0, os.SEEK_SET)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -308,7 +308,7 @@ def free_seat(catalog: Path, host: str, cwd: Path) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# The resident's steps: `python -m wrapper.launcher STEP PAYLOAD`, a child of the resident.
+# The resident's steps: `python -m wrapper.launcher STEP`, a child of the resident.
 
 
 def _agent(payload: dict[str, Any]) -> AgentDir:
@@ -318,7 +318,7 @@ def _agent(payload: dict[str, Any]) -> AgentDir:
 
 def _begin_step(payload: dict[str, Any]) -> int:
     """A relaunch: claim for the resident (this step's parent) and prepare; the incarnation on stdout."""
-    options = WrapOptions.from_json(payload["options"])
+    options = WrapOptions.from_payload(payload["options"])
     try:
         incarnation = claim(options, pid=os.getppid())
     except ClaimHeld as held:
@@ -332,7 +332,7 @@ def _begin_step(payload: dict[str, Any]) -> int:
     except OSError as exc:
         say(f"cannot relaunch {_name(options.agent)} ({exc}); not relaunching")
         return 1
-    sys.stdout.write(json.dumps(begun))
+    sys.stdout.buffer.write(marshal.dumps(begun))
     return 0
 
 
@@ -388,14 +388,14 @@ STEPS = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) != 2 or args[0] not in STEPS:
-        print(f"usage: python -m wrapper.launcher {{{','.join(STEPS)}}} PAYLOAD (the resident's steps)",
-              file=sys.stderr)  # fmt: skip
+    if len(args) != 1 or args[0] not in STEPS:
+        print(f"usage: python -m wrapper.launcher {{{','.join(STEPS)}}} < PAYLOAD (the resident's steps, "
+              "their payload in marshal)", file=sys.stderr)  # fmt: skip
         return 2
     # The resident's signals are its own: a Ctrl-C meant for the harness must not cut a step short.
     for signum in (signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)
-    return STEPS[args[0]](json.loads(args[1]))
+    return STEPS[args[0]](marshal.loads(sys.stdin.buffer.read()))
 
 
 if __name__ == "__main__":

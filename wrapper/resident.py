@@ -25,42 +25,52 @@ teardown, the record of a dead sidecar, the final `stopped`) run in a short-live
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import errno
 import heapq
 import itertools
-import json
+import marshal
 import os
-import selectors
-import signal
+import select
 import sys
 import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: the typing module is not worth its import here
+    import signal
     from collections.abc import Callable, Sequence
     from typing import Any
+else:
+    import _signal as signal  # `signal` without its enum module: the same functions, plain int constants
 
 __all__ = [
+    "GROUP_POLL_S",
     "HARNESS_KILL_DEADLINE_S",
     "SIDECAR_EXIT_TIMEOUT_S",
     "SIDECAR_READY_TIMEOUT_S",
     "SIDECAR_RESTART_DELAYS_S",
     "SIDECAR_STABLE_S",
+    "STEP_TIMEOUT_S",
     "STOP_SIGNALS",
     "TAP_QUEUE_BYTES",
     "TAP_RECONNECT_S",
     "Loop",
+    "Session",
+    "Sidecars",
+    "Steps",
     "Tap",
     "TapQueue",
     "checkout_env",
+    "end_group",
     "exit_status",
+    "harness_group",
     "main",
+    "run_incarnation",
     "run_tap",
     "say",
     "sidecar_restart_delay",
     "spawn",
+    "supervise",
+    "terminal_delivers_sigint",
 ]
 
 # From the SIGTERM (or SIGHUP) a harness is sent to the SIGKILL of whatever of its group is left.
@@ -79,6 +89,22 @@ GROUP_POLL_S = 0.02
 STEP_TIMEOUT_S = 60.0
 STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+READ, WRITE = select.EPOLLIN, select.EPOLLOUT
+
+
+class suppress:
+    """contextlib.suppress, which would bring collections, functools and types along (a megabyte)."""
+
+    def __init__(self, *kinds: type[BaseException]) -> None:
+        self.kinds = kinds
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> bool:
+        return kind is not None and issubclass(kind, self.kinds)
 
 
 def say(message: str) -> None:
@@ -107,16 +133,19 @@ class Loop:
     wake-ups at all."""
 
     def __init__(self) -> None:
-        self.selector = selectors.DefaultSelector()
+        self.epoll = select.epoll()  # selectors' own choice here, without its imports
+        self._callbacks: dict[int, Callable[[], None]] = {}
         self._timers: list[tuple[float, int, list[Any]]] = []
         self._order = itertools.count()
 
     def watch(self, fd: int, events: int, callback: Callable[[], None]) -> None:
-        self.selector.register(fd, events, callback)
+        self.epoll.register(fd, events)
+        self._callbacks[fd] = callback
 
     def unwatch(self, fd: int) -> None:
-        with contextlib.suppress(KeyError, ValueError):
-            self.selector.unregister(fd)
+        if self._callbacks.pop(fd, None) is not None:
+            with suppress(OSError):
+                self.epoll.unregister(fd)
 
     def call_later(self, delay: float, callback: Callable[[], None]) -> list[Any]:
         """A timer; `cancel` it with the handle returned."""
@@ -145,9 +174,11 @@ class Loop:
             wakes = [when for when, _, handle in self._timers[:1] if handle[0] is not None]
             if deadline is not None:
                 wakes.append(deadline)
-            wait = max(0.0, min(wakes) - now) if wakes else None
-            for key, _ in self.selector.select(wait):
-                key.data()
+            wait = max(0.0, min(wakes) - now) if wakes else -1
+            for fd, _ in self.epoll.poll(wait):
+                callback = self._callbacks.get(fd)
+                if callback is not None:  # an earlier callback of this batch may have unwatched it
+                    callback()
         return True
 
     def watch_exit(self, pid: int, exited: Callable[[int], None]) -> None:
@@ -160,7 +191,7 @@ class Loop:
             _, status = os.waitpid(pid, 0)
             exited(os.waitstatus_to_exitcode(status))
 
-        self.watch(pidfd, selectors.EVENT_READ, readable)
+        self.watch(pidfd, READ, readable)
 
 
 def spawn(
@@ -220,13 +251,14 @@ def spawn(
 
 
 class Steps:
-    """`python -m wrapper.launcher STEP PAYLOAD`, one at a time and in order: a step that needs the
-    claim or the registry (pydantic and the rest, which this process never imports)."""
+    """`python -m wrapper.launcher STEP`, one at a time and in order: a step that needs the claim or
+    the registry (pydantic and the rest, which this process never imports). The payload goes on its
+    stdin and its answer comes on its stdout, both in `marshal` (the same interpreter on both ends,
+    and a module the interpreter has built in, where `json` would cost this process a megabyte)."""
 
     def __init__(self, loop: Loop) -> None:
         self.loop = loop
-        self.queue: collections.deque[tuple[str, dict[str, Any], Callable[[bytes, int], None] | None]]
-        self.queue = collections.deque()
+        self.queue: list[tuple[str, dict[str, Any], Callable[[bytes, int], None] | None]] = []
         self.running = False
 
     def submit(self, step: str, payload: dict[str, Any], done: Callable[[bytes, int], None] | None = None) -> None:
@@ -249,11 +281,14 @@ class Steps:
             self.running = False
             return
         self.running = True
-        step, payload, done = self.queue.popleft()
+        step, payload, done = self.queue.pop(0)
         out_read, out_write = os.pipe2(os.O_CLOEXEC)
-        argv = [sys.executable, "-m", "wrapper.launcher", step, json.dumps(payload)]
+        payload_fd = os.memfd_create("hctx-step", os.MFD_CLOEXEC)  # the step's stdin
+        os.write(payload_fd, marshal.dumps(payload))
+        os.lseek(payload_fd, 0, os.SEEK_SET)
+        argv = [sys.executable, "-m", "wrapper.launcher", step]
         try:
-            pid = spawn(argv, checkout_env(), stdout=out_write)
+            pid = spawn(argv, checkout_env(), stdin=payload_fd, stdout=out_write)
         except OSError as exc:
             os.close(out_read)
             say(f"cannot run the {step} step ({exc.strerror or exc})")
@@ -261,6 +296,7 @@ class Steps:
             return
         finally:
             os.close(out_write)
+            os.close(payload_fd)
         output = bytearray()
         open_fds = [out_read]
         os.set_blocking(out_read, False)
@@ -279,7 +315,7 @@ class Steps:
 
         def timed_out() -> None:
             say(f"the {step} step took over {STEP_TIMEOUT_S:g}s; killed")
-            with contextlib.suppress(ProcessLookupError):
+            with suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
 
         timer = self.loop.call_later(STEP_TIMEOUT_S, timed_out)
@@ -292,7 +328,7 @@ class Steps:
                 os.close(open_fds.pop())
             self._finished(done, bytes(output), status)
 
-        self.loop.watch(out_read, selectors.EVENT_READ, readable)
+        self.loop.watch(out_read, READ, readable)
         self.loop.watch_exit(pid, exited)
 
     def _finished(self, done: Callable[[bytes, int], None] | None, output: bytes, status: int) -> None:
@@ -367,11 +403,11 @@ class Session:
         signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
 
         def readable() -> None:
-            with contextlib.suppress(BlockingIOError):
+            with suppress(BlockingIOError):
                 for signum in os.read(wake_read, 64):
                     self.on_signal(signum)
 
-        self.loop.watch(wake_read, selectors.EVENT_READ, readable)
+        self.loop.watch(wake_read, READ, readable)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
     def on_signal(self, signum: int) -> None:
@@ -388,7 +424,7 @@ class Session:
 
     def signal(self, signum: int) -> None:
         """To the harness's whole group when it has its own, else to the harness."""
-        with contextlib.suppress(ProcessLookupError):
+        with suppress(ProcessLookupError):
             if self.group is not None:
                 os.killpg(self.group, signum)
             elif self.pid is not None:
@@ -515,7 +551,7 @@ class Sidecars:
                 finish(said == b"ready\n")
 
         timer = self.loop.call_later(SIDECAR_READY_TIMEOUT_S, lambda: finish(False))
-        self.loop.watch(ready_read, selectors.EVENT_READ, readable)
+        self.loop.watch(ready_read, READ, readable)
 
     @property
     def running(self) -> bool:
@@ -564,7 +600,7 @@ class Sidecars:
             return
         if not self.loop.run_until(lambda: self.pid is None, timeout=SIDECAR_EXIT_TIMEOUT_S):
             say("the sidecar did not exit in time; killed")
-            with contextlib.suppress(ProcessLookupError):
+            with suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
             self.loop.run_until(lambda: self.pid is None)
 
@@ -573,7 +609,7 @@ class Sidecars:
 
     def _order(self, line: bytes) -> None:
         if self._lifeline is not None:
-            with contextlib.suppress(OSError):  # a sidecar that is gone cannot be told
+            with suppress(OSError):  # a sidecar that is gone cannot be told
                 os.write(self._lifeline, line)
 
     def _close_lifeline(self) -> None:
@@ -586,6 +622,8 @@ class TapQueue:
     """Tapped lines owed to the sidecar, bounded in bytes; when full, the oldest give way."""
 
     def __init__(self, where: str) -> None:
+        import collections  # a tapped harness only
+
         self.where = where  # the drop report's `where`
         self.lines: collections.deque[bytes] = collections.deque()
         self.size = 0
@@ -604,6 +642,8 @@ class TapQueue:
     def take(self) -> tuple[bytes, int]:
         """Everything queued in one batch, led by a drop report when lines gave way; and how many
         lines the batch carries, to count them if it is lost."""
+        import json  # a tapped harness only
+
         from guard.constants import CHANNEL_DROP_REPORT
 
         report = b""
@@ -659,7 +699,7 @@ class Tap:
         self._out_was_blocking = os.get_blocking(out)
         os.set_blocking(source, False)
         os.set_blocking(out, False)
-        loop.watch(source, selectors.EVENT_READ, self._read)
+        loop.watch(source, READ, self._read)
 
     @property
     def done(self) -> bool:
@@ -671,9 +711,9 @@ class Tap:
     def close(self) -> None:
         for fd in (self.source, self.out):
             self.loop.unwatch(fd)
-        with contextlib.suppress(OSError):
+        with suppress(OSError):
             os.close(self.source)
-        with contextlib.suppress(OSError):
+        with suppress(OSError):
             os.set_blocking(self.out, self._out_was_blocking)
         Loop.cancel(self._retry)
         if self.sock is not None:
@@ -711,14 +751,14 @@ class Tap:
                 del self.copy[: os.write(self.out, self.copy)]
         except BlockingIOError:
             self.loop.unwatch(self.out)
-            self.loop.watch(self.out, selectors.EVENT_WRITE, self._write)
+            self.loop.watch(self.out, WRITE, self._write)
             return
         except OSError:
             self.copy.clear()  # our stdout is gone: the harness's output has nowhere to go
         self.loop.unwatch(self.out)
         if not self.ended:
             self.loop.unwatch(self.source)
-            self.loop.watch(self.source, selectors.EVENT_READ, self._read)
+            self.loop.watch(self.source, READ, self._read)
 
     def _send(self) -> None:
         socket = self._socket_module
@@ -744,7 +784,7 @@ class Tap:
                 self.batch = self.batch[self.sock.send(self.batch) :]
         except BlockingIOError:
             self.loop.unwatch(self.sock.fileno())
-            self.loop.watch(self.sock.fileno(), selectors.EVENT_WRITE, self._send)
+            self.loop.watch(self.sock.fileno(), WRITE, self._send)
             return
         except OSError:
             self._lose()
@@ -783,9 +823,9 @@ def run_tap(
 
 
 def _remove_channel_dir(directory: str) -> None:
-    with contextlib.suppress(OSError):
+    with suppress(OSError):
         for name in os.listdir(directory):
-            with contextlib.suppress(OSError):
+            with suppress(OSError):
                 os.unlink(os.path.join(directory, name))
         os.rmdir(directory)
 
@@ -878,7 +918,7 @@ def supervise(options: dict[str, Any], first: dict[str, Any]) -> int:
         output, code = steps.run("begin", {"options": options, "restarts": restarts})
         if code != 0:
             break  # the step said why
-        it = json.loads(output)
+        it = marshal.loads(output)
         incarnation = it["incarnation"]
     steps.submit("stopped", {"agent": first["agent"], "incarnation": incarnation})
     steps.drain()
@@ -891,7 +931,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("usage: resident.py --spec-fd FD (started by `hctx wrap`, not by hand)", file=sys.stderr)
         return 2
     with os.fdopen(int(args[1]), "rb") as spec_file:
-        spec = json.loads(spec_file.read())
+        spec = marshal.loads(spec_file.read())
     return supervise(spec["options"], spec["incarnation"])
 
 
