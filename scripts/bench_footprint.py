@@ -123,8 +123,11 @@ class Seat:
     catalog: Path
     name: str
 
+    def log(self) -> Path:
+        return self.catalog / ".st2" / "logs" / f"bench~{self.name}.jsonl"
+
     def ready(self) -> bool:
-        log = self.catalog / ".st2" / "logs" / f"bench~{self.name}.jsonl"
+        log = self.log()
         return log.exists() and b'"event": "start"' in log.read_bytes() and len(hctx_processes(self.process.pid)) > 1
 
 
@@ -148,9 +151,22 @@ def start_seat(harness: str, n: int, work: Path, env: dict[str, str], program: P
     return Seat(harness, process, catalog, name)
 
 
+def wait_ready(seats: list[Seat], work: Path) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not all(seat.ready() for seat in seats):
+        dead = [seat.name for seat in seats if seat.process.poll() is not None]
+        if dead or time.monotonic() > deadline:
+            raise RuntimeError(f"seats not up: {dead or [s.name for s in seats if not s.ready()]}; see {work}")
+        time.sleep(0.2)
+    died = [seat.name for seat in seats if b"sidecar-died" in seat.log().read_bytes()]
+    if died:
+        raise RuntimeError(f"a sidecar died: {died}; see {work}")
+
+
 @contextlib.contextmanager
 def fleet(seats: int, harnesses: list[str]) -> Iterator[tuple[dict[str, list[Seat]], list[subprocess.Popen[bytes]]]]:
     work = Path(tempfile.mkdtemp(prefix="hctx-footprint-"))
+    keep = False
     env = os.environ | {"PYTHONPATH": str(REPO)}
     (work / "bin").mkdir()
     program = opencode_program(work / "bin")
@@ -159,17 +175,17 @@ def fleet(seats: int, harnesses: list[str]) -> Iterator[tuple[dict[str, list[Sea
     try:
         for n in range(seats):  # interleaved, so a drifting machine drifts for all rows alike
             baseline.append(subprocess.Popen([sys.executable, "-c", BASELINE], env=env, start_new_session=True))
-            for harness in harnesses:
-                fleets[harness].append(start_seat(harness, n, work, env, program))
-        deadline = time.monotonic() + START_TIMEOUT_S
+            started = [start_seat(harness, n, work, env, program) for harness in harnesses]
+            for seat in started:
+                fleets[seat.harness].append(seat)
+            wait_ready(started, work)  # a few at a time: a machine that starts 150 Pythons at once stalls
         every = [seat for group in fleets.values() for seat in group]
-        while not all(seat.ready() for seat in every):
-            dead = [seat.name for seat in every if seat.process.poll() is not None]
-            if dead or time.monotonic() > deadline:
-                raise RuntimeError(f"seats not up: {dead or [s.name for s in every if not s.ready()]}; see {work}")
-            time.sleep(0.2)
+        wait_ready(every, work)
         time.sleep(SETTLE_S)  # imports done, first pulls made: the steady state
         yield fleets, baseline
+    except BaseException:
+        keep = True  # what went wrong stays readable in the logs
+        raise
     finally:
         for seat in (seat for group in fleets.values() for seat in group):
             with contextlib.suppress(ProcessLookupError):
@@ -183,7 +199,8 @@ def fleet(seats: int, harnesses: list[str]) -> Iterator[tuple[dict[str, list[Sea
         for process in baseline:
             process.kill()
             process.wait()
-        shutil.rmtree(work, ignore_errors=True)
+        if not keep:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def measure(seats: int, harnesses: list[str], idle_s: float) -> list[tuple[str, int, Usage, float]]:

@@ -2,7 +2,7 @@
 
 The claim and the launch plan need pydantic and the registry; holding a terminal and a harness for
 hours needs neither. So `run_wrap` claims the agent (stopping the live wrapper on `--takeover`),
-prepares the first incarnation and `exec`s `wrapper/resident.py` under `python -I -S` with it: the
+prepares the first incarnation and `exec`s `wrapper.resident` under `python -I -S` with it: the
 same process (the claim's pid and start time stay its own), a few megabytes from then on. The steps
 the resident needs later (a relaunch's claim and plan, a launch's teardown, a dead sidecar's record,
 the final `stopped`) are `python -m wrapper.launcher STEP` (its payload on stdin), run by the resident (`main`).
@@ -41,6 +41,7 @@ __all__ = [
     "CLAIM_REFUSED_STATUS",
     "FINAL_STATE_RETRIES_S",
     "HARNESS_KILL_DEADLINE_S",
+    "RESIDENT_COMMAND",
     "SEAT_SUFFIX_ROOM",
     "STEPS",
     "TAKEOVER_WAIT_S",
@@ -155,15 +156,21 @@ def run_wrap(options: WrapOptions) -> int:
     raise AssertionError("unreachable: exec returned")  # pragma: no cover
 
 
+# Imports the resident from its compiled module: a script (`python resident.py`) is compiled from
+# source at every start, and the compiler's garbage would stay in the heap for the session (2 MB).
+RESIDENT_COMMAND = "import sys; sys.path[0] = sys.argv.pop(1); from wrapper.resident import main; sys.exit(main())"
+
+
 def _exec_resident(spec: dict[str, Any]) -> None:
-    """Become wrapper/resident.py: its spec in an inherited memfd, so `ps` shows a short command."""
+    """Become the resident: `python -I -S` (the standard library only, not even site), its spec in an
+    inherited memfd, so `ps` shows a short command."""
     spec_fd = os.memfd_create("hctx-wrap", 0)  # no MFD_CLOEXEC: the resident reads it
     os.write(spec_fd, marshal.dumps(spec))
     os.lseek(spec_fd, 0, os.SEEK_SET)
     sys.stdout.flush()
     sys.stderr.flush()
-    resident = wrapper.resident.__file__
-    os.execv(sys.executable, [sys.executable, "-I", "-S", resident, "--spec-fd", str(spec_fd)])
+    root = os.path.dirname(os.path.dirname(wrapper.resident.__file__))
+    os.execv(sys.executable, [sys.executable, "-I", "-S", "-c", RESIDENT_COMMAND, root, "--spec-fd", str(spec_fd)])
 
 
 def claim(options: WrapOptions, *, takeover: bool = False, pid: int | None = None) -> str:

@@ -1,7 +1,7 @@
 """The part of `hctx wrap` that stays: the standard library only, run as `python -I -S` (see below).
 
 `hctx wrap` claims the agent and prepares the launch with everything it needs (pydantic, the
-registry), then replaces itself with this script (`exec`: the same pid, so the claim's wrapper pid
+registry), then replaces itself with this module (`exec`: the same pid, so the claim's wrapper pid
 and start time stay true). What holds the terminal and the harness for hours is a plain selector
 loop with nothing else loaded: a few megabytes, where a trio process costs three times that.
 
@@ -935,8 +935,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     return supervise(spec["options"], spec["incarnation"])
 
 
-if __name__ == "__main__":
-    # Run as a script: its own directory (wrapper/) out of the path, the packages' root in, for
-    # guard.constants and sidecar.framing (a tapped harness) and nothing that could shadow the stdlib.
+if __name__ == "__main__":  # by hand, for a look; the wrapper runs `wrapper.launcher.RESIDENT_COMMAND`
     sys.path[0] = _ROOT
     sys.exit(main())
