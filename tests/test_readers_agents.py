@@ -159,6 +159,17 @@ def test_desired_state_running_while_the_wrapper_lives_on_this_host(tmp_path: Pa
     assert row.desired_state == "running" and probed == [4242]
 
 
+def test_desired_state_is_not_running_when_the_pid_is_another_process_now(tmp_path: Path) -> None:
+    """A pid alive but reused since the claim (another start time): not the wrapper, as for the claim."""
+    from guard.state import process_identity
+
+    me = os.getpid()
+    put_claim(tmp_path, "reused", desiredState="stopped", wrapperPid=me, wrapperIdentity="another-boot/1")
+    put_claim(tmp_path, "mine", desiredState="stopped", wrapperPid=me, wrapperIdentity=process_identity(me))
+    rows = collect_roster(tmp_path, NOW, here=HOST).rows  # the real probe: this process is alive
+    assert [(row.identity, row.desired_state) for row in rows] == [("mine", "running"), ("reused", "stopped")]
+
+
 def test_desired_state_is_the_claims_when_the_wrapper_is_gone(tmp_path: Path) -> None:
     put_claim(tmp_path, "a", desiredState="stopped")
     put_claim(tmp_path, "b", desiredState="running")

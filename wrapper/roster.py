@@ -37,7 +37,7 @@ from guard.errors import AgentNotFound, CatalogError
 from guard.files import open_regular
 from guard.projection import decode_record, headroom_tokens, project
 from guard.record import HarnessContext
-from guard.state import HarnessState
+from guard.state import HarnessState, process_identity
 from guard.store import check_name, log_path, pid_alive
 from sidecar.registry import REGISTERED, verified_versions
 
@@ -82,12 +82,22 @@ def now_ms() -> int:
 
 
 def desired_state(claim: HarnessState | None, host: str, here: str, alive: PidProbe) -> str | None:
-    """`running` while the claim's wrapper lives on this host, else what the claim says, else null."""
+    """`running` while the claim's wrapper lives on this host, else what the claim says, else null.
+
+    The wrapper is the claim's pid *and* the process that pid was when it claimed (its start time,
+    `guard.state.process_identity`), as the claim itself judges a holder: a pid reused since by
+    another process is not the wrapper."""
     if claim is None:
         return None
-    if host == here and claim.host == here and alive(claim.wrapper_pid):
+    if host == here and claim.host == here and alive(claim.wrapper_pid) and _same_process(claim):
         return "running"
     return claim.desired_state
+
+
+def _same_process(claim: HarnessState) -> bool:
+    if claim.wrapper_identity is None:
+        return True  # a claim written before identities were: the pid is all there is
+    return process_identity(claim.wrapper_pid) in (None, claim.wrapper_identity)
 
 
 @dataclass(frozen=True, slots=True)
