@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from guard.errors import FrameRejected
 from guard.policy import Reading
 from guard.record import MAX_COUNT
 from sidecar.decoding import Dropped
@@ -255,3 +256,18 @@ def valid_int(value: Any) -> bool:
 
 def assert_nothing_fabricated_in_record(used: int | None, data: bytes) -> None:
     assert used is None or str(used).encode() in data
+
+
+@pytest.mark.parametrize("line", [b'{"a": 1}', b'{"type": "context", "reading": null}', b'{"id": 7}', b'{}',
+                                  b'{"method": 5, "params": {}}', b'{"result": {}}'])  # fmt: skip
+def test_a_json_object_that_is_no_app_server_message_is_refused_on_every_wire(line: bytes) -> None:
+    """Not a request, a notification nor a response (a pi frame given as Codex, a config file): a
+    drop with its reason, on the live wires and in `hctx replay --harness codex` alike."""
+    with pytest.raises(FrameRejected, match="not an app-server message"):
+        parse_message(line)
+    for wire in ("stdout", "websocket"):
+        [event] = SPEC.decoder(wire).receive_data(line + b"\n")
+        assert isinstance(event, Dropped) and "not an app-server message" in event.reason
+    assert list(replay(SPEC, [Chunk(None, "stdout", line + b"\n")])) == []
+    for message in (b'{"id": 1, "result": {}}', b'{"id": 2, "error": {"code": -1}}', b'{"method": "x/y"}'):
+        assert parse_message(message) == []  # the app-server's own shapes pass, and carry nothing here

@@ -195,6 +195,8 @@ def parse_message(data: bytes) -> list[object]:
     if could_outgrow and len(tap_frame(data)) > CHANNEL_MAX_FRAME_BYTES:
         raise FrameRejected(f"message over {CHANNEL_MAX_FRAME_BYTES} bytes as the stdout tap frames it")
     message = wire.json_object(data)
+    if not _is_app_server_message(message):
+        raise FrameRejected("not an app-server message: no method, and no id with a result or an error")
     events: list[object] = []
     build = _build(message)
     if build is not None:
@@ -225,6 +227,14 @@ def parse_message(data: bytes) -> list[object]:
     elif method == LEGACY_COMPACTED:
         events.append(ThreadCompacted(turn_id=_parse(_CompactedParams, params, method).turn_id))
     return events
+
+
+def _is_app_server_message(message: dict[str, Any]) -> bool:
+    """JSON-RPC as the app-server speaks it (without the `jsonrpc` member): a request or notification
+    names its `method`, a response carries the `id` it answers and a `result` or an `error`."""
+    if "method" in message:
+        return isinstance(message["method"], str)
+    return "id" in message and ("result" in message or "error" in message)
 
 
 def _window(window: _RateLimitWindow | None) -> RateWindow | None:
