@@ -59,11 +59,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.send_header("connection", "close")
             self.end_headers()
             event = {"type": "server.connected", "properties": {}}
-            while True:
-                self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\n")
-                self.wfile.flush()
-                time.sleep(10)
-                event = {"type": "server.heartbeat", "properties": {}}
+            try:
+                while True:
+                    self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+                    self.wfile.flush()
+                    time.sleep(10)
+                    event = {"type": "server.heartbeat", "properties": {}}
+            except OSError:  # the sidecar went away: so does this stream
+                return
         body = json.dumps({"providers": [], "default": {}} if path == "/config/providers" else {}).encode()
         self.send_response(200)
         self.send_header("content-type", "application/json")
@@ -163,6 +166,25 @@ def wait_ready(seats: list[Seat], work: Path) -> None:
         raise RuntimeError(f"a sidecar died: {died}; see {work}")
 
 
+def stop(baseline: list[subprocess.Popen[bytes]], seats: list[Seat]) -> None:
+    """What this run started, and only that: the bare processes killed, every wrapper told SIGTERM
+    at once (it stops its harness and sidecar), any left after a shared deadline SIGKILLed (its
+    sidecar then ends the harness's group)."""
+    for process in baseline:
+        process.kill()
+    for seat in seats:
+        with contextlib.suppress(ProcessLookupError):
+            seat.process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    for seat in seats:
+        try:
+            seat.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            seat.process.kill()
+    for process in [*baseline, *(seat.process for seat in seats)]:
+        process.wait()
+
+
 @contextlib.contextmanager
 def fleet(seats: int, harnesses: list[str]) -> Iterator[tuple[dict[str, list[Seat]], list[subprocess.Popen[bytes]]]]:
     work = Path(tempfile.mkdtemp(prefix="hctx-footprint-"))
@@ -187,18 +209,7 @@ def fleet(seats: int, harnesses: list[str]) -> Iterator[tuple[dict[str, list[Sea
         keep = True  # what went wrong stays readable in the logs
         raise
     finally:
-        for seat in (seat for group in fleets.values() for seat in group):
-            with contextlib.suppress(ProcessLookupError):
-                seat.process.send_signal(signal.SIGTERM)
-        for seat in (seat for group in fleets.values() for seat in group):
-            try:
-                seat.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                seat.process.kill()
-                seat.process.wait()
-        for process in baseline:
-            process.kill()
-            process.wait()
+        stop(baseline, [seat for group in fleets.values() for seat in group])
         if not keep:
             shutil.rmtree(work, ignore_errors=True)
 

@@ -292,3 +292,22 @@ def test_a_dead_sidecar_never_stops_the_tapped_output(tmp_path: Path) -> None:
     assert wrapper.returncode == 0, err
     assert [json.loads(line)["params"]["n"] for line in out.splitlines()] == list(range(40))
     assert b"Traceback" not in err
+
+
+def test_an_agent_costs_two_processes_and_the_resident_wrapper_loads_neither_trio_nor_pydantic(tmp_path: Path) -> None:
+    """Issue 24: the wrapper (the claim's pid, after its exec) and its sidecar, no reaper beside them;
+    the wrapper's resident part maps no pydantic-core and no ssl (which trio loads)."""
+    wrapper, harness_pid, sidecar_pid = _start_wrapped_sleeper(tmp_path, stdin=subprocess.DEVNULL)
+    try:
+        state = read_json(agent_dir(tmp_path / "c", "sleeper") / "harness-state")
+        assert state["wrapperPid"] == wrapper.pid
+        children = set()
+        for task in Path(f"/proc/{wrapper.pid}/task").iterdir():
+            children |= {int(pid) for pid in (task / "children").read_text().split()}
+        assert children == {harness_pid, sidecar_pid}
+        maps = Path(f"/proc/{wrapper.pid}/maps").read_text()
+        assert "_pydantic_core" not in maps and "_ssl" not in maps
+        assert "_pydantic_core" in Path(f"/proc/{sidecar_pid}/maps").read_text()  # the check can see it
+    finally:
+        wrapper.send_signal(signal.SIGTERM)
+        wrapper.wait(timeout=30)

@@ -108,7 +108,10 @@ class suppress:
 
 
 def say(message: str) -> None:
-    print(f"hctx: {message}", file=sys.stderr, flush=True)
+    """One line on the terminal; one it cannot take now (a full pipe, output suspended) is lost, never
+    the session."""
+    with suppress(OSError):
+        print(f"hctx: {message}", file=sys.stderr, flush=True)
 
 
 def exit_status(returncode: int) -> int:
