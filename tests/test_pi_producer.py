@@ -20,6 +20,7 @@ from guard.errors import UnknownHarness
 from guard.policy import Write
 from sidecar.decoding import CHANNEL
 from sidecar.harnesses.pi.producer import OMP, PI, ContextFrame, PiProducer, read_recording, trigger_of
+from sidecar.producer import instant_ms
 from sidecar.registry import spec_for
 from sidecar.replay import replay
 from tests.conformance import bytewise, outcome, replayed
@@ -330,7 +331,8 @@ def test_live_channel_recordings_replay(tmp_path: Path) -> None:
 def test_after_a_session_switch_the_compaction_facts_are_the_new_sessions(version: str) -> None:
     """Recorded off the shipped asset in real pi (tests/live/test_pi_live.py, session switch): session A
     compacts by hand, a new session B on the threshold, then `switch_session` back to A. From A's
-    session_start on, the record must not carry B's compaction time and trigger beside A's count."""
+    session_start on, the record must not carry B's compaction time and trigger beside A's count, but
+    A's own compaction time as A's store holds it (issue 24; the store names no trigger)."""
     path = FIXTURES / "live" / "session-switch" / f"pi-{version}.channel.jsonl"
     frames = [item for _, item in recorded_frames(path.read_bytes())]
     edges = [(f["compaction"]["reason"], f["compaction"]["count"]) for f in frames if f["compaction"] is not None]
@@ -341,12 +343,29 @@ def test_after_a_session_switch_the_compaction_facts_are_the_new_sessions(versio
     threshold = next(line for line in lines if line["lastCompactionTrigger"] == "threshold")
     after = [line for line in lines if line["observedAtMs"] >= frames[switch]["atMs"]]
     assert after, "the switch back to A writes"
+    stored = instant_ms(frames[switch]["lastCompactionAt"])
+    assert stored is not None and stored < threshold["lastCompactionMs"]  # A compacted before B
     for line in after:
         assert line["compactions"] == 1
-        # A's compaction is A's: B's time and trigger are gone, and A's store names neither.
-        assert (line["lastCompactionMs"], line["lastCompactionTrigger"]) == (None, None)
-        assert line["lastCompactionMs"] != threshold["lastCompactionMs"]
+        # A's compaction is A's: at the time A's store holds, B's time and trigger gone.
+        assert (line["lastCompactionMs"], line["lastCompactionTrigger"]) == (stored, None)
     assert (after[-1]["usedTokens"], after[-1]["usedPercent"]) == (12240, 38.25)
+
+
+def test_a_resumed_session_restates_its_stored_compaction_time_and_a_bad_one_is_unknown() -> None:
+    producer = PiProducer("pi")
+    feed(producer, frame(reading(), {"reason": "threshold", "count": 1}), now_ms=9_000_000)
+    started = {"type": "context", "event": "session_start", "reading": None, "compaction": None, "compactions": 2,
+               "lastCompactionAt": "1970-01-01T00:00:05.250Z"}  # fmt: skip
+    assert feed(producer, started, now_ms=9_500_000) == []
+    (resumed,) = feed(producer, frame(reading()) | {"compactions": 2}, now_ms=9_600_000)
+    assert (resumed.fields.compactions, resumed.fields.last_compaction_ms) == (2, 5_250)
+    assert resumed.fields.last_compaction_trigger is None  # the store names no reason
+    other = PiProducer("pi")
+    for stamp in ("yesterday", "2026-11-29T22:39:12", 12, None):  # unreadable or no zone: unknown, no drop
+        feed(other, started | {"lastCompactionAt": stamp, "event": "session_start"}, now_ms=1_000)
+        (line,) = feed(other, frame(reading()) | {"compactions": 2}, now_ms=2_000)
+        assert line.fields.last_compaction_ms is None
 
 
 def test_a_session_start_drops_the_previous_sessions_reading_and_edge() -> None:

@@ -8,7 +8,8 @@
 //    "compaction":null | {"reason","count"},
 //    "compactions": <compaction entries in the session store> | null,
 //    "version": <the host's own build, e.g. "1.6.0"> | null,
-//    "compactionSettings": {"enabled", "reserveTokens"} | null}
+//    "compactionSettings": {"enabled", "reserveTokens"} | null,
+//    "lastCompactionAt": <the newest compaction entry's timestamp in the session store> | null}
 //
 // `compactionSettings` is pi's own `compaction` settings as `pi.getSettings()` (pi >= 1.x) merges
 // them, the current model's `modelOverrides` entry applied; a key the user never set is null (the
@@ -114,6 +115,15 @@ function compactionCount(ctx: any): number | null {
 	if (entries === null) return null;
 	const count = attempt(() => entries.filter((entry: any) => entry?.type === "compaction").length);
 	return count === undefined ? null : count;
+}
+
+// When the newest compaction in the session store happened (its entry's own timestamp), or null: a
+// resumed or switched-to session restates its last compaction's time, not only its count.
+function lastCompactionAt(ctx: any): string | null {
+	const entries = entriesOf(ctx);
+	if (entries === null) return null;
+	const newest = attempt(() => entries.filter((entry: any) => entry?.type === "compaction").at(-1));
+	return stringOrNull(attempt(() => newest.timestamp));
 }
 
 function assistantCost(message: any): number | null {
@@ -223,6 +233,7 @@ export default function hctxChannel(pi: any): void {
 		const settings = compactionSettings(pi, ctx);
 		const frame = {
 			type: "context", event, reading: now, compaction, compactions: count, version, compactionSettings: settings,
+			lastCompactionAt: lastCompactionAt(ctx),
 		};
 		channel.send(`${JSON.stringify(frame)}\n`);
 	}

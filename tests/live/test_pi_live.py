@@ -535,8 +535,10 @@ async def test_a_session_switch_publishes_the_new_sessions_compaction_facts(
     harness: str, version: str, short_tmp: Path
 ) -> None:
     """Session A compacts by hand; a new session B compacts on the threshold; switching back to A
-    (pi's `/resume`) must not publish B's compaction time and trigger beside A's reading and count."""
+    (pi's `/resume`) must not publish B's compaction time and trigger beside A's reading and count,
+    but A's own compaction time, as A's session store holds it (issue 24)."""
     from sidecar.harnesses.pi.producer import PiProducer
+    from sidecar.producer import instant_ms
     from tests.fakes.pi_channel import replayed_readings
 
     async with asset_session(harness, version, short_tmp) as (_, channel, rpc):
@@ -568,9 +570,12 @@ async def test_a_session_switch_publishes_the_new_sessions_compaction_facts(
     threshold_edge = next(r.fields for r in readings if r.fields.last_compaction_trigger == "threshold")
     after = producer.last
     assert after is not None and (after.used_tokens, after.compactions) == (12240, 1)
-    assert after.last_compaction_ms != threshold_edge.last_compaction_ms
-    # A's store names no reason and the asset sends no time: withheld, never B's.
-    assert (after.last_compaction_ms, after.last_compaction_trigger) == (None, None)
+    # A's compaction at the time A's store holds for it (before B's), never B's; the store names no reason.
+    stored = channel.frames[switched][1]["lastCompactionAt"]
+    assert stored is not None and after.last_compaction_ms == instant_ms(stored)
+    b_compacted_at = threshold_edge.last_compaction_ms
+    assert b_compacted_at is not None and after.last_compaction_ms < b_compacted_at
+    assert after.last_compaction_trigger is None
 
 
 # --- compactAtTokens (issue 18): the published point is where pi then compacts ------------------

@@ -12,7 +12,8 @@ The frame (sidecar/assets/hctx-channel.ts writes it, one JSON object a line):
      "compaction": {"reason", "count"} | null,
      "compactions": <compaction entries in the harness's session store> | null,
      "compactionSettings": {"enabled", "reserveTokens"} | null,
-     "version": <the host's build, the extension's reading of its package.json> | null}
+     "version": <the host's build, the extension's reading of its package.json> | null,
+     "lastCompactionAt": <the newest compaction entry's timestamp in the session store> | null}
 
 The decoding half (`channel_frames`, run by the channel's decoder on the bytes) validates each
 frame into a `ContextFrame`, the one typed event `PiProducer.feed` takes. `read_recording` gives a
@@ -166,6 +167,9 @@ class ContextFrame(_Wire):
     # Additive (issue 18): pi's compaction settings, read through `optional_model`: a malformed
     # one is unreadable settings (null), never a dropped frame.
     compaction_settings: ChannelCompactionSettings | None = None
+    # Additive (issue 24): when the session store's newest compaction happened, in epoch ms, read
+    # through `instant_ms`: an unreadable one is unknown (null), never a dropped frame.
+    last_compaction_at: int | None = None
 
     @field_validator("event", mode="before")
     @classmethod
@@ -176,6 +180,11 @@ class ContextFrame(_Wire):
     @classmethod
     def _version(cls, value: object) -> str | None:
         return harness_version(value)
+
+    @field_validator("last_compaction_at", mode="before")
+    @classmethod
+    def _stored_time(cls, value: object) -> int | None:
+        return instant_ms(value)
 
     @field_validator("compaction_settings", mode="before")
     @classmethod
@@ -241,6 +250,10 @@ class PiProducer:
                 # A session whose store holds no compaction (a new one): the last edge was another's.
                 self.last_compaction_ms = None
                 self.last_compaction_trigger = None
+            elif self.last_compaction_ms is None and decoded.last_compaction_at is not None:
+                # A resumed or switched-to session (or this sidecar's first frame): its last compaction
+                # is the one its store holds, at that entry's own time. The store names no trigger.
+                self.last_compaction_ms = decoded.last_compaction_at
         self.version = decoded.version or self.version
         # Restated on every frame; a malformed one is unreadable settings (null), never a dropped frame.
         self.settings = decoded.compaction_settings
