@@ -178,8 +178,9 @@ def _start_wrapped_sleeper(tmp_path: Path, **popen: object) -> tuple[subprocess.
     script = f"import os, time; open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
     wrapper = subprocess.Popen(wrap_argv(tmp_path / "c", "sleeper", "pi", sys.executable, "-c", script),
                                env=env(), **popen)  # type: ignore[call-overload]  # fmt: skip
-    harness_pid = int(wait_for(lambda: pidfile.exists() and pidfile.read_text(), what="harness start"))
-    start = wait_for(lambda: [e for e in log_events(tmp_path / "c", "sleeper") if e["event"] == "start"])
+    # Generous: on a loaded machine a wrapper and its sidecar may take many seconds to start.
+    harness_pid = int(wait_for(lambda: pidfile.exists() and pidfile.read_text(), timeout=60, what="harness start"))
+    start = wait_for(lambda: [e for e in log_events(tmp_path / "c", "sleeper") if e["event"] == "start"], timeout=60)
     return wrapper, harness_pid, int(start[0]["pid"])
 
 

@@ -833,8 +833,11 @@ def _remove_channel_dir(directory: str) -> None:
         os.rmdir(directory)
 
 
-def run_incarnation(loop: Loop, session: Session, steps: Steps, it: dict[str, Any]) -> int:
-    """One harness run beside its sidecar; the harness's exit status."""
+def run_incarnation(
+    loop: Loop, session: Session, steps: Steps, it: dict[str, Any], exited: Callable[[int], None] = lambda _: None
+) -> int:
+    """One harness run beside its sidecar; the harness's exit status. `exited(status)` is told the
+    moment the harness is gone, while the sidecar still drains (a step started then runs meanwhile)."""
     plan = it["plan"]
     group = harness_group()
     sidecars = Sidecars(loop, steps, it)
@@ -876,6 +879,7 @@ def run_incarnation(loop: Loop, session: Session, steps: Steps, it: dict[str, An
             sidecars.watch_group(pid if group == "own" else os.getpgrp())
         loop.run_until(lambda: bool(returncode))
         session.ended()
+        exited(exit_status(returncode[0]))
         if tap is not None:
             loop.run_until(lambda: tap is not None and tap.done, timeout=SIDECAR_EXIT_TIMEOUT_S)
         # First the sidecar: a last hook process of the harness's group still lands its frame.
@@ -904,12 +908,19 @@ def supervise(options: dict[str, Any], first: dict[str, Any]) -> int:
     session = Session(loop)
     session.listen()
     steps = Steps(loop)
-    it: dict[str, Any] | None = first
-    incarnation = first["incarnation"]
+    it: dict[str, Any] = first
     restarts = 0
+    stopped: list[str] = []  # the incarnation whose `stopped` step was started
+
+    def stop(status: int) -> None:
+        """Once no relaunch will follow, the claim's `stopped` goes at once: beside the sidecar's
+        drain rather than after it, so the wrapper's exit does not wait for a step's start."""
+        if not stopped and (session.stopped or not _relaunch_wanted(options, status, restarts)):
+            stopped.append(it["incarnation"])
+            steps.submit("stopped", {"agent": first["agent"], "incarnation": it["incarnation"]})
+
     while True:
-        assert it is not None
-        status = it["status"] if it["plan"] is None else run_incarnation(loop, session, steps, it)
+        status = it["status"] if it["plan"] is None else run_incarnation(loop, session, steps, it, stop)
         if session.stopped or not _relaunch_wanted(options, status, restarts):
             break
         delay = min(options["restartDelayS"] * 2**restarts, options["restartDelayMaxS"])
@@ -922,8 +933,8 @@ def supervise(options: dict[str, Any], first: dict[str, Any]) -> int:
         if code != 0:
             break  # the step said why
         it = marshal.loads(output)
-        incarnation = it["incarnation"]
-    steps.submit("stopped", {"agent": first["agent"], "incarnation": incarnation})
+    if not stopped:  # a relaunch was wanted, and a signal or a failed claim ended the session instead
+        steps.submit("stopped", {"agent": first["agent"], "incarnation": it["incarnation"]})
     steps.drain()
     return status
 
