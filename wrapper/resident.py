@@ -111,7 +111,7 @@ def say(message: str) -> None:
     """One line on the terminal; one it cannot take now (a full pipe, output suspended) is lost, never
     the session."""
     with suppress(OSError):
-        print(f"hctx: {message}", file=sys.stderr, flush=True)
+        print(f"hctx wrap: {message}", file=sys.stderr, flush=True)
 
 
 def exit_status(returncode: int) -> int:
