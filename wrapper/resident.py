@@ -45,6 +45,7 @@ else:
 __all__ = [
     "GROUP_POLL_S",
     "HARNESS_KILL_DEADLINE_S",
+    "READ",
     "SIDECAR_EXIT_TIMEOUT_S",
     "SIDECAR_READY_TIMEOUT_S",
     "SIDECAR_RESTART_DELAYS_S",
@@ -53,6 +54,7 @@ __all__ = [
     "STOP_SIGNALS",
     "TAP_QUEUE_BYTES",
     "TAP_RECONNECT_S",
+    "WRITE",
     "Loop",
     "Session",
     "Sidecars",
@@ -70,6 +72,7 @@ __all__ = [
     "sidecar_restart_delay",
     "spawn",
     "supervise",
+    "suppress",
     "terminal_delivers_sigint",
 ]
 
@@ -91,7 +94,8 @@ STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-READ, WRITE = select.EPOLLIN, select.EPOLLOUT
+READ = select.EPOLLIN
+WRITE = select.EPOLLOUT
 
 
 class suppress:
@@ -249,7 +253,8 @@ def spawn(
     if failure:
         os.waitpid(pid, 0)
         number, _, text = failure.decode().partition(":")
-        raise OSError(int(number), text)
+        failed = OSError(int(number), text)  # the child's own exec error, as subprocess re-raises it
+        raise failed
     return pid
 
 
@@ -664,7 +669,7 @@ class Tap:
 
     Lines are framed by the sidecar's own `LineFramer` at the channel's limit, and each goes as the
     harness's tap frame (its spec's `tap_frame`, named `module:name` by the launch: the line's very
-    bytes; Codex's module brings its decoding along, so a tapped Codex resident costs more), so
+    bytes; that harness's module brings its decoding along, so a tapped resident costs more), so
     the sidecar decodes exactly the bytes a replay of the same stdout does. The copy never waits on
     the sidecar: tapped lines queue up to TAP_QUEUE_BYTES, and past that the oldest give way, so
     after a burst (thousands of deltas) the newest lines, the usage update among them, still go.
