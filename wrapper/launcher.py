@@ -284,14 +284,18 @@ def begin_incarnation(options: WrapOptions, incarnation: str) -> dict[str, Any]:
 
 
 def tap_frame_path(harness: Harness) -> str:
-    """`module:name` of the harness's `tap_frame` (its spec's), which the resident imports to frame
-    each stdout line: it knows no registry."""
+    """The envelope type of the harness's `tap_frame` (its spec's), which the resident frames each
+    stdout line in with `sidecar.framing.tap_frame`: it can import neither the registry nor the
+    harness's module (pydantic), so the spec's frame must be that envelope, as Codex's is."""
+    import json
+
     from sidecar.registry import spec_for
 
     frame = spec_for(harness).tap_frame
     if frame is None:
         raise UnknownHarness(f"the {harness} harness has no stdout tap")
-    return f"{frame.__module__}:{frame.__qualname__}"
+    kind: str = json.loads(frame(b""))["type"]
+    return kind
 
 
 def parse_command(command: Sequence[str]) -> tuple[str, ...]:

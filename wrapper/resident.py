@@ -692,8 +692,9 @@ class Tap:
 
         self._socket_module = socket
         self.loop, self.source, self.out = loop, source, out
-        module, _, name = frame.partition(":")
-        self.tap_frame: Callable[[bytes], bytes] = getattr(__import__(module, fromlist=[name]), name)
+        from sidecar.framing import tap_frame
+
+        self.tap_frame: Callable[[bytes], bytes] = lambda line: tap_frame(line, frame)
         self.channel = channel
         self.max_frame = CHANNEL_MAX_FRAME_BYTES
         self.framer = LineFramer(CHANNEL_MAX_FRAME_BYTES)
