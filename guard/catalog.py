@@ -1,7 +1,7 @@
 """The catalog's read side: what every reader opens, lists and decodes in a tree it cannot trust.
 
 A replicated directory tree may hold anything. Every directory below the catalog root is opened
-through `guard.store.open_chain` (component by component, never following a symlink), every file
+through `guard.walk.open_chain` (component by component, never following a symlink), every file
 through `guard.files.read_bounded` (regular files only, never blocking on a FIFO, never past its
 bound), and every listing goes through one walker, `agent_tree_children`, which passes over
 Syncthing's own entries. Two strictnesses share that walker: the readers' (`list_agents`: an entry
@@ -9,33 +9,40 @@ that is not an agent directory is a warning, a host that cannot be listed is ski
 store's (`iter_hosts`, `iter_identities`: such an entry is a CatalogError). Nothing here writes, and
 nothing here raises on a hostile tree except `CatalogError` for a catalog not readable at all.
 
-The layering is catalog -> store, not the reverse: the claim's parser and bound (guard.state)
-build on guard.store, and the read side needs them.
+The layering is catalog -> layout and walk, not the reverse: the claim's parser and bound
+(guard.state) build on the store's modules, and the read side needs them.
 """
 
 from __future__ import annotations
 
 import errno
+import gc
 import os
 import re
 import stat
-from collections.abc import Container
+import time
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Generic, TypeVar
 
 from guard.constants import AGENTS_DIR_NAME, CONTEXT_RECORD_NAME, STATE_RECORD_NAME
 from guard.errors import CatalogError, RecordRefused
 from guard.files import RawFile, read_bounded
+from guard.layout import SYNCTHING_CONFLICT_NAME, check_name, is_agent_tree_name
 from guard.projection import MAX_RECORD_BYTES
 from guard.state import MAX_STATE_BYTES, HarnessState, parse_state
-from guard.store import SYNCTHING_CONFLICT_NAME, check_name, is_agent_tree_name, open_chain
+from guard.walk import open_chain
 
 __all__ = [
     "LEGACY_STAGING_NAME",
     "PROBLEM_CHARS",
+    "RACY_NS",
     "SYNCTHING_DIR_NAME",
     "SYNCTHING_FILE_NAME",
     "AgentFiles",
+    "CatalogCache",
+    "CatalogSnapshot",
     "agent_tree_children",
     "decode_claim",
     "is_syncthing_entry",
@@ -272,3 +279,150 @@ def decode_claim(raw: RawFile, harnesses: Container[str] | None = None) -> tuple
         return parse_state(raw.data, harnesses=harnesses), None
     except RecordRefused as exc:
         return None, short(f"harness-state claim refused: {exc}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading only what changed
+
+
+# A file modified this close to the moment it was looked at may change again within the same tick
+# of the file system's timestamp clock, keeping its mtime, ctime and size (and, after a rename over
+# it, possibly a reused inode): such an entry is read again next time (git's "racily clean" rule,
+# on the modification time, which is what a write sets).
+RACY_NS = 1_000_000_000
+
+# A file as `lstat` sees it: (device, inode, size, mtime, ctime); None when absent; the errno when
+# it could not be looked at.
+_Signature = tuple[int, int, int, int, int] | int | None
+
+_Value = TypeVar("_Value")
+
+
+def _signature(host_fd: int | None, identity: str, name: str) -> _Signature:
+    if host_fd is None:
+        return -1
+    try:
+        info = os.stat(f"{identity}/{name}", dir_fd=host_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return exc.errno or -1
+    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns
+
+
+def _racy(signature: _Signature, since_ns: int) -> bool:
+    return isinstance(signature, tuple) and signature[3] >= since_ns
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry(Generic[_Value]):
+    signature: tuple[_Signature, _Signature]
+    racy: bool
+    value: _Value
+
+
+@dataclass(frozen=True, slots=True)
+class CatalogSnapshot(Generic[_Value]):
+    """Every agent of the catalog with its value, sorted by host then identity, the listing's
+    warnings, and which agents were read again for this snapshot (all of them the first time)."""
+
+    agents: list[tuple[str, str, _Value]]
+    warnings: list[str]
+    changed: list[tuple[str, str]]
+
+
+class CatalogCache(Generic[_Value]):
+    """The catalog's agents, each turned into a value by `load` from its two files, and read again
+    only when one of those files changed: each refresh lists the tree and `lstat`s the two records
+    of every agent; an agent whose files look as they did is not opened. The exporter, `hctx watch`
+    and the board read a live catalog through this; a one-shot reader needs none of it.
+
+    `load(host, identity, files)` must not depend on the clock: what changes with time alone (age,
+    staleness, whether a wrapper still lives) is the caller's to derive from the value."""
+
+    def __init__(self, catalog: Path, load: Callable[[str, str, AgentFiles], _Value], *, remember: bool = True) -> None:
+        # `remember=False`: a reader that refreshes once keeps nothing and looks at no signature.
+        self.catalog, self._load, self._remember = catalog, load, remember
+        self._entries: dict[tuple[str, str], _Entry[_Value]] = {}
+        self.reads = 0  # agents (re)read since the cache was made
+
+    def refresh(self) -> CatalogSnapshot[_Value]:
+        """CatalogError when the catalog cannot be listed at all (the cache is kept)."""
+        collecting = gc.isenabled()
+        gc.disable()  # a read allocates and keeps a few dozen objects per agent and makes no cycles:
+        try:  # the collector's passes over them cost a third of a 10,000-agent read, and find nothing
+            return self._refresh()
+        finally:
+            if collecting:
+                gc.enable()
+
+    def refresh_agents(self, keys: Iterable[tuple[str, str]]) -> CatalogSnapshot[_Value]:
+        """Only these agents (named by a file event), without listing the catalog: each is looked
+        at and read again if its files changed; one whose directory is gone is dropped. The next
+        `refresh` lists everything again."""
+        found: list[tuple[str, str, _Value]] = []
+        changed: list[tuple[str, str]] = []
+        for host, identity in sorted(set(keys)):
+            if not (is_agent_tree_name(host) and is_agent_tree_name(identity)):
+                continue
+            host_fd = open_host_dir(self.catalog, host)
+            try:
+                if host_fd is None or not _is_dir_at(host_fd, identity):
+                    self._entries.pop((host, identity), None)
+                    continue
+                entry, reread = self._look(host, identity, host_fd)
+            finally:
+                if host_fd is not None:
+                    os.close(host_fd)
+            self._entries[host, identity] = entry
+            found.append((host, identity, entry.value))
+            if reread:
+                changed.append((host, identity))
+        return CatalogSnapshot(found, [], changed)
+
+    def _look(self, host: str, identity: str, host_fd: int | None) -> tuple[_Entry[_Value], bool]:
+        """The agent's entry, read again when its files changed (and whether it was)."""
+        looked_ns = time.time_ns() - RACY_NS
+        signature = (
+            _signature(host_fd, identity, CONTEXT_RECORD_NAME),
+            _signature(host_fd, identity, STATE_RECORD_NAME),
+        ) if self._remember else (None, None)  # fmt: skip
+        entry = self._entries.get((host, identity))
+        if entry is not None and not entry.racy and entry.signature == signature:
+            return entry, False
+        files = read_agent_files(self.catalog, host, identity, host_fd)
+        racy = any(_racy(part, looked_ns) for part in signature)
+        self.reads += 1
+        return _Entry(signature, racy, self._load(host, identity, files)), True
+
+    def _refresh(self) -> CatalogSnapshot[_Value]:
+        agents, warnings = list_agents(self.catalog)
+        entries: dict[tuple[str, str], _Entry[_Value]] = {}
+        found: list[tuple[str, str, _Value]] = []
+        changed: list[tuple[str, str]] = []
+        host_fd: int | None = None
+        current_host: str | None = None
+        try:
+            for host, identity in agents:
+                if host != current_host:
+                    if host_fd is not None:
+                        os.close(host_fd)
+                    host_fd, current_host = open_host_dir(self.catalog, host), host
+                entry, reread = self._look(host, identity, host_fd)
+                if reread:
+                    changed.append((host, identity))
+                if self._remember:
+                    entries[host, identity] = entry
+                found.append((host, identity, entry.value))
+        finally:
+            if host_fd is not None:
+                os.close(host_fd)
+        self._entries = entries
+        return CatalogSnapshot(found, warnings, changed)
+
+
+def _is_dir_at(dir_fd: int, name: str) -> bool:
+    try:
+        return stat.S_ISDIR(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False

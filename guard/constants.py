@@ -26,6 +26,7 @@ __all__ = [
     "STATE_LOCK_NAME",
     "STATE_RECORD_NAME",
     "STATE_SCHEMA",
+    "WRAPPER_LOCK_NAME",
 ]
 
 SCHEMA_V1: Final = "st2.harness-context.v1"
@@ -51,6 +52,9 @@ REPLICATED_RECORD_NAMES: Final = (STATE_RECORD_NAME, CONTEXT_RECORD_NAME)
 CONTEXT_LOCK_NAME: Final = ".harness-context.lock"
 # Wrappers claim, relaunch and stop an agent under this lock, so two never both hold its claim.
 STATE_LOCK_NAME: Final = ".harness-state.lock"
+# The one wrapper running an agent holds this lock for as long as it runs: the proof a takeover asks
+# for before it signals anything (a pid in a claim anyone can write proves nothing).
+WRAPPER_LOCK_NAME: Final = ".harness-wrapper.lock"
 CONTROL_DIR_NAME: Final = ".st2"
 STAGING_DIR_NAME: Final = "harness-context-staging"
 AGENTS_DIR_NAME: Final = "agents"

@@ -1,6 +1,7 @@
 """Every exception hctx raises on purpose, under one root, in one place (as httpx does).
 
     HctxError
+    ├── JsonRefused          bytes the one JSON rule (guard.json_rule) refuses (ValueError)
     ├── RecordRefused        a record or claim file is not one this reader accepts (ValueError)
     ├── ClaimHeld            another live wrapper holds the agent's claim
     ├── CatalogError         the catalog cannot be opened or walked (OSError)
@@ -14,6 +15,7 @@
     ├── UnknownHarness       no registered harness has the name (LookupError)
     ├── ModelTableError      `hctx scan`'s model table is unreadable (ValueError)
     ├── TranscriptError      a transcript `hctx scan` reads cannot be opened (OSError)
+    ├── RecordingError       a recording `hctx replay` reads is no file of bytes, or not one hctx made (OSError)
     ├── UsageError           what the command line asks cannot be done (ValueError)
     └── FleetFailed          a demo agent failed to start or cannot be played
 
@@ -35,9 +37,11 @@ __all__ = [
     "FrameRejected",
     "HctxError",
     "HttpError",
+    "JsonRefused",
     "MalformedFrame",
     "ModelTableError",
     "RecordRefused",
+    "RecordingError",
     "SettingsError",
     "TranscriptError",
     "UnknownHarness",
@@ -47,6 +51,10 @@ __all__ = [
 
 class HctxError(Exception):
     """The root: anything hctx raises deliberately."""
+
+
+class JsonRefused(HctxError, ValueError):
+    """Bytes the one JSON rule refuses (`guard.json_rule.loads`' default `error`)."""
 
 
 class RecordRefused(HctxError, ValueError):
@@ -69,8 +77,11 @@ _Holder = TypeVar("_Holder", bound=_ClaimHolder)
 
 
 class ClaimHeld(HctxError, Generic[_Holder]):
-    def __init__(self, holder: _Holder) -> None:
-        super().__init__(f"agent {holder.host}/{holder.agent} is held by wrapper pid {holder.wrapper_pid}")
+    """Another wrapper holds the agent; `holder` is its claim (None while it has not written one yet)."""
+
+    def __init__(self, holder: _Holder | None) -> None:
+        who = "another wrapper" if holder is None else f"wrapper pid {holder.wrapper_pid}"
+        super().__init__(f"the agent is held by {who}")
         self.holder = holder
 
 
@@ -115,6 +126,10 @@ class ModelTableError(HctxError, ValueError):
 
 
 class TranscriptError(HctxError, OSError):
+    pass
+
+
+class RecordingError(HctxError, OSError):
     pass
 
 

@@ -24,6 +24,7 @@ __all__ = [
     "WriteGuard",
     "WriteReason",
     "bucket",
+    "subagent_buckets",
     "windows_at_limit",
 ]
 
@@ -75,6 +76,23 @@ def bucket(fields: ContextFields) -> Bucket:
     return fields.session_id, window, tokens, displayed
 
 
+def subagent_buckets(fields: ContextFields) -> tuple[tuple[str, str, int | None, int | None], ...]:
+    """(id, state, tokens bucket, displayed bucket) of each subagent row (issue 28): a subagent
+    crossing a bucket, appearing, or finishing is a change of the record, as the parent's is."""
+    return tuple(
+        (
+            row.id,
+            row.state,
+            row.used_tokens * 100 // (row.window_tokens * HARNESS_CONTEXT_BUCKET_PERCENT)
+            if row.used_tokens is not None and row.window_tokens
+            else None,  # no window, no bucket: its numbers ride the record's next write
+            None if row.used_percent is None else math.floor(row.used_percent / HARNESS_CONTEXT_BUCKET_PERCENT),
+        )
+        for row in fields.subagents
+        if row.used_tokens is not None or row.state == "finished"  # spawned, nothing measured: no change yet
+    )
+
+
 def windows_at_limit(limits: RateLimits | None) -> frozenset[str]:
     """The account windows a snapshot shows at 100% or more: exhausted, for a producer whose
     harness stops there and publishes a window only while its reset is still ahead."""
@@ -109,7 +127,7 @@ class WriteGuard:
         last, fields = self.last, reading.fields
         if reading.compaction_edge:
             return "compaction"
-        if last is None or bucket(fields) != bucket(last):
+        if last is None or bucket(fields) != bucket(last) or subagent_buckets(fields) != subagent_buckets(last):
             return "bucket"
         if reading.exhausted != self.exhausted:
             return "exhaustion"

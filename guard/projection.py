@@ -16,6 +16,7 @@ __all__ = [
     "CONTEXT_KEYS",
     "MAX_RECORD_BYTES",
     "decode_record",
+    "exposure",
     "headroom_tokens",
     "load_record",
     "project",
@@ -33,7 +34,7 @@ CONTEXT_KEYS = (
     "harness", "usedTokens", "windowTokens", "usedPercent", "model", "costUsd",
     "sessionTotalTokens", "rateLimits", "compactions", "lastCompactionMs",
     "lastCompactionTrigger", "compactAtTokens", "autoCompaction", "harnessVersion", "sessionId",
-    "observedAtMs", "ageMs", "stale", "headroomTokens",
+    "account", "rateLimitResetsAtMs", "observedAtMs", "ageMs", "stale", "headroomTokens",
 )  # fmt: skip
 
 
@@ -48,20 +49,34 @@ def headroom_tokens(context: dict[str, Any]) -> int | None:
     return compact_at - used
 
 
-def project(record: HarnessContext, now_ms: int) -> dict[str, Any] | None:
-    """The roster's `context` object for a decoded record, or None past the future-skew bound."""
+def exposure(record: HarnessContext) -> dict[str, Any]:
+    """The record's fields as the roster shows them, before the clock: `project` adds the age.
+    A reader that keeps records between readings (guard.catalog.CatalogCache) keeps this too."""
+    fields = record.model_dump(mode="json", by_alias=True)
+    fields["headroomTokens"] = headroom_tokens(fields)
+    return fields
+
+
+def project(record: HarnessContext, now_ms: int, fields: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The roster's `context` object for a decoded record, or None past the future-skew bound;
+    `fields` is the record's `exposure`, when the caller already has it."""
     if record.observed_at_ms > now_ms + HARNESS_CONTEXT_FUTURE_SKEW_MS:
         log.warning(
             "context record observed %d ms in the future; clock untrusted, reading as absent",
             record.observed_at_ms - now_ms,
         )
         return None
-    age_ms = max(0, now_ms - record.observed_at_ms)
-    fields = record.model_dump(mode="json", by_alias=True)
-    fields["ageMs"] = age_ms
-    fields["stale"] = record.observed_at_ms <= now_ms - HARNESS_CONTEXT_STALE_MS
-    fields["headroomTokens"] = headroom_tokens(fields)
-    return {key: fields[key] for key in CONTEXT_KEYS}
+    fields = exposure(record) if fields is None else fields
+    timed = {
+        "ageMs": max(0, now_ms - record.observed_at_ms),
+        "stale": record.observed_at_ms <= now_ms - HARNESS_CONTEXT_STALE_MS,
+    }
+    context = {key: timed[key] if key in timed else fields[key] for key in CONTEXT_KEYS}
+    if fields.get("subagents"):
+        # Additive (issue 28), present only where the record names some: each row the harness's own
+        # numbers with its own age, as the parent's.
+        context["subagents"] = [row | {"ageMs": max(0, now_ms - row["observedAtMs"])} for row in fields["subagents"]]
+    return context
 
 
 def decode_record(raw: RawFile, harnesses: Container[str] | None = None) -> tuple[HarnessContext | None, str | None]:

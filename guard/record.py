@@ -5,18 +5,21 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Container, Sequence
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal, TypeVar, get_args
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, ValidationError
 from pydantic.alias_generators import to_camel
 
+from guard.account import Account
 from guard.constants import ACCEPTED_SCHEMAS, SCHEMA_V1
 from guard.errors import RecordRefused
+from guard.json_rule import loads_object, strings_of
 
 __all__ = [
     "COMPACTION_TRIGGERS",
     "HARNESS_NAME_PATTERN",
     "MAX_COUNT",
+    "MAX_SUBAGENTS",
     "CompactionTrigger",
     "ContextFields",
     "Count",
@@ -24,14 +27,19 @@ __all__ = [
     "Harness",
     "HarnessContext",
     "Millis",
+    "Printable",
+    "RateLimitResets",
     "RateLimits",
+    "Subagent",
+    "SubagentState",
     "Trigger",
+    "WindowSource",
     "WireModel",
     "describe_validation_error",
+    "optional_model",
     "parse_record",
     "record_json_schema",
-    "refuse_json_constant",
-    "refuse_lone_surrogates",
+    "refuse_nul_characters",
     "round_half_up",
 ]
 
@@ -86,6 +94,60 @@ class RateLimits(WireModel):
     seven_day: FiniteFloat | None = None
 
 
+class RateLimitResets(WireModel):
+    """When each `rateLimits` window resets, as the harness stated it, in Unix ms; null unstated."""
+
+    five_hour: Millis | None = None
+    seven_day: Millis | None = None
+
+
+_Model = TypeVar("_Model", bound=BaseModel)
+
+
+def optional_model(model: type[_Model], value: object) -> _Model | None:
+    """An adjacent fact decoded conservatively: absent or malformed is null, never a guess."""
+    if value is None:
+        return None
+    try:
+        return model.model_validate(value)
+    except ValidationError:
+        return None
+
+
+def _tolerant(model: type[BaseModel]) -> BeforeValidator:
+    """Additive-tolerant on read: a field of this model this version cannot read is null, and never
+    a reason to refuse the record's numbers."""
+    return BeforeValidator(lambda value: optional_model(model, value))
+
+
+# Additive (issue 28): at most this many subagents ride a record, the newest first. 16 rows of the
+# longest fields stay far under the record's 64 KiB (guard.projection.MAX_RECORD_BYTES).
+MAX_SUBAGENTS = 16
+# Text a harness names a subagent by: printable, bounded. A control character (a terminal escape in a
+# hostile id) is refused, never cleaned into another name.
+Printable = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f-\x9f]*$")]
+SubagentState = Literal["running", "finished"]
+WindowSource = Literal["harness", "model-table"]
+
+
+class Subagent(WireModel):
+    """One subagent of the agent (issue 28): its own numbers, each from the harness's own field
+    for that subagent, and never the parent's."""
+
+    id: Printable
+    name: Printable | None = None  # its type (Claude's agent_type, OpenCode's agent) where stated
+    model: Printable | None = None
+    used_tokens: Count | None = None
+    window_tokens: Count | None = None
+    used_percent: FiniteFloat | None = None
+    # Where the window came from: the harness's own channel, or (Claude, which states none) the
+    # model table `hctx scan` uses; null with a null window.
+    window_source: WindowSource | None = None
+    compactions: Count | None = None  # null where the harness states none for it
+    state: SubagentState
+    observed_at_ms: Millis
+
+
 class ContextFields(WireModel):
     """The reading a producer publishes: every record field except provenance and stamps."""
 
@@ -114,6 +176,15 @@ class ContextFields(WireModel):
     # Additive (issue 19): the harness session the reading belongs to, where one server hosts several
     # (OpenCode); null where the channel names none.
     session_id: Annotated[str, Field(max_length=512)] | None = None  # an OpenCode id: 512 at most
+    # Additive (issue 28): the agent's running and recently finished subagents, newest first, at most
+    # MAX_SUBAGENTS; the key is left out when there are none, so a session that never delegated
+    # writes the bytes it wrote before, and a reader that knows nothing of it ignores it.
+    subagents: Annotated[tuple[Subagent, ...], Field(max_length=MAX_SUBAGENTS)] = ()
+    # Additive (issue 29): the account `rateLimits` belong to, as the harness states it (guard.account):
+    # an opaque key and a label; null where nothing states one (the agent is its own group).
+    account: Annotated[Account | None, _tolerant(Account)] = None
+    # Additive (issue 29): when each rate-limit window resets, as the harness stated it.
+    rate_limit_resets_at_ms: Annotated[RateLimitResets | None, _tolerant(RateLimitResets)] = None
     observed_at_ms: Millis
 
 
@@ -128,15 +199,15 @@ class HarnessContext(ContextFields):
     def to_json(self) -> str:
         """The exact bytes written: the spec's key order, newline-terminated."""
         fields = self.model_dump(mode="json", by_alias=True)
-        ordered = {name: fields[name] for name in _FIELD_ORDER}
+        ordered = {name: fields[name] for name in _FIELD_ORDER if name != "subagents" or fields[name]}
         return json.dumps(ordered, ensure_ascii=False, allow_nan=False) + "\n"
 
 
 _FIELD_ORDER = (
     "schema", "agent", "harness", "usedTokens", "windowTokens", "usedPercent", "model", "costUsd",
     "sessionTotalTokens", "rateLimits", "compactions", "lastCompactionMs", "lastCompactionTrigger",
-    "compactAtTokens", "autoCompaction", "harnessVersion", "sessionId",
-    "incarnation", "observedAtMs", "writtenAtMs",
+    "compactAtTokens", "autoCompaction", "harnessVersion", "sessionId", "subagents", "account",
+    "rateLimitResetsAtMs", "incarnation", "observedAtMs", "writtenAtMs",
 )  # fmt: skip
 
 
@@ -145,14 +216,8 @@ def parse_record(data: bytes | str, *, harnesses: Container[str] | None = None) 
 
     `harnesses`: the names whose arithmetic the reader knows (the registry's); a record of any
     other is refused. None (the writer re-reading its own record) takes any well-formed name."""
-    text = _utf8_text(data)
-    try:
-        raw: Any = json.loads(text, parse_constant=refuse_json_constant)
-    except (ValueError, RecursionError) as exc:
-        raise RecordRefused(f"not JSON: {exc}") from None
-    if not isinstance(raw, dict):
-        raise RecordRefused(f"not a JSON object but {type(raw).__name__}")
-    refuse_lone_surrogates(raw)
+    raw = loads_object(data, error=RecordRefused)
+    refuse_nul_characters(raw)
     schema = raw.get("schema")
     if not isinstance(schema, str) or schema not in ACCEPTED_SCHEMAS:  # a list would raise TypeError
         raise RecordRefused(f"schema {schema!r} is not one this reader accepts")
@@ -165,33 +230,12 @@ def parse_record(data: bytes | str, *, harnesses: Container[str] | None = None) 
         raise RecordRefused(f"invalid record: {describe_validation_error(exc)}") from None
 
 
-def refuse_lone_surrogates(raw: Any) -> None:
-    """JSON can spell a lone surrogate (`"\\ud800"`) that no UTF-8 text holds: every reader that
-    prints the value would fail on it, so the record is refused where it is read."""
-    try:
-        json.dumps(raw, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        raise RecordRefused("holds a lone surrogate (\\ud800-\\udfff), which is not text") from None
-
-
-def _utf8_text(data: bytes | str) -> str:
-    """A record is UTF-8 JSON without a byte-order mark. `json.loads` would quietly accept a BOM
-    and detect UTF-16 or UTF-32; a reader that does is reading something no writer of ours wrote."""
-    if isinstance(data, bytes):
-        try:
-            data = data.decode("utf-8")
-        except UnicodeDecodeError:
-            raise RecordRefused("not UTF-8 (a record is UTF-8 JSON; UTF-16 and UTF-32 are refused)") from None
-    if data.startswith("\ufeff"):
-        raise RecordRefused("starts with a byte-order mark (a record is UTF-8 JSON without one)")
-    if "\x00" in data:
-        raise RecordRefused("holds NUL bytes: UTF-16 or UTF-32, not UTF-8 JSON")
-    return data
-
-
-def refuse_json_constant(name: str) -> float:
-    """For `json.loads(parse_constant=...)`: NaN and Infinity are not numbers a harness reported."""
-    raise RecordRefused(f"{name} is not a JSON number")
+def refuse_nul_characters(raw: object) -> None:
+    """A NUL character (`"\\u0000"`, which the JSON rule allows) in a record's or claim's value: no
+    environment variable, path or C string carries one, and a record's values become all three
+    (`hctx watch --exec`'s HCTX_* variables), so the file is refused where it is read."""
+    if any("\x00" in text for text in strings_of(raw)):
+        raise RecordRefused("holds a NUL character (\\u0000), which no environment or path carries")
 
 
 def describe_validation_error(exc: ValidationError) -> str:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-import json
+import fcntl
+import os
 import signal
 from collections.abc import Callable, Container, Iterator
 from pathlib import Path
@@ -11,16 +12,23 @@ from typing import Annotated, Literal
 
 from pydantic import Field, ValidationError
 
-from guard.constants import STATE_LOCK_NAME, STATE_RECORD_NAME, STATE_SCHEMA
-from guard.errors import ClaimHeld, RecordRefused
+from guard.atomic import write_agent_file
+from guard.constants import AGENTS_DIR_NAME, STATE_LOCK_NAME, STATE_RECORD_NAME, STATE_SCHEMA, WRAPPER_LOCK_NAME
+from guard.errors import ClaimHeld, JsonRefused, RecordRefused
 from guard.files import read_bounded
-from guard.record import Count, Harness, Millis, WireModel, refuse_lone_surrogates
-from guard.store import AgentDir, agent_locked, pid_alive, proc_stat, remove_context, write_agent_file
+from guard.json_rule import loads_object
+from guard.layout import AgentDir
+from guard.locks import agent_locked
+from guard.procs import pid_alive, proc_stat
+from guard.record import Count, Harness, Millis, WireModel, refuse_nul_characters
+from guard.store import remove_context
+from guard.walk import open_append, open_chain
 
 __all__ = [
     "CLAIM_HISTORY_LIMIT",
     "MAX_STATE_BYTES",
     "UNOBSERVED_LIMIT",
+    "AgentLock",
     "DesiredState",
     "HarnessState",
     "PastClaim",
@@ -33,6 +41,7 @@ __all__ = [
     "read_state",
     "state_locked",
     "update_claim",
+    "wrapper_lock_evidence",
     "write_state",
 ]
 
@@ -101,10 +110,10 @@ class HarnessState(WireModel):
 def parse_state(data: bytes | str, *, harnesses: Container[str] | None = None) -> HarnessState:
     """The claim; `harnesses` as for `guard.record.parse_record` (None: any well-formed name)."""
     try:
-        raw = json.loads(data)
-        refuse_lone_surrogates(raw)
+        raw = loads_object(data)
+        refuse_nul_characters(raw)
         state = HarnessState.model_validate(raw, by_alias=True)
-    except (ValueError, RecursionError, ValidationError) as exc:  # RecordRefused is a ValueError
+    except (JsonRefused, RecordRefused, ValidationError) as exc:
         raise RecordRefused(f"harness-state refused: {exc}") from None
     if harnesses is not None and state.harness not in harnesses:
         raise RecordRefused(f"harness-state refused: harness {state.harness!r} is not one this reader knows")
@@ -179,13 +188,27 @@ def state_locked(agent: AgentDir) -> Iterator[HarnessState | None]:
 
 
 def claim_agent(
-    agent: AgentDir, harness: Harness, incarnation: str, now_ms: int, pid: int, *, takeover: bool = False
+    agent: AgentDir,
+    harness: Harness,
+    incarnation: str,
+    now_ms: int,
+    pid: int,
+    *,
+    locked: bool,
+    relaunch_of: str | None = None,
+    takeover: bool = False,
 ) -> HarnessState:
-    """A fresh incarnation claimed under the state lock, then the old record removed. Refused with
-    ClaimHeld while another live wrapper holds the claim, unless this is a takeover."""
+    """A fresh incarnation claimed under the state lock, then the old record removed.
+
+    `locked`: the caller holds the agent's wrapper lock (`AgentLock`), so no other wrapper runs it,
+    whatever a claim on disk says; without it the claim is refused with ClaimHeld, unless this is a
+    takeover. A relaunch (`relaunch_of`, the incarnation it follows) is refused once the claim is
+    another's: it was taken over."""
     with state_locked(agent) as previous:
-        mine = previous is not None and previous.wrapper_pid == pid  # this wrapper's relaunch
-        if previous is not None and not mine and not takeover and held_by_live_wrapper(previous, agent.host):
+        if relaunch_of is not None:
+            if previous is None or previous.incarnation != relaunch_of:
+                raise ClaimHeld(previous)
+        elif not locked and not takeover:
             raise ClaimHeld(previous)
         state = new_claim(agent, harness, incarnation, now_ms, pid, previous, process_identity(pid))
         write_state(agent, state)
@@ -201,3 +224,101 @@ def update_claim(agent: AgentDir, incarnation: str, change: Callable[[HarnessSta
             return False
         write_state(agent, change(state))
     return True
+
+
+class AgentLock:
+    """The agent's wrapper lock (WRAPPER_LOCK_NAME in its directory): an exclusive flock its wrapper
+    takes before its first claim and holds until it exits, across its one exec into the resident
+    (`across_exec`). Close-on-exec otherwise, and never passed to a child, so no harness or sidecar
+    holds it; released by the kernel however the wrapper ends, SIGKILL included."""
+
+    def __init__(self, agent: AgentDir) -> None:
+        self.agent = agent
+        self.fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self.fd is not None
+
+    def take(self) -> bool:
+        """Take it if no other process holds it; whether it is held now."""
+        if self.fd is None:
+            fd = _open_wrapper_lock(self.agent)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                return False
+            self.fd = fd
+        return True
+
+    def across_exec(self) -> tuple[int, bool]:
+        """The lock's descriptor, kept open across this process's exec (the resident wrapper holds
+        it for its whole life: the same open file, so the same flock), and whether it is held. One
+        not held (a takeover that went on regardless) is opened all the same, for a relaunch to take."""
+        fd = _open_wrapper_lock(self.agent) if self.fd is None else self.fd
+        os.set_inheritable(fd, True)
+        return fd, self.fd is not None
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def _open_wrapper_lock(agent: AgentDir) -> int:
+    dir_fd = open_chain(agent.catalog, (AGENTS_DIR_NAME, agent.host, agent.identity), create=True)
+    try:
+        return open_append(dir_fd, WRAPPER_LOCK_NAME)  # a regular file: never a symlink, never a FIFO
+    finally:
+        os.close(dir_fd)
+
+
+def wrapper_lock_evidence(agent: AgentDir, pid: int) -> str | None:
+    """None when process `pid` holds the agent's wrapper lock: one of its descriptors is that very
+    file and /proc/PID/fdinfo shows the exclusive flock on it. Otherwise what was found instead,
+    for the message that refuses to signal it."""
+    fd = _open_wrapper_lock(agent)
+    try:
+        lock = os.fstat(fd)
+    finally:
+        os.close(fd)
+    where = f"{agent.host}/{agent.identity}'s wrapper lock"
+    try:
+        descriptors = os.listdir(f"/proc/{pid}/fd")
+    except FileNotFoundError:
+        return f"pid {pid} is not running"
+    except OSError as exc:
+        return f"pid {pid} ({_command(pid)}) cannot be looked into ({exc.strerror}), so nothing proves it holds {where}"
+    for descriptor in descriptors:
+        try:
+            opened = os.stat(f"/proc/{pid}/fd/{descriptor}")
+            info = Path(f"/proc/{pid}/fdinfo/{descriptor}").read_text()
+        except OSError:
+            continue
+        if (opened.st_dev, opened.st_ino) != (lock.st_dev, lock.st_ino):
+            continue
+        if any(line.startswith("lock:") and "FLOCK" in line and "WRITE" in line for line in info.splitlines()):
+            return None
+    holders = _flock_holders(lock)
+    held = f"it is held by pid {', '.join(f'{p} ({_command(p)})' for p in holders)}" if holders else "nothing holds it"
+    return f"pid {pid} ({_command(pid)}) does not hold {where}; {held}"
+
+
+def _command(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip() or "?"
+    except OSError:
+        return "gone"
+
+
+def _flock_holders(lock: os.stat_result) -> list[int]:
+    """The pids /proc/locks names for flocks on this file."""
+    device = f"{os.major(lock.st_dev):02x}:{os.minor(lock.st_dev):02x}:{lock.st_ino}"
+    holders = []
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/locks").read_text().splitlines():
+            fields = line.split()
+            if len(fields) > 5 and fields[1] == "FLOCK" and fields[5] == device and fields[4].isdigit():
+                holders.append(int(fields[4]))
+    return holders

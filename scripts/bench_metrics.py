@@ -1,31 +1,50 @@
 #!/usr/bin/env python3
-"""Time a Prometheus scrape of `hctx metrics` against `hctx agents --json` on the same catalogs.
+"""The exporter and `hctx watch` on large catalogs, as ratios against `hctx agents --json`.
 
-The catalogs are bench_roster.py's (one record and one claim per agent, as the wrapper and sidecar
-write them). A scrape is an HTTP GET of a running exporter, which reads the whole catalog each time;
-`hctx agents --json` is a whole process, so it is also shown above its start-up (the same command
-on an empty catalog). In-process CPU per agent compares the two renderings of one roster without
-HTTP or start-up: reading it is shared, so the difference is the exposition itself.
+In one run, per catalog size (bench_roster.py's catalogs: one record and one claim per agent, as
+the wrapper and sidecar write them):
 
-Usage: scripts/bench_metrics.py [--sizes 1000,10000] [--repeat 5]
+- `agents --json`: the whole process, the baseline every other figure is divided by;
+- `--textfile`: `hctx metrics --textfile` as a whole process, the same one-shot job;
+- cold scrape: the first GET /metrics of a fresh exporter (it reads every record);
+- warm scrape: a GET of the unchanged catalog (each agent costs two `lstat` calls);
+- 1% changed: a GET after 1% of the records were replaced (as the sidecar replaces them).
+
+Each is shown as wall time and as CPU time (the process's own, read from /proc or rusage), since
+on a shared machine the CPU time is the steadier figure. Then `hctx watch`: the p99 from a
+record's replacement to its event on stdout, at 1 agent and at the largest watch size, and their
+ratio (the watch debounces file events for 400 ms, included in both).
+
+Targets (issue 25): warm scrape <= 0.3x and --textfile <= 1.2x `agents --json` at 10,000 agents;
+watch p99 at 1,000 agents within 1.5x of its p99 at 1 agent.
+
+Usage: scripts/bench_metrics.py [--sizes 1000,10000] [--repeat 5] [--watch-sizes 1,1000] [--events 40]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
+import queue
+import random
+import resource
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_roster import REPO, build_catalog, timed
+from bench_roster import HOSTS, REPO, build_catalog
+
+ENV = {**os.environ, "PYTHONPATH": str(REPO)}
+TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def free_port() -> int:
@@ -35,102 +54,184 @@ def free_port() -> int:
         return port
 
 
-def scrape_ms(catalog: Path, repeat: int) -> tuple[float, float, int]:
-    """Median wall times of a GET /metrics (after one warm-up), plain and gzip-encoded the way
-    Prometheus asks for it, and the plain exposition's size in bytes."""
-    port = free_port()
-    argv = [sys.executable, "-m", "wrapper.cli", "metrics", "--catalog", str(catalog), "--host", "alpha"]
-    server = subprocess.Popen(
-        [*argv, "--listen", f"127.0.0.1:{port}"],
-        env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}/metrics"
-    try:
-        deadline = time.monotonic() + 30
+def run_process(argv: list[str], repeat: int) -> tuple[float, float]:
+    """Median wall and CPU ms of `repeat` runs of a whole process, after one warm-up."""
+    walls, cpus = [], []
+    for attempt in range(repeat + 1):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        started = time.perf_counter()
+        subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, env=ENV, cwd=REPO)
+        wall = (time.perf_counter() - started) * 1000
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        if attempt:
+            walls.append(wall)
+            cpus.append((after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime) * 1000)
+    return statistics.median(walls), statistics.median(cpus)
+
+
+def process_cpu_ms(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1000 / TICKS
+
+
+def replace_record(directory: Path, percent: float) -> None:
+    """What the sidecar does: a new file renamed over the record."""
+    path = directory / "harness-context"
+    record = json.loads(path.read_text())
+    stamp = time.time_ns() // 1_000_000
+    record.update(usedPercent=percent, usedTokens=int(percent * 2584), observedAtMs=stamp, writtenAtMs=stamp)
+    staging = directory / ".bench-staging"
+    staging.write_text(json.dumps(record) + "\n")
+    os.replace(staging, path)
+
+
+def agent_dirs(catalog: Path, size: int) -> list[Path]:
+    return [catalog / "agents" / HOSTS[index % len(HOSTS)] / f"agent-{index:05d}" for index in range(size)]
+
+
+class Exporter:
+    def __init__(self, catalog: Path) -> None:
+        port = free_port()
+        argv = [sys.executable, "-m", "wrapper.cli", "metrics", "--catalog", str(catalog), "--host", "alpha"]
+        self.process = subprocess.Popen([*argv, "--listen", f"127.0.0.1:{port}"], env=ENV, cwd=REPO,
+                                        stderr=subprocess.DEVNULL)  # fmt: skip
+        self.url = f"http://127.0.0.1:{port}/metrics"
+        deadline = time.monotonic() + 60
         while True:
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
+                return
             except OSError:
-                if time.monotonic() > deadline or server.poll() is not None:
+                if time.monotonic() > deadline or self.process.poll() is not None:
                     raise SystemExit("hctx metrics did not start") from None
                 time.sleep(0.05)
-        medians, size = [], 0
-        for headers in ({}, {"Accept-Encoding": "gzip"}):
-            samples = []
-            for attempt in range(repeat + 1):
-                started = time.perf_counter()
-                with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=120) as response:
-                    size = len(response.read()) if not headers else size
-                if attempt:
-                    samples.append((time.perf_counter() - started) * 1000)
-            medians.append(statistics.median(samples))
-        return medians[0], medians[1], size
+
+    def scrape(self) -> tuple[float, float, int]:
+        """Wall ms, the exporter's CPU ms, the body's bytes: one GET as Prometheus sends it."""
+        request = urllib.request.Request(self.url, headers={
+            "Accept": "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5",
+            "Accept-Encoding": "gzip"})  # fmt: skip
+        cpu = process_cpu_ms(self.process.pid)
+        started = time.perf_counter()
+        with urllib.request.urlopen(request, timeout=300) as response:
+            size = len(response.read())
+        return (time.perf_counter() - started) * 1000, process_cpu_ms(self.process.pid) - cpu, size
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=20)
+
+
+def scrapes(catalog: Path, size: int, repeat: int) -> dict[str, tuple[float, float]]:
+    exporter = Exporter(catalog)
+    try:
+        cold = exporter.scrape()
+        time.sleep(1.1)  # past the racy second of the catalog's newest files
+        exporter.scrape()
+        warm = [exporter.scrape() for _ in range(repeat)]
+        changed = []
+        directories = agent_dirs(catalog, size)
+        for _ in range(repeat):
+            for directory in random.sample(directories, max(1, size // 100)):
+                replace_record(directory, random.choice((12.5, 44.0, 71.5)))
+            changed.append(exporter.scrape())
+            time.sleep(1.1)
+            exporter.scrape()  # the changed ones, read again once past their racy second
     finally:
-        server.terminate()
-        server.wait(timeout=10)
+        exporter.stop()
+
+    def median(runs: list[tuple[float, float, int]]) -> tuple[float, float]:
+        return statistics.median(run[0] for run in runs), statistics.median(run[1] for run in runs)
+
+    return {"cold": (cold[0], cold[1]), "warm": median(warm), "changed": median(changed)}
 
 
-def cpu_us_per_agent(catalog: Path, now_ms: int) -> tuple[float, float]:
-    """Best-of-3 process CPU per agent of roster + JSON and of roster + exposition."""
-    sys.path.insert(0, str(REPO))
-    from prometheus_client import CollectorRegistry, generate_latest
+def watch_p99(scratch: Path, size: int, events: int) -> float:
+    """p99 ms from replacing one record (50% -> 85%) to its `fill` event on the watch's stdout."""
+    catalog = scratch / f"w{size}"
+    build_catalog(catalog, size, time.time_ns() // 1_000_000)
+    directories = agent_dirs(catalog, size)
+    for directory in directories:
+        replace_record(directory, 50.0)
+    watch = subprocess.Popen(
+        [sys.executable, "-m", "wrapper.cli", "watch", "--catalog", str(catalog), "--host", "alpha", "--reread", "600"],
+        env=ENV, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    lines: queue.Queue[str] = queue.Queue()
+    assert watch.stdout is not None and watch.stderr is not None
+    threading.Thread(target=lambda: [lines.put(line) for line in watch.stdout], daemon=True).start()  # type: ignore[union-attr]
+    if "following" not in watch.stderr.readline():
+        raise SystemExit("hctx watch did not start")
+    latencies = []
+    try:
+        # Until its file watching is set up (after its first read) a write goes unseen until the
+        # re-read: probe with the last agent until an event comes, then measure from then on.
+        probe, deadline = directories[-1], time.monotonic() + 180
+        while True:
+            replace_record(probe, 85.0)
+            with contextlib.suppress(queue.Empty):
+                lines.get(timeout=2)
+                break
+            if time.monotonic() > deadline:
+                raise SystemExit("hctx watch never reported the probe")
+            replace_record(probe, 50.0)
+        replace_record(probe, 50.0)
+        time.sleep(1)
+        with contextlib.suppress(queue.Empty):
+            while True:
+                lines.get_nowait()  # a late event of the probe
+        for index in range(events):
+            directory = directories[index % max(1, len(directories) - 1)]
+            started = time.perf_counter()
+            replace_record(directory, 85.0)
+            event = json.loads(lines.get(timeout=60))
+            latencies.append((time.perf_counter() - started) * 1000)
+            assert event["event"] == "fill" and event["agent"] == directory.name, event
+            replace_record(directory, 50.0)  # re-arms it; no event
+            time.sleep(0.6)
+    finally:
+        watch.terminate()
+        watch.wait(timeout=20)
+    latencies.sort()
+    return latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
 
-    from wrapper.metrics import CatalogCollector
-    from wrapper.render import render_agents_json
-    from wrapper.roster import collect_roster
 
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(CatalogCollector(lambda: catalog, "alpha"))
-    agents = len(collect_roster(catalog, now_ms, here="alpha").rows)
-
-    def best(work: Callable[[], object]) -> float:
-        runs = []
-        for _ in range(3):
-            started = time.process_time()
-            work()
-            runs.append(time.process_time() - started)
-        return min(runs) * 1e6 / agents
-
-    as_json = best(lambda: render_agents_json(collect_roster(catalog, now_ms, here="alpha").rows))
-    return as_json, best(lambda: generate_latest(registry))
+def ratio(figure: tuple[float, float], base: tuple[float, float]) -> str:
+    return f"{figure[0] / base[0]:.2f}x ({figure[1] / base[1]:.2f}x)"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--sizes", default="1000,10000")
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--watch-sizes", default="1,1000")
+    parser.add_argument("--events", type=int, default=40)
     args = parser.parse_args()
     sizes = [int(size) for size in args.sizes.split(",")]
     now_ms = time.time_ns() // 1_000_000
-    agents_json = [sys.executable, "-m", "wrapper.cli", "agents", "--json", "--host", "alpha", "--catalog"]
-
+    print("| agents | `agents --json` ms (CPU) | `--textfile` | cold scrape | warm scrape | 1% changed |")
+    print("|-------:|-------------------------:|-------------:|------------:|------------:|-----------:|")
     with tempfile.TemporaryDirectory(prefix="hctx-bench-metrics-") as scratch:
-        empty = Path(scratch) / "empty"
-        empty.mkdir()
-        startup = timed([*agents_json, str(empty)], args.repeat)
-        print(f"hctx agents --json on an empty catalog (start-up): {startup:.1f} ms")
-        print()
-        print("| agents | exposition | `agents --json` ms | above start-up ms | scrape ms | scrape / above "
-              "| gzip scrape ms | scrape µs/agent | CPU µs/agent: json | CPU µs/agent: exposition |")  # fmt: skip
-        print("|-------:|-----------:|-------------------:|------------------:|----------:|---------------:"
-              "|--------------:|----------------:|-------------------:|-------------------------:|")  # fmt: skip
-        per_agent = []
         for size in sizes:
             catalog = Path(scratch) / f"c{size}"
             build_catalog(catalog, size, now_ms)
-            wall = timed([*agents_json, str(catalog)], args.repeat)
-            above = wall - startup
-            scrape, gzipped, exposition_bytes = scrape_ms(catalog, args.repeat)
-            cpu_json, cpu_exposition = cpu_us_per_agent(catalog, now_ms)
-            per_agent.append(scrape * 1000 / size)
-            print(f"| {size:6d} | {exposition_bytes / 1e6:7.1f} MB | {wall:18.1f} | {above:17.1f} | {scrape:9.1f} "
-                  f"| {scrape / above:13.2f}x | {gzipped:13.1f} | {scrape * 1000 / size:15.1f} | {cpu_json:18.1f} "
-                  f"| {cpu_exposition:24.1f} |")  # fmt: skip
-        if len(per_agent) > 1:
-            print()
-            print(f"scrape cost per agent, largest over smallest catalog: {per_agent[-1] / per_agent[0]:.2f}x "
-                  "(1.00x is linear)")  # fmt: skip
+            base = run_process([sys.executable, "-m", "wrapper.cli", "agents", "--json", "--host", "alpha",
+                                "--catalog", str(catalog)], args.repeat)  # fmt: skip
+            out = str(Path(scratch) / "hctx.prom")
+            textfile = run_process([sys.executable, "-m", "wrapper.cli", "metrics", "--host", "alpha", "--catalog",
+                                    str(catalog), "--textfile", out], args.repeat)  # fmt: skip
+            scraped = scrapes(catalog, size, args.repeat)
+            cells = [ratio(figure, base) for figure in (textfile, scraped["cold"], scraped["warm"], scraped["changed"])]
+            print(f"| {size:6d} | {base[0]:10.0f} ({base[1]:6.0f}) | " + " | ".join(cells) + " |", flush=True)
+        print()
+        print("Each cell: wall time over `agents --json`'s (CPU time over its CPU time).")
+        print()
+        watch_sizes = [int(size) for size in args.watch_sizes.split(",")]
+        p99 = {size: watch_p99(Path(scratch), size, args.events) for size in watch_sizes}
+        print("| watched agents | p99 write -> event ms | over the smallest |")
+        print("|---------------:|----------------------:|------------------:|")
+        for size, value in p99.items():
+            print(f"| {size:14d} | {value:21.0f} | {value / p99[watch_sizes[0]]:16.2f}x |")
     return 0
 
 

@@ -25,6 +25,7 @@ record written in that segment (before the compaction) reached T.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import random
@@ -33,6 +34,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -41,9 +43,13 @@ from guard.policy import Reading, WriteGuard
 from guard.record import ContextFields, round_half_up
 from sidecar.decoding import Dropped
 from sidecar.harnesses.claude.transcript import claude_compaction, claude_usage
+from sidecar.harnesses.codex.events import ThreadOpened
 from sidecar.harnesses.codex.producer import SPEC as CODEX
 from sidecar.harnesses.codex.producer import CodexProducer
 from sidecar.harnesses.codex.transcript import rollout_event
+from sidecar.registry import spec_for
+from sidecar.replay import replay
+from sidecar.spec import HarnessSpec
 from sidecar.transcripts import forward_lines
 from wrapper.scan import shipped_model_table
 
@@ -106,6 +112,8 @@ def codex_app_server_trace(path: Path) -> Trace:
 def codex_rollout_trace(name: str, data: bytes) -> Trace:
     trace = Trace("codex", name)
     producer = CodexProducer()
+    # The rollout a seat follows is its own thread's, as the live follower tells the producer.
+    producer.feed(ThreadOpened(thread_id="bench"), 0)
     for offset, line in forward_lines(data):
         event = rollout_event(line, offset, "bench")
         if event is None or event.at_ms is None:
@@ -559,6 +567,58 @@ def lab_traces(windows: dict[str, int]) -> dict[str, list[Trace]]:
     return {"codex (lab captures)": codex, "claude (lab captures)": claude}
 
 
+# ---- issue 28: the subagent rows' cost, on the recorded delegation sessions -----------------------
+
+DELEGATIONS = ROOT / "fixtures"
+
+
+class _WithoutRows:
+    """A producer whose readings carry no subagent rows: the same session as published before."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.harness = inner.harness
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def feed(self, event: Any, now_ms: int) -> list[Reading]:
+        return [dataclasses.replace(r, fields=r.fields.model_copy(update={"subagents": ()}))
+                for r in self.inner.feed(event, now_ms)]  # fmt: skip
+
+
+def delegation_recordings() -> list[tuple[str, HarnessSpec, list[Path]]]:
+    found: list[tuple[str, HarnessSpec, list[Path]]] = []
+    for path in sorted((DELEGATIONS / "codex").glob("codex-*-delegation.jsonl")):
+        found.append((f"codex {path.name.split('-')[1]}", spec_for("codex"), [path]))
+    for path in sorted((DELEGATIONS / "opencode" / "delegation").glob("delegation-*.events.sse")):
+        version = path.name.split("-")[1].removesuffix(".events.sse")
+        providers = path.with_name(f"delegation-{version}.providers.json")
+        found.append((f"opencode {version}", spec_for("opencode"), [providers, path]))
+    return found
+
+
+def subagent_table() -> str:
+    """Writes per agent-hour of each recorded delegation, with the subagent rows and without."""
+    header = f"{'session':<18} {'span s':>7} {'with':>5} {'without':>8} {'with/h':>8} {'without/h':>10} {'ratio':>6}"
+    lines = ["", "subagent rows (issue 28), recorded delegation sessions (target: with <= 1.5x without)", header]
+    for name, spec, paths in delegation_recordings():
+        chunks = list(spec.read_recording(paths))
+        stamps = [c.at_ms for c in chunks if c.at_ms is not None]
+        with_rows = list(replay(spec, chunks))
+        plain = dataclasses.replace(spec, make_producer=lambda spec=spec: _WithoutRows(spec.make_producer()))
+        without = list(replay(plain, chunks))
+        span_ms = max(stamps) - min(stamps) if len(stamps) > 1 else 0
+        if span_ms <= 0:  # an untimed recording (OpenCode's SSE): replay's own steps
+            span_ms = max(w.record.written_at_ms for w in with_rows) - min(w.record.written_at_ms for w in with_rows)
+        hours = max(span_ms, 1) / 3_600_000
+        lines.append(
+            f"{name:<18} {span_ms / 1000:>7.1f} {len(with_rows):>5} {len(without):>8} "
+            f"{len(with_rows) / hours:>8.0f} {len(without) / hours:>10.0f} {len(with_rows) / len(without):>6.2f}"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: Iterable[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--codex-rollout", action="append", default=[], type=Path, metavar="FILE")
@@ -595,6 +655,7 @@ def main(argv: Iterable[str] | None = None) -> int:
         groups["claude (synthetic)"] = claude
     for harness, traces in groups.items():
         print(render(harness, traces))
+    print(subagent_table())
     return 0
 
 

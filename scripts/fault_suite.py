@@ -1,24 +1,27 @@
 #!/usr/bin/env python3
 """Issue 15's fault campaign, repeated: one function per fault, one row of the table each.
 
-    FAULT                    TRIED SURVIVED LOST TORN FABRICATED  MEASURED
-    sigkill-mid-write          220      220    0    0          0  ...
+    FAULT                    TRIED SURVIVED LOST TORN FABRICATED OUTSIDE  MEASURED
+    sigkill-mid-write          220      220    0    0          0       0  ...
 
 - TRIED      injections made (kills, frames refused by a full disk, held connections, ...)
 - SURVIVED   injections after which the sidecar (or wrapper) was still serving, or was served again
 - LOST       readings owed that never landed (the newest reading after the fault, above all)
 - TORN       record reads that did not parse
 - FABRICATED records carrying a number no frame sent
+- OUTSIDE    files changed or created outside what hctx owns (a symlink's target, a victim file)
 - MEASURED   the figure the fault is about (peak RSS, latency, bytes outside the catalog, ...)
 
-A row passes when SURVIVED == TRIED, LOST == TORN == FABRICATED == 0 and its own bound holds
+A row passes when SURVIVED == TRIED, LOST == TORN == FABRICATED == OUTSIDE == 0 and its own bound holds
 (`Row.failed` says which did not). `--scale full` repeats the campaign's figures (220 kills, 150
 1 MiB frames, 20,000-frame bursts, 2,000 held connections); `--scale ci` (the default, run by
 `tests/test_fault_suite.py` under the `fault` marker) keeps each row to seconds.
 
 Adding a row: a function `(work: Path, scale: Scale) -> Row` (or a list of rows) decorated with
 `@fault("name")`. The wrapper's rows (points 3, 7, 8, 9) are the `wrapper-*`, `two-wrappers-*`,
-`sigkill-wrapper-*` and `full-disk-exit-status` rows below.
+`sigkill-wrapper-*` and `full-disk-exit-status` rows below; issue 26's (the newer surfaces: Claude's
+project files, watch, takeover, the Codex seat, hostile local files, --exec's children, the
+.stignore) are the rows after them.
 Usage: python scripts/fault_suite.py [--scale ci|full] [--only NAME ...]
 """
 
@@ -31,6 +34,7 @@ import json
 import os
 import random
 import resource
+import select
 import shutil
 import signal
 import socket
@@ -38,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -70,10 +75,12 @@ class Row:
     fabricated: int = 0
     measured: str = ""
     failed: str | None = None  # a row-specific bound that did not hold
+    outside: int = 0
 
     @property
     def ok(self) -> bool:
-        return self.failed is None and self.survived == self.tried and not (self.lost or self.torn or self.fabricated)
+        clean = not (self.lost or self.torn or self.fabricated or self.outside)
+        return self.failed is None and self.survived == self.tried and clean
 
 
 Fault = Callable[[Path, Scale], "Row | list[Row]"]
@@ -604,17 +611,125 @@ def symlinked_log_paths(work: Path, scale: Scale) -> Row:
     return Row(
         "symlinked-log-paths", len(cases), sum(landed is not None for landed in cases),
         sum(landed is None for landed in cases),
-        measured=f"{leaked} bytes/files written outside the catalog",
-        failed=f"{leaked} written outside" if leaked else None,
+        measured=f"{leaked} bytes/files written outside the catalog", outside=leaked,
     )  # fmt: skip
+
+
+# --- the exporter's bounds (issue 26 point 5) ---------------------------------------------------
+
+METRICS_THREADS_BOUND = 3  # the trio thread, one worker reading the catalog, and one spare of trio's cache
+METRICS_RSS_BOUND_MB = {"ci": 150, "full": 400}
+
+
+def _proc_status(pid: int, key: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+@fault("metrics-bounds")
+def metrics_bounds(work: Path, scale: Scale) -> Row:
+    """Held connections (silent, and with a request head that never ends) while concurrent scrapes
+    of a large catalog run: every scrape is answered whole, the threads and the memory stay within
+    their bounds, and every held connection is closed by the exporter within its timeouts."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from scripts.bench_roster import build_catalog
+
+    agents, held_count, concurrent = pick(scale, ci=2000, full=10000), pick(scale, ci=400, full=2000), pick(
+        scale, ci=20, full=50)  # fmt: skip
+    held_count = min(held_count, _raise_fd_limit(held_count + 300) - 300)
+    catalog = work / "catalog"
+    build_catalog(catalog, agents, int(time.time() * 1000))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    header_s, idle_s = 2.0, 3.0
+    argv = [sys.executable, "-m", "wrapper.cli", "metrics", "--catalog", str(catalog), "--host", "alpha",
+            "--listen", f"127.0.0.1:{port}", "--header-timeout", str(header_s), "--idle-timeout", str(idle_s),
+            "--max-connections", "64"]  # fmt: skip
+    exporter = subprocess.Popen(argv, env=child_env(), stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    held: list[socket.socket] = []
+    try:
+        wait_for(lambda: _connectable(port), timeout=60, what="the exporter listening")
+        for index in range(held_count):
+            sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+            if index % 2:
+                sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: ")  # a head that never ends
+            held.append(sock)
+        threads_peak = _proc_status(exporter.pid, "Threads")
+
+        def scrape(_: int) -> tuple[bool, float]:
+            started = time.monotonic()
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=120) as response:
+                body = response.read().decode()
+            whole = body.count("hctx_context_used_tokens{") == agents and "hctx_catalog_readable 1.0" in body
+            return whole, time.monotonic() - started
+
+        with ThreadPoolExecutor(concurrent) as pool:
+            futures = [pool.submit(scrape, index) for index in range(concurrent)]
+            while not all(future.done() for future in futures):
+                threads_peak = max(threads_peak, _proc_status(exporter.pid, "Threads"))
+                time.sleep(0.05)
+            answers = [future.result() for future in futures]
+        rss_peak_mb = _proc_status(exporter.pid, "VmHWM") / 1024
+        threads_peak = max(threads_peak, _proc_status(exporter.pid, "Threads"))
+        deadline = time.monotonic() + header_s + 5
+        open_after = held_count
+        while time.monotonic() < deadline and open_after:
+            open_after = sum(not _closed(sock) for sock in held)
+            time.sleep(0.2)
+        alive = exporter.poll() is None
+    finally:
+        for sock in held:
+            sock.close()
+        exporter.terminate()
+        exporter.wait(timeout=20)
+    whole = sum(ok for ok, _ in answers)
+    slowest = max(took for _, took in answers)
+    failed = None
+    if threads_peak > METRICS_THREADS_BOUND:
+        failed = f"{threads_peak} threads"
+    elif rss_peak_mb > METRICS_RSS_BOUND_MB[scale]:
+        failed = f"peak RSS {rss_peak_mb:.0f} MB"
+    elif open_after:
+        failed = f"{open_after} held connections still open after {header_s + 5:g} s"
+    return Row(
+        "metrics-bounds", held_count + concurrent, (held_count - open_after) + whole if alive else 0,
+        lost=concurrent - whole,
+        measured=f"{agents} agents, {concurrent} concurrent scrapes: slowest {slowest:.1f} s, peak RSS "
+        f"{rss_peak_mb:.0f} MB (bound {METRICS_RSS_BOUND_MB[scale]}), threads {threads_peak} (bound "
+        f"{METRICS_THREADS_BOUND}); {held_count} held connections, {open_after} open {header_s + 5:g} s later",
+        failed=failed,
+    )  # fmt: skip
+
+
+def _connectable(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+def _closed(sock: socket.socket) -> bool:
+    """True once the peer closed: a read returns b"" (or the connection was reset)."""
+    sock.setblocking(False)
+    try:
+        return sock.recv(1 << 16) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
 
 
 # --- the wrapper's faults -----------------------------------------------------------------------
 # Real `hctx wrap` processes (a stand-in pi harness) under each fault of points 3, 7, 8 and 9.
 
 
-def wrap_argv(catalog: Path, agent: str, *command: str) -> list[str]:
-    return [sys.executable, "-m", "wrapper.cli", "wrap", "--agent", agent, "--harness", "pi",
+def wrap_argv(catalog: Path, agent: str, *command: str, harness: str = "pi") -> list[str]:
+    return [sys.executable, "-m", "wrapper.cli", "wrap", "--agent", agent, "--harness", harness,
             "--catalog", str(catalog), "--host", HOST, "--", *command]  # fmt: skip
 
 
@@ -872,16 +987,570 @@ def full_disk_exit_status(work: Path, scale: Scale) -> Row:
                measured=f"wrapper exit statuses {sorted(set(codes))} for a harness that exited 3")  # fmt: skip
 
 
+# --- issue 26: the newer surfaces -----------------------------------------------------------------
+
+
+def hctx_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "wrapper.cli", *args]
+
+
+def files_below(root: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file below `root` (symlinks not followed) with its bytes and mode: what must not change."""
+    found = {}
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and not path.is_symlink():
+            found[str(path.relative_to(root))] = (path.read_bytes(), path.stat().st_mode)
+    return found
+
+
+def changed(before: dict[str, tuple[bytes, int]], after: dict[str, tuple[bytes, int]]) -> int:
+    """Files changed, created or removed between two `files_below`."""
+    return sum(before.get(name) != after.get(name) for name in before.keys() | after.keys())
+
+
+def claude_case(work: Path, case: str) -> tuple[Path, str]:
+    """A project directory for `case`, carrying the links a cloned repository could; and the text the
+    refusal must name (empty: the launch must run)."""
+    project = work / "repo" / "sub"
+    claude = project / ".claude"
+    if case == ".claude linked":
+        project.mkdir(parents=True)
+        (work / "outside" / "dir").mkdir()
+        claude.symlink_to(work / "outside" / "dir")
+        return project, ".claude is a symlink"
+    claude.mkdir(parents=True)
+    if case == "seats linked (absolute)":
+        (claude / "hctx-seats.json").symlink_to(work / "outside" / "victim.json")
+        return project, "hctx-seats.json is a symlink"
+    if case == "seats linked (../../victim)":
+        (claude / "hctx-seats.json").symlink_to(Path("../../../outside/victim.json"))
+        return project, "hctx-seats.json is a symlink"
+    if case == "settings linked out":
+        (claude / "settings.local.json").symlink_to(Path("../../../outside/victim.json"))
+        return project, "outside"
+    if case == "settings linked out (dangling)":
+        (claude / "settings.local.json").symlink_to(Path("../../../outside/new.json"))
+        return project, "outside"
+    (project / "conf").mkdir()  # settings linked inside the project: written through, put back
+    (project / "conf" / "local.json").write_bytes(b'{"model": "x"}\n')
+    (claude / "settings.local.json").symlink_to(Path("../conf/local.json"))
+    return project, ""
+
+
+@fault("claude-symlinked-project-files")
+def claude_symlinked_project_files(work: Path, scale: Scale) -> Row:
+    """Issue 26.1: `hctx wrap --harness claude` in a directory whose `.claude/`, seats file or
+    settings file is a symlink out of it (absolute, or relative as a cloned repository carries it):
+    refused, saying why, and not one byte or mode outside changes; a link inside the project is
+    written through and put back byte for byte."""
+    cases = [
+        "seats linked (absolute)",
+        "seats linked (../../victim)",
+        ".claude linked",
+        "settings linked out",
+        "settings linked out (dangling)",
+        "settings linked inside",
+    ]
+    rounds = pick(scale, ci=1, full=5)
+    survived = outside_changes = 0
+    for round_ in range(rounds):
+        for index, case in enumerate(cases):
+            root = work / f"{round_}-{index}"
+            (root / "outside").mkdir(parents=True)
+            (root / "outside" / "victim.json").write_bytes(b'{"victim": true}\n')
+            (root / "outside" / "victim.json").chmod(0o644)
+            project, refusal = claude_case(root, case)
+            before, inside = files_below(root / "outside"), files_below(project)
+            argv = wrap_argv(root / "catalog", "c", sys.executable, "-c", "print('RAN')", harness="claude")
+            done = subprocess.run(argv, cwd=project, env=child_env(), capture_output=True, text=True, timeout=60)
+            outside_changes += changed(before, files_below(root / "outside"))
+            clean = "Traceback" not in done.stderr
+            if refusal:
+                survived += clean and done.returncode != 0 and refusal in done.stderr and "RAN" not in done.stdout
+            else:
+                survived += clean and done.returncode == 0 and files_below(project) == inside
+    tried = rounds * len(cases)
+    return Row(
+        "claude-symlinked-project-files",
+        tried,
+        survived,
+        outside=outside_changes,
+        measured=f"{tried - rounds} refused with the reason, {rounds} written through inside the project "
+        f"and put back; {outside_changes} files changed outside",
+    )
+
+
+def put_watch_record(catalog: Path, host: str, agent: str, percent: float, incarnation: str = "i") -> None:
+    stamp = time.time_ns() // 1_000_000
+    record = {
+        "schema": "st2.harness-context.v1",
+        "agent": agent,
+        "harness": "pi",
+        "usedTokens": int(percent * 1000),
+        "windowTokens": 100_000,
+        "usedPercent": percent,
+        "model": "m",
+        "costUsd": None,
+        "sessionTotalTokens": None,
+        "rateLimits": None,
+        "compactions": 0,
+        "lastCompactionMs": None,
+        "lastCompactionTrigger": None,
+        "incarnation": incarnation,
+        "observedAtMs": stamp,
+        "writtenAtMs": stamp,
+    }
+    path = catalog / "agents" / host / agent
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "harness-context").write_text(json.dumps(record) + "\n")
+
+
+def watch_process(catalog: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        hctx_argv("watch", "--catalog", str(catalog), "--host", HOST, *args),
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def stop_watch(process: subprocess.Popen[str]) -> tuple[int, str, str]:
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=30)
+    return process.returncode, out, err
+
+
+def jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@fault("watch-hostile-record")
+def watch_hostile_record(work: Path, scale: Scale) -> Row:
+    """Issue 26.2: agents at 96% beside a peer host's agent whose incarnation is "x\u0000y" (and one
+    with a lone surrogate): `hctx watch --exec` must deliver every good agent's events, outlive its
+    re-reads, save no hostile agent as told, and a restart must tell nothing twice."""
+    agents = pick(scale, ci=5, full=50)
+    catalog, got = work / "catalog", work / "got.jsonl"
+    for n in range(agents):
+        put_watch_record(catalog, HOST, f"a{n}", 96.0)
+    put_watch_record(catalog, "peer", "nul", 96.0, incarnation="x\u0000y")
+    put_watch_record(catalog, "peer", "surrogate", 96.0, incarnation="x\ud800y")
+    owed = 2 * agents
+    process = watch_process(catalog, "--exec", f'cat >> {got}; : "$HCTX_INCARNATION"', "--reread", "0.5")
+    with contextlib.suppress(TimeoutError):
+        wait_for(lambda: len(jsonl(got)) >= owed, timeout=30)
+    time.sleep(2.0)  # four re-reads of the hostile records
+    alive = process.poll() is None
+    status, _, err = stop_watch(process)
+    delivered = len(jsonl(got))
+    told = json.loads((catalog / ".st2" / "watch" / "default.json").read_text())["agents"]
+    again = watch_process(catalog, "--exec", f"cat >> {got}", "--reread", "600")
+    time.sleep(2.0)
+    stop_watch(again)
+    repeated = len(jsonl(got)) - delivered
+    hostile_told = sum(name.startswith("peer/") for name in told)
+    return Row(
+        "watch-hostile-record",
+        owed,
+        min(delivered, owed) if alive and status == 0 else 0,
+        owed - min(delivered, owed),
+        fabricated=hostile_told + repeated,
+        measured=f"{delivered} of {owed} events delivered beside 2 hostile records; alive after 4 re-reads; "
+        f"{repeated} repeated by a restart; tracebacks: {err.count('Traceback')}",
+        failed="traceback" if "Traceback" in err else None,
+    )
+
+
+@fault("watch-stopped-mid-delivery")
+def watch_stopped_mid_delivery(work: Path, scale: Scale) -> Row:
+    """Issue 26.2: the watch stops while an agent's 80 runs and its 95 waits behind it: the 80 is not
+    told again (its delivery was attempted), the 95 is told by the next watch (it never was)."""
+    trials = pick(scale, ci=2, full=10)
+    survived = lost = twice = 0
+    for trial in range(trials):
+        catalog, got, hung = work / f"c{trial}", work / f"got{trial}.jsonl", work / f"hung{trial}"
+        put_watch_record(catalog, HOST, "a", 96.0)
+        script = (
+            f'line=$(cat); printf "%s\\n" "$line" >> {got}; '
+            f'[ "$HCTX_THRESHOLD" = 80 ] && touch {hung} && sleep 60; true'
+        )
+        first = watch_process(catalog, "--exec", script, "--exec-timeout", "60", "--reread", "600")
+        wait_for(hung.exists, timeout=30)
+        stop_watch(first)
+        second = watch_process(catalog, "--exec", f"cat >> {got}", "--reread", "600")
+        with contextlib.suppress(TimeoutError):
+            wait_for(lambda g=got: len(jsonl(g)) >= 2, timeout=15)  # type: ignore[misc]
+        time.sleep(0.5)
+        stop_watch(second)
+        thresholds = [event["threshold"] for event in jsonl(got)]
+        survived += thresholds == [80, 95]
+        lost += 95 not in thresholds
+        twice += max(0, thresholds.count(80) - 1)
+    return Row(
+        "watch-stopped-mid-delivery",
+        trials,
+        survived,
+        lost,
+        fabricated=twice,
+        measured=f"queued events lost: {lost}; attempted events told twice: {twice}",
+    )
+
+
+@fault("takeover-planted-claim")
+def takeover_planted_claim(work: Path, scale: Scale) -> Row:
+    """Issue 26.3: a planted harness-state names an unrelated `sleep` as its wrapper (no identity; the
+    identity anyone can compute; a live wrapper holding the agent while the claim names the sleep):
+    `--takeover` never signals the sleep; it takes a free agent and refuses a held one with evidence."""
+    from guard.state import process_identity
+
+    trials = pick(scale, ci=1, full=3)
+    cases = ("no identity", "computed identity", "held by a live wrapper")
+    survived = signalled = 0
+    for trial in range(trials):
+        for index, case in enumerate(cases):
+            catalog = work / f"t{trial}-{index}"
+            sleeper = subprocess.Popen(["sleep", "60"])
+            holder = None
+            try:
+                if case == "held by a live wrapper":
+                    holder = subprocess.Popen(
+                        wrap_argv(catalog, "a", sys.executable, "-c", "import time; time.sleep(60)"),
+                        env=child_env(),
+                        stdin=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                    )
+                    wait_for(lambda c=catalog: starts(c, "a"), timeout=30)  # type: ignore[misc]
+                    state = claim_of(catalog, "a") | {"wrapperPid": sleeper.pid}
+                else:
+                    identity = process_identity(sleeper.pid) if case == "computed identity" else None
+                    state = {
+                        "schema": "st2.harness-state.v1",
+                        "agent": "a",
+                        "host": HOST,
+                        "harness": "pi",
+                        "incarnation": "planted",
+                        "claimedAtMs": 1,
+                        "wrapperPid": sleeper.pid,
+                        "desiredState": "running",
+                        "history": [],
+                        "wrapperIdentity": identity,
+                    }
+                    AgentDir(catalog, HOST, "a").path.mkdir(parents=True, exist_ok=True)
+                (AgentDir(catalog, HOST, "a").path / "harness-state").write_text(json.dumps(state))
+                argv = [*wrap_argv(catalog, "a", sys.executable, "-c", "print('RAN')")]
+                argv.insert(argv.index("--"), "--takeover")
+                done = subprocess.run(argv, env=child_env(), capture_output=True, text=True, timeout=60)
+                time.sleep(0.2)
+                hit = sleeper.poll() is not None
+                signalled += hit
+                if holder is None:
+                    survived += not hit and done.returncode == 0 and "RAN" in done.stdout
+                else:
+                    survived += (
+                        not hit
+                        and done.returncode == 2
+                        and f"held by pid {holder.pid}" in done.stderr
+                        and holder.poll() is None
+                    )
+            finally:
+                for process in (sleeper, holder):
+                    if process is not None:
+                        process.kill()
+                        process.wait()
+    tried = trials * len(cases)
+    return Row(
+        "takeover-planted-claim",
+        tried,
+        survived,
+        fabricated=signalled,
+        measured=f"the unrelated process signalled in {signalled} of {tried}; the held agent refused with "
+        "the lock holder named",
+    )
+
+
+def rollout_line(thread: str, tokens: int) -> bytes:
+    usage = {
+        "input_tokens": tokens,
+        "cached_input_tokens": 0,
+        "output_tokens": 0,
+        "reasoning_output_tokens": 0,
+        "total_tokens": tokens,
+    }
+    info = {"total_token_usage": usage, "last_token_usage": usage, "model_context_window": 200_000}
+    event = {
+        "timestamp": "2026-11-29T22:34:22.129Z",
+        "type": "event_msg",
+        "payload": {"type": "token_count", "info": info, "rate_limits": None},
+    }
+    return json.dumps(event).encode() + b"\n"
+
+
+def rollout_file(home: Path, thread: str, started: str, tokens: int) -> Path:
+    path = home / "sessions" / "2026" / "11" / "29" / f"rollout-2026-11-29T22-34-15-{thread}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "timestamp": started,
+        "type": "session_meta",
+        "payload": {"id": thread, "timestamp": started, "cwd": "/work", "cli_version": "0.171.0", "source": "cli"},
+    }
+    path.write_bytes(json.dumps(meta).encode() + b"\n" + rollout_line(thread, tokens))
+    return path
+
+
+async def follow_seat(settings: Any, ours: Path, go: Path) -> list[Any]:
+    """The usages the seat submits: its first reading, then `go` (the tool opens the other file) and
+    a second later its codex's 22222, until that lands (10 s at most)."""
+    from sidecar.harnesses.codex import rollout
+    from sidecar.harnesses.codex.events import TokenUsage
+    from sidecar.harnesses.codex.producer import SPEC
+    from sidecar.streams import Streams
+
+    usages: list[TokenUsage] = []
+    async with trio.open_nursery() as nursery:
+        submit = lambda e: usages.append(e) if isinstance(e, TokenUsage) else None  # noqa: E731
+        nursery.start_soon(rollout.follow_rollout, settings, Streams(SPEC, submit))
+        with trio.move_on_after(10):
+            while not usages:  # noqa: ASYNC110
+                await trio.sleep(0.05)
+        go.touch()
+        await trio.sleep(1.0)  # ten rescans while the tool holds the other session's file
+        with ours.open("ab") as handle:
+            handle.write(rollout_line("ours", 22222))
+        with trio.move_on_after(10):
+            while not usages or usages[-1].tokens_in_window != 22222:  # noqa: ASYNC110
+                await trio.sleep(0.05)
+        nursery.cancel_scope.cancel()
+    return usages
+
+
+@fault("codex-foreign-rollout")
+def codex_foreign_rollout(work: Path, scale: Scale) -> Row:
+    """Issue 26.4: the seat's codex writes its rollout (11111); a tool it runs opens another session's
+    newer rollout (99999), to read it or to append: the seat never moves, and its codex's later
+    22222 is published."""
+    from sidecar.harnesses.codex import rollout
+    from sidecar.harnesses.codex.producer import Rollout
+
+    modes = ("exec 3<", "exec 3>>") * pick(scale, ci=1, full=5)
+    survived = lost = moved = 0
+    saved = rollout.RESCAN_EVERY_S
+    rollout.RESCAN_EVERY_S = 0.1  # type: ignore[misc]  # ten rescans a second, for this row only
+    try:
+        for index, mode in enumerate(modes):
+            home = work / f"home{index}"
+            ours = rollout_file(home, "ours", "2026-11-29T22:34:15.000Z", 11111)
+            other = rollout_file(home, "other", "2026-11-29T22:34:16.000Z", 99999)
+            go = work / f"go{index}"
+            tool = f"while [ ! -e {go} ]; do sleep 0.02; done; {mode}{other}; sleep 60"
+            codex = subprocess.Popen(["sh", "-c", f'exec 4>>{ours}; sh -c "{tool}" & wait'], start_new_session=True)
+            settings = Rollout(codex_home=str(home), cwd="/work", started_at_ms=1_795_991_000_000, root_pid=codex.pid)
+            try:
+                usages = trio.run(follow_seat, settings, ours, go)
+            finally:
+                os.killpg(codex.pid, signal.SIGKILL)
+                codex.wait()
+            threads = {usage.thread_id for usage in usages}
+            moved += threads != {"ours"}
+            landed = bool(usages) and usages[-1].tokens_in_window == 22222
+            lost += not landed
+            survived += landed and threads == {"ours"}
+    finally:
+        rollout.RESCAN_EVERY_S = saved  # type: ignore[misc]
+    return Row(
+        "codex-foreign-rollout",
+        len(modes),
+        survived,
+        lost,
+        fabricated=moved,
+        measured=f"seat moved to the other session in {moved} of {len(modes)} (a tool reading, a tool "
+        f"appending); its own later reading lost in {lost}",
+    )
+
+
+WATCH_UNTIL_FIRST_EVENT = "watch-until-first-event"
+BOUNDED_RUN_S = 60
+
+
+def bounded_run(argv: list[str], **kwargs: Any) -> tuple[int | None, str, float]:
+    """Exit status (None: still running after BOUNDED_RUN_S, then killed), stderr, seconds taken.
+    `[WATCH_UNTIL_FIRST_EVENT, CATALOG]`: `hctx watch` on CATALOG, stopped once it printed an event."""
+    started = time.monotonic()
+    if argv[0] == WATCH_UNTIL_FIRST_EVENT:
+        process = watch_process(Path(argv[1]), "--reread", "600")
+        assert process.stdout is not None
+        ready, _, _ = select.select([process.stdout], [], [], BOUNDED_RUN_S)
+        status, _, err = stop_watch(process)
+        return (status if ready else None), err, time.monotonic() - started
+    try:
+        done = subprocess.run(argv, env=child_env(), capture_output=True, text=True, timeout=BOUNDED_RUN_S, **kwargs)
+    except subprocess.TimeoutExpired as exc:
+        return None, str(exc.stderr or ""), time.monotonic() - started
+    return done.returncode, done.stderr, time.monotonic() - started
+
+
+@fault("hostile-local-files")
+def hostile_local_files(work: Path, scale: Scale) -> Row:
+    """Issue 26.6 and 24: seats with `"pid": 1e400`, 100,000-deep nesting or a FIFO in their place; the
+    watch state or lock file a symlink or a FIFO; `hctx replay` of a FIFO or /dev/zero. Each ends in a
+    clear message and the tool going on (or refusing), never a traceback or a hang."""
+    outside = work / "outside"
+    outside.write_text("not hctx's\n")
+    cases: list[tuple[str, Callable[[Path], list[str]], int]] = []
+
+    def seats(content: bytes | None) -> Callable[[Path], list[str]]:
+        def make(root: Path) -> list[str]:
+            (root / ".claude").mkdir(parents=True)
+            if content is None:
+                os.mkfifo(root / ".claude" / "hctx-seats.json")
+            else:
+                (root / ".claude" / "hctx-seats.json").write_bytes(content)
+            return wrap_argv(root / "catalog", "c", sys.executable, "-c", "print('RAN')", harness="claude")
+
+        return make
+
+    def watch_file(name: str, kind: str) -> Callable[[Path], list[str]]:
+        def make(root: Path) -> list[str]:
+            directory = root / "catalog" / ".st2" / "watch"
+            directory.mkdir(parents=True)
+            put_watch_record(root / "catalog", HOST, "a", 85.0)
+            if kind == "symlink":
+                (directory / name).symlink_to(outside)
+            else:
+                os.mkfifo(directory / name)
+            return [WATCH_UNTIL_FIRST_EVENT, str(root / "catalog")]
+
+        return make
+
+    def replay(path: str) -> Callable[[Path], list[str]]:
+        def make(root: Path) -> list[str]:
+            root.mkdir(parents=True)
+            if path == "fifo":
+                os.mkfifo(root / "fifo")
+            return hctx_argv("replay", "--harness", "codex", str(root / "fifo") if path == "fifo" else path)
+
+        return make
+
+    cases += [
+        (
+            "seats 1e400",
+            seats(b'{"original": null, "createdClaudeDir": false, "seats": [{"pid": 1e400, "startTime": 1}]}'),
+            0,
+        ),
+        ("seats nested 100,000 deep", seats(b"[" * 100_000 + b"]" * 100_000), 0),
+        ("seats a FIFO", seats(None), 0),
+        ("watch state a symlink", watch_file("default.json", "symlink"), 0),
+        ("watch state a FIFO", watch_file("default.json", "fifo"), 0),
+        ("watch lock a symlink", watch_file("default.lock", "symlink"), 0),
+        ("watch lock a FIFO", watch_file("default.lock", "fifo"), 0),
+        ("replay a FIFO", replay("fifo"), 2),
+        ("replay /dev/zero", replay("/dev/zero"), 2),
+    ]
+    survived = 0
+    slowest = 0.0
+    failures = []
+    for index, (name, make, expected) in enumerate(cases):
+        root = work / f"case{index}"
+        argv = make(root)
+        status, err, took = bounded_run(argv, cwd=root)
+        slowest = max(slowest, took)
+        ok = status == expected and "Traceback" not in err and ("set aside" in err or "not a regular file" in err)
+        survived += ok
+        if not ok:
+            failures.append(f"{name}: exit {status}")
+    changed_outside = int(outside.read_text() != "not hctx's\n")
+    return Row(
+        "hostile-local-files",
+        len(cases),
+        survived,
+        outside=changed_outside,
+        measured=f"each refused or set aside with a message, slowest {slowest:.1f}s; "
+        + ("; ".join(failures) or "no traceback, no hang"),
+    )
+
+
+LEAVER = (
+    "sleep 300 & echo $! >> {pids}; setsid sleep 300 & echo $! >> {pids}; "
+    "(setsid sh -c 'sleep 300 & echo $! >> {pids}; wait' &); "
+    "nohup sleep 300 >/dev/null 2>&1 & echo $! >> {pids}; {tail}"
+)
+
+
+@fault("exec-leftovers")
+def exec_leftovers(work: Path, scale: Scale) -> Row:
+    """Issue 26.7: an --exec command backgrounds, `setsid`s, double-forks and nohups four children,
+    then returns, or is still running when the watch stops: all four go, and a reader of the watch's
+    stdout sees end of file."""
+    rounds = pick(scale, ci=1, full=5)
+    tried = left = 0
+    slowest_eof = 0.0
+    for round_ in range(rounds):
+        for tail in ("sleep 0.3", "exec sleep 300"):
+            catalog, pids = work / f"c{round_}-{len(tail)}", work / f"pids{round_}-{len(tail)}"
+            put_watch_record(catalog, HOST, "a", 85.0)
+            process = watch_process(catalog, "--exec", LEAVER.format(pids=pids, tail=tail), "--reread", "600")
+            wait_for(lambda p=pids: p.exists() and len(p.read_text().split()) == 4, timeout=30)  # type: ignore[misc]
+            children = [int(pid) for pid in pids.read_text().split()]
+            if tail == "sleep 0.3":  # the command returned: its children go then, the watch runs on
+                with contextlib.suppress(TimeoutError):
+                    wait_for(lambda c=children: all(map(gone, c)), timeout=10)  # type: ignore[misc]
+            started = time.monotonic()
+            stop_watch(process)  # communicate() returns only once every holder of stdout has closed it
+            slowest_eof = max(slowest_eof, time.monotonic() - started)
+            with contextlib.suppress(TimeoutError):
+                wait_for(lambda c=children: all(map(gone, c)), timeout=5)  # type: ignore[misc]
+            running = [pid for pid in children if not gone(pid)]
+            for pid in running:
+                os.kill(pid, signal.SIGKILL)
+            tried += len(children)
+            left += len(running)
+    return Row(
+        "exec-leftovers",
+        tried,
+        tried - left,
+        left,
+        measured=f"{left} of {tried} children left running; stdout EOF {slowest_eof:.1f}s after SIGTERM at worst",
+    )
+
+
+@fault("stignore-control-chars")
+def stignore_control_chars(work: Path, scale: Scale) -> Row:
+    """Issue 26.8: a catalog path with a newline (or another control or line-separator character)
+    must not put a live pattern (`!*`) into the printed .stignore."""
+    paths = ["fleet\n!*\n", "fleet\r\n!*", "a\x1b[2Jb", "x\u2028!*", "x\u0085!*", "tab\t!*"]
+    survived = injected = 0
+    for path in paths:
+        for extra in ((), ("--json",)):
+            done = subprocess.run(
+                hctx_argv("replication", "syncthing", *extra, "--catalog", str(work / path)),
+                env=child_env(),
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            text = json.loads(done.stdout)["stignore"] if extra and done.returncode == 0 else done.stdout
+            injected += any(line.strip() == "!*" for line in text.splitlines())
+            survived += done.returncode == 2 and not done.stdout and "control characters" in done.stderr
+    tried = 2 * len(paths)
+    return Row(
+        "stignore-control-chars",
+        tried,
+        survived,
+        fabricated=injected,
+        measured=f"{injected} live patterns injected; {survived} of {tried} refused (exit 2)",
+    )
+
+
 # --- the table ----------------------------------------------------------------------------------
 
-COLUMNS = ("FAULT", "TRIED", "SURVIVED", "LOST", "TORN", "FABRICATED", "MEASURED")
+COLUMNS = ("FAULT", "TRIED", "SURVIVED", "LOST", "TORN", "FABRICATED", "OUTSIDE", "MEASURED")
 
 
 def render(rows: list[Row]) -> str:
     width = max(len(COLUMNS[0]), *(len(row.fault) for row in rows))
-    lines = [f"{COLUMNS[0]:<{width}} {' '.join(f'{c:>10}' for c in COLUMNS[1:6])}  {COLUMNS[6]}"]
+    lines = [f"{COLUMNS[0]:<{width}} {' '.join(f'{c:>10}' for c in COLUMNS[1:7])}  {COLUMNS[7]}"]
     for row in rows:
-        numbers = (row.tried, row.survived, row.lost, row.torn, row.fabricated)
+        numbers = (row.tried, row.survived, row.lost, row.torn, row.fabricated, row.outside)
         verdict = "" if row.ok else f"  FAILED: {row.failed or 'counts'}"
         lines.append(f"{row.fault:<{width}} {' '.join(f'{n:>10}' for n in numbers)}  {row.measured}{verdict}")
     return "\n".join(lines)

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Debian packages the tests drive: tmux (terminal tests: Ctrl-C, hctx top, Claude's TUI), jq (the
 # README's examples), prometheus (the live `hctx metrics` test; promtool comes with it), syncthing and
-# iproute2's ip (the two-daemon replication test, in a private network namespace), and Debian's own
-# python3 with venv and pip (the README's first command on an externally managed Python). Installed
-# only when missing, in one apt-get call.
+# iproute2's ip (the two-daemon replication test, in a private network namespace), chromium (the
+# `hctx web` browser tests, driven by Playwright with executable_path), and Debian's own python3
+# with venv and pip (the README's first command on an externally managed Python). Installed only
+# when missing, in one apt-get call.
 #
 # The body is one function, read whole before it runs: bash reads a script as it executes it, so an
 # edit to this file during a slow apt-get could otherwise run a line out of place.
@@ -11,9 +12,9 @@ set -euo pipefail
 
 main() {
   local -A package=([tmux]=tmux [jq]=jq [prometheus]=prometheus [promtool]=prometheus [syncthing]=syncthing
-    [ip]=iproute2)
+    [ip]=iproute2 [chromium]=chromium)
   local missing=() tool
-  for tool in tmux jq prometheus promtool syncthing ip; do
+  for tool in tmux jq prometheus promtool syncthing ip chromium; do
     command -v "$tool" >/dev/null 2>&1 || missing+=("${package[$tool]}")
   done
   # Debian's own python3 with venv and pip: the interpreter that refuses `pip install .` (PEP 668),

@@ -35,6 +35,8 @@ def parse_args(argv: Sequence[str] | None) -> SidecarConfig:
     parser.add_argument("--lifeline-fd", type=int, help="exit when this inherited pipe reaches EOF")
     parser.add_argument("--ready-fd", type=int, help="write 'ready' here once the channel listens")
     parser.add_argument("--transport", default="", help="the transport's config, JSON of its harness's model")
+    parser.add_argument("--account", default="", help="the account the harness states, JSON {key, label}")
+    parser.add_argument("--record", type=Path, help="append every byte decoded to this file (hctx wrap --record)")
     args = parser.parse_args(argv)
     return SidecarConfig(
         catalog=args.catalog,
@@ -46,6 +48,8 @@ def parse_args(argv: Sequence[str] | None) -> SidecarConfig:
         lifeline_fd=args.lifeline_fd,
         ready_fd=args.ready_fd,
         transport=args.transport,
+        account=args.account,
+        record=args.record,
     )
 
 

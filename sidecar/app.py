@@ -8,23 +8,30 @@ import os
 import signal
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 from pydantic import BaseModel, ValidationError
 
+from guard.account import Account
+from guard.errors import ConfigError
+from guard.json_rule import loads
 from guard.policy import Write, WriteGuard, WriteReason
 from guard.record import Harness, HarnessContext, describe_validation_error
 from guard.store import AgentDir, sweep_staging, write_context
-from sidecar import channel, lifeline, logs
+from sidecar import channel, lifeline
 from sidecar.decoding import channel_decoder
 from sidecar.pipeline import Pipeline
 from sidecar.registry import HarnessSpec, spec_for
 from sidecar.spec import Transport
 from sidecar.streams import Streams, transport_for
+
+if TYPE_CHECKING:
+    from sidecar.recorder import Recorder
 
 __all__ = [
     "OUTBOX_WRITES",
@@ -38,9 +45,11 @@ __all__ = [
     "Store",
     "SystemClock",
     "Writer",
+    "open_recorder",
     "open_writer",
     "run_sidecar",
     "run_transport",
+    "stated_account",
     "transport_settings",
     "transport_streams",
 ]
@@ -72,6 +81,8 @@ class SidecarConfig:
     lifeline_fd: int | None = None
     ready_fd: int | None = None
     transport: str = ""  # the launch plan's transport config, as JSON (HarnessSpec.transport_config)
+    account: str = ""  # the account the harness states, as JSON (guard.account.Account); "" none
+    record: Path | None = None  # `hctx wrap --record`: the file the wrapper created, appended to
 
 
 class Clock(Protocol):
@@ -185,6 +196,9 @@ class Writer:
         # schedule, not once per frame; the first failure is logged, the recovery says how many.
         self.failures = 0
         self.retry_at = math.inf
+        self.on_landed: Callable[[Write], None] | None = None  # each write as it landed (replay prints them)
+        # `--record`: when each write landed or failed, so a replay's writes overlap its frames as live
+        self.recorder: Recorder | None = None
 
     def submit(self, event: object) -> None:
         """Fold one decoded event in at once (a producer is a small state machine): none is ever
@@ -194,7 +208,7 @@ class Writer:
         try:
             writes = self.pipeline.feed(event, self.clock.wall_ms())
         except Exception:
-            logs.drops["pipeline"] += 1
+            self.pipeline.count_drop("pipeline")
             log.exception("frame dropped: the write guard failed on it", extra={"event": "frame-dropped"})
             return
         for write in writes:
@@ -214,6 +228,7 @@ class Writer:
         try:
             record = await self.store.write(write.record)
         except OSError as exc:
+            self._recorded("failed")
             self.outbox.failing = True
             self.outbox.restore(write)
             self.retry_at = trio.current_time() + WRITE_RETRY_S
@@ -224,6 +239,7 @@ class Writer:
             return
         finally:
             self.outbox.in_flight_since = None
+        self._recorded("landed")
         if self.failures:
             log.warning("write recovered after %d failed attempts", self.failures,
                         extra={"event": "write-recovered", "failures": self.failures})  # fmt: skip
@@ -231,6 +247,8 @@ class Writer:
         self.outbox.failing = False
         if guard.last is write.record:  # nothing newer decided meanwhile: take writtenAtMs as it landed
             guard.committed(Write(record, write.reason))
+        if self.on_landed is not None:
+            self.on_landed(Write(record, write.reason))
         log.info(
             "wrote %s",
             write.reason,
@@ -241,10 +259,15 @@ class Writer:
                 "windowTokens": record.window_tokens,
                 "usedPercent": record.used_percent,
                 "compactions": record.compactions,
+                "compactAtTokens": record.compact_at_tokens,  # the board's fill plot draws it in
                 "observedAtMs": record.observed_at_ms,
                 "writtenAtMs": record.written_at_ms,
             },
         )
+
+    def _recorded(self, outcome: str) -> None:
+        if self.recorder is not None:
+            self.recorder.line({"at_ms": self.clock.wall_ms(), "write": outcome})
 
     def _deadline(self) -> float:
         due = self.pipeline.guard.heartbeat_due_ms()
@@ -275,11 +298,13 @@ def transport_settings(spec: HarnessSpec, text: str) -> BaseModel | None:
     if model is None or not text:  # a launch plan that set none: the channel is the only wire
         return None
     try:
-        return model.model_validate_json(text)
+        return model.model_validate(loads(text, error=ConfigError))
+    except ConfigError as exc:
+        reason = str(exc)
     except ValidationError as exc:
-        log.error("no %s transport: its config is refused: %s", spec.name, describe_validation_error(exc),
-                  extra={"event": "transport-bad-config"})  # fmt: skip
-        return None
+        reason = describe_validation_error(exc)
+    log.error("no %s transport: its config is refused: %s", spec.name, reason, extra={"event": "transport-bad-config"})
+    return None
 
 
 async def run_transport(transport: Transport, config: BaseModel | None, streams: Streams) -> None:
@@ -295,19 +320,55 @@ def open_writer(config: SidecarConfig) -> tuple[HarnessSpec, Writer]:
     if swept := sweep_staging(config.catalog):
         log.info("removed %d staging files of dead writers", swept, extra={"event": "staging-swept"})
     spec = spec_for(config.harness)
-    pipeline = Pipeline(spec.make_producer(), WriteGuard(config.agent, config.incarnation))
+    guard = WriteGuard(config.agent, config.incarnation)
+    pipeline = Pipeline(spec.make_producer(), guard, stated_account(config.account))
     return spec, Writer(pipeline, CatalogStore(AgentDir(config.catalog, config.host, config.agent)))
 
 
-def transport_streams(spec: HarnessSpec, writer: Writer) -> Streams:
+def stated_account(text: str) -> Account | None:
+    """The launch plan's account; None (logged) when the JSON is not one: readings go out without."""
+    if not text:
+        return None
+    try:
+        return Account.model_validate_json(text)
+    except ValidationError as exc:
+        log.error("no account: its JSON is refused: %s", describe_validation_error(exc),
+                  extra={"event": "account-bad-config"})  # fmt: skip
+        return None
+
+
+def transport_streams(spec: HarnessSpec, writer: Writer, recorder: Recorder | None = None) -> Streams:
     """What the transport is handed: the writer's submit, and the producer's wants if it has any."""
     wants = getattr(writer.pipeline.producer, "wants", None)
-    return Streams(spec, writer.submit) if wants is None else Streams(spec, writer.submit, wants)
+    if wants is None:
+        return Streams(spec, writer.submit, recorder=recorder)
+    return Streams(spec, writer.submit, wants, recorder)
+
+
+def open_recorder(config: SidecarConfig) -> Recorder | None:
+    """The recorder of `--record`'s file, which the wrapper created: opened to append (never
+    created, truncated or followed through a symlink here), and None, logged, when it cannot be."""
+    if config.record is None:
+        return None
+    import guard
+    from sidecar.recorder import FORMAT, Recorder
+
+    try:
+        fd = os.open(config.record, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+        file = os.fdopen(fd, "ab")
+        written = os.fstat(fd).st_size
+    except OSError as exc:
+        log.error("not recording: %s", exc, extra={"event": "recording-failed"})
+        return None
+    header = {"format": FORMAT, "harness": config.harness, "hctx": guard.__version__,
+              "incarnation": config.incarnation, "started_ms": SystemClock().wall_ms()}  # fmt: skip
+    return Recorder(file, header, written=written)
 
 
 async def run_sidecar(config: SidecarConfig) -> None:
     spec, writer = open_writer(config)
     submit = writer.submit
+    recorder = writer.recorder = open_recorder(config)
     log.info(
         "sidecar started",
         extra={"event": "start", "harness": config.harness, "incarnation": config.incarnation,
@@ -315,15 +376,18 @@ async def run_sidecar(config: SidecarConfig) -> None:
     )  # fmt: skip
     async with trio.open_nursery() as outer:
         outer.start_soon(writer.run)
+        if recorder is not None:
+            outer.start_soon(recorder.run)
         async with trio.open_nursery() as inputs:
             transport = transport_for(spec)
             settings = None if transport is None else transport_settings(spec, config.transport)
             if transport is not None and (settings is not None or spec.transport_config is None):
-                inputs.start_soon(run_transport, transport, settings, transport_streams(spec, writer))
+                inputs.start_soon(run_transport, transport, settings, transport_streams(spec, writer, recorder))
             session_over = trio.Event()
             async with trio.open_nursery() as channel_nursery:
                 open_decoder = partial(channel_decoder, spec.channel_frames)
-                await channel_nursery.start(channel.serve, config.channel, open_decoder, submit, session_over)
+                serve = partial(channel.serve, recorder=recorder)
+                await channel_nursery.start(serve, config.channel, open_decoder, submit, session_over)
                 _signal_ready(config.ready_fd)
                 orders = await _until_session_ends(config.lifeline_fd)
                 if orders is not None and (group := orders.group_left) is not None:
@@ -335,9 +399,12 @@ async def run_sidecar(config: SidecarConfig) -> None:
                 channel_nursery.cancel_scope.deadline = trio.current_time() + SHUTDOWN_DRAIN_S
             inputs.cancel_scope.cancel()
         writer.close()
+        if recorder is not None:
+            recorder.close()
     log.info(
         "sidecar exiting",
-        extra={"event": "exit", "dropped": sum(logs.drops.values()), "droppedBy": dict(logs.drops),
+        extra={"event": "exit", "dropped": sum(writer.pipeline.drops.values()),
+               "droppedBy": dict(writer.pipeline.drops),
                "coalesced": writer.outbox.coalesced, "writeFailures": writer.failures},
     )  # fmt: skip
 

@@ -29,13 +29,18 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
 
 from guard.constants import CHANNEL_MAX_FRAME_BYTES, CHANNEL_MAX_SOCKET_PATH
 from guard.errors import ChannelPathError
-from sidecar.decoding import LineDecoder
-from sidecar.logs import drop
+from sidecar.decoding import CHANNEL, Dropped, LineDecoder
+from sidecar.framing import LineFramer
+from sidecar.streams import Stream
+
+if TYPE_CHECKING:
+    from sidecar.recorder import Recorder
 
 __all__ = [
     "BUFFER_BUDGET_BYTES",
@@ -66,6 +71,7 @@ _UCRED = struct.Struct("3i")
 
 Submit = Callable[[object], None]
 OpenDecoder = Callable[[], LineDecoder]
+_Sink = tuple[OpenDecoder, Submit, "Recorder | None"]
 
 
 def peer_uid(sock: trio.socket.SocketType) -> int:
@@ -148,10 +154,13 @@ async def serve(
     submit: Submit,
     stop: trio.Event | None = None,
     *,
+    recorder: Recorder | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Listen at `path` (0600); each connection's bytes go through a decoder of its own, and
-    every event they make (a drop included: the pipeline logs it) is submitted.
+    every event they make is submitted, a drop included (the connection's own too: a frame cut
+    short or over the buffer budget), which the pipeline counts and logs. Each connection is a
+    `sidecar.streams.Stream` of the channel wire, recorded by `recorder` when there is one.
 
     Runs until cancelled, or until `stop` is set: then it stops accepting, takes the connections
     already queued, and returns once every open connection has delivered its frames, so the last
@@ -181,11 +190,11 @@ async def serve(
                     if stop is not None:
                         connections.start_soon(_cancel_when_set, stop, accepting)
                     while True:
-                        await _accept(listener, connections, (open_decoder, submit), peers)
+                        await _accept(listener, connections, (open_decoder, submit, recorder), peers)
                 path.unlink(missing_ok=True)
                 while True:  # connections that were already queued when the session ended
                     with trio.move_on_after(_QUEUED_WAIT_S) as waited:
-                        await _accept(listener, connections, (open_decoder, submit), peers)
+                        await _accept(listener, connections, (open_decoder, submit, recorder), peers)
                     if waited.cancelled_caught:
                         break
         finally:
@@ -201,7 +210,7 @@ async def _cancel_when_set(event: trio.Event, scope: trio.CancelScope) -> None:
 
 
 async def _accept(
-    listener: trio.socket.SocketType, connections: trio.Nursery, sink: tuple[OpenDecoder, Submit], peers: set[_Peer]
+    listener: trio.socket.SocketType, connections: trio.Nursery, sink: _Sink, peers: set[_Peer]
 ) -> None:
     try:
         conn, _ = await listener.accept()
@@ -220,18 +229,19 @@ async def _accept(
 
 
 async def _connection(
-    conn: trio.socket.SocketType, sink: tuple[OpenDecoder, Submit], peers: set[_Peer], peer: _Peer
+    conn: trio.socket.SocketType, sink: _Sink, peers: set[_Peer], peer: _Peer
 ) -> None:
-    open_decoder, submit = sink
+    open_decoder, submit, recorder = sink
     try:
         with conn, peer.scope:
             uid = peer_uid(conn)
             if uid != os.getuid():
                 log.warning("channel peer of uid %d refused", uid, extra={"event": "peer-refused"})
                 return
-            await _read_frames(conn, open_decoder(), submit, peer)
+            decoder = open_decoder()
+            await _read_frames(conn, decoder.framer, Stream(decoder, submit, CHANNEL, recorder), submit, peer)
         if peer.scope.cancelled_caught and peer.partial_since is not None:
-            drop("channel", "connection closed mid-frame to make room for others")
+            submit(Dropped("connection closed mid-frame to make room for others", CHANNEL))
     except OSError as exc:
         log.info("channel connection ended: %s", exc)
     finally:
@@ -239,14 +249,16 @@ async def _connection(
         _budget.release(peer)
 
 
-async def _read_frames(conn: trio.socket.SocketType, decoder: LineDecoder, submit: Submit, peer: _Peer) -> None:
-    framer = decoder.framer
+async def _read_frames(
+    conn: trio.socket.SocketType, framer: LineFramer, stream: Stream, submit: Submit, peer: _Peer
+) -> None:
     while True:
         with trio.move_on_at(peer.deadline()) as waiting:
             data = await conn.recv(_READ_SIZE)
         if waiting.cancelled_caught:
             if peer.partial_since is not None:
-                drop("channel", f"frame incomplete {PARTIAL_FRAME_TIMEOUT_S}s after its first byte; connection closed")
+                why = f"frame incomplete {PARTIAL_FRAME_TIMEOUT_S}s after its first byte; connection closed"
+                submit(Dropped(why, CHANNEL))
             else:
                 log.warning("channel connection silent for %ss closed", SILENT_TIMEOUT_S, extra={"event": "silent-cut"})
             return
@@ -254,16 +266,14 @@ async def _read_frames(conn: trio.socket.SocketType, decoder: LineDecoder, submi
             break
         peer.active_at, peer.spoke = trio.current_time(), True
         completed = framer.completed
-        for event in decoder.receive_data(data):
-            submit(event)
+        stream.receive_data(data)
         if framer.completed != completed:
             peer.partial_since = None  # the partial frame's clock restarts with the next frame
         if framer.mid_frame and peer.partial_since is None:
             peer.partial_since = peer.active_at
         if framer.pending_bytes and not _budget.hold(peer, framer.pending_bytes):
-            drop("channel", "partial frame over the channel's buffer budget")
+            submit(Dropped("partial frame over the channel's buffer budget", CHANNEL))
             framer.discard_partial()
         if not framer.pending_bytes:
             _budget.release(peer)
-    for event in decoder.end_of_data():
-        submit(event)
+    stream.end_of_data()

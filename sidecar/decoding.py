@@ -1,6 +1,6 @@
 """Decoders, sans-I/O in the manner of h11: bytes in, typed events out, one per harness wire.
 
-A decoder owns the framing of its wire (`sidecar.framing`) and the one JSON rule (`sidecar.wire`),
+A decoder owns the framing of its wire (`sidecar.framing`) and the one JSON rule (`guard.json_rule`),
 and turns each whole frame into the harness's typed events through the harness's own `parse`
 function. Transports only move bytes into `receive_data`; `hctx replay` moves a recording's bytes
 into the very same decoder, so a capture replayed is the session lived. What a decoder cannot turn
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from guard.constants import CHANNEL_DROP_REPORT, CHANNEL_MAX_FRAME_BYTES, OWN_FRAME_PREFIX
-from guard.errors import FrameRejected
-from sidecar import wire
+from guard.errors import FrameRejected, MalformedFrame
+from guard.json_rule import loads_object
 from sidecar.framing import LineFramer, Oversized, SseFramer
 
 __all__ = [
@@ -160,7 +160,7 @@ def channel_parse(on_frame: ChannelFrames) -> Parse:
     """The channel's envelope around a harness's frames: an object with a string `type`."""
 
     def parse(data: bytes) -> list[object]:
-        frame = wire.json_object(data)
+        frame = loads_object(data, error=MalformedFrame)
         kind = frame.get("type")
         if not isinstance(kind, str):
             raise FrameRejected("no string 'type'")

@@ -27,8 +27,6 @@ __all__ = [
     "LogFile",
     "RateLimit",
     "configure",
-    "drop",
-    "drops",
     "json_lines",
     "silence_stderr",
 ]
@@ -41,16 +39,6 @@ REOPEN_S = 5.0
 RATE_WINDOW_S = 5.0
 
 log = logging.getLogger("sidecar")
-
-# Frames this process dropped, by where: the exit line's `dropped` and `droppedBy`.
-drops: Counter[str] = Counter()
-
-
-def drop(where: str, why: str, count: int = 1) -> None:
-    """Count a dropped frame where it is dropped, and say why (rate-limited like every warning)."""
-    drops[where] += count
-    log.warning("frame dropped: %s", why, extra={"event": "frame-dropped", "where": where, "why": why, "count": count})
-
 
 class LogFile(logging.Handler):
     """Appends to `<catalog>/.st2/logs/<log_name>` through a descriptor of the real logs directory,

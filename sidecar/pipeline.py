@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from collections import Counter
 from dataclasses import dataclass, field
 
+from guard.account import Account
 from guard.errors import FrameRejected
 from guard.policy import Write, WriteGuard
 from sidecar import logs
 from sidecar.decoding import Dropped
-from sidecar.logs import drop
 from sidecar.producer import Producer, out_of_domain
 
 __all__ = [
@@ -23,7 +25,13 @@ log = logging.getLogger(__name__)
 class Pipeline:
     producer: Producer
     guard: WriteGuard
+    # The account the harness's own login states (issue 29), read by the wrapper at launch: every
+    # reading carries it. A producer that states one itself keeps its own.
+    account: Account | None = None
+    # Drop events this pipeline saw (replay's tally), and the frames they stand for by where (the
+    # sidecar's exit line): one sidecar, one pipeline, so a count is never another run's.
     dropped: int = field(default=0, init=False)
+    drops: Counter[str] = field(default_factory=Counter, init=False)
 
     def feed(self, event: object, now_ms: int) -> list[Write]:
         """The writes this decoded event calls for, in order; a `Dropped` one is logged and counted.
@@ -41,11 +49,13 @@ class Pipeline:
             self._drop(str(exc), "producer")
             return writes
         except Exception:  # a producer bug must cost one frame, never the sidecar
-            self.dropped += 1
-            logs.drops["producer"] += 1
+            self.count_drop("producer")
             log.exception("producer failed on a frame; dropped", extra={"event": "frame-dropped"})
             return writes
         for reading in readings:
+            if self.account is not None and reading.fields.account is None:
+                stamped = reading.fields.model_copy(update={"account": self.account})
+                reading = dataclasses.replace(reading, fields=stamped)
             if (problem := out_of_domain(reading.fields)) is not None:
                 self._drop(problem, "producer")
                 continue
@@ -55,10 +65,15 @@ class Pipeline:
                 writes.append(write)
         return writes
 
-    def _drop(self, why: str, where: str, count: int = 1) -> None:
-        """This pipeline's count (replay's tally) and the process's (the sidecar's exit line)."""
+    def count_drop(self, where: str, count: int = 1) -> None:
+        """Count a drop of `count` frames at `where` (a caller that logs it its own way)."""
         self.dropped += 1
-        drop(where, why, count)
+        self.drops[where] += count
+
+    def _drop(self, why: str, where: str, count: int = 1) -> None:
+        self.count_drop(where, count)
+        extra = {"event": "frame-dropped", "where": where, "why": why, "count": count}
+        logs.log.warning("frame dropped: %s", why, extra=extra)  # rate-limited like every warning
 
     def tick(self, now_ms: int) -> list[Write]:
         write = self.guard.tick(now_ms)

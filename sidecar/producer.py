@@ -17,13 +17,15 @@ from typing import Annotated, Any, Protocol, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from guard.policy import Reading
-from guard.record import ContextFields, Harness, describe_validation_error
+from guard.record import MAX_SUBAGENTS, ContextFields, Harness, Subagent, describe_validation_error, optional_model
 
 __all__ = [
     "MAX_COST_USD",
     "MAX_PERCENT",
+    "SUBAGENTS_REMEMBERED",
     "Percent",
     "Producer",
+    "SubagentRoster",
     "TolerantModel",
     "Usd",
     "harness_version",
@@ -72,19 +74,8 @@ class TolerantModel(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
 
-_Model = TypeVar("_Model", bound=BaseModel)
 _Key = TypeVar("_Key")
 _Value = TypeVar("_Value")
-
-
-def optional_model(model: type[_Model], value: object) -> _Model | None:
-    """An adjacent fact decoded conservatively: absent or malformed is null, never a guess."""
-    if value is None:
-        return None
-    try:
-        return model.model_validate(value)
-    except ValidationError:
-        return None
 
 
 def instant_ms(value: object) -> int | None:
@@ -134,3 +125,50 @@ class Producer(Protocol):
         anything else for any input, and never fabricate a number the event did not carry.
         """
         ...
+
+
+# Subagents one producer remembers (issue 28); the record carries the newest MAX_SUBAGENTS of them.
+# Thousands of subagents (a runaway loop, a hostile stream) cost a bounded ring, never more.
+SUBAGENTS_REMEMBERED = 256
+
+
+class SubagentRoster:
+    """An agent's subagents as the harness states them, each row its own numbers and time.
+
+    `update` folds in what the channel just said of one subagent and answers whether its row
+    changed; a row that does not validate (a control character in an id, a count past 2**53) is
+    refused whole, so no row is ever a cleaned-up guess. `rows` is what the record carries: the
+    newest `MAX_SUBAGENTS`, newest first."""
+
+    def __init__(self) -> None:
+        self._rows: OrderedDict[str, Subagent] = OrderedDict()
+
+    def __contains__(self, subagent_id: object) -> bool:
+        return subagent_id in self._rows
+
+    def get(self, subagent_id: str) -> Subagent | None:
+        return self._rows.get(subagent_id)
+
+    def update(self, subagent_id: str, now_ms: int, **fields: Any) -> bool:
+        held = self._rows.get(subagent_id)
+        base: dict[str, Any] = (
+            held.model_dump() if held is not None else {"id": subagent_id, "state": "running", "observed_at_ms": now_ms}
+        )
+        try:
+            row = Subagent.model_validate(base | fields)
+        except ValidationError:
+            return False
+        if row == held:
+            return False
+        remember(self._rows, subagent_id, row, SUBAGENTS_REMEMBERED)
+        return True
+
+    def onto(self, held: ContextFields | None, harness: Harness, now_ms: int) -> ContextFields:
+        """The agent's held reading (its numbers and time as they were) carrying these rows; before
+        any reading, a reading of nothing but the rows, taken now."""
+        base = held or ContextFields(harness=harness, observed_at_ms=now_ms)
+        return base.model_copy(update={"subagents": self.rows()})
+
+    def rows(self) -> tuple[Subagent, ...]:
+        newest = sorted(self._rows.values(), key=lambda row: row.observed_at_ms, reverse=True)
+        return tuple(newest[:MAX_SUBAGENTS])

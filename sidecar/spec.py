@@ -12,12 +12,14 @@ with it, and below `sidecar.registry`, which finds them by name: it imports no h
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from guard.errors import UnknownHarness
+from guard.errors import RecordingError, UnknownHarness
+from guard.files import read_bounded
 from sidecar.decoding import CHANNEL, ChannelFrames, Decoder, channel_decoder
 from sidecar.producer import Producer
 
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
     from sidecar.transcripts import ReadAt
 
 __all__ = [
+    "MAX_RECORDING_BYTES",
     "Chunk",
     "HarnessSpec",
     "Stream",
@@ -40,6 +43,7 @@ __all__ = [
     "Wants",
     "WindowSource",
     "each_file",
+    "recording_bytes",
 ]
 
 
@@ -175,6 +179,21 @@ def each_file(wire: str) -> Callable[[Sequence[Path]], Iterable[Chunk]]:
     """The plainest recording: each file is the untimed bytes `wire` carried."""
 
     def read(paths: Sequence[Path]) -> Iterable[Chunk]:
-        return [Chunk(None, wire, path.read_bytes()) for path in paths]
+        return [Chunk(None, wire, recording_bytes(path)) for path in paths]
 
     return read
+
+
+# A recording is read whole (replay orders and times its chunks); a bigger one is refused, not swapped in.
+MAX_RECORDING_BYTES = 256 * 1024 * 1024
+
+
+def recording_bytes(path: Path) -> bytes:
+    """A recording file's bytes. A FIFO or a device (`/dev/zero`) would never end and is refused, as is
+    a file over MAX_RECORDING_BYTES: OSError says why."""
+    raw = read_bounded(None, path, MAX_RECORDING_BYTES, follow=True)
+    if raw.data is not None:
+        return raw.data
+    if raw.problem is None:
+        raise FileNotFoundError(errno.ENOENT, f"{path}: no such file")
+    raise RecordingError(f"{path} {raw.problem} (a recording is a file of bytes already written)")

@@ -15,34 +15,48 @@ from __future__ import annotations
 
 import importlib
 import logging
+import time
 from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING
 
 from sidecar.decoding import Decoder, Dropped
 from sidecar.spec import HarnessSpec, Submit, Transport, Wants
+
+if TYPE_CHECKING:
+    from sidecar.recorder import Recorder
 
 __all__ = [
     "Stream",
     "Streams",
     "transport_for",
+    "wall_ms",
 ]
 
 log = logging.getLogger(__name__)
 
 
 class Stream:
-    """One stream of one wire: its bytes through its own decoder, each event submitted at once."""
+    """One stream of one wire: its bytes through its own decoder, each event submitted at once,
+    and with a recorder, the bytes (and the stream's end) offered to it first: the one place the
+    sidecar's input is recorded."""
 
-    def __init__(self, decoder: Decoder, submit: Submit, wire: str) -> None:
-        self._decoder = decoder
+    def __init__(self, decoder: Decoder, submit: Submit, wire: str, recorder: Recorder | None = None) -> None:
+        self.decoder = decoder
         self._submit = submit
         self.wire = wire
+        self._recorder = recorder
+        self._id = 0 if recorder is None else recorder.new_stream()
 
     def receive_data(self, data: bytes) -> int:
         """How many events the bytes completed (each already submitted)."""
-        return self._each(self._decoder.receive_data, data)
+        if self._recorder is not None:
+            self._recorder.chunk(wall_ms(), self.wire, self._id, data)
+        return self._each(self.decoder.receive_data, data)
 
     def end_of_data(self) -> int:
-        return self._each(lambda _: self._decoder.end_of_data(), b"")
+        if self._recorder is not None:
+            self._recorder.line({"at_ms": wall_ms(), "wire": self.wire, "stream": self._id, "end": True})
+        return self._each(lambda _: self.decoder.end_of_data(), b"")
 
     def _each(self, decode: Callable[[bytes], list[object]], data: bytes) -> int:
         try:
@@ -64,13 +78,34 @@ class Streams:
     (settings the wrapper read) as events, and what the producer wants pulled, if it says
     (a producer's optional `wants()`): the transport never decodes to find out."""
 
-    def __init__(self, spec: HarnessSpec, submit: Submit, wants: Wants = _nothing) -> None:
+    def __init__(
+        self, spec: HarnessSpec, submit: Submit, wants: Wants = _nothing, recorder: Recorder | None = None
+    ) -> None:
         self.spec = spec
-        self.submit = submit
+        self._events = submit  # what a stream's decoder made: recorded as the bytes it came from
+        self.submit = submit if recorder is None else _recording_facts(submit, recorder)
         self.wants = wants
+        self.recorder = recorder
 
     def open(self, wire: str, decoder: Decoder | None = None) -> Stream:
-        return Stream(self.spec.decoder(wire) if decoder is None else decoder, self.submit, wire)
+        return Stream(self.spec.decoder(wire) if decoder is None else decoder, self._events, wire, self.recorder)
+
+
+def wall_ms() -> int:
+    """A recorded chunk's time: the wall clock the writer stamps records with (sidecar.app)."""
+    return time.time_ns() // 1_000_000
+
+
+def _recording_facts(submit: Submit, recorder: Recorder) -> Submit:
+    """A transport's own facts (settings the wrapper read) are recorded as such, then submitted."""
+    from sidecar.recorder import fact_line
+
+    def recorded(event: object) -> None:
+        if (line := fact_line(wall_ms(), event)) is not None:
+            recorder.line(line)
+        submit(event)
+
+    return recorded
 
 
 def transport_for(spec: HarnessSpec) -> Transport | None:

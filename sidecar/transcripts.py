@@ -8,14 +8,14 @@ transcript module (`sidecar.harnesses.claude.transcript`, `sidecar.harnesses.cod
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Final
 
 from pydantic import Field
 
-from guard.record import refuse_json_constant
+from guard.errors import JsonRefused
+from guard.json_rule import loads_object
 
 __all__ = [
     "BLOCK_BYTES",
@@ -167,10 +167,10 @@ def forward_lines(data: bytes, max_line: int = MAX_LINE_BYTES) -> Iterator[tuple
 
 
 def json_object(line: bytes) -> dict[str, Any] | None:
+    """The JSON object a transcript line holds under the one rule; None for any other line."""
     try:
-        value: Any = json.loads(line, parse_constant=refuse_json_constant)
-    except (ValueError, RecursionError):
+        return loads_object(line)
+    except JsonRefused:
         return None
-    return value if isinstance(value, dict) else None
 
 

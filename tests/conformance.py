@@ -19,8 +19,9 @@ from sidecar.replay import replay
 
 # The fields that depend on when, not what: the replay clock and the live one differ.
 CLOCK_FIELDS = frozenset({"observedAtMs", "writtenAtMs", "lastCompactionMs", "incarnation", "agent"})
-# What a sidecar's `write` log line carries of each write: all a live run can be compared on.
-LOGGED_FIELDS = ("reason", "usedTokens", "windowTokens", "usedPercent", "compactions")
+# What a sidecar's `write` log line carries of each write: all a live run can be compared on (the
+# compaction point too: the web board plots it from the log).
+LOGGED_FIELDS = ("reason", "usedTokens", "windowTokens", "usedPercent", "compactions", "compactAtTokens")
 
 
 def outcome(write: Write) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from guard.record import ContextFields, HarnessContext
 SPEC_KEY_ORDER = (
     "schema", "agent", "harness", "usedTokens", "windowTokens", "usedPercent", "model", "costUsd",
     "sessionTotalTokens", "rateLimits", "compactions", "lastCompactionMs", "lastCompactionTrigger",
-    "compactAtTokens", "autoCompaction", "harnessVersion", "sessionId",
+    "compactAtTokens", "autoCompaction", "harnessVersion", "sessionId", "account", "rateLimitResetsAtMs",
     "incarnation", "observedAtMs", "writtenAtMs",
 )  # fmt: skip
 
@@ -35,6 +35,8 @@ SPEC_EXAMPLE: dict[str, Any] = {
     "autoCompaction": None,
     "harnessVersion": None,  # additive (issue 19): absent from the spec's example
     "sessionId": None,
+    "account": None,  # additive (issue 29): absent from the spec's example
+    "rateLimitResetsAtMs": None,
     "incarnation": "inc-7f3a",
     "observedAtMs": 1788000100000,
     "writtenAtMs": 1788000100000,

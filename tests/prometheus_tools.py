@@ -9,19 +9,17 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.metrics_core import Metric
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import REPO
 from tests.wrapping import env
-from wrapper.metrics import families
-from wrapper.roster import Roster
+from wrapper.metrics import Exporter
+from wrapper.metrics import exposition as render
 
 RULES = REPO / "monitoring" / "hctx-alerts.yml"
 RULES_TESTS = REPO / "monitoring" / "hctx-alerts.test.yml"
@@ -53,10 +51,11 @@ def yaml_blocks() -> list[str]:
 
 
 def parse(text: str) -> dict[Key, float]:
-    """Every sample of an exposition, by name and labels."""
+    """Every sample of an exposition (text format 0.0.4, or OpenMetrics), by name and labels."""
+    reader = openmetrics_families if text.endswith("# EOF\n") else text_string_to_metric_families
     return {
         (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
+        for family in reader(text)
         for sample in family.samples
     }
 
@@ -71,19 +70,14 @@ def of(samples: dict[Key, float], agent: str) -> dict[str, float]:
     return found
 
 
-class _Fixed:
-    def __init__(self, roster: Roster) -> None:
-        self.roster = roster
-
-    def collect(self) -> Iterator[Metric]:
-        return families(self.roster)
+def exporter_of(catalog: Path, now: int, host: str = "box", alive: Any = None) -> Exporter:
+    """An exporter of `catalog` whose clock stands at `now` and whose wrappers are all dead."""
+    return Exporter(lambda: catalog, host, process=False, alive=alive or dead, clock=lambda: now)
 
 
-def exposition(roster: Roster) -> str:
-    """The text `hctx metrics` serves for this roster, through the library's own encoder."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Fixed(roster))
-    return generate_latest(registry).decode()
+def exposition(catalog: Path, now: int, host: str = "box", *, openmetrics: bool = False) -> str:
+    """The text `hctx metrics` serves for this catalog at `now`."""
+    return render(exporter_of(catalog, now, host), openmetrics)
 
 
 def start_exporter(catalog: Path, host: str, log: Path, *extra: str) -> tuple[subprocess.Popen[bytes], str]:

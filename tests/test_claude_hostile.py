@@ -175,7 +175,7 @@ def test_a_malformed_adjacent_fact_is_withheld_not_guessed(key: str, value: Any)
     [("cost", {"total_cost_usd": float("nan")}), ("rate_limits", {"five_hour": {"used_percentage": float("inf")}})],
 )
 def test_nan_or_infinity_anywhere_drops_the_whole_frame(key: str, value: Any) -> None:
-    """Not JSON numbers (sidecar.wire): the tee never sends them, and a frame carrying one is no frame."""
+    """Not JSON numbers (guard.json_rule): the tee never sends them, and a frame carrying one is no frame."""
     with pytest.raises(FrameRejected, match="not a JSON number"):
         feed(ClaudeProducer(), {"type": "claude.statusline", "payload": {**CAPTURED[3], key: value}})
 

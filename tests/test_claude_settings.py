@@ -71,7 +71,9 @@ def test_a_fresh_directory_gets_the_status_line_and_three_hooks(tmp_path: Path) 
         "padding": 0,
         "refreshInterval": 5,
     }
-    assert set(settings["hooks"]) == set(HOOK_EVENTS) == {"PreCompact", "PostCompact", "SessionStart"}
+    assert set(settings["hooks"]) == set(HOOK_EVENTS) == {
+        "PreCompact", "PostCompact", "SessionStart", "SubagentStart", "SubagentStop"
+    }  # fmt: skip
     for event in HOOK_EVENTS:
         assert our_commands(settings, event) == [tee_command("hook")]
 
@@ -311,12 +313,14 @@ def test_a_file_broken_during_the_session_is_left_alone_and_said_so(
 
 
 def test_a_symlinked_file_gets_its_bytes_back_through_the_link(tmp_path: Path) -> None:
-    dotfiles = tmp_path / "dotfiles" / "claude-local.json"
-    dotfiles.parent.mkdir()
-    dotfiles.write_bytes(USER_BYTES)
+    """A link to a file inside the project (the user's own layout); one out of it is refused, see
+    tests/test_claude_symlinks.py."""
     work = tmp_path / "work"
+    dotfiles = work / "dotfiles" / "claude-local.json"
+    dotfiles.parent.mkdir(parents=True)
+    dotfiles.write_bytes(USER_BYTES)
     (work / ".claude").mkdir(parents=True)
-    (work / SETTINGS_PATH).symlink_to(dotfiles)
+    (work / SETTINGS_PATH).symlink_to(Path("../dotfiles/claude-local.json"))
     session(work)
     assert (work / SETTINGS_PATH).is_symlink() and dotfiles.read_bytes() == USER_BYTES
 

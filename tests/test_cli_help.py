@@ -58,7 +58,7 @@ def test_schema_help_describes_the_record(capsys: pytest.CaptureFixture[str]) ->
 
 
 # The order a user meets the commands in (issue 27): `web` lands here once it is registered.
-MET_IN_ORDER = ["demo", "wrap", "agents", "top", "doctor", "inspect", "watch", "metrics", "web", "scan",
+MET_IN_ORDER = ["demo", "wrap", "agents", "accounts", "top", "doctor", "inspect", "watch", "metrics", "web", "scan",
                 "replication", "replay", "schema"]  # fmt: skip
 
 

@@ -35,6 +35,7 @@ from sidecar.pipeline import Pipeline
 from sidecar.registry import Chunk
 from sidecar.replay import UNTIMED_STEP_MS
 from sidecar.streams import Streams
+from tests.codex_threads import THREAD_STARTED
 from tests.conformance import outcome, replayed, untimed
 
 LOOPBACK = "127.0.0.1"
@@ -59,7 +60,8 @@ DIVERGENT = {
 
 
 def stdout_bytes(*lines: bytes) -> bytes:
-    return b"".join(line + b"\n" for line in (INITIALIZE, usage_line(30_500, 30_500), *lines, SENTINEL))
+    lines = (INITIALIZE, THREAD_STARTED, usage_line(30_500, 30_500), *lines, SENTINEL)
+    return b"".join(line + b"\n" for line in lines)
 
 
 def written(events: list[object]) -> list[Write]:

@@ -16,9 +16,10 @@ from guard.errors import FrameRejected
 from guard.policy import Reading
 from guard.record import MAX_COUNT
 from sidecar.decoding import Dropped
-from sidecar.harnesses.codex.producer import SPEC, CodexProducer, line_of, parse_message, tap_frame
+from sidecar.harnesses.codex.producer import SPEC, CodexProducer, parse_message, tap_frame, tapped_line
 from sidecar.registry import Chunk
 from sidecar.replay import replay
+from tests.codex_threads import own_producer
 from tests.conftest import FIXTURE_ROOT
 from tests.hostile import json_values, numbers, numbers_in
 
@@ -71,14 +72,14 @@ def assert_nothing_fabricated(reading: Reading, message: Any) -> None:
 @given(frame=json_values)
 def test_any_json_as_a_frame(frame: Any) -> None:
     for wire in ("stdout", "websocket", "channel"):
-        for reading in feed(CodexProducer(), stdout_line(frame), wire):
+        for reading in feed(own_producer(), stdout_line(frame), wire):
             assert_nothing_fabricated(reading, frame)
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
 @given(payload=json_values | st.text(max_size=200))
 def test_any_payload(payload: Any) -> None:
-    producer = CodexProducer()
+    producer = own_producer()
     for reading in feed(producer, channel_line(payload), "channel"):
         assert_nothing_fabricated(reading, payload)
     if not isinstance(payload, str):  # the tap sends the line as a string, never a parsed object
@@ -90,7 +91,7 @@ def test_any_payload(payload: Any) -> None:
 def test_any_params_for_the_methods_that_matter(method: str, params: Any, as_text: bool) -> None:
     message = {"method": method, "params": params}
     data = channel_line(json.dumps(message)) if as_text else stdout_line(message)
-    for reading in feed(CodexProducer(), data, "channel" if as_text else "stdout"):
+    for reading in feed(own_producer(), data, "channel" if as_text else "stdout"):
         assert_nothing_fabricated(reading, message)
 
 
@@ -100,7 +101,7 @@ def test_the_tap_frame_carries_a_lines_very_bytes(line: bytes) -> None:
     """Whatever stdout carried, UTF-8 or not: the channel decodes the bytes a replay decodes."""
     frame = tap_frame(line)
     assert b"\n" not in frame and json.loads(frame)["type"] == "codex.rpc"
-    assert line_of(json.loads(frame)["payload"]) == line
+    assert tapped_line(json.loads(frame)) == line
     assert same(decoded(frame + b"\n", "channel")) == same(decoded(line + b"\n", "stdout"))
 
 
@@ -112,7 +113,7 @@ def same(events: list[object]) -> list[object]:
 @settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow])
 @given(last=numbers, total=numbers, window=numbers, used=numbers, minutes=numbers)
 def test_hostile_numbers_in_well_formed_messages(last: Any, total: Any, window: Any, used: Any, minutes: Any) -> None:
-    producer = CodexProducer()
+    producer = own_producer()
     feed(producer, stdout_line({"method": "account/rateLimits/updated", "params": {"rateLimits": {
         "primary": {"usedPercent": used, "windowDurationMins": minutes}}}}))  # fmt: skip
     message = {
@@ -140,7 +141,7 @@ def test_every_truncation_of_every_captured_line_is_refused(name: str) -> None:
     token_lines = [line for line in lines if "tokenUsage" in line or "contextCompaction" in line]
     for line in token_lines[:6]:
         for cut in range(1, len(line)):
-            producer = CodexProducer()
+            producer = own_producer()
             for data, wire in ((line[:cut].encode(), "websocket"), (channel_line(line[:cut]), "channel")):
                 assert refused(data, wire)
                 feed(producer, data, wire)
@@ -166,7 +167,7 @@ def test_every_truncation_of_every_captured_line_is_refused(name: str) -> None:
 def test_hostile_payload_text_is_refused(payload: str) -> None:
     assert refused(channel_line(payload), "channel")
     if payload != "\ud800":
-        assert refused(line_of(payload) + b"\n", "stdout")
+        assert refused(payload.encode("utf-8", "surrogateescape") + b"\n", "stdout")
 
 
 def test_a_blank_line_is_nothing_on_every_wire() -> None:
@@ -184,11 +185,12 @@ def test_a_huge_frame_is_refused_or_read_without_fabrication() -> None:
         "params": {"threadId": "t" * 600_000, "turnId": "u", "junk": list(range(50_000)), "tokenUsage": {
             "last": {"totalTokens": 5}, "total": {"totalTokens": 6}, "modelContextWindow": None}},
     }  # fmt: skip
+    huge_thread = own_producer("t" * 600_000)
     for wire in ("stdout", "websocket"):
-        [reading] = feed(CodexProducer(), stdout_line(bloated), wire)
+        [reading] = feed(huge_thread, stdout_line(bloated), wire)
         assert (reading.fields.used_tokens, reading.fields.used_percent) == (5, None)
     line = stdout_line(bloated)[:-1]
-    [reading] = feed(CodexProducer(), tap_frame(line) + b"\n", "channel")
+    [reading] = feed(own_producer("t" * 600_000), tap_frame(line) + b"\n", "channel")
     assert reading.fields.used_tokens == 5
 
 
@@ -229,7 +231,7 @@ def test_compaction_item_without_id_is_refused() -> None:
 
 
 def test_a_hostile_flood_of_item_ids_is_bounded_and_still_counts_each_once() -> None:
-    producer = CodexProducer()
+    producer = own_producer()
     for n in range(5_000):
         message = {"method": "item/started", "params": {"item": {"type": "contextCompaction", "id": str(n)}}}
         for event in parse_message(json.dumps(message).encode()):

@@ -24,6 +24,7 @@ from sidecar.harnesses.codex.producer import (
     used_percent,
 )
 from sidecar.registry import spec_for
+from tests.codex_threads import own_producer
 from tests.conftest import FIXTURE_ROOT
 
 FIXTURES = FIXTURE_ROOT / "codex"
@@ -128,7 +129,7 @@ def test_the_worked_example_frame_publishes_44_not_48() -> None:
         for p in token_usage_params(capture("0.151.0", "stdio-main"))
         if p["tokenUsage"]["last"]["totalTokens"] == 90_800
     )
-    producer = CodexProducer()
+    producer = own_producer(params["threadId"])
     [reading] = feed(producer, {"method": "thread/tokenUsage/updated", "params": params}, 1)
     assert reading.fields.used_percent == 44  # codex: "56% context left"
     assert round(90_800 / 190_000 * 100) == 48  # what a baseline-free ratio would have said
@@ -195,13 +196,13 @@ def test_null_rate_limit_windows_are_no_data(version: str) -> None:
 
 
 def test_a_rate_limit_frame_never_yields_a_reading_of_its_own() -> None:
-    producer = CodexProducer()
+    producer = own_producer()
     assert feed(producer, rate_limits(primary=window(12, 300)), 5) == []
     assert feed(producer, token_usage(50_000, 100_000, 190_000), 6)[0].fields.rate_limits is not None
 
 
 def test_rate_limits_merge_a_null_or_absent_window_never_clears() -> None:
-    producer = CodexProducer()
+    producer = own_producer()
     feed(producer, rate_limits(primary=window(10, 300), secondary=window(40, 10_080)), 1)
     feed(producer, rate_limits(primary=None, secondary=None), 2)
     feed(producer, {"method": "account/rateLimits/updated", "params": {"rateLimits": {}}}, 3)
@@ -239,7 +240,7 @@ def test_resume_with_exclude_turns(version: str) -> None:
 def test_the_resume_replay_turn_id_is_no_key() -> None:
     # In 0.160.0+ the replay names turn 1 even though a later turn produced the usage; a producer
     # keyed on turnId would drop it as "already seen" or file it under the wrong turn.
-    producer = CodexProducer()
+    producer = own_producer()
     feed(producer, token_usage(30_500, 30_500, 190_000, turn="turn-1"), 1)
     feed(producer, compaction_item("item/started", "c1", turn="turn-1"), 2)
     [replayed] = feed(producer, token_usage(18_250, 605_450, 190_000, turn="turn-1"), 3)
@@ -289,7 +290,7 @@ def test_baseline_rule(tokens: int, window: int, expected: int) -> None:
 
 @pytest.mark.parametrize("window", [None, 0, 1, 11_999, 12_000])
 def test_percent_withheld_without_a_normalisable_window_operands_still_published(window: int | None) -> None:
-    [reading] = feed(CodexProducer(), token_usage(9_000, 40_000, window), 7)
+    [reading] = feed(own_producer(), token_usage(9_000, 40_000, window), 7)
     fields = reading.fields
     assert fields.used_percent is None
     assert (fields.used_tokens, fields.window_tokens, fields.session_total_tokens) == (9_000, window, 40_000)
@@ -298,7 +299,7 @@ def test_percent_withheld_without_a_normalisable_window_operands_still_published
 def test_absent_window_key_withholds_the_percent() -> None:
     message = token_usage(9_000, 40_000, 190_000)
     del message["params"]["tokenUsage"]["modelContextWindow"]
-    [reading] = feed(CodexProducer(), message, 7)
+    [reading] = feed(own_producer(), message, 7)
     assert (reading.fields.used_percent, reading.fields.window_tokens) == (None, None)
 
 
@@ -306,7 +307,7 @@ def test_absent_window_key_withholds_the_percent() -> None:
 
 
 def test_started_and_completed_of_one_item_count_once_even_across_connections() -> None:
-    producer = CodexProducer()
+    producer = own_producer()
     feed(producer, token_usage(90_800, 121_300, 190_000), 10)
     edges = []
     for method in ["item/started", "item/started", "item/completed", "item/completed"]:
@@ -316,7 +317,7 @@ def test_started_and_completed_of_one_item_count_once_even_across_connections() 
 
 
 def test_two_item_ids_in_one_turn_are_two_compactions() -> None:
-    producer = CodexProducer()
+    producer = own_producer()
     feed(producer, compaction_item("item/started", "c1", turn="t"), 1)
     feed(producer, compaction_item("item/started", "c2", turn="t"), 2)
     assert producer.compactions == 2
@@ -324,7 +325,7 @@ def test_two_item_ids_in_one_turn_are_two_compactions() -> None:
 
 @pytest.mark.parametrize("legacy_first", [True, False])
 def test_the_deprecated_thread_compacted_collapses_with_the_item_of_its_turn(legacy_first: bool) -> None:
-    producer = CodexProducer()
+    producer = own_producer()
     legacy = {"method": "thread/compacted", "params": {"threadId": "th", "turnId": "t"}}
     items = [
         compaction_item("item/started", "c1", turn="t"),
@@ -339,7 +340,7 @@ def test_the_deprecated_thread_compacted_collapses_with_the_item_of_its_turn(leg
 
 
 def test_an_edge_before_any_reading_carries_only_the_count() -> None:
-    [edge] = feed(CodexProducer(), compaction_item("item/started", "c1", turn="t"), 42)
+    [edge] = feed(own_producer(), compaction_item("item/started", "c1", turn="t"), 42)
     fields = edge.fields
     assert edge.compaction_edge
     assert (fields.used_tokens, fields.window_tokens, fields.used_percent) == (None, None, None)
@@ -347,7 +348,7 @@ def test_an_edge_before_any_reading_carries_only_the_count() -> None:
 
 
 def test_other_items_are_not_compactions() -> None:
-    producer = CodexProducer()
+    producer = own_producer()
     assert feed(producer, compaction_item("item/started", "m1", turn="t", kind="agentMessage"), 1) == []
     assert producer.compactions == 0
 
@@ -356,7 +357,7 @@ def test_other_items_are_not_compactions() -> None:
 
 
 def test_several_threads_last_writer_wins() -> None:
-    producer = CodexProducer()
+    producer = own_producer()
     [a] = feed(producer, token_usage(150_000, 400_000, 190_000, thread="A"), 1)
     [b] = feed(producer, token_usage(20_000, 20_000, 190_000, thread="B"), 2)
     assert (a.fields.used_tokens, b.fields.used_tokens) == (150_000, 20_000)
@@ -476,7 +477,7 @@ def test_the_record_carries_codexs_latest_rate_limits_without_restamping(version
     from sidecar.pipeline import Pipeline
 
     path = capture(version, scenario)
-    pipeline = Pipeline(CodexProducer(), WriteGuard("a", "inc"))
+    pipeline = Pipeline(own_producer(), WriteGuard("a", "inc"))
     snapshots = _snapshots(path)
     written: list[tuple[str, Any]] = []
     seen = 0
@@ -512,7 +513,7 @@ def test_a_repeated_snapshot_writes_nothing_and_the_heartbeat_never_restamps() -
     from guard.policy import WriteGuard
     from sidecar.pipeline import Pipeline
 
-    pipeline = Pipeline(CodexProducer(), WriteGuard("a", "inc"))
+    pipeline = Pipeline(own_producer(), WriteGuard("a", "inc"))
     [usage] = decoded(token_usage(50_000, 50_000, 190_000))
     assert [w.reason for w in pipeline.feed(usage, 1_000)] == ["bucket"]
     [limits] = decoded(rate_limits(primary=window(10, 300), secondary=window(40, 10_080)))
@@ -547,7 +548,7 @@ def test_the_configured_limit_is_published_and_is_where_the_lab_run_compacted(ve
     """The lab's main run: 160,000 configured on a 200,000 window. Turn 4 reached 175,900 and Codex
     compacted before turn 5; no reading under 160,000 was followed by an auto-compaction. Published:
     160,000 on every reading — never the 9/10 cap (180,000) nor the reported window (190,000)."""
-    producer = CodexProducer()
+    producer = own_producer()
     apply_settings(producer, LAB_CONFIG)
     _, readings = run(capture(version, "stdio-main"), producer)
     published = {r.fields.compact_at_tokens for r in readings}
@@ -576,7 +577,7 @@ def test_the_configured_limit_is_published_and_is_where_the_lab_run_compacted(ve
 def test_compact_at_is_the_configured_limit_under_codexs_cap(
     config: dict[str, Any], reported_window: int, published: int | None
 ) -> None:
-    producer = CodexProducer()
+    producer = own_producer()
     apply_settings(producer, config)
     usage = {"total": {"totalTokens": 5}, "last": {"totalTokens": 5}, "modelContextWindow": reported_window}
     message = {"method": "thread/tokenUsage/updated", "params": {"threadId": "t", "turnId": "u", "tokenUsage": usage}}

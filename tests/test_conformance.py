@@ -13,6 +13,8 @@ One property per row, run over the registry instead of by hand per harness:
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import signal
 import socket
@@ -27,9 +29,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import guard
 from sidecar.decoding import CHANNEL, MessageDecoder
+from sidecar.recorder import create_recording
 from sidecar.registry import BUILT_IN, Chunk, HarnessSpec, harness_names, spec_for
-from sidecar.replay import replay
+from sidecar.replay import replay, replay_recording
 from tests.conformance import LOGGED_FIELDS, bytewise, joined, logged, outcome, replayed, split_at
 from tests.conftest import FIXTURE_ROOT, REPO
 from tests.wrapping import HOST, env, log_events
@@ -57,8 +61,6 @@ CASES = [
 ]
 # The live leg's pace: comfortably more than a write's two fsyncs on a loaded machine.
 FRAME_PACE_S = 0.01
-# A run whose writes stalled (the outbox coalesced) compares nothing; a later one may not stall.
-LIVE_ATTEMPTS = 3
 # A fixture small enough to be fed one byte at a time in a test's budget.
 BYTEWISE_LIMIT = 96 * 1024
 
@@ -162,17 +164,21 @@ def _lives_on_the_channel(harness: str, paths: tuple[Path, ...]) -> bool:
 CHANNEL_CASES = [case for case in CASES if _lives_on_the_channel(*case.values)]  # type: ignore[arg-type]
 
 
-def lived_on_the_channel(harness: str, chunks: list[Chunk], where: Path) -> tuple[list[tuple[Any, ...]], int]:
-    """The writes a real sidecar process logged for `chunks` sent on its channel, and how many it
-    coalesced (a write stalled past STALLED_WRITE_S: the machine, not the decoder)."""
-    catalog, channel = where / "catalog", where / "ch" / "s"
+def lived_on_the_channel(
+    harness: str, chunks: list[Chunk], where: Path
+) -> tuple[list[tuple[Any, ...]], int, Path]:
+    """The writes a real sidecar process logged for `chunks` sent on its channel, how many it
+    coalesced (a write stalled past STALLED_WRITE_S: the machine, not the decoder), and the
+    recording it made of them (`--record`)."""
+    catalog, channel, recording = where / "catalog", where / "ch" / "s", where / "session.rec"
     channel.parent.mkdir(mode=0o700, parents=True)
+    create_recording(recording).close()  # as `hctx wrap --record` does
     read_end, write_end = os.pipe()
     ready_read, ready_write = os.pipe()
     process = subprocess.Popen(
         [sys.executable, "-m", "sidecar", "--catalog", str(catalog), "--host", HOST, "--agent", "conform",
          "--harness", harness, "--incarnation", "inc", "--channel", str(channel),
-         "--lifeline-fd", str(read_end), "--ready-fd", str(ready_write)],
+         "--lifeline-fd", str(read_end), "--ready-fd", str(ready_write), "--record", str(recording)],
         pass_fds=(read_end, ready_write), env=env(), cwd=REPO, stderr=subprocess.PIPE,
     )  # fmt: skip
     os.close(read_end)
@@ -201,20 +207,24 @@ def lived_on_the_channel(harness: str, chunks: list[Chunk], where: Path) -> tupl
     lived = [tuple(event.get(key) for key in LOGGED_FIELDS)
              for event in events if event.get("event") == "write" and event.get("reason") != "heartbeat"]  # fmt: skip
     [exit_line] = [event for event in events if event.get("event") == "exit"]
-    return lived, exit_line["coalesced"]
+    return lived, exit_line["coalesced"], recording
 
 
 @pytest.mark.parametrize(("harness", "paths"), CHANNEL_CASES)
 def test_a_channel_recording_sent_to_the_real_sidecar_writes_what_replay_writes(
     harness: str, paths: tuple[Path, ...], tmp_path: Path
 ) -> None:
+    """The recording the sidecar made (`--record`) holds the very bytes sent, and replays, through
+    the live driver, to the writes it logged: a write that landed late live (a loaded machine)
+    lands late in the replay too, so the outbox and the refresh decide alike."""
     spec = spec_for(harness)
     chunks = chunks_of(spec, paths)
-    # Heartbeats depend on the clock's pace, replay's simulated one and the live one alike.
-    expected = [logged(write) for write in replayed(spec, chunks) if write.reason != "heartbeat"]
-    for attempt in range(LIVE_ATTEMPTS):
-        lived, coalesced = lived_on_the_channel(harness, chunks, tmp_path / str(attempt))
-        if not coalesced:
-            assert lived == expected
-            return
-    pytest.fail(f"every one of {LIVE_ATTEMPTS} runs had a write stall past the outbox's bound: no comparison")
+    lived, _, recording = lived_on_the_channel(harness, chunks, tmp_path)
+    entries = [json.loads(line) for line in recording.read_bytes().splitlines()]
+    header = {"format": "hctx.recording.v1", "harness": harness, "hctx": guard.__version__, "incarnation": "inc"}
+    assert entries[0] | {"started_ms": 0} == header | {"started_ms": 0}
+    sent = b"".join(chunk.data for chunk in chunks)
+    assert b"".join(base64.b64decode(entry["b64"]) for entry in entries if "b64" in entry) == sent
+    writes, summary = replay_recording(spec, recording)
+    assert [logged(write) for write in writes if write.reason != "heartbeat"] == lived
+    assert lived and summary.sidecars == 1 and not summary.problems

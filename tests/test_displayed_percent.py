@@ -20,7 +20,7 @@ from sidecar.decoding import CHANNEL
 from sidecar.harnesses.claude.producer import SPEC, STATUSLINE_TYPE, ClaudeProducer
 from sidecar.harnesses.codex.events import STDOUT
 from sidecar.harnesses.codex.producer import SPEC as CODEX
-from sidecar.harnesses.codex.producer import CodexProducer
+from tests.codex_threads import own_producer
 from tests.conftest import FIXTURE_ROOT
 
 FIXTURES = FIXTURE_ROOT
@@ -92,7 +92,7 @@ def test_codex_moving_from_34_to_35_percent_inside_one_tokens_bucket_is_written(
         for line in (FIXTURES / "codex" / "codex-0.171.0-stdio-main.jsonl").read_text().splitlines()
         if '"thread/tokenUsage/updated"' in line
     )
-    producer, guard = CodexProducer(), WriteGuard("alice", "inc")
+    producer, guard = own_producer(json.loads(line)["params"]["threadId"]), WriteGuard("alice", "inc")
     decoder = CODEX.decoder(STDOUT)  # the app-server's stdout, as the tap reads it
     written: list[tuple[int | None, float | None]] = []
     for index, tokens in enumerate((96_900, 97_100)):

@@ -5,6 +5,7 @@ record exports nothing and is counted, and the exposition is served (HTTP, TLS) 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import ssl
@@ -24,14 +25,15 @@ from readers_catalog import HOST, HOUR, NOW, hctx, put_claim, put_record
 from test_readers_hostile import BAD_RECORDS, JUNK_CATALOG_NAMES, junk_catalog
 
 from guard.projection import headroom_tokens
-from tests.prometheus_tools import dead, exposition, get, of, parse, start_exporter, stop
+from tests.prometheus_tools import dead, exporter_of, exposition, get, of, parse, start_exporter, stop
 from tests.wrapping import wait_for
-from wrapper.metrics import DEFAULT_LISTEN, READINGS, CatalogCollector, listen_address
+from wrapper.metrics import DEFAULT_LISTEN, READINGS, listen_address
+from wrapper.metrics import exposition as render
 from wrapper.roster import collect_roster
 
 
 def scrape(catalog: Path, now: int = NOW) -> dict[str, Any]:
-    return parse(exposition(collect_roster(catalog, now, here=HOST, alive=dead)))
+    return parse(exposition(catalog, now, HOST))
 
 
 # The spec's Exposure example (tests/guard_factory.py) as series: model and cost are null there.
@@ -39,9 +41,9 @@ SPEC_SERIES = {
     "hctx_context_used_tokens": 92283,
     "hctx_context_window_tokens": 258400,
     "hctx_context_used_percent": 33,
-    "hctx_context_compactions": 3,
+    "hctx_context_compactions_total": 3,
     "hctx_context_last_compaction_timestamp_seconds": 1788000097.29,
-    "hctx_session_tokens": 2235329,
+    "hctx_session_tokens_total": 2235329,
     "hctx_context_observed_timestamp_seconds": 1788000100.0,
     "hctx_rate_limit_used_percent:five_hour": 31,
     "hctx_rate_limit_used_percent:seven_day": 55,
@@ -76,7 +78,7 @@ NULLABLE = {
     "usedTokens": ["hctx_context_used_tokens"],
     "windowTokens": ["hctx_context_window_tokens"],
     "usedPercent": ["hctx_context_used_percent"],
-    "sessionTotalTokens": ["hctx_session_tokens"],
+    "sessionTotalTokens": ["hctx_session_tokens_total"],
     "lastCompactionMs": ["hctx_context_last_compaction_timestamp_seconds"],
     "rateLimits": ["hctx_rate_limit_used_percent:five_hour", "hctx_rate_limit_used_percent:seven_day"],
 }
@@ -103,7 +105,7 @@ def test_model_and_cost_an_overrun_and_a_stale_reading(tmp_path: Path) -> None:
     samples = scrape(tmp_path)
     series = of(samples, "pi")
     assert series["hctx_context_used_percent"] == 113.75  # never clamped
-    assert series["hctx_session_cost_usd"] == 36.8
+    assert series["hctx_session_cost_usd_total"] == 36.8
     assert series["hctx_context_stale"] == 1 and series["hctx_context_used_tokens"] == 92283
     info = [dict(labels) for name, labels in samples if name == "hctx_model_info"]
     assert info == [{"agent": "pi", "harness": "pi", "host": HOST, "model": "fake-32k"}]
@@ -156,13 +158,13 @@ def test_no_series_value_is_other_than_the_records_own(tmp_path: Path, fields: d
     put_record(catalog, "x", **fields)
     raw = wire(**fields)
     (row,) = collect_roster(catalog, NOW, here=HOST, alive=dead).rows
-    series = of(parse(exposition(collect_roster(catalog, NOW, here=HOST, alive=dead))), "x")
+    series = of(scrape(catalog), "x")
     if row.context is None:
         assert series == {}
         return
-    for name, _, key, divisor in READINGS:
+    for family, key, divisor in READINGS:
         value = headroom_tokens(raw) if key == "headroomTokens" else raw[key]  # derived, as the reader does
-        assert series.get(name) == (None if value is None else value / divisor), name
+        assert series.get(family.sample) == (None if value is None else value / divisor), family.sample
     for window in ("fiveHour", "sevenDay"):
         published = (raw["rateLimits"] or {}).get(window)
         label = {"fiveHour": "five_hour", "sevenDay": "seven_day"}[window]
@@ -189,9 +191,9 @@ def test_an_unreadable_catalog_is_readable_0_and_nothing_else_warned_once(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     (tmp_path / "catalog").write_text("not a directory")
-    collector = CatalogCollector(lambda: tmp_path / "catalog", HOST)
+    exporter = exporter_of(tmp_path / "catalog", NOW, HOST)
     for _ in range(2):
-        samples = {sample.name: sample.value for family in collector.collect() for sample in family.samples}
+        samples = {name: value for (name, _), value in parse(render(exporter)).items() if name.startswith("hctx_c")}
         assert samples == {"hctx_catalog_readable": 0}
     assert capsys.readouterr().err.count("cannot read the catalog") == 1
 
@@ -202,7 +204,9 @@ def test_a_missing_catalog_reads_0_until_it_appears(tmp_path: Path) -> None:
     catalog = tmp_path / "catalog"
     process, url = start_exporter(catalog, HOST, tmp_path / "exporter.log", "--listen", "127.0.0.1:0")
     try:
-        assert parse(get(url)) == {("hctx_catalog_readable", ()): 0}
+        assert {key: value for key, value in parse(get(url)).items() if key[0].startswith("hctx_c")} == {
+            ("hctx_catalog_readable", ()): 0
+        }
         assert f"{catalog} does not exist (from --catalog)" in (tmp_path / "exporter.log").read_text()
         put_record(catalog, "alice", observedAtMs=int(time.time() * 1000))
         samples = parse(get(url))
@@ -349,3 +353,116 @@ def test_other_commands_do_not_load_prometheus_client() -> None:
     done = subprocess.run([sys.executable, "-c", "import json; " + probe], capture_output=True, text=True,
                           env=os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parent.parent)})  # fmt: skip
     assert json.loads(done.stdout) is False, done.stderr
+
+
+# --- the server: paths, formats, bounds -----------------------------------------------------------
+
+
+def _raw(url: str, request: bytes, timeout: float = 10) -> bytes:
+    """One raw exchange on a fresh connection: what came back before the server closed it."""
+    import socket
+    import urllib.parse
+
+    where = urllib.parse.urlsplit(url)
+    with socket.create_connection((where.hostname, where.port), timeout=timeout) as sock:
+        sock.sendall(request)
+        chunks = []
+        with contextlib.suppress(ConnectionResetError):  # closed with our bytes unread: a reset
+            while chunk := sock.recv(65536):
+                chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def test_metrics_at_metrics_a_page_at_the_root_and_404_elsewhere(tmp_path: Path) -> None:
+    import gzip
+    import urllib.request
+
+    put_record(tmp_path / "catalog", "alice", observedAtMs=int(time.time() * 1000))
+    process, url = start_exporter(tmp_path / "catalog", HOST, tmp_path / "exporter.log", "--listen", "127.0.0.1:0")
+    root = url.removesuffix("/metrics")
+    try:
+        page = get(root + "/")
+        assert "<title>hctx metrics</title>" in page and 'href="/metrics"' in page
+        for path in ("/foo", "/metrics/x", "/metricsx"):
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                get(root + path)
+            assert refused.value.code == 404, path
+        with pytest.raises(urllib.error.HTTPError) as post:
+            urllib.request.urlopen(urllib.request.Request(url, data=b"x", method="POST"), timeout=10)
+        assert post.value.code == 405 and post.value.headers["Allow"] == "GET, HEAD"
+        # Text format 0.0.4 unless OpenMetrics is asked for, as Prometheus does; gzip when accepted.
+        with urllib.request.urlopen(url, timeout=10) as plain:
+            assert plain.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+            text = plain.read().decode()
+        assert "# TYPE hctx_model_info gauge" in text and not text.endswith("# EOF\n")
+        ask = {"Accept": "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5",
+               "Accept-Encoding": "gzip"}  # fmt: skip
+        with urllib.request.urlopen(urllib.request.Request(url, headers=ask), timeout=10) as negotiated:
+            assert negotiated.headers["Content-Type"].startswith("application/openmetrics-text; version=1.0.0")
+            assert negotiated.headers["Content-Encoding"] == "gzip"
+            body = gzip.decompress(negotiated.read()).decode()  # two gzip members, read as one stream
+        assert "# TYPE hctx_model info" in body and "# TYPE hctx_session_tokens counter" in body
+        assert body.endswith("# EOF\n") and body.count("# EOF") == 1
+        assert of(parse(body), "alice") == of(parse(text), "alice") != {}
+        head = _raw(url, b"HEAD /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 ") and head.endswith(b"\r\n\r\n")  # headers, no body
+    finally:
+        stop(process)
+
+
+def test_held_connections_are_closed_and_never_starve_a_scrape(tmp_path: Path) -> None:
+    """Past --max-connections the connection waiting longest is closed; a head that never ends is
+    closed at --header-timeout; a kept-alive connection at --idle-timeout; a scrape gets through."""
+    import socket
+    import urllib.parse
+
+    put_record(tmp_path / "catalog", "alice", observedAtMs=int(time.time() * 1000))
+    process, url = start_exporter(tmp_path / "catalog", HOST, tmp_path / "exporter.log", "--listen", "127.0.0.1:0",
+                                  "--max-connections", "4", "--header-timeout", "1", "--idle-timeout", "2")  # fmt: skip
+    where = urllib.parse.urlsplit(url)
+    try:
+        held = [socket.create_connection((where.hostname, where.port), timeout=10) for _ in range(8)]
+        for sock in held[4:]:
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # never finished
+        assert of(parse(get(url)), "alice")["hctx_context_used_tokens"] == 92283  # a ninth, served
+        started = time.monotonic()
+        for sock in held:
+            assert sock.recv(100) == b""  # closed by the exporter: evicted, or at the header timeout
+        assert time.monotonic() - started < 5
+        kept = _raw(url, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", timeout=10)  # keep-alive, then silence
+        assert kept.startswith(b"HTTP/1.1 200 ") and b"hctx metrics" in kept  # closed at the idle timeout
+        huge = _raw(url, b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 40_000 + b"\r\n\r\n")
+        assert not huge.startswith(b"HTTP/1.1 200")  # a head past 16 KiB is not served
+        assert process.poll() is None
+    finally:
+        stop(process)
+
+
+def test_a_scrape_reads_only_the_agents_whose_files_changed(tmp_path: Path) -> None:
+    from guard.catalog import RACY_NS
+
+    catalog = tmp_path / "catalog"
+    for agent in ("a", "b", "c"):
+        put_record(catalog, agent)
+        put_claim(catalog, agent, desiredState="running")
+        for name in ("harness-context", "harness-state"):
+            os.utime(catalog / "agents" / HOST / agent / name, ns=(time.time_ns() - 2 * RACY_NS,) * 2)
+    exporter = exporter_of(catalog, NOW, HOST)
+    reads = lambda: parse(render(exporter))[("hctx_exporter_records_read_total", ())]  # noqa: E731
+    assert reads() == 3
+    assert reads() == 3 and exporter.agents_text(False, False) is exporter.agents_text(False, False)
+    put_record(catalog, "b", usedTokens=7)
+    samples = parse(render(exporter))
+    assert samples[("hctx_exporter_records_read_total", ())] == 4
+    assert of(samples, "b")["hctx_context_used_tokens"] == 7 and of(samples, "a")["hctx_context_used_tokens"] == 92283
+    (catalog / "agents" / HOST / "c" / "harness-context").unlink()
+    assert "hctx_context_used_tokens" not in of(parse(render(exporter)), "c")
+
+
+@given(st.one_of(st.integers(-(10**18), 10**18), st.floats(allow_nan=True, allow_infinity=True)))
+def test_values_are_spelled_as_prometheus_client_spells_them(value: float) -> None:
+    from prometheus_client.utils import floatToGoString
+
+    from wrapper.metrics import number_text
+
+    assert number_text(value) == floatToGoString(value)

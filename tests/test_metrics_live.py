@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from readers_catalog import put_record
+from readers_catalog import put_claim, put_record
 
 from guard.record import HarnessContext, parse_record
 from tests.prometheus_tools import README, REPO, RULES, get, require_tool, start_exporter, stop, yaml_blocks
@@ -60,7 +60,7 @@ def scrape_config(targets: list[str]) -> str:
 def quick_rules() -> str:
     """The shipped rules with each `for` shortened to 3 seconds, and nothing else changed."""
     rules, count = re.subn(r"(?m)^( {8}for: )\d+m$", r"\g<1>3s", RULES.read_text())
-    assert count == 6
+    assert count == len(re.findall(r"- alert: ", rules))
     return rules
 
 
@@ -110,9 +110,31 @@ def test_prometheus_scrapes_the_live_fleet(tmp_path: Path) -> None:
     scenario(prometheus, tmp_path, in_namespace=bool(os.environ.get(IN_NAMESPACE)))
 
 
+# The second host's agents, all claimed running but for `parked`: each per-agent alert must fire for
+# `hot` alone (stopped, stale and cool agents stay silent) and the stale one for `old` alone.
+SECOND_FLEET: dict[str, dict[str, Any]] = {
+    "far": {"usedPercent": 12.5},
+    "hot": {"usedPercent": 97.0, "usedTokens": 250_000, "compactAtTokens": 255_000,
+            "rateLimits": {"fiveHour": 95.0, "sevenDay": 40.0}},
+    "parked": {"usedPercent": 97.0, "usedTokens": 250_000, "compactAtTokens": 255_000,
+               "rateLimits": {"fiveHour": 95.0, "sevenDay": 40.0}},
+    "old": {"usedPercent": 85.0, "usedTokens": 250_000, "compactAtTokens": 255_000, "ageMs": 2 * 3600_000,
+            "rateLimits": {"fiveHour": 95.0, "sevenDay": 40.0}},
+}  # fmt: skip
+
+
+def second_fleet(catalog: Path) -> None:
+    now = time.time_ns() // 1_000_000
+    for identity, fields in SECOND_FLEET.items():
+        fields = dict(fields)
+        observed = now - fields.pop("ageMs", 0)
+        put_record(catalog, identity, host=SECOND_HOST, observedAtMs=observed, writtenAtMs=observed, **fields)
+        put_claim(catalog, identity, host=SECOND_HOST, desiredState="stopped" if identity == "parked" else "running")
+
+
 def scenario(prometheus: str, tmp_path: Path, *, in_namespace: bool) -> None:
     catalog, other = tmp_path / "catalog", tmp_path / "other"
-    put_record(other, "far", host=SECOND_HOST, observedAtMs=time.time_ns() // 1_000_000, usedPercent=12.5)
+    second_fleet(other)
     started: list[subprocess.Popen[bytes]] = []
     try:
         # In the namespace the first exporter takes its default address, the README's target.
@@ -156,16 +178,35 @@ def scenario(prometheus: str, tmp_path: Path, *, in_namespace: bool) -> None:
             selector = f'{{job="hctx",host="{DEMO_HOST}",agent="{agent.identity}",harness="{agent.harness}"}}'
             assert prom.value(f"hctx_context_used_percent{selector}") == record.used_percent, agent.identity
             assert prom.value(f"hctx_context_window_tokens{selector}") == record.window_tokens, agent.identity
-            assert prom.value(f"hctx_context_compactions{selector}") == record.compactions, agent.identity
+            assert prom.value(f"hctx_context_compactions_total{selector}") == record.compactions, agent.identity
             assert prom.value(f"hctx_context_observed_timestamp_seconds{selector}") == record.observed_at_ms / 1000
             withheld += record.used_percent is None
         assert withheld >= 1  # the pi session ends right after a compaction, its percent withheld
 
-        # The alert for the agent past 95% reaches firing; the ones below it do not.
-        hot = {a.identity for a in FLEET if (p := _record(catalog, a.identity).used_percent) is not None and p >= 95}
-        assert hot, "the demo fleet has an agent past 95%"
-        wait_for(lambda: _firing(prom, "HctxContextNearlyFull") == hot, timeout=60, what="HctxContextNearlyFull firing")
-        assert _firing(prom, "HctxExporterDown") == set()
+        # Every per-agent alert fires for the running, fresh, hot agent alone: never for the demo's
+        # agents (stopped now, one of them past 95%), the stopped `parked`, or the stale `old`.
+        stopped_hot = {a.identity for a in FLEET if (p := _record(catalog, a.identity).used_percent) and p >= 95}
+        assert stopped_hot, "the demo fleet has an agent past 95%"
+        for alert in ("HctxContextNearlyFull", "HctxContextFilling", "HctxContextHeadroomLow", "HctxRateLimitHigh"):
+            wait_for(lambda alert=alert: _firing(prom, alert) == {"hot"}, timeout=60, what=f"{alert} firing")
+        wait_for(lambda: _firing(prom, "HctxContextStale") == {"old"}, timeout=60, what="HctxContextStale firing")
+        time.sleep(4)  # past every `for`: nothing else joins them
+        for alert in ("HctxContextNearlyFull", "HctxContextFilling", "HctxContextHeadroomLow", "HctxRateLimitHigh"):
+            assert _firing(prom, alert) | _pending(prom, alert) == {"hot"}, alert
+        assert _firing(prom, "HctxExporterDown") | _firing(prom, "HctxExporterAbsent") == set()
+        annotations = _annotations(prom, "HctxContextHeadroomLow")
+        assert annotations["summary"] == f"{SECOND_HOST}/hot: 5k tokens left before it compacts", annotations
+        assert annotations["runbook_url"] == "docs/alerts.md#hctxcontextheadroomlow"
+
+        # Prometheus negotiated OpenMetrics: it knows the counters and the info family as such.
+        metadata = prom.api("metadata")
+        for name, kind in (("hctx_session_tokens", "counter"), ("hctx_context_compactions", "counter"),
+                           ("hctx_model", "info"), ("hctx_context_used_percent", "gauge"),
+                           ("hctx_exporter_build", "info")):  # fmt: skip
+            assert [entry["type"] for entry in metadata.get(name, [])][:1] == [kind], (name, metadata.get(name))
+        assert prom.value(f'process_resident_memory_bytes{{instance="{targets[1]}"}}') is not None
+
+        check_dashboard(prom, catalog, targets, tmp_path)
 
         # The model joins on from its info series, as the README shows.
         join = "hctx_context_used_percent * on (host, agent) group_left (model) hctx_model_info"
@@ -177,7 +218,7 @@ def scenario(prometheus: str, tmp_path: Path, *, in_namespace: bool) -> None:
 
         # Two hosts, two exporters, one query.
         hosts = prom.query("count by (host) (hctx_context_window_tokens)")
-        assert hosts == {(("host", DEMO_HOST),): len(FLEET), (("host", SECOND_HOST),): 1}
+        assert hosts == {(("host", DEMO_HOST),): len(FLEET), (("host", SECOND_HOST),): len(SECOND_FLEET)}
 
         # A relaunch claim removes the record: the next scrape has no reading series for the agent.
         relaunched = "claude-sonnet"
@@ -215,10 +256,65 @@ def _record(catalog: Path, identity: str) -> HarnessContext:
     return parse_record((catalog / "agents" / DEMO_HOST / identity / "harness-context").read_bytes())
 
 
-def _firing(prom: Prometheus, alert: str) -> set[str]:
+def _firing(prom: Prometheus, alert: str, state: str = "firing") -> set[str]:
     alerts = prom.api("alerts")["alerts"]
-    return {a["labels"]["agent"] if "agent" in a["labels"] else a["labels"]["instance"]
-            for a in alerts if a["labels"]["alertname"] == alert and a["state"] == "firing"}  # fmt: skip
+    return {a["labels"]["agent"] if "agent" in a["labels"] else a["labels"].get("instance", "")
+            for a in alerts if a["labels"]["alertname"] == alert and a["state"] == state}  # fmt: skip
+
+
+def _pending(prom: Prometheus, alert: str) -> set[str]:
+    return _firing(prom, alert, "pending")
+
+
+def _annotations(prom: Prometheus, alert: str) -> dict[str, str]:
+    (found,) = [a for a in prom.api("alerts")["alerts"] if a["labels"]["alertname"] == alert]
+    annotations: dict[str, str] = found["annotations"]
+    return annotations
+
+
+DASHBOARD = REPO / "monitoring" / "hctx-dashboard.json"
+
+
+def dashboard_queries() -> dict[str, list[str]]:
+    """Every panel's PromQL, by title, with the `host` variable at its "All" value."""
+    board = json.loads(DASHBOARD.read_text())
+    (host,) = [v for v in board["templating"]["list"] if v["name"] == "host"]
+    return {panel["title"]: [t["expr"].replace("$host", host["allValue"]) for t in panel["targets"]]
+            for panel in board["panels"]}  # fmt: skip
+
+
+def _agents(result: dict[tuple[tuple[str, str], ...], float]) -> dict[str, float]:
+    return {f"{dict(labels)['host']}/{dict(labels)['agent']}": value for labels, value in result.items()}
+
+
+def check_dashboard(prom: Prometheus, catalog: Path, targets: list[str], tmp_path: Path) -> None:
+    """Each panel's queries return exactly the series the records and the claims imply."""
+    queries = dashboard_queries()
+    results = {title: [prom.query(expr) for expr in exprs] for title, exprs in queries.items()}
+    hot, far, old = (f"{SECOND_HOST}/{name}" for name in ("hot", "far", "old"))
+    demo = {f"{DEMO_HOST}/{agent.identity}" for agent in FLEET}
+    assert _agents(results["Fleet fill"][0]) == {far: 12.5, hot: 97.0, old: 85.0}
+    assert [list(r.values()) for r in results["Running agents at or above 80% / 95%"]] == [[1.0], [1.0]]
+    assert _agents(results["Headroom to the harness's own compaction point"][0]) == {hot: 5000.0, old: 5000.0}
+    compactions = _agents(results["Compactions in the last hour"][0])
+    assert set(compactions) == demo | {f"{SECOND_HOST}/{name}" for name in SECOND_FLEET}, set(compactions)
+    assert all(value >= 0 for value in compactions.values())
+    rates = results["Account rate limits"][0]
+    assert {(dict(k)["agent"], dict(k)["window"]): v for k, v in rates.items() if dict(k)["agent"] == "hot"} == {
+        ("hot", "five_hour"): 95.0, ("hot", "seven_day"): 40.0}  # fmt: skip
+    assert _agents(results["Stale agents"][0]) == {old: 1.0}
+    running, every = results["Agents per host"]
+    assert {dict(k)["host"]: v for k, v in running.items()} == {DEMO_HOST: 0.0, SECOND_HOST: 3.0}
+    assert {dict(k)["host"]: v for k, v in every.items()} == {DEMO_HOST: len(demo), SECOND_HOST: len(SECOND_FLEET)}
+    up, took = results["Exporters"]
+    assert {dict(k)["instance"]: v for k, v in up.items()} == dict.fromkeys(targets, 1.0)
+    assert {dict(k)["instance"] for k in took} == set(targets) and all(0 <= v < 30 for v in took.values())
+    ranges = {title: [prom.api("query_range", query=expr, start=str(time.time() - 60), end=str(time.time()),
+                                step="2")["result"] for expr in exprs]
+              for title, exprs in queries.items()}  # fmt: skip
+    (tmp_path / "panels.json").write_text(json.dumps({"queries": queries, "ranges": ranges}))
+    if out := os.environ.get("HCTX_PANELS_OUT"):
+        Path(out).write_text(json.dumps({"queries": queries, "ranges": ranges}, indent=1))
 
 
 @pytest.fixture(autouse=True)

@@ -24,7 +24,7 @@ EXPOSED_KEYS = (
     "harness", "usedTokens", "windowTokens", "usedPercent", "model", "costUsd",
     "sessionTotalTokens", "rateLimits", "compactions", "lastCompactionMs",
     "lastCompactionTrigger", "compactAtTokens", "autoCompaction", "harnessVersion", "sessionId",
-    "observedAtMs", "ageMs", "stale", "headroomTokens",
+    "account", "rateLimitResetsAtMs", "observedAtMs", "ageMs", "stale", "headroomTokens",
 )  # fmt: skip
 
 

@@ -62,8 +62,15 @@ PINNED_ROSTER = (
     '"costUsd": null, "sessionTotalTokens": 2235329, "rateLimits": {"fiveHour": 31.0, "sevenDay": 55.0}, '
     '"compactions": 3, "lastCompactionMs": 1788000097290, "lastCompactionTrigger": "unknown", '
     '"compactAtTokens": null, "autoCompaction": null, "harnessVersion": null, "sessionId": null, '
-    '"observedAtMs": 1788000100000, "ageMs": 4210, "stale": false, "headroomTokens": null}},\n'
-    '{"host": "box", "identity": "bravo", "harness": null, "desiredState": null, "context": null}\n'
+    '"account": null, "rateLimitResetsAtMs": null, '
+    '"observedAtMs": 1788000100000, "ageMs": 4210, "stale": false, "headroomTokens": null}, '
+    '"accountRateLimits": {"account": null, "agentCount": 1, "fiveHour": {"usedPercent": 31.0, '
+    '"resetsAtMs": null, "resetPassed": false, "observedAtMs": 1788000100000, "ageMs": 4210, "stale": false, '
+    '"agent": "box/alpha", "fromAnotherAgent": false}, "sevenDay": {"usedPercent": 55.0, "resetsAtMs": null, '
+    '"resetPassed": false, "observedAtMs": 1788000100000, "ageMs": 4210, "stale": false, "agent": "box/alpha", '
+    '"fromAnotherAgent": false}}},\n'
+    '{"host": "box", "identity": "bravo", "harness": null, "desiredState": null, "context": null, '
+    '"accountRateLimits": null}\n'
     "]\n"
 )
 
@@ -84,7 +91,7 @@ def test_context_keys_are_exactly_the_spec_exposure_keys_in_order(tmp_path: Path
         "harness", "usedTokens", "windowTokens", "usedPercent", "model", "costUsd",
         "sessionTotalTokens", "rateLimits", "compactions", "lastCompactionMs",
         "lastCompactionTrigger", "compactAtTokens", "autoCompaction", "harnessVersion", "sessionId",
-        "observedAtMs", "ageMs", "stale", "headroomTokens",
+        "account", "rateLimitResetsAtMs", "observedAtMs", "ageMs", "stale", "headroomTokens",
     ]  # fmt: skip
     assert "incarnation" not in row.context and "writtenAtMs" not in row.context
     assert list(row.wire()) == ["host", "identity", "harness", "desiredState", "context"]
@@ -349,17 +356,21 @@ def test_human_rows_show_column_meter_age_and_cost(tmp_path: Path) -> None:
     put_record(tmp_path, "alpha", usedPercent=92.4, compactions=1, usedTokens=184_800, windowTokens=200_000,
                compactAtTokens=196_800)  # fmt: skip
     put_record(tmp_path, "beta", harness="pi", usedPercent=585.6, usedTokens=23_424, windowTokens=4_000,
-               costUsd=0.0123, compactions=0)  # fmt: skip
+               costUsd=0.0123, compactions=0, rateLimits=None)  # fmt: skip
     put_record(tmp_path, "gamma", harness="claude", usedPercent=None, usedTokens=None, windowTokens=None,
-               compactions=0, observedAtMs=NOW - 2 * HOUR)  # fmt: skip
+               compactions=0, observedAtMs=NOW - 2 * HOUR, rateLimits=None)  # fmt: skip
     (tmp_path / "agents" / HOST / "delta").mkdir()
-    text = render_agents(roster(tmp_path).rows, colour=False)
+    text = render_agents(roster(tmp_path).rows, colour=False, now=NOW)
     lines = text.splitlines()
-    assert lines[0].split() == ["HOST", "AGENT", "HARNESS", "DESIRED", "CONTEXT", "TOKENS", "HEADROOM", "AGE", "COST"]
-    assert lines[1].split() == ["box", "alpha", "codex", "-", "ctx:92%", "⟳1", "185k/200k", "→", "12k", "4s", "-"]
-    assert lines[2].split() == ["box", "beta", "pi", "-", "ctx:586%", "23k/4k", "-", "4s", "$0.0123"]
-    assert lines[3].split() == ["box", "delta", "-", "-", "ctx:-", "-", "-", "-"]
-    assert lines[4].split() == ["box", "gamma", "claude", "-", "ctx:?", "stale", "-", "2h00m", "-"]
+    assert lines[0].split() == [
+        "HOST", "AGENT", "HARNESS", "DESIRED", "CONTEXT", "TOKENS", "HEADROOM", "AGE", "COST", "LIMITS",
+    ]  # fmt: skip
+    assert lines[1].split() == [
+        "box", "alpha", "codex", "-", "ctx:92%", "⟳1", "185k/200k", "→", "12k", "4s", "-", "5h", "31%", "7d", "55%",
+    ]  # fmt: skip
+    assert lines[2].split() == ["box", "beta", "pi", "-", "ctx:586%", "23k/4k", "-", "4s", "$0.0123", "-"]
+    assert lines[3].split() == ["box", "delta", "-", "-", "ctx:-", "-", "-", "-", "-"]
+    assert lines[4].split() == ["box", "gamma", "claude", "-", "ctx:?", "stale", "-", "2h00m", "-", "-"]
     assert "\x1b" not in text
 
 

@@ -56,3 +56,33 @@ def test_an_undecodable_times_file_beside_a_claude_capture_is_no_traceback(tmp_p
     capture.with_suffix(".times").write_bytes(b"\xff\xfe\x00 not times\n")
     code, out, err = replay("--harness", "claude", str(capture))
     assert code == 0 and '"reason": "bucket"' in out and "Traceback" not in err
+
+
+def test_a_fifo_a_device_or_a_huge_file_is_refused_not_read_forever(tmp_path: Path) -> None:
+    """Issue 24/26: `hctx replay` of a FIFO nobody writes, of /dev/zero, of a file over the bound."""
+    import os
+
+    from sidecar.spec import MAX_RECORDING_BYTES
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    huge = tmp_path / "huge.jsonl"
+    with huge.open("wb") as out:
+        out.truncate(MAX_RECORDING_BYTES + 1)  # sparse: no disk spent
+    for path in (fifo, Path("/dev/zero"), huge):
+        for harness in ("claude", "codex", "pi", "opencode"):
+            code, out, err = replay("--harness", harness, str(path))
+            assert (code, out) == (2, ""), (path, harness, err)
+            assert str(path) in err and "Traceback" not in err
+    code, _, err = replay("--harness", "codex", str(fifo))
+    assert "is not a regular file" in err
+
+
+def test_a_fifo_as_the_times_file_beside_a_claude_capture_does_not_hang(tmp_path: Path) -> None:
+    import os
+
+    capture = tmp_path / "statusline.jsonl"
+    capture.write_bytes((REPO / "fixtures" / "claude" / "statusline-2.1.332.jsonl").read_bytes())
+    os.mkfifo(capture.with_suffix(".times"))
+    code, out, err = replay("--harness", "claude", str(capture))
+    assert code == 0 and '"reason": "bucket"' in out and "Traceback" not in err

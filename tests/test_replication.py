@@ -58,3 +58,12 @@ def test_the_json_carries_the_same_file_and_the_folder_settings_that_matter(tmp_
 def test_a_relative_catalog_is_printed_absolute() -> None:
     printed = hctx("replication", "syncthing", "--json", "--catalog", "rel")  # run from the repository
     assert json.loads(printed.stdout)["path"] == str(REPO / "rel" / "agents")
+
+
+def test_a_catalog_path_with_a_newline_or_control_character_is_refused(tmp_path: Path) -> None:
+    """Issue 26, point 8: `--catalog $'fleet\\n!*\\n'` printed a live `!*` into the .stignore."""
+    for catalog in ("fleet\n!*\n", "fleet\r!*", "a\x1bb", "x\u2028!*", "tab\there"):
+        for json_flag in ((), ("--json",)):
+            printed = hctx("replication", "syncthing", *json_flag, "--catalog", str(tmp_path / catalog))
+            assert (printed.returncode, printed.stdout) == (2, ""), catalog
+            assert "control characters" in printed.stderr and "Traceback" not in printed.stderr

@@ -9,6 +9,8 @@ the one Codex producer; their readings and final records must agree.
 from __future__ import annotations
 
 import json
+import os
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,7 @@ from guard.policy import Reading, WriteGuard
 from guard.record import ContextFields
 from sidecar.decoding import Decoder, Dropped
 from sidecar.harnesses.codex import rollout
-from sidecar.harnesses.codex.events import CompactionItem, TokenUsage
+from sidecar.harnesses.codex.events import CompactionItem, HarnessBuild, ThreadOpened, TokenUsage
 from sidecar.harnesses.codex.producer import SPEC, CodexProducer, Rollout
 from sidecar.harnesses.codex.rollout import RolloutFollower, find_rollout, follow_rollout
 from sidecar.pipeline import Pipeline
@@ -167,13 +169,15 @@ def test_a_partial_line_waits_for_its_newline_and_a_huge_line_is_skipped() -> No
     follower = RolloutFollower("t")
     assert follower.feed(line[:50]) == []
     assert follower.feed(line[50:]) == []  # complete, but no newline yet: a writer may be mid-line
-    assert len(follower.feed(b"\n")) == 2
+    # The seat's own thread first (the follower never follows a subagent's), then the line's events.
+    assert follower.feed(b"\n")[0] == ThreadOpened(thread_id="t")
     huge = b'{"type":"response_item","payload":{"text":"' + b"x" * (MAX_LINE_BYTES + 1)
     # Skipped, not held: only the head that says what kind of line it was.
     assert follower.feed(huge) == [] and follower.decoder.framer.pending_bytes == 0
     assert follower.decoder.holding == HEAD_BYTES
     assert follower.feed(b'"}}\n' + line + b"\n") != []
-    assert follower.feed(b"\x00garbage\n{not json}\n" + b"[" * 50_000 + b"\n") == []
+    damaged = follower.feed(b"\x00garbage\n{not json}\n" + b"[" * 50_000 + b"\n")
+    assert [type(event) for event in damaged] == [Dropped] * 3  # counted (guard.json_rule), never a number
 
 
 def test_the_compaction_item_id_is_the_line_offset() -> None:
@@ -298,8 +302,10 @@ async def test_follow_submits_as_the_session_grows_and_backs_off_when_idle(
         path = write_rollout(tmp_path, "ours", LAUNCH_MS + 1_000, "/work/repo", b"".join(lines[:2]))
         with trio.fail_after(10):
             await until(lambda: len(frames) >= 4)
-        # session_meta first, as the app-server's thread/started (its cliVersion), then the usage.
-        assert [getattr(f, "thread_id", None) for f in frames[:2]] == [None, "ours"]
+        # The seat's own thread, then session_meta as the app-server's thread/started (its
+        # cliVersion), then the usage.
+        assert [type(f) for f in frames[:3]] == [ThreadOpened, HarnessBuild, TokenUsage]
+        assert [getattr(f, "thread_id", None) for f in frames[:3]] == ["ours", None, "ours"]
         with path.open("ab") as handle:
             handle.write(b"".join(lines[2:]))
         with trio.fail_after(10):
@@ -329,7 +335,7 @@ async def test_the_last_turn_is_read_when_the_session_ends_between_polls(
     async with trio.open_nursery() as nursery:
         nursery.start_soon(follow_rollout, settings, Streams(SPEC, frames.append))
         await trio.sleep(30)  # idle long enough to back off to the longest poll
-        assert len(frames) == 3  # session_meta's thread/started, then the usage and its rate limits
+        assert len(frames) == 4  # its thread, session_meta's build, then the usage and its rate limits
         with path.open("ab") as handle:
             handle.write(b"".join(lines[1:]))
         nursery.cancel_scope.cancel()  # the seat ended before the next poll
@@ -361,8 +367,8 @@ def test_a_compaction_line_too_long_to_parse_still_counts() -> None:
     frames = [
         frame for piece in range(0, len(compacted), 65536) for frame in follower.feed(compacted[piece : piece + 65536])
     ]
-    assert [type(f) for f in frames] == [CompactionItem]
-    assert frames[0].item_id == "rollout-compacted:t:0"
+    assert [type(f) for f in frames] == [ThreadOpened, CompactionItem]
+    assert frames[1].item_id == "rollout-compacted:t:0"
     assert (
         follower.feed(
             b'{"timestamp":"x","type":"response_item","payload":{"t":"' + b"y" * (MAX_LINE_BYTES + 1) + b'"}}\n'
@@ -476,3 +482,50 @@ async def test_a_seat_too_short_to_be_seen_holding_its_rollout_never_takes_a_liv
         running.kill()
         running.wait()
     assert threads_of(frames) == {"ours"} and ours.exists()
+
+
+def codex_with_a_tool(ours: Path, tool: str) -> Any:
+    """A stand-in codex holding `ours` for appending, with a child running the shell line `tool`."""
+    import subprocess
+
+    return subprocess.Popen(["sh", "-c", f'exec 4>>{ours}; sh -c "{tool}" & wait'], start_new_session=True)
+
+
+@pytest.mark.parametrize("tool_opens", ["exec 3<", "exec 3>>"], ids=["read", "append"])
+async def test_a_tool_the_harness_runs_opening_another_sessions_rollout_never_moves_the_seat(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tool_opens: str
+) -> None:
+    """Issue 26, point 4: the seat's codex holds its rollout for writing; a child of it (a tool) opens
+    another session's newer rollout, to read it or even to append. The seat stays on its own file,
+    and the reading its codex appends afterwards is the one submitted."""
+    monkeypatch.setattr(rollout, "_now_ms", lambda: LAUNCH_MS + 10_000)
+    monkeypatch.setattr(rollout, "RESCAN_EVERY_S", 0.1)
+    lines = rollout_bytes("0.171.0", "stdio-main").splitlines(keepends=True)
+    ours = write_rollout(tmp_path, "ours", LAUNCH_MS + 1_000, "/work/repo", b"".join(lines[:-1]))
+    other = write_rollout(tmp_path, "other", LAUNCH_MS + 2_000, "/work/repo", b"".join(lines))
+    go = tmp_path / "go"
+    tool = f"while [ ! -e {go} ]; do sleep 0.02; done; {tool_opens}{other}; sleep 60"
+    codex = codex_with_a_tool(ours, tool)
+    frames: list[Frame] = []
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(follow_rollout, pid_config(tmp_path, codex.pid), Streams(SPEC, frames.append))
+            with trio.fail_after(10):
+                await until(lambda: bool(threads_of(frames)))
+            go.touch()
+            await trio.sleep(1.0)  # ten rescans with the tool holding the other session's file
+            with ours.open("ab") as handle:
+                handle.write(lines[-1])
+            with trio.fail_after(10):
+                await until(lambda: len([f for f in frames if isinstance(f, TokenUsage)]) >= 2)
+            await trio.sleep(0.3)
+            nursery.cancel_scope.cancel()
+    finally:
+        os.killpg(codex.pid, signal.SIGKILL)  # the seat's codex and its tool, their own group
+        codex.wait()
+    assert threads_of(frames) == {"ours"}
+    usages = [f for f in frames if isinstance(f, TokenUsage)]
+    producer = CodexProducer()
+    for frame in frames:
+        producer.feed(frame, 0)
+    assert producer.last_reading is not None and usages[-1].thread_id == "ours"

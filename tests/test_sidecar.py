@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from guard.record import HarnessContext, parse_record
-from guard.state import read_state
+from guard.state import AgentLock, read_state
 from guard.store import AgentDir
 from sidecar.registry import spec_for
 from sidecar.streams import Streams
@@ -81,9 +81,10 @@ def test_hostile_input_leaves_the_sidecar_running_and_the_record_correct(tmp_pat
 def test_a_straggler_from_an_old_incarnation_lands_visibly_older_and_is_overwritten(tmp_path: Path) -> None:
     agent = AgentDir(tmp_path, HOST, "relaunched")
     options = WrapOptions(agent=agent, harness="pi", argv=("true",))
-    old = claim(options)
+    lock = AgentLock(agent)
+    old = claim(options, lock)
     with sidecar(tmp_path, "relaunched", old) as (_, old_path):
-        new = claim(options)  # the relaunch: new claim, record removed
+        new = claim(options, lock, relaunch_of=old)  # the relaunch: new claim, record removed
         assert record_of(tmp_path, "relaunched") is None
         send(old_path, context_frame(900, 1000, 90.0).encode() + b"\n")
         straggler = wait_for(lambda: record_of(tmp_path, "relaunched"), what="straggler write")

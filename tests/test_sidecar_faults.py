@@ -528,11 +528,10 @@ def test_a_full_tap_queue_gives_way_oldest_first_and_reports_how_many(monkeypatc
 
 
 async def test_a_drop_report_is_counted_where_it_happened_and_never_reaches_a_producer(channel_dir: Path) -> None:
-    from sidecar import channel, logs
+    from sidecar import channel
 
     path = channel_dir / "s"
     received = Received()
-    before = logs.drops["codex stdout tap"]
     async with trio.open_nursery() as nursery:
         await nursery.start(channel.serve, path, raw_channel_decoder, received.submit)
         stream = await trio.open_unix_socket(os.fspath(path))
@@ -547,7 +546,8 @@ async def test_a_drop_report_is_counted_where_it_happened_and_never_reaches_a_pr
     assert (report.where, report.count) == ("codex stdout tap", 7)
     pipeline = Pipeline(_NoFrameExpected(), WriteGuard("a", "i"))  # the sidecar's own path for it
     assert pipeline.feed(report, 1000) == []
-    assert logs.drops["codex stdout tap"] - before == 7
+    assert pipeline.drops == {"codex stdout tap": 7} and pipeline.dropped == 1
+    assert Pipeline(_NoFrameExpected(), WriteGuard("a", "i")).drops == {}  # each pipeline its own count
 
 
 class _NoFrameExpected:

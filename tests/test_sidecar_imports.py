@@ -46,7 +46,10 @@ CASES: dict[str, tuple[str, str, tuple[str, ...], tuple[str, ...]]] = {
     "omp": ("omp", "none", (), HTTP + WEBSOCKET),
     "codex-stdio": ("codex", "channel", ("sidecar.harnesses.codex.transport",), HTTP + WEBSOCKET),
     "codex-rollout": (
-        "codex", "rollout", ("sidecar.harnesses.codex.transport", "sidecar.harnesses.codex.rollout"), HTTP + WEBSOCKET
+        "codex",
+        "rollout",
+        ("sidecar.harnesses.codex.transport", "sidecar.harnesses.codex.rollout"),
+        HTTP + WEBSOCKET,
     ),
     "codex-relay": ("codex", "relay", ("sidecar.harnesses.codex.transport", "trio_websocket"), HTTP),
     "opencode": ("opencode", "opencode", ("sidecar.harnesses.opencode.transport", *HTTP, "anyio"), WEBSOCKET),

@@ -19,6 +19,7 @@ import pytest
 from guard_factory import record
 
 import guard.store as store
+import guard.walk as walk
 from guard.catalog import iter_hosts, iter_identities
 from guard.errors import CatalogError
 from guard.projection import read_context
@@ -299,13 +300,13 @@ def test_symlinked_or_non_directory_ancestry_is_refused(catalog: Path, layout: s
 def test_different_devices_are_refused_without_writing(catalog: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     agent = _agent(catalog)
     before = write_context(agent, record(used_tokens=1, written_at_ms=1))
-    real_device = store.device_of
+    real_device = walk.device_of
 
     def staging_on_another_device(fd: int) -> int:
         on_staging = os.path.samestat(os.fstat(fd), os.stat(staging_dir(catalog)))
         return real_device(fd) + (1 if on_staging else 0)
 
-    monkeypatch.setattr(store, "device_of", staging_on_another_device)
+    monkeypatch.setattr(walk, "device_of", staging_on_another_device)
     with pytest.raises(CatalogError, match="different filesystems"):
         write_context(agent, record(used_tokens=2, written_at_ms=2))
     with pytest.raises(CatalogError, match="different filesystems"):
@@ -499,3 +500,18 @@ def test_proc_stat_reads_parent_and_start_past_a_name_with_parentheses(tmp_path:
         child.kill()
         child.wait()
     assert proc_stat(child.pid) is None or proc_stat(child.pid) != stat
+
+
+def test_the_store_split_by_job_keeps_every_public_import() -> None:
+    """guard.store was names, defaults, log layout, /proc probing, locks and atomic replace in one
+    module; each job has its own now, and `from guard.store import X` still gives the very object."""
+    import importlib
+
+    jobs = {name: importlib.import_module(f"guard.{name}") for name in ("layout", "procs", "walk", "locks", "atomic")}
+    homes = {name: job for job, module in jobs.items() for name in module.__all__}
+    for name in store.__all__:
+        if name in homes:
+            assert getattr(store, name) is getattr(jobs[homes[name]], name), name
+    assert {"write_context", "remove_context", "append_log_line"} <= set(store.__all__) - set(homes)
+    one_of_each = ("default_host", "proc_stat", "open_chain", "agent_locked", "write_json_atomic")
+    assert {homes[name] for name in one_of_each} == set(jobs)

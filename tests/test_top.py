@@ -36,14 +36,15 @@ def frame(catalog: Path, *, width: int | None = None, height: int | None = None,
 
 
 def fleet(catalog: Path) -> None:
+    """No rate limits anywhere (so no LIMITS column): `test_the_accounts_figure_*` adds them."""
     put_record(catalog, "low", usedPercent=12.0, usedTokens=24_000, windowTokens=200_000, compactions=0,
-               compactAtTokens=180_000)  # fmt: skip
+               compactAtTokens=180_000, rateLimits=None)  # fmt: skip
     put_record(catalog, "over", harness="pi", usedPercent=585.6, usedTokens=23_424, windowTokens=4_000,
-               costUsd=0.0123, compactions=0)  # fmt: skip
+               costUsd=0.0123, compactions=0, rateLimits=None)  # fmt: skip
     put_record(catalog, "mid", usedPercent=85.0, usedTokens=170_000, windowTokens=200_000, compactions=2,
-               compactAtTokens=160_000)  # fmt: skip
+               compactAtTokens=160_000, rateLimits=None)  # fmt: skip
     put_record(catalog, "claude", harness="claude", usedPercent=None, usedTokens=None, windowTokens=None,
-               compactions=0, observedAtMs=NOW - 2 * HOUR, costUsd=1.5)  # fmt: skip
+               compactions=0, observedAtMs=NOW - 2 * HOUR, costUsd=1.5, rateLimits=None)  # fmt: skip
     agent_path(catalog, "empty")
 
 
@@ -106,22 +107,41 @@ def test_only_the_live_view_says_how_to_quit(tmp_path: Path) -> None:
 def test_a_narrow_terminal_narrows_the_bar_then_hides_columns_and_says_which(tmp_path: Path) -> None:
     fleet(tmp_path)
     full = frame(tmp_path)
-    assert max(map(len, full[4:])) == 98 and full[4].split() == list(COLUMNS)
+    shown = list(COLUMNS[:-1])  # no agent has an account figure: no LIMITS column, and no note of one
+    assert max(map(len, full[4:])) == 98 and full[4].split() == shown
     at_90 = frame(tmp_path, width=90)  # the bar gives up cells; every column stays, COST included
-    assert at_90[1] == HELP and at_90[4].split() == list(COLUMNS)
+    assert at_90[1] == HELP and at_90[4].split() == shown
     assert at_90[5].split() == ["box/over", "pi", "█" * 12, "586%", "23k", "4k", "-", "0", "4s", "$0.0123"]
     assert all(len(line) <= 90 for line in at_90)
     at_80 = frame(tmp_path, width=80, interactive=False)
     assert at_80[1] == "+1 column hidden, widen the terminal: HARNESS"
-    assert at_80[4].split() == [name for name in COLUMNS if name != "HARNESS"]
+    assert at_80[4].split() == [name for name in shown if name != "HARNESS"]
     assert at_80[5].split() == ["box/over", "█" * BAR_MIN_CELLS, "586%", "23k", "4k", "-", "0", "4s", "$0.0123"]
     at_70 = frame(tmp_path, width=70, interactive=False)
     assert at_70[1] == "+2 columns hidden, widen the terminal: HARNESS, WINDOW"
-    assert at_70[4].split() == [name for name in COLUMNS if name not in ("HARNESS", "WINDOW")]
+    assert at_70[4].split() == [name for name in shown if name not in ("HARNESS", "WINDOW")]
     at_50 = frame(tmp_path, width=50, interactive=False)
     assert at_50[1] == "+4 columns hidden, widen the terminal: HARNESS, FI"  # cut to the width, never wrapped
     assert at_50[4].split() == ["AGENT", "PCT", "TOKENS", "⟳", "AGE", "COST"]
     assert all(len(line) <= 50 for line in at_50)
+
+
+def test_the_accounts_figure_is_beside_each_agent_and_hidden_first(tmp_path: Path) -> None:
+    fleet(tmp_path)
+    key = "0" * 32
+    for identity, percent, age in (("one", 81.0, 3 * 60_000), ("two", 96.0, 60_000)):
+        put_record(tmp_path, identity, rateLimits={"fiveHour": percent, "sevenDay": 40.0},
+                   account={"key": key, "label": "claude · max"}, observedAtMs=NOW - age)  # fmt: skip
+    lines = frame(tmp_path)
+    assert lines[4].split() == list(COLUMNS)
+    by_agent = {line.split()[0]: line for line in lines[5:]}
+    assert by_agent["box/one"].endswith("5h 96%* 7d 40%*")  # two's newer snapshot is the account's figure
+    assert by_agent["box/two"].endswith("5h 96% 7d 40%")
+    assert by_agent["box/low"].endswith("-")
+    coloured = frame(tmp_path, colour=True)
+    assert "\x1b[31m5h 96%* 7d 40%*\x1b[0m" in "\n".join(coloured)  # red from 95, as the meter
+    narrow = frame(tmp_path, width=100, interactive=False)
+    assert narrow[1] == "+1 column hidden, widen the terminal: LIMITS"
 
 
 def test_frame_counts_warnings_and_shows_an_unreadable_catalog(tmp_path: Path) -> None:
@@ -330,7 +350,7 @@ def big_fleet(catalog: Path, now: int) -> None:
             harness = ("codex", "claude", "pi")[index % 3]
             observed = now - (2 * HOUR if index % 50 == 0 else index * 1000)
             put_record(catalog, f"agent-{index:03d}", host=host, harness=harness, usedPercent=float(index % 100),
-                       observedAtMs=observed, writtenAtMs=observed)  # fmt: skip
+                       observedAtMs=observed, writtenAtMs=observed, rateLimits=None)  # fmt: skip
             index += 1
 
 

@@ -115,9 +115,79 @@ def test_a_new_incarnation_starts_armed_and_owes_fresh_after_stale() -> None:
         [seen_row("a", None, None)],  # the relaunch claim removed the record
         [seen_row("a", "i2", context(88))],
     ]
-    assert run_stream(snapshots) == [
-        ("a", "compaction", None), ("a", "fill", 80.0), ("a", "stale", None), ("a", "fresh", None), ("a", "fill", 80.0),
+    assert run_stream(snapshots) == [  # the 2 compactions it had when first seen are not news
+        ("a", "fill", 80.0), ("a", "stale", None), ("a", "fresh", None), ("a", "fill", 80.0),
     ]  # fmt: skip
+
+
+def test_a_first_sight_arms_and_never_replays_history() -> None:
+    """A new watch over an existing catalog: the compactions already counted, and what stopped
+    agents last said, are history; what it sees happen next is told."""
+    first = [
+        seen_row("stopped", "i1", context(96, compactions=3), running=False),
+        seen_row("compacted", "i1", context(40, compactions=5)),
+        seen_row("quiet", "i1", context(10, compactions=1)),
+    ]
+    later = [
+        seen_row("stopped", "i1", context(96, compactions=3), running=False),
+        seen_row("compacted", "i1", context(40, compactions=6)),  # one while watched
+        seen_row("quiet", "i1", context(10, compactions=1)),
+    ]
+    assert run_stream([first, later]) == [("compacted", "compaction", None)]
+    # The stopped agent is armed at 96: it is told again only after dropping below and rising.
+    again = [seen_row("stopped", "i1", context(50), running=False), seen_row("stopped", "i1", context(81))]
+    assert run_stream([first, [again[0]], [again[1]]]) == [("stopped", "fill", 80.0)]
+
+
+def test_a_first_sight_of_a_running_agent_tells_its_present_fill_but_not_its_past() -> None:
+    snapshot = [seen_row("hot", "i1", context(96, compactions=4)), seen_row("idle", "i1", context(10, stale=True))]
+    assert run_stream([snapshot]) == [("hot", "fill", 80.0), ("hot", "fill", 95.0), ("idle", "stale", None)]
+
+
+def test_a_straggler_from_an_older_incarnation_repeats_nothing() -> None:
+    """The relaunched agent's readings are told; a late record of the old incarnation (observed
+    before them) changes nothing, and the new one's next reading is not told again either."""
+    old, new = context(90, compactions=1), context(90)
+    old["observedAtMs"], new["observedAtMs"] = NOW - 60_000, NOW - 1000
+    snapshots = [
+        [seen_row("a", "i1", old)],
+        [seen_row("a", "i2", new)],
+        [seen_row("a", "i1", old)],  # the straggler
+        [seen_row("a", "i2", new)],
+    ]
+    assert run_stream(snapshots) == [("a", "fill", 80.0), ("a", "fill", 80.0)]
+
+
+def test_observe_reads_a_record_of_a_past_incarnation_as_no_reading(tmp_path: Path) -> None:
+    put_record(tmp_path, "a", incarnation="old", observedAtMs=NOW - 1000, writtenAtMs=NOW - 1000)
+    put_claim(tmp_path, "a", incarnation="new", history=[
+        {"incarnation": "old", "claimedAtMs": NOW - 60_000, "wrapperPid": 999_999_998}])  # fmt: skip
+    (observation,), _ = observe(tmp_path, NOW, here=HOST)
+    assert observation.incarnation is None
+    put_record(tmp_path, "a", incarnation="new", observedAtMs=NOW - 500, writtenAtMs=NOW - 500)
+    (observation,), _ = observe(tmp_path, NOW, here=HOST)
+    assert observation.incarnation == "new"
+
+
+def test_observe_through_a_cache_reads_only_the_records_that_changed(tmp_path: Path) -> None:
+    from guard.catalog import RACY_NS
+    from wrapper.roster import RosterCache
+
+    old = NOW - 1000
+    for agent in ("a", "b", "c"):
+        put_record(tmp_path, agent, observedAtMs=old, writtenAtMs=old)
+        put_claim(tmp_path, agent, desiredState="running")
+        for name in ("harness-context", "harness-state"):  # older than the racy window
+            os.utime(tmp_path / "agents" / HOST / agent / name, ns=(time.time_ns() - 2 * RACY_NS,) * 2)
+    cache = RosterCache(tmp_path)
+    observe(tmp_path, NOW, here=HOST, cache=cache)
+    assert cache.cache.reads == 3
+    again, _ = observe(tmp_path, NOW + 5, here=HOST, cache=cache)
+    assert cache.cache.reads == 3 and [o.row.context["ageMs"] for o in again if o.row.context] == [1005] * 3
+    put_record(tmp_path, "b", usedPercent=77.0, observedAtMs=old + 1, writtenAtMs=old + 1)
+    changed, _ = observe(tmp_path, NOW + 10, here=HOST, cache=cache)
+    assert cache.cache.reads == 4
+    assert [o.row.context["usedPercent"] for o in changed if o.row.context] == [33, 77.0, 33]
 
 
 def test_headroom_fires_below_the_margin_once_and_rearms_at_or_above_it() -> None:
@@ -217,14 +287,22 @@ def reference(stream: list[Any]) -> list[tuple[str, str, float | None]]:
                     break
                 segment.insert(0, earlier)
             fresh_before = [earlier for earlier in segment if not earlier["stale"]]
+            # The first reading since the agent appeared arms it: its compaction count is not news,
+            # nor is anything a stopped agent's fresh first reading says.
+            first_sight = not past
+            baseline = past[0]["compactions"] if past and len(segment) == len(past) else 0
             past.append(slot)
+            if first_sight:
+                baseline = slot["compactions"]
+                if not slot["stale"] and not slot["running"]:
+                    continue
             if slot["stale"]:
                 if slot["running"] and not owed_fresh:
                     told.append((agent, "stale", None))
                 continue
             if owed_fresh:
                 told.append((agent, "fresh", None))
-            last_count = fresh_before[-1]["compactions"] if fresh_before else 0
+            last_count = fresh_before[-1]["compactions"] if fresh_before else baseline
             if slot["compactions"] > last_count:
                 told.append((agent, "compaction", None))
             if slot["percent"] is not None:
@@ -263,7 +341,7 @@ def test_watch_fires_exactly_once_per_crossing_across_restarts(stream: list[Any]
 
 
 def test_state_round_trips_and_lives_under_the_host_local_control_dir(tmp_path: Path) -> None:
-    state = {"box/a": Seen("inc-1", frozenset({80.0}), True, 2, stale=True), "box/b": Seen("inc-2")}
+    state = {"box/a": Seen("inc-1", frozenset({80.0}), True, 2, stale=True, observed_ms=NOW), "box/b": Seen("inc-2")}
     assert load_state(dump_state(state)) == state
     state_file = StateFile(tmp_path, "default")
     with state_file.held() as dir_fd:
@@ -272,7 +350,12 @@ def test_state_round_trips_and_lives_under_the_host_local_control_dir(tmp_path: 
     assert state_file.path == tmp_path / ".st2" / "watch" / "default.json"
     assert json.loads(state_file.path.read_text())["agents"]["box/a"] == {
         "incarnation": "inc-1", "fired": [80.0], "headroomFired": True, "compactions": 2, "stale": True,
+        "observedMs": NOW,
     }  # fmt: skip
+    # A state file from before `observedMs` still loads.
+    assert load_state(b'{"schema": "hctx.watch-state.v1", "agents": {"box/b": {"incarnation": "inc-2"}}}') == {
+        "box/b": Seen("inc-2")
+    }
     assert not (tmp_path / "agents").exists()
     assert sorted(os.listdir(tmp_path / ".st2" / "watch")) == ["default.json", "default.lock"]  # no temp left
 
@@ -483,3 +566,61 @@ async def test_the_readme_notify_send_commands_show_the_message(tmp_path: Path) 
     finally:
         os.environ["PATH"] = old_path
     assert shown.read_text().splitlines() == [f"hctx|{event.message()}"] * 2
+
+
+def test_a_new_watch_over_an_existing_catalog_tells_only_what_happens_while_it_watches(tmp_path: Path) -> None:
+    """Issue 25/27: stopped agents with old fills and compactions, running ones with compactions:
+    a first start tells none of it; the first line out is the one reading that crossed 80 after."""
+    catalog = tmp_path / "catalog"
+    stamp = _now()
+    for index in range(20):
+        put_record(catalog, f"old-{index}", usedPercent=96.0, compactions=3, observedAtMs=stamp, writtenAtMs=stamp)
+        put_claim(catalog, f"old-{index}", desiredState="stopped")
+    for index in range(5):
+        put_record(catalog, f"live-{index}", usedPercent=50.0, compactions=2, observedAtMs=stamp, writtenAtMs=stamp)
+        put_claim(catalog, f"live-{index}", wrapperPid=os.getpid(), host=HOST, desiredState="running")
+    watch = _watch(catalog, "--reread", "0.3")
+    try:
+        assert process_logged(watch, "following")
+        time.sleep(1.0)  # several re-reads of the whole catalog
+        later = _now()
+        put_record(catalog, "live-3", usedPercent=85.0, compactions=2, observedAtMs=later, writtenAtMs=later)
+        first = json.loads(_readline(watch))
+    finally:
+        out, _ = _stop(watch)
+    assert (first["agent"], first["event"], first["threshold"]) == ("live-3", "fill", 80)
+    assert out == ""  # nothing after it either
+
+
+def process_logged(process: subprocess.Popen[str], text: str, timeout: float = 20.0) -> bool:
+    assert process.stderr is not None
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: lines.put(process.stderr.readline()), daemon=True).start()  # type: ignore[union-attr]
+    return text in lines.get(timeout=timeout)
+
+
+def test_a_partial_step_keeps_the_agents_it_did_not_see() -> None:
+    """A file event steps only the agents whose files changed; the others keep what was told."""
+    both = [seen_row("a", "i1", context(85)), seen_row("b", "i1", context(90))]
+    events, state = step({}, both, NOW, Settings())
+    assert len(events) == 2  # fill 80 for each
+    events, after = step(state, [seen_row("a", "i1", context(10))], NOW, Settings(), partial=True)
+    assert events == [] and after["box/b"] == state["box/b"] and after["box/a"].fired == frozenset()
+    assert "box/b" not in step(state, [seen_row("a", "i1", context(10))], NOW, Settings())[1]
+
+
+def test_a_file_event_reads_only_the_agents_it_names(tmp_path: Path) -> None:
+    from wrapper.roster import RosterCache
+    from wrapper.watch import agent_of
+
+    for agent in ("a", "b"):
+        put_record(tmp_path, agent, observedAtMs=NOW - 1000, writtenAtMs=NOW - 1000)
+    cache = RosterCache(tmp_path)
+    observe(tmp_path, NOW, here=HOST, cache=cache)
+    reads = cache.cache.reads
+    put_record(tmp_path, "b", usedPercent=90.0, observedAtMs=NOW - 500, writtenAtMs=NOW - 500)
+    named = agent_of(tmp_path, str(tmp_path / "agents" / HOST / "b" / "harness-context"))
+    assert named == (HOST, "b")
+    seen, _ = observe(tmp_path, NOW, here=HOST, cache=cache, only={named})
+    assert [(o.row.identity, o.row.context and o.row.context["usedPercent"]) for o in seen] == [("b", 90.0)]
+    assert cache.cache.reads == reads + 1  # `a` was not looked at

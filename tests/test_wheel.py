@@ -102,6 +102,7 @@ def test_the_wheel_holds_exactly_the_package_sources(installed: Installed) -> No
     nested = {"wrapper/harnesses/claude.py", "sidecar/harnesses/pi/producer.py", "sidecar/harnesses/codex/transport.py"}
     assert nested <= shipped
     assert {"sidecar/assets/hctx-channel.ts", "wrapper/model_windows.json"} <= shipped
+    assert {f"wrapper/web/assets/{name}" for name in ("index.html", "agent.html", "board.js", "board.css")} <= shipped
     with zipfile.ZipFile(installed.wheel) as archive:
         capture = archive.read("sidecar/assets/demo/pi-0.84.2.channel.jsonl")
     assert capture == (REPO / "fixtures/pi/live/pi-0.84.2.channel.jsonl").read_bytes()  # a file, not a link
@@ -239,3 +240,38 @@ def test_the_readme_first_command_works_as_printed_where_pip_install_is_refused(
     assert (clone / ".hctx" / "bin" / "hctx").is_file()
     outside = subprocess.run([DEBIAN_PYTHON, "-c", "import wrapper"], cwd=tmp_path, env=environ, capture_output=True)
     assert outside.returncode != 0
+
+
+def test_the_installed_board_serves_its_page_from_the_wheel(installed: Installed) -> None:
+    """`hctx web` from the wheel, outside the checkout: the page and every file it loads come from
+    the installed package (its own files, no CDN), and the API answers."""
+    import re
+    import select
+    import signal
+    import urllib.request
+
+    catalog = installed.outside / "web-catalog"
+    (catalog / "agents").mkdir(parents=True)
+    process = subprocess.Popen(
+        [str(installed.bin("hctx")), "web", "--catalog", str(catalog), "--listen", "127.0.0.1:0"],
+        cwd=installed.outside, env=user_env(installed.venv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert process.stdout is not None
+        ready, _, _ = select.select([process.stdout], [], [], 90)
+        assert ready, "hctx web printed no URL"
+        url = process.stdout.readline().strip()
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+/", url), url
+        with urllib.request.urlopen(url, timeout=30) as page:
+            html = page.read().decode()
+        files = re.findall(r'(?:src|href)="(/[^"]+)"', html)
+        assert {"/assets/board.js", "/assets/common.js", "/assets/board.css"} <= set(files)
+        for name in files:
+            with urllib.request.urlopen(url.rstrip("/") + name, timeout=30) as asset:
+                assert asset.status == 200 and asset.read()
+        with urllib.request.urlopen(url + "api/agents", timeout=30) as api:
+            assert api.read() == b"[]\n"
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 0 and "Traceback" not in stderr, stderr

@@ -298,3 +298,97 @@ def test_a_sigkilled_wrapper_in_a_terminal_takes_its_harness_group_along(tmp_pat
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
         os.close(terminal)
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 26, point 3: --takeover signals only a process proven to be the agent's wrapper
+
+
+@pytest.mark.parametrize("identity", ["none", "computed"])
+def test_takeover_never_signals_a_process_a_planted_claim_names(tmp_path: Path, identity: str) -> None:
+    """A planted harness-state whose wrapperPid is an unrelated `sleep` (with no wrapperIdentity, or
+    with the one anyone can compute from /proc): it is not signalled, and the agent is taken."""
+    from guard.state import process_identity
+
+    catalog = tmp_path / "c"
+    bystander = subprocess.Popen(["sleep", "60"])
+    try:
+        first, _ = _live_wrapper(catalog, "a")
+        first.kill()
+        first.wait()
+        state = read_json(agent_dir(catalog, "a") / "harness-state")
+        state |= {"wrapperPid": bystander.pid, "desiredState": "running",
+                  "wrapperIdentity": process_identity(bystander.pid) if identity == "computed" else None}  # fmt: skip
+        (agent_dir(catalog, "a") / "harness-state").write_text(json.dumps(state))
+        taken = run(wrap_argv(catalog, "a", "pi", sys.executable, "-c", "print('RAN')", extra=("--takeover",)))
+        assert taken.returncode == 0 and "RAN" in taken.stdout, taken.stderr
+        time.sleep(0.2)
+        assert bystander.poll() is None  # never signalled
+        assert "stopping it" not in taken.stderr
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_takeover_refuses_when_the_lock_holder_is_not_the_claims_pid(tmp_path: Path) -> None:
+    """A live wrapper holds the agent, but the claim on disk was rewritten to name a `sleep`: the
+    sleep is not signalled, the takeover is refused with the evidence, the wrapper runs on."""
+    catalog = tmp_path / "c"
+    first, _ = _live_wrapper(catalog, "a")
+    bystander = subprocess.Popen(["sleep", "60"])
+    try:
+        path = agent_dir(catalog, "a") / "harness-state"
+        path.write_text(json.dumps(read_json(path) | {"wrapperPid": bystander.pid}))
+        taken = run(wrap_argv(catalog, "a", "pi", sys.executable, "-c", "print('RAN')", extra=("--takeover",)))
+        assert taken.returncode == 2 and "RAN" not in taken.stdout
+        assert f"pid {bystander.pid} (sleep) does not hold" in taken.stderr
+        assert f"held by pid {first.pid}" in taken.stderr and "nothing was signalled" in taken.stderr
+        assert bystander.poll() is None and first.poll() is None
+    finally:
+        for process in (bystander, first):
+            process.kill()
+            process.wait()
+
+
+# Exits at once the first time (its marker absent), sleeps the second: one relaunch to look at.
+ONCE_THEN_SLEEP = "import os, sys, time\nif os.path.exists(sys.argv[1]): time.sleep(60)\nopen(sys.argv[1], 'w').close()"
+
+
+def _children(pid: int) -> set[int]:
+    tasks = Path(f"/proc/{pid}/task").iterdir()
+    return {int(child) for task in tasks for child in (task / "children").read_text().split()}
+
+
+def test_the_resident_holds_the_wrapper_lock_across_its_exec_and_a_relaunch(tmp_path: Path) -> None:
+    """Issue 24 beside 26.3: the wrapper lock taken before the first claim is the resident's after
+    the exec (the same pid), still its own after a relaunch's claim (which a step makes under it,
+    taking no lock of its own), held by none of its children; --takeover proves it and stops it."""
+    from guard.state import wrapper_lock_evidence
+    from guard.store import AgentDir
+    from tests.wrapping import HOST
+
+    catalog, marker = tmp_path / "c", tmp_path / "ran-once"
+    agent = AgentDir(catalog, HOST, "a")
+    first = subprocess.Popen(wrap_argv(catalog, "a", "pi", sys.executable, "-c", ONCE_THEN_SLEEP, str(marker),
+                                       extra=("--restart", "always", "--restart-delay", "0")),
+                             env=env(), stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        wait_for(lambda: len(_starts(catalog, "a")) >= 2 and len(_children(first.pid)) >= 2, timeout=30,
+                 what="the relaunched incarnation's sidecar")  # fmt: skip
+        state = read_json(agent_dir(catalog, "a") / "harness-state")
+        assert state["wrapperPid"] == first.pid and len(state["history"]) == 1  # relaunched under the same pid
+        assert "wrapper.resident" in Path(f"/proc/{first.pid}/cmdline").read_text()  # past its exec
+        assert wrapper_lock_evidence(agent, first.pid) is None
+        for child in _children(first.pid):  # the harness and the sidecar
+            evidence = wrapper_lock_evidence(agent, child)
+            assert evidence is not None and f"held by pid {first.pid} (" in evidence  # the real holder, named
+
+        refused = run(wrap_argv(catalog, "a", "pi", sys.executable, "-c", "print('RAN')"))
+        assert refused.returncode == 2 and f"already wrapped by pid {first.pid}" in refused.stderr
+        taken = run(wrap_argv(catalog, "a", "pi", sys.executable, "-c", "print('RAN')", extra=("--takeover",)))
+        assert taken.returncode == 0 and "RAN" in taken.stdout, taken.stderr
+        assert f"taking {HOST}/a over from wrapper pid {first.pid}: stopping it" in taken.stderr
+        assert first.wait(timeout=15) == 128 + signal.SIGTERM
+    finally:
+        first.kill()
+        first.wait()

@@ -86,3 +86,26 @@ def context_frame(tokens: int, window: int, percent: float) -> str:
     """A pi extension frame, the simplest real channel frame a stand-in can send."""
     reading = {"tokens": tokens, "contextWindow": window, "percent": percent, "model": "m", "costUsd": None}
     return json.dumps({"type": "context", "reading": reading, "compaction": None})
+
+
+async def assert_replays_as_logged(catalog: Path, agent: str, recording: Path, *, since: int = 0) -> None:
+    """The recording `hctx wrap --record` made replays (through the live driver, in a thread: it
+    runs a trio loop of its own) to the writes the sidecar logged, from the `since`-th write of the
+    agent's log on (an earlier wrap's are before)."""
+    import trio
+
+    from sidecar.registry import spec_for
+    from sidecar.replay import read_header, replay_recording
+    from tests.conformance import LOGGED_FIELDS, logged
+
+    lived = [tuple(event.get(key) for key in LOGGED_FIELDS)
+             for event in log_events(catalog, agent) if event.get("event") == "write"][since:]  # fmt: skip
+    spec = spec_for(str(read_header(recording)["harness"]))
+    writes, summary = await trio.to_thread.run_sync(replay_recording, spec, recording)
+    assert [logged(write) for write in writes] == lived
+    assert lived and not summary.problems and not summary.lost_chunks and not summary.truncated
+
+
+def logged_writes(catalog: Path, agent: str) -> int:
+    """How many writes the agent's log holds so far (`assert_replays_as_logged`'s `since`)."""
+    return sum(1 for event in log_events(catalog, agent) if event.get("event") == "write")

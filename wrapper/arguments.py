@@ -5,10 +5,15 @@ from __future__ import annotations
 import argparse
 import math
 
+TLS_PAIRING = "TLS needs --tls-cert with --tls-key; --tls-client-ca needs both"
+
 __all__ = [
+    "TLS_PAIRING",
+    "add_tls_options",
     "harness_name",
     "non_negative",
     "positive_seconds",
+    "tls_unpaired",
     "whole_number",
 ]
 
@@ -48,3 +53,15 @@ def harness_name(text: str) -> str:
         return spec_for(text).name
     except UnknownHarness as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_tls_options(parser: argparse.ArgumentParser) -> None:
+    """`--tls-cert`, `--tls-key`, `--tls-client-ca`: the same for every command that serves."""
+    parser.add_argument("--tls-cert", metavar="FILE", help="serve HTTPS with this certificate (PEM)")
+    parser.add_argument("--tls-key", metavar="FILE", help="the certificate's private key (PEM)")
+    parser.add_argument("--tls-client-ca", metavar="FILE", help="require client certificates signed by this CA (PEM)")
+
+
+def tls_unpaired(args: argparse.Namespace) -> bool:
+    """A certificate without its key (or the reverse), or a client CA without both: TLS_PAIRING."""
+    return (args.tls_cert is None) != (args.tls_key is None) or bool(args.tls_client_ca and not args.tls_cert)

@@ -14,12 +14,13 @@ from typing import Any
 import guard
 from guard.record import Harness
 from sidecar.registry import BUILT_IN
+from wrapper.account_watch import add_watch_command
 from wrapper.arguments import harness_name, non_negative, whole_number
 from wrapper.metrics import add_metrics_command
 from wrapper.reader_commands import add_catalog_options, add_reader_commands, catalog_of, with_host
 from wrapper.replication import add_replication_command
 from wrapper.scan import add_scan_command
-from wrapper.watch import add_watch_command
+from wrapper.web.command import add_web_command
 
 __all__ = [
     "COMMAND_ORDER",
@@ -53,8 +54,19 @@ def _schema(_: argparse.Namespace) -> int:
 def _replay(args: argparse.Namespace) -> int:
     from sidecar.decoding import PROVIDERS
     from sidecar.registry import harness_names, spec_for
-    from sidecar.replay import Tally, replay, write_line
+    from sidecar.replay import Tally, is_recording, replay, write_line
+    from sidecar.spec import recording_bytes
 
+    recordings = [_is_a(is_recording, Path(name)) for name in args.files]
+    if any(recordings):
+        if not all(recordings) or args.providers is not None:
+            print("hctx replay: a recording `hctx wrap --record` made is replayed alone: it holds every wire",
+                  file=sys.stderr)  # fmt: skip
+            return 2
+        return _replay_recordings(args.harness, [Path(name) for name in args.files])
+    if args.harness is None:
+        print("hctx replay: --harness is needed for a capture that is not a recording hctx made", file=sys.stderr)
+        return 2
     harness: Harness = args.harness
     spec = spec_for(harness)
     if args.providers is not None and PROVIDERS not in spec.wires():
@@ -73,11 +85,53 @@ def _replay(args: argparse.Namespace) -> int:
     for write in replay(spec, chunks, tally=tally):
         sys.stdout.write(write_line(write))
     if not tally.recognised:
-        count = sum(len(path.read_bytes().splitlines()) for path in files)
+        count = sum(len(recording_bytes(path).splitlines()) for path in files)
         lines = f"{count} line{'' if count == 1 else 's'}"
         print(f"hctx replay: read {lines}; none was a frame of the {harness} harness", file=sys.stderr)
         return 1
     return 0
+
+
+def _is_a(test: Callable[[bytes], bool], path: Path) -> bool:
+    """Whether the file's first line passes `test` (False for one that cannot be read, or is no
+    regular file: a FIFO would never answer; the reader then says why)."""
+    try:
+        if not path.is_file():
+            return False
+        with path.open("rb") as file:
+            return test(file.readline(64 * 1024))
+    except OSError:
+        return False
+
+
+def _replay_recordings(harness: Harness | None, paths: list[Path]) -> int:
+    """Each recording through the live driver (sidecar.replay.replay_recording), its writes printed."""
+    from guard.errors import RecordingError, UnknownHarness
+    from sidecar.registry import spec_for
+    from sidecar.replay import read_header, replay_recording, write_line
+
+    status = 0
+    for path in paths:
+        try:
+            named = read_header(path).get("harness")
+            if harness is not None and named != harness:
+                raise RecordingError(f"{path} is a recording of {named!r}, not of {harness!r}")
+            spec = spec_for(str(named))
+            writes, summary = replay_recording(spec, path)
+        except (OSError, RecordingError, UnknownHarness) as exc:
+            print(f"hctx replay: {exc}", file=sys.stderr)
+            return 2
+        for write in writes:
+            sys.stdout.write(write_line(write))
+        for problem in summary.problems:
+            print(f"hctx replay: {path}: {problem}", file=sys.stderr)
+        if summary.lost_chunks:
+            print(f"hctx replay: {path}: the recorder lost {summary.lost_chunks} chunks (a gap)", file=sys.stderr)
+        if summary.truncated:
+            print(f"hctx replay: {path}: the recording stops at its byte cap", file=sys.stderr)
+        if summary.problems:
+            status = 1
+    return status
 
 
 def _wrap(args: argparse.Namespace) -> int:
@@ -96,6 +150,7 @@ def _wrap(args: argparse.Namespace) -> int:
         catalog = catalog_of(args).absolute()
         identity = args.agent or free_seat(catalog, args.host, Path.cwd())
         agent = AgentDir(catalog, args.host, identity)
+        record = None if args.record is None else _new_recording(args.record)
     except (ValueError, CatalogError) as exc:
         print(f"hctx wrap: {exc}", file=sys.stderr)
         return 2
@@ -108,13 +163,37 @@ def _wrap(args: argparse.Namespace) -> int:
         restart_delay_s=args.restart_delay,
         restart_delay_max_s=args.restart_delay_max,
         takeover=args.takeover,
+        record=record,
     )
     try:
         return run_wrap(options)
     except* OSError as group:
         for error in group.exceptions:
             print(f"hctx wrap: {error}", file=sys.stderr)
+    finally:
+        if record is not None and record.stat().st_size == 0:  # no sidecar ran (a refused claim)
+            record.unlink()
     return 2
+
+
+def _new_recording(path: Path) -> Path:
+    """`--record`'s file, created empty here (O_CREAT|O_EXCL|O_NOFOLLOW, 0600) for the sidecars to
+    append to: a path that exists, a symlink included, or whose directory does not, is refused."""
+    from guard.errors import UsageError
+    from sidecar.recorder import create_recording
+
+    path = path.absolute()
+    if path.is_symlink():
+        raise UsageError(f"--record {path} is a symlink; hctx records only into a new file of its own")
+    if path.exists():
+        raise UsageError(f"--record {path} exists; hctx records into a new file, never over one")
+    if not path.parent.is_dir():
+        raise UsageError(f"--record {path}: its directory {path.parent} does not exist")
+    try:
+        create_recording(path).close()
+    except OSError as exc:
+        raise UsageError(f"--record {path}: {exc.strerror}") from None
+    return path
 
 
 # How long each demo session plays by default: watchable in the top view, brief without it.
@@ -139,7 +218,7 @@ def _demo(args: argparse.Namespace) -> int:
 # of its own lands in its place here, one not named here after these, and a name here that is not
 # registered is skipped.
 COMMAND_ORDER = (
-    "demo", "wrap", "agents", "top", "doctor", "inspect", "watch", "metrics", "web", "scan", "replication",
+    "demo", "wrap", "agents", "accounts", "top", "doctor", "inspect", "watch", "metrics", "web", "scan", "replication",
     "replay", "schema",
 )  # fmt: skip
 
@@ -199,14 +278,21 @@ def build_parser() -> argparse.ArgumentParser:
         "print one JSON line per record the guard would write, with its reason. Untimed frames advance a "
         "simulated clock by one second each.",
     )
-    replay.add_argument("--harness", required=True, type=harness_name, help=f"one of {KNOWN}")
+    replay.add_argument(
+        "--harness", type=harness_name,
+        help=f"one of {KNOWN}; needed for a capture, while a recording `hctx wrap --record` made names its own",
+    )  # fmt: skip
     replay.add_argument(
         "--providers",
         type=Path,
         metavar="FILE",
         help="a recorded `GET /config/providers` answer, replayed first: the windows (OpenCode's)",
     )
-    replay.add_argument("files", nargs="+", metavar="FILE", help="a recorded stream of that harness")
+    replay.add_argument(
+        "files", nargs="+", metavar="FILE",
+        help="a recording `hctx wrap --record` made (replayed through the live sidecar's streams, writer "
+        "and write guard on a simulated clock), or a recorded stream of the --harness",
+    )  # fmt: skip
     replay.set_defaults(run=_replay)
 
     wrap = commands.add_parser(
@@ -247,7 +333,13 @@ def build_parser() -> argparse.ArgumentParser:
     wrap.add_argument(
         "--takeover", action="store_true",
         help="when a live wrapper on this host holds the agent, stop it and take the agent over "
-        "(without this, a second wrapper for one agent is refused)",
+        "(without this, a second wrapper for one agent is refused); only a process proven to hold the "
+        "agent's wrapper lock is signalled, anything else is refused with what was found",
+    )  # fmt: skip
+    wrap.add_argument(
+        "--record", type=Path, metavar="FILE",
+        help="record every byte the sidecar decodes, with its time and wire, into FILE, a new file "
+        "(capped at 64 MiB; see docs/recording.md); `hctx replay FILE` replays it",
     )  # fmt: skip
     wrap.add_argument("command_line", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]")
     wrap.set_defaults(run=with_host(_wrap))
@@ -281,6 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_metrics_command(commands)
     add_replication_command(commands)
     add_watch_command(commands)
+    add_web_command(commands)
     order_commands(commands)
     return parser
 

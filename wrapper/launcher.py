@@ -32,9 +32,17 @@ import wrapper.resident
 from guard.constants import CHANNEL_MAX_SOCKET_PATH as MAX_SOCKET_PATH
 from guard.errors import ChannelPathError, ClaimHeld, UnknownHarness, UsageError
 from guard.record import Harness
-from guard.state import HarnessState, claim_agent, held_by_live_wrapper, read_state, update_claim
+from guard.state import (
+    AgentLock,
+    HarnessState,
+    claim_agent,
+    held_by_live_wrapper,
+    read_state,
+    update_claim,
+    wrapper_lock_evidence,
+)
 from guard.store import AgentDir, as_name
-from wrapper.harnesses import LaunchPlan, has_teardown, prepare, teardown, transport_json
+from wrapper.harnesses import LaunchPlan, account_json, has_teardown, prepare, teardown, transport_json
 from wrapper.resident import HARNESS_KILL_DEADLINE_S, SIDECAR_EXIT_TIMEOUT_S, STOP_SIGNALS, exit_status, say
 
 __all__ = [
@@ -78,6 +86,7 @@ class WrapOptions:
     restart_delay_s: float = 1.0
     restart_delay_max_s: float = 60.0
     takeover: bool = False
+    record: Path | None = None  # `--record`: a file `create_recording` made; every sidecar appends to it
 
     def as_payload(self) -> dict[str, Any]:
         """As the resident carries them, and hands them back to a `begin` step."""
@@ -91,6 +100,7 @@ class WrapOptions:
             "restartDelayS": self.restart_delay_s,
             "restartDelayMaxS": self.restart_delay_max_s,
             "takeover": self.takeover,
+            "record": None if self.record is None else os.fspath(self.record),
         }
 
     @classmethod
@@ -105,6 +115,7 @@ class WrapOptions:
             restart_delay_s=data["restartDelayS"],
             restart_delay_max_s=data["restartDelayMaxS"],
             takeover=data["takeover"],
+            record=None if data["record"] is None else Path(data["record"]),
         )
 
 
@@ -146,13 +157,16 @@ def run_wrap(options: WrapOptions) -> int:
         say(f"cannot start {options.argv[0]!r}: {why}; nothing claimed, no sidecar started")
         return not_started
     signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    lock = AgentLock(options.agent)
     try:
-        incarnation = _claim_first(options)
+        incarnation = _claim_first(options, lock)
     except ClaimHeld as held:
         say(_held_text(options.agent, held.holder, relaunch=False))
+        lock.close()
         return CLAIM_REFUSED_STATUS
     first = begin_incarnation(options, incarnation)
-    _exec_resident({"options": options.as_payload(), "incarnation": first})
+    lock_fd, lock_held = lock.across_exec()
+    _exec_resident({"options": options.as_payload(), "incarnation": first, "lockFd": lock_fd, "lockHeld": lock_held})
     raise AssertionError("unreachable: exec returned")  # pragma: no cover
 
 
@@ -163,7 +177,8 @@ RESIDENT_COMMAND = "import sys; sys.path[0] = sys.argv.pop(1); from wrapper.resi
 
 def _exec_resident(spec: dict[str, Any]) -> None:
     """Become the resident: `python -I -S` (the standard library only, not even site), its spec in an
-    inherited memfd, so `ps` shows a short command."""
+    inherited memfd, so `ps` shows a short command. The agent's wrapper lock goes along (the same
+    open file, so the same flock, under the same pid): the resident holds it for its whole life."""
     spec_fd = os.memfd_create("hctx-wrap", 0)  # no MFD_CLOEXEC: the resident reads it
     os.write(spec_fd, marshal.dumps(spec))
     os.lseek(spec_fd, 0, os.SEEK_SET)
@@ -173,48 +188,68 @@ def _exec_resident(spec: dict[str, Any]) -> None:
     os.execv(sys.executable, [sys.executable, "-I", "-S", "-c", RESIDENT_COMMAND, root, "--spec-fd", str(spec_fd)])
 
 
-def claim(options: WrapOptions, *, takeover: bool = False, pid: int | None = None) -> str:
+def claim(
+    options: WrapOptions,
+    lock: AgentLock,
+    *,
+    relaunch_of: str | None = None,
+    takeover: bool = False,
+    pid: int | None = None,
+) -> str:
     """A fresh incarnation, claimed under the state lock, the old record removed; ClaimHeld while
-    another live wrapper holds the agent, unless `takeover`. `pid`: the wrapper's (by default this
-    process's; a relaunch's `begin` step claims for the resident that runs it)."""
+    another wrapper holds the agent (its wrapper lock), unless `takeover`. `pid`: the wrapper's (by
+    default this process's; a relaunch's `begin` step claims for the resident that runs it)."""
     incarnation = secrets.token_hex(16)
     now = time.time_ns() // 1_000_000
+    locked = lock.take()
     claim_agent(options.agent, options.harness, incarnation, now, os.getpid() if pid is None else pid,
-                takeover=takeover)  # fmt: skip
+                locked=locked, relaunch_of=relaunch_of, takeover=takeover)  # fmt: skip
     return incarnation
 
 
-def _claim_first(options: WrapOptions) -> str:
-    """`claim`; with --takeover, the live wrapper holding the agent is stopped first, then the claim taken."""
+def _claim_first(options: WrapOptions, lock: AgentLock) -> str:
+    """`claim`; with --takeover, the wrapper holding the agent is stopped first, then the claim taken.
+    Only a process proven to hold the agent's wrapper lock is signalled; otherwise it is refused,
+    saying why."""
     try:
-        return claim(options)
+        return claim(options, lock)
     except ClaimHeld as held:
-        if not options.takeover:
+        if not options.takeover or held.holder is None:
             raise
         pid = held.holder.wrapper_pid
-        say(f"taking {_name(options.agent)} over from wrapper pid {pid}: stopping it")
-        if not _stop_wrapper(held.holder):
+        why = _stop_wrapper(options.agent, pid)
+        if why is not None:
+            say(f"not taking {_name(options.agent)} over: {why}; nothing was signalled")
+            raise
+        deadline = time.monotonic() + TAKEOVER_WAIT_S
+        while not lock.take() and time.monotonic() < deadline:  # a lock freed by an exit has no event
+            time.sleep(0.05)
+        if not lock.held:
             say(f"wrapper pid {pid} did not stop within {TAKEOVER_WAIT_S:g}s; taking the claim regardless")
-        return claim(options, takeover=True)
+        return claim(options, lock, takeover=True)
 
 
-def _stop_wrapper(holder: HarnessState) -> bool:
-    """SIGTERM the claim's wrapper (it stops its harness and sidecar); True once it is gone."""
+def _stop_wrapper(agent: AgentDir, pid: int) -> str | None:
+    """SIGTERM the wrapper `pid` (it stops its harness and sidecar) once it is proven to hold the
+    agent's wrapper lock; None once it is stopping, else why it was not signalled."""
     try:
-        pidfd = os.pidfd_open(holder.wrapper_pid)
+        pidfd = os.pidfd_open(pid)
     except ProcessLookupError:
-        return True
+        return f"its claim's wrapper pid {pid} is not running, yet another process holds the agent's lock"
     try:
-        if not held_by_live_wrapper(holder, holder.host):
-            return True  # checked again with the pidfd open: the process signalled is the claim's
+        # Checked with the pidfd open: the process signalled is the one the evidence is about.
+        if (evidence := wrapper_lock_evidence(agent, pid)) is not None:
+            return evidence
+        say(f"taking {_name(agent)} over from wrapper pid {pid}: stopping it")
         signal.pidfd_send_signal(pidfd, signal.SIGTERM)
         poll = select.poll()
         poll.register(pidfd, select.POLLIN)
-        return bool(poll.poll(TAKEOVER_WAIT_S * 1000))
+        poll.poll(TAKEOVER_WAIT_S * 1000)
+        return None
     except ProcessLookupError:
-        return True
+        return None
     except PermissionError:
-        return False
+        return f"wrapper pid {pid} is not this user's to signal"
     finally:
         os.close(pidfd)
 
@@ -223,7 +258,9 @@ def _name(agent: AgentDir) -> str:
     return f"{agent.host}/{agent.identity}"
 
 
-def _held_text(agent: AgentDir, holder: HarnessState, *, relaunch: bool) -> str:
+def _held_text(agent: AgentDir, holder: HarnessState | None, *, relaunch: bool) -> str:
+    if holder is None:
+        return f"{_name(agent)} is held by another wrapper starting now; stop that one, or pass --takeover"
     if relaunch:
         return f"{_name(agent)} was taken over by wrapper pid {holder.wrapper_pid}; not relaunching"
     since = max(0, time.time_ns() // 1_000_000 - holder.claimed_at_ms) // 1000
@@ -278,6 +315,8 @@ def begin_incarnation(options: WrapOptions, incarnation: str) -> dict[str, Any]:
         },
         "status": None,
         "transport": transport_json(plan),
+        "account": account_json(plan),
+        "record": None if options.record is None else os.fspath(options.record),
         "channelDir": os.fspath(directory),
         "channel": os.fspath(channel),
     }
@@ -286,7 +325,7 @@ def begin_incarnation(options: WrapOptions, incarnation: str) -> dict[str, Any]:
 def tap_frame_path(harness: Harness) -> str:
     """The envelope type of the harness's `tap_frame` (its spec's), which the resident frames each
     stdout line in with `sidecar.framing.tap_frame`: it can import neither the registry nor the
-    harness's module (pydantic), so the spec's frame must be that envelope, as Codex's is."""
+    harness's module (pydantic), so the spec's frame must be that envelope."""
     import json
 
     from sidecar.registry import spec_for
@@ -327,11 +366,29 @@ def _agent(payload: dict[str, Any]) -> AgentDir:
     return AgentDir(Path(agent["catalog"]), agent["host"], agent["identity"])
 
 
+class _ResidentLock(AgentLock):
+    """The wrapper lock as a step sees it: its parent, the resident, holds it (or not) for its life.
+    Never taken here, never dropped: a step's own flock would go with the step."""
+
+    def __init__(self, agent: AgentDir, resident: int) -> None:
+        super().__init__(agent)
+        self.resident_holds = wrapper_lock_evidence(agent, resident) is None
+
+    def take(self) -> bool:
+        return self.resident_holds
+
+    def close(self) -> None:
+        pass
+
+
 def _begin_step(payload: dict[str, Any]) -> int:
-    """A relaunch: claim for the resident (this step's parent) and prepare; the incarnation on stdout."""
+    """A relaunch: claim for the resident (this step's parent), under the wrapper lock it holds, and
+    prepare; the incarnation on stdout. Refused once another wrapper took the claim over."""
     options = WrapOptions.from_payload(payload["options"])
+    resident = os.getppid()
     try:
-        incarnation = claim(options, pid=os.getppid())
+        incarnation = claim(options, _ResidentLock(options.agent, resident), relaunch_of=payload["relaunchOf"],
+                            pid=resident)  # fmt: skip
     except ClaimHeld as held:
         say(_held_text(options.agent, held.holder, relaunch=True))
         return 1

@@ -26,6 +26,7 @@ __all__ = [
     "existing_catalog",
     "fail",
     "quiet_guard_logs",
+    "run_accounts",
     "run_agents",
     "run_doctor",
     "run_inspect",
@@ -111,6 +112,7 @@ def with_host(run: Command) -> Command:
 
 def run_agents(args: argparse.Namespace) -> int:
     from guard.errors import AgentNotFound
+    from wrapper.accounts import account_of
     from wrapper.render import colour_enabled, render_agent_json, render_agents, render_agents_json
     from wrapper.roster import collect_roster, now_ms, resolve_agent, view_agent
 
@@ -122,10 +124,12 @@ def run_agents(args: argparse.Namespace) -> int:
             host, identity = resolve_agent(catalog, args.agent, here=here)
             row = view_agent(catalog, host, identity, now, here=here).row
             warn("agents", row.warnings())
+            # The account's figure is fanned in from every agent sharing it, not this one's alone.
+            others = collect_roster(catalog, now, here=here).rows if account_of(row) is not None else [row]
             if args.json:
-                sys.stdout.write(render_agent_json(row))
+                sys.stdout.write(render_agent_json(row, now=now, roster=others))
             else:
-                sys.stdout.write(render_agents([row], colour=colour_enabled(sys.stdout)))
+                sys.stdout.write(render_agents([row], colour=colour_enabled(sys.stdout), now=now, roster=others))
             return 0
         roster = collect_roster(catalog, now, here=here)
     except CatalogError as exc:
@@ -134,9 +138,9 @@ def run_agents(args: argparse.Namespace) -> int:
         return fail("agents", str(exc.args[0]), 1)
     warn("agents", roster.all_warnings())
     if args.json:
-        sys.stdout.write(render_agents_json(roster.rows))
+        sys.stdout.write(render_agents_json(roster.rows, now=now))
     else:
-        sys.stdout.write(render_agents(roster.rows, colour=colour_enabled(sys.stdout)))
+        sys.stdout.write(render_agents(roster.rows, colour=colour_enabled(sys.stdout), now=now))
     return 0
 
 
@@ -172,6 +176,26 @@ def run_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_accounts(args: argparse.Namespace) -> int:
+    from wrapper.accounts import fan_in
+    from wrapper.render import colour_enabled, render_accounts, render_accounts_json
+    from wrapper.roster import collect_roster, now_ms
+
+    quiet_guard_logs()
+    now = now_ms()
+    try:
+        roster = collect_roster(existing_catalog(args), now, here=args.host)
+    except CatalogError as exc:
+        return fail("accounts", f"cannot read the catalog: {exc}", 2)
+    warn("accounts", roster.all_warnings())
+    groups = fan_in(roster.rows)
+    if args.json:
+        sys.stdout.write(render_accounts_json(groups, now))
+    else:
+        sys.stdout.write(render_accounts(groups, now, colour=colour_enabled(sys.stdout)))
+    return 0
+
+
 def run_top(args: argparse.Namespace) -> int:
     from wrapper.top import run
 
@@ -197,6 +221,23 @@ def add_reader_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
     )
     add_catalog_options(agents)
     agents.set_defaults(run=with_host(run_agents))
+
+    accounts = commands.add_parser(
+        "accounts",
+        help="each account's rate limits, fanned in from every agent that shares it",
+        description="Per account (the opaque key a harness's own login yields; never an email or a name) "
+        "and window (five-hour, seven-day): the newest snapshot any of its agents' records carries, with "
+        "its reset time as the harness stated it, its age, the agent it came from and how many agents "
+        "share the account. An agent whose harness states no account is a group of its own; agents whose "
+        "harness reports no rate limits (pi, omp, OpenCode) are not listed. A snapshot past the hour "
+        "horizon is marked stale; one whose reset time passed no longer describes the account.",
+    )
+    accounts.add_argument(
+        "--json", action="store_true",
+        help="one JSON array, an object per account with its `rateLimits` per window (jq '.[]')",
+    )  # fmt: skip
+    add_catalog_options(accounts)
+    accounts.set_defaults(run=with_host(run_accounts))
 
     doctor = commands.add_parser(
         "doctor",

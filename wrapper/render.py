@@ -12,7 +12,8 @@ import datetime
 import json
 import math
 import os
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Mapping
 from typing import IO, Any, Literal
 
 from guard.catalog import printable
@@ -26,6 +27,7 @@ from guard.files import RawFile
 from guard.projection import headroom_tokens
 from guard.record import HarnessContext, round_half_up
 from guard.state import Unobserved
+from wrapper.accounts import WINDOWS, AccountGroup, Snapshot, fan_in, groups_by_agent
 from wrapper.roster import (
     LOG_TAIL_LINES,
     AgentRow,
@@ -43,7 +45,10 @@ __all__ = [
     "RAW_SHOWN_BYTES",
     "RED_PERCENT",
     "Tint",
+    "account_limits_wire",
     "age_text",
+    "agent_wire",
+    "claim_section",
     "colour_enabled",
     "compaction_text",
     "cost_text",
@@ -52,15 +57,23 @@ __all__ = [
     "doctor_advisories",
     "fill_tint",
     "headroom_text",
+    "limits_text",
+    "limits_tint",
     "meter_text",
+    "meter_title",
     "paint",
     "percent_text",
+    "record_section",
+    "render_accounts",
+    "render_accounts_json",
     "render_agent_json",
     "render_agents",
     "render_agents_json",
     "render_doctor",
     "render_inspection",
     "render_json_array",
+    "reset_text",
+    "subagent_cells",
     "table",
     "tokens_text",
     "version_text",
@@ -160,6 +173,12 @@ def headroom_text(context: dict[str, Any] | None) -> str:
     return f"→ {'-' if headroom < 0 else ''}{tokens_text(abs(headroom))}"
 
 
+def meter_title(context: dict[str, Any] | None) -> str:
+    """The meter as a sentence, the web chip's title: `170k of 200k tokens`; empty as `meter_text`."""
+    meter = meter_text(context)
+    return meter.replace("/", " of ", 1) + " tokens" if meter else ""
+
+
 def meter_text(context: dict[str, Any] | None) -> str:
     """The decision record's `127k/200k`; empty when neither count is known."""
     if context is None or (context["usedTokens"] is None and context["windowTokens"] is None):
@@ -236,20 +255,43 @@ def render_json_array(objects: list[dict[str, Any]]) -> str:
 # `hctx agents`
 
 
-def render_agents_json(rows: list[AgentRow]) -> str:
-    return render_json_array([row.wire() for row in rows])
+def agent_wire(row: AgentRow, groups: Mapping[str, AccountGroup], now: int) -> dict[str, Any]:
+    """One object of `hctx agents --json`: the row, and its account's figure fanned in from `groups`."""
+    return {**row.wire(), "accountRateLimits": account_limits_wire(groups.get(row.name), row, now)}
 
 
-def render_agent_json(row: AgentRow) -> str:
-    return _encode(row.wire()) + "\n"
+def _clock(now: int | None) -> int:
+    return time.time_ns() // 1_000_000 if now is None else now
 
 
-def render_agents(rows: list[AgentRow], *, colour: bool) -> str:
+def render_agents_json(
+    rows: list[AgentRow], *, now: int | None = None, roster: Iterable[AgentRow] | None = None
+) -> str:
+    """`roster`: the rows the accounts are fanned in from (default `rows`)."""
+    groups = groups_by_agent(fan_in(rows if roster is None else roster))
+    return render_json_array([agent_wire(row, groups, _clock(now)) for row in rows])
+
+
+def render_agent_json(row: AgentRow, *, now: int | None = None, roster: Iterable[AgentRow] | None = None) -> str:
+    groups = groups_by_agent(fan_in([row] if roster is None else roster))
+    return _encode(agent_wire(row, groups, _clock(now))) + "\n"
+
+
+def render_agents(
+    rows: list[AgentRow], *, colour: bool, now: int | None = None, roster: Iterable[AgentRow] | None = None
+) -> str:
+    """The table; LIMITS is each agent's account's current figure (`limits_text`), fanned in from
+    `roster` (default `rows`), and shown only when some agent has one."""
     if not rows:
         return "no agents\n"
+    now = _clock(now)
+    groups = groups_by_agent(fan_in(rows if roster is None else roster))
+    limits = [limits_text(groups.get(row.name), row, now) for row in rows]
+    with_limits = any(text != "-" for text, _ in limits)
     header = ["HOST", "AGENT", "HARNESS", "DESIRED", "CONTEXT", "TOKENS", "HEADROOM", "AGE", "COST"]
+    header += ["LIMITS"] if with_limits else []
     body = []
-    for row in rows:
+    for row, limit in zip(rows, limits, strict=True):
         context = row.context
         body.append([
             (row.host, None),
@@ -261,8 +303,27 @@ def render_agents(rows: list[AgentRow], *, colour: bool) -> str:
             (headroom_text(context), None),
             ("-" if context is None else age_text(context["ageMs"]), None),
             (cost_text(None if context is None else context["costUsd"]), None),
+            *([limit] if with_limits else []),
         ])  # fmt: skip
+        below = [("", None)] if with_limits else []  # a subagent's limits are its agent's
+        body += [[*subagent_cells(sub), *below] for sub in (context or {}).get("subagents", [])]
     return table(body, header, colour)
+
+
+def subagent_cells(sub: dict[str, Any]) -> list[tuple[str, Tint]]:
+    """One subagent's row, indented under its agent's (issue 28): its own fill, never the agent's."""
+    shown = {"compactions": sub["compactions"], "stale": False, "usedPercent": sub["usedPercent"]}
+    return [
+        ("", None),
+        (f"  └ {sub['name'] or 'subagent'} {sub['id'][:16]}", None),
+        (sub["model"] or "", None),
+        (sub["state"], None),
+        (ctx_text(shown), None),
+        (meter_text(sub), fill_tint(sub)),
+        ("-", None),
+        (age_text(sub["ageMs"]), None),
+        ("", None),
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -373,12 +434,11 @@ def version_text(record: HarnessContext) -> str:
     return f"{printable(version)} ({verdict})"
 
 
-def render_inspection(inspection: Inspection) -> str:
+def record_section(inspection: Inspection) -> list[str]:
+    """`inspect`'s record as stored, with what it says of itself: also the web board's agent page."""
     view = inspection.view
     row = view.row
-    out = [f"agent {row.name}", ""]
-
-    out.append(f"== record as stored: {inspection.record_path}")
+    out = [f"== record as stored: {inspection.record_path}"]
     out.extend(_raw_text(view.files.record))
     if view.record is not None:
         out.append(f"  incarnation   {printable(view.record.incarnation)}")
@@ -391,28 +451,38 @@ def render_inspection(inspection: Inspection) -> str:
     if row.problem:
         out.append(f"  ! {row.problem}")
     out.append(f"  incarnation check: {inspection.incarnation}")
-    out.append("")
+    return out
 
-    out.append(f"== harness-state claim: {inspection.claim_path}")
+
+def claim_section(inspection: Inspection) -> list[str]:
+    """`inspect`'s claim with its history: a crash loop and the stretches without a sidecar."""
+    view = inspection.view
+    row = view.row
+    out = [f"== harness-state claim: {inspection.claim_path}"]
     claim = view.claim
     if claim is None:
         out.extend(_raw_text(view.files.claim) if row.claim_problem is None else [f"  ! {row.claim_problem}"])
-    else:
-        out.append(f"  harness       {claim.harness}")
-        out.append(f"  host          {printable(claim.host)}")
-        out.append(f"  incarnation   {printable(claim.incarnation)}")
-        out.append(f"  claimedAtMs   {_ms_text(claim.claimed_at_ms)}")
-        out.append(f"  wrapperPid    {claim.wrapper_pid}")
-        out.append(f"  desiredState  {claim.desired_state} (as written; derived now: {row.desired_state})")
-        out.extend(_unobserved_text(claim.unobserved, "  "))
-        out.append(f"  launches in the last hour: {inspection.launches_last_hour}")
-        out.append(f"  history ({len(claim.history)} earlier claims, newest first):")
-        for past in claim.history:
-            out.append(
-                f"    {printable(past.incarnation)}  claimedAtMs {_ms_text(past.claimed_at_ms)}  pid {past.wrapper_pid}"
-            )
-            out.extend(_unobserved_text(past.unobserved, "      "))
-    out.append("")
+        return out
+    out.append(f"  harness       {claim.harness}")
+    out.append(f"  host          {printable(claim.host)}")
+    out.append(f"  incarnation   {printable(claim.incarnation)}")
+    out.append(f"  claimedAtMs   {_ms_text(claim.claimed_at_ms)}")
+    out.append(f"  wrapperPid    {claim.wrapper_pid}")
+    out.append(f"  desiredState  {claim.desired_state} (as written; derived now: {row.desired_state})")
+    out.extend(_unobserved_text(claim.unobserved, "  "))
+    out.append(f"  launches in the last hour: {inspection.launches_last_hour}")
+    out.append(f"  history ({len(claim.history)} earlier claims, newest first):")
+    for past in claim.history:
+        out.append(
+            f"    {printable(past.incarnation)}  claimedAtMs {_ms_text(past.claimed_at_ms)}  pid {past.wrapper_pid}"
+        )
+        out.extend(_unobserved_text(past.unobserved, "      "))
+    return out
+
+
+def render_inspection(inspection: Inspection) -> str:
+    row = inspection.view.row
+    out = [f"agent {row.name}", "", *record_section(inspection), "", *claim_section(inspection), ""]
 
     out.append("== projection (the roster's context)")
     projected = json.dumps(row.context, ensure_ascii=False, allow_nan=False, indent=2)
@@ -428,3 +498,94 @@ def render_inspection(inspection: Inspection) -> str:
     else:
         out.extend(f"  {line}" for line in inspection.log_tail)
     return "\n".join(out) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# `hctx accounts`, and the account's figure beside an agent (issue 29)
+
+_WINDOW_SHORT = {"fiveHour": "5h", "sevenDay": "7d"}
+
+
+def reset_text(resets_at_ms: int | None, now: int) -> str:
+    """`in 2h13m`, `passed 4m00s ago`, or `-` when the harness stated no reset time."""
+    if resets_at_ms is None:
+        return "-"
+    if resets_at_ms <= now:
+        return f"passed {age_text(now - resets_at_ms)} ago"
+    return f"in {age_text(resets_at_ms - now)}"
+
+
+def limits_tint(snapshots: Iterable[Snapshot], now: int) -> Tint:
+    """The meter's tints on the account's percent: amber from 80, red from 95; a snapshot past its
+    reset or the hour horizon is not the account's state and is not tinted."""
+    current = [snap.used_percent for snap in snapshots if not snap.stale and not snap.reset_passed(now)]
+    return fill_tint({"usedPercent": max(current)}) if current else None
+
+
+def limits_text(group: AccountGroup | None, row: AgentRow, now: int) -> tuple[str, Tint]:
+    """The account's current figure beside one agent: `5h 44% 7d 61%`, each window the newest
+    snapshot across the account's agents; `*` after a window whose figure is another agent's (this
+    agent's own snapshot of it is older, or it has none); `-` where there is none."""
+    if group is None or not group.windows:
+        return "-", None
+    parts = []
+    for window, _ in WINDOWS:
+        snapshot = group.windows.get(window)
+        if snapshot is None:
+            continue
+        text = f"{_WINDOW_SHORT[window]} {percent_text(snapshot.used_percent)}"
+        if snapshot.reset_passed(now):
+            text += " reset"
+        elif snapshot.stale:
+            text += " stale"
+        if snapshot.source.name != row.name:
+            text += "*"
+        parts.append(text)
+    return " ".join(parts), limits_tint(group.windows.values(), now)
+
+
+def account_limits_wire(group: AccountGroup | None, row: AgentRow, now: int) -> dict[str, Any] | None:
+    """`hctx agents --json`'s `accountRateLimits`: the account's newest snapshot per window, each
+    with `fromAnotherAgent` (the agent's own snapshot is older, or it has none); null when the
+    group has none."""
+    if group is None or not group.windows:
+        return None
+    out: dict[str, Any] = {"account": group.key, "agentCount": len(group.agents)}
+    for window, _ in WINDOWS:
+        snapshot = group.windows.get(window)
+        out[window] = None if snapshot is None else {
+            **snapshot.wire(now), "fromAnotherAgent": snapshot.source.name != row.name,
+        }  # fmt: skip
+    return out
+
+
+def render_accounts_json(groups: list[AccountGroup], now: int) -> str:
+    return render_json_array([group.wire(now) for group in groups])
+
+
+def render_accounts(groups: list[AccountGroup], now: int, *, colour: bool) -> str:
+    """One line per account and window: the newest snapshot, its reset, its age, its agent."""
+    if not groups:
+        return "no account rate limits reported\n"
+    header = ["ACCOUNT", "LABEL", "WINDOW", "USED", "RESETS", "AGE", "FROM", "AGENTS"]
+    body = []
+    for group in groups:
+        key = "-" if group.key is None else group.key[:12]
+        label = printable(group.label) if group.label else "(no account stated)"
+        for window, _ in WINDOWS:
+            snapshot = group.windows.get(window)
+            if snapshot is None:
+                continue
+            age = age_text(snapshot.age_ms) + (" stale" if snapshot.stale else "")
+            tint = limits_tint([snapshot], now)
+            body.append([
+                (key, None),
+                (label, None),
+                (_WINDOW_SHORT[window], None),
+                (percent_text(snapshot.used_percent), tint),
+                (reset_text(snapshot.resets_at_ms, now), None),
+                (age, None),
+                (snapshot.source.name, None),
+                (str(len(group.agents)), None),
+            ])  # fmt: skip
+    return table(body, header, colour)

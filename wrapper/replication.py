@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import unicodedata
 from pathlib import Path
 from typing import Any, Final
 
@@ -22,6 +23,7 @@ from guard.constants import (
     HARNESS_CONTEXT_BUCKET_PERCENT,
     REPLICATED_RECORD_NAMES,
 )
+from guard.errors import UsageError
 from wrapper.reader_commands import catalog_of
 
 __all__ = [
@@ -60,8 +62,15 @@ def include_patterns() -> list[str]:
 
 
 def stignore(catalog: Path) -> str:
-    """A complete `.stignore` for the folder `<catalog>/agents`, its settings in `//` comments."""
+    """A complete `.stignore` for the folder `<catalog>/agents`, its settings in `//` comments.
+
+    The path is printed in those comments: one holding a newline (or any other control or line
+    separator character) would inject live patterns (`!*`) into the file, so it is a UsageError."""
     root = catalog / AGENTS_DIR_NAME
+    if bad := sorted({char for char in str(root) if unicodedata.category(char) in ("Cc", "Zl", "Zp")}):
+        shown = ", ".join(f"U+{ord(char):04X}" for char in bad)
+        raise UsageError(f"the catalog path {str(catalog)!r} holds control characters ({shown}); refusing to print it "
+                         "into a .stignore, where a line break starts a pattern")  # fmt: skip
     width = max(len(key) for key, _, _ in FOLDER_SETTINGS)
     lines = [
         "// Syncthing ignore patterns for an hctx catalog, from `hctx replication syncthing`.",
@@ -98,7 +107,12 @@ def settings_json(catalog: Path) -> str:
 
 def run_syncthing(args: argparse.Namespace) -> int:
     catalog = catalog_of(args).absolute()
-    sys.stdout.write(settings_json(catalog) if args.json else stignore(catalog))
+    try:
+        text = settings_json(catalog) if args.json else stignore(catalog)
+    except ValueError as exc:
+        print(f"hctx replication syncthing: {exc}", file=sys.stderr)
+        return 2
+    sys.stdout.write(text)
     return 0
 
 

@@ -18,6 +18,10 @@ It runs the incarnation the claim named, and the ones a restart policy asks for:
   (`group PGID DEADLINE`) and, when the lifeline ends without `done` (this process was SIGKILLed),
   ends that group. When this process ends a harness's own group itself (at its exit), it says `done`.
 
+The agent's wrapper lock (`guard.state.AgentLock`, what `--takeover` proves a wrapper by) comes
+across the exec as the same open file, so the claim's pid holds it until this process ends; a
+relaunch's claim runs under it (`WrapperLock`).
+
 The rare steps that need the claim or the registry (a relaunch's claim and launch plan, a launch's
 teardown, the record of a dead sidecar, the final `stopped`) run in a short-lived
 `python -m wrapper.launcher STEP` (`Steps`), one at a time, in order.
@@ -61,6 +65,7 @@ __all__ = [
     "Steps",
     "Tap",
     "TapQueue",
+    "WrapperLock",
     "checkout_env",
     "end_group",
     "exit_status",
@@ -514,6 +519,8 @@ class Sidecars:
             *("--incarnation", it["incarnation"], "--channel", it["channel"]),
             *("--lifeline-fd", str(lifeline_fd), "--ready-fd", str(ready_fd)),
             *(() if it["transport"] is None else ("--transport", it["transport"])),
+            *(() if it["account"] is None else ("--account", it["account"])),
+            *(() if it["record"] is None else ("--record", it["record"])),
         ]
 
     def start(self) -> None:
@@ -908,8 +915,31 @@ def _relaunch_wanted(options: dict[str, Any], status: int, restarts: int) -> boo
     return options["restart"] == "always" or (options["restart"] == "on-failure" and status != 0)
 
 
-def supervise(options: dict[str, Any], first: dict[str, Any]) -> int:
-    """The first incarnation (claimed before the exec), then the ones the restart policy wants."""
+class WrapperLock:
+    """The agent's wrapper lock (`guard.state.AgentLock`), its descriptor inherited across the exec:
+    held here, by the claim's pid, until this process ends; never passed to a child. One the claim
+    went on without (a takeover whose old wrapper did not stop in time) is taken before a relaunch."""
+
+    def __init__(self, fd: int, held: bool) -> None:
+        self.fd = fd
+        self.held = held
+        os.set_inheritable(fd, False)
+
+    def take(self) -> bool:
+        if not self.held:
+            import fcntl  # the rare takeover that went on regardless: not worth a load otherwise
+
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                return False
+            self.held = True
+        return True
+
+
+def supervise(options: dict[str, Any], first: dict[str, Any], lock: WrapperLock | None = None) -> int:
+    """The first incarnation (claimed before the exec), then the ones the restart policy wants. A
+    relaunch's `begin` step claims under `lock`, which this process holds: the step takes none."""
     loop = Loop()
     session = Session(loop)
     session.listen()
@@ -935,7 +965,9 @@ def supervise(options: dict[str, Any], first: dict[str, Any]) -> int:
         loop.run_until(lambda: session.stopped, timeout=delay)
         if session.stopped:
             break
-        output, code = steps.run("begin", {"options": options, "restarts": restarts})
+        if lock is not None:
+            lock.take()
+        output, code = steps.run("begin", {"options": options, "restarts": restarts, "relaunchOf": it["incarnation"]})
         if code != 0:
             break  # the step said why
         it = marshal.loads(output)
@@ -952,7 +984,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     with os.fdopen(int(args[1]), "rb") as spec_file:
         spec = marshal.loads(spec_file.read())
-    return supervise(spec["options"], spec["incarnation"])
+    return supervise(spec["options"], spec["incarnation"], WrapperLock(spec["lockFd"], spec["lockHeld"]))
 
 
 if __name__ == "__main__":  # by hand, for a look; the wrapper runs `wrapper.launcher.RESIDENT_COMMAND`

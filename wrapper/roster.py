@@ -12,13 +12,14 @@ import itertools
 import operator
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from guard.catalog import (
     AgentFiles,
+    CatalogCache,
     decode_claim,
     list_agents,
     open_host_dir,
@@ -35,7 +36,7 @@ from guard.constants import (
 )
 from guard.errors import AgentNotFound, CatalogError
 from guard.files import open_regular
-from guard.projection import decode_record, headroom_tokens, project
+from guard.projection import decode_record, exposure, headroom_tokens, project
 from guard.record import HarnessContext
 from guard.state import HarnessState, process_identity
 from guard.store import check_name, log_path, pid_alive
@@ -47,12 +48,16 @@ __all__ = [
     "LOG_TAIL_LINES",
     "AgentRow",
     "AgentView",
+    "DecodedAgent",
     "Inspection",
     "PidProbe",
     "Roster",
+    "RosterCache",
+    "agent_view",
     "clocks_ahead",
     "collect_inspection",
     "collect_roster",
+    "decode_agent",
     "desired_state",
     "fill_advised",
     "headroom_short",
@@ -131,6 +136,34 @@ class AgentRow:
 
 
 @dataclass(frozen=True, slots=True)
+class DecodedAgent:
+    """One agent's files as read and decoded: everything of a view that does not depend on the clock."""
+
+    files: AgentFiles
+    record: HarnessContext | None
+    problem: str | None
+    claim: HarnessState | None
+    claim_problem: str | None
+    fields: dict[str, Any] | None  # the record's `exposure`, computed once
+
+    @property
+    def harness(self) -> str | None:
+        return None if self.claim is None else self.claim.harness
+
+
+def decode_agent(files: AgentFiles, *, expose: bool = True) -> DecodedAgent:
+    """`expose=False` skips the record's `exposure` (for a reader that takes the model's attributes)."""
+    record, problem = decode_record(files.record, REGISTERED)
+    claim, claim_problem = decode_claim(files.claim, REGISTERED)
+    if files.problem is not None:
+        claim_problem = None  # one warning for the directory, not one per file
+    return DecodedAgent(
+        files, record, None if problem is None else short(problem), claim, claim_problem,
+        None if record is None or not expose else exposure(record),
+    )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
 class AgentView:
     """Everything read about one agent: the files, their decoding, and the roster row built on them."""
 
@@ -138,6 +171,29 @@ class AgentView:
     record: HarnessContext | None
     claim: HarnessState | None
     row: AgentRow
+
+
+def agent_view(
+    host: str, identity: str, decoded: DecodedAgent, now: int, *, here: str, alive: PidProbe = pid_alive
+) -> AgentView:
+    """The view of a decoded agent at `now`: its age, staleness and whether its wrapper lives."""
+    record, problem, context, ahead = decoded.record, decoded.problem, None, None
+    if record is not None:
+        context = project(record, now, decoded.fields)
+        if context is None:
+            ahead = record.observed_at_ms - now
+            problem = f"context record observed {ahead} ms in the future; clock untrusted, read as absent"
+    row = AgentRow(
+        host=host,
+        identity=identity,
+        harness=decoded.harness,
+        desired_state=desired_state(decoded.claim, host, here, alive),
+        context=context,
+        problem=problem,
+        claim_problem=decoded.claim_problem,
+        ahead_ms=ahead,
+    )
+    return AgentView(decoded.files, record, decoded.claim, row)
 
 
 def view_agent(
@@ -150,30 +206,8 @@ def view_agent(
     alive: PidProbe = pid_alive,
     host_fd: int | None = None,
 ) -> AgentView:
-    files = read_agent_files(catalog, host, identity, host_fd)
-    record, problem = decode_record(files.record, REGISTERED)
-    problem = None if problem is None else short(problem)
-    claim, claim_problem = decode_claim(files.claim, REGISTERED)
-    context = None
-    ahead = None
-    if record is not None:
-        context = project(record, now)
-        if context is None:
-            ahead = record.observed_at_ms - now
-            problem = f"context record observed {ahead} ms in the future; clock untrusted, read as absent"
-    if files.problem is not None:
-        claim_problem = None  # one warning for the directory, not one per file
-    row = AgentRow(
-        host=host,
-        identity=identity,
-        harness=None if claim is None else claim.harness,
-        desired_state=desired_state(claim, host, here, alive),
-        context=context,
-        problem=problem,
-        claim_problem=claim_problem,
-        ahead_ms=ahead,
-    )
-    return AgentView(files, record, claim, row)
+    decoded = decode_agent(read_agent_files(catalog, host, identity, host_fd))
+    return agent_view(host, identity, decoded, now, here=here, alive=alive)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -205,6 +239,30 @@ def collect_roster(catalog: Path, now: int, *, here: str, alive: PidProbe = pid_
             if host_fd is not None:
                 os.close(host_fd)
     return Roster(rows, warnings)
+
+
+class RosterCache:
+    """The roster of a catalog read again and again (`hctx watch`, the board): each agent's files
+    are decoded again only when they changed (guard.catalog.CatalogCache)."""
+
+    def __init__(self, catalog: Path) -> None:
+        self.cache = CatalogCache(catalog, lambda _host, _identity, files: decode_agent(files))
+
+    def views(
+        self, now: int, *, here: str, alive: PidProbe = pid_alive, only: Iterable[tuple[str, str]] | None = None
+    ) -> tuple[list[AgentView], list[str]]:
+        """Every agent's view at `now` and the listing's warnings; CatalogError as `list_agents`.
+        `only`: just these agents (host, identity), and of them the ones whose files changed."""
+        snapshot = self.cache.refresh() if only is None else self.cache.refresh_agents(only)
+        changed = None if only is None else set(snapshot.changed)
+        views = [agent_view(host, identity, decoded, now, here=here, alive=alive)
+                 for host, identity, decoded in snapshot.agents
+                 if changed is None or (host, identity) in changed]  # fmt: skip
+        return views, snapshot.warnings
+
+    def roster(self, now: int, *, here: str, alive: PidProbe = pid_alive) -> Roster:
+        views, warnings = self.views(now, here=here, alive=alive)
+        return Roster([view.row for view in views], warnings)
 
 
 def resolve_agent(catalog: Path, wanted: str, *, here: str) -> tuple[str, str]:

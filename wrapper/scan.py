@@ -9,7 +9,6 @@ its transcripts and how one reads (the window's source, the columns only it has)
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import stat
@@ -21,7 +20,8 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from guard.errors import ModelTableError, TranscriptError
+from guard.errors import JsonRefused, ModelTableError, TranscriptError
+from guard.json_rule import loads
 from guard.record import MAX_COUNT, ContextFields, Harness
 
 if TYPE_CHECKING:  # the registry loads only when `hctx scan` runs, not for every command
@@ -85,7 +85,7 @@ def _windows(data: object, where: str) -> dict[str, int | None]:
 
 def shipped_model_table() -> dict[str, int]:
     text = resources.files("wrapper").joinpath("model_windows.json").read_text(encoding="utf-8")
-    return {model: window for model, window in _windows(json.loads(text), "shipped table").items() if window}
+    return {model: window for model, window in _windows(loads(text), "shipped table").items() if window}
 
 
 def user_model_table_path(environ: Mapping[str, str]) -> Path:
@@ -114,8 +114,8 @@ def model_table(environ: Mapping[str, str], warnings: list[str]) -> dict[str, in
         if len(data) > _USER_TABLE_LIMIT:
             raise ModelTableError(f"{path}: larger than {_USER_TABLE_LIMIT} bytes")
         try:
-            parsed = json.loads(data)
-        except (ValueError, RecursionError) as exc:
+            parsed = loads(data)
+        except JsonRefused as exc:
             raise ModelTableError(f"{path}: not JSON ({exc})") from None
         for model, window in _windows(parsed, str(path)).items():
             if window is None:

@@ -26,6 +26,7 @@ from typing import Any, Literal
 from guard.catalog import list_agents
 from guard.constants import AGENTS_DIR_NAME, CONTEXT_RECORD_NAME, STATE_RECORD_NAME
 from guard.errors import CatalogError
+from wrapper.accounts import fan_in, groups_by_agent
 from wrapper.render import (
     AMBER_PERCENT,
     RED_PERCENT,
@@ -36,6 +37,7 @@ from wrapper.render import (
     counted,
     fill_tint,
     headroom_text,
+    limits_text,
     paint,
     percent_text,
     tokens_text,
@@ -223,19 +225,20 @@ def bar(context: dict[str, Any] | None, cells: int = BAR_CELLS) -> str:
     return "█" * filled + "░" * (cells - filled)
 
 
-COLUMNS = ("AGENT", "HARNESS", "FILL", "PCT", "TOKENS", "WINDOW", "HEADROOM", "⟳", "AGE", "COST")
+COLUMNS = ("AGENT", "HARNESS", "FILL", "PCT", "TOKENS", "WINDOW", "HEADROOM", "⟳", "AGE", "COST", "LIMITS")
 RIGHT_ALIGNED = frozenset({"PCT", "TOKENS", "WINDOW", "HEADROOM", "⟳"})  # numbers
 # On a terminal too narrow for the table the bar narrows first, down to BAR_MIN_CELLS; then columns
-# are hidden in this order, and the frame says which. AGENT and PCT are always shown.
-HIDE_ORDER = ("HARNESS", "WINDOW", "HEADROOM", "FILL", "TOKENS", "COST", "⟳", "AGE")
+# are hidden in this order, and the frame says which. AGENT and PCT are always shown. LIMITS (the
+# account's rate limits, `wrapper.render.limits_text`) is left out unasked when no agent has any.
+HIDE_ORDER = ("LIMITS", "HARNESS", "WINDOW", "HEADROOM", "FILL", "TOKENS", "COST", "⟳", "AGE")
 
 
-def _cells(row: AgentRow, bar_cells: int = BAR_CELLS) -> list[Segment]:
+def _cells(row: AgentRow, limits: Segment, bar_cells: int = BAR_CELLS) -> list[Segment]:
     context = row.context
     tint = fill_tint(context)
     if context is None:
         return [(row.name, None), (row.harness or "-", None), (bar(None, bar_cells), None), ("-", None),
-                ("", None), ("", None), ("", None), ("", None), ("", None), ("", None)]  # fmt: skip
+                ("", None), ("", None), ("", None), ("", None), ("", None), ("", None), limits]  # fmt: skip
     percent = context["usedPercent"]
     age = age_text(context["ageMs"]) + (" stale" if context["stale"] else "")
     return [
@@ -249,6 +252,7 @@ def _cells(row: AgentRow, bar_cells: int = BAR_CELLS) -> list[Segment]:
         (str(context["compactions"]), None),
         (age, None),
         (cost_text(context["costUsd"]), None),
+        limits,
     ]
 
 
@@ -275,22 +279,30 @@ def _span(widths: list[int], shown: list[int]) -> int:
     return sum(widths[index] for index in shown) + 2 * (len(shown) - 1)
 
 
-def _layout(rows: list[AgentRow], width: int | None) -> tuple[list[list[Segment]], list[int], list[int]]:
-    """The table (header first), its column widths, and the indexes of the columns shown in `width`."""
+def _layout(
+    rows: list[AgentRow], width: int | None, now: int, fleet: list[AgentRow]
+) -> tuple[list[list[Segment]], list[int], list[int], bool]:
+    """The table (header first), its column widths, the indexes of the columns shown in `width`, and
+    whether any agent has an account figure (LIMITS is no column of a fleet with none). The
+    accounts are fanned in from the whole `fleet`, not only the rows in view."""
     header: list[Segment] = [(name, None) for name in COLUMNS]
-    table = [header, *(_cells(row) for row in rows)]
+    groups = groups_by_agent(fan_in(fleet))
+    limits = [limits_text(groups.get(row.name), row, now) for row in rows]
+    table = [header, *(_cells(row, limit) for row, limit in zip(rows, limits, strict=True))]
     widths = _widths(table)
-    shown = list(range(len(COLUMNS)))
+    with_limits = any(text != "-" for text, _ in limits)
+    shown = list(range(len(COLUMNS) - (0 if with_limits else 1)))
     if width is None or _span(widths, shown) <= width:
-        return table, widths, shown
+        return table, widths, shown, with_limits
     bar_cells = max(BAR_MIN_CELLS, BAR_CELLS - (_span(widths, shown) - width))
-    table = [header, *(_cells(row, bar_cells) for row in rows)]
+    table = [header, *(_cells(row, limit, bar_cells) for row, limit in zip(rows, limits, strict=True))]
     widths = _widths(table)
     for name in HIDE_ORDER:
         if _span(widths, shown) <= width:
             break
-        shown.remove(COLUMNS.index(name))
-    return table, widths, shown
+        if COLUMNS.index(name) in shown:
+            shown.remove(COLUMNS.index(name))
+    return table, widths, shown, with_limits
 
 
 def render_frame(
@@ -313,10 +325,11 @@ def render_frame(
     fleet = [] if roster is None else roster.rows
     rows = view.rows(fleet)
     title = f"hctx top · {counted(len(fleet), 'agent')} · {catalog} · {clock}"
-    table, widths, shown = _layout(rows, width)
+    table, widths, shown, with_limits = _layout(rows, width, now, fleet)
     notes = [view.help(len(rows), len(fleet))] if interactive else []
-    if problem is None and len(shown) < len(COLUMNS):
-        hidden_columns = [name for index, name in enumerate(COLUMNS) if index not in shown]
+    offered = COLUMNS if with_limits else COLUMNS[:-1]
+    if problem is None and len(shown) < len(offered):
+        hidden_columns = [name for index, name in enumerate(offered) if index not in shown]
         columns = counted(len(hidden_columns), "column")
         notes.append(f"+{columns} hidden, widen the terminal: {', '.join(hidden_columns)}")
     heading = [title, " · ".join(notes), summary(fleet) if fleet and problem is None else ""]

@@ -6,8 +6,10 @@ re-read when watchfiles reports a changed record (inotify on Linux) and every `-
 (staleness is time-based: no file event marks it), the state is saved atomically under the
 catalog's host-local `.st2/watch/`, then each event goes to `--exec` (or stdout as a JSON line).
 
-The state is saved before its events are delivered: a watch killed mid-delivery does not repeat
-them when it starts again (at most once, never twice).
+What is saved for an agent is what was told as far as its events' delivery was attempted: an event
+is recorded as told the moment its command starts (a watch killed while it runs does not repeat it:
+at most once, never twice), and one still queued when the watch stops is told by the next watch.
+One hostile record or failing command costs only its own agent's events.
 """
 
 from __future__ import annotations
@@ -15,40 +17,47 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import errno
 import fcntl
 import json
 import math
 import os
 import re
 import signal
+import stat
 import sys
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from guard.catalog import list_agents
-from guard.constants import CONTROL_DIR_NAME, HARNESS_CONTEXT_STALE_MS, REPLICATED_RECORD_NAMES
+from guard.constants import AGENTS_DIR_NAME, CONTROL_DIR_NAME, HARNESS_CONTEXT_STALE_MS, REPLICATED_RECORD_NAMES
 from guard.errors import CatalogError, RecordRefused
+from guard.files import read_bounded, set_aside
+from guard.json_rule import loads_object
 from guard.projection import headroom_tokens
 from guard.store import check_name, control_dir, open_chain, pid_alive, write_json_atomic
 from wrapper.arguments import positive_seconds, whole_number
 from wrapper.reader_commands import add_catalog_options, existing_catalog, with_host
 from wrapper.render import age_text, meter_text, percent_text, tokens_text
-from wrapper.roster import AgentRow, PidProbe, now_ms, view_agent
+from wrapper.roster import AgentRow, PidProbe, RosterCache, now_ms
 
 if TYPE_CHECKING:  # trio and watchfiles load when the command runs, not with every `hctx`
+    import anyio
     import trio
+    from watchfiles import Change
 
 __all__ = [
     "DEFAULT_AT",
     "DEFAULT_EXEC_TIMEOUT_S",
     "DEFAULT_REREAD_S",
+    "MAX_STATE_BYTES",
     "OVERRUN_HARNESSES",
     "STATE_SCHEMA",
     "WATCH_DIR_NAME",
+    "Companion",
     "Deliver",
     "Event",
     "Kind",
@@ -59,22 +68,27 @@ __all__ = [
     "State",
     "StateFile",
     "add_watch_command",
+    "agent_of",
     "dump_state",
     "exec_command",
     "follow",
     "load_state",
     "observe",
+    "parse_percents",
     "print_event",
+    "read_state",
+    "record_changes",
     "run_watch",
     "step",
 ]
 
-Kind = Literal["fresh", "compaction", "fill", "headroom", "stale"]
+Kind = Literal["fresh", "compaction", "fill", "headroom", "stale", "rate-limit"]
 
 DEFAULT_AT: tuple[float, ...] = (80, 95)
 DEFAULT_EXEC_TIMEOUT_S = 10.0
 DEFAULT_REREAD_S = 30.0
 WATCH_DIR_NAME = "watch"
+MAX_STATE_BYTES = 16 * 1024 * 1024
 STATE_SCHEMA = "hctx.watch-state.v1"
 
 
@@ -91,14 +105,15 @@ class Settings:
 @dataclass(frozen=True, slots=True)
 class Seen:
     """What watch has told about one agent: for the incarnation whose record it last read, the
-    thresholds fired and not yet re-armed, whether headroom fired, the compaction count told; and,
-    across incarnations, whether it told `stale` and still owes `fresh`."""
+    thresholds fired and not yet re-armed, whether headroom fired, the compaction count told, when
+    that reading was observed; and, across incarnations, whether it told `stale` and still owes `fresh`."""
 
     incarnation: str
     fired: frozenset[float] = frozenset()
     headroom_fired: bool = False
     compactions: int = 0
     stale: bool = False
+    observed_ms: int = 0
 
 
 State = Mapping[str, Seen]  # keyed "host/identity"
@@ -119,6 +134,9 @@ class Event:
     incarnation: str
     threshold: float | None  # fill: the percent crossed; headroom: the --headroom margin
     at_ms: int
+    # The agent's state to record once this event's delivery is attempted: what was told up to and
+    # including it, none of what comes after it (None: nothing to record).
+    told: Seen | None = None
 
     def wire(self) -> dict[str, Any]:
         context = self.row.context or {}
@@ -142,11 +160,16 @@ class Event:
         }
 
     def env(self) -> dict[str, str]:
-        """`HCTX_USED_PERCENT=96.5` for `usedPercent`, and so on; a null is the empty string."""
+        """`HCTX_USED_PERCENT=96.5` for `usedPercent`, and so on; a null is the empty string. A value
+        no environment can carry (a NUL, a lone surrogate) goes escaped, as JSON would spell it."""
         return {
-            "HCTX_" + re.sub(r"(?<!^)(?=[A-Z])", "_", key).upper(): "" if value is None else str(value)
+            "HCTX_" + re.sub(r"(?<!^)(?=[A-Z])", "_", key).upper(): "" if value is None else _carried(str(value))
             for key, value in self.wire().items()
         }
+
+    def line(self) -> str:
+        """The event as one JSON line, text any stream can carry."""
+        return _carried(json.dumps(self.wire(), ensure_ascii=False)) + "\n"
 
     def message(self) -> str:
         context = self.row.context or {}
@@ -173,6 +196,27 @@ class Event:
         return f"{name}: context reading fresh again; context {fill}"
 
 
+def _carried(text: str) -> str:
+    return text.replace("\x00", "\\u0000").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _told_before(seen: Seen, later: list[tuple[Kind, float | None]], before: Seen) -> Seen:
+    """`seen` (the state after all of one step's events) less what the `later` ones tell: the state
+    to record once the events before them were attempted."""
+    for kind, threshold in later:
+        if kind == "fill":
+            seen = dataclasses.replace(seen, fired=seen.fired - {threshold})
+        elif kind == "headroom":
+            seen = dataclasses.replace(seen, headroom_fired=before.headroom_fired)
+        elif kind == "compaction":
+            seen = dataclasses.replace(seen, compactions=before.compactions)
+        elif kind == "fresh":
+            seen = dataclasses.replace(seen, stale=True)
+        else:  # stale
+            seen = dataclasses.replace(seen, stale=before.stale)
+    return seen
+
+
 def _agent_step(seen: Seen, row: AgentRow, settings: Settings) -> tuple[list[tuple[Kind, float | None]], Seen]:
     context = row.context
     assert context is not None
@@ -193,19 +237,36 @@ def _agent_step(seen: Seen, row: AgentRow, settings: Settings) -> tuple[list[tup
         headroom_fired = headroom < settings.headroom
         if headroom_fired and not seen.headroom_fired:
             found.append(("headroom", settings.headroom))
-    return found, Seen(seen.incarnation, fired, headroom_fired, context["compactions"], stale=False)
+    return found, Seen(seen.incarnation, fired, headroom_fired, context["compactions"], False, context["observedAtMs"])
+
+
+def _first_sight(incarnation: str, row: AgentRow, settings: Settings) -> Seen:
+    """An agent this watch has never told anything about is armed from its record as it stands:
+    the compactions it already had are not news, nor is the last fresh reading of a stopped agent.
+    Any other fresh reading is the present, told as any reading is (and a stale one, as ever,
+    fires nothing and arms nothing)."""
+    context = row.context
+    assert context is not None
+    if row.desired_state != "stopped" or context["stale"]:
+        return Seen(incarnation, compactions=context["compactions"])
+    percent, headroom = context["usedPercent"], headroom_tokens(context)
+    reached = frozenset() if percent is None else frozenset(t for t in settings.thresholds if percent >= t)
+    below = settings.headroom is not None and headroom is not None and headroom < settings.headroom
+    return Seen(incarnation, reached, below, context["compactions"], observed_ms=context["observedAtMs"])
 
 
 def step(
-    state: State, snapshot: Iterable[Observation], now: int, settings: Settings
+    state: State, snapshot: Iterable[Observation], now: int, settings: Settings, *, partial: bool = False
 ) -> tuple[list[Event], dict[str, Seen]]:
     """The events one roster snapshot brings after `state`, and the state after them.
 
-    A new incarnation starts from nothing told (its thresholds armed, zero compactions), so an agent
-    watch has never seen is told once what it has not been told. An agent missing from the snapshot
-    is forgotten; one present without a reading keeps what was told."""
+    A new incarnation starts from nothing told (its thresholds armed, zero compactions); a record of
+    another incarnation observed before the reading last told is a straggler of an older one and
+    changes nothing. An agent watch has never seen is armed by `_first_sight`. An agent missing from
+    the snapshot is forgotten (unless the snapshot is `partial`: only the agents whose files
+    changed); one present without a reading keeps what was told."""
     events: list[Event] = []
-    after: dict[str, Seen] = {}
+    after: dict[str, Seen] = dict(state) if partial else {}
     for observation in snapshot:
         row, incarnation = observation.row, observation.incarnation
         before = state.get(row.name)
@@ -213,20 +274,40 @@ def step(
             if before is not None:
                 after[row.name] = before
             continue
-        if before is None or before.incarnation != incarnation:
-            before = Seen(incarnation, stale=before is not None and before.stale)
+        if before is None:
+            before = _first_sight(incarnation, row, settings)
+        elif before.incarnation != incarnation:
+            if row.context["observedAtMs"] < before.observed_ms:
+                after[row.name] = before  # a straggler from an older incarnation
+                continue
+            before = Seen(incarnation, stale=before.stale)
         found, after[row.name] = _agent_step(before, row, settings)
-        events.extend(Event(kind, row, incarnation, threshold, now) for kind, threshold in found)
+        events.extend(
+            Event(kind, row, incarnation, threshold, now, _told_before(after[row.name], found[n + 1 :], before))
+            for n, (kind, threshold) in enumerate(found)
+        )
     return events, after
 
 
-def observe(catalog: Path, now: int, *, here: str, alive: PidProbe = pid_alive) -> tuple[list[Observation], list[str]]:
-    """The roster's rows (every host's; running-ness for this host's) with their records' incarnations."""
-    agents, warnings = list_agents(catalog)
+def observe(
+    catalog: Path,
+    now: int,
+    *,
+    here: str,
+    alive: PidProbe = pid_alive,
+    cache: RosterCache | None = None,
+    only: Iterable[tuple[str, str]] | None = None,
+) -> tuple[list[Observation], list[str]]:
+    """The roster's rows (every host's; running-ness for this host's) with their records' incarnations;
+    through `cache`, only the agents whose files changed are read again (and with `only`, the agents
+    a file event named, only those of them that changed are observed). A record of an incarnation
+    the claim lists as past is a straggler, and no reading."""
+    views, warnings = (cache or RosterCache(catalog)).views(now, here=here, alive=alive, only=only)
     observations = []
-    for host, identity in agents:
-        view = view_agent(catalog, host, identity, now, here=here, alive=alive)
+    for view in views:
         incarnation = None if view.record is None or view.row.context is None else view.record.incarnation
+        if view.claim is not None and incarnation in {past.incarnation for past in view.claim.history}:
+            incarnation = None
         observations.append(Observation(view.row, incarnation))
         warnings.extend(view.row.warnings())
     return observations, warnings
@@ -244,6 +325,7 @@ class _SeenWire(BaseModel):
     headroom_fired: bool = Field(default=False, alias="headroomFired")
     compactions: int = Field(default=0, ge=0)
     stale: bool = False
+    observed_ms: int = Field(default=0, alias="observedMs")
 
 
 class _StateWire(BaseModel):
@@ -256,22 +338,49 @@ class _StateWire(BaseModel):
 def dump_state(state: State) -> bytes:
     agents = {
         key: {"incarnation": seen.incarnation, "fired": sorted(seen.fired), "headroomFired": seen.headroom_fired,
-              "compactions": seen.compactions, "stale": seen.stale}
+              "compactions": seen.compactions, "stale": seen.stale, "observedMs": seen.observed_ms}
         for key, seen in sorted(state.items())
     }  # fmt: skip
-    return (json.dumps({"schema": STATE_SCHEMA, "agents": agents}, indent=1) + "\n").encode()
+    # One line: without `indent` json uses its C encoder, and this runs after every change.
+    return (json.dumps({"schema": STATE_SCHEMA, "agents": agents}, separators=(",", ":")) + "\n").encode()
 
 
 def load_state(data: bytes) -> dict[str, Seen]:
     """Raises RecordRefused (a ValueError) for a file that is not a watch state."""
     try:
-        wire = _StateWire.model_validate_json(data)
+        wire = _StateWire.model_validate(loads_object(data, error=RecordRefused))
     except ValidationError as exc:
         raise RecordRefused(str(exc).splitlines()[0]) from None
     return {
-        key: Seen(seen.incarnation, frozenset(seen.fired), seen.headroom_fired, seen.compactions, seen.stale)
+        key: Seen(seen.incarnation, frozenset(seen.fired), seen.headroom_fired, seen.compactions, seen.stale,
+                  seen.observed_ms)
         for key, seen in wire.agents.items()
     }
+
+
+_Parsed = TypeVar("_Parsed")
+
+
+def read_state(dir_fd: int, name: str, path: Path, parse: Callable[[bytes], _Parsed], told: str) -> _Parsed | None:
+    """A watch's state file (at most MAX_STATE_BYTES, never through a symlink) parsed; None when there
+    is none, and None with the file set aside, said, when it cannot be read or parsed (`told`: what
+    the watch then starts with, for the message)."""
+    raw = read_bounded(dir_fd, name, MAX_STATE_BYTES)
+    if raw.absent:
+        return None
+    problem = raw.problem
+    if raw.data is not None:
+        try:
+            return parse(raw.data)
+        except ValueError as exc:
+            problem = f"unreadable ({exc})"
+    try:
+        aside = set_aside(dir_fd, name)
+    except OSError as exc:
+        log(f"{path} {problem}; starting with {told} (cannot set it aside: {exc.strerror})")
+    else:
+        log(f"{path} {problem}; set aside as {aside}, starting with {told}")
+    return None
 
 
 class StateFile:
@@ -285,11 +394,11 @@ class StateFile:
 
     @contextlib.contextmanager
     def held(self) -> Iterator[int]:
-        """The directory's descriptor, with the lock taken; CatalogError when another watch holds it."""
+        """The directory's descriptor, with the lock taken; CatalogError when another watch holds it.
+        A lock file that is a symlink or not a regular file is set aside, never followed."""
         dir_fd = open_chain(self._catalog, (CONTROL_DIR_NAME, WATCH_DIR_NAME), create=True)
         try:
-            flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-            lock_fd = os.open(self._lock_name, flags, 0o644, dir_fd=dir_fd)
+            lock_fd = self._open_lock(dir_fd)
             try:
                 try:
                     fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -301,19 +410,28 @@ class StateFile:
         finally:
             os.close(dir_fd)
 
+    def _open_lock(self, dir_fd: int) -> int:
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        for _ in range(3):  # another watch may be setting the same one aside
+            try:
+                fd = os.open(self._lock_name, flags, 0o644, dir_fd=dir_fd)
+            except OSError as exc:
+                if exc.errno != errno.ELOOP:
+                    raise
+                problem = "is a symlink"
+            else:
+                if stat.S_ISREG(os.fstat(fd).st_mode):
+                    return fd
+                os.close(fd)
+                problem = "is not a regular file"
+            with contextlib.suppress(FileNotFoundError):
+                aside = set_aside(dir_fd, self._lock_name)
+                log(f"{self.path.with_name(self._lock_name)} {problem}; set aside as {aside}")
+        raise CatalogError(f"{self.path.with_name(self._lock_name)} keeps being replaced by something else; refusing")
+
     def load(self, dir_fd: int) -> dict[str, Seen]:
-        try:
-            fd = os.open(self.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-        except FileNotFoundError:
-            return {}
-        try:
-            with os.fdopen(fd, "rb", closefd=False) as handle:
-                return load_state(handle.read(16 * 1024 * 1024))
-        except (OSError, ValueError) as exc:
-            log(f"{self.path} unreadable ({exc}); starting with nothing told")
-            return {}
-        finally:
-            os.close(fd)
+        """What the last watch told; nothing, with the file set aside, when it cannot be read."""
+        return read_state(dir_fd, self.name, self.path, load_state, "nothing told") or {}
 
     def save(self, dir_fd: int, state: State) -> None:
         write_json_atomic(dir_fd, self.name, dump_state(state), dir_fd)
@@ -330,62 +448,139 @@ def log(message: str) -> None:
 Deliver = Callable[[Event], Awaitable[None]]
 
 
+class Companion(Protocol):
+    """Another state machine stepping on the watch's snapshots (`wrapper.account_watch`): its
+    state loaded once the lock is held, and saved by `step` before its events go out; its events
+    are delivered through the same outbox as the watch's own."""
+
+    def load(self, dir_fd: int) -> None: ...
+
+    def step(self, dir_fd: int, snapshot: list[Observation], now: int, *, partial: bool) -> list[Event]:
+        """`partial`: the snapshot holds only the agents a file event named, not the whole roster."""
+        ...
+
+
 async def print_event(event: Event) -> None:
-    sys.stdout.write(json.dumps(event.wire(), ensure_ascii=False) + "\n")
+    sys.stdout.write(event.line())
     sys.stdout.flush()
 
 
 def exec_command(command: str, timeout_s: float) -> Deliver:
     """Run `command` (a shell command line) per event: the event as one JSON line on its stdin and
-    as HCTX_* variables; killed with its process group past `timeout_s`. Any failure is logged."""
+    as HCTX_* variables, in a session and process group of its own; killed with its group past
+    `timeout_s`. What it leaves behind (backgrounded or `setsid` children) is ended when it returns,
+    times out or the watch stops (wrapper.leftovers). Any failure is logged."""
+    import itertools
+    import secrets
+    from functools import partial
+
     import trio
+
+    from wrapper import leftovers
+
+    leftovers.become_subreaper()
+    marks = (f"{os.getpid()}-{secrets.token_hex(4)}-{n}" for n in itertools.count())
+    running: set[int] = set()  # commands' shells: their own waiter reaps them, never reap_zombies
+    spawning = trio.Lock()  # a shell is in `running` before any reaping can see it
 
     async def kill_group(process: trio.Process) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
 
     async def deliver(event: Event) -> None:
-        payload = (json.dumps(event.wire(), ensure_ascii=False) + "\n").encode()
         what = f"--exec for {event.kind} of {event.row.name}"
-        with trio.move_on_after(timeout_s) as scope:
-            try:
-                done = await trio.run_process(
-                    command, shell=True, stdin=payload, env={**os.environ, **event.env()}, check=False,
-                    start_new_session=True, deliver_cancel=kill_group,
-                )  # fmt: skip
-            except OSError as exc:
-                log(f"{what} could not start: {exc}")
-                return
+        mark = next(marks)
+        env = {**os.environ, **event.env(), leftovers.MARK_ENV: mark}
+        run = partial(trio.run_process, command, shell=True, stdin=event.line().encode(), env=env, check=False,
+                      start_new_session=True, deliver_cancel=kill_group)  # fmt: skip
+        process: trio.Process | None = None
+        stopping = True
+        try:
+            with trio.move_on_after(timeout_s) as scope:
+                async with trio.open_nursery() as nursery, spawning:
+                    process = await nursery.start(run)
+                    running.add(process.pid)
+            stopping = False
+        except OSError as exc:
+            log(f"{what} could not start: {exc}")
+            stopping = False
+        finally:
+            with trio.CancelScope(shield=True):
+                if process is not None:
+                    running.discard(process.pid)
+                left = leftovers.marked(mark)
+                if stopping:  # the watch stops: whatever it adopted goes too, marked or not
+                    left.extend(leftovers.orphans(running))
+                ended = await leftovers.end(left)
+                async with spawning:
+                    leftovers.reap_zombies(running)
+            if ended:
+                log(f"{what} left {ended} process{'' if ended == 1 else 'es'} running; ended")
+        if process is None:
+            return
         if scope.cancelled_caught:
             log(f"{what} timed out after {timeout_s:g} s; killed")
-        elif done.returncode != 0:
-            log(f"{what} exited with status {done.returncode}")
+        elif process.returncode != 0:
+            log(f"{what} exited with status {process.returncode}")
 
     return deliver
 
 
 class Outbox:
     """One queue and one worker per agent: an agent's events in order, and a slow or hung command
-    for one agent holding up no other agent's."""
+    for one agent holding up no other agent's. It keeps what is recorded as told: per agent, the
+    state as far as its events' delivery was attempted, and the latest state once none is pending."""
 
-    def __init__(self, nursery: trio.Nursery, deliver: Deliver) -> None:
+    def __init__(self, nursery: trio.Nursery, deliver: Deliver, record: Callable[[State], None], told: State) -> None:
         self._nursery = nursery
         self._deliver = deliver
+        self._record = record
+        self._told = dict(told)
+        self._latest: State = told
+        self._pending: dict[str, int] = {}
         self._queues: dict[str, trio.MemorySendChannel[Event]] = {}
+
+    def settle(self, latest: State, events: Iterable[Event]) -> None:
+        """One step's outcome: its events queued, and the state recorded for every agent that owes none."""
+        self._latest = latest
+        for event in events:
+            self.put(event)
+        told = {name: seen for name, seen in self._told.items() if self._pending.get(name)}
+        told |= {name: seen for name, seen in latest.items() if not self._pending.get(name)}
+        self._told_now(told)
 
     def put(self, event: Event) -> None:
         import trio
 
-        queue = self._queues.get(event.row.name)
+        name = event.row.name
+        queue = self._queues.get(name)
         if queue is None:
             queue, inbox = trio.open_memory_channel[Event](math.inf)
-            self._queues[event.row.name] = queue
+            self._queues[name] = queue
             self._nursery.start_soon(self._work, inbox)
+        self._pending[name] = self._pending.get(name, 0) + 1
         queue.send_nowait(event)
+
+    def _told_now(self, told: dict[str, Seen]) -> None:
+        if told != self._told:
+            self._told = told
+            self._record(told)
 
     async def _work(self, inbox: trio.MemoryReceiveChannel[Event]) -> None:
         async for event in inbox:
-            await self._deliver(event)
+            name = event.row.name
+            if event.told is not None:
+                self._told_now(self._told | {name: event.told})  # recorded as the attempt starts
+            try:
+                await self._deliver(event)
+            except Exception as exc:  # a record no command could take costs its own event, nothing else
+                log(f"could not deliver {event.kind} of {name}: {type(exc).__name__}: {exc}")
+            self._pending[name] -= 1
+            if not self._pending[name]:
+                told = {key: seen for key, seen in self._told.items() if key != name}
+                if name in self._latest:
+                    told[name] = self._latest[name]
+                self._told_now(told)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -396,6 +591,31 @@ def _is_record(_change: object, path: str) -> bool:
     return os.path.basename(path) in REPLICATED_RECORD_NAMES
 
 
+def record_changes(
+    catalog: Path, stop: anyio.Event, *, timeout_s: float, debounce_ms: int = 400, step_ms: int = 50
+) -> AsyncIterator[set[tuple[Change, str]]]:
+    """The catalog's record files as they change (inotify on Linux, through watchfiles): one set of
+    (change, path) per batch, and an empty one every `timeout_s` without a change. `hctx watch`
+    and `hctx web` follow the catalog through this one function."""
+    from watchfiles import awatch
+
+    return awatch(
+        catalog, watch_filter=_is_record, stop_event=stop, debounce=debounce_ms, step=step_ms,
+        rust_timeout=max(1, int(timeout_s * 1000)), yield_on_timeout=True,
+    )  # fmt: skip
+
+
+def agent_of(catalog: Path, path: str) -> tuple[str, str] | None:
+    """(host, identity) of a record path `record_changes` reported; None for any other path."""
+    try:
+        parts = Path(path).relative_to(catalog).parts
+    except ValueError:
+        return None
+    if len(parts) != 4 or parts[0] != AGENTS_DIR_NAME or parts[3] not in REPLICATED_RECORD_NAMES:
+        return None
+    return parts[1], parts[2]
+
+
 async def follow(
     catalog: Path,
     *,
@@ -404,38 +624,39 @@ async def follow(
     deliver: Deliver,
     state_file: StateFile,
     reread_s: float = DEFAULT_REREAD_S,
+    companions: Sequence[Companion] = (),
 ) -> None:
-    """Until SIGINT or SIGTERM: read, step, save, deliver; on every record change and every `reread_s`."""
+    """Until SIGINT or SIGTERM: read, step, save, deliver; on every record change and every `reread_s`.
+    Each of `companions` steps on the same snapshots, under the same lock."""
     import anyio
     import trio
-    from watchfiles import awatch
 
     told_warnings: set[str] = set()  # each warning once while it lasts, not at every re-read
+    cache = RosterCache(catalog)  # each tick reads again only the agents whose files changed
     with state_file.held() as dir_fd:
         state = state_file.load(dir_fd)
+        for companion in companions:
+            companion.load(dir_fd)
 
-        def tick(outbox: Outbox) -> None:
+        def tick(outbox: Outbox, only: set[tuple[str, str]] | None = None) -> None:
+            """Every agent (the periodic re-read, for staleness), or `only` the agents a file event named."""
             nonlocal state, told_warnings
             now = now_ms()
+            full = only is None
             try:
-                snapshot, warnings = observe(catalog, now, here=here)
+                snapshot, warnings = observe(catalog, now, here=here, cache=cache, only=only)
             except CatalogError as exc:
                 warnings, snapshot = [f"cannot read the catalog: {exc}"], None
             for warning in warnings:
                 if warning not in told_warnings:
                     log(f"warning: {warning}")
-            told_warnings = set(warnings)
+            told_warnings = set(warnings) if full else told_warnings | set(warnings)
             if snapshot is None:
                 return
-            events, after = step(state, snapshot, now, settings)
-            if after != state:
-                try:
-                    state_file.save(dir_fd, after)
-                except OSError as exc:
-                    log(f"cannot save {state_file.path}: {exc}; a restart may repeat these events")
-                state = after
-            for event in events:
-                outbox.put(event)
+            events, state = step(state, snapshot, now, settings, partial=not full)
+            for companion in companions:
+                events.extend(companion.step(dir_fd, snapshot, now, partial=not full))
+            outbox.settle(state, events)
 
         stop = anyio.Event()
         async with trio.open_nursery() as nursery:
@@ -446,15 +667,20 @@ async def follow(
                         stop.set()
                         return
 
+            def record(told: State) -> None:
+                try:
+                    state_file.save(dir_fd, told)
+                except OSError as exc:
+                    log(f"cannot save {state_file.path}: {exc}; a restart may repeat events")
+
             nursery.start_soon(stop_on_signal)
-            outbox = Outbox(nursery, deliver)
+            outbox = Outbox(nursery, deliver, record, state)
             log(f"following {catalog}, re-reading every {reread_s:g} s; state in {state_file.path}")
             tick(outbox)
-            async for _ in awatch(
-                catalog, watch_filter=_is_record, stop_event=stop, debounce=400,
-                rust_timeout=max(1, int(reread_s * 1000)), yield_on_timeout=True,
-            ):  # fmt: skip
-                tick(outbox)
+            async for changes in record_changes(catalog, stop, timeout_s=reread_s):
+                named = {agent_of(catalog, path) for _, path in changes}
+                # No change (the re-read's timeout) or a path of no agent: read every agent.
+                tick(outbox, None if not named or None in named else {agent for agent in named if agent})
             nursery.cancel_scope.cancel()
 
 
@@ -464,8 +690,9 @@ async def follow(
 
 # The harnesses whose usedPercent runs past 100 on an overrun: pi and omp publish their own float
 # (585.6 measured against a 4,000-token window), OpenCode's is usedTokens / windowTokens unclamped.
-# Claude clamps its own integer to 0..100 and Codex's displayed percent stops at 100, so a
-# threshold above 100 is reachable only by these; there is no ceiling to what they publish.
+# Every other built-in harness stops at 100 (Claude clamps its own integer, the app-server's
+# displayed percent is capped), so a threshold above 100 is reachable only by these; there is no
+# ceiling to what they publish.
 OVERRUN_HARNESSES = ("pi", "omp", "opencode")
 
 
@@ -482,12 +709,16 @@ def _thresholds(text: str) -> tuple[float, ...]:
         raise argparse.ArgumentTypeError(f"{bad[0]:g} is not a percent above 0 (every reading is at or above it)")
     if over := sorted(value for value in values if value > 100):
         log(f"--at {', '.join(f'{value:g}' for value in over)}: above 100% only an overrun reaches, "
-            f"which {', '.join(OVERRUN_HARNESSES)} publish; Claude and Codex stop at 100")  # fmt: skip
+            f"which {', '.join(OVERRUN_HARNESSES)} publish; the others stop at 100")  # fmt: skip
     # 80, not 80.0, in the event and in HCTX_THRESHOLD: what the user wrote
     return tuple(sorted(int(value) if value.is_integer() else value for value in values))
 
 
-def run_watch(args: argparse.Namespace) -> int:
+# The --at parser, public for the options beside it (`wrapper.account_watch`'s --rate-limit-at).
+parse_percents = _thresholds
+
+
+def run_watch(args: argparse.Namespace, companions: Callable[[StateFile], Sequence[Companion]] = lambda _: ()) -> int:
     import trio
 
     try:
@@ -498,9 +729,10 @@ def run_watch(args: argparse.Namespace) -> int:
         return 2
     deliver = print_event if args.exec is None else exec_command(args.exec, args.exec_timeout)
     settings = Settings(args.at, args.headroom)
+    beside = companions(state_file)
     try:
         trio.run(lambda: follow(catalog, here=args.host, settings=settings, deliver=deliver,
-                                state_file=state_file, reread_s=args.reread))  # fmt: skip
+                                state_file=state_file, reread_s=args.reread, companions=beside))  # fmt: skip
     except CatalogError as exc:
         log(str(exc))
         return 2
@@ -510,11 +742,13 @@ def run_watch(args: argparse.Namespace) -> int:
 def add_watch_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     watch = commands.add_parser(
         "watch",
-        help="run a command for every fill crossing, compaction and stale record (alerts)",
+        help="run a command for every fill crossing, compaction, stale record and account rate-limit crossing",
         description="Follows the catalog (inotify where the platform has it, and a re-read every --reread "
         "seconds) and turns it into events: a reading at or above an --at percent after one below it (or "
         "the first reading of an incarnation), headroom to compaction under --headroom tokens, a compaction, "
-        "a record gone stale while its agent runs, and fresh again. Withheld and stale readings fire "
+        "a record gone stale while its agent runs, and fresh again; and per account and window, its rate limit "
+        "reaching a --rate-limit-at percent (the newest snapshot across the agents sharing it). Withheld and "
+        "stale readings fire "
         "nothing. Each event is one JSON object with a human `message`: on the stdin of --exec's command "
         "(also as HCTX_* variables: HCTX_EVENT, HCTX_AGENT, HCTX_USED_PERCENT, HCTX_MESSAGE, ...), or "
         "without --exec one JSON line on stdout. What was told is kept in <catalog>/.st2/watch/NAME.json, "
@@ -523,7 +757,8 @@ def add_watch_command(commands: argparse._SubParsersAction[argparse.ArgumentPars
     watch.add_argument(
         "--exec", metavar="CMD",
         help="a shell command run for each event, the event as JSON on its stdin; one agent's events run "
-        "in order, one at a time (default: print each event as a JSON line)",
+        "in order, one at a time, each in a process group of its own; whatever it leaves running "
+        "(backgrounded or setsid children) is ended when it returns (default: print each event as a JSON line)",
     )  # fmt: skip
     watch.add_argument(
         "--at", type=_thresholds, default=DEFAULT_AT, metavar="PERCENTS",

@@ -17,7 +17,25 @@ The usage a reply reports is dictated by the request, so a test decides what Cla
   conversation" prompt) answers 30000/0/0/1500 with an `<analysis>`/`<summary>` reply;
 - side calls (title generation: no `tools`) answer 120/0/0/7, so no marker is ever counted twice.
 
+Delegation (issue 28), Claude's `Agent` tool called as a real model would:
+
+- `agent=I,CC,CR,O` (one or more) in a main-loop request's newest user text, with nothing after it:
+  the reply is one `Agent` tool_use per marker, in parallel (`subagent_type` general-purpose), each
+  prompt `child task K usage=I,CC,CR,O`, so the subagent's own requests report those numbers;
+- a main-loop request whose newest message is a tool result or a `<task-notification>` (Claude
+  runs every subagent in the background and wakes the main agent with one): a plain reply, its
+  usage the last `after=I,CC,CR,O` of the user's newest own text, or 120/0/0/7.
+
+A reply quotes its prompt with the markers defused, since a subagent's last message reaches the
+main agent inside its notification.
+
 Every request is kept in `requests` for assertions.
+
+Rate limits (issue 29): with `unified` set, a response carries the `anthropic-ratelimit-unified-{5h,7d}-
+{utilization,reset}` headers the real service sends a claude.ai subscriber, for the account the
+request names (`metadata.user_id`'s `account_uuid`, which Claude takes from its config dir's
+`oauthAccount`): the account's n-th main-loop turn gets its n-th (five-hour, seven-day) utilization
+(the last one repeats), a side call the current one. `account_uuids` keeps what each request named.
 """
 
 from __future__ import annotations
@@ -25,6 +43,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -38,13 +57,17 @@ from tests.fakes.http11 import LOOPBACK, reply_json, send, serving
 
 HOST = LOOPBACK
 USAGE_MARKER = re.compile(r"usage=(\d+),(\d+),(\d+),(\d+)")
+AGENT_MARKER = re.compile(r"agent=(\d+),(\d+),(\d+),(\d+)")
+AFTER_MARKER = re.compile(r"after=(\d+),(\d+),(\d+),(\d+)")
+NOTIFICATION_PREFIX = "<task-notification>"
+AGENT_TOOL = "Agent"
 COMPACTION_PROMPT = "create a detailed summary of the conversation"
 SIDE_CALL_USAGE = (120, 0, 0, 7)
 COMPACTION_USAGE = (30000, 0, 0, 1500)
 # Claude approves a custom API key by its last 20 characters (the lab's `customApiKeyResponses`).
 API_KEY = "sk-ant-api03-hctx-fake-live-test-key-0000000000AA"
 
-Kind = Literal["turn", "compaction", "side"]
+Kind = Literal["turn", "compaction", "side", "delegate", "after"]
 Usage = tuple[int, int, int, int]  # input, cache_creation, cache_read, output
 
 
@@ -55,6 +78,7 @@ class Served:
     usage: Usage
     stream: bool
     model: str
+    calls: tuple[dict[str, Any], ...] = ()  # the tool_use inputs of a delegating reply
 
 
 @dataclass
@@ -62,7 +86,31 @@ class FakeMessages:
     port: int = 0
     requests: list[Served] = field(default_factory=list)
     other_paths: list[str] = field(default_factory=list)
+    # account_uuid -> the (five-hour, seven-day) utilizations (fractions) its turns are told, in order
+    unified: dict[str, list[tuple[float, float]]] | None = None
+    account_uuids: list[str | None] = field(default_factory=list)
+    _turns_of: dict[str, int] = field(default_factory=dict)
     _index: itertools.count[int] = field(default_factory=itertools.count)
+
+    def rate_limit_headers(self, body: dict[str, Any], kind: Kind) -> list[tuple[bytes, bytes]]:
+        """The unified headers for the account this request names; none without `unified`."""
+        account = _account_uuid(body)
+        self.account_uuids.append(account)
+        if self.unified is None or account not in self.unified:
+            return []
+        steps, served = self.unified[account], self._turns_of.get(account, 0)
+        five_hour, seven_day = steps[min(served, len(steps) - 1)]
+        if kind == "turn":
+            self._turns_of[account] = served + 1
+        now = int(time.time())
+        pairs = {
+            "anthropic-ratelimit-unified-status": "allowed",
+            "anthropic-ratelimit-unified-5h-utilization": f"{five_hour}",
+            "anthropic-ratelimit-unified-5h-reset": f"{now + 2 * 3600}",
+            "anthropic-ratelimit-unified-7d-utilization": f"{seven_day}",
+            "anthropic-ratelimit-unified-7d-reset": f"{now + 3 * 86_400}",
+        }
+        return [(name.encode(), value.encode()) for name, value in pairs.items()]
 
     @property
     def base_url(self) -> str:
@@ -72,8 +120,15 @@ class FakeMessages:
         """The record of one `POST /v1/messages` and the reply text."""
         messages = body.get("messages")
         messages = messages if isinstance(messages, list) else []
-        user_texts = [_text_of(m) for m in messages if isinstance(m, dict) and m.get("role") == "user"]
-        newest = user_texts[-1] if user_texts else ""
+        # The user's own words: not a tool result's message nor a subagent's notification.
+        own = [
+            text for m in messages
+            if isinstance(m, dict) and m.get("role") == "user" and not _has_tool_result(m)
+            and (text := _text_of(m)).strip() and NOTIFICATION_PREFIX not in text
+        ]  # fmt: skip
+        newest = own[-1] if own else ""
+        woken = bool(messages) and _is_wake_up(messages[-1])
+        calls: tuple[dict[str, Any], ...] = ()
         kind: Kind
         if COMPACTION_PROMPT in newest:
             kind, usage = "compaction", COMPACTION_USAGE
@@ -81,20 +136,58 @@ class FakeMessages:
                 "<analysis>Fake analysis of the conversation.</analysis>\n"
                 "<summary>1. Primary Request and Intent: the hctx live test's turns.</summary>"
             )
+        elif body.get("tools") and woken:
+            kind, usage = "after", _marker(AFTER_MARKER, newest) or SIDE_CALL_USAGE
+            text = "The subagents reported back."
+        elif body.get("tools") and AGENT_MARKER.search(newest) and _text_of(messages[-1]) == newest:
+            kind, usage = "delegate", _marker(USAGE_MARKER, newest) or SIDE_CALL_USAGE
+            calls = tuple(
+                {"description": f"child {number}", "subagent_type": "general-purpose",
+                 "prompt": f"child task {number} usage={','.join(found)}"}
+                for number, found in enumerate(AGENT_MARKER.findall(newest), 1)
+            )  # fmt: skip
+            text = "Delegating."
         elif body.get("tools"):
             kind = "turn"
-            found = USAGE_MARKER.findall(newest)
-            usage = tuple(int(n) for n in found[-1]) if found else SIDE_CALL_USAGE  # type: ignore[assignment]
-            text = f"Fake reply to: {newest[-80:]}"
+            usage = _marker(USAGE_MARKER, newest) or SIDE_CALL_USAGE
+            text = f"Fake reply to: {newest[-80:].replace('=', ':')}"
         else:
             kind, usage = "side", SIDE_CALL_USAGE
             text = json.dumps({"title": "Fake live session"})
-        served = Served(next(self._index), kind, usage, bool(body.get("stream")), str(body.get("model", "")))
+        served = Served(next(self._index), kind, usage, bool(body.get("stream")), str(body.get("model", "")), calls)
         self.requests.append(served)
         return served, text
 
     def turns(self) -> list[Served]:
         return [served for served in self.requests if served.kind == "turn"]
+
+
+def _account_uuid(body: dict[str, Any]) -> str | None:
+    """`metadata.user_id` is a JSON string naming `account_uuid` ("" without a stored account)."""
+    metadata = body.get("metadata")
+    try:
+        user = json.loads(metadata.get("user_id", "")) if isinstance(metadata, dict) else None
+    except ValueError:
+        return None
+    account = user.get("account_uuid") if isinstance(user, dict) else None
+    return account if isinstance(account, str) and account else None
+
+
+def _marker(marker: re.Pattern[str], text: str) -> Usage | None:
+    found = marker.findall(text)
+    return tuple(int(n) for n in found[-1]) if found else None  # type: ignore[return-value]
+
+
+def _is_wake_up(message: Any) -> bool:
+    """A user message that is a tool result, or a subagent's `<task-notification>`."""
+    if not isinstance(message, dict) or message.get("role") != "user":
+        return False
+    return _has_tool_result(message) or NOTIFICATION_PREFIX in _text_of(message)
+
+
+def _has_tool_result(message: dict[str, Any]) -> bool:
+    content = message.get("content")
+    return isinstance(content, list) and any(isinstance(p, dict) and p.get("type") == "tool_result" for p in content)
 
 
 def _text_of(message: dict[str, Any]) -> str:
@@ -118,14 +211,22 @@ def _usage_json(usage: Usage, *, output: int | None = None) -> dict[str, int]:
     }
 
 
+def _tool_uses(served: Served) -> list[dict[str, Any]]:
+    return [
+        {"type": "tool_use", "id": f"toolu_fake_{served.index}_{n}", "name": AGENT_TOOL, "input": call}
+        for n, call in enumerate(served.calls)
+    ]
+
+
 def _message(served: Served, text: str | None) -> dict[str, Any]:
+    content: list[dict[str, Any]] = [] if text is None else [{"type": "text", "text": text}, *_tool_uses(served)]
     return {
         "id": f"msg_fake_{served.index}",
         "type": "message",
         "role": "assistant",
         "model": served.model,
-        "content": [] if text is None else [{"type": "text", "text": text}],
-        "stop_reason": None if text is None else "end_turn",
+        "content": content,
+        "stop_reason": None if text is None else ("tool_use" if served.calls else "end_turn"),
         "stop_sequence": None,
         "usage": _usage_json(served.usage, output=1 if text is None else None),
     }
@@ -141,9 +242,18 @@ def sse_events(served: Served, text: str) -> list[bytes]:
         {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
         {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}},
         {"type": "content_block_stop", "index": 0},
+    ]
+    for index, use in enumerate(_tool_uses(served), 1):
+        events += [
+            {"type": "content_block_start", "index": index, "content_block": {**use, "input": {}}},
+            {"type": "content_block_delta", "index": index,
+             "delta": {"type": "input_json_delta", "partial_json": json.dumps(use["input"])}},
+            {"type": "content_block_stop", "index": index},
+        ]  # fmt: skip
+    events += [
         {
             "type": "message_delta",
-            "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+            "delta": {"stop_reason": "tool_use" if served.calls else "end_turn", "stop_sequence": None},
             "usage": _usage_json(served.usage),
         },
         {"type": "message_stop"},
@@ -175,10 +285,14 @@ async def _serve_one(
         await reply_json(conn, stream, 200, {"input_tokens": 1000})
         return
     served, text = server.answer(parsed)
+    limits = server.rate_limit_headers(parsed, served.kind)
     if not served.stream:
-        await reply_json(conn, stream, 200, _message(served, text))
+        payload = json.dumps(_message(served, text)).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()), *limits]
+        await send(conn, stream, h11.Response(status_code=200, headers=headers), h11.Data(data=payload),
+                   h11.EndOfMessage())  # fmt: skip
         return
-    headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+    headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"), *limits]
     await send(conn, stream, h11.Response(status_code=200, headers=headers))
     for chunk in sse_events(served, text):
         await send(conn, stream, h11.Data(data=chunk))

@@ -20,6 +20,19 @@ exactly what Codex is told it spent, with no state shared between test and serve
   trigger) answers with the last `[[c:IN:OUT]]` anywhere in its input, or 1000/100 without one;
 - `[[sleep:S]]` in a turn's newest user message holds its reply back S seconds (a turn still running).
 
+Delegation (issue 28): Codex's `multi_agent_v1` tools, called as the real model would.
+
+- `[[spawn:IN:OUT]]` (one or more) in a turn's newest user message: the reply is one `spawn_agent`
+  function call per marker, in parallel, each with the message `child task K [[u:IN:OUT]]`, so the
+  child thread's own first request reports IN/OUT (and `[[sleep:S]]` after it, `[[csleep:S]]` in
+  the parent's text, holds the child's reply back);
+- once the input holds those calls' outputs (and no `wait_agent` yet): one `wait_agent` on every
+  agent id they returned, its usage the last `[[w:IN:OUT]]`, or 1300/20;
+- once it holds the `wait_agent` output: a plain reply, its usage the last `[[a:IN:OUT]]`, or 1300/20.
+
+A reply to a request whose newest input is a tool output carries no tool call unless the rules above
+say so, so a thread never loops.
+
 Every request is kept in `requests` (kind, usage, headers, body) for assertions.
 """
 
@@ -47,13 +60,19 @@ HOST = LOOPBACK
 TURN_MARKER = re.compile(r"\[\[u:(\d+):(\d+)(?::(\d+))?\]\]")
 COMPACTION_MARKER = re.compile(r"\[\[c:(\d+):(\d+)(?::(\d+))?\]\]")
 SLEEP_MARKER = re.compile(r"\[\[sleep:(\d+(?:\.\d+)?)\]\]")
+SPAWN_MARKER = re.compile(r"\[\[spawn:(\d+):(\d+)\]\]")
+CHILD_SLEEP_MARKER = re.compile(r"\[\[csleep:(\d+(?:\.\d+)?)\]\]")
+WAIT_MARKER = re.compile(r"\[\[w:(\d+):(\d+)(?::(\d+))?\]\]")
+AFTER_MARKER = re.compile(r"\[\[a:(\d+):(\d+)(?::(\d+))?\]\]")
+MULTI_AGENT_NAMESPACE = "multi_agent_v1"
+AGENT_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 COMPACTION_PROMPT = "CONTEXT CHECKPOINT COMPACTION"
 DEFAULT_TURN_USAGE = (1300, 20, 0)
 DEFAULT_COMPACTION_USAGE = (1000, 100, 0)
 FIVE_HOUR_MINUTES = 300
 SEVEN_DAY_MINUTES = 10_080
 
-Kind = Literal["turn", "compaction", "remote_compaction_v2"]
+Kind = Literal["turn", "compaction", "remote_compaction_v2", "spawn", "wait", "after_wait"]
 Usage = tuple[int, int, int]  # input, output, cached
 
 
@@ -66,6 +85,7 @@ class Served:
     body: dict[str, Any]
     rate_limits: tuple[float, float] | None  # (primary %, secondary %) as sent in the headers
     delay_s: float = 0.0  # how long the reply is held back
+    calls: tuple[tuple[str, dict[str, Any]], ...] = ()  # (tool name, arguments) of a tool-call reply
 
 
 @dataclass
@@ -89,7 +109,9 @@ class FakeResponses:
         raw_items = body.get("input")
         items: list[Any] = raw_items if isinstance(raw_items, list) else []
         texts = [_text_of(item) for item in items if isinstance(item, dict)]
-        user_texts = [_text_of(item) for item in items if isinstance(item, dict) and item.get("role") == "user"]
+        # A finished child's `<subagent_notification>` comes in as a user message; the markers are
+        # the user's, in the newest message that is not one.
+        user_texts = [_text_of(item) for item in items if _is_user_text(item)]
         kind: Kind
         if items and isinstance(items[-1], dict) and items[-1].get("type") == "compaction_trigger":
             kind = "remote_compaction_v2"
@@ -97,16 +119,55 @@ class FakeResponses:
             kind = "compaction"
         else:
             kind = "turn"
+        calls: tuple[tuple[str, dict[str, Any]], ...] = ()
         if kind == "turn":
             usage = _last_marker(TURN_MARKER, user_texts[-1:]) or DEFAULT_TURN_USAGE
+            kind, calls, usage = _delegation(items, user_texts[-1] if user_texts else "", usage)
         else:
             usage = _last_marker(COMPACTION_MARKER, texts) or DEFAULT_COMPACTION_USAGE
         limits = (min(100.0, 10 + 7.5 * index), min(100.0, 40.0 + index)) if self.rate_limit_headers else None
         sleep = SLEEP_MARKER.search(user_texts[-1]) if kind == "turn" and user_texts else None
-        served = Served(index, kind, usage, headers, body, limits, float(sleep[1]) if sleep else 0.0)
+        served = Served(index, kind, usage, headers, body, limits, float(sleep[1]) if sleep else 0.0, calls)
         self.requests.append(served)
         extra = _rate_limit_headers(*limits) if limits is not None else []
         return served, _sse_events(served, user_texts[-1] if user_texts else ""), extra
+
+
+def _delegation(
+    items: list[Any], user_text: str, usage: Usage
+) -> tuple[Kind, tuple[tuple[str, dict[str, Any]], ...], Usage]:
+    """The delegation step a turn request is at (the module doc), its tool calls and its usage."""
+    newest_user = max((i for i, item in enumerate(items) if _is_user_text(item)), default=-1)
+    since = [item for item in items[newest_user + 1 :] if isinstance(item, dict)]
+    called = {item.get("call_id"): item.get("name") for item in since if item.get("type") == "function_call"}
+    outputs = [item for item in since if item.get("type") == "function_call_output"]
+    output_tools = [called.get(item.get("call_id")) for item in outputs]
+    if "wait_agent" in output_tools:
+        return "after_wait", (), _last_marker(AFTER_MARKER, [user_text]) or DEFAULT_TURN_USAGE
+    if "spawn_agent" in output_tools:
+        ids = [found for item in outputs for found in AGENT_ID.findall(str(item.get("output")))]
+        wait = {"targets": list(dict.fromkeys(ids)), "timeout_ms": 120_000}
+        return "wait", (("wait_agent", wait),), _last_marker(WAIT_MARKER, [user_text]) or DEFAULT_TURN_USAGE
+    spawns = SPAWN_MARKER.findall(user_text)
+    if not spawns or outputs:
+        return "turn", (), usage
+    child_sleep = CHILD_SLEEP_MARKER.search(user_text)
+    hold = f" [[sleep:{child_sleep[1]}]]" if child_sleep else ""
+    calls = tuple(
+        ("spawn_agent", {"message": f"child task {number} [[u:{prompt}:{output}]]{hold}"})
+        for number, (prompt, output) in enumerate(spawns, 1)
+    )
+    return "spawn", calls, usage
+
+
+NOTIFICATION_PREFIX = "<subagent_notification>"
+
+
+def _is_user_text(item: Any) -> bool:
+    return (
+        isinstance(item, dict) and item.get("role") == "user"
+        and not _text_of(item).lstrip().startswith(NOTIFICATION_PREFIX)
+    )  # fmt: skip
 
 
 def _text_of(item: dict[str, Any]) -> str:
@@ -168,9 +229,21 @@ def _sse_events(served: Served, user_text: str) -> list[bytes]:
             {"type": "response.output_item.added", "output_index": 0, "item": item},
             {"type": "response.output_item.done", "output_index": 0, "item": item},
         ]
+    elif served.calls:
+        for position, (name, arguments) in enumerate(served.calls):
+            call = {
+                "type": "function_call", "id": f"fc_fake_{served.index}_{position}", "status": "completed",
+                "call_id": f"call_fake_{served.index}_{position}", "name": name,
+                "namespace": MULTI_AGENT_NAMESPACE, "arguments": json.dumps(arguments),
+            }  # fmt: skip
+            events += [
+                {"type": "response.output_item.added", "output_index": position, "item": call},
+                {"type": "response.output_item.done", "output_index": position, "item": call},
+            ]
     else:
         text = f"fake reply #{served.index} ({served.kind})" + (
-            f" to: {user_text[:60]}" if served.kind == "turn" else ""
+            # Markers defused: the reply reaches the parent in a notification, which must not dictate.
+            f" to: {user_text[:60].replace('[[', '((')}" if served.kind == "turn" else ""
         )
         message_id = f"msg_fake_{served.index}"
         events += [
@@ -256,3 +329,7 @@ env_key = "FAKE_OPENAI_API_KEY"
 request_max_retries = 0
 stream_max_retries = 0
 """
+
+
+# One `POST …/responses` as this fake answers it, for servers that route other paths themselves.
+serve_responses = _serve_one

@@ -8,22 +8,33 @@ OpenCode's two side requests recognised, because both would otherwise read a mar
   packs the whole transcript, markers included, into one user message, so it gets SUMMARY_USAGE;
 - the title request of an untitled session ("You are a title generator"): TITLE_USAGE.
 
-It never answers with a tool call: OpenCode's glob/grep tools would try to download ripgrep.
+It answers with a tool call only to delegate (issue 28), and then only with the `task` tool: its
+glob/grep tools would try to download ripgrep.
+
+- `[[task:IN:OUT]]` (one or more) in the last user message: the reply calls `task` once per marker, in
+  parallel, each child's prompt `child task K [[u:IN:OUT]]` (so the child session's own request
+  reports IN/OUT), its usage the turn's `[[u:...]]`;
+- a request whose newest message is a `task` result: a plain reply, its usage the last `[[a:IN:OUT]]`
+  of the user's message, or 1300/20.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any
 
 from tests.fakes.http11 import serving
-from tests.fakes.pi_model import FakeModel, Served, _last_user_text, _text_of, serve_one
+from tests.fakes.pi_model import MARKER, FakeModel, Served, _last_user_text, _text_of, serve_one
 
 # The lab's summary call: prompt 14,321 + completion 222 = tokens.total 14,543.
 SUMMARY_USAGE = (14_321, 222, 0)
 TITLE_USAGE = (77, 7, 0)
+TASK_MARKER = re.compile(r"\[\[task:(\d+):(\d+)\]\]")
+AFTER_MARKER = re.compile(r"\[\[a:(\d+):(\d+)\]\]")
+TASK_AGENT = "general"
 
 
 class OpenCodeFakeModel(FakeModel):
@@ -41,7 +52,29 @@ class OpenCodeFakeModel(FakeModel):
         if "title generator" in system:
             self.requests.append(Served("title", TITLE_USAGE, body))
             return 200, ("Fake title", TITLE_USAGE), stream
-        return super().answer(body)
+        delegated = self._delegation(messages or [], stream, body)
+        return delegated if delegated is not None else super().answer(body)
+
+    def _delegation(self, messages: list[Any], stream: bool, body: dict[str, Any]) -> tuple[int, Any, bool] | None:
+        user = _last_user_text(messages)
+        newest = messages[-1] if messages and isinstance(messages[-1], dict) else {}
+        if newest.get("role") == "tool":
+            found = AFTER_MARKER.search(user)
+            usage = (int(found[1]), int(found[2]), 0) if found else (1300, 20, 0)
+            self.requests.append(Served("after_task", usage, body))
+            return 200, ("the children are done", usage), stream
+        tasks = TASK_MARKER.findall(user)
+        if not tasks:
+            return None
+        turn = MARKER.search(user)
+        usage = (int(turn[1]), int(turn[2]), int(turn[3] or 0)) if turn else (1300, 20, 0)
+        calls = [
+            ("task", {"description": f"child {number}", "prompt": f"child task {number} [[u:{prompt}:{output}]]",
+                      "subagent_type": TASK_AGENT})
+            for number, (prompt, output) in enumerate(tasks, 1)
+        ]  # fmt: skip
+        self.requests.append(Served("task", usage, body))
+        return 200, ("", usage, calls), stream
 
     def kinds(self) -> list[str]:
         return [served.kind for served in self.requests]

@@ -122,23 +122,41 @@ def _usage_json(usage: tuple[int, int, int]) -> dict[str, Any]:
     }
 
 
-def _sse_events(model: str, text: str, usage: tuple[int, int, int]) -> list[bytes]:
+ToolCall = tuple[str, dict[str, Any]]  # (function name, arguments)
+
+
+def _tool_calls(calls: tuple[ToolCall, ...]) -> list[dict[str, Any]]:
+    return [
+        {"index": index, "id": f"call_fake_{index}", "type": "function",
+         "function": {"name": name, "arguments": json.dumps(arguments)}}
+        for index, (name, arguments) in enumerate(calls)
+    ]  # fmt: skip
+
+
+def _sse_events(model: str, text: str, usage: tuple[int, int, int], calls: tuple[ToolCall, ...] = ()) -> list[bytes]:
     base = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0, "model": model}
+    delta: dict[str, Any] = {"role": "assistant", "content": text}
+    if calls:
+        delta["tool_calls"] = _tool_calls(calls)
     chunks: list[dict[str, Any]] = [
-        {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": text}, "finish_reason": None}]},
-        {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+        {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]},
+        {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls" if calls else "stop"}]},
         {**base, "choices": [], "usage": _usage_json(usage)},
     ]
     return [f"data: {json.dumps(chunk)}\n\n".encode() for chunk in chunks] + [b"data: [DONE]\n\n"]
 
 
-def _completion(model: str, text: str, usage: tuple[int, int, int]) -> dict[str, Any]:
+def _completion(model: str, text: str, usage: tuple[int, int, int], calls: tuple[ToolCall, ...] = ()) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if calls:
+        message["tool_calls"] = [{key: value for key, value in call.items() if key != "index"}
+                                 for call in _tool_calls(calls)]  # fmt: skip
     return {
         "id": "chatcmpl-fake",
         "object": "chat.completion",
         "created": 0,
         "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+        "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if calls else "stop"}],
         "usage": _usage_json(usage),
     }
 
@@ -160,13 +178,14 @@ async def serve_one(
     if status != 200:
         await send(conn, stream, *json_response(status, json.dumps(answer).encode()))
         return
-    text, usage = answer
+    text, usage, *more = answer  # a third element: the tool calls of the reply
+    calls: tuple[ToolCall, ...] = tuple(more[0]) if more else ()
     if not streaming:
-        await send(conn, stream, *json_response(200, json.dumps(_completion(name, text, usage)).encode()))
+        await send(conn, stream, *json_response(200, json.dumps(_completion(name, text, usage, calls)).encode()))
         return
     headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
     events: list[Any] = [h11.Response(status_code=200, headers=headers)]
-    events += [h11.Data(data=chunk) for chunk in _sse_events(name, text, usage)]
+    events += [h11.Data(data=chunk) for chunk in _sse_events(name, text, usage, calls)]
     events.append(h11.EndOfMessage())
     await send(conn, stream, *events)
 

@@ -27,7 +27,7 @@ import trio
 
 from tests.fakes.claude_model import FakeMessages, claude_env, claude_home, fake_messages
 from tests.harnesses import HARNESS_VERSIONS, harness_env, require_harness
-from tests.wrapping import REPO, agent_dir, log_events, wrap_argv
+from tests.wrapping import REPO, agent_dir, assert_replays_as_logged, log_events, wrap_argv
 
 pytestmark = pytest.mark.live
 
@@ -143,7 +143,9 @@ async def test_claude_session_publishes_its_own_numbers_and_counts_the_compactio
     server: FakeMessages
     async with fake_messages() as server:
         env = live_env(home, server, version)
-        command = wrap_argv(catalog, "claude-live", "claude", *claude, "--model", MODEL)
+        recording = tmp_path / "claude-live.rec"
+        command = wrap_argv(catalog, "claude-live", "claude", *claude, "--model", MODEL,
+                            extra=("--record", str(recording)))  # fmt: skip
         record_path = agent_dir(catalog, "claude-live") / "harness-context"
         async with tmux_session(command, work, env) as pane:
             # Before any reply: the window is known, the fill withheld (null, not 0).
@@ -186,6 +188,7 @@ async def test_claude_session_publishes_its_own_numbers_and_counts_the_compactio
     kinds = [served.kind for served in server.requests]
     assert kinds.count("compaction") == 1
     assert [served.usage for served in server.turns()][-1] == (1500, 2000, 1500, 99)
+    await assert_replays_as_logged(catalog, "claude-live", recording)
 
 
 # The status line most users have: ccstatusline, claude-hud and the like install it here.

@@ -39,7 +39,7 @@ from sidecar.streams import Stream, Streams
 from tests.fakes.codex_client import CodexClient, stdio_client, ws_client
 from tests.fakes.codex_model import FakeResponses, codex_config, codex_env, fake_responses
 from tests.harnesses import HARNESS_VERSIONS, require_harness
-from tests.wrapping import agent_dir, log_events, wrap_argv
+from tests.wrapping import agent_dir, assert_replays_as_logged, log_events, wrap_argv
 
 pytestmark = pytest.mark.live
 
@@ -91,8 +91,9 @@ class Lab:
     def writes(self) -> list[tuple[str, float | None]]:
         return [(e["reason"], e["usedPercent"]) for e in log_events(self.catalog, AGENT) if e["event"] == "write"]
 
-    def wrapped(self, *args: str) -> list[str]:
-        return wrap_argv(self.catalog, AGENT, "codex", *self.codex, "app-server", *args)
+    def wrapped(self, *args: str, record: Path | None = None) -> list[str]:
+        recording = () if record is None else ("--record", str(record))
+        return wrap_argv(self.catalog, AGENT, "codex", *self.codex, "app-server", *args, extra=recording)
 
 
 @asynccontextmanager
@@ -228,12 +229,12 @@ def free_port() -> int:
 
 
 @asynccontextmanager
-async def wrapped_ws(lab: Lab, listen: str) -> AsyncIterator[trio.Process]:
+async def wrapped_ws(lab: Lab, listen: str, record: Path | None = None) -> AsyncIterator[trio.Process]:
     """`hctx wrap -- codex app-server --listen ws://…` as a background process, stopped by its PID."""
     async with trio.open_nursery() as nursery:
         start = partial(
             trio.run_process,
-            lab.wrapped("--listen", listen),
+            lab.wrapped("--listen", listen, record=record),
             env=lab.env,
             cwd=lab.work,
             stdin=subprocess.DEVNULL,
@@ -258,8 +259,11 @@ async def wrapped_ws(lab: Lab, listen: str) -> AsyncIterator[trio.Process]:
 @pytest.mark.parametrize("version", VERSIONS)
 async def test_stdio_under_wrap_main_then_resume_in_a_fresh_process(version: str, tmp_path: Path) -> None:
     async with lab(version, tmp_path) as run:
+        recording = tmp_path / "wrap-1.rec"
         with trio.fail_after(120):
-            async with stdio_client(run.wrapped(), env=run.env, cwd=run.work, stderr=tmp_path / "wrap-1.stderr") as (
+            async with stdio_client(
+                run.wrapped(record=recording), env=run.env, cwd=run.work, stderr=tmp_path / "wrap-1.stderr"
+            ) as (
                 client,
                 process,
                 stdout,
@@ -276,6 +280,7 @@ async def test_stdio_under_wrap_main_then_resume_in_a_fresh_process(version: str
                 ("rate-limits", 92), ("rate-limits", 92), ("rate-limits", 4),
             ]  # fmt: skip
             assert compaction_items(client) == 4 and client.count("thread/compacted") == 0
+            await assert_replays_as_logged(run.catalog, AGENT, recording)  # the session `--record` made
             first_incarnation = run.record()
             assert first_incarnation is not None
 
@@ -309,8 +314,9 @@ async def test_stdio_under_wrap_main_then_resume_in_a_fresh_process(version: str
 async def test_websocket_under_wrap(version: str, tmp_path: Path) -> None:
     async with lab(version, tmp_path) as run:
         listen = f"ws://127.0.0.1:{free_port()}"
+        recording = tmp_path / "wrap-ws.rec"
         with trio.fail_after(120):
-            async with wrapped_ws(run, listen) as process, ws_client(listen) as client:
+            async with wrapped_ws(run, listen, recording) as process, ws_client(listen) as client:
                 thread = await main_scenario(client, run, check_records=True)
                 # A second connection, a second thread, on the same app-server: its reading is
                 # the newest, so it is the one published (last writer wins); the compaction count
@@ -326,6 +332,7 @@ async def test_websocket_under_wrap(version: str, tmp_path: Path) -> None:
                 assert (ours.used_percent, ours.session_total_tokens) == (22, 655_950)
             assert process.returncode is not None
         assert without_rate_limits(run.writes()) == [*MAIN_WRITES, ("bucket", 16), ("bucket", 22)]
+        await assert_replays_as_logged(run.catalog, AGENT, recording)  # the relay's websocket bytes, recorded
         assert without_rate_limits(replayed_writes(client.raw)) == [*MAIN_WRITES, ("bucket", 22)]
         final = run.record()
         assert final is not None and limits(final) == latest_snapshot(client)

@@ -31,6 +31,7 @@ from sidecar.harnesses.opencode.producer import OpenCodeTransport
 from tests.conftest import REPO
 from tests.fakes.opencode_model import SUMMARY_USAGE, OpenCodeFakeModel, opencode_fake_model
 from tests.harnesses import HARNESS_VERSIONS, harness_env, require_harness
+from tests.wrapping import assert_replays_as_logged
 from wrapper.harnesses import LaunchPlan, prepare, transport_json
 
 pytestmark = pytest.mark.live
@@ -207,13 +208,15 @@ async def stop(process: trio.Process, seconds: float = 12.0) -> None:
 
 @asynccontextmanager
 async def opencode_under_wrap(
-    box: Box, fake: OpenCodeFakeModel, agent: str, *, tui: bool = False
+    box: Box, fake: OpenCodeFakeModel, agent: str, *, tui: bool = False, record: Path | None = None
 ) -> AsyncIterator[httpx.AsyncClient]:
     """`hctx wrap --harness opencode -- opencode serve` (or the TUI, on a pseudo-terminal): the wrapper
     injects the port; the test learns it where the sidecar's transport logged the URL it follows."""
     argv = [
         *(sys.executable, "-m", "wrapper.cli", "wrap", "--agent", agent, "--harness", "opencode"),
-        *("--catalog", str(box.catalog), "--host", HOST, "--", *box.command, *([] if tui else ["serve"])),
+        *("--catalog", str(box.catalog), "--host", HOST),
+        *(() if record is None else ("--record", str(record))),
+        *("--", *box.command, *([] if tui else ["serve"])),
     ]
     env = box.env(fake)
     async with trio.open_nursery() as nursery:
@@ -260,7 +263,8 @@ async def drain(terminal: int) -> None:
 
 async def test_records_from_a_live_opencode_server_under_hctx_wrap(box: Box) -> None:
     agent = "oc-live"
-    async with opencode_fake_model() as fake, opencode_under_wrap(box, fake, agent) as client:
+    recording = box.root / "oc-live.rec"
+    async with opencode_fake_model() as fake, opencode_under_wrap(box, fake, agent, record=recording) as client:
         session = await new_session(client, "hctx live")
 
         answer = await prompt(client, session, "first turn [[u:20000:100]]")
@@ -313,6 +317,7 @@ async def test_records_from_a_live_opencode_server_under_hctx_wrap(box: Box) -> 
         assert SUMMARY_TOTAL not in {w["usedTokens"] for w in written}
         assert [served.kind for served in fake.requests].count("summary") == 2
         assert all(served.kind != "title" for served in fake.requests)
+    await assert_replays_as_logged(box.catalog, agent, recording)  # the SSE and the answers, as recorded
 
 
 async def test_the_sidecar_follows_the_server_across_a_restart(box: Box, tmp_path: Path) -> None:

@@ -37,7 +37,7 @@ from guard.record import HarnessContext, parse_record
 from tests.fakes.pi_channel import ChannelRecording, recording_channel
 from tests.fakes.pi_model import FakeModel, fake_model
 from tests.harnesses import HARNESS_VERSIONS, harness_env, require_harness
-from tests.wrapping import HOST, agent_dir, hctx, log_events, wrap_argv
+from tests.wrapping import HOST, agent_dir, assert_replays_as_logged, hctx, log_events, wrap_argv
 from tests.wrapping import env as wrapping_env
 from wrapper.harnesses import LaunchPlan
 from wrapper.harnesses.pi import channel_extension, prepare
@@ -239,8 +239,10 @@ async def rpc_session(argv: list[str], run: Run) -> AsyncIterator[Rpc]:
             nursery.cancel_scope.cancel()
 
 
-def wrapped(run: Run, harness: str, *extra: str) -> AbstractAsyncContextManager[Rpc]:
-    return rpc_session(wrap_argv(run.catalog.root, AGENT, harness, *run.command, *HARNESS_ARGS, *extra), run)
+def wrapped(run: Run, harness: str, *extra: str, record: Path | None = None) -> AbstractAsyncContextManager[Rpc]:
+    recording = () if record is None else ("--record", str(record))
+    argv = wrap_argv(run.catalog.root, AGENT, harness, *run.command, *HARNESS_ARGS, *extra, extra=recording)
+    return rpc_session(argv, run)
 
 
 @pytest.fixture
@@ -326,7 +328,8 @@ def _numbers(writes: list[dict[str, Any]]) -> list[tuple[Any, Any]]:
 
 async def _pi_scenario(run: Run, model: FakeModel) -> None:
     catalog = run.catalog
-    async with wrapped(run, "pi") as rpc:
+    recording = run.catalog.root.with_name("pi-p1.rec")
+    async with wrapped(run, "pi", record=recording) as rpc:
         await rpc.turn(prompt("turn1 [[u:9600:320]]"))
         record = await catalog.settles(lambda r: r.used_tokens == 9920, "turn1's totalTokens")
         assert (record.harness, record.window_tokens, record.used_percent) == ("pi", WINDOW, 31)
@@ -366,6 +369,7 @@ async def _pi_scenario(run: Run, model: FakeModel) -> None:
     assert numbers[first_edge:] == [(None, None), (26400, 82.5), (None, None), (36400, 113.75), (None, None)]
     compaction_writes = [w for w in p1_writes if w["reason"] == "compaction"]
     assert [(w["usedTokens"], w["compactions"]) for w in compaction_writes] == [(None, 1), (None, 2), (None, 3)]
+    await assert_replays_as_logged(run.catalog.root, AGENT, recording)  # the session `--record` made
 
     async with wrapped(run, "pi", "--continue") as rpc:
         # a new incarnation: the record was removed at the claim; pi still withholds after its last
@@ -383,7 +387,8 @@ async def _pi_scenario(run: Run, model: FakeModel) -> None:
 
 async def _omp_scenario(run: Run, model: FakeModel, version: str) -> None:
     catalog = run.catalog
-    async with wrapped(run, "omp") as rpc:
+    recording = run.catalog.root.with_name("omp-p1.rec")
+    async with wrapped(run, "omp", record=recording) as rpc:
         await rpc.turn(prompt("turn1 [[u:9600:320]]"))
         record = await catalog.settles(lambda r: r.used_tokens == 9600, "turn1's prompt tokens")
         assert (record.harness, record.window_tokens, record.used_percent) == ("omp", WINDOW, 30)
@@ -419,6 +424,7 @@ async def _omp_scenario(run: Run, model: FakeModel, version: str) -> None:
     assert all(write["usedTokens"] is not None for write in p1_writes)
     assert p1_count >= 2
 
+    await assert_replays_as_logged(run.catalog.root, AGENT, recording)  # the session `--record` made
     async with wrapped(run, "omp", "--continue") as rpc:
         record = await catalog.settles(lambda r: r.compactions >= p1_count, "the durable count after restart")
         await rpc.turn(prompt("turn5 after restart [[u:12000:240]]"))

@@ -17,6 +17,7 @@ from types import ModuleType
 
 from pydantic import BaseModel
 
+from guard.account import Account
 from guard.record import Harness
 from sidecar.registry import harness_names, spec_for
 
@@ -24,6 +25,7 @@ __all__ = [
     "LOOPBACK",
     "PACKAGE_RUNNERS",
     "LaunchPlan",
+    "account_json",
     "free_loopback_port",
     "has_teardown",
     "infer_harness",
@@ -48,6 +50,14 @@ class LaunchPlan:
     # When set, the harness's stdout is a pipe the wrapper copies byte for byte to its own stdout
     # and, line by line, to the sidecar's channel, each line as its spec's `tap_frame` frames it.
     tap_stdout: bool = False
+    # The account the harness's own login states (guard.account), read when the launch is planned;
+    # the sidecar stamps it on every reading. None: the harness states none.
+    account: Account | None = None
+
+
+def account_json(plan: LaunchPlan) -> str | None:
+    """The plan's account as the sidecar gets it (`--account`); None when the harness states none."""
+    return None if plan.account is None else plan.account.model_dump_json()
 
 
 def transport_json(plan: LaunchPlan) -> str | None:

@@ -24,24 +24,38 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import fcntl
 import importlib.util
 import json
 import os
 import shlex
+import stat
 import sys
-import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from guard.errors import SettingsError  # the settings file exists but cannot be merged without losing data
-from guard.store import proc_stat
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from guard.account import Account, account_key, id_text, json_object, label_of, plan_text, read_account_file, shown_dir
+from guard.errors import (  # SettingsError: the file cannot be merged without loss
+    CatalogError,
+    JsonRefused,
+    SettingsError,
+)
+from guard.files import SYMLINK_PROBLEM, read_bounded, set_aside
+from guard.json_rule import loads
+from guard.record import describe_validation_error
+from guard.store import open_chain, proc_stat, write_json_atomic
 from wrapper.harnesses import LaunchPlan
 
 __all__ = [
+    "CLAUDE_DIR",
     "EARLIER_TEE_MODULES",
     "HOOK_EVENTS",
+    "MAX_SEATS_BYTES",
+    "MAX_SETTINGS_BYTES",
     "PROJECT_DIR_ENV",
     "REFRESH_INTERVAL_S",
     "RENDERER_ENV",
@@ -49,9 +63,12 @@ __all__ = [
     "SETTINGS_PATH",
     "TEE_MODULE",
     "Seats",
+    "claude_account",
+    "claude_env_account",
     "leave_seat",
     "prepare",
     "render_settings",
+    "seat_account",
     "status_line",
     "take_seat",
     "teardown",
@@ -60,13 +77,15 @@ __all__ = [
     "write_settings",
 ]
 
-SETTINGS_PATH = Path(".claude") / "settings.local.json"
+CLAUDE_DIR = ".claude"
+SETTINGS_PATH = Path(CLAUDE_DIR) / "settings.local.json"
 # Who runs here and what the settings file was before the first of them (see the module doc).
-SEATS_PATH = Path(".claude") / "hctx-seats.json"
+SEATS_PATH = Path(CLAUDE_DIR) / "hctx-seats.json"
 RENDERER_ENV = "ST_CLAUDE_STATUSLINE_RENDERER"
 # Tells the tee where this project's `.claude/settings.json` is (it chains that file's statusLine).
 PROJECT_DIR_ENV = "HCTX_CLAUDE_PROJECT_DIR"
-HOOK_EVENTS = ("PreCompact", "PostCompact", "SessionStart")
+# SubagentStart/SubagentStop (issue 28): a subagent's id, type and finish; they carry no usage.
+HOOK_EVENTS = ("PreCompact", "PostCompact", "SessionStart", "SubagentStart", "SubagentStop")
 REFRESH_INTERVAL_S = 5
 # Every command hctx renders names this module; it is how our earlier entries are recognised.
 TEE_MODULE = "sidecar.harnesses.claude.tee"
@@ -176,59 +195,157 @@ def _dumps(settings: dict[str, Any]) -> str:
     return json.dumps(settings, indent=2, ensure_ascii=False) + "\n"
 
 
-def _read_text(path: Path) -> str | None:
-    try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None
-    except UnicodeDecodeError:
-        raise SettingsError(f"{path} is not UTF-8 text; hctx will not overwrite it") from None
-
-
 def _parse(path: Path, text: str) -> dict[str, Any]:
     """The settings object in `text`; an empty file is no settings."""
     if not text.strip():
         return {}
     try:
-        settings = json.loads(text)
-    except ValueError as exc:
+        settings = loads(text)
+    except JsonRefused as exc:
         raise SettingsError(f"{path} is not JSON ({exc}); fix or remove it, hctx will not overwrite it") from None
     if not isinstance(settings, dict):
         raise SettingsError(f"{path} is not a JSON object; hctx will not overwrite it")
     return settings
 
 
-def _replace_text(path: Path, text: str, keep_mode: bool) -> None:
-    """Write `text` to `path` atomically; a symlink is written through, never replaced by a copy."""
-    target = Path(os.path.realpath(path))
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=target.parent, prefix=".settings.", delete=False) as tmp:
+# --- the files, opened without following a symlink ------------------------------------------------
+# Everything hctx writes here is written into `<cwd>/.claude`, a real directory, through descriptors:
+# a `.claude/` or a seats file that is a symlink is refused, and the user's settings file is written
+# through a symlink only to a file inside this same directory tree (a link out of the project is the
+# same attack as a linked seats file: a cloned repository can carry `../../victim`).
+
+MAX_SETTINGS_BYTES = 4 * 1024 * 1024
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+@dataclasses.dataclass
+class _ClaudeDir:
+    cwd: Path
+    cwd_fd: int
+    fd: int
+    created: bool  # by this opening
+
+
+@contextlib.contextmanager
+def _claude_dir(cwd: Path, *, create: bool) -> Iterator[_ClaudeDir | None]:
+    """`<cwd>/.claude`, a real directory (created when `create`), or None when there is none."""
+    cwd_fd = os.open(cwd, _DIR_FLAGS)
+    try:
+        created = False
+        if create:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(CLAUDE_DIR, 0o755, dir_fd=cwd_fd)
+                created = True
         try:
-            tmp.write(text)
-            tmp.flush()
-            if keep_mode:
-                os.chmod(tmp.name, target.stat().st_mode & 0o7777)
-            os.replace(tmp.name, target)
-        except BaseException:
-            Path(tmp.name).unlink(missing_ok=True)
-            raise
+            fd = os.open(CLAUDE_DIR, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=cwd_fd)
+        except FileNotFoundError:
+            yield None
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                raise
+            raise SettingsError(
+                f"{cwd / CLAUDE_DIR} is a symlink or a file{_pointing(cwd / CLAUDE_DIR)}: hctx writes Claude's "
+                "settings and its seats only into a real .claude directory here, never through a link; refusing"
+            ) from None
+        try:
+            yield _ClaudeDir(cwd, cwd_fd, fd, created)
+        finally:
+            os.close(fd)
+    finally:
+        os.close(cwd_fd)
+
+
+def _pointing(path: Path) -> str:
+    with contextlib.suppress(OSError):
+        return f" (-> {os.readlink(path)})"
+    return ""
+
+
+@dataclasses.dataclass
+class _File:
+    """One file hctx reads and replaces: a name in a directory it holds open."""
+
+    dir_fd: int
+    name: str
+    shown: Path  # for messages
+
+    def read(self) -> str | None:
+        raw = read_bounded(self.dir_fd, self.name, MAX_SETTINGS_BYTES)
+        if raw.problem is not None:
+            raise SettingsError(f"{self.shown} {raw.problem}; hctx will not overwrite it")
+        if raw.data is None:
+            return None
+        try:
+            return raw.data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise SettingsError(f"{self.shown} is not UTF-8 text; hctx will not overwrite it") from None
+
+    def replace(self, text: str, *, keep_mode: bool) -> None:
+        """Atomically; 0600 for a new file (the user's settings may hold secrets: an env block)."""
+        mode = 0o600
+        if keep_mode:
+            with contextlib.suppress(FileNotFoundError):
+                mode = os.stat(self.name, dir_fd=self.dir_fd, follow_symlinks=False).st_mode & 0o7777
+        write_json_atomic(self.dir_fd, self.name, text.encode("utf-8"), self.dir_fd, mode=mode)
+
+    def remove(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.name, dir_fd=self.dir_fd)
+
+
+@contextlib.contextmanager
+def _settings_file(claude: _ClaudeDir) -> Iterator[_File]:
+    """`.claude/settings.local.json`, or the file inside the project its symlink names."""
+    name, shown = SETTINGS_PATH.name, claude.cwd / SETTINGS_PATH
+    try:
+        linked = stat.S_ISLNK(os.stat(name, dir_fd=claude.fd, follow_symlinks=False).st_mode)
+    except FileNotFoundError:
+        linked = False
+    if not linked:
+        yield _File(claude.fd, name, shown)
+        return
+    root = Path(os.path.realpath(claude.cwd))
+    target = Path(os.path.realpath(shown))
+    if not target.is_relative_to(root) or target == root:
+        raise SettingsError(
+            f"{shown} is a symlink to {target}, outside {root}: hctx renders Claude's settings into this "
+            "directory's file only and never writes through a link to a file elsewhere; refusing (make it a "
+            "file of its own, or point the link at a file inside the project)"
+        )
+    parts = target.relative_to(root).parts
+    try:
+        dir_fd = open_chain(root, parts[:-1])
+    except (CatalogError, FileNotFoundError) as exc:
+        raise SettingsError(f"{shown} -> {target}: {exc}; hctx will not write through it") from None
+    try:
+        yield _File(dir_fd, parts[-1], target)
+    finally:
+        os.close(dir_fd)
+
+
+def _render_into(settings: _File) -> None:
+    text = settings.read()
+    current = _parse(settings.shown, text) if text is not None else {}
+    try:
+        rendered = _dumps(render_settings(current))
+    except SettingsError as exc:
+        raise SettingsError(f"{settings.shown}: {exc}; hctx will not overwrite it") from None
+    if rendered != text:
+        settings.replace(rendered, keep_mode=text is not None)
 
 
 def write_settings(cwd: Path) -> Path:
     """Render into `<cwd>/.claude/settings.local.json`, atomically, only if it changes.
 
-    A symlinked settings file (dotfiles) is written through, never replaced by a copy.
+    A settings file symlinked to a file inside `cwd` is written through, never replaced by a copy;
+    one linked out of `cwd` is refused (SettingsError), as is a symlinked `.claude`.
     """
-    path = cwd / SETTINGS_PATH
-    text = _read_text(path)
-    settings = _parse(path, text) if text is not None else {}
-    try:
-        rendered = _dumps(render_settings(settings))
-    except SettingsError as exc:
-        raise SettingsError(f"{path}: {exc}; hctx will not overwrite it") from None
-    if rendered != text:
-        _replace_text(path, rendered, keep_mode=text is not None)
-    return path
+    with _claude_dir(cwd, create=True) as claude:
+        assert claude is not None
+        with _settings_file(claude) as settings:
+            _render_into(settings)
+    return cwd / SETTINGS_PATH
 
 
 # --- seats: who runs in this directory, and what to put back after the last -------------------
@@ -243,11 +360,29 @@ class Seats:
     held: list[tuple[int, int]]  # (wrapper pid, its start time in clock ticks since boot)
 
 
+class _SeatWire(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    pid: int = Field(strict=True, gt=0)
+    start_time: int = Field(strict=True, ge=0, alias="startTime")
+
+
+class _SeatsWire(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    original: str | None
+    created_dir: bool = Field(strict=True, alias="createdClaudeDir")
+    seats: list[_SeatWire] = Field(max_length=4096)
+
+
+MAX_SEATS_BYTES = 1024 * 1024
+
+
 def _process_start(pid: int) -> int | None:
     """When process `pid` started (clock ticks since boot), or None when none runs: a pid with its
     start time names one process, even after the pid is reused."""
-    stat = proc_stat(pid)
-    return None if stat is None or stat.state in ("Z", "X") else stat.started
+    proc = proc_stat(pid)
+    return None if proc is None or proc.state in ("Z", "X") else proc.started
 
 
 @contextlib.contextmanager
@@ -263,32 +398,44 @@ def _locked(cwd: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def _load_seats(cwd: Path) -> Seats | None:
-    path = cwd / SEATS_PATH
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-        original = value["original"]
-        seats = Seats(
-            original=original if isinstance(original, str) else None,
-            created_dir=value["createdClaudeDir"] is True,
-            held=[(int(seat["pid"]), int(seat["startTime"])) for seat in value["seats"]],
+def _load_seats(claude: _ClaudeDir) -> Seats | None:
+    """The seats record; None when there is none. A symlink in its place is refused (SettingsError);
+    anything else unreadable (a FIFO, a huge or hostile file) is set aside, said so, and left."""
+    name, shown = SEATS_PATH.name, claude.cwd / SEATS_PATH
+    raw = read_bounded(claude.fd, name, MAX_SEATS_BYTES)
+    if raw.absent:
+        return None
+    if raw.problem == SYMLINK_PROBLEM:
+        raise SettingsError(
+            f"{shown} is a symlink{_pointing(shown)}; it is hctx's own file and never a link, so hctx "
+            "will neither follow nor replace it: refusing (remove the link)"
         )
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, TypeError, KeyError) as exc:
-        print(f"hctx wrap: ignoring the unreadable {path} ({exc!r})", file=sys.stderr)
-        return None
-    return seats
+    problem = raw.problem
+    if raw.data is not None:
+        try:
+            wire = _SeatsWire.model_validate(loads(raw.data))  # the rule refuses a lone surrogate too
+            return Seats(wire.original, wire.created_dir, [(seat.pid, seat.start_time) for seat in wire.seats])
+        except JsonRefused as exc:
+            problem = f"is not a seats record ({exc})"
+        except ValidationError as exc:
+            problem = f"is not a seats record ({describe_validation_error(exc)})"
+    try:
+        aside = set_aside(claude.fd, name)
+        print(f"hctx wrap: {shown} {problem}; set aside as {aside}, starting a new one", file=sys.stderr)
+    except OSError as exc:
+        raise SettingsError(f"{shown} {problem}, and cannot be set aside ({exc.strerror}); remove it") from None
+    return None
 
 
-def _save_seats(cwd: Path, seats: Seats) -> None:
+def _save_seats(claude: _ClaudeDir, seats: Seats) -> None:
     value = {
         "original": seats.original,
         "createdClaudeDir": seats.created_dir,
         "seats": [{"pid": pid, "startTime": start} for pid, start in seats.held],
     }
-    # mkstemp's 0600: the user's settings may hold secrets (an env block).
-    _replace_text(cwd / SEATS_PATH, json.dumps(value, indent=2, ensure_ascii=False) + "\n", keep_mode=False)
+    # 0600: the user's settings it holds may hold secrets (an env block).
+    text = json.dumps(value, indent=2, ensure_ascii=False) + "\n"
+    _File(claude.fd, SEATS_PATH.name, claude.cwd / SEATS_PATH).replace(text, keep_mode=False)
 
 
 def _original(path: Path, text: str | None) -> str | None:
@@ -302,69 +449,79 @@ def _original(path: Path, text: str | None) -> str | None:
     return _dumps(clean) if clean else None
 
 
-def _live(cwd: Path) -> Seats | None:
+def _live(claude: _ClaudeDir) -> Seats | None:
     """The seats here with the dead ones dropped; the file put back first if none is left alive."""
-    seats = _load_seats(cwd)
+    seats = _load_seats(claude)
     if seats is None:
         return None
     seats.held = [seat for seat in seats.held if _process_start(seat[0]) == seat[1]]
     if seats.held:
         return seats
-    _restore(cwd, seats)
+    _restore(claude, seats)
     return None
 
 
-def _restore(cwd: Path, seats: Seats) -> None:
+def _restore(claude: _ClaudeDir, seats: Seats) -> None:
     """hctx's entries out of the settings file as it is now; the exact old bytes if nothing else changed."""
-    path = cwd / SETTINGS_PATH
-    text = _read_text(path)
-    if text is not None:
-        original = _parse(path, seats.original) if seats.original is not None else {}
-        kept = unrender_settings(_parse(path, text), original)
-        restored = seats.original if kept == original else _dumps(kept)
-        if restored is None:
-            Path(os.path.realpath(path)).unlink(missing_ok=True)
-        elif restored != text:
-            _replace_text(path, restored, keep_mode=True)
-    (cwd / SEATS_PATH).unlink(missing_ok=True)
+    with _settings_file(claude) as settings:
+        text = settings.read()
+        if text is not None:
+            original = _parse(settings.shown, seats.original) if seats.original is not None else {}
+            kept = unrender_settings(_parse(settings.shown, text), original)
+            restored = seats.original if kept == original else _dumps(kept)
+            if restored is None:
+                settings.remove()
+            elif restored != text:
+                settings.replace(restored, keep_mode=True)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(SEATS_PATH.name, dir_fd=claude.fd)
     if seats.created_dir:
         with contextlib.suppress(OSError):  # not empty: something else lives there now
-            (cwd / SEATS_PATH).parent.rmdir()
+            os.rmdir(CLAUDE_DIR, dir_fd=claude.cwd_fd)
 
 
 def take_seat(cwd: Path) -> Seats:
     """This process's seat in `cwd`, the settings rendered; the first seat records the file as found."""
     me = (os.getpid(), _process_start(os.getpid()) or 0)  # /proc is always there on Linux, hctx's only OS
-    with _locked(cwd):
-        seats = _live(cwd)
-        if seats is None:
-            path = cwd / SETTINGS_PATH
-            created_dir = not path.parent.exists()
-            seats = Seats(original=_original(path, _read_text(path)), created_dir=created_dir, held=[])
-        seats.held = [seat for seat in seats.held if seat[0] != me[0]] + [me]
-        _save_seats(cwd, seats)  # before rendering: a crash in between leaves a record to repair from
+    with _locked(cwd), _claude_dir(cwd, create=True) as claude:
+        assert claude is not None
         try:
-            write_settings(cwd)
+            seats = _live(claude)
+            if seats is None:
+                with _settings_file(claude) as settings:
+                    seats = Seats(_original(settings.shown, settings.read()), claude.created, held=[])
         except BaseException:
-            _leave(cwd, seats, me[0])
+            if claude.created:
+                with contextlib.suppress(OSError):
+                    os.rmdir(CLAUDE_DIR, dir_fd=claude.cwd_fd)
+            raise
+        seats.held = [seat for seat in seats.held if seat[0] != me[0]] + [me]
+        _save_seats(claude, seats)  # before rendering: a crash in between leaves a record to repair from
+        try:
+            with _settings_file(claude) as settings:
+                _render_into(settings)
+        except BaseException:
+            _leave(claude, seats, me[0])
             raise
     return seats
 
 
 def leave_seat(cwd: Path) -> None:
     """This process's seat in `cwd` given up (and dead ones with it); the last one puts the file back."""
-    with _locked(cwd):
-        seats = _live(cwd)
+    with _locked(cwd), _claude_dir(cwd, create=False) as claude:
+        if claude is None:
+            return
+        seats = _live(claude)
         if seats is not None:
-            _leave(cwd, seats, os.getpid())
+            _leave(claude, seats, os.getpid())
 
 
-def _leave(cwd: Path, seats: Seats, pid: int) -> None:
+def _leave(claude: _ClaudeDir, seats: Seats, pid: int) -> None:
     seats.held = [seat for seat in seats.held if seat[0] != pid]
     if seats.held:
-        _save_seats(cwd, seats)
+        _save_seats(claude, seats)
     else:
-        _restore(cwd, seats)
+        _restore(claude, seats)
 
 
 def _status_line_command(seats: Seats) -> str | None:
@@ -374,6 +531,54 @@ def _status_line_command(seats: Seats) -> str | None:
     return command if isinstance(command, str) and command.strip() else None
 
 
+# The account the seat's own login states (issue 29).
+# The account a Claude seat's config states (issue 29): `$CLAUDE_CONFIG_DIR/.claude.json` (else
+# `~/.claude.json`) `oauthAccount.accountUuid` with `organizationUuid`, else Claude's own env seeding.
+#
+# 2.1.250 and 2.1.332 send that `accountUuid` with every request and keep the stored `oauthAccount`
+# (tests/live/test_accounts_live.py). An API-key seat states no account.
+
+
+def claude_account(claude_json: bytes, where: str | None = None, plan: str | None = None) -> Account | None:
+    """A Claude config dir's `.claude.json` -> the seat's account (`oauthAccount.accountUuid` with
+    `organizationUuid`), or None (an API-key seat, or a file that is not Claude's). `plan`: the
+    subscription the seat's credentials name (`subscriptionType`), when the caller read one."""
+    config = json_object(claude_json)
+    oauth = None if config is None else config.get("oauthAccount")
+    if not isinstance(oauth, dict):
+        return None
+    account_uuid, organization_uuid = id_text(oauth.get("accountUuid")), id_text(oauth.get("organizationUuid"))
+    if account_uuid is None or organization_uuid is None:
+        return None
+    key = account_key("claude", account_uuid, organization_uuid)
+    return Account(key=key, label=label_of("claude", plan_text(plan), where))
+
+
+def claude_env_account(env: Mapping[str, str], where: str | None = None, plan: str | None = None) -> Account | None:
+    """Claude's own fallback: `CLAUDE_CODE_ACCOUNT_UUID`, `CLAUDE_CODE_ORGANIZATION_UUID` and
+    `CLAUDE_CODE_USER_EMAIL` seed `oauthAccount` when the config stores none (2.1.250 and 2.1.332
+    both require all three); the email is only a condition, never read into anything."""
+    account_uuid = id_text(env.get("CLAUDE_CODE_ACCOUNT_UUID"))
+    organization_uuid = id_text(env.get("CLAUDE_CODE_ORGANIZATION_UUID"))
+    if account_uuid is None or organization_uuid is None or not env.get("CLAUDE_CODE_USER_EMAIL"):
+        return None
+    key = account_key("claude", account_uuid, organization_uuid)
+    return Account(key=key, label=label_of("claude", plan_text(plan), where))
+
+
+def seat_account(plan: LaunchPlan) -> Account | None:
+    """The account the seat's config states (issue 29): `$CLAUDE_CONFIG_DIR/.claude.json`, else
+    `~/.claude.json`, `oauthAccount`; else Claude's own env seeding. None for an API-key seat."""
+    env = {**os.environ, **plan.env}
+    config_dir = env.get("CLAUDE_CONFIG_DIR")
+    path = os.path.join(config_dir, ".claude.json") if config_dir else os.path.expanduser("~/.claude.json")
+    where = shown_dir(config_dir) if config_dir else "~"
+    plan_name = env.get("CLAUDE_CODE_SUBSCRIPTION_TYPE")
+    data = read_account_file(path)
+    stored = None if data is None else claude_account(data, where, plan_name)
+    return stored or claude_env_account(env, where, plan_name)
+
+
 def prepare(plan: LaunchPlan) -> LaunchPlan:
     seats = take_seat(plan.cwd)
     env = {PROJECT_DIR_ENV: os.fspath(plan.cwd)}
@@ -381,7 +586,7 @@ def prepare(plan: LaunchPlan) -> LaunchPlan:
     renderer = _status_line_command(seats)
     if renderer is not None and not os.environ.get(RENDERER_ENV):
         env[RENDERER_ENV] = renderer
-    return dataclasses.replace(plan, env={**plan.env, **env})
+    return dataclasses.replace(plan, env={**plan.env, **env}, account=seat_account(plan))
 
 
 def teardown(plan: LaunchPlan) -> None:

@@ -46,7 +46,11 @@ class _Strict:
 
 
 def load_json(text: str) -> object:
-    """One JSON value filling `text`; ValueError otherwise."""
+    """One JSON value filling `text`; ValueError otherwise.
+
+    The one JSON rule (`guard.json_rule`, which the tee does not import for its start-up time) on
+    text already strictly decoded: no NaN/Infinity, no lone surrogate, never a RecursionError.
+    tests/test_json_rule.py holds the two equal."""
     try:
         import _json
 
@@ -54,17 +58,38 @@ def load_json(text: str) -> object:
     except (ImportError, AttributeError):  # an interpreter without the C scanner
         import json
 
-        return json.loads(text, parse_constant=_Strict.parse_constant)
-    body = text.strip(" \t\r\n")
-    try:
-        value, end = scan(body, 0)
-    except StopIteration:
-        raise ValueError("not JSON") from None
-    except RecursionError:
-        raise ValueError("nested too deeply") from None
-    if end != len(body):
-        raise ValueError("trailing data after the JSON value")
+        try:
+            value = json.loads(text, parse_constant=_Strict.parse_constant)
+        except RecursionError:
+            raise ValueError("nested too deeply") from None
+    else:
+        body = text.strip(" \t\r\n")
+        try:
+            value, end = scan(body, 0)
+        except StopIteration:
+            raise ValueError("not JSON") from None
+        except RecursionError:
+            raise ValueError("nested too deeply") from None
+        if end != len(body):
+            raise ValueError("trailing data after the JSON value")
+    if "\\u" in text and _holds_surrogate(value):
+        raise ValueError("a lone surrogate is not text")
     return value
+
+
+def _holds_surrogate(value: object) -> bool:
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            if any("\ud800" <= char <= "\udfff" for char in item):
+                return True
+        elif isinstance(item, dict):
+            pending += item.keys()
+            pending += item.values()
+        elif isinstance(item, list):
+            pending += item
+    return False
 
 
 def _object_bytes(data: bytes) -> bytes | None:

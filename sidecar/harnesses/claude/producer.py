@@ -33,21 +33,31 @@ from collections import Counter, OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
 from pydantic import Field, ValidationError
 
-from guard.errors import FrameRejected
+from guard.errors import FrameRejected, MalformedFrame
+from guard.json_rule import loads_object
 from guard.policy import Reading, windows_at_limit
-from guard.record import CompactionTrigger, ContextFields, Count, Harness, RateLimits, describe_validation_error
-from sidecar import wire
+from guard.record import (
+    CompactionTrigger,
+    ContextFields,
+    Count,
+    Harness,
+    RateLimitResets,
+    RateLimits,
+    describe_validation_error,
+)
 from sidecar.decoding import CHANNEL
 from sidecar.harnesses.claude.frames import HOOK_FRAME, HOOK_TYPE, STATUSLINE_FRAME, STATUSLINE_TYPE, channel_line
-from sidecar.producer import Percent, TolerantModel, Usd, harness_version, instant_ms, optional_model
-from sidecar.spec import Chunk, HarnessSpec
+from sidecar.producer import Percent, SubagentRoster, TolerantModel, Usd, harness_version, instant_ms, optional_model
+from sidecar.spec import Chunk, HarnessSpec, recording_bytes
 
 __all__ = [
     "SPEC",
+    "SUBAGENT_START",
+    "SUBAGENT_STOP",
     "VERIFIED_VERSIONS",
     "ClaudeEvent",
     "ClaudeProducer",
@@ -113,8 +123,14 @@ class Hook(TolerantModel):
 
 @dataclass(frozen=True, slots=True)
 class SubagentHook:
-    """A hook a subagent raised (its payload names an `agent_id`): another window than this
-    record's, which is the top-level one (DQ-C9). Its fields are never read."""
+    """A hook naming a subagent (its payload has an `agent_id`): never this record's top-level
+    window. `SubagentStart` (`agent_id`, `agent_type`) and `SubagentStop` make its row (issue 28,
+    measured on 2.1.250 and 2.1.332: neither carries usage, so the row's numbers are null); the
+    subagent's own tool hooks say nothing of it here."""
+
+    event: str | None = None
+    agent_id: str | None = None
+    agent_type: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +195,8 @@ def _status_line(payload: dict[str, Any]) -> StatusLine:
 
 def _hook(payload: dict[str, Any]) -> Hook | SubagentHook:
     if payload.get("agent_id") is not None:
-        return SubagentHook()
+        fields = (payload.get("hook_event_name"), payload.get("agent_id"), payload.get("agent_type"))
+        return SubagentHook(*(value if isinstance(value, str) else None for value in fields))
     try:
         return Hook.model_validate(payload)
     except ValidationError as exc:
@@ -196,6 +213,10 @@ class _Compaction:
     trigger: CompactionTrigger | None = None
 
 
+SUBAGENT_START: Final = "SubagentStart"
+SUBAGENT_STOP: Final = "SubagentStop"
+
+
 class ClaudeProducer:
     harness: Harness = "claude"
 
@@ -208,6 +229,20 @@ class ClaudeProducer:
         self._episode_open = False
         # A compaction counted before any reading existed rides the first reading as its edge.
         self._edge_pending = False
+        self.subagents = SubagentRoster()
+
+    def _subagent(self, hook: SubagentHook, now_ms: int) -> list[Reading]:
+        """A subagent started or stopped: its row, the top-level reading as held (never re-stamped)."""
+        states = {SUBAGENT_START: "running", SUBAGENT_STOP: "finished"}
+        if hook.event not in states or hook.agent_id is None:
+            return []  # a subagent's own tool hook (or its compaction): nothing this record states
+        fields: dict[str, Any] = {"state": states[hook.event], "observed_at_ms": now_ms}
+        if hook.agent_type is not None:
+            fields["name"] = hook.agent_type
+        if not self.subagents.update(hook.agent_id, now_ms, **fields):
+            return []
+        self._reading = self.subagents.onto(self._reading, self.harness, now_ms)
+        return [_reading(self._reading, compaction_edge=False)]
 
     def feed(self, event: ClaudeEvent, now_ms: int) -> list[Reading]:
         if isinstance(event, StatusLine):
@@ -215,7 +250,7 @@ class ClaudeProducer:
         if isinstance(event, Hook):
             return self._hook(event, now_ms)
         if isinstance(event, SubagentHook):
-            return []  # a subagent's compaction; this record is the top-level window (DQ-C9)
+            return self._subagent(event, now_ms)
         raise FrameRejected(f"not a claude event: {type(event).__name__}")
 
     def _statusline(self, line: StatusLine, now_ms: int) -> Reading:
@@ -230,6 +265,7 @@ class ClaudeProducer:
                 cost_usd=line.cost_usd,
                 session_total_tokens=None,
                 rate_limits=_rate_limits(line, now_ms),
+                rate_limit_resets_at_ms=_rate_limit_resets(line, now_ms),
                 compactions=self._compaction.count,
                 last_compaction_ms=self._compaction.last_ms,
                 last_compaction_trigger=self._compaction.trigger,
@@ -238,7 +274,7 @@ class ClaudeProducer:
             )
         except ValidationError as exc:
             raise FrameRejected(f"status line out of range: {describe_validation_error(exc)}") from None
-        self._reading = fields
+        self._reading = fields = fields.model_copy(update={"subagents": self.subagents.rows()})
         edge, self._edge_pending = self._edge_pending, False
         return _reading(fields, compaction_edge=edge)
 
@@ -321,6 +357,26 @@ def _rate_limits(line: StatusLine, now_ms: int) -> RateLimits | None:
     return RateLimits(five_hour=five_hour, seven_day=seven_day)
 
 
+# A reset past this (epoch ms, the year 2286) is no time a harness stated: it is left unstated.
+_MAX_RESET_MS = 10**13
+
+
+def _rate_limit_resets(line: StatusLine, now_ms: int) -> RateLimitResets | None:
+    """`rate_limits.{five_hour,seven_day}.resets_at` (epoch seconds; Claude rounds the header's), in
+    ms, for each window `_rate_limits` publishes."""
+
+    def resets(parsed: RateWindow | None) -> int | None:
+        if parsed is None or parsed.resets_at is None or not 0 < parsed.resets_at * 1000 < _MAX_RESET_MS:
+            return None
+        at = round(parsed.resets_at * 1000)
+        return at if at > now_ms else None  # a window past its reset is not published at all
+
+    five_hour, seven_day = resets(line.five_hour), resets(line.seven_day)
+    if five_hour is None and seven_day is None:
+        return None
+    return RateLimitResets(five_hour=five_hour, seven_day=seven_day)
+
+
 # --- recordings -------------------------------------------------------------------------------
 
 
@@ -358,7 +414,7 @@ def read_recording(paths: Sequence[Path]) -> Iterator[Chunk]:
     loose: list[_Recorded] = []
     for path in paths:
         times = _times_beside(path)
-        objects = ((line, item) for line in path.read_bytes().splitlines() if (item := _object(line)) is not None)
+        objects = ((line, item) for line in recording_bytes(path).splitlines() if (item := _object(line)) is not None)
         for index, (line, item) in enumerate(objects):
             recorded = _recorded(line, item, times[index] if index < len(times) else None)
             if recorded is None:
@@ -384,7 +440,7 @@ def read_recording(paths: Sequence[Path]) -> Iterator[Chunk]:
 
 def _object(line: bytes) -> dict[str, Any] | None:
     try:
-        return wire.json_object(line) if line.strip() else None
+        return loads_object(line, error=MalformedFrame) if line.strip() else None
     except FrameRejected:
         return None  # a truncated tail is what a killed capture leaves
 
@@ -408,7 +464,7 @@ def _recorded(line: bytes, item: dict[str, Any], at_ms: int | None) -> _Recorded
 
 def _times_beside(path: Path) -> list[int | None]:
     try:
-        text = path.with_suffix(".times").read_bytes().decode("utf-8", "replace")
+        text = recording_bytes(path.with_suffix(".times")).decode("utf-8", "replace")
     except OSError:
         return []
     return [instant_ms(line.strip()) for line in text.splitlines()]

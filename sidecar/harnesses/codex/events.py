@@ -25,9 +25,12 @@ __all__ = [
     "Id",
     "RateLimitsUpdated",
     "RateWindow",
+    "SubagentsSpawned",
     "ThreadCompacted",
+    "ThreadOpened",
     "TokenUsage",
     "Tokens",
+    "TurnState",
     "event",
 ]
 
@@ -60,9 +63,36 @@ class TokenUsage(_Event):
     context_window: Tokens | None  # `modelContextWindow`, already Codex's effective window
 
 
+class ThreadOpened(_Event):
+    """A thread that is the agent's own: one a client started, resumed or forked (`thread/started`,
+    a `thread/start`/`thread/resume`/`thread/fork` result's `thread`, neither naming a
+    `parentThreadId`), or the rollout an interactive seat writes. A subagent's thread is never one:
+    Codex sends no `thread/started` for it, only its `turn/*`, `item/*` and usage under its id."""
+
+    thread_id: Id
+
+
+class SubagentsSpawned(_Event):
+    """A finished `spawnAgent` `collabAgentToolCall` item: the threads it started for a sender."""
+
+    sender_thread_id: Id
+    thread_ids: tuple[Id, ...]
+    model: Annotated[str, Field(max_length=128)] | None
+
+
+class TurnState(_Event):
+    """`turn/started` (running) or `turn/completed` (not) of a thread."""
+
+    thread_id: Id
+    running: bool
+
+
 class RateWindow(_Event):
     used_percent: Percent
     window_minutes: Tokens | None
+    # `resetsAt`, unix seconds, as Codex stated it (from the `x-codex-*-reset-at` header or
+    # `wham/usage`); None unstated. Additive (issue 29).
+    resets_at_s: Tokens | None = None
 
 
 class RateLimitsUpdated(_Event):
@@ -77,6 +107,7 @@ class CompactionItem(_Event):
 
     item_id: Id
     turn_id: Id | None
+    thread_id: Id | None = None  # the thread it compacted, where the item's params name it
 
 
 class ThreadCompacted(_Event):

@@ -5,9 +5,10 @@ function, `parse_message`, whichever way it came: the app-server's stdout (`stdo
 stream: what the lab's `<name>.jsonl` captures are), one websocket text message of the sidecar's
 relay (`websocket` wire), or the wrapper's stdout tap on the channel, whose envelope
 `{"type": "codex.rpc", "payload": "<the line>"}` (`tap_frame`) carries the line's very bytes as a
-string. The rollout file an interactive seat writes (`rollout` wire, `sidecar.transcripts`) yields
-the same typed events. The producer reads only those events, and its arithmetic is pure functions
-(`usage_fields`, `merged_rate_limits`, `compact_at`) that `hctx scan` calls too:
+string (in base64 when not UTF-8). The rollout file an interactive seat writes (`rollout` wire,
+`sidecar.transcripts`) yields the same typed events. The producer reads only those events, and its
+arithmetic is pure functions (`usage_fields`, `merged_rate_limits`, `compact_at`) that `hctx scan`
+calls too:
 
 - `thread/tokenUsage/updated` is the reading. `last.totalTokens` over `modelContextWindow` through
   Codex's `percent_of_context_window_remaining` (the 12,000-token baseline, Rust's rounding), and
@@ -22,7 +23,14 @@ the same typed events. The producer reads only those events, and its arithmetic 
   binary itself; before it (a relay that joined late, the rollout follower's `session_meta`), a
   thread's `cliVersion`, the build that created the thread. It rides every reading.
 
-Several threads on one app-server share one record: the newest reading of any thread wins.
+Several threads on one app-server share one record: the newest reading of any of the agent's own
+threads wins. A thread is the agent's own only when the stream said so (`ThreadOpened`: a
+`thread/started`, or a thread a client's `thread/start`/`thread/resume`/`thread/fork` returned,
+without a `parentThreadId`; the rollout a seat follows). A subagent's thread never is (issue 28):
+Codex 0.151.0 and 0.171.0 (multi_agent on by default) send no `thread/started` for a
+`spawn_agent` child, while its `thread/tokenUsage/updated` arrive on the same connection under its
+own `threadId`, in the parent's shape; a reading of a thread not opened as the agent's own is never
+the agent's (fixtures/codex/*-delegation.jsonl, recorded live).
 
 `compactAtTokens` (issue 18). Source: `model_auto_compact_token_limit` (and `model_context_window`)
 from the config Codex loads, read by the wrapper (`wrapper.harnesses.codex.compaction_settings`) and
@@ -42,6 +50,8 @@ published 100,000 is where it compacted (a turn at 99,000 did not, the next afte
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import math
 from collections import OrderedDict
@@ -53,10 +63,18 @@ from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError
 from pydantic.alias_generators import to_camel
 
 from guard.constants import CHANNEL_MAX_FRAME_BYTES
-from guard.errors import FrameRejected
+from guard.errors import FrameRejected, MalformedFrame
+from guard.json_rule import loads, loads_object
 from guard.policy import Reading
-from guard.record import MAX_COUNT, ContextFields, Harness, RateLimits, describe_validation_error, round_half_up
-from sidecar import framing, wire
+from guard.record import (
+    MAX_COUNT,
+    ContextFields,
+    Harness,
+    RateLimitResets,
+    RateLimits,
+    describe_validation_error,
+    round_half_up,
+)
 from sidecar.decoding import Decoder, LineDecoder, MessageDecoder
 from sidecar.harnesses.codex.events import (
     FRAME_TYPE,
@@ -69,41 +87,52 @@ from sidecar.harnesses.codex.events import (
     Id,
     RateLimitsUpdated,
     RateWindow,
+    SubagentsSpawned,
     ThreadCompacted,
+    ThreadOpened,
     Tokens,
     TokenUsage,
+    TurnState,
 )
-from sidecar.producer import Percent, harness_version, instant_ms, remember
-from sidecar.spec import Chunk, HarnessSpec
+from sidecar.producer import Percent, SubagentRoster, harness_version, instant_ms, remember
+from sidecar.spec import Chunk, HarnessSpec, recording_bytes
 
 __all__ = [
     "BASELINE_TOKENS",
     "CODEX_CONTEXT_VERIFIED_VERSIONS",
+    "COLLAB_ITEM",
     "COUNTED_ITEMS_REMEMBERED",
     "FIVE_HOUR_MINUTES",
     "ITEM_EVENTS",
     "LEGACY_COMPACTED",
+    "MAX_THREAD_ID",
+    "OWN_THREADS_REMEMBERED",
     "RATE_LIMITS",
     "SEVEN_DAY_MINUTES",
     "SPEC",
+    "THREAD_STARTED",
     "TOKEN_USAGE",
+    "TURN_EVENTS",
     "ChannelOnly",
     "CodexProducer",
     "CodexTransport",
     "HeldLimits",
+    "HeldResets",
     "PositiveTokens",
     "Relay",
     "Rollout",
     "WsAddress",
     "channel_frames",
     "compact_at",
-    "line_of",
     "merged_rate_limits",
+    "merged_resets",
     "parse_message",
     "percent_of_context_window_remaining",
+    "rate_limit_resets",
     "rate_limits",
     "read_recording",
     "tap_frame",
+    "tapped_line",
     "usage_fields",
     "used_percent",
 ]
@@ -119,6 +148,9 @@ BASELINE_TOKENS: Final = 12_000
 # Rate-limit windows are named primary/secondary and identified by their length alone.
 FIVE_HOUR_MINUTES: Final = 300
 SEVEN_DAY_MINUTES: Final = 10_080
+
+# The agent's own threads: one per `thread/start` or resume a client made on this app-server.
+OWN_THREADS_REMEMBERED: Final = 1024
 
 # Item ids already counted. One compaction is at most a handful of frames apart on one connection,
 # a few more across relay connections; the bound only keeps a hostile stream from growing memory.
@@ -156,6 +188,7 @@ class _TokenUsageParams(_Wire):
 class _RateLimitWindow(_Wire):
     used_percent: Percent
     window_duration_mins: Tokens | None = None
+    resets_at: Tokens | None = None  # unix seconds
 
 
 class _RateLimitSnapshot(_Wire):
@@ -175,10 +208,24 @@ class _Item(_Wire):
 class _ItemParams(_Wire):
     item: _Item
     turn_id: Id | None = None
+    thread_id: Id | None = None
+
+
+class _SpawnItem(_Wire):
+    sender_thread_id: Id
+    receiver_thread_ids: list[Id]
+    model: str | None = None
+
+
+class _TurnParams(_Wire):
+    thread_id: Id
 
 
 class _CompactedParams(_Wire):
     turn_id: Id
+
+
+THREAD_STARTED: Final = "thread/started"
 
 
 _M = TypeVar("_M", bound=_Wire)
@@ -187,20 +234,23 @@ _M = TypeVar("_M", bound=_Wire)
 def parse_message(data: bytes) -> list[object]:
     """One server→client JSON-RPC message's bytes to its events; FrameRejected for one refused.
 
-    The one rule of every wire (sidecar.wire: strict UTF-8, no NaN), and one size rule: a message
+    The one rule of every wire (guard.json_rule: strict UTF-8, no NaN), and one size rule: a message
     the stdout tap could not carry to the channel (its `tap_frame` over the channel's limit) is
     refused on the websocket and in a replay too, so no path publishes what another would drop.
     """
     could_outgrow = len(data) * _WORST_ESCAPE + len(_TAP_PREFIX) + 1 > CHANNEL_MAX_FRAME_BYTES
     if could_outgrow and len(tap_frame(data)) > CHANNEL_MAX_FRAME_BYTES:
         raise FrameRejected(f"message over {CHANNEL_MAX_FRAME_BYTES} bytes as the stdout tap frames it")
-    message = wire.json_object(data)
+    message = loads_object(data, error=MalformedFrame)
     if not _is_app_server_message(message):
         raise FrameRejected("not an app-server message: no method, and no id with a result or an error")
     events: list[object] = []
     build = _build(message)
     if build is not None:
         events.append(build)
+    opened = _own_thread(message)
+    if opened is not None:
+        events.append(opened)
     method = message.get("method")
     if not isinstance(method, str):
         return events  # a response to the client's own request: nothing about context
@@ -223,7 +273,12 @@ def parse_message(data: bytes) -> list[object]:
         if item.item.type == "contextCompaction":
             if item.item.id is None:
                 raise FrameRejected("contextCompaction item without an id")
-            events.append(CompactionItem(item_id=item.item.id, turn_id=item.turn_id))
+            events.append(CompactionItem(item_id=item.item.id, turn_id=item.turn_id, thread_id=item.thread_id))
+        elif method == "item/completed" and item.item.type == COLLAB_ITEM:
+            events += _spawned(params)
+    elif method in TURN_EVENTS:
+        turn = _parse(_TurnParams, params, method)
+        events.append(TurnState(thread_id=turn.thread_id, running=method == "turn/started"))
     elif method == LEGACY_COMPACTED:
         events.append(ThreadCompacted(turn_id=_parse(_CompactedParams, params, method).turn_id))
     return events
@@ -240,7 +295,9 @@ def _is_app_server_message(message: dict[str, Any]) -> bool:
 def _window(window: _RateLimitWindow | None) -> RateWindow | None:
     if window is None:
         return None
-    return RateWindow(used_percent=window.used_percent, window_minutes=window.window_duration_mins)
+    return RateWindow(
+        used_percent=window.used_percent, window_minutes=window.window_duration_mins, resets_at_s=window.resets_at
+    )
 
 
 def _build(message: dict[str, Any]) -> HarnessBuild | None:
@@ -261,6 +318,46 @@ def _build(message: dict[str, Any]) -> HarnessBuild | None:
     return found
 
 
+COLLAB_ITEM: Final = "collabAgentToolCall"
+TURN_EVENTS: Final = frozenset({"turn/started", "turn/completed"})
+
+
+def _spawned(params: object) -> list[object]:
+    """The children a finished `spawnAgent` item started; any other collab tool says nothing here,
+    and one that does not read as a spawn is no drop (it is nothing about the parent's numbers)."""
+    item = params.get("item") if isinstance(params, dict) else None
+    if not isinstance(item, dict) or item.get("tool") != "spawnAgent":
+        return []
+    try:
+        spawn = _SpawnItem.model_validate(item)
+        return [SubagentsSpawned(sender_thread_id=spawn.sender_thread_id, thread_ids=tuple(spawn.receiver_thread_ids),
+                                 model=spawn.model if spawn.model and len(spawn.model) <= 128 else None)]  # fmt: skip
+    except ValidationError:
+        return []
+
+
+def _own_thread(message: dict[str, Any]) -> ThreadOpened | None:
+    """The agent's own thread a `thread/started` or a response's `result.thread` names: one
+    without a `parentThreadId` (a subagent's names its parent, where Codex says anything of it)."""
+    if message.get("method") == THREAD_STARTED:
+        holder = message.get("params")
+    elif "method" not in message:
+        holder = message.get("result")
+    else:
+        return None
+    thread = holder.get("thread") if isinstance(holder, dict) else None
+    if not isinstance(thread, dict) or thread.get("parentThreadId") is not None:
+        return None
+    thread_id = thread.get("id")
+    if not isinstance(thread_id, str) or not 0 < len(thread_id) <= MAX_THREAD_ID:
+        return None
+    return ThreadOpened(thread_id=thread_id)
+
+
+# Codex's thread ids are UUIDs; anything much longer is not one.
+MAX_THREAD_ID: Final = 256
+
+
 def _parse(model: type[_M], params: object, method: str) -> _M:
     try:
         return model.model_validate(params)
@@ -277,27 +374,40 @@ _WORST_ESCAPE: Final = 6
 
 
 def tap_frame(line: bytes, frame_type: str = FRAME_TYPE) -> bytes:
-    """The channel frame (no newline) the wrapper's stdout tap sends for one stdout line
-    (`sidecar.framing.tap_frame`); `line_of` gives the line back."""
-    return framing.tap_frame(line, frame_type)
-
-
-def line_of(payload: str) -> bytes:
-    """The stdout line a tap frame's payload carries (the inverse of `tap_frame`)."""
+    """The channel frame (no newline) the wrapper's stdout tap sends for one stdout line: the line's
+    very bytes, as the string `payload` when they are UTF-8 and in base64 as `bytes` when not. Such
+    a line is never a message, but it is dropped for the very reason stdout drops it: a surrogate
+    escape of its stray bytes would be a lone surrogate, which the one JSON rule refuses."""
+    kind = json.dumps(frame_type).encode()
     try:
-        return payload.encode("utf-8", "surrogateescape")
-    except UnicodeEncodeError:
-        raise FrameRejected("payload holds a lone surrogate: not the bytes of a line") from None
+        text = line.decode("utf-8")
+    except UnicodeDecodeError:
+        return b'{"type":' + kind + b',"bytes":"' + base64.b64encode(line) + b'"}'
+    return b'{"type":' + kind + b',"payload":' + json.dumps(text, ensure_ascii=False).encode("utf-8") + b"}"
+
+
+def tapped_line(frame: dict[str, Any]) -> bytes:
+    """The stdout line a tap frame carries (the inverse of `tap_frame`)."""
+    payload, raw = frame.get("payload"), frame.get("bytes")
+    if isinstance(payload, str):
+        try:
+            return payload.encode("utf-8")
+        except UnicodeEncodeError:
+            raise FrameRejected("payload holds a lone surrogate: not the bytes of a line") from None
+    if payload is None and isinstance(raw, str):
+        try:
+            return base64.b64decode(raw, validate=True)
+        except binascii.Error:
+            raise FrameRejected(f"{FRAME_TYPE} bytes are not base64") from None
+    shown = type(payload).__name__ if payload is not None else "absent"
+    raise FrameRejected(f"{FRAME_TYPE} payload is not the line as a string but {shown}")
 
 
 def channel_frames(kind: str, frame: dict[str, Any]) -> list[object]:
-    """The channel's Codex frames: the stdout tap's `codex.rpc`, its payload the line as a string."""
+    """The channel's Codex frames: the stdout tap's `codex.rpc`, carrying one stdout line."""
     if kind != FRAME_TYPE:
         raise FrameRejected(f"not a {FRAME_TYPE} frame but {kind[:40]!r}")
-    payload = frame.get("payload")
-    if not isinstance(payload, str):
-        raise FrameRejected(f"{FRAME_TYPE} payload is not the line as a string but {type(payload).__name__}")
-    line = line_of(payload)
+    line = tapped_line(frame)
     return parse_message(line) if line.strip() else []  # a blank line, as on stdout: nothing
 
 
@@ -391,6 +501,8 @@ def compact_at(config: CompactionConfig | None, reported_window: int | None) -> 
 
 # (fiveHour, sevenDay) held so far.
 HeldLimits = tuple[float | None, float | None]
+# Their reset times, unix ms, as Codex stated them with each window (issue 29).
+HeldResets = tuple[int | None, int | None]
 
 
 def merged_rate_limits(held: HeldLimits, update: RateLimitsUpdated) -> HeldLimits:
@@ -406,11 +518,45 @@ def merged_rate_limits(held: HeldLimits, update: RateLimitsUpdated) -> HeldLimit
     return five_hour, seven_day
 
 
+def merged_resets(held: HeldResets, update: RateLimitsUpdated) -> HeldResets:
+    """Each window's reset goes with its percent: a window that came restates its reset (null when
+    this snapshot stated none, so an old reset never rides a newer percent)."""
+    five_hour, seven_day = held
+    for window in (update.primary, update.secondary):
+        if window is None:
+            continue
+        resets = None if window.resets_at_s is None else window.resets_at_s * 1000
+        if window.window_minutes == FIVE_HOUR_MINUTES:
+            five_hour = resets
+        elif window.window_minutes == SEVEN_DAY_MINUTES:
+            seven_day = resets
+    return five_hour, seven_day
+
+
 def rate_limits(held: HeldLimits) -> RateLimits | None:
     five_hour, seven_day = held
     if five_hour is None and seven_day is None:
         return None
     return RateLimits(five_hour=five_hour, seven_day=seven_day)
+
+
+def rate_limit_resets(held: HeldResets) -> RateLimitResets | None:
+    five_hour, seven_day = held
+    if five_hour is None and seven_day is None:
+        return None
+    return RateLimitResets(five_hour=five_hour, seven_day=seven_day)
+
+
+def _subagent_usage(usage: TokenUsage) -> dict[str, Any]:
+    """A child thread's own reading, in the parent's arithmetic (the same shape, its own window)."""
+    window = usage.context_window
+    percent = used_percent(usage.tokens_in_window, window)
+    return {
+        "used_tokens": usage.tokens_in_window,
+        "window_tokens": window,
+        "used_percent": None if percent is None else float(percent),
+        "window_source": None if window is None else "harness",
+    }
 
 
 def usage_fields(
@@ -419,6 +565,7 @@ def usage_fields(
     *,
     harness: Harness = "codex",
     held_limits: HeldLimits = (None, None),
+    held_resets: HeldResets = (None, None),
     compactions: int = 0,
     last_compaction_ms: int | None = None,
     version: str | None = None,
@@ -436,6 +583,7 @@ def usage_fields(
         cost_usd=None,
         session_total_tokens=usage.session_total_tokens,
         rate_limits=rate_limits(held_limits),
+        rate_limit_resets_at_ms=rate_limit_resets(held_resets),
         compactions=compactions,
         last_compaction_ms=last_compaction_ms,
         last_compaction_trigger="unknown" if compactions else None,
@@ -458,10 +606,13 @@ class CodexProducer:
         self.compactions = 0
         self.last_compaction_ms: int | None = None
         self.held_limits: HeldLimits = (None, None)
+        self.held_resets: HeldResets = (None, None)
         self.last_reading: ContextFields | None = None
         self.config: CompactionConfig | None = None
         self.version: str | None = None
         self._version_from_user_agent = False
+        self._own_threads: OrderedDict[str, None] = OrderedDict()
+        self.subagents = SubagentRoster()  # spawned threads of the agent's own (issue 28)
         self._counted_items: OrderedDict[str, str | None] = OrderedDict()
         # Turns whose compaction was counted from the deprecated notification, which names no item:
         # the first item seen in such a turn is that same compaction, not a second one.
@@ -473,9 +624,29 @@ class CodexProducer:
 
     def feed(self, event: object, now_ms: int) -> list[Reading]:
         if isinstance(event, TokenUsage):
+            if event.thread_id in self.subagents:
+                return self._subagent(event.thread_id, now_ms, **_subagent_usage(event))
+            if event.thread_id not in self._own_threads:
+                return []  # an unknown thread: never the agent's numbers
             return [self._token_usage(event, now_ms)]
+        if isinstance(event, SubagentsSpawned):
+            if event.sender_thread_id not in self._own_threads:
+                return []  # a grandchild (depth > 1 is off by default): not this record's row
+            readings: list[Reading] = []
+            for thread in event.thread_ids:
+                # Codex states a child's compactions as items under its thread: none yet is a 0.
+                readings = self._subagent(thread, now_ms, model=event.model, state="running", compactions=0) or readings
+            return readings
+        if isinstance(event, TurnState):
+            if event.thread_id not in self.subagents:
+                return []
+            return self._subagent(event.thread_id, now_ms, state="running" if event.running else "finished")
+        if isinstance(event, ThreadOpened):
+            remember(self._own_threads, event.thread_id, None, OWN_THREADS_REMEMBERED)
+            return []
         if isinstance(event, RateLimitsUpdated):
             self.held_limits = merged_rate_limits(self.held_limits, event)
+            self.held_resets = merged_resets(self.held_resets, event)
             return self._restated_with_rate_limits()
         if isinstance(event, CompactionItem):
             return self._item(event, now_ms)
@@ -495,12 +666,20 @@ class CodexProducer:
             now_ms,
             harness=self.harness,
             held_limits=self.held_limits,
+            held_resets=self.held_resets,
             compactions=self.compactions,
             last_compaction_ms=self.last_compaction_ms,
             version=self.version,
             config=self.config,
-        )
+        ).model_copy(update={"subagents": self.subagents.rows()})
         return Reading(self.last_reading)
+
+    def _subagent(self, thread_id: str, now_ms: int, **fields: Any) -> list[Reading]:
+        """The record with one subagent's row changed; the parent's numbers and time as held."""
+        if not self.subagents.update(thread_id, now_ms, observed_at_ms=now_ms, **fields):
+            return []
+        self.last_reading = self.subagents.onto(self.last_reading, self.harness, now_ms)
+        return [Reading(self.last_reading)]
 
     def _note_version(self, build: HarnessBuild) -> None:
         if build.from_user_agent:
@@ -513,15 +692,21 @@ class CodexProducer:
     def _restated_with_rate_limits(self) -> list[Reading]:
         """The held reading with the merged limits, when they changed it; nothing was re-measured,
         so its observedAtMs stays. Before any reading the limits wait for the first one."""
-        held, limits = self.last_reading, rate_limits(self.held_limits)
-        if held is None or held.rate_limits == limits:
+        held, limits, resets = self.last_reading, rate_limits(self.held_limits), rate_limit_resets(self.held_resets)
+        if held is None or (held.rate_limits, held.rate_limit_resets_at_ms) == (limits, resets):
             return []
-        self.last_reading = held.model_copy(update={"rate_limits": limits})
+        self.last_reading = held.model_copy(update={"rate_limits": limits, "rate_limit_resets_at_ms": resets})
         return [Reading(self.last_reading, rate_limits_edge=True)]
 
     def _item(self, item: CompactionItem, now_ms: int) -> list[Reading]:
         if item.item_id in self._counted_items:
             return []
+        if item.thread_id is not None and item.thread_id not in self._own_threads:
+            remember(self._counted_items, item.item_id, item.turn_id, COUNTED_ITEMS_REMEMBERED)
+            row = self.subagents.get(item.thread_id)
+            if row is None:
+                return []  # an unknown thread's compaction: not the agent's window
+            return self._subagent(item.thread_id, now_ms, compactions=(row.compactions or 0) + 1)
         remember(self._counted_items, item.item_id, item.turn_id, COUNTED_ITEMS_REMEMBERED)
         turn = item.turn_id
         if turn is not None and self._legacy_turns.get(turn):
@@ -544,6 +729,7 @@ class CodexProducer:
             "last_compaction_ms": now_ms,
             "last_compaction_trigger": "unknown",
             "rate_limits": rate_limits(self.held_limits),
+            "rate_limit_resets_at_ms": rate_limit_resets(self.held_resets),
             "harness_version": self.version,
         }
         if self.last_reading is None:
@@ -572,7 +758,7 @@ def read_recording(paths: Sequence[Path]) -> Iterable[Chunk]:
       `rollout` wire, each line at its own timestamp.
     """
     for path in paths:
-        data = path.read_bytes()
+        data = recording_bytes(path)
         if _is_rollout(data):
             yield from _rollout_chunks(data)
         else:
@@ -587,7 +773,7 @@ def _stdout_chunks(data: bytes) -> Iterator[Chunk]:
     clock: int | None = None
     for line in _lines(data):
         try:
-            message: Any = wire.loads(line)
+            message: Any = loads(line, error=MalformedFrame)
         except FrameRejected:
             yield Chunk(clock, STDOUT, line + b"\n")  # as it was: its decoder drops it
             continue
@@ -609,7 +795,7 @@ _ROLLOUT_TYPES: Final = frozenset({"session_meta", "event_msg", "response_item",
 def _is_rollout(data: bytes) -> bool:
     first = next(_lines(data), None)
     try:
-        head = wire.json_object(first) if first is not None else None
+        head = loads_object(first, error=MalformedFrame) if first is not None else None
     except FrameRejected:
         return False
     return head is not None and "timestamp" in head and head.get("type") in _ROLLOUT_TYPES
@@ -619,7 +805,7 @@ def _rollout_chunks(data: bytes) -> Iterator[Chunk]:
     clock: int | None = None
     for line in _lines(data):
         try:
-            stamp = instant_ms(wire.json_object(line).get("timestamp"))
+            stamp = instant_ms(loads_object(line, error=MalformedFrame).get("timestamp"))
         except FrameRejected:
             stamp = None  # its decoder says what it is
         clock = clock if stamp is None else stamp

@@ -2,11 +2,13 @@
 
 The TUI (`codex`, `codex exec`, anything but `app-server`) offers no stream to tap, but it writes
 every `token_count` event to `$CODEX_HOME/sessions/YYYY/MM/DD/rollout-<time>-<thread>.jsonl`. This
-transport follows the rollout the wrapped Codex itself holds open: the wrapper names itself as
-`rootPid`, and the rollout files any of its descendants (the `codex` node launcher's native binary)
-hold open in `/proc/<pid>/fd` are this seat's, whichever seat in the same directory is newer. A
-rollout the harness opens that it did not hold at the last look (the TUI's `/new`, a `/resume`, a
-file closed and opened again) takes over; a closed one stays followed. A rollout started before
+transport follows the rollout the wrapped Codex itself holds open for writing: the wrapper names
+itself as `rootPid`, and the first rollout a process below it (the `codex` node launcher's native
+binary) holds open for writing (`/proc/<pid>/fdinfo` flags) names the codex process, the holder
+nearest the root; from then on only that process's rollouts are this seat's, whichever seat in the
+same directory is newer, and never a file a tool it runs opens (`exec 3<OTHER`, or even for
+appending). A rollout that process opens that it did not hold at the last look (the TUI's `/new`,
+a `/resume`, a file closed and opened again) takes over; a closed one stays followed. A rollout started before
 the launch (`codex resume`) is followed from its end, after its newest reading, as the app-server
 replays one on resume: its history is not this launch's. Without `rootPid`, the newest rollout
 whose `session_meta` is stamped at or after the launch and names the launch's cwd is followed.
@@ -37,7 +39,13 @@ import trio.lowlevel
 from guard.store import proc_stat
 from sidecar.harnesses.codex.events import ROLLOUT
 from sidecar.harnesses.codex.producer import Rollout
-from sidecar.harnesses.codex.transcript import RolloutDecoder, read_codex_tail, rollout_event, tail_events
+from sidecar.harnesses.codex.transcript import (
+    RolloutDecoder,
+    is_subagent_source,
+    read_codex_tail,
+    rollout_event,
+    tail_events,
+)
 from sidecar.producer import instant_ms
 from sidecar.spec import Stream, Streams
 from sidecar.transcripts import BackwardLines
@@ -140,7 +148,7 @@ def find_rollout(config: Rollout, now_ms: int, rejected: set[Path]) -> Candidate
             if meta is None:
                 continue  # perhaps not written yet: looked at again next time
             started = instant_ms(meta.get("timestamp"))
-            if started is None or started < oldest or _is_subagent(meta.get("source")):
+            if started is None or started < oldest or is_subagent_source(meta.get("source")):
                 rejected.add(path)
                 continue
             if config.cwd is not None and meta.get("cwd") != config.cwd:
@@ -151,41 +159,45 @@ def find_rollout(config: Rollout, now_ms: int, rejected: set[Path]) -> Candidate
     return best
 
 
-def held_rollouts(root_pid: int | None, sessions: Path) -> set[Path]:
-    """The rollout files under `sessions` that `root_pid` or a descendant holds open (any process,
-    for None); this process's own reads aside. Processes that end while looked at are skipped."""
+def held_rollouts(root_pid: int | None, sessions: Path, writer: int | None = None) -> dict[Path, tuple[int, int]]:
+    """The rollout files under `sessions` held open *for writing* by `root_pid` or a descendant (any
+    process, for None), each with its holder nearest the root (depth, pid); only `writer`'s, when given. A tool
+    the harness runs that opens another session's rollout to read it (`exec 3<FILE`) holds nothing
+    here; this process's own reads aside. Processes that end while looked at are skipped."""
     pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
-    if root_pid is not None:
-        pids = _descendants(root_pid, pids)
+    tree = _descendants(root_pid, pids) if root_pid is not None else dict.fromkeys(pids, 0)
     prefix = os.path.realpath(sessions) + os.sep
-    held: set[Path] = set()
-    for pid in pids:
-        if pid == os.getpid():
+    held: dict[Path, tuple[int, int]] = {}
+    for pid, depth in tree.items():
+        if pid == os.getpid() or (writer is not None and pid != writer):
             continue
-        for target in _open_files(pid):
+        for target in _written_files(pid):
             name = os.path.basename(target)
             if target.startswith(prefix) and name.startswith("rollout-") and name.endswith(".jsonl"):
-                held.add(Path(target))
+                path = Path(target)
+                if path not in held or (depth, pid) < held[path]:
+                    held[path] = (depth, pid)
     return held
 
 
-def _descendants(root_pid: int, pids: list[int]) -> list[int]:
-    """`root_pid` and every process below it, by the parents `/proc/<pid>/stat` names."""
+def _descendants(root_pid: int, pids: list[int]) -> dict[int, int]:
+    """`root_pid` and every process below it, by the parents `/proc/<pid>/stat` names, with their depth."""
     children: dict[int, list[int]] = {}
     for pid in pids:
         if (proc := proc_stat(pid)) is not None:
             children.setdefault(proc.parent, []).append(pid)
-    found: set[int] = set()
-    pending = [root_pid]
+    found: dict[int, int] = {}
+    pending = [(root_pid, 0)]
     while pending:
-        pid = pending.pop()
+        pid, depth = pending.pop()
         if pid not in found:  # a pid reused while looked at must not loop
-            found.add(pid)
-            pending.extend(children.get(pid, []))
-    return sorted(found)
+            found[pid] = depth
+            pending.extend((child, depth + 1) for child in children.get(pid, []))
+    return found
 
 
-def _open_files(pid: int) -> list[str]:
+def _written_files(pid: int) -> list[str]:
+    """What `pid`'s descriptors open for writing name (their flags in /proc/<pid>/fdinfo)."""
     try:
         fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:
@@ -193,14 +205,14 @@ def _open_files(pid: int) -> list[str]:
     targets = []
     for fd in fds:
         try:
+            with open(f"/proc/{pid}/fdinfo/{fd}", "rb") as info:
+                flags = next((line.split()[1] for line in info if line.startswith(b"flags:")), b"0")
+            if int(flags, 8) & os.O_ACCMODE == os.O_RDONLY:
+                continue
             targets.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
-        except OSError:
+        except (OSError, ValueError, IndexError):
             continue
     return targets
-
-
-def _is_subagent(source: object) -> bool:
-    return isinstance(source, dict) and "subagent" in source
 
 
 class RolloutFollower:
@@ -252,6 +264,9 @@ class _Seat:
     streams: Streams
     rejected: set[Path] = field(default_factory=set)
     held: set[Path] = field(default_factory=set)  # the rollouts the harness held at the last look
+    # The codex process itself (pid, start time): the nearest holder of the first rollout followed.
+    # Only its own rollouts are followed after that, never a file a tool it runs has open.
+    writer: tuple[int, int] | None = None
     path: Path | None = None
     follower: RolloutFollower | None = None
     stream: Stream | None = None  # the follower's bytes through its decoder, each event submitted
@@ -281,8 +296,16 @@ class _Seat:
         return Path(self.settings.codex_home) / "sessions"
 
     def _newly_held(self, root_pid: int) -> Candidate | None:
-        """The newest-started rollout the harness opened since the last look, not a subagent's."""
-        held = held_rollouts(root_pid, self._sessions())
+        """The newest-started rollout the codex process opened for writing since the last look, not a
+        subagent's; before the first, the one nearest the root of the harness's tree is that process."""
+        writer = self.writer
+        if writer is not None and ((proc := proc_stat(writer[0])) is None or proc.started != writer[1]):
+            writer = None  # it ended (a relaunched codex below the same wrapper): found again
+        holders = held_rollouts(root_pid, self._sessions(), None if writer is None else writer[0])
+        if writer is None and holders:
+            nearest = min(holders.values())[1]
+            holders = {path: holder for path, holder in holders.items() if holder[1] == nearest}
+        held = set(holders)
         newest: Candidate | None = None
         for path in held - self.held:
             meta = read_session_meta(path)
@@ -290,10 +313,12 @@ class _Seat:
                 held.discard(path)  # its header is not written yet: looked at again next time
                 continue
             started = instant_ms(meta.get("timestamp"))
-            if started is None or _is_subagent(meta.get("source")):
+            if started is None or is_subagent_source(meta.get("source")):
                 continue
             if newest is None or started > newest.started_at_ms:
                 newest = Candidate(path, str(meta.get("id") or ""), started)
+        if writer is None and newest is not None and (proc := proc_stat(pid := holders[newest.path][1])) is not None:
+            self.writer = (pid, proc.started)
         self.held = held
         return newest
 
@@ -342,7 +367,7 @@ class _Seat:
             # A session over before a look saw its rollout held (a `codex exec` of a fraction of a
             # second): the launch's rule, over the rollouts no live process holds, so another seat's
             # running session is never taken for this one.
-            found = find_rollout(self.settings, _now_ms(), self.rejected | held_rollouts(None, self._sessions()))
+            found = find_rollout(self.settings, _now_ms(), self.rejected | set(held_rollouts(None, self._sessions())))
             if found is not None:
                 self._follow(found)
         while self.read_some():

@@ -16,7 +16,8 @@ from typing import Any, Final, Literal
 
 from pydantic import ValidationError
 
-from guard.errors import FrameRejected
+from guard.errors import FrameRejected, MalformedFrame
+from guard.json_rule import loads_object
 from guard.record import round_half_up
 from sidecar.decoding import Dropped
 from sidecar.framing import Line, LineFramer, Oversized
@@ -26,6 +27,7 @@ from sidecar.harnesses.codex.events import (
     HarnessBuild,
     RateLimitsUpdated,
     RateWindow,
+    ThreadOpened,
     TokenUsage,
     event,
 )
@@ -37,7 +39,6 @@ from sidecar.transcripts import (
     ModelId,
     Percent,
     Tokens,
-    json_object,
 )
 
 __all__ = [
@@ -45,6 +46,7 @@ __all__ = [
     "RolloutDecoder",
     "RolloutEvent",
     "compacted_event",
+    "is_subagent_source",
     "line_timestamp",
     "oversized_rollout_event",
     "read_codex_tail",
@@ -164,10 +166,19 @@ def rollout_event(line: bytes, offset: int, thread_id: str) -> RolloutEvent | No
     however often the follower re-reads it.
     """
     if not any(marker in line for marker in _ROLLOUT_MARKERS):
-        return None
-    raw = json_object(line)
-    if raw is None:
-        return None
+        return None  # a tail read skips messages and tool output unparsed: most of a rollout
+    found = _rollout_line(line, offset, thread_id)
+    return None if isinstance(found, Dropped) else found
+
+
+def _rollout_line(line: bytes, offset: int, thread_id: str) -> RolloutEvent | Dropped | None:
+    """`rollout_event` for the `rollout` wire, which parses every line it is handed, so a line that
+    is no JSON object (the one rule) is a `Dropped` the follower counts, whatever it held. Live,
+    lines come one message at a time, and a resumed follower starts at the file's end."""
+    try:
+        raw = loads_object(line, error=MalformedFrame)
+    except MalformedFrame as exc:
+        return Dropped(f"rollout line: {exc}", ROLLOUT)
     try:
         entry = _RolloutLine.model_validate(raw)
     except ValidationError:
@@ -249,7 +260,7 @@ def _rate_limits(count: _TokenCount) -> RateLimitsUpdated | Dropped | None:
     try:
         windows = [
             None if w is None else event(RateWindow, _WINDOW_NAMES, used_percent=round_half_up(w.used_percent),
-                                               window_minutes=w.window_minutes)
+                                               window_minutes=w.window_minutes, resets_at_s=w.resets_at)
             for w in (limits.primary, limits.secondary)
         ]  # fmt: skip
         return RateLimitsUpdated(primary=windows[0], secondary=windows[1])
@@ -265,6 +276,7 @@ class RolloutDecoder:
 
     def __init__(self, thread_id: str | None = None, *, offset: int = 0, max_bytes: int = MAX_LINE_BYTES) -> None:
         self.thread_id = thread_id
+        self._opened = False
         self.framer = LineFramer(max_bytes, offset=offset, head_bytes=HEAD_BYTES)
 
     @property
@@ -292,17 +304,30 @@ class RolloutDecoder:
     def _line(self, line: Line | Oversized) -> list[object]:
         if isinstance(line, Oversized):
             return self._events(oversized_rollout_event(line.head, line.start, self._thread()))
-        return self._events(rollout_event(line.data, line.start, self._thread()))
+        found = _rollout_line(line.data, line.start, self._thread())
+        return [found] if isinstance(found, Dropped) else self._events(found)
 
     def _thread(self) -> str:
         return self.thread_id or "rollout"
 
     def _events(self, event: RolloutEvent | None) -> list[object]:
-        if event is None:
-            return []
-        if event.session is not None and self.thread_id is None and event.session.id:
+        opened: list[object] = []
+        if event is not None and event.session is not None and self.thread_id is None and event.session.id:
+            if is_subagent_source(event.session.source):
+                self._opened = True  # a subagent's rollout: its thread is never an agent's own
             self.thread_id = event.session.id
-        return list(event.events)
+        if not self._opened and self.thread_id is not None:
+            # The rollout a seat follows is its own thread's (the follower never follows a
+            # subagent's), and so is a replayed one whose session_meta names no parent.
+            self._opened = True
+            opened.append(ThreadOpened(thread_id=self.thread_id))
+        return opened if event is None else [*opened, *event.events]
+
+
+def is_subagent_source(source: object) -> bool:
+    """A rollout `session_meta.source` naming a spawning thread (`{"subagent": {"thread_spawn":
+    {"parent_thread_id": ...}}}` on 0.151.0 and 0.171.0): a subagent's rollout."""
+    return isinstance(source, dict) and "subagent" in source
 
 
 @dataclass(frozen=True)
@@ -362,10 +387,14 @@ def read_codex_tail(lines: BackwardLines, thread_id: str) -> CodexTail:
 
 def tail_events(tail: CodexTail) -> Iterable[tuple[int | None, object]]:
     """The session's build, the held rate limits, then the usage, so the one reading carries all;
-    each with the time its line says (None: the build's, which no reading takes)."""
+    each with the time its line says (None: the build's, which no reading takes). The usage's
+    thread is opened as the agent's own first, unless the session is a subagent's."""
     if tail.session is not None and (build := session_build(tail.session)) is not None:
         yield None, build
     if tail.rate_limits is not None and tail.rate_limits.rate_limits is not None:
         yield tail.rate_limits.at_ms, tail.rate_limits.rate_limits
+    usage = tail.usage.usage if tail.usage is not None else None
+    if isinstance(usage, TokenUsage) and not (tail.session is not None and is_subagent_source(tail.session.source)):
+        yield None, ThreadOpened(thread_id=usage.thread_id)  # a seat's own rollout: its thread is the agent's
     if tail.usage is not None and tail.usage.usage is not None:
         yield tail.usage.at_ms, tail.usage.usage

@@ -30,6 +30,14 @@ spec's v1 rule, DQ-C10), carrying the cost and cumulative tokens of its own sess
 (`sessionId`, issue 19), so a reader can tell two sessions' windows apart. `harnessVersion` is the
 session's own `version` (`session.updated`: the build that created the session).
 
+A child session is never the agent's (issue 28): the `task` tool runs a subagent in a session whose
+`session.created`/`session.updated` `info.parentID` names its parent (the parent's `task` tool
+part names it too, `state.metadata.sessionId` beside `parentSessionId`), and its turns arrive on
+the same stream, on the subagent's own model and window. Measured live on 1.18.25 and 1.18.33 with
+plain `opencode serve` (fixtures/opencode/delegation-*.events.sse): without this rule, each child's
+turn was the newest reading and became the agent's. So a child's turns, its compactions and a TUI
+told to show it change nothing of the record, whether or not a TUI selected a session.
+
 Which session a TUI shows is the TUI's own route; the server learns it only when it tells the TUI
 (`POST /tui/select-session` publishes `tui.session.select {sessionID}`, which the TUI obeys; measured
 on 1.18.33, live). Once it has, the record follows that session: other sessions' turns are held (the
@@ -63,12 +71,12 @@ from typing import Annotated, Any, Final, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from guard.errors import FrameRejected, MalformedFrame
+from guard.json_rule import loads, loads_object
 from guard.policy import Reading
 from guard.record import ContextFields, Count, Harness, describe_validation_error
-from sidecar import wire
 from sidecar.decoding import PROVIDERS, MessageDecoder, SseDecoder
-from sidecar.producer import Usd, harness_version, remember
-from sidecar.spec import Chunk, HarnessSpec
+from sidecar.producer import SubagentRoster, Usd, harness_version, remember
+from sidecar.spec import Chunk, HarnessSpec, recording_bytes
 
 __all__ = [
     "COMPACTIONS_REMEMBERED",
@@ -82,15 +90,19 @@ __all__ = [
     "MESSAGE_UPDATED",
     "OPENCODE_CONTEXT_VERIFIED_VERSIONS",
     "OUTPUT_TOKEN_MAX",
+    "PART_UPDATED",
     "PROVIDERS_WIRE",
     "SESSIONS_REMEMBERED",
     "SESSION_COMPACTED",
+    "SESSION_CREATED",
     "SESSION_UPDATED",
     "SPEC",
     "SSE_WIRE",
     "STALL_SECONDS",
+    "TASK_TOOL",
     "TUI_SESSION_SELECT",
     "WINDOWS_REMEMBERED",
+    "ChildSession",
     "CompactionSettings",
     "ConfigAnswer",
     "Id",
@@ -135,6 +147,9 @@ OUTPUT_TOKEN_MAX: Final = 32_000
 COMPACTION_RESERVED_CAP: Final = 20_000
 MESSAGE_UPDATED: Final = "message.updated"
 SESSION_UPDATED: Final = "session.updated"
+SESSION_CREATED: Final = "session.created"
+PART_UPDATED: Final = "message.part.updated"
+TASK_TOOL: Final = "task"
 SESSION_COMPACTED: Final = "session.compacted"
 TUI_SESSION_SELECT: Final = "tui.session.select"
 
@@ -185,6 +200,7 @@ class MessageInfo(_Wire):
     tokens: _MessageTokens | None = None
     # `{providerID, modelID}` on user messages; read only where the message names no model itself.
     model: Any = None
+    agent: Any = None  # the agent that answered (`general` in a `task` child): read, never typed
 
 
 class MessageUpdated(_Wire):
@@ -208,6 +224,7 @@ class _SessionTokens(_Wire):
 
 class SessionInfo(_Wire):
     id: Id
+    parent_id: Id | None = Field(default=None, alias="parentID")  # set on a `task` child session
     cost: Usd | None = None
     tokens: _SessionTokens | None = None
     version: Any = None  # read through `harness_version`, never typed: a bad one is null, not a drop
@@ -235,6 +252,49 @@ class TuiSessionSelect(_Wire):
     """`tui.session.select`: the server told its TUI to show this session."""
 
     session_id: Id = Field(alias="sessionID")
+
+
+@dataclass(frozen=True, slots=True)
+class ChildSession:
+    """A session the parent's `task` tool part names as the one it runs (`state.metadata`), and
+    whether that task is done (`state.status` completed or error)."""
+
+    session_id: str
+    parent_session_id: str
+    finished: bool = False
+
+
+class _TaskMetadata(_Wire):
+    session_id: Id = Field(alias="sessionId")
+    parent_session_id: Id = Field(alias="parentSessionId")
+
+
+class _TaskState(_Wire):
+    metadata: _TaskMetadata
+    status: str | None = None
+
+
+class _TaskPart(_Wire):
+    type: Annotated[str, Field(max_length=64, strict=True)]
+    tool: Annotated[str, Field(max_length=256, strict=True)]
+    state: _TaskState
+
+
+class _PartProperties(_Wire):
+    part: _TaskPart
+
+
+def _child_of_task_part(properties: object) -> ChildSession | None:
+    """The child a `task` tool part names, or None: any other part is nothing about occupancy, so
+    one that does not read as a task part is no drop."""
+    try:
+        part = _PartProperties.model_validate(properties).part
+    except (ValidationError, RecursionError):
+        return None
+    if part.type != "tool" or part.tool != TASK_TOOL:
+        return None
+    finished = part.state.status in ("completed", "error")
+    return ChildSession(part.state.metadata.session_id, part.state.metadata.parent_session_id, finished)
 
 
 @dataclass(frozen=True, slots=True)
@@ -401,8 +461,10 @@ def event_of(frame: dict[str, Any]) -> list[object]:
     envelope = _parse(_Envelope, frame, "frame")
     if envelope.type == MESSAGE_UPDATED:
         return [_parse(MessageUpdated, envelope.properties, MESSAGE_UPDATED)]
-    if envelope.type == SESSION_UPDATED:
-        return [_parse(SessionUpdated, envelope.properties, SESSION_UPDATED)]
+    if envelope.type in (SESSION_UPDATED, SESSION_CREATED):
+        return [_parse(SessionUpdated, envelope.properties, envelope.type)]
+    if envelope.type == PART_UPDATED and (child := _child_of_task_part(envelope.properties)) is not None:
+        return [child]
     if envelope.type == SESSION_COMPACTED:
         compacted = _parse(_CompactedProperties, envelope.properties, SESSION_COMPACTED)
         return [SessionCompacted(envelope.id, compacted.session_id)]
@@ -413,18 +475,18 @@ def event_of(frame: dict[str, Any]) -> list[object]:
 
 def parse_event(data: bytes) -> list[object]:
     """The data of one SSE event (`sse` wire)."""
-    return event_of(wire.json_object(data))
+    return event_of(loads_object(data, error=MalformedFrame))
 
 
 def parse_providers(data: bytes) -> list[object]:
     """One `GET /config/providers` answer body (`providers` wire)."""
-    payload = wire.loads(data)
+    payload = loads(data, error=MalformedFrame)
     return [ProvidersAnswer(windows_from_providers(payload), limits_from_providers(payload))]
 
 
 def parse_config(data: bytes) -> list[object]:
     """One `GET /config` answer body (`config` wire): its `compaction` block is all that is read."""
-    payload = wire.loads(data)
+    payload = loads(data, error=MalformedFrame)
     try:
         return [ConfigAnswer(_Config.model_validate(payload))]
     except ValidationError:
@@ -488,7 +550,7 @@ class _Turn:
 
 
 OpenCodeEvent = (
-    MessageUpdated | SessionUpdated | SessionCompacted | TuiSessionSelect | OtherEvent
+    MessageUpdated | SessionUpdated | SessionCompacted | TuiSessionSelect | ChildSession | OtherEvent
     | ProvidersAnswer | ConfigAnswer | OutputTokenMax
 )  # fmt: skip
 
@@ -509,6 +571,8 @@ class OpenCodeProducer:
         self._turns: OrderedDict[str, _Turn] = OrderedDict()  # the newest turn of each session
         self._shown: str | None = None  # the session the server last told its TUI to show
         self._sessions: OrderedDict[str, _SessionFacts] = OrderedDict()
+        self._children: OrderedDict[str, str] = OrderedDict()  # a `task` child session -> its parent
+        self.subagents = SubagentRoster()
         self._landed: OrderedDict[tuple[str | None, str], int] = OrderedDict()
         self._counted_compactions: OrderedDict[str, None] = OrderedDict()
 
@@ -527,9 +591,18 @@ class OpenCodeProducer:
         if isinstance(event, SessionUpdated):
             self._session(event.info)
             return []
+        if isinstance(event, ChildSession):
+            remember(self._children, event.session_id, event.parent_session_id, SESSIONS_REMEMBERED)
+            return self._subagent(event.session_id, now_ms, state="finished" if event.finished else "running")
         if isinstance(event, SessionCompacted):
+            if event.session_id in self._children:
+                # A subagent's window compacted, not the agent's: counted on its row.
+                row = self.subagents.get(event.session_id)
+                return self._subagent(event.session_id, now_ms, compactions=(row.compactions or 0) + 1 if row else 1)
             return self._compacted(event.event_id, now_ms)
         if isinstance(event, TuiSessionSelect):
+            if event.session_id in self._children:
+                return []  # a TUI showing a subagent's session: still not the agent's numbers
             return self._select(event.session_id)
         if isinstance(event, ProvidersAnswer):
             self.catalog.learn(event.windows)
@@ -556,6 +629,8 @@ class OpenCodeProducer:
         if total is None or total == 0 or key is None:
             return []  # creation frame or a provider that reported no usage: no reading at all
         session_id = info.session_id or properties.session_id
+        if session_id is not None and session_id in self._children:
+            return self._child_turn(session_id, info, key, total, now_ms)  # never the agent's numbers
         landed = (session_id, info.id)
         if self._landed.get(landed) == total:
             return []  # the duplicated completion frame
@@ -567,6 +642,25 @@ class OpenCodeProducer:
             return []  # not the session the TUI was told to show: held for when it is
         self._turn = turn
         return [Reading(self._snapshot(turn))]
+
+    def _child_turn(self, session_id: str, info: MessageInfo, key: ModelKey, total: int, now_ms: int) -> list[Reading]:
+        """A `task` child's completed turn: its own row, on its own model's window."""
+        window = self.catalog.window(key)
+        name = info.agent if isinstance(info.agent, str) else None
+        return self._subagent(
+            session_id, now_ms, used_tokens=total, window_tokens=window, model=model_spelling(key),
+            used_percent=None if window is None else total * 100 / window,
+            window_source=None if window is None else "harness", name=name,
+        )  # fmt: skip
+
+    def _subagent(self, session_id: str, now_ms: int, **fields: Any) -> list[Reading]:
+        """The record with one subagent's row changed; the parent's numbers and time as held."""
+        row = self.subagents.get(session_id)
+        start = {} if row is not None else {"compactions": 0}  # OpenCode states a session's compactions
+        if not self.subagents.update(session_id, now_ms, **start, observed_at_ms=now_ms, **fields):
+            return []
+        self.last_reading = self.subagents.onto(self.last_reading, self.harness, now_ms)
+        return [Reading(self.last_reading)]
 
     def _select(self, session_id: str) -> list[Reading]:
         """The TUI now shows `session_id`: its newest turn, with that turn's own time, if one landed."""
@@ -598,6 +692,7 @@ class OpenCodeProducer:
             session_id=turn.session_id,
             compact_at_tokens=compact_at,
             auto_compaction=auto_compaction,
+            subagents=self.subagents.rows(),
             observed_at_ms=turn.observed_at_ms,
         )
         self.last_reading = fields
@@ -623,6 +718,8 @@ class OpenCodeProducer:
             total = tokens.input + tokens.output + tokens.reasoning + tokens.cache.read + tokens.cache.write
         facts = _SessionFacts(info.cost, total, harness_version(info.version))
         remember(self._sessions, info.id, facts, SESSIONS_REMEMBERED)
+        if info.parent_id is not None and info.id not in self._children:
+            remember(self._children, info.id, info.parent_id, SESSIONS_REMEMBERED)
 
     def _compacted(self, event_id: str | None, now_ms: int) -> list[Reading]:
         if event_id is not None:
@@ -674,7 +771,7 @@ def read_recording(paths: Sequence[Path]) -> Iterator[Chunk]:
     A line that is none of these goes on as an SSE event of its own, for the decoder to drop.
     """
     for path in paths:
-        yield from recording_chunks(path.read_bytes())
+        yield from recording_chunks(recording_bytes(path))
 
 
 def recording_chunks(data: bytes) -> Iterator[Chunk]:
@@ -711,7 +808,7 @@ def recording_chunks(data: bytes) -> Iterator[Chunk]:
 
 def _json_or_none(data: bytes) -> object:
     try:
-        return wire.loads(data)
+        return loads(data, error=MalformedFrame)
     except MalformedFrame:
         return None
 

@@ -56,7 +56,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
-from guard.errors import FrameRejected, UnknownHarness
+from guard.errors import FrameRejected, MalformedFrame, UnknownHarness
+from guard.json_rule import loads_object
 from guard.policy import Reading
 from guard.record import (
     COMPACTION_TRIGGERS,
@@ -66,10 +67,9 @@ from guard.record import (
     Harness,
     describe_validation_error,
 )
-from sidecar import wire
 from sidecar.decoding import CHANNEL
 from sidecar.producer import Percent, Usd, harness_version, instant_ms, optional_model
-from sidecar.spec import Chunk, HarnessSpec
+from sidecar.spec import Chunk, HarnessSpec, recording_bytes
 
 __all__ = [
     "EMITTING_EVENTS",
@@ -319,7 +319,7 @@ def read_recording(paths: Sequence[Path]) -> Iterator[Chunk]:
       the real builds.
     """
     for path in paths:
-        yield from recorded_chunks(path.read_bytes())
+        yield from recorded_chunks(recording_bytes(path))
 
 
 def recorded_chunks(data: bytes) -> Iterator[Chunk]:
@@ -329,7 +329,7 @@ def recorded_chunks(data: bytes) -> Iterator[Chunk]:
     for index, line in enumerate(lines):
         sent = line if index == len(lines) - 1 else line + b"\n"  # a cut tail stays cut
         try:
-            item = wire.json_object(line) if line.strip() else None
+            item = loads_object(line, error=MalformedFrame) if line.strip() else None
         except FrameRejected:
             item = None
         if item is not None and "event" in item and "type" not in item:

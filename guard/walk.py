@@ -1,0 +1,114 @@
+"""Directories of the catalog opened component by component with O_NOFOLLOW and used through
+their descriptors (`open_chain`, the one such walk, which the readers share), so a symlink anywhere
+in the ancestry is refused rather than followed and cannot be swapped in between the check and the
+rename."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+from guard.constants import AGENTS_DIR_NAME, CONTROL_DIR_NAME, LOGS_DIR_NAME, STAGING_DIR_NAME
+from guard.errors import CatalogError
+from guard.layout import AgentDir, staging_dir
+
+__all__ = [
+    "agent_dirs",
+    "device_of",
+    "open_append",
+    "open_chain",
+    "open_logs_dir",
+]
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def open_logs_dir(catalog: Path) -> int:
+    """`<catalog>/.st2/logs`, created, opened without following a symlink at any step."""
+    return open_chain(catalog, (CONTROL_DIR_NAME, LOGS_DIR_NAME), create=True)
+
+
+def open_append(dir_fd: int, name: str) -> int:
+    """A regular file in `dir_fd` opened to append, created if absent; never a symlink, never a FIFO
+    (which would block the opener), never anything else."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(name, flags, 0o644, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENXIO):
+            raise CatalogError(f"{name} is not a regular file (symlink or FIFO); refusing") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise CatalogError(f"{name} is not a regular file; refusing")
+    return fd
+
+
+def _open_dir(parent_fd: int | None, name: str, path: Path, *, create: bool) -> int:
+    if create:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(name, 0o755, dir_fd=parent_fd)
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise CatalogError(f"{path} is not a real directory (symlink or file); refusing") from None
+        raise
+
+
+def open_chain(root: Path, components: tuple[str, ...], *, create: bool = False, parent_fd: int | None = None) -> int:
+    """Open `root/components...` without following a symlink at any step; the caller closes.
+
+    A component that is a symlink or a file is a CatalogError; anything else the system refuses
+    (absent, permission) is its own OSError. With `parent_fd`, the walk starts at that already
+    open directory (`root` is then its path, for messages), which stays open.
+    """
+    root = Path(os.path.abspath(root))
+    if parent_fd is None:
+        if create:
+            os.makedirs(root, mode=0o755, exist_ok=True)
+        # The catalog root is the user's to place (a symlinked ~/.local/state is common); everything
+        # below it, the replicated ancestry and the staging directory, must be real directories.
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    else:
+        fd = parent_fd
+    path = root
+    try:
+        for name in components:
+            path = path / name
+            child = _open_dir(fd, name, path, create=create)
+            if fd != parent_fd:
+                os.close(fd)
+            fd = child
+    except BaseException:
+        if fd != parent_fd:
+            os.close(fd)
+        raise
+    return fd
+
+
+@contextlib.contextmanager
+def agent_dirs(agent: AgentDir, *, create: bool) -> Iterator[tuple[int, int]]:
+    """The agent directory and its staging directory, both checked, on the same device."""
+    agent_fd = open_chain(agent.catalog, (AGENTS_DIR_NAME, agent.host, agent.identity), create=create)
+    try:
+        staging_fd = open_chain(agent.catalog, (CONTROL_DIR_NAME, STAGING_DIR_NAME), create=create)
+        try:
+            if device_of(staging_fd) != device_of(agent_fd):
+                raise CatalogError(
+                    f"{staging_dir(agent.catalog)} and {agent.path} are on different filesystems; "
+                    "an atomic rename between them is impossible, so nothing is written"
+                )
+            yield agent_fd, staging_fd
+        finally:
+            os.close(staging_fd)
+    finally:
+        os.close(agent_fd)
+
+
+def device_of(fd: int) -> int:
+    return os.fstat(fd).st_dev

@@ -1,0 +1,158 @@
+"""`hctx wrap --record`: the recorder's bounds, the wrapper's refusals, and `hctx replay FILE`
+running a recording through the live driver (sidecar.replay.replay_recording)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+import trio.lowlevel
+
+import guard
+from sidecar import recorder
+from sidecar.recorder import FORMAT, Recorder, create_recording
+from sidecar.registry import HarnessSpec, spec_for
+from sidecar.replay import replay_recording
+from tests.wrapping import log_events, run, wrap_argv
+
+DEMO = Path(__file__).resolve().parent.parent / "sidecar" / "assets" / "demo"
+
+
+def _lines(path: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in path.read_bytes().splitlines()]
+
+
+async def test_a_full_queue_drops_chunks_and_one_gap_line_counts_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(recorder, "QUEUE_BYTES", 10)
+    path = tmp_path / "r"
+    rec = Recorder(create_recording(path), {"format": FORMAT})
+    stream = rec.new_stream()
+    for index in range(5):  # the writer task is not running: nothing leaves the queue
+        rec.chunk(index, "channel", stream, b"abcd")  # 4 bytes: two fit, three are lost
+    rec.chunk(9, "channel", stream, b"")  # nothing offered: no line, no loss
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(rec.run)
+        with trio.fail_after(10):
+            while len(path.read_bytes().splitlines()) < 3:  # noqa: ASYNC110 (a file fills: no event to wait on)
+                await trio.sleep(0.01)
+        rec.chunk(10, "channel", stream, b"late")  # room again: the gap is said before it
+        rec.close()
+    lines = _lines(path)
+    assert lines[0] == {"format": FORMAT}
+    assert [base64.b64decode(str(line["b64"])) for line in lines[1:3]] == [b"abcd", b"abcd"]
+    assert lines[3] == {"at_ms": 10, "gap": {"chunks": 3, "bytes": 12}}
+    assert lines[4] == {"at_ms": 10, "wire": "channel", "stream": stream, "b64": base64.b64encode(b"late").decode()}
+    assert len(lines) == 5
+
+
+async def test_the_byte_cap_ends_the_file_with_one_truncated_line(tmp_path: Path) -> None:
+    path = tmp_path / "r"
+    rec = Recorder(create_recording(path), {"format": FORMAT}, cap_bytes=300)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(rec.run)
+        for index in range(100):
+            rec.chunk(index, "channel", 1, b"x" * 40)
+            await trio.lowlevel.checkpoint()
+        rec.close()
+    lines = _lines(path)
+    assert lines[-1] == {"truncated": {"cap_bytes": 300, "written_bytes": _size_before_last(path)}}
+    assert sum(1 for line in lines if "truncated" in line) == 1
+    assert 2 <= len(lines) < 10  # the header, a few chunks, the line that says so: nothing past the cap
+
+
+def _size_before_last(path: Path) -> int:
+    data = path.read_bytes()
+    return len(data) - len(data.splitlines(keepends=True)[-1])
+
+
+def test_a_new_recording_is_refused_over_a_file_or_a_symlink(tmp_path: Path) -> None:
+    (tmp_path / "exists").write_bytes(b"mine")
+    (tmp_path / "link").symlink_to(tmp_path / "target")
+    for name in ("exists", "link"):
+        with pytest.raises(FileExistsError):
+            create_recording(tmp_path / name)
+    assert (tmp_path / "exists").read_bytes() == b"mine" and not (tmp_path / "target").exists()
+    create_recording(tmp_path / "new").close()
+    assert (tmp_path / "new").stat().st_mode & 0o777 == 0o600
+
+
+def test_wrap_refuses_a_record_path_it_cannot_own(tmp_path: Path) -> None:
+    (tmp_path / "exists").write_bytes(b"mine")
+    (tmp_path / "link").symlink_to(tmp_path / "target")
+    cases = {"exists": "exists; hctx records into a new file", "link": "is a symlink",
+             "no/such/file": "its directory"}  # fmt: skip
+    for name, said in cases.items():
+        argv = wrap_argv(tmp_path / "cat", "a", "claude", "true", extra=("--record", str(tmp_path / name)))
+        result = run(argv)
+        assert result.returncode == 2 and said in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert (tmp_path / "exists").read_bytes() == b"mine" and not (tmp_path / "target").exists()
+
+
+def test_a_wrapped_session_recorded_replays_to_the_writes_its_sidecar_logged(tmp_path: Path) -> None:
+    """The demo's stand-in plays a real Claude capture through the real tee under `hctx wrap
+    --record`; `hctx replay FILE` of what it recorded prints the writes the sidecar logged."""
+    catalog, recording = tmp_path / "cat", tmp_path / "session.rec"
+    standin = [sys.executable, "-m", "sidecar.demo_standin", "--harness", "claude", "--duration", "2",
+               "sessionstart-2.1.332.jsonl", "statusline-2.1.332.jsonl", "precompact-2.1.332.jsonl",
+               "postcompact-2.1.332.jsonl"]  # fmt: skip
+    result = run(wrap_argv(catalog, "rec", "claude", *standin, extra=("--record", str(recording))), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    lived = [event for event in log_events(catalog, "rec") if event.get("event") == "write"]
+    replayed = run([sys.executable, "-m", "wrapper.cli", "replay", str(recording)])
+    assert replayed.returncode == 0, replayed.stderr
+    writes = [json.loads(line) for line in replayed.stdout.splitlines()]
+    keys = ("reason", "usedTokens", "windowTokens", "usedPercent", "compactions")
+    assert [tuple(w[key] for key in keys) for w in writes] == [tuple(e[key] for key in keys) for e in lived]
+    assert any(write["compactions"] == 1 for write in writes) and len(writes) >= 2
+    header = _lines(recording)[0]
+    assert (header["format"], header["harness"], header["hctx"]) == (FORMAT, "claude", guard.__version__)
+
+
+class _Boom:
+    """A decoder with a bug: it raises on any bytes."""
+
+    def receive_data(self, data: bytes) -> list[object]:
+        raise RuntimeError(f"a decoder bug on {data!r}")
+
+    def end_of_data(self) -> list[object]:
+        return []
+
+
+def _recording(tmp_path: Path, harness: str, *entries: dict[str, object]) -> Path:
+    path = tmp_path / "r"
+    header = {"format": FORMAT, "harness": harness, "hctx": guard.__version__, "started_ms": 1000}
+    path.write_text("".join(json.dumps(entry) + "\n" for entry in (header, *entries)))
+    return path
+
+
+def test_a_decoder_that_raises_is_a_counted_drop_in_replay_as_live(tmp_path: Path) -> None:
+    base = spec_for("claude")
+    spec = HarnessSpec(name="claude", make_producer=base.make_producer, channel_frames=base.channel_frames,
+                       decoders={"boom": _Boom}, read_recording=base.read_recording,
+                       verified_versions=(), launch=base.launch)  # fmt: skip
+    data = base64.b64encode(b"boom").decode()
+    path = _recording(tmp_path, "claude", {"at_ms": 1001, "wire": "boom", "stream": 1, "b64": data})
+    writes, summary = replay_recording(spec, path)
+    assert writes == [] and not summary.problems
+    assert summary.drops == {"boom": 1}  # the live Stream's catch, counted by the pipeline, not a traceback
+
+
+def test_replay_of_a_damaged_recording_says_which_lines_and_exits_1(tmp_path: Path) -> None:
+    path = _recording(tmp_path, "pi", {"at_ms": 1001, "wire": "nope", "stream": 1, "b64": "AA=="},
+                      {"at_ms": 1002, "wire": "channel", "stream": 1, "b64": "!!"})  # fmt: skip
+    with path.open("ab") as file:
+        file.write(b'{"torn": ')
+    result = run([sys.executable, "-m", "wrapper.cli", "replay", str(path)])
+    assert result.returncode == 1 and result.stdout == ""
+    assert "line 2: no wire of the pi harness: 'nope'" in result.stderr
+    assert "line 3: its b64 is not base64" in result.stderr and "line 4: malformed JSON" in result.stderr
+    wrong = run([sys.executable, "-m", "wrapper.cli", "replay", "--harness", "claude", str(path)])
+    assert wrong.returncode == 2 and "a recording of 'pi', not of 'claude'" in wrong.stderr
+    capture = run([sys.executable, "-m", "wrapper.cli", "replay", str(DEMO / "statusline-2.1.332.jsonl")])
+    assert capture.returncode == 2 and "--harness is needed" in capture.stderr  # a capture has no header

@@ -1,0 +1,411 @@
+"""Issue 28: the parent's record never carries a subagent's numbers, on recordings of real delegations.
+
+The recordings are the real binaries' wire bytes, verbatim, from tests/live/test_subagents_live.py
+(`HCTX_DELEGATION_RECORD_DIR=fixtures`): Codex 0.151.0 and 0.171.0 spawning two children in
+parallel and then one (`spawn_agent`, `wait_agent`), the app-server's stdout; OpenCode 1.18.25 and
+1.18.33 running the `task` tool twice in parallel and then once, its children on another model
+(`fake-small`, a 64,000-token window), the `/event` stream and the `GET /config/providers` answer.
+Each test states the parent's number that must be published and the child's that must not.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from guard_factory import SPEC_KEY_ORDER
+from pydantic import ValidationError
+
+from guard.policy import Write
+from guard.projection import MAX_RECORD_BYTES
+from guard.record import MAX_SUBAGENTS, HarnessContext, Subagent, parse_record
+from sidecar.harnesses.codex import producer as codex
+from sidecar.harnesses.codex.events import ThreadOpened, TokenUsage
+from sidecar.harnesses.codex.transcript import RolloutDecoder
+from sidecar.harnesses.opencode import producer as opencode
+from sidecar.replay import replay
+from tests.conftest import FIXTURE_ROOT
+
+CODEX_VERSIONS = ("0.151.0", "0.171.0")
+OPENCODE_VERSIONS = ("1.18.25", "1.18.33")
+# What the fakes told each side it spent (tests/live/test_subagents_live.py).
+CODEX_PARENT = {30_500, 32_066, 32_600, 33_662, 34_100, 34_300, 35_500}
+CODEX_CHILDREN = {17_472, 22_078, 26_370}
+OPENCODE_PARENT = {30_100, 31_200, 32_100, 33_300}
+OPENCODE_CHILDREN = {12_345, 15_678, 18_900}
+
+
+def codex_recording(version: str) -> Path:
+    return FIXTURE_ROOT / "codex" / f"codex-{version}-delegation.jsonl"
+
+
+def codex_usage(version: str) -> list[dict[str, Any]]:
+    return [
+        message["params"]
+        for line in codex_recording(version).read_bytes().splitlines()
+        if (message := json.loads(line)).get("method") == "thread/tokenUsage/updated"
+    ]
+
+
+def codex_writes(version: str) -> list[Write]:
+    return list(replay(codex.SPEC, codex.SPEC.read_recording([codex_recording(version)])))
+
+
+@pytest.mark.parametrize("version", CODEX_VERSIONS)
+def test_the_codex_recording_is_a_real_delegation(version: str) -> None:
+    """The premise: three children's readings on the parent's connection, under their own ids, and
+    no `thread/started` for any of them."""
+    usage = codex_usage(version)
+    started = [
+        json.loads(line)["params"]["thread"]["id"]
+        for line in codex_recording(version).read_bytes().splitlines()
+        if b'"method":"thread/started"' in line
+    ]
+    assert len(started) == 1
+    by_thread: dict[str, set[int]] = {}
+    for params in usage:
+        by_thread.setdefault(params["threadId"], set()).add(params["tokenUsage"]["last"]["totalTokens"])
+    assert by_thread.pop(started[0]) == CODEX_PARENT
+    assert len(by_thread) == 3 and set().union(*by_thread.values()) == CODEX_CHILDREN
+
+
+@pytest.mark.parametrize("version", CODEX_VERSIONS)
+def test_codex_publishes_the_parents_numbers_and_never_a_childs(version: str) -> None:
+    writes = codex_writes(version)
+    written = [write.record.used_tokens for write in writes]
+    assert set(written) <= CODEX_PARENT
+    assert not set(written) & CODEX_CHILDREN  # 17,472, 22,078 and 26,370 never the agent's
+    final = writes[-1].record
+    # The parent's last reading, with the parent thread's own total (never a child's 26,370).
+    assert (final.used_tokens, final.session_total_tokens, final.used_percent) == (35_500, 232_728, 13)
+
+
+def test_a_codex_thread_never_opened_as_the_agents_is_no_reading() -> None:
+    producer = codex.CodexProducer()
+    usage = TokenUsage(thread_id="child", tokens_in_window=17_472, session_total_tokens=17_472, context_window=190_000)
+    assert producer.feed(usage, 1) == []
+    producer.feed(ThreadOpened(thread_id="parent"), 2)
+    assert producer.feed(usage, 3) == []
+    [reading] = producer.feed(usage.model_copy(update={"thread_id": "parent", "tokens_in_window": 32_066}), 4)
+    assert reading.fields.used_tokens == 32_066
+
+
+def test_a_thread_naming_a_parent_is_not_opened_as_the_agents() -> None:
+    child = {"method": "thread/started", "params": {"thread": {"id": "c", "parentThreadId": "p"}}}
+    parent = {"method": "thread/started", "params": {"thread": {"id": "p", "parentThreadId": None}}}
+    resumed = {"id": 4, "result": {"thread": {"id": "r"}}}
+    assert [e for e in codex.parse_message(json.dumps(child).encode()) if isinstance(e, ThreadOpened)] == []
+    assert ThreadOpened(thread_id="p") in codex.parse_message(json.dumps(parent).encode())
+    assert ThreadOpened(thread_id="r") in codex.parse_message(json.dumps(resumed).encode())
+
+
+def rollout(source: object) -> bytes:
+    meta = {
+        "timestamp": "2026-12-01T22:00:00.000Z",
+        "type": "session_meta",
+        "payload": {"id": "t1", "timestamp": "2026-12-01T22:00:00.000Z", "cwd": "/w", "source": source},
+    }
+    usage = {"timestamp": "2026-12-01T22:00:03.000Z", "type": "event_msg", "payload": {"type": "token_count",
+             "info": {"total_token_usage": {"total_tokens": 17472}, "last_token_usage": {"total_tokens": 17472},
+                      "model_context_window": 190000}, "rate_limits": None}}  # fmt: skip
+    return b"".join(json.dumps(line).encode() + b"\n" for line in (meta, usage))
+
+
+@pytest.mark.parametrize(
+    ("source", "published"),
+    [("cli", [17_472]), ({"subagent": {"thread_spawn": {"parent_thread_id": "p", "depth": 1}}}, [])],
+)
+def test_a_replayed_subagent_rollout_is_never_an_agents_reading(source: object, published: list[int]) -> None:
+    producer = codex.CodexProducer()
+    events = RolloutDecoder().receive_data(rollout(source))
+    assert [r.fields.used_tokens for e in events for r in producer.feed(e, 1)] == published
+
+
+def opencode_writes(version: str) -> list[Write]:
+    folder = FIXTURE_ROOT / "opencode" / "delegation"
+    paths = [folder / f"delegation-{version}.providers.json", folder / f"delegation-{version}.events.sse"]
+    return list(replay(opencode.SPEC, opencode.SPEC.read_recording(paths)))
+
+
+def opencode_frames(version: str) -> list[dict[str, Any]]:
+    data = (FIXTURE_ROOT / "opencode" / "delegation" / f"delegation-{version}.events.sse").read_bytes()
+    return [json.loads(line[5:]) for line in data.split(b"\n") if line.startswith(b"data:")]
+
+
+@pytest.mark.parametrize("version", OPENCODE_VERSIONS)
+def test_the_opencode_recording_is_a_real_delegation(version: str) -> None:
+    frames = opencode_frames(version)
+    children = {
+        f["properties"]["info"]["id"]
+        for f in frames
+        if f["type"] == "session.created" and f["properties"]["info"].get("parentID")
+    }
+    child_totals = {
+        f["properties"]["info"]["tokens"]["total"]
+        for f in frames
+        if f["type"] == "message.updated"
+        and f["properties"]["info"]["sessionID"] in children
+        and "total" in f["properties"]["info"].get("tokens", {})
+    }
+    assert len(children) == 3 and child_totals == OPENCODE_CHILDREN
+
+
+@pytest.mark.parametrize("version", OPENCODE_VERSIONS)
+def test_opencode_publishes_the_parents_numbers_and_never_a_task_sessions(version: str) -> None:
+    writes = opencode_writes(version)
+    # Before the parent's first turn completes its children's rows are written beside a parent
+    # reading that is all null (none was taken), never one of theirs.
+    early = [w.record for w in writes if w.record.used_tokens is None]
+    assert all((r.window_tokens, r.model, r.used_percent) == (None, None, None) and r.subagents for r in early)
+    records = [write.record for write in writes if write.record.used_tokens is not None]
+    assert {r.used_tokens for r in records} <= OPENCODE_PARENT
+    assert not {r.used_tokens for r in records} & OPENCODE_CHILDREN
+    # Never the child's model or its 64,000-token window.
+    assert {(r.model, r.window_tokens) for r in records} == {("fake/fake-model", 128_000)}
+    assert len({r.session_id for r in records}) == 1
+    assert records[-1].used_tokens == 33_300
+
+
+def test_an_opencode_child_named_only_by_the_task_part_is_not_the_parent() -> None:
+    """A stream joined after the child's `session.created`: the parent's `task` part names it."""
+    producer = opencode.OpenCodeProducer()
+    part = {"id": "e1", "type": "message.part.updated", "properties": {"part": {
+        "type": "tool", "tool": "task", "sessionID": "p",
+        "state": {"status": "running", "metadata": {"sessionId": "c", "parentSessionId": "p"}}}}}  # fmt: skip
+    for event in opencode.parse_event(json.dumps(part).encode()):
+        producer.feed(event, 1)  # type: ignore[arg-type]
+    message = {"id": "e2", "type": "message.updated", "properties": {"info": {
+        "id": "m", "role": "assistant", "sessionID": "c", "providerID": "fake", "modelID": "small",
+        "tokens": {"total": 12_345}}}}  # fmt: skip
+    compacted = {"id": "e3", "type": "session.compacted", "properties": {"sessionID": "c"}}
+    for frame in (message, compacted):
+        for event in opencode.parse_event(json.dumps(frame).encode()):
+            for reading in producer.feed(event, 2):  # type: ignore[arg-type]
+                assert (reading.fields.used_tokens, reading.fields.compactions) == (None, 0)  # the parent's
+    assert producer.compactions == 0 and producer.last_reading is not None
+    [row] = producer.last_reading.subagents  # the child's own: its turn and its compaction
+    assert (row.id, row.used_tokens, row.compactions, row.state) == ("c", 12_345, 1, "running")
+
+
+# ---- the record's additive `subagents` -------------------------------------------------------------
+
+
+def subagent_row(number: int, **fields: Any) -> Subagent:
+    values: dict[str, Any] = {"id": f"child-{number}", "used_tokens": 17_472, "window_tokens": 190_000,
+                              "used_percent": 4.0, "window_source": "harness", "state": "running",
+                              "observed_at_ms": 1_000 + number} | fields  # fmt: skip
+    return Subagent(**values)
+
+
+def parent_record(*rows: Subagent) -> HarnessContext:
+    return HarnessContext(harness="codex", agent="a", incarnation="i", used_tokens=32_066, window_tokens=190_000,
+                          used_percent=12.0, subagents=rows, observed_at_ms=900, written_at_ms=950)  # fmt: skip
+
+
+def test_a_record_without_subagents_writes_the_bytes_it_wrote_before() -> None:
+    data = parent_record().to_json()
+    assert "subagents" not in json.loads(data)
+    assert list(json.loads(data)) == list(SPEC_KEY_ORDER)
+
+
+def test_a_v1_reader_reads_a_record_with_subagents_exactly_as_before() -> None:
+    with_rows = parent_record(subagent_row(1), subagent_row(2, state="finished"))
+    data = json.loads(with_rows.to_json())
+    assert [row["id"] for row in data["subagents"]] == ["child-1", "child-2"]
+    # A reader that knows nothing of the key ignores it (the record's models ignore unknown keys,
+    # as v1's did): the parent's fields read the same with or without it.
+    assert HarnessContext.model_config["extra"] == "ignore"
+    without = {key: value for key, value in data.items() if key != "subagents"}
+    assert parse_record(json.dumps(without)) == with_rows.model_copy(update={"subagents": ()})
+    assert parse_record(with_rows.to_json()) == with_rows
+
+
+def test_the_newest_sixteen_stay_under_the_record_limit() -> None:
+    longest = "x" * 128
+    rows = [subagent_row(n, id=f"{n:03d}{longest}"[:128], name=longest, model=longest) for n in range(MAX_SUBAGENTS)]
+    assert len(parent_record(*rows).to_json().encode()) < MAX_RECORD_BYTES // 4
+    with pytest.raises(ValidationError):
+        parent_record(*rows, subagent_row(99))
+
+
+@pytest.mark.parametrize("hostile", ["child\x1b[2J", "a\nb", "\x00", "x\x7f", "\x9b31m", ""])
+def test_a_subagent_id_or_type_with_control_characters_is_refused(hostile: str) -> None:
+    with pytest.raises(ValidationError):
+        subagent_row(1, id=hostile)
+    with pytest.raises(ValidationError):
+        subagent_row(1, name=hostile)
+
+
+# ---- each subagent's own row, from its own channel --------------------------------------------------
+
+
+def writes_without_rows(harness: str, version: str) -> int:
+    """The same recording's writes with no subagent row ever published (the producer's readings
+    stripped of them): what the session wrote before issue 28's rows."""
+    import dataclasses
+
+    from sidecar.registry import spec_for
+
+    spec = spec_for(harness)
+
+    class WithoutRows:
+        def __init__(self) -> None:
+            self.inner = spec.make_producer()
+            self.harness = self.inner.harness
+
+        def feed(self, event: Any, now_ms: int) -> list[Any]:
+            return [dataclasses.replace(r, fields=r.fields.model_copy(update={"subagents": ()}))
+                    for r in self.inner.feed(event, now_ms)]  # fmt: skip
+
+    plain = dataclasses.replace(spec, make_producer=WithoutRows)
+    if harness == "codex":
+        paths = [codex_recording(version)]
+    else:
+        folder = FIXTURE_ROOT / "opencode" / "delegation"
+        paths = [folder / f"delegation-{version}.providers.json", folder / f"delegation-{version}.events.sse"]
+    return len(list(replay(plain, spec.read_recording(paths))))
+
+
+@pytest.mark.parametrize("version", CODEX_VERSIONS)
+def test_codex_rows_are_each_childs_own_numbers_and_finish(version: str) -> None:
+    usage = codex_usage(version)
+    started = {p["threadId"] for p in usage} - {
+        t for t in {p["threadId"] for p in usage} if {17_472, 22_078, 26_370} & {
+            q["tokenUsage"]["last"]["totalTokens"] for q in usage if q["threadId"] == t}
+    }  # fmt: skip
+    writes = codex_writes(version)
+    final = writes[-1].record
+    rows = {row.id: row for row in final.subagents}
+    own = {p["threadId"]: p["tokenUsage"] for p in usage if p["threadId"] not in started}
+    assert set(rows) == set(own)  # the three spawned threads, each by its thread id
+    for thread, tokens in own.items():
+        row = rows[thread]
+        assert (row.used_tokens, row.window_tokens) == (tokens["last"]["totalTokens"], tokens["modelContextWindow"])
+        assert row.used_tokens is not None
+        assert row.used_percent == codex.used_percent(row.used_tokens, row.window_tokens)  # Codex's own rule
+        assert (row.state, row.model, row.window_source, row.compactions) == ("finished", "lab-model", "harness", 0)
+        assert row.used_tokens != final.used_tokens
+    # The parent's row is unchanged by them: its numbers and its time are its own reading's.
+    assert (final.used_tokens, final.window_tokens, final.session_total_tokens) == (35_500, 190_000, 232_728)
+    assert final.observed_at_ms not in {row.observed_at_ms for row in final.subagents}
+
+
+@pytest.mark.parametrize("version", OPENCODE_VERSIONS)
+def test_opencode_rows_are_each_task_sessions_own_numbers_on_its_own_model(version: str) -> None:
+    writes = opencode_writes(version)
+    final = writes[-1].record
+    assert {row.used_tokens for row in final.subagents} == OPENCODE_CHILDREN
+    for row in final.subagents:
+        assert (row.model, row.window_tokens, row.name, row.state) == ("fake/fake-small", 64_000, "general", "finished")
+        assert row.used_tokens is not None and row.used_percent == row.used_tokens * 100 / 64_000
+    assert (final.used_tokens, final.window_tokens, final.model) == (33_300, 128_000, "fake/fake-model")
+
+
+@pytest.mark.parametrize("version", CODEX_VERSIONS)
+def test_codex_rows_cost_at_most_half_again_the_writes(version: str) -> None:
+    """scripts/bench_write_policy.py's figure: 20 writes with the rows, 14 without (1.43x)."""
+    assert len(codex_writes(version)) <= 1.5 * writes_without_rows("codex", version)
+
+
+@pytest.mark.parametrize("version", OPENCODE_VERSIONS)
+def test_opencode_rows_cost_each_task_at_most_its_turn_and_its_finish(version: str) -> None:
+    """Over the 1.5x target on this recording (a 4-turn parent, 3 one-turn children): each child
+    writes on its turn and once when it finishes, 11 writes against 5 (2.2x)."""
+    assert len(opencode_writes(version)) <= writes_without_rows("opencode", version) + 2 * 3
+
+
+def test_thousands_of_subagents_stay_bounded_and_the_newest_are_kept() -> None:
+    producer = codex.CodexProducer()
+    producer.feed(ThreadOpened(thread_id="p"), 0)
+    from sidecar.harnesses.codex.events import SubagentsSpawned
+
+    for n in range(5_000):
+        producer.feed(SubagentsSpawned(sender_thread_id="p", thread_ids=(f"c{n}",), model=None), n)
+    reading = producer.last_reading
+    assert reading is not None and len(reading.subagents) == MAX_SUBAGENTS
+    assert [row.id for row in reading.subagents] == [f"c{n}" for n in range(4_999, 4_999 - MAX_SUBAGENTS, -1)]
+    assert len(producer.subagents._rows) <= 256
+    # A hostile id is refused whole: no row, no cleaned-up name.
+    assert producer.feed(SubagentsSpawned(sender_thread_id="p", thread_ids=("x\x1b[2J",), model=None), 9_999) == []
+
+
+# ---- readers -------------------------------------------------------------------------------------
+
+
+def test_hctx_agents_shows_each_subagent_indented_under_its_agent_and_in_json(tmp_path: Path) -> None:
+    from readers_catalog import hctx, put_record
+
+    rows = [
+        {"id": "ses_child_one", "name": "general", "model": "fake/fake-small", "usedTokens": 18_900,
+         "windowTokens": 64_000, "usedPercent": 29.53125, "windowSource": "harness", "compactions": 0,
+         "state": "running", "observedAtMs": 1_795_000_000_000},
+        {"id": "ses_child_two", "name": None, "model": None, "usedTokens": None, "windowTokens": None,
+         "usedPercent": None, "windowSource": None, "compactions": None, "state": "finished",
+         "observedAtMs": 1_795_000_000_000},
+    ]  # fmt: skip
+    put_record(tmp_path, "parent", usedTokens=33_300, windowTokens=128_000, usedPercent=26.0, subagents=rows)
+    put_record(tmp_path, "plain")
+    listed = hctx("agents", "--catalog", str(tmp_path))
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    parent = next(i for i, line in enumerate(lines) if " parent " in line)
+    assert "└ general ses_child_one" in lines[parent + 1] and "19k/64k" in lines[parent + 1]
+    assert "ctx:30%" in lines[parent + 1] and "running" in lines[parent + 1]
+    assert "└ subagent ses_child_two" in lines[parent + 2] and "finished" in lines[parent + 2]
+    assert "33k/128k" in lines[parent]  # the agent's own row keeps the agent's own numbers
+    as_json = json.loads(hctx("agents", "--json", "--catalog", str(tmp_path)).stdout)
+    by_name = {row["identity"]: row for row in as_json}
+    assert [row["usedTokens"] for row in by_name["parent"]["context"]["subagents"]] == [18_900, None]
+    assert "subagents" not in by_name["plain"]["context"]  # no delegation: the object it was before
+
+
+def test_metrics_count_running_subagents_and_the_highest_fill_without_a_per_subagent_label(tmp_path: Path) -> None:
+    from readers_catalog import hctx, put_record
+
+    rows = [
+        {"id": f"c{n}", "usedTokens": 1000 * n, "windowTokens": 100_000, "usedPercent": float(n),
+         "state": "running" if n % 2 else "finished", "observedAtMs": 1_795_000_000_000}
+        for n in range(1, 6)
+    ]  # fmt: skip
+    put_record(tmp_path, "parent", subagents=rows)
+    put_record(tmp_path, "plain")
+    exposition = hctx("metrics", "--textfile", str(tmp_path / "out.prom"), "--catalog", str(tmp_path))
+    assert exposition.returncode == 0, exposition.stderr
+    text = (tmp_path / "out.prom").read_text()
+    lines = [line for line in text.splitlines() if line.startswith("hctx_subagent")]
+    assert any(line.startswith("hctx_subagents_running{") and 'agent="parent"' in line and line.endswith(" 3.0")
+               for line in lines)  # fmt: skip
+    assert any('agent="parent"' in line and line.endswith(" 5.0") for line in lines if "max_used_percent" in line)
+    assert not any('agent="plain"' in line for line in lines)  # no subagents: no sample, never a 0
+    assert not any('"c1"' in line or "c1" in line.split("{", 1)[-1] for line in lines)  # no subagent label
+
+
+# ---- Claude: SubagentStart / SubagentStop, recorded live -----------------------------------------
+
+CLAUDE_VERSIONS = ("2.1.250", "2.1.332")
+
+
+@pytest.mark.parametrize("version", CLAUDE_VERSIONS)
+def test_claude_subagent_hooks_make_rows_without_numbers_the_hooks_do_not_carry(version: str) -> None:
+    from sidecar.harnesses.claude import producer as claude
+
+    payloads = [
+        json.loads(line)
+        for line in (FIXTURE_ROOT / "claude" / "delegation" / version / "subagent-hooks.jsonl")
+        .read_bytes()
+        .splitlines()
+    ]
+    producer = claude.ClaudeProducer()
+    readings = []
+    for at, payload in enumerate(payloads, 1):
+        for event in claude.channel_frames(claude.HOOK_TYPE, {"payload": payload}):
+            readings += producer.feed(event, at * 1000)  # type: ignore[arg-type]
+    final = readings[-1].fields
+    assert {row.id for row in final.subagents} == {p["agent_id"] for p in payloads}
+    assert {(row.name, row.state) for row in final.subagents} == {("general-purpose", "finished")}
+    # Neither hook states usage or a window: null, never the parent's, never a guess.
+    assert {(row.used_tokens, row.window_tokens, row.used_percent) for row in final.subagents} == {(None, None, None)}
+    assert (final.used_tokens, final.window_tokens) == (None, None)  # no status line fed: the parent's unknown
+    assert all(reading.compaction_edge is False for reading in readings)

@@ -1,0 +1,386 @@
+"""`hctx web` without a browser: its API against `hctx agents`, its refusals, bad input, and its data.
+
+The browser tests (what a person sees) are tests/test_web_browser.py.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO
+from tests.web_board import (
+    HERE,
+    REPLICA,
+    first_line,
+    fleet,
+    many,
+    now_ms,
+    put,
+    serving,
+    stop,
+    web_argv,
+    web_env,
+)
+from wrapper.roster import collect_roster
+from wrapper.watch import agent_of
+from wrapper.web.board import FillHistory, FillPoint, fill_svg, rate_limit_panel, read_fill_history
+from wrapper.web.command import allowed_hosts, is_loopback
+
+
+def hctx(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "wrapper.cli", *args], capture_output=True, text=True, timeout=60,
+        env=web_env(), cwd=REPO, check=False,
+    )  # fmt: skip
+
+
+def without_ages(document: Any) -> Any:
+    """The same document read at another moment: only `ageMs` may differ."""
+    if isinstance(document, list):
+        return [without_ages(item) for item in document]
+    if isinstance(document, dict):
+        return {key: without_ages(value) for key, value in document.items() if key != "ageMs"}
+    return document
+
+
+def raw_get(port: int, path: str, host: str, method: str = "GET") -> tuple[int, dict[str, str], bytes]:
+    """A request with exactly this Host header (urllib would write its own)."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        connection.putrequest(method, path, skip_host=True)
+        connection.putheader("Host", host)
+        connection.endheaders()
+        answer = connection.getresponse()
+        return answer.status, {k.lower(): v for k, v in answer.getheaders()}, answer.read()
+    finally:
+        connection.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# The API is the readers' document
+
+
+def test_the_api_is_the_same_document_as_hctx_agents_json(tmp_path: Path) -> None:
+    fleet(tmp_path)
+    with serving(tmp_path) as board:
+        status, headers, body = board.get("/api/agents")
+        cli = hctx("agents", "--json", "--catalog", str(tmp_path), "--host", HERE)
+        assert status == 200 and headers["content-type"] == "application/json"
+        assert cli.returncode == 0, cli.stderr
+        listed = json.loads(body)
+        assert without_ages(listed) == without_ages(json.loads(cli.stdout))
+        assert len(listed) == 7 and all(isinstance(row["context"] and row["context"]["ageMs"], int | None)
+                                        for row in listed)  # fmt: skip
+        # The layout too: one object per line, as the CLI prints it.
+        assert len(body.decode().splitlines()) == len(cli.stdout.splitlines()) == 9
+        for name in (f"{HERE}/amber", f"{REPLICA}/far", f"{HERE}/broken"):
+            one = board.json(f"/api/agents/{name}")
+            alone = hctx("agents", name, "--json", "--catalog", str(tmp_path), "--host", HERE)
+            assert alone.returncode == 0, alone.stderr
+            assert without_ages(one) == without_ages(json.loads(alone.stdout))
+        status, _, body = board.get(f"/api/agents/{HERE}/nobody")
+        assert status == 404 and json.loads(body) == {"error": f"no agent {HERE}/nobody in {tmp_path}"}
+        # The board's views carry the very same objects.
+        views = board.json("/api/board")["rows"]
+        assert without_ages([view["agent"] for view in views]) == without_ages(listed)
+
+
+def test_the_board_views_word_cells_as_the_terminal_readers_do(tmp_path: Path) -> None:
+    fleet(tmp_path)
+    with serving(tmp_path) as board:
+        views = {view["key"]: view for view in board.json("/api/board")["rows"]}
+        table = hctx("agents", "--catalog", str(tmp_path), "--host", HERE).stdout
+    for line in table.splitlines()[1:]:
+        host, identity, harness, _desired, *rest = line.split()
+        view = views[f"{host}/{identity}"]
+        assert view["harness"] == harness
+        if view["meter"]:
+            assert view["meter"] in rest and view["headroom"].replace("→ ", "") in " ".join(rest)
+    amber = views[f"{HERE}/amber"]
+    assert (amber["percent"], amber["tint"], amber["title"]) == ("85%", "amber", "170k of 200k tokens")
+    assert views[f"{HERE}/red"]["tint"] == "red" and views[f"{HERE}/calm"]["tint"] is None
+    assert views[f"{HERE}/withheld"]["percent"] is None and views[f"{HERE}/withheld"]["tint"] is None
+    assert views[f"{HERE}/stale"]["stale"] is True and views[f"{HERE}/stale"]["age"].endswith(" stale")
+    assert views[f"{HERE}/broken"]["reading"] is False
+    assert "context record refused" in views[f"{HERE}/broken"]["problem"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Refusals: Host, methods, headers
+
+
+def test_a_foreign_host_header_is_refused_and_localhost_is_not(tmp_path: Path) -> None:
+    fleet(tmp_path)
+    with serving(tmp_path) as board:
+        for path in ("/", "/api/agents", "/api/events", "/assets/board.js", f"/agents/{HERE}/amber"):
+            status, headers, body = raw_get(board.port, path, f"rebound.example:{board.port}")
+            assert status == 400, path
+            assert b"amber" not in body and "default-src 'none'" in headers["content-security-policy"]
+        assert raw_get(board.port, "/api/agents", "")[0] == 400
+        assert raw_get(board.port, "/api/agents", f"127.0.0.1.rebound.example:{board.port}")[0] == 400
+        for host in (f"127.0.0.1:{board.port}", f"localhost:{board.port}", "localhost"):
+            status, _, body = raw_get(board.port, "/api/agents", host)
+            assert status == 200 and b"amber" in body
+
+
+def test_nothing_changes_anything(tmp_path: Path) -> None:
+    fleet(tmp_path)
+    before = sorted((path, path.stat().st_mtime_ns) for path in tmp_path.rglob("*"))
+    with serving(tmp_path) as board:
+        for path in ("/", "/api/agents", f"/api/agents/{HERE}/amber", "/api/board", "/api/events"):
+            for method in ("POST", "PUT", "PATCH", "DELETE"):
+                status, _, _ = raw_get(board.port, path, f"127.0.0.1:{board.port}", method)
+                assert status == 405, (method, path)
+    assert sorted((path, path.stat().st_mtime_ns) for path in tmp_path.rglob("*")) == before
+
+
+def test_every_answer_carries_the_strict_content_security_policy(tmp_path: Path) -> None:
+    fleet(tmp_path)
+    with serving(tmp_path) as board:
+        for path in ("/", f"/agents/{HERE}/amber", "/assets/board.js", "/api/agents", "/assets/nothing"):
+            _, headers, _ = board.get(path)
+            policy = headers["content-security-policy"]
+            assert "default-src 'none'" in policy and "script-src 'self'" in policy
+            assert "unsafe-inline" not in policy and "unsafe-eval" not in policy
+            assert headers["x-content-type-options"] == "nosniff"
+        index = board.get("/")[2].decode()
+        assert "<script>" not in index and "style=" not in index and "http" not in index.replace("http-equiv", "")
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input, as the readers meet it
+
+
+def test_a_catalog_that_does_not_exist_is_an_error_naming_it(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere"
+    done = hctx("web", "--catalog", str(missing), "--listen", "127.0.0.1:0")
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr == f"hctx web: cannot read the catalog: {missing} does not exist (from --catalog)\n"
+
+
+def test_a_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    try:
+        done = hctx("web", "--catalog", str(tmp_path), "--listen", f"127.0.0.1:{port}")
+    finally:
+        taken.close()
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == f"hctx web: cannot listen on 127.0.0.1:{port}: the port is in use (another hctx web?)\n"
+
+
+def test_a_thousand_agents_are_served_whole(tmp_path: Path) -> None:
+    many(tmp_path, 1000)
+    with serving(tmp_path) as board:
+        assert len(board.json("/api/board")["rows"]) == 1000
+        assert len(board.json("/api/agents")) == 1000
+        assert board.json("/api/status")["agents"] == 1000
+
+
+def test_a_record_turned_unreadable_while_served_says_so_and_serves_on(tmp_path: Path) -> None:
+    fleet(tmp_path)
+    with serving(tmp_path) as board:
+        put(tmp_path, "calm", raw=b"\x00" * 10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            views = {view["key"]: view for view in board.json("/api/board")["rows"]}
+            if views[f"{HERE}/calm"]["problem"]:
+                break
+            time.sleep(0.05)
+        assert "context record refused" in views[f"{HERE}/calm"]["problem"]
+        assert views[f"{HERE}/amber"]["percent"] == "85%"
+        assert board.process.poll() is None
+
+
+def test_sigterm_stops_it_at_once(tmp_path: Path) -> None:
+    with serving(tmp_path) as board:
+        assert board.json("/api/board")["rows"] == []
+        started = time.monotonic()
+        stop(board.process)
+        assert board.process.returncode == 0
+        assert time.monotonic() - started < 8
+
+
+# ---------------------------------------------------------------------------------------------
+# Where it listens
+
+
+def test_loopback_is_told_from_every_other_address() -> None:
+    assert all(is_loopback(host) for host in ("127.0.0.1", "127.0.0.2", "::1", "localhost"))
+    assert not any(is_loopback(host) for host in ("0.0.0.0", "::", "192.168.1.10", "example.com"))
+    assert allowed_hosts("127.0.0.1") == ["127.0.0.1", "localhost"]
+    assert allowed_hosts("::1") == ["[::1]", "localhost"]
+    assert socket.gethostname().lower() in allowed_hosts("0.0.0.0")
+
+
+def test_a_non_loopback_address_is_served_only_with_a_warning(tmp_path: Path) -> None:
+    """0.0.0.0 in a private network namespace (loopback only), so nothing is exposed by the test."""
+    if os.geteuid() != 0 and os.environ.get("CI") != "true":
+        pytest.skip("unshare -n needs root here")
+    script = "ip link set lo up && exec " + " ".join(
+        f"'{part}'" for part in web_argv(tmp_path, "--listen", "0.0.0.0:0")
+    )  # fmt: skip
+    process = subprocess.Popen(["unshare", "-n", "sh", "-c", script], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=web_env(), cwd=REPO)  # fmt: skip
+    try:
+        url = first_line(process).strip()
+        assert url.startswith("http://0.0.0.0:") and url.endswith("/")
+    finally:
+        process.terminate()
+        _, stderr = process.communicate(timeout=15)
+    assert process.returncode == 0
+    assert "hctx web: warning: listening on 0.0.0.0, not loopback" in stderr
+    assert "unencrypted (no --tls-cert)" in stderr
+
+
+def test_tls_serves_https_with_the_metrics_options(tmp_path: Path) -> None:
+    cert, key = tmp_path / "host.pem", tmp_path / "host.key"
+    made = subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    catalog = tmp_path / "catalog"
+    fleet(catalog)
+    process = subprocess.Popen(
+        web_argv(catalog, "--listen", "127.0.0.1:0", "--tls-cert", str(cert), "--tls-key", str(key)),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=web_env(), cwd=REPO,
+    )  # fmt: skip
+    try:
+        url = first_line(process).strip()
+        assert url.startswith("https://127.0.0.1:")
+        port = int(url.rstrip("/").rsplit(":", 1)[1])
+        trusted = ssl.create_default_context(cafile=str(cert))
+        connection = http.client.HTTPSConnection("127.0.0.1", port, context=trusted, timeout=30)
+        connection.request("GET", "/api/agents")
+        answer = connection.getresponse()
+        assert answer.status == 200 and b"amber" in answer.read()
+        connection.close()
+    finally:
+        stop(process)
+    half = hctx("web", "--catalog", str(catalog), "--tls-cert", str(cert))
+    assert half.returncode == 2 and "TLS needs --tls-cert with --tls-key" in half.stderr
+
+
+def test_other_commands_do_not_load_the_web_server() -> None:
+    probe = (
+        "import json, sys, wrapper.cli; wrapper.cli.build_parser();"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('starlette', 'hypercorn'))))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=web_env(), cwd=REPO,
+                          check=True)  # fmt: skip
+    assert json.loads(done.stdout) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# The board's data
+
+
+def test_a_record_path_names_its_agent_and_nothing_else_does(tmp_path: Path) -> None:
+    agents = tmp_path / "agents"
+    assert agent_of(tmp_path, str(agents / "box" / "amber" / "harness-context")) == ("box", "amber")
+    assert agent_of(tmp_path, str(agents / "box" / "amber" / "harness-state")) == ("box", "amber")
+    assert agent_of(tmp_path, str(agents / "box" / "amber" / ".harness-context.staged")) is None
+    assert agent_of(tmp_path, str(agents / "box" / "harness-context")) is None
+    assert agent_of(tmp_path, str(tmp_path / ".st2" / "x" / "y" / "harness-context")) is None
+    assert agent_of(tmp_path, "/elsewhere/agents/box/amber/harness-context") is None
+
+
+def test_the_rate_limit_panel_is_newest_first_and_bounded(tmp_path: Path) -> None:
+    for index in range(25):
+        put(tmp_path, f"a{index:02d}", rateLimits={"fiveHour": float(index), "sevenDay": None},
+            observedAtMs=now_ms() - index * 1000)  # fmt: skip
+    put(tmp_path, "none", rateLimits=None)
+    put(tmp_path, "empty", rateLimits={"fiveHour": None, "sevenDay": None})
+    now = now_ms()
+    rows = collect_roster(tmp_path, now, here=HERE).rows
+    panel = rate_limit_panel(((row, now) for row in rows), now)
+    assert [entry["key"] for entry in panel["entries"]] == [f"{HERE}/a{index:02d}" for index in range(20)]
+    assert panel["entries"][3] == {"key": f"{HERE}/a03", "account": f"{HERE}/a03", "harness": "codex",
+                                   "fiveHour": "3%", "sevenDay": "-", "agents": 1, "age": "3s"}  # fmt: skip
+    assert panel["more"] == 5
+
+
+def test_the_rate_limit_panel_is_the_accounts_fan_in(tmp_path: Path) -> None:
+    """Agents sharing an account are one entry: each window the newest snapshot across them (issue 29),
+    not one entry per agent repeating the account's number at its own age."""
+    shared = {"key": "0" * 32, "label": "claude · max · ~/.claude-work"}
+    now = now_ms()
+    put(tmp_path, "builder", harness="claude", account=shared, rateLimits={"fiveHour": 85.0, "sevenDay": 31.0},
+        observedAtMs=now - 21_000)  # fmt: skip
+    put(tmp_path, "reviewer", harness="claude", account=shared, rateLimits={"fiveHour": 81.0, "sevenDay": 30.0},
+        observedAtMs=now - 240_000)  # fmt: skip
+    put(tmp_path, "planner", rateLimits={"fiveHour": 13.0, "sevenDay": 44.0}, observedAtMs=now - 91_000)
+    rows = collect_roster(tmp_path, now, here=HERE).rows
+    panel = rate_limit_panel(((row, now) for row in rows), now)
+    assert panel == {"entries": [
+        {"key": f"{HERE}/builder", "account": "claude · max · ~/.claude-work", "harness": "claude",
+         "fiveHour": "85%", "sevenDay": "31%", "agents": 2, "age": "21s"},
+        {"key": f"{HERE}/planner", "account": f"{HERE}/planner", "harness": "codex",
+         "fiveHour": "13%", "sevenDay": "44%", "agents": 1, "age": "1m31s"},
+    ], "more": 0}  # fmt: skip
+    assert "81%" not in json.dumps(panel)  # the older agent's snapshot of the same account
+
+
+def _write_lines(catalog: Path, name: str, lines: list[bytes]) -> None:
+    logs = catalog / ".st2" / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    (logs / name).write_bytes(b"\n".join(lines) + b"\n")
+
+
+def test_the_fill_history_reads_writes_only_and_survives_a_hostile_log(tmp_path: Path) -> None:
+    def write(at: int, used: object, **more: object) -> bytes:
+        return json.dumps({"event": "write", "reason": "bucket", "usedTokens": used, "windowTokens": 200_000,
+                           "compactions": 0, "observedAtMs": at, **more}).encode()  # fmt: skip
+
+    _write_lines(tmp_path, "box~amber.jsonl.1", [json.dumps({"event": "start"}).encode(), write(1000, 10)])
+    _write_lines(tmp_path, "box~amber.jsonl", [
+        json.dumps({"event": "start"}).encode(), write(2000, 20), b"{not json", b"[1, 2]", b"\xff\xfe",
+        write(3000, True), write(4000, -5), write(5000, "30"), write(6000, 40, reason="compaction", compactions=1),
+        b"{" * 100_000, json.dumps({"event": "frame-dropped", "usedTokens": 99, "observedAtMs": 7000}).encode(),
+    ])  # fmt: skip
+    history = read_fill_history(tmp_path, "box", "amber", here="box")
+    assert [(point.at_ms, point.used, point.run) for point in history.points] == [(1000, 10, 1), (2000, 20, 2),
+                                                                                 (6000, 40, 2)]  # fmt: skip
+    assert history.note is None
+    svg = fill_svg(history, None)
+    assert svg is not None and svg.count('class="fill"') == 2  # one line per sidecar run
+    assert svg.count('class="compaction"') == 1
+
+
+def test_no_log_is_said_so_for_this_host_and_for_a_replica(tmp_path: Path) -> None:
+    here = read_fill_history(tmp_path, "box", "amber", here="box")
+    assert here.points == [] and here.note is not None and "does not exist" in here.note
+    replica = read_fill_history(tmp_path, "far", "amber", here="box")
+    assert replica.note is not None and "far's is not this one" in replica.note
+    (tmp_path / ".st2" / "logs").mkdir(parents=True)
+    os.mkfifo(tmp_path / ".st2" / "logs" / "box~amber.jsonl")
+    fifo = read_fill_history(tmp_path, "box", "amber", here="box")  # a FIFO cannot hang the page
+    assert fifo.note is not None and "is not a regular file" in fifo.note
+    assert fill_svg(FillHistory(), 100) is None
+
+
+def test_the_plot_draws_the_compaction_point_and_escapes_nothing_it_was_not_given() -> None:
+    points = [FillPoint(at_ms=1000 * step, used=1000 * step, window=10_000, compact_at=None, compactions=0,
+                        reason="bucket", run=1) for step in range(5)]  # fmt: skip
+    svg = fill_svg(FillHistory(points), 8000)
+    assert svg is not None
+    assert svg.count('class="compact-at"') == 1  # from the record, the log carrying none
+    assert svg.count('class="window"') == 1 and "<script" not in svg
+    plain = fill_svg(FillHistory(points), None)
+    assert plain is not None and 'class="compact-at"' not in plain

@@ -1,0 +1,269 @@
+"""The board's live state: the roster held in memory, kept current from the catalog's file events,
+and pushed to every open page.
+
+A changed record (reported by `record_changes`, the watching `hctx watch` does) re-reads only its
+agent; the whole catalog is re-read every `reread_s` (staleness is time-based, and an event may be
+missed), and the ages tick every second from the projection's `ageMs`. Reading runs in a worker
+thread, so a catalog of thousands of agents never holds up a push.
+
+Each open stream has a `Mailbox` that coalesces: what it holds is the newest view of each changed
+agent, so a slow page costs at most one view per agent, never a queue of every update.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import trio
+
+from guard.constants import AGENTS_DIR_NAME
+from guard.errors import CatalogError
+from guard.store import is_agent_tree_name, pid_alive
+from wrapper.accounts import fan_in, groups_by_agent
+from wrapper.render import account_limits_wire
+from wrapper.roster import AgentRow, PidProbe, collect_roster, now_ms, view_agent
+from wrapper.watch import agent_of, record_changes
+from wrapper.web.board import age_now, rate_limit_panel, row_view
+
+__all__ = [
+    "AGE_TICK_S",
+    "DEFAULT_REREAD_S",
+    "Board",
+    "Mailbox",
+    "Reading",
+    "follow",
+]
+
+AGE_TICK_S = 1.0
+DEFAULT_REREAD_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    row: AgentRow
+    read_ms: int  # the wall clock the row was projected at
+    started: float  # trio's clock when its read began: a later read's result wins
+
+
+class Mailbox:
+    """One open stream's undelivered news, coalesced: the newest view per agent (None: gone)."""
+
+    def __init__(self, only: str | None) -> None:
+        self.only = only
+        self.rows: dict[str, dict[str, Any] | None] = {}
+        self.panel: dict[str, Any] | None = None
+        self.ages: dict[str, str] | None = None
+        self.problem_changed = False  # the catalog turned unreadable, or readable again
+        self._news = trio.Event()
+
+    def post(self, rows: dict[str, dict[str, Any] | None], panel: dict[str, Any] | None) -> None:
+        if self.only is not None:
+            rows = {key: view for key, view in rows.items() if key == self.only}
+            panel = None
+        if rows or panel is not None:
+            self.rows.update(rows)
+            self.panel = panel if panel is not None else self.panel
+            self._news.set()
+
+    def post_problem(self) -> None:
+        self.problem_changed = True
+        self._news.set()
+
+    def post_ages(self, ages: dict[str, str]) -> None:
+        self.ages = ages if self.only is None else {k: v for k, v in ages.items() if k == self.only}
+        self._news.set()
+
+    async def take(self) -> tuple[dict[str, dict[str, Any] | None], dict[str, Any] | None, dict[str, str] | None, bool]:
+        await self._news.wait()
+        self._news = trio.Event()
+        taken = self.rows, self.panel, self.ages, self.problem_changed
+        self.rows, self.panel, self.ages, self.problem_changed = {}, None, None, False
+        return taken
+
+
+class Board:
+    """The catalog as the board shows it, and the streams it shows it to."""
+
+    def __init__(self, catalog: Path, here: str, alive: PidProbe = pid_alive) -> None:
+        self.catalog, self.here, self.alive = catalog, here, alive
+        self.readings: dict[str, Reading] = {}
+        self.views: dict[str, dict[str, Any]] = {}
+        self.panel: dict[str, Any] = {"entries": [], "more": 0}
+        self.warnings: list[str] = []
+        self.problem: str | None = None  # the catalog itself cannot be read
+        self.mailboxes: set[Mailbox] = set()
+        self.ready = trio.Event()
+        self.version = 0  # counts the changes: a page holding this version's snapshot is current
+        self._encoded: str | None = None
+
+    # -- what a page is sent -------------------------------------------------------------------
+
+    def snapshot(self, only: str | None = None) -> dict[str, Any]:
+        views = list(self.views.values()) if only is None else [v for k, v in self.views.items() if k == only]
+        return {"rows": views, "panel": self.panel, "warnings": self.warnings, "problem": self.problem,
+                "catalog": str(self.catalog), "version": self.version}  # fmt: skip
+
+    def encoded(self) -> str:
+        """The whole snapshot as JSON, encoded once per change however many pages load it."""
+        if self._encoded is None:
+            self._encoded = json.dumps(self.snapshot(), ensure_ascii=False, allow_nan=False)
+        return self._encoded
+
+    def _changed(self) -> None:
+        self.version += 1
+        self._encoded = None
+
+    @contextlib.contextmanager
+    def subscribe(self, only: str | None = None) -> Iterator[Mailbox]:
+        box = Mailbox(only)
+        self.mailboxes.add(box)
+        try:
+            yield box
+        finally:
+            self.mailboxes.discard(box)
+
+    # -- what reading finds ----------------------------------------------------------------------
+
+    def apply(self, found: list[Reading], *, whole: bool, warnings: list[str] | None = None) -> None:
+        changed: dict[str, dict[str, Any] | None] = {}
+        updated: list[str] = []
+        started = min((reading.started for reading in found), default=math.inf)
+        for reading in found:
+            name = reading.row.name
+            held = self.readings.get(name)
+            if held is not None and held.started > reading.started:
+                continue  # a later read of this agent already landed
+            self.readings[name] = reading
+            updated.append(name)
+        if whole:
+            present = {reading.row.name for reading in found}
+            for name, held in list(self.readings.items()):
+                if name not in present and held.started < started:  # gone, not added while reading
+                    del self.readings[name]
+                    self.views.pop(name, None)
+                    changed[name] = None
+            if warnings is not None:
+                self.warnings = warnings
+            if self.problem is not None:
+                self.problem = None
+                for box in self.mailboxes:
+                    box.post_problem()
+        self._view(updated, changed)
+        self.views = dict(sorted(self.views.items()))
+        panel = rate_limit_panel(((r.row, r.read_ms) for r in self.readings.values()), now_ms())
+        panel_changed = panel != self.panel
+        self.panel = panel
+        if changed or panel_changed or whole:
+            self._changed()
+        if changed or panel_changed:
+            for box in self.mailboxes:
+                box.post(changed, panel if panel_changed else None)
+
+    def _view(self, updated: list[str], changed: dict[str, dict[str, Any] | None]) -> None:
+        """The views of the `updated` agents, and of every agent whose account's figure (fanned in
+        across the agents sharing it, as `hctx agents --json` shows it) another agent moved."""
+        groups = groups_by_agent(fan_in(reading.row for reading in self.readings.values()))
+        for name in updated:
+            reading = self.readings[name]
+            view = row_view(reading.row, reading.read_ms, reading.read_ms, groups)
+            if self.views.get(name) != view:
+                self.views[name] = changed[name] = view
+        for name, view in list(self.views.items()):
+            reading = self.readings[name]
+            if name not in changed and view["agent"]["accountRateLimits"] != account_limits_wire(
+                groups.get(name), reading.row, reading.read_ms
+            ):
+                self.views[name] = changed[name] = row_view(reading.row, reading.read_ms, reading.read_ms, groups)
+
+    def gone(self, names: set[str]) -> None:
+        changed: dict[str, dict[str, Any] | None] = {}
+        for name in names:
+            if self.readings.pop(name, None) is not None:
+                self.views.pop(name, None)
+                changed[name] = None
+        self._view([], changed)
+        if changed:
+            self._changed()
+            for box in self.mailboxes:
+                box.post(changed, None)
+
+    def failed(self, problem: str) -> None:
+        """The whole catalog could not be read: every open page is told, and keeps its last rows."""
+        if problem != self.problem:
+            self.problem = problem
+            self._changed()
+            for box in self.mailboxes:
+                box.post_problem()
+
+    def ages(self) -> dict[str, str]:
+        now = now_ms()
+        return {name: age_now(r.row, r.read_ms, now) for name, r in self.readings.items() if r.row.context is not None}
+
+    # -- reading (in a worker thread) -------------------------------------------------------------
+
+    def read_whole(self, started: float) -> tuple[list[Reading], list[str]]:
+        read_ms = now_ms()
+        roster = collect_roster(self.catalog, read_ms, here=self.here, alive=self.alive)
+        return [Reading(row, read_ms, started) for row in roster.rows], roster.all_warnings()
+
+    def read_agents(self, agents: set[tuple[str, str]], started: float) -> tuple[list[Reading], set[str]]:
+        found, gone = [], set()
+        read_ms = now_ms()
+        for host, identity in sorted(agents):
+            if not os.path.isdir(self.catalog / AGENTS_DIR_NAME / host / identity):
+                gone.add(f"{host}/{identity}")
+                continue
+            row = view_agent(self.catalog, host, identity, read_ms, here=self.here, alive=self.alive).row
+            found.append(Reading(row, read_ms, started))
+        return found, gone
+
+
+async def follow(board: Board, stop: anyio.Event, *, reread_s: float = DEFAULT_REREAD_S) -> None:
+    """Keep `board` current until `stop` is set: events, periodic re-reads and the ages' tick."""
+
+    async def read_whole() -> None:
+        try:
+            started = trio.current_time()
+            found, warnings = await trio.to_thread.run_sync(board.read_whole, started)
+        except CatalogError as exc:
+            board.failed(f"cannot read the catalog: {exc}")
+        else:
+            board.apply(found, whole=True, warnings=warnings)
+        board.ready.set()
+
+    async def reread() -> None:
+        while True:
+            await trio.sleep(reread_s)
+            await read_whole()
+
+    async def tick() -> None:
+        while True:
+            await trio.sleep(AGE_TICK_S)
+            if board.mailboxes:
+                ages = board.ages()
+                for box in board.mailboxes:
+                    box.post_ages(ages)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(read_whole)
+        nursery.start_soon(reread)
+        nursery.start_soon(tick)
+        async for changes in record_changes(board.catalog, stop, timeout_s=1.0, debounce_ms=200, step_ms=20):
+            agents = {agent for _, path in changes if (agent := agent_of(board.catalog, path)) is not None}
+            agents = {(h, i) for h, i in agents if is_agent_tree_name(h) and is_agent_tree_name(i)}
+            if not agents:
+                continue
+            started = trio.current_time()
+            found, gone = await trio.to_thread.run_sync(board.read_agents, agents, started)
+            await board.ready.wait()  # the first whole read lands first: it may not undo these
+            board.apply(found, whole=False)
+            board.gone(gone)
+        nursery.cancel_scope.cancel()
