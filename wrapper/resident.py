@@ -74,6 +74,7 @@ __all__ = [
     "run_incarnation",
     "run_tap",
     "say",
+    "sidecar_argv",
     "sidecar_restart_delay",
     "spawn",
     "supervise",
@@ -486,6 +487,20 @@ def end_group(loop: Loop, pgid: int, deadline_s: float) -> None:
     gone[0] = True  # no more looks
 
 
+def sidecar_argv(it: dict[str, Any], lifeline_fd: int, ready_fd: int) -> list[str]:
+    """The command every sidecar of the incarnation `it` (`wrapper.launcher.begin_incarnation`) runs."""
+    agent = it["agent"]
+    return [
+        *(sys.executable, "-m", "sidecar", "--harness", it["harness"]),
+        *("--catalog", agent["catalog"], "--host", agent["host"], "--agent", agent["identity"]),
+        *("--incarnation", it["incarnation"], "--channel", it["channel"]),
+        *("--lifeline-fd", str(lifeline_fd), "--ready-fd", str(ready_fd)),
+        *(() if it["transport"] is None else ("--transport", it["transport"])),
+        *(() if it["account"] is None else ("--account", it["account"])),
+        *(() if it["record"] is None else ("--record", it["record"])),
+    ]
+
+
 class Sidecars:
     """The incarnation's sidecar: one at a time, replaced while the harness runs.
 
@@ -510,19 +525,6 @@ class Sidecars:
         self._told_terminal = False
         self._replacing = False
 
-    def argv(self, lifeline_fd: int, ready_fd: int) -> list[str]:
-        it = self.incarnation
-        agent = it["agent"]
-        return [
-            *(sys.executable, "-m", "sidecar", "--harness", it["harness"]),
-            *("--catalog", agent["catalog"], "--host", agent["host"], "--agent", agent["identity"]),
-            *("--incarnation", it["incarnation"], "--channel", it["channel"]),
-            *("--lifeline-fd", str(lifeline_fd), "--ready-fd", str(ready_fd)),
-            *(() if it["transport"] is None else ("--transport", it["transport"])),
-            *(() if it["account"] is None else ("--account", it["account"])),
-            *(() if it["record"] is None else ("--record", it["record"])),
-        ]
-
     def start(self) -> None:
         """Start a sidecar; `ready` turns True once its channel listens (False: not in time)."""
         lifeline_read, self._lifeline = os.pipe2(os.O_CLOEXEC)
@@ -530,7 +532,7 @@ class Sidecars:
         devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
         try:
             # Its own group: the terminal's Ctrl-C and Ctrl-Z are the harness's, not the sidecar's.
-            self.pid = spawn(self.argv(lifeline_read, ready_write), checkout_env(), new_group=True,
+            self.pid = spawn(sidecar_argv(self.incarnation, lifeline_read, ready_write), checkout_env(), new_group=True,
                              keep=(lifeline_read, ready_write), stdin=devnull, stdout=devnull)  # fmt: skip
         except OSError:
             os.close(ready_read)
