@@ -392,3 +392,28 @@ def test_the_resident_holds_the_wrapper_lock_across_its_exec_and_a_relaunch(tmp_
     finally:
         first.kill()
         first.wait()
+
+
+def test_a_relaunch_whose_claim_another_took_is_not_made(tmp_path: Path) -> None:
+    """A relaunch claims only while the claim still names the incarnation that ran (the begin step's
+    `relaunch_of`): one rewritten meanwhile to another wrapper's is left to it, lock or no lock."""
+    catalog = tmp_path / "c"
+    first = subprocess.Popen(wrap_argv(catalog, "a", "pi", sys.executable, "-c", "pass",
+                                       extra=("--restart", "always", "--restart-delay", "5")),
+                             env=env(), stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    bystander = subprocess.Popen(["sleep", "60"])
+    try:
+        wait_for(lambda: [e for e in log_events(catalog, "a") if e["event"] == "exit"], timeout=30,
+                 what="the first incarnation's sidecar to exit")  # fmt: skip
+        path = agent_dir(catalog, "a") / "harness-state"
+        state = read_json(path)
+        path.write_text(json.dumps(state | {"incarnation": "f" * 32, "wrapperPid": bystander.pid}))
+        _, err = first.communicate(timeout=30)
+        assert first.returncode == 0, err
+        assert f"was taken over by wrapper pid {bystander.pid}; not relaunching" in err.decode()
+        assert len(_starts(catalog, "a")) == 1 and bystander.poll() is None
+        assert read_json(path)["incarnation"] == "f" * 32  # left as it was
+    finally:
+        for process in (bystander, first):
+            process.kill()
+            process.wait()
