@@ -1,9 +1,10 @@
 """`hctx wrap`: claim, remove, prepare the launch; then become the resident supervisor.
 
 The claim and the launch plan need pydantic and the registry; holding a terminal and a harness for
-hours needs neither. So `run_wrap` claims the agent (stopping the live wrapper on `--takeover`),
-prepares the first incarnation and `exec`s `wrapper.resident` under `python -I -S` with it: the
-same process (the claim's pid and start time stay its own), a few megabytes from then on. The steps
+hours needs neither. So `run_wrap` takes the agent's wrapper lock and claims the agent (stopping
+the wrapper proven to hold that lock on `--takeover`), prepares the first incarnation and `exec`s
+`wrapper.resident` under `python -I -S` with it: the same process (the claim's pid and start time
+stay its own, and the lock's open file goes along), a few megabytes from then on. The steps
 the resident needs later (a relaunch's claim and plan, a launch's teardown, a dead sidecar's record,
 the final `stopped`) are `python -m wrapper.launcher STEP` (its payload on stdin), run by the resident (`main`).
 
