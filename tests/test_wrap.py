@@ -230,6 +230,55 @@ def test_ctrl_c_in_a_terminal_reaches_the_harness_exactly_once(tmp_path: Path) -
     assert done.read_text().strip() == "3"
 
 
+def _process_state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None or shutil.which("bash") is None, reason="tmux or bash missing")
+def test_ctrl_z_in_a_terminal_stops_the_job_and_fg_resumes_it(tmp_path: Path) -> None:
+    """In an interactive shell's job the harness shares the wrapper's group: Ctrl-Z stops both (the
+    shell reports the job stopped), the sidecar in its own group runs on, `fg` resumes the harness
+    where it was, and the exit status is still the harness's."""
+    go, pid_file = tmp_path / "go", tmp_path / "harness-pid"
+    script = (
+        "import os, sys, time\n"
+        f"open({str(pid_file)!r}, 'w').write(str(os.getpid()))\nprint('READY', flush=True)\n"
+        f"while not os.path.exists({str(go)!r}): time.sleep(0.05)\nsys.exit(3)\n"
+    )
+    (tmp_path / "harness.py").write_text(script)
+    command = " ".join(wrap_argv(tmp_path / "c", "tty", "pi", sys.executable, str(tmp_path / "harness.py")))
+    session, done = f"hctx-test-z-{os.getpid()}", tmp_path / "done"
+
+    def keys(*typed: str) -> None:
+        subprocess.run(["tmux", "send-keys", "-t", session, *typed], check=True)
+
+    def pane() -> str:
+        return subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True).stdout
+
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "200", "-y", "20", "bash --norc --noprofile -i"],
+                   check=True, env=env() | {"PS1": "$ "})  # fmt: skip
+    try:
+        keys(f"PYTHONPATH={os.fspath(Path(__file__).parent.parent)} {command}", "Enter")
+        wait_for(lambda: "READY" in pane(), timeout=30, what="harness ready in tmux")
+        harness = int(pid_file.read_text())
+        wrapper = read_json(agent_dir(tmp_path / "c", "tty") / "harness-state")["wrapperPid"]
+        sidecar = wait_for(lambda: [e["pid"] for e in log_events(tmp_path / "c", "tty") if e["event"] == "start"])[0]
+        keys("C-z")
+        wait_for(lambda: _process_state(harness) == "T" and _process_state(wrapper) == "T", what="the job stopped")
+        wait_for(lambda: "Stopped" in pane(), what="the shell saying so")
+        go.touch()
+        time.sleep(0.5)
+        assert _process_state(harness) == "T"  # stopped for real: it did not see `go`
+        assert _process_state(sidecar) != "T"  # its own group: not the terminal's job
+        keys("fg", "Enter")
+        wait_for(lambda: pid_gone(harness) and pid_gone(wrapper), timeout=20, what="the resumed job to end")
+        keys(f"echo $? > {done}", "Enter")
+        wait_for(done.exists, what="the exit status")
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+    assert done.read_text().strip() == "3"
+
+
 def test_a_signal_during_the_relaunch_back_off_stops_the_loop_at_once(tmp_path: Path) -> None:
     seen = tmp_path / "runs"
     script = f"import sys; open({str(seen)!r}, 'a').write('run\\n'); sys.exit(1)"
