@@ -12,6 +12,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from functools import partial
 from pathlib import Path
@@ -27,6 +28,7 @@ from tests.conftest import FIXTURE_ROOT
 from tests.fakes.codex_client import ws_client
 from tests.wrapping import agent_dir, env, wrap_argv
 from wrapper.harnesses import LaunchPlan, prepare, transport_json
+from wrapper.harnesses.codex import MAX_CONFIG_BYTES
 
 FIXTURES = FIXTURE_ROOT / "codex"
 CAPTURE = FIXTURES / "codex-0.171.0-stdio-main.jsonl"
@@ -234,6 +236,33 @@ def test_the_compaction_settings_come_from_the_layer_codex_loads_last(tmp_path: 
     assert settings("exec", "hi")["autoCompactTokenLimit"] == 120_000  # the rollout follower's too
     # a value Codex would not take as a count is not handed over as one
     assert settings("app-server", "-c", 'model_auto_compact_token_limit="x"')["autoCompactTokenLimit"] is None
+
+
+@pytest.mark.parametrize("kind", ["fifo", "huge", "directory", "not-utf8"])
+def test_a_config_that_is_no_readable_toml_hands_over_nothing_and_never_hangs(tmp_path: Path, kind: str) -> None:
+    config = tmp_path / "config.toml"
+    if kind == "fifo":
+        os.mkfifo(config)  # a plain open() blocks here forever, with no writer
+    elif kind == "huge":
+        config.write_bytes(b"model_auto_compact_token_limit = 160000\n" + b"#" * (MAX_CONFIG_BYTES + 1))
+    elif kind == "directory":
+        config.mkdir()
+    else:
+        config.write_bytes(b"model_auto_compact_token_limit = 160000\n# \xff\n")
+    outcome: list[dict[str, object]] = []
+    reader = threading.Thread(target=lambda: outcome.append(wire(_plan(tmp_path, "app-server"))), daemon=True)
+    reader.start()
+    reader.join(10)
+    assert outcome, f"reading a {kind} config.toml did not return"
+    assert "autoCompactTokenLimit" not in outcome[0]
+
+
+def test_a_symlinked_config_is_the_users_own_file_and_is_read(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "dotfiles" / "codex.toml"
+    elsewhere.parent.mkdir()
+    elsewhere.write_text("model_auto_compact_token_limit = 150000\n")
+    (tmp_path / "config.toml").symlink_to(elsewhere)
+    assert wire(_plan(tmp_path, "app-server"))["autoCompactTokenLimit"] == 150_000
 
 
 def test_no_config_file_hands_over_nothing(tmp_path: Path) -> None:

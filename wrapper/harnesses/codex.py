@@ -36,6 +36,7 @@ from typing import Any, Final
 from pydantic import BaseModel
 
 from guard.account import Account, account_key, id_text, json_object, label_of, plan_text, read_account_file, shown_dir
+from guard.files import read_bounded
 from sidecar.registry import transport_config
 from wrapper.harnesses import LOOPBACK, LaunchPlan, free_loopback_port, program_index
 
@@ -49,6 +50,8 @@ __all__ = [
 ]
 
 APP_SERVER: Final = "app-server"
+# Far above any real config.toml; a bigger file is not Codex's settings but a mistake or an attack.
+MAX_CONFIG_BYTES: Final = 1 << 20
 
 # `codex app-server` options that take a value (codex-cli 0.151.0 and 0.171.0 `app-server --help`),
 # so a value is never mistaken for the subcommand.
@@ -168,10 +171,12 @@ def _codex_home(plan: LaunchPlan) -> str:
 def compaction_settings(plan: LaunchPlan) -> dict[str, int]:
     """The compaction settings Codex will load, as the transport's fields; a key no layer sets,
     or sets to anything but a positive integer, is left out."""
+    # The user's own file, so a symlink (a dotfiles manager's) is followed; a FIFO or a huge file
+    # there must not hang or flood the launch, so it is read bounded and as a regular file only.
+    raw = read_bounded(None, Path(_codex_home(plan)) / "config.toml", MAX_CONFIG_BYTES, follow=True)
     try:
-        with open(Path(_codex_home(plan)) / "config.toml", "rb") as file:
-            config: dict[str, Any] = tomllib.load(file)
-    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+        config: dict[str, Any] = tomllib.loads(raw.data.decode()) if raw.data is not None else {}
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError):
         config = {}
     overrides: dict[str, Any] = {}
     profile = config.get("profile")
