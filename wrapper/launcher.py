@@ -434,8 +434,8 @@ def _stopped_step(payload: dict[str, Any]) -> int:
 def _sidecar_died_step(payload: dict[str, Any]) -> int:
     from wrapper.sidecars import record_death
 
-    record_death(_agent(payload), payload["incarnation"], payload["pid"], payload["returncode"],
-                 payload["retryInS"], tell_terminal=payload["tellTerminal"])  # fmt: skip
+    record_death(_agent(payload), payload["incarnation"], payload["pid"], payload["returncode"], payload["retryInS"],
+                 tell_terminal=payload["tellTerminal"], died_at_ms=payload["diedAtMs"])  # fmt: skip
     return 0
 
 

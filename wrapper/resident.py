@@ -54,6 +54,7 @@ __all__ = [
     "SIDECAR_READY_TIMEOUT_S",
     "SIDECAR_RESTART_DELAYS_S",
     "SIDECAR_STABLE_S",
+    "STEP_NICENESS",
     "STEP_TIMEOUT_S",
     "STOP_SIGNALS",
     "TAP_QUEUE_BYTES",
@@ -96,6 +97,11 @@ TAP_RECONNECT_S = 0.5
 GROUP_POLL_S = 0.02
 # A step (`python -m wrapper.launcher STEP`) that takes longer than this is killed and reported.
 STEP_TIMEOUT_S = 60.0
+# The niceness of the bookkeeping steps (all but a relaunch's `begin`, which the session waits on):
+# they yield the CPU to the sidecar draining beside them (it has SIDECAR_EXIT_TIMEOUT_S) and to the
+# harness. A step's interpreter with pydantic costs three times a sidecar's exit, and a fleet
+# stopped at once would otherwise spend the sidecars' deadline starting them.
+STEP_NICENESS = 10
 STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -217,6 +223,7 @@ def spawn(
     stdin: int | None = None,
     stdout: int | None = None,
     death_signal: bool = False,
+    niceness: int = 0,
 ) -> int:
     """Fork and exec `argv` (found on PATH), as subprocess would: default signal dispositions, only
     0-2 and `keep` inherited; an OSError here when the exec fails. `death_signal`: the child gets
@@ -232,6 +239,8 @@ def spawn(
             signal.pthread_sigmask(signal.SIG_SETMASK, ())
             if new_group:
                 os.setpgid(0, 0)
+            if niceness:
+                os.nice(niceness)
             if death_signal:
                 import ctypes  # in the child alone: the resident never pays for it
 
@@ -302,7 +311,8 @@ class Steps:
         os.lseek(payload_fd, 0, os.SEEK_SET)
         argv = [sys.executable, "-m", "wrapper.launcher", step]
         try:
-            pid = spawn(argv, checkout_env(), stdin=payload_fd, stdout=out_write)
+            pid = spawn(argv, checkout_env(), stdin=payload_fd, stdout=out_write,
+                        niceness=0 if step == "begin" else STEP_NICENESS)  # fmt: skip
         except OSError as exc:
             os.close(out_read)
             say(f"cannot run the {step} step ({exc.strerror or exc})")
@@ -592,8 +602,8 @@ class Sidecars:
         self._quick_deaths += 1
         tell = delay is None or not self._told_terminal
         self._told_terminal = True  # later deaths go to the agent's log and the claim only
-        self.steps.submit("sidecar-died", {**self._names(), "pid": pid, "returncode": returncode,
-                                           "retryInS": delay, "tellTerminal": tell})  # fmt: skip
+        self.steps.submit("sidecar-died", {**self._names(), "pid": pid, "returncode": returncode, "retryInS": delay,
+                                           "tellTerminal": tell, "diedAtMs": time.time_ns() // 1_000_000})  # fmt: skip
         if delay is not None:
             self.loop.call_later(delay, self._replace)
 

@@ -42,11 +42,20 @@ def now_ms() -> int:
 
 
 def record_death(
-    agent: AgentDir, incarnation: str, pid: int, returncode: int, delay: float | None, *, tell_terminal: bool
+    agent: AgentDir,
+    incarnation: str,
+    pid: int,
+    returncode: int,
+    delay: float | None,
+    *,
+    tell_terminal: bool,
+    died_at_ms: int,
 ) -> None:
-    """The sidecar `pid` died: a line in the agent's log, a gap opened in the claim, and on the
-    terminal the first death of the incarnation and the giving up."""
-    gap = Unobserved(since_ms=now_ms(), sidecar_pid=pid, sidecar_exit=returncode)
+    """The sidecar `pid` died (at `died_at_ms`, as the resident saw it): a line in the
+    agent's log, a gap opened in the claim, and on the terminal the first death of the incarnation
+    and the giving up. The step that records it may run after the replacement is up, so the gap's
+    start is the death's time, never the step's."""
+    gap = Unobserved(since_ms=died_at_ms, sidecar_pid=pid, sidecar_exit=returncode)
     then = "giving up: the session runs unobserved" if delay is None else f"replacing it in {delay:g}s"
     _log(agent, incarnation, pid, returncode, delay, f"sidecar died ({gap.how_it_ended()}); {then}")
     _record(agent, incarnation, lambda state: _open_gap(state, gap))

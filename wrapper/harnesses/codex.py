@@ -43,6 +43,7 @@ from wrapper.harnesses import LOOPBACK, LaunchPlan, free_loopback_port, program_
 __all__ = [
     "APP_SERVER",
     "COMPACTION_KEYS",
+    "MAX_CONFIG_BYTES",
     "codex_account",
     "compaction_settings",
     "prepare",
