@@ -24,6 +24,7 @@ from guard.policy import Write, WriteGuard, WriteReason
 from guard.record import Harness, HarnessContext, describe_validation_error
 from guard.store import AgentDir, sweep_staging, write_context
 from sidecar import channel, lifeline
+from sidecar.channel import BUFFER_BUDGET_BYTES
 from sidecar.decoding import channel_decoder
 from sidecar.pipeline import Pipeline
 from sidecar.registry import HarnessSpec, spec_for
@@ -83,6 +84,8 @@ class SidecarConfig:
     transport: str = ""  # the launch plan's transport config, as JSON (HarnessSpec.transport_config)
     account: str = ""  # the account the harness states, as JSON (guard.account.Account); "" none
     record: Path | None = None  # `hctx wrap --record`: the file the wrapper created, appended to
+    # What the channel's connections may hold of partial frames, together: this sidecar's own.
+    channel_budget_bytes: int = BUFFER_BUDGET_BYTES
 
 
 class Clock(Protocol):
@@ -386,7 +389,8 @@ async def run_sidecar(config: SidecarConfig) -> None:
             session_over = trio.Event()
             async with trio.open_nursery() as channel_nursery:
                 open_decoder = partial(channel_decoder, spec.channel_frames)
-                serve = partial(channel.serve, recorder=recorder)
+                budget = channel.ChannelBudget(config.channel_budget_bytes)
+                serve = partial(channel.serve, recorder=recorder, budget=budget)
                 await channel_nursery.start(serve, config.channel, open_decoder, submit, session_over)
                 _signal_ready(config.ready_fd)
                 orders = await _until_session_ends(config.lifeline_fd)

@@ -11,8 +11,10 @@ channel's address, so a connection is never refused for want of a slot. At MAX_C
 longest-idle connection is closed to admit the new one (a persistent harness connection that idles
 between turns reconnects when it next writes); a connection that sends nothing for SILENT_TIMEOUT_S
 after it connected is closed; a frame must be complete PARTIAL_FRAME_TIMEOUT_S after its first byte;
-and the partial frames of all connections together hold at most
-BUFFER_BUDGET_BYTES, the connection whose partial frame is oldest giving way first.
+and the partial frames of all connections together hold at most their `ChannelBudget` (the app's:
+BUFFER_BUDGET_BYTES unless its config says otherwise), the connection whose partial frame is oldest
+giving way first. The budget is the caller's, never the module's: two sidecars in one process (a
+test, an embedding) do not share one.
 
 Frame types under `hctx.` are the sidecar's own and refused on the socket, with one exception, the
 drop report a tap sends for lines it could not deliver (`hctx.dropped`), which becomes a `Dropped`
@@ -34,7 +36,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from guard.constants import CHANNEL_MAX_FRAME_BYTES, CHANNEL_MAX_SOCKET_PATH
-from guard.errors import ChannelPathError
+from guard.errors import ChannelPathError, ConfigError
 from sidecar.decoding import CHANNEL, Dropped, LineDecoder
 from sidecar.framing import LineFramer
 from sidecar.streams import Stream
@@ -49,9 +51,9 @@ __all__ = [
     "MAX_SOCKET_PATH",
     "PARTIAL_FRAME_TIMEOUT_S",
     "SILENT_TIMEOUT_S",
+    "ChannelBudget",
     "OpenDecoder",
     "Submit",
-    "buffered_bytes",
     "check_channel_path",
     "peer_uid",
     "serve",
@@ -71,7 +73,7 @@ _UCRED = struct.Struct("3i")
 
 Submit = Callable[[object], None]
 OpenDecoder = Callable[[], LineDecoder]
-_Sink = tuple[OpenDecoder, Submit, "Recorder | None"]
+_Sink = tuple[OpenDecoder, Submit, "Recorder | None", "ChannelBudget"]
 
 
 def peer_uid(sock: trio.socket.SocketType) -> int:
@@ -106,17 +108,20 @@ class _Peer:
         return min(silent, _started(self) + PARTIAL_FRAME_TIMEOUT_S)
 
 
-class _Budget:
-    """The bytes of partial frames held by every connection of this process, bounded."""
+class ChannelBudget:
+    """The bytes of partial frames held by every connection of one channel, at most `limit_bytes`."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit_bytes: int = BUFFER_BUDGET_BYTES) -> None:
+        if limit_bytes < 0:
+            raise ConfigError(f"a channel budget of {limit_bytes} bytes is no budget")
+        self.limit_bytes = limit_bytes
         self.total = 0
         self.holders: set[_Peer] = set()
 
     def hold(self, peer: _Peer, size: int) -> bool:
         """Account `peer`'s partial frame at `size` bytes; False when it does not fit even after
         cutting every connection whose partial frame is older."""
-        while self.total - peer.buffered + size > BUFFER_BUDGET_BYTES:
+        while self.total - peer.buffered + size > self.limit_bytes:
             oldest = min(self.holders, key=_started, default=None)
             if oldest is None or oldest is peer or _started(oldest) > _started(peer):
                 return False
@@ -140,14 +145,6 @@ def _started(peer: _Peer) -> float:
     return math.inf if peer.partial_since is None else peer.partial_since
 
 
-_budget = _Budget()
-
-
-def buffered_bytes() -> int:
-    """Bytes of partial frames this process holds for all its channel connections."""
-    return _budget.total
-
-
 async def serve(
     path: Path,
     open_decoder: OpenDecoder,
@@ -155,12 +152,14 @@ async def serve(
     stop: trio.Event | None = None,
     *,
     recorder: Recorder | None = None,
+    budget: ChannelBudget | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Listen at `path` (0600); each connection's bytes go through a decoder of its own, and
     every event they make is submitted, a drop included (the connection's own too: a frame cut
     short or over the buffer budget), which the pipeline counts and logs. Each connection is a
-    `sidecar.streams.Stream` of the channel wire, recorded by `recorder` when there is one.
+    `sidecar.streams.Stream` of the channel wire, recorded by `recorder` when there is one. Partial
+    frames are held within `budget` (the app's; without one, a BUFFER_BUDGET_BYTES one of this call's).
 
     Runs until cancelled, or until `stop` is set: then it stops accepting, takes the connections
     already queued, and returns once every open connection has delivered its frames, so the last
@@ -183,6 +182,7 @@ async def serve(
         # Only a listening socket appears at `path`: a client that finds it can connect.
         os.rename(binding, path)
         peers: set[_Peer] = set()
+        sink = (open_decoder, submit, recorder, ChannelBudget() if budget is None else budget)
         task_status.started()
         try:
             async with trio.open_nursery() as connections:
@@ -190,11 +190,11 @@ async def serve(
                     if stop is not None:
                         connections.start_soon(_cancel_when_set, stop, accepting)
                     while True:
-                        await _accept(listener, connections, (open_decoder, submit, recorder), peers)
+                        await _accept(listener, connections, sink, peers)
                 path.unlink(missing_ok=True)
                 while True:  # connections that were already queued when the session ended
                     with trio.move_on_after(_QUEUED_WAIT_S) as waited:
-                        await _accept(listener, connections, (open_decoder, submit, recorder), peers)
+                        await _accept(listener, connections, sink, peers)
                     if waited.cancelled_caught:
                         break
         finally:
@@ -231,7 +231,7 @@ async def _accept(
 async def _connection(
     conn: trio.socket.SocketType, sink: _Sink, peers: set[_Peer], peer: _Peer
 ) -> None:
-    open_decoder, submit, recorder = sink
+    open_decoder, submit, recorder, budget = sink
     try:
         with conn, peer.scope:
             uid = peer_uid(conn)
@@ -239,19 +239,21 @@ async def _connection(
                 log.warning("channel peer of uid %d refused", uid, extra={"event": "peer-refused"})
                 return
             decoder = open_decoder()
-            await _read_frames(conn, decoder.framer, Stream(decoder, submit, CHANNEL, recorder), submit, peer)
+            stream = Stream(decoder, submit, CHANNEL, recorder)
+            await _read_frames(conn, decoder.framer, stream, submit, (peer, budget))
         if peer.scope.cancelled_caught and peer.partial_since is not None:
             submit(Dropped("connection closed mid-frame to make room for others", CHANNEL))
     except OSError as exc:
         log.info("channel connection ended: %s", exc)
     finally:
         peers.discard(peer)
-        _budget.release(peer)
+        budget.release(peer)
 
 
 async def _read_frames(
-    conn: trio.socket.SocketType, framer: LineFramer, stream: Stream, submit: Submit, peer: _Peer
+    conn: trio.socket.SocketType, framer: LineFramer, stream: Stream, submit: Submit, held: tuple[_Peer, ChannelBudget]
 ) -> None:
+    peer, budget = held
     while True:
         with trio.move_on_at(peer.deadline()) as waiting:
             data = await conn.recv(_READ_SIZE)
@@ -271,9 +273,9 @@ async def _read_frames(
             peer.partial_since = None  # the partial frame's clock restarts with the next frame
         if framer.mid_frame and peer.partial_since is None:
             peer.partial_since = peer.active_at
-        if framer.pending_bytes and not _budget.hold(peer, framer.pending_bytes):
+        if framer.pending_bytes and not budget.hold(peer, framer.pending_bytes):
             submit(Dropped("partial frame over the channel's buffer budget", CHANNEL))
             framer.discard_partial()
         if not framer.pending_bytes:
-            _budget.release(peer)
+            budget.release(peer)
     stream.end_of_data()

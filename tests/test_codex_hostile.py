@@ -147,7 +147,7 @@ def test_every_truncation_of_every_captured_line_is_refused(name: str) -> None:
                 feed(producer, data, wire)
             # On stdout a cut line is a line without its newline: dropped as truncated at the end.
             assert refused(line[:cut].encode(), "stdout")
-            assert producer.compactions == 0 and producer.last_reading is None
+            assert producer.held.compactions.count == 0 and producer.held.reading is None
 
 
 @pytest.mark.parametrize(
@@ -236,7 +236,7 @@ def test_a_hostile_flood_of_item_ids_is_bounded_and_still_counts_each_once() -> 
         message = {"method": "item/started", "params": {"item": {"type": "contextCompaction", "id": str(n)}}}
         for event in parse_message(json.dumps(message).encode()):
             producer.feed(event, n)
-    assert producer.compactions == 5_000
+    assert producer.held.compactions.count == 5_000
     assert len(producer._counted_items) <= 1024
 
 

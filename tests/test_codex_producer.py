@@ -148,7 +148,7 @@ def test_compactions_are_counted_once_per_item(version: str, scenario: str, comp
     ]  # fmt: skip
     assert len(compaction_frames) == 2 * compactions  # started + completed for each
     producer, readings = run(path)
-    assert producer.compactions == compactions
+    assert producer.held.compactions.count == compactions
     edges = [r.fields for r in readings if r.compaction_edge]
     assert [e.compactions for e in edges] == list(range(1, compactions + 1))
     assert all(e.last_compaction_trigger == "unknown" for e in edges)
@@ -313,14 +313,14 @@ def test_started_and_completed_of_one_item_count_once_even_across_connections() 
     for method in ["item/started", "item/started", "item/completed", "item/completed"]:
         edges += feed(producer, compaction_item(method, "c1", turn="t"), 20)
     assert len(edges) == 1 and edges[0].compaction_edge
-    assert producer.compactions == 1
+    assert producer.held.compactions.count == 1
 
 
 def test_two_item_ids_in_one_turn_are_two_compactions() -> None:
     producer = own_producer()
     feed(producer, compaction_item("item/started", "c1", turn="t"), 1)
     feed(producer, compaction_item("item/started", "c2", turn="t"), 2)
-    assert producer.compactions == 2
+    assert producer.held.compactions.count == 2
 
 
 @pytest.mark.parametrize("legacy_first", [True, False])
@@ -334,9 +334,9 @@ def test_the_deprecated_thread_compacted_collapses_with_the_item_of_its_turn(leg
     sequence = [legacy, *items] if legacy_first else [*items, legacy]
     for message in [*sequence, legacy]:
         feed(producer, message, 1)
-    assert producer.compactions == 1
+    assert producer.held.compactions.count == 1
     feed(producer, {"method": "thread/compacted", "params": {"threadId": "th", "turnId": "u"}}, 2)
-    assert producer.compactions == 2
+    assert producer.held.compactions.count == 2
 
 
 def test_an_edge_before_any_reading_carries_only_the_count() -> None:
@@ -350,7 +350,7 @@ def test_an_edge_before_any_reading_carries_only_the_count() -> None:
 def test_other_items_are_not_compactions() -> None:
     producer = own_producer()
     assert feed(producer, compaction_item("item/started", "m1", turn="t", kind="agentMessage"), 1) == []
-    assert producer.compactions == 0
+    assert producer.held.compactions.count == 0
 
 
 # ---- several threads on one app-server --------------------------------------------------------------

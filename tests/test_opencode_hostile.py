@@ -296,5 +296,5 @@ def test_many_sessions_and_messages_stay_bounded() -> None:
         feed(producer, frame)
         feed(producer, {"type": "session.updated", "properties": {"info": {"id": f"ses_{i}", "cost": 1.0}}})
         feed(producer, {"type": "session.compacted", "id": f"evt_{i}", "properties": {"sessionID": f"ses_{i}"}})
-    assert producer.compactions == 5000
+    assert producer.held.compactions.count == 5000
     assert len(producer._sessions) <= 1024 and len(producer._landed) <= 4096

@@ -241,7 +241,7 @@ def test_a_captured_compaction_counts_once_with_an_unknown_trigger_and_no_restam
     producer, fed = feed_all(capture)
     compacted = next(f for f, _ in fed if f.get("type") == "session.compacted")
     assert feed_frame(producer, compacted, 10**13) == []  # the same event again is not a third compaction
-    assert producer.compactions == 2
+    assert producer.held.compactions.count == 2
 
 
 def test_an_unjoined_model_withholds_the_window_and_the_percent_until_the_pull_lands(
@@ -251,7 +251,7 @@ def test_an_unjoined_model_withholds_the_window_and_the_percent_until_the_pull_l
     first = next(r.fields for _, rs in fed for r in rs)
     assert (first.used_tokens, first.window_tokens, first.used_percent) == (11390, None, None)
     assert producer.missing_windows == {("fake", "fake-model")}
-    last = producer.last_reading
+    last = producer.held.reading
     assert last is not None
     (joined,) = feed_providers(producer, capture.providers, 10**13)
     assert joined.fields.window_tokens == WINDOW
@@ -264,7 +264,7 @@ def test_an_unjoined_model_withholds_the_window_and_the_percent_until_the_pull_l
 
 def test_a_model_change_makes_the_window_pull_due_without_retagging_the_reading(capture: Capture) -> None:
     producer, fed = feed_all(capture)
-    held = producer.last_reading
+    held = producer.held.reading
     assert held is not None and held.model == "fake/fake-model"
     assert producer.missing_windows == frozenset()
     creation, completion = _creation_and_completion(fed)
@@ -272,7 +272,7 @@ def test_a_model_change_makes_the_window_pull_due_without_retagging_the_reading(
         info(frame).update(providerID="fake", modelID="fake-model-xl", id="msg_other")
     assert feed_frame(producer, creation, 10**13) == []
     assert producer.missing_windows == producer.wants() == {("fake", "fake-model-xl")}
-    assert producer.last_reading == held  # the held reading keeps its own model and window
+    assert producer.held.reading == held  # the held reading keeps its own model and window
     (other,) = feed_frame(producer, completion, 10**13 + 1)
     assert other.fields.model == "fake/fake-model-xl"
     assert (other.fields.window_tokens, other.fields.used_percent) == (None, None)

@@ -179,4 +179,5 @@ def test_a_negative_clock_is_refused_before_any_state_changes(reading: dict[str,
     producer = PiProducer("pi")
     with pytest.raises(FrameRejected):
         feed(producer, {"type": "context", "reading": reading, "compaction": {"reason": "manual", "count": None}}, -5)
-    assert (producer.compactions, producer.last_compaction_ms, producer.last) == (0, None, None)
+    ledger = producer.held.compactions
+    assert (ledger.count, ledger.last_ms, producer.held.reading) == (0, None, None)

@@ -93,7 +93,7 @@ def app_server_readings(version: str, scenario: str) -> tuple[list[Reading], Con
     readings: list[Reading] = []
     for at_ms, frame in served_events(version, scenario):
         readings.extend(producer.feed(frame, at_ms or 0))
-    return readings, producer.last_reading
+    return readings, producer.held.reading
 
 
 def rollout_readings(data: bytes, chunk: int | None = None) -> tuple[list[Reading], ContextFields | None]:
@@ -104,7 +104,7 @@ def rollout_readings(data: bytes, chunk: int | None = None) -> tuple[list[Readin
     for start in range(0, len(data), step):
         for frame in follower.feed(data[start : start + step]):
             readings.extend(producer.feed(frame, start))
-    return readings, producer.last_reading
+    return readings, producer.held.reading
 
 
 def occupancy(readings: list[Reading]) -> list[tuple[Any, ...]]:
@@ -189,7 +189,7 @@ def test_the_compaction_item_id_is_the_line_offset() -> None:
     producer = CodexProducer()
     for frame in first + again:  # the same file read twice (a re-follow) counts each compaction once
         producer.feed(frame, 0)
-    assert producer.compactions == 2
+    assert producer.held.compactions.count == 2
 
 
 # ---------------------------------------------------------------------------------------------
@@ -321,7 +321,7 @@ async def test_follow_submits_as_the_session_grows_and_backs_off_when_idle(
     producer = CodexProducer()
     for frame in frames:
         producer.feed(frame, 0)
-    assert producer.compactions == 2
+    assert producer.held.compactions.count == 2
 
 
 async def test_the_last_turn_is_read_when_the_session_ends_between_polls(
@@ -457,8 +457,8 @@ async def test_a_resumed_rollout_is_followed_from_its_latest_reading(
     for frame in frames:
         producer.feed(frame, 0)
     # The resumed thread's history is not replayed as this launch's: no compaction is re-counted.
-    assert producer.compactions == 0
-    assert producer.last_reading is not None and producer.last_reading.used_tokens == 18_250
+    assert producer.held.compactions.count == 0
+    assert producer.held.reading is not None and producer.held.reading.used_tokens == 18_250
 
 
 async def test_a_seat_too_short_to_be_seen_holding_its_rollout_never_takes_a_live_seats(
@@ -528,4 +528,4 @@ async def test_a_tool_the_harness_runs_opening_another_sessions_rollout_never_mo
     producer = CodexProducer()
     for frame in frames:
         producer.feed(frame, 0)
-    assert producer.last_reading is not None and usages[-1].thread_id == "ours"
+    assert producer.held.reading is not None and usages[-1].thread_id == "ours"

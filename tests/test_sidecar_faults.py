@@ -14,10 +14,12 @@ import errno
 import json
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,7 @@ import pytest
 import trio
 
 from guard.constants import HARNESS_CONTEXT_HEARTBEAT_MS
-from guard.errors import RecordRefused
+from guard.errors import ConfigError, RecordRefused
 from guard.policy import Reading, WriteGuard
 from guard.record import ContextFields, HarnessContext, parse_record
 from guard.store import AgentDir, log_path, write_context
@@ -50,7 +52,7 @@ from sidecar.decoding import Dropped
 from sidecar.pipeline import Pipeline
 from tests.conftest import Received, failing_writer, raw_channel_decoder, submit_channel_bytes
 from tests.guard_factory import record, wire_bytes
-from tests.wrapping import HOST, agent_dir, env
+from tests.wrapping import HOST, agent_dir, context_frame, env
 
 DAY_MS = 24 * 60 * 60 * 1000
 
@@ -309,21 +311,85 @@ async def test_a_half_sent_frame_is_cut_after_the_partial_frame_timeout(
         nursery.cancel_scope.cancel()
 
 
+async def test_two_sidecars_in_one_process_do_not_share_a_channel_budget(tmp_path: Path, channel_dir: Path) -> None:
+    """The channel budget is each app's own (its config's): a partial frame held by one sidecar's
+    connection leaves the other's budget whole. With one budget per process, the second sidecar's
+    partial frame would cut the first's connection (the older partial frame gives way) and its
+    record would never be written."""
+    from sidecar import app
+
+    limit = 1024 * 1024
+    padded = context_frame(700, 1000, 70.0)[:-1] + ',"pad":"' + "y" * (600 * 1024) + '"}\n'
+    head, tail = padded[: 600 * 1024].encode(), padded[600 * 1024 :].encode()  # each head > half the budget
+    pipes = {agent: os.pipe() for agent in ("a", "b")}
+    configs = [
+        app.SidecarConfig(tmp_path, HOST, agent, "pi", "inc", channel_dir / agent, lifeline_fd=read_end,
+                          channel_budget_bytes=limit)
+        for agent, (read_end, _) in pipes.items()
+    ]  # fmt: skip
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
+    try:
+        async with trio.open_nursery() as nursery:
+            for config in configs:
+                nursery.start_soon(app.run_sidecar, config)
+            with trio.fail_after(10):
+                while not all(config.channel.exists() for config in configs):  # noqa: ASYNC110
+                    await trio.sleep(0.01)
+                streams = []
+                for config in configs:  # both partial frames held at once, the first the older
+                    stream = await trio.open_unix_socket(os.fspath(config.channel))
+                    await stream.send_all(head)
+                    streams.append(stream)
+                    await trio.sleep(0.2)
+                for stream in streams:
+                    await stream.send_all(tail)
+                    await stream.aclose()
+                while any(_record(tmp_path, config.agent) is None for config in configs):  # noqa: ASYNC110
+                    await trio.sleep(0.02)
+            for _, write_end in pipes.values():
+                os.close(write_end)
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+        for read_end, _ in pipes.values():
+            os.close(read_end)
+    assert [_record(tmp_path, config.agent) for config in configs] == [700, 700]
+
+
+def _record(catalog: Path, agent: str) -> int | None:
+    path = AgentDir(catalog, HOST, agent).context_path
+    return parse_record(path.read_bytes()).used_tokens if path.exists() else None
+
+
+async def test_a_channel_budget_holds_only_its_own_connections() -> None:
+    from sidecar import channel
+
+    first, second = channel.ChannelBudget(100), channel.ChannelBudget(100)
+    a = channel._Peer(trio.CancelScope(), 0.0, partial_since=1.0)
+    b = channel._Peer(trio.CancelScope(), 0.0, partial_since=2.0)
+    assert first.hold(a, 80) and second.hold(b, 80)  # 160 bytes in one process, 80 in each budget
+    assert (first.total, second.total) == (80, 80) and not a.scope.cancel_called
+    assert not second.hold(b, 101)  # over its own limit, and nothing older of its own to cut
+    with pytest.raises(ConfigError):
+        channel.ChannelBudget(-1)
+
+
 async def test_half_open_megabyte_frames_cannot_hold_more_than_the_buffer_budget(channel_dir: Path) -> None:
     from sidecar import channel
 
     path = channel_dir / "s"
     received = Received()
     streams: list[trio.SocketStream] = []
+    budget = channel.ChannelBudget()
     async with trio.open_nursery() as nursery:
-        await nursery.start(channel.serve, path, raw_channel_decoder, received.submit)
+        await nursery.start(partial(channel.serve, budget=budget), path, raw_channel_decoder, received.submit)
         for _ in range(128):
             stream = await trio.open_unix_socket(os.fspath(path))
             streams.append(stream)
             with contextlib.suppress(trio.BrokenResourceError, OSError):
                 await stream.send_all(b'{"type":"context","x":"' + b"y" * (1024 * 1024 - 100))
         await trio.sleep(0.2)
-        assert channel.buffered_bytes() <= channel.BUFFER_BUDGET_BYTES
+        assert budget.total <= channel.BUFFER_BUDGET_BYTES
         with trio.fail_after(1):
             stream = await trio.open_unix_socket(os.fspath(path))
             async with stream:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from guard.record import ContextFields
 from sidecar import registry
 from sidecar.registry import Chunk, harness_names, spec_for
 from tests.conformance import bytewise, outcome, replayed
@@ -78,6 +79,18 @@ def test_the_write_after_a_compaction_keeps_when_it_was(installed: None) -> None
     assert compaction.reason == "compaction" and compaction.record.last_compaction_ms is not None
     assert (after.record.compactions, after.record.last_compaction_ms) == (1, compaction.record.last_compaction_ms)
     assert all(write.record.last_compaction_ms is None for write in writes[:3])  # none before it
+
+
+def test_the_template_keeps_every_field_a_new_reading_does_not_measure(installed: None) -> None:
+    """Every field of the reading the compaction wrote stays on the next write but what that
+    reading measured anew (its usage and its time): the kernel holds them, the template forgets none."""
+    writes = replayed(spec_for("sixth"), spec_for("sixth").read_recording([SESSION]))
+    compaction, after = writes[3].record, writes[4].record
+    measured = {"used_tokens", "window_tokens", "used_percent", "observed_at_ms"}
+    kept = set(ContextFields.model_fields) - measured
+    assert {name: getattr(after, name) for name in kept} == {name: getattr(compaction, name) for name in kept}
+    assert (after.compactions, after.last_compaction_trigger) == (1, "unknown")  # it names no trigger
+    assert (after.used_tokens, after.observed_at_ms) != (compaction.used_tokens, compaction.observed_at_ms)
 
 
 def test_hctx_replay_takes_it_as_installed() -> None:

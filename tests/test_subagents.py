@@ -184,9 +184,24 @@ def test_an_opencode_child_named_only_by_the_task_part_is_not_the_parent() -> No
         for event in opencode.parse_event(json.dumps(frame).encode()):
             for reading in producer.feed(event, 2):  # type: ignore[arg-type]
                 assert (reading.fields.used_tokens, reading.fields.compactions) == (None, 0)  # the parent's
-    assert producer.compactions == 0 and producer.last_reading is not None
-    [row] = producer.last_reading.subagents  # the child's own: its turn and its compaction
+    assert producer.held.compactions.count == 0 and producer.held.reading is not None
+    [row] = producer.held.reading.subagents  # the child's own: its turn and its compaction
     assert (row.id, row.used_tokens, row.compactions, row.state) == ("c", 12_345, 1, "running")
+
+
+def test_an_opencode_childs_compaction_before_its_first_turn_is_its_rows_first() -> None:
+    """A child known only from its `session.updated` (its `parentID`), whose first word is a
+    compaction: a row of its own with that one compaction (it cost a producer error and the row before
+    the shared kernel: the new row's 0 and the compaction's 1 were passed twice)."""
+    producer = opencode.OpenCodeProducer()
+    updated = {"id": "e1", "type": "session.updated", "properties": {"info": {"id": "c", "parentID": "p"}}}
+    compacted = {"id": "e2", "type": "session.compacted", "properties": {"sessionID": "c"}}
+    readings = [reading for frame in (updated, compacted) for event in opencode.parse_event(json.dumps(frame).encode())
+                for reading in producer.feed(event, 5)]  # type: ignore[arg-type]  # fmt: skip
+    [reading] = readings
+    [row] = reading.fields.subagents
+    assert (row.id, row.compactions, row.state) == ("c", 1, "running")
+    assert reading.fields.compactions == 0 and not reading.compaction_edge  # never the agent's own
 
 
 # ---- the record's additive `subagents` -------------------------------------------------------------
@@ -323,10 +338,10 @@ def test_thousands_of_subagents_stay_bounded_and_the_newest_are_kept() -> None:
 
     for n in range(5_000):
         producer.feed(SubagentsSpawned(sender_thread_id="p", thread_ids=(f"c{n}",), model=None), n)
-    reading = producer.last_reading
+    reading = producer.held.reading
     assert reading is not None and len(reading.subagents) == MAX_SUBAGENTS
     assert [row.id for row in reading.subagents] == [f"c{n}" for n in range(4_999, 4_999 - MAX_SUBAGENTS, -1)]
-    assert len(producer.subagents._rows) <= 256
+    assert len(producer.held.subagents._rows) <= 256
     # A hostile id is refused whole: no row, no cleaned-up name.
     assert producer.feed(SubagentsSpawned(sender_thread_id="p", thread_ids=("x\x1b[2J",), model=None), 9_999) == []
 

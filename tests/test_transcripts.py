@@ -319,7 +319,7 @@ def test_codex_tail_through_the_producer(version: str) -> None:
     producer = CodexProducer()
     for at_ms, frame in tail_events(tail):
         producer.feed(frame, at_ms or 0)
-    reading = producer.last_reading
+    reading = producer.held.reading
     assert reading is not None
     assert reading.window_tokens == 190000
     assert tail.compactions is not None and tail.compactions >= 2

@@ -574,7 +574,7 @@ async def test_a_session_switch_publishes_the_new_sessions_compaction_facts(
     producer = PiProducer(harness)  # type: ignore[arg-type]
     readings = replayed_readings(producer, data)
     threshold_edge = next(r.fields for r in readings if r.fields.last_compaction_trigger == "threshold")
-    after = producer.last
+    after = producer.held.reading
     assert after is not None and (after.used_tokens, after.compactions) == (12240, 1)
     # A's compaction at the time A's store holds for it (before B's), never B's; the store names no reason.
     stored = channel.frames[switched][1]["lastCompactionAt"]

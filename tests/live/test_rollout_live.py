@@ -89,7 +89,7 @@ async def test_a_cli_session_is_followed_through_its_rollout(version: str, tmp_p
     for frame in frames:
         if not isinstance(frame, Dropped):
             readings.extend(producer.feed(frame, 1))
-    last = producer.last_reading
+    last = producer.held.reading
     assert last is not None
     # 90,800 of Codex's effective 190,000 window: Codex's "56% context left", so 44 and not 47.8.
     assert (last.used_tokens, last.window_tokens, last.used_percent) == (90_800, 190_000, 44)
@@ -104,14 +104,14 @@ async def test_a_cli_session_is_followed_through_its_rollout(version: str, tmp_p
     scanned = CodexProducer()
     for at_ms, frame in tail_events(tail):
         scanned.feed(frame, at_ms or 0)
-    assert scanned.last_reading is not None
+    assert scanned.held.reading is not None
     ignored = {"observed_at_ms", "rate_limits"}
-    assert scanned.last_reading.model_dump(exclude=ignored) == last.model_dump(exclude=ignored)
+    assert scanned.held.reading.model_dump(exclude=ignored) == last.model_dump(exclude=ignored)
     # Following, the turn's snapshot comes after its reading (as the app-server orders it) and is
     # published on it; scanning, the latest snapshot rides the one reading there is.
     assert last.rate_limits is not None and (last.rate_limits.five_hour, last.rate_limits.seven_day) == (10, 40)
-    assert scanned.last_reading.rate_limits is not None
-    assert (scanned.last_reading.rate_limits.five_hour, scanned.last_reading.rate_limits.seven_day) == (10, 40)
+    assert scanned.held.reading.rate_limits is not None
+    assert (scanned.held.reading.rate_limits.five_hour, scanned.held.reading.rate_limits.seven_day) == (10, 40)
 
 
 def _tui_plan_follows_rollouts() -> bool:

@@ -17,6 +17,7 @@ from guard.errors import FrameRejected
 from guard.policy import Reading
 from guard.record import ContextFields, Count, describe_validation_error
 from sidecar.decoding import CHANNEL
+from sidecar.held import Held
 from sidecar.spec import HarnessSpec, each_file
 
 NAME = "sixth"
@@ -56,23 +57,18 @@ class SixthProducer:
     harness = NAME
 
     def __init__(self) -> None:
-        self.held: ContextFields | None = None
+        # The shared producer kernel holds the reading and the compaction ledger: a new reading
+        # carries the count, when the last compaction was and its trigger; an edge restates the
+        # held numbers with their own time.
+        self.held = Held(NAME)
 
     def feed(self, event: Usage | Compacted, now_ms: int) -> list[Reading]:
         if isinstance(event, Usage):
             percent = round(event.used * 100 / event.window, 1) if event.window else None
-            usage = {"used_tokens": event.used, "window_tokens": event.window or None, "used_percent": percent}
-            # A new reading changes what the usage says and keeps every other held field (the
-            # compaction count and its time among them): built afresh, it would forget them.
-            held = self.held or ContextFields(harness=NAME, compactions=0, observed_at_ms=now_ms)
-            self.held = held.model_copy(update={**usage, "observed_at_ms": now_ms})
-            return [Reading(self.held)]
-        if self.held is None:
-            return []
-        self.held = self.held.model_copy(
-            update={"compactions": self.held.compactions + 1, "last_compaction_ms": now_ms}
-        )
-        return [Reading(self.held, compaction_edge=True)]
+            usage = ContextFields(harness=NAME, used_tokens=event.used, window_tokens=event.window or None,
+                                  used_percent=percent, observed_at_ms=now_ms)  # fmt: skip
+            return [self.held.measured(usage)]
+        return self.held.compacted(now_ms)  # it names no trigger: "unknown"
 
 
 SPEC = HarnessSpec(

@@ -51,7 +51,8 @@ from guard.record import (
 )
 from sidecar.decoding import CHANNEL
 from sidecar.harnesses.claude.frames import HOOK_FRAME, HOOK_TYPE, STATUSLINE_FRAME, STATUSLINE_TYPE, channel_line
-from sidecar.producer import Percent, SubagentRoster, TolerantModel, Usd, harness_version, instant_ms, optional_model
+from sidecar.held import Held
+from sidecar.producer import Percent, TolerantModel, Usd, harness_version, instant_ms, optional_model
 from sidecar.spec import Chunk, HarnessSpec, recording_bytes
 
 __all__ = [
@@ -206,13 +207,6 @@ def _hook(payload: dict[str, Any]) -> Hook | SubagentHook:
 # --- the producer ---------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class _Compaction:
-    count: int = 0
-    last_ms: int | None = None
-    trigger: CompactionTrigger | None = None
-
-
 SUBAGENT_START: Final = "SubagentStart"
 SUBAGENT_STOP: Final = "SubagentStop"
 
@@ -221,28 +215,23 @@ class ClaudeProducer:
     harness: Harness = "claude"
 
     def __init__(self) -> None:
-        self._reading: ContextFields | None = None
-        self._compaction = _Compaction()
+        # The status line comes with every turn: a compaction counted before any reading rides the
+        # first one as its edge. Claude stops a session at an account window's 100%.
+        self.held = Held(self.harness, exhausted=_exhausted, edge_waits_for_reading=True)
         # Per prompt_id, how many of each compaction edge arrived (bounded, oldest dropped).
         self._edges: OrderedDict[str, Counter[str]] = OrderedDict()
         # Set between a counted edge and its PostCompact, for edges that carry no prompt_id.
         self._episode_open = False
-        # A compaction counted before any reading existed rides the first reading as its edge.
-        self._edge_pending = False
-        self.subagents = SubagentRoster()
 
     def _subagent(self, hook: SubagentHook, now_ms: int) -> list[Reading]:
         """A subagent started or stopped: its row, the top-level reading as held (never re-stamped)."""
         states = {SUBAGENT_START: "running", SUBAGENT_STOP: "finished"}
         if hook.event not in states or hook.agent_id is None:
             return []  # a subagent's own tool hook (or its compaction): nothing this record states
-        fields: dict[str, Any] = {"state": states[hook.event], "observed_at_ms": now_ms}
+        fields: dict[str, Any] = {"state": states[hook.event]}
         if hook.agent_type is not None:
             fields["name"] = hook.agent_type
-        if not self.subagents.update(hook.agent_id, now_ms, **fields):
-            return []
-        self._reading = self.subagents.onto(self._reading, self.harness, now_ms)
-        return [_reading(self._reading, compaction_edge=False)]
+        return self.held.subagent(hook.agent_id, now_ms, **fields)
 
     def feed(self, event: ClaudeEvent, now_ms: int) -> list[Reading]:
         if isinstance(event, StatusLine):
@@ -266,17 +255,12 @@ class ClaudeProducer:
                 session_total_tokens=None,
                 rate_limits=_rate_limits(line, now_ms),
                 rate_limit_resets_at_ms=_rate_limit_resets(line, now_ms),
-                compactions=self._compaction.count,
-                last_compaction_ms=self._compaction.last_ms,
-                last_compaction_trigger=self._compaction.trigger,
                 harness_version=line.version,
                 observed_at_ms=now_ms,
             )
         except ValidationError as exc:
             raise FrameRejected(f"status line out of range: {describe_validation_error(exc)}") from None
-        self._reading = fields = fields.model_copy(update={"subagents": self.subagents.rows()})
-        edge, self._edge_pending = self._edge_pending, False
-        return _reading(fields, compaction_edge=edge)
+        return self.held.measured(fields)
 
     def _hook(self, hook: Hook, now_ms: int) -> list[Reading]:
         event = hook.hook_event_name
@@ -312,29 +296,16 @@ class ClaudeProducer:
             if hook.hook_event_name == "PostCompact":
                 # The same compaction, now finished: lastCompactionMs moves to when the window
                 # emptied, and rides the next reading rather than writing again.
-                self._compaction = _Compaction(self._compaction.count, now_ms, self._compaction.trigger)
+                self.held.compactions.finished(now_ms)
             return []
         self._episode_open = True
-        trigger = _TRIGGERS.get(hook.trigger or "", "unknown")
-        self._compaction = _Compaction(self._compaction.count + 1, now_ms, trigger)
-        if self._reading is None:
-            self._edge_pending = True
-            return []
-        # The held reading, never re-stamped: only the compaction fields are new.
-        self._reading = self._reading.model_copy(
-            update={
-                "compactions": self._compaction.count,
-                "last_compaction_ms": now_ms,
-                "last_compaction_trigger": trigger,
-            }
-        )
-        return [_reading(self._reading, compaction_edge=True)]
+        return self.held.compacted(now_ms, _TRIGGERS.get(hook.trigger or "", "unknown"))
 
 
-def _reading(fields: ContextFields, *, compaction_edge: bool) -> Reading:
-    """A reading with the account windows Claude itself proves exhausted now: it stops a session
-    at 100%, and `_rate_limits` publishes a window only while its reset is still ahead."""
-    return Reading(fields, compaction_edge=compaction_edge, exhausted=windows_at_limit(fields.rate_limits))
+def _exhausted(fields: ContextFields) -> frozenset[str]:
+    """The account windows Claude itself proves exhausted now: it stops a session at 100%, and
+    `_rate_limits` publishes a window only while its reset is still ahead."""
+    return windows_at_limit(fields.rate_limits)
 
 
 def _rate_limits(line: StatusLine, now_ms: int) -> RateLimits | None:

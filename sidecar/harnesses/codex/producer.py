@@ -94,7 +94,8 @@ from sidecar.harnesses.codex.events import (
     TokenUsage,
     TurnState,
 )
-from sidecar.producer import Percent, SubagentRoster, harness_version, instant_ms, remember
+from sidecar.held import Held
+from sidecar.producer import Percent, harness_version, instant_ms, remember
 from sidecar.spec import Chunk, HarnessSpec, recording_bytes
 
 __all__ = [
@@ -566,12 +567,11 @@ def usage_fields(
     harness: Harness = "codex",
     held_limits: HeldLimits = (None, None),
     held_resets: HeldResets = (None, None),
-    compactions: int = 0,
-    last_compaction_ms: int | None = None,
     version: str | None = None,
     config: CompactionConfig | None = None,
 ) -> ContextFields:
-    """The reading one token-usage event makes: Codex's numbers through Codex's arithmetic."""
+    """The reading one token-usage event makes: Codex's numbers through Codex's arithmetic (the
+    compaction fields are the producer's ledger's, `sidecar.held`)."""
     window = usage.context_window
     tokens_in_window = usage.tokens_in_window
     return ContextFields(
@@ -584,9 +584,6 @@ def usage_fields(
         session_total_tokens=usage.session_total_tokens,
         rate_limits=rate_limits(held_limits),
         rate_limit_resets_at_ms=rate_limit_resets(held_resets),
-        compactions=compactions,
-        last_compaction_ms=last_compaction_ms,
-        last_compaction_trigger="unknown" if compactions else None,
         harness_version=version,
         compact_at_tokens=compact_at(config, window),
         auto_compaction=True if config is not None and config.auto_compact_token_limit is not None else None,
@@ -603,16 +600,14 @@ class CodexProducer:
 
     def __init__(self, harness: Harness = "codex") -> None:
         self.harness: Harness = harness
-        self.compactions = 0
-        self.last_compaction_ms: int | None = None
+        # The reading, the compaction ledger and the subagents (spawned threads of the agent's own).
+        self.held = Held(harness)
         self.held_limits: HeldLimits = (None, None)
         self.held_resets: HeldResets = (None, None)
-        self.last_reading: ContextFields | None = None
         self.config: CompactionConfig | None = None
         self.version: str | None = None
         self._version_from_user_agent = False
         self._own_threads: OrderedDict[str, None] = OrderedDict()
-        self.subagents = SubagentRoster()  # spawned threads of the agent's own (issue 28)
         self._counted_items: OrderedDict[str, str | None] = OrderedDict()
         # Turns whose compaction was counted from the deprecated notification, which names no item:
         # the first item seen in such a turn is that same compaction, not a second one.
@@ -624,8 +619,8 @@ class CodexProducer:
 
     def feed(self, event: object, now_ms: int) -> list[Reading]:
         if isinstance(event, TokenUsage):
-            if event.thread_id in self.subagents:
-                return self._subagent(event.thread_id, now_ms, **_subagent_usage(event))
+            if event.thread_id in self.held.subagents:
+                return self.held.subagent(event.thread_id, now_ms, **_subagent_usage(event))
             if event.thread_id not in self._own_threads:
                 return []  # an unknown thread: never the agent's numbers
             return [self._token_usage(event, now_ms)]
@@ -635,12 +630,13 @@ class CodexProducer:
             readings: list[Reading] = []
             for thread in event.thread_ids:
                 # Codex states a child's compactions as items under its thread: none yet is a 0.
-                readings = self._subagent(thread, now_ms, model=event.model, state="running", compactions=0) or readings
+                spawned = self.held.subagent(thread, now_ms, model=event.model, state="running", compactions=0)
+                readings = spawned or readings
             return readings
         if isinstance(event, TurnState):
-            if event.thread_id not in self.subagents:
+            if event.thread_id not in self.held.subagents:
                 return []
-            return self._subagent(event.thread_id, now_ms, state="running" if event.running else "finished")
+            return self.held.subagent(event.thread_id, now_ms, state="running" if event.running else "finished")
         if isinstance(event, ThreadOpened):
             remember(self._own_threads, event.thread_id, None, OWN_THREADS_REMEMBERED)
             return []
@@ -661,25 +657,16 @@ class CodexProducer:
         raise FrameRejected(f"not a Codex event but {type(event).__name__}")
 
     def _token_usage(self, usage: TokenUsage, now_ms: int) -> Reading:
-        self.last_reading = usage_fields(
+        fields = usage_fields(
             usage,
             now_ms,
             harness=self.harness,
             held_limits=self.held_limits,
             held_resets=self.held_resets,
-            compactions=self.compactions,
-            last_compaction_ms=self.last_compaction_ms,
             version=self.version,
             config=self.config,
-        ).model_copy(update={"subagents": self.subagents.rows()})
-        return Reading(self.last_reading)
-
-    def _subagent(self, thread_id: str, now_ms: int, **fields: Any) -> list[Reading]:
-        """The record with one subagent's row changed; the parent's numbers and time as held."""
-        if not self.subagents.update(thread_id, now_ms, observed_at_ms=now_ms, **fields):
-            return []
-        self.last_reading = self.subagents.onto(self.last_reading, self.harness, now_ms)
-        return [Reading(self.last_reading)]
+        )
+        return self.held.measured(fields)
 
     def _note_version(self, build: HarnessBuild) -> None:
         if build.from_user_agent:
@@ -692,53 +679,41 @@ class CodexProducer:
     def _restated_with_rate_limits(self) -> list[Reading]:
         """The held reading with the merged limits, when they changed it; nothing was re-measured,
         so its observedAtMs stays. Before any reading the limits wait for the first one."""
-        held, limits, resets = self.last_reading, rate_limits(self.held_limits), rate_limit_resets(self.held_resets)
+        held, limits, resets = self.held.reading, rate_limits(self.held_limits), rate_limit_resets(self.held_resets)
         if held is None or (held.rate_limits, held.rate_limit_resets_at_ms) == (limits, resets):
             return []
-        self.last_reading = held.model_copy(update={"rate_limits": limits, "rate_limit_resets_at_ms": resets})
-        return [Reading(self.last_reading, rate_limits_edge=True)]
+        restated = held.model_copy(update={"rate_limits": limits, "rate_limit_resets_at_ms": resets})
+        return [self.held.publish(restated, rate_limits_edge=True)]
 
     def _item(self, item: CompactionItem, now_ms: int) -> list[Reading]:
         if item.item_id in self._counted_items:
             return []
         if item.thread_id is not None and item.thread_id not in self._own_threads:
             remember(self._counted_items, item.item_id, item.turn_id, COUNTED_ITEMS_REMEMBERED)
-            row = self.subagents.get(item.thread_id)
-            if row is None:
+            if item.thread_id not in self.held.subagents:
                 return []  # an unknown thread's compaction: not the agent's window
-            return self._subagent(item.thread_id, now_ms, compactions=(row.compactions or 0) + 1)
+            return self.held.subagent_compacted(item.thread_id, now_ms)
         remember(self._counted_items, item.item_id, item.turn_id, COUNTED_ITEMS_REMEMBERED)
         turn = item.turn_id
         if turn is not None and self._legacy_turns.get(turn):
             self._legacy_turns[turn] = False  # this item is the compaction already counted
             return []
-        return [self._compacted(now_ms)]
+        return self._compacted(now_ms)
 
     def _legacy_compacted(self, turn_id: str, now_ms: int) -> list[Reading]:
         if turn_id in self._legacy_turns or turn_id in self._counted_items.values():
             return []
         remember(self._legacy_turns, turn_id, True, COUNTED_ITEMS_REMEMBERED)
-        return [self._compacted(now_ms)]
+        return self._compacted(now_ms)
 
-    def _compacted(self, now_ms: int) -> Reading:
-        """The edge: the held reading (its own observedAtMs kept) with the count advanced."""
-        self.compactions += 1
-        self.last_compaction_ms = now_ms
-        update = {
-            "compactions": self.compactions,
-            "last_compaction_ms": now_ms,
-            "last_compaction_trigger": "unknown",
-            "rate_limits": rate_limits(self.held_limits),
-            "rate_limit_resets_at_ms": rate_limit_resets(self.held_resets),
-            "harness_version": self.version,
-        }
-        if self.last_reading is None:
-            # No reading yet: the count is the only observation, and it was made now.
-            fields = ContextFields(harness=self.harness, observed_at_ms=now_ms, **update)
-        else:
-            fields = self.last_reading.model_copy(update=update)
-        self.last_reading = fields
-        return Reading(fields, compaction_edge=True)
+    def _compacted(self, now_ms: int) -> list[Reading]:
+        """The edge, on the held reading with the limits and build held since (Codex names no trigger)."""
+        return self.held.compacted(
+            now_ms,
+            rate_limits=rate_limits(self.held_limits),
+            rate_limit_resets_at_ms=rate_limit_resets(self.held_resets),
+            harness_version=self.version,
+        )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -75,11 +75,11 @@ from guard.json_rule import loads, loads_object
 from guard.policy import Reading
 from guard.record import ContextFields, Count, Harness, describe_validation_error
 from sidecar.decoding import PROVIDERS, MessageDecoder, SseDecoder
-from sidecar.producer import SubagentRoster, Usd, harness_version, remember
+from sidecar.held import Held
+from sidecar.producer import Usd, harness_version, remember
 from sidecar.spec import Chunk, HarnessSpec, recording_bytes
 
 __all__ = [
-    "COMPACTIONS_REMEMBERED",
     "COMPACTION_RESERVED_CAP",
     "CONFIG_SCHEMA_PREFIX",
     "CONFIG_WIRE",
@@ -159,7 +159,6 @@ OPENCODE_CONTEXT_VERIFIED_VERSIONS: Final = ("1.18.25", "1.18.33")
 # Bounds that only keep a hostile stream from growing memory; a real server stays far below them.
 SESSIONS_REMEMBERED: Final = 1024
 MESSAGES_REMEMBERED: Final = 4096
-COMPACTIONS_REMEMBERED: Final = 1024
 WINDOWS_REMEMBERED: Final = 16384
 # One SSE event's data, and one answer body: larger is dropped whole, never buffered.
 MAX_EVENT_BYTES: Final = 16 * 1024 * 1024
@@ -564,17 +563,14 @@ class OpenCodeProducer:
         self.limits: dict[ModelKey, ModelLimits] = {}
         self.compaction: CompactionSettings | None = None  # None until a config answer was read
         self.output_max: int | None = OUTPUT_TOKEN_MAX
-        self.compactions = 0
-        self.last_compaction_ms: int | None = None
-        self.last_reading: ContextFields | None = None
+        # The reading, the compaction ledger (keyed by the event's id) and the subagents' rows.
+        self.held = Held(harness)
         self._turn: _Turn | None = None
         self._turns: OrderedDict[str, _Turn] = OrderedDict()  # the newest turn of each session
         self._shown: str | None = None  # the session the server last told its TUI to show
         self._sessions: OrderedDict[str, _SessionFacts] = OrderedDict()
         self._children: OrderedDict[str, str] = OrderedDict()  # a `task` child session -> its parent
-        self.subagents = SubagentRoster()
         self._landed: OrderedDict[tuple[str | None, str], int] = OrderedDict()
-        self._counted_compactions: OrderedDict[str, None] = OrderedDict()
 
     @property
     def missing_windows(self) -> frozenset[ModelKey]:
@@ -596,10 +592,8 @@ class OpenCodeProducer:
             return self._subagent(event.session_id, now_ms, state="finished" if event.finished else "running")
         if isinstance(event, SessionCompacted):
             if event.session_id in self._children:
-                # A subagent's window compacted, not the agent's: counted on its row.
-                row = self.subagents.get(event.session_id)
-                return self._subagent(event.session_id, now_ms, compactions=(row.compactions or 0) + 1 if row else 1)
-            return self._compacted(event.event_id, now_ms)
+                return self.held.subagent_compacted(event.session_id, now_ms)  # a subagent's window, not the agent's
+            return self.held.compacted(now_ms, key=event.event_id)  # an event delivered twice counts once
         if isinstance(event, TuiSessionSelect):
             if event.session_id in self._children:
                 return []  # a TUI showing a subagent's session: still not the agent's numbers
@@ -641,7 +635,7 @@ class OpenCodeProducer:
         if self._shown is not None and session_id != self._shown:
             return []  # not the session the TUI was told to show: held for when it is
         self._turn = turn
-        return [Reading(self._snapshot(turn))]
+        return [self.held.measured(self._snapshot(turn))]
 
     def _child_turn(self, session_id: str, info: MessageInfo, key: ModelKey, total: int, now_ms: int) -> list[Reading]:
         """A `task` child's completed turn: its own row, on its own model's window."""
@@ -654,13 +648,9 @@ class OpenCodeProducer:
         )  # fmt: skip
 
     def _subagent(self, session_id: str, now_ms: int, **fields: Any) -> list[Reading]:
-        """The record with one subagent's row changed; the parent's numbers and time as held."""
-        row = self.subagents.get(session_id)
-        start = {} if row is not None else {"compactions": 0}  # OpenCode states a session's compactions
-        if not self.subagents.update(session_id, now_ms, **start, observed_at_ms=now_ms, **fields):
-            return []
-        self.last_reading = self.subagents.onto(self.last_reading, self.harness, now_ms)
-        return [Reading(self.last_reading)]
+        """One subagent's row changed; a new one starts at 0 compactions (OpenCode states a session's)."""
+        start = {} if session_id in self.held.subagents else {"compactions": 0}
+        return self.held.subagent(session_id, now_ms, **(start | fields))
 
     def _select(self, session_id: str) -> list[Reading]:
         """The TUI now shows `session_id`: its newest turn, with that turn's own time, if one landed."""
@@ -669,7 +659,7 @@ class OpenCodeProducer:
         if turn is None or turn is self._turn:
             return []
         self._turn = turn
-        return [Reading(self._snapshot(turn))]
+        return [self.held.measured(self._snapshot(turn))]
 
     def _snapshot(self, turn: _Turn) -> ContextFields:
         window = self.catalog.window(turn.key)
@@ -685,22 +675,17 @@ class OpenCodeProducer:
             cost_usd=facts.cost_usd if facts else None,
             session_total_tokens=facts.total_tokens if facts else None,
             rate_limits=None,
-            compactions=self.compactions,
-            last_compaction_ms=self.last_compaction_ms,
-            last_compaction_trigger="unknown" if self.compactions else None,
             harness_version=facts.version if facts else None,
             session_id=turn.session_id,
             compact_at_tokens=compact_at,
             auto_compaction=auto_compaction,
-            subagents=self.subagents.rows(),
             observed_at_ms=turn.observed_at_ms,
         )
-        self.last_reading = fields
         return fields
 
     def _joined_late(self) -> list[Reading]:
         """The held turn, now that the pull it waited for supplied its window; its time is kept."""
-        turn, last = self._turn, self.last_reading
+        turn, last = self._turn, self.held.reading
         if turn is None or last is None or last.window_tokens is not None:
             return []
         if self.catalog.window(turn.key) is None:
@@ -708,8 +693,7 @@ class OpenCodeProducer:
         fields = self._snapshot(turn).model_copy(
             update={"cost_usd": last.cost_usd, "session_total_tokens": last.session_total_tokens}
         )
-        self.last_reading = fields
-        return [Reading(fields)]
+        return [self.held.measured(fields)]
 
     def _session(self, info: SessionInfo) -> None:
         tokens = info.tokens
@@ -720,26 +704,6 @@ class OpenCodeProducer:
         remember(self._sessions, info.id, facts, SESSIONS_REMEMBERED)
         if info.parent_id is not None and info.id not in self._children:
             remember(self._children, info.id, info.parent_id, SESSIONS_REMEMBERED)
-
-    def _compacted(self, event_id: str | None, now_ms: int) -> list[Reading]:
-        if event_id is not None:
-            if event_id in self._counted_compactions:
-                return []  # the same event delivered twice
-            remember(self._counted_compactions, event_id, None, COMPACTIONS_REMEMBERED)
-        self.compactions += 1
-        self.last_compaction_ms = now_ms
-        update = {
-            "compactions": self.compactions,
-            "last_compaction_ms": now_ms,
-            "last_compaction_trigger": "unknown",
-        }
-        if self.last_reading is None:
-            # No reading yet: the count is the only observation, and it was made now.
-            fields = ContextFields(harness=self.harness, observed_at_ms=now_ms, **update)
-        else:
-            fields = self.last_reading.model_copy(update=update)
-        self.last_reading = fields
-        return [Reading(fields, compaction_edge=True)]
 
 
 _M = TypeVar("_M", bound=_Wire)

@@ -68,6 +68,7 @@ from guard.record import (
     describe_validation_error,
 )
 from sidecar.decoding import CHANNEL
+from sidecar.held import Held
 from sidecar.producer import Percent, Usd, harness_version, instant_ms, optional_model
 from sidecar.spec import Chunk, HarnessSpec, recording_bytes
 
@@ -213,16 +214,13 @@ def trigger_of(reason: str | None) -> CompactionTrigger:
 
 
 class PiProducer:
-    """One agent's pi or omp channel: holds the compaction count, its edge time and the last reading."""
+    """One agent's pi or omp channel: the harness-durable compaction count and the last reading."""
 
     def __init__(self, harness: Harness) -> None:
         if harness not in PI_HARNESSES:
             raise UnknownHarness(f"the pi channel producer serves pi and omp, not {harness!r}")
         self.harness: Harness = harness
-        self.compactions = 0
-        self.last_compaction_ms: int | None = None
-        self.last_compaction_trigger: CompactionTrigger | None = None
-        self.last: ContextFields | None = None
+        self.held = Held(harness)
         self.version: str | None = None
         self.settings: ChannelCompactionSettings | None = None
 
@@ -231,49 +229,27 @@ class PiProducer:
             raise FrameRejected(f"not a context frame but {type(decoded).__name__}")
         if type(now_ms) is not int or now_ms < 0:
             raise FrameRejected(f"arrival time {now_ms!r} is not a time")
+        ledger = self.held.compactions
         if decoded.event == "session_start":
             # A session begins (startup, `/new`, `/resume`, a fork): the edge and the reading held are
             # another session's, so a reading never carries them; its own count comes with this frame.
-            self.last_compaction_ms = None
-            self.last_compaction_trigger = None
-            self.last = None
+            self.held.new_session()
         edge = decoded.compaction
         if edge is not None:
             # The store's count already includes this compaction (it is read inside session_compact);
             # an unreadable store narrows the scope to this incarnation rather than losing the edge.
-            self.compactions = edge.count if edge.count is not None else self.compactions + 1
-            self.last_compaction_ms = now_ms
-            self.last_compaction_trigger = trigger_of(edge.reason)
+            ledger.counted(now_ms, trigger_of(edge.reason), stated=edge.count)
         elif decoded.compactions is not None:
-            self.compactions = decoded.compactions
-            if self.compactions == 0:
-                # A session whose store holds no compaction (a new one): the last edge was another's.
-                self.last_compaction_ms = None
-                self.last_compaction_trigger = None
-            elif self.last_compaction_ms is None and decoded.last_compaction_at is not None:
-                # A resumed or switched-to session (or this sidecar's first frame): its last compaction
-                # is the one its store holds, at that entry's own time. The store names no trigger.
-                self.last_compaction_ms = decoded.last_compaction_at
+            # A resumed or switched-to session (or this sidecar's first frame): the count its store
+            # holds, and its last compaction at that entry's own time.
+            ledger.stated(decoded.compactions, decoded.last_compaction_at)
         self.version = decoded.version or self.version
         # Restated on every frame; a malformed one is unreadable settings (null), never a dropped frame.
         self.settings = decoded.compaction_settings
         if decoded.reading is not None:
-            self.last = self._fields(decoded.reading, now_ms)
-        elif edge is not None:
-            # An edge with no reading keeps the held numbers and their time: nothing was re-measured.
-            held = self.last or ContextFields(harness=self.harness, observed_at_ms=now_ms)
-            self.last = held.model_copy(update=self._compaction_fields())
-        else:
-            return []
-        return [Reading(self.last, compaction_edge=edge is not None)]
-
-    def _compaction_fields(self) -> dict[str, Any]:
-        return {
-            "compactions": self.compactions,
-            "last_compaction_ms": self.last_compaction_ms,
-            "last_compaction_trigger": self.last_compaction_trigger,
-            "harness_version": self.version,
-        }
+            return [self.held.measured(self._fields(decoded.reading, now_ms))]  # with its edge, if any
+        # An edge with no reading keeps the held numbers and their time: nothing was re-measured.
+        return self.held.edge(now_ms, harness_version=self.version)
 
     def _compact_at(self, window: int | None) -> dict[str, Any]:
         compact_at, auto = pi_compact_at(self.settings if self.harness == "pi" else None, window)
@@ -288,8 +264,8 @@ class PiProducer:
                 used_percent=reading.percent,
                 model=reading.model,
                 cost_usd=reading.cost_usd,
+                harness_version=self.version,
                 observed_at_ms=now_ms,
-                **self._compaction_fields(),
                 **self._compact_at(reading.context_window),
             )
         except ValidationError as exc:  # the frame was validated to the record's own types; defensive
