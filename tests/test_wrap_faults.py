@@ -355,8 +355,17 @@ ONCE_THEN_SLEEP = "import os, sys, time\nif os.path.exists(sys.argv[1]): time.sl
 
 
 def _children(pid: int) -> set[int]:
+    """The children of `pid` past their exec: a fork of the resident holds its descriptors until then."""
     tasks = Path(f"/proc/{pid}/task").iterdir()
-    return {int(child) for task in tasks for child in (task / "children").read_text().split()}
+    children = {int(child) for task in tasks for child in (task / "children").read_text().split()}
+    return {child for child in children if "wrapper.resident" not in _cmdline(child)}
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text()
+    except OSError:
+        return "wrapper.resident"  # gone meanwhile: not a child to look at
 
 
 def test_the_resident_holds_the_wrapper_lock_across_its_exec_and_a_relaunch(tmp_path: Path) -> None:
