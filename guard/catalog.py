@@ -356,6 +356,10 @@ class CatalogCache(Generic[_Value]):
             if collecting:
                 gc.enable()
 
+    def held(self) -> list[tuple[str, str, _Value]]:
+        """Every agent's value as the refreshes so far left it, sorted by host and identity; reads nothing."""
+        return [(host, identity, entry.value) for (host, identity), entry in sorted(self._entries.items())]
+
     def refresh_agents(self, keys: Iterable[tuple[str, str]]) -> CatalogSnapshot[_Value]:
         """Only these agents (named by a file event), without listing the catalog: each is looked
         at and read again if its files changed; one whose directory is gone is dropped. The next

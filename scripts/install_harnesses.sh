@@ -431,7 +431,10 @@ done
 
 echo
 if ((VERIFY)); then vnote="--version run now"; else vnote="--version as recorded at install (--verify re-runs it)"; fi
-echo "install root: $HDIR ($(du -sh -- "$HDIR" 2>/dev/null | cut -f1)); logs: $LOG_DIR; $vnote; $((SECONDS - T0)) s"
+# du walks some 80,000 files (seconds on a cold cache): only when this run installed something.
+size=""
+((${#INSTALLED[@]})) && size=" ($(du -sh -- "$HDIR" 2>/dev/null | cut -f1))"
+echo "install root: $HDIR$size; logs: $LOG_DIR; $vnote; $((SECONDS - T0)) s"
 if ((${#FAILED[@]})); then
   echo "error: failed: ${FAILED[*]} (see $LOG_DIR/<id>.log)" >&2
   exit 1

@@ -24,6 +24,23 @@ FIXTURE_ROOT = REPO / "fixtures"
 LAB = REPO.parent / "shared" / "lab"
 
 
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under `pytest -n N` (scripts/test), a work unit is a test module, so a module-scoped fixture
+    (a wheel built once, a browser, two Syncthing daemons) is still set up once; and the live tests
+    are one unit, run one after another on one worker while the other workers take the rest: real
+    harnesses started side by side starve each other on two cores and miss their deadlines."""
+    if config.getvalue("dist") != "load":
+        return None  # a --dist the caller chose
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModulesLiveTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "tests/live" if module.startswith("tests/live/") else module
+
+    return ModulesLiveTogether(config, log)
+
+
 @pytest.fixture
 def channel_dir(tmp_path: Path) -> Path:
     """A directory the channel accepts: owned by this user and closed to others."""

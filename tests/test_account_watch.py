@@ -9,6 +9,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 from readers_catalog import HOST, HOUR, MINUTE, put_record
 from test_watch import _lines, _wait, _watch
@@ -222,3 +223,49 @@ def test_the_command_tells_each_crossing_once_across_restarts_through_exec(tmp_p
     state = json.loads((catalog / ".st2" / "watch" / "default.accounts.json").read_text())
     assert state["schema"] == "hctx.watch-accounts.v1"
     assert state["windows"][f"account:{KEY}/fiveHour"]["fired"] == [80, 90]
+
+
+def test_a_file_event_steps_only_the_accounts_of_the_agents_it_named(tmp_path: Path, monkeypatch: Any) -> None:
+    """200 seats on another account and 100 agents stating none: a's event steps a's account (both
+    its seats), nothing else, and an account an agent left is stepped too (issue 25: the watch's cost
+    per event grew with the fleet)."""
+    import wrapper.account_watch as account_watch
+
+    seat(tmp_path, "a", 70, NOW - 3 * MINUTE)
+    seat(tmp_path, "b", 85, NOW - 2 * MINUTE)
+    for n in range(200):
+        seat(tmp_path, f"o{n:03d}", 10, NOW - MINUTE, key=OTHER)
+    for n in range(100):
+        seat(tmp_path, f"n{n:03d}", 10, NOW - MINUTE, key=None)
+    stepped: list[list[str]] = []
+    real = account_watch.account_step
+
+    def counting(state: Any, snapshot: Any, *args: Any, **kwargs: Any) -> Any:
+        rows = list(snapshot)
+        stepped.append(sorted(observation.row.identity for observation in rows))
+        return real(state, rows, *args, **kwargs)
+
+    monkeypatch.setattr(account_watch, "account_step", counting)
+    state_file = StateFile(tmp_path, "default")
+    watch, cache = AccountWatch(state_file, AT), RosterCache(tmp_path)
+    with state_file.held() as dir_fd:
+        full, _ = observe(tmp_path, NOW, here=HOST, cache=cache)
+        assert [_told(event) for event in watch.step(dir_fd, full, NOW)] == [(KEY, "fiveHour", 80, "b")]
+        assert len(stepped[-1]) == 302
+        seat(tmp_path, "a", 96, NOW)
+        named, _ = observe(tmp_path, NOW + 1000, here=HOST, cache=cache, only={(HOST, "a")})
+        assert [_told(event) for event in watch.step(dir_fd, named, NOW + 1000, partial=True)] == [
+            (KEY, "fiveHour", 95, "a")
+        ]
+        assert stepped[-1] == ["a", "b"]
+        seat(tmp_path, "b", 50, NOW + 1000, key=OTHER)  # b moves to the other account
+        named, _ = observe(tmp_path, NOW + 2000, here=HOST, cache=cache, only={(HOST, "b")})
+        watch.step(dir_fd, named, NOW + 2000, partial=True)
+        assert stepped[-1] == sorted(["a", "b", *(f"o{n:03d}" for n in range(200))])
+        assert f"{group_key_of(watch, 'a')}/fiveHour" in watch.state  # nothing forgotten by a partial step
+
+
+def group_key_of(watch: AccountWatch, identity: str) -> str:
+    from wrapper.accounts import group_key
+
+    return group_key(watch.held[f"{HOST}/{identity}"].row)

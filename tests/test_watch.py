@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from readers_catalog import HOST, put_claim, put_record
@@ -610,8 +611,8 @@ def test_a_partial_step_keeps_the_agents_it_did_not_see() -> None:
 
 
 def test_a_file_event_reads_only_the_agents_it_names(tmp_path: Path) -> None:
+    from wrapper.notice import agent_of
     from wrapper.roster import RosterCache
-    from wrapper.watch import agent_of
 
     for agent in ("a", "b"):
         put_record(tmp_path, agent, observedAtMs=NOW - 1000, writtenAtMs=NOW - 1000)
@@ -624,3 +625,45 @@ def test_a_file_event_reads_only_the_agents_it_names(tmp_path: Path) -> None:
     seen, _ = observe(tmp_path, NOW, here=HOST, cache=cache, only={named})
     assert [(o.row.identity, o.row.context and o.row.context["usedPercent"]) for o in seen] == [("b", 90.0)]
     assert cache.cache.reads == reads + 1  # `a` was not looked at
+
+
+# --- saving what was told: once per step, and before each attempt ---------------------------------
+
+
+async def test_a_step_with_events_saves_once_per_attempt_and_the_save_holds_the_attempt() -> None:
+    """1,000 agents re-armed (a state change, no event) and one crossing 80 and 95: each attempt
+    finds on disk what it tells and every other agent's latest state, in one save per attempt (a
+    save for the step itself, then one per attempt, was a cost that grew with the fleet: issue 25)."""
+    from wrapper.watch import Outbox
+
+    _, state = step({}, [seen_row(f"q{n:04d}", "i", context(85)) for n in range(1000)], NOW, Settings())
+    quiet = [seen_row(f"q{n:04d}", "i", context(10)) for n in range(1000)]
+    events, after = step(state, [*quiet, seen_row("a", "i", context(96))], NOW, Settings())
+    assert kinds(events) == [("a", "fill", 80), ("a", "fill", 95)]
+    saves: list[dict[str, Seen]] = []
+    attempts: list[tuple[float | None, dict[str, Seen]]] = []
+
+    async def deliver(event: Event) -> None:
+        attempts.append((event.threshold, saves[-1]))
+
+    async with trio.open_nursery() as nursery:
+        outbox = Outbox(nursery, deliver, lambda told: saves.append(dict(told)), state)
+        outbox.settle(after, events)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    assert len(saves) == 2
+    (first, on_disk), (second, then) = attempts
+    assert (first, on_disk["box/a"].fired, len(on_disk)) == (80, frozenset({80}), 1001)
+    assert on_disk["box/q0999"].fired == frozenset()  # re-armed, in the same save
+    assert (second, then["box/a"].fired) == (95, frozenset({80, 95}))
+    assert then == after
+
+
+def test_the_state_file_encodes_only_what_changed_and_writes_the_same_bytes() -> None:
+    cached: dict[str, tuple[Seen, str]] = {}
+    state = {f"box/a{n}": Seen(f"i{n}", frozenset({80.0}), n % 2 == 0, n, False, NOW + n) for n in range(50)}
+    assert dump_state(state, cached) == dump_state(state)
+    state["box/a7"] = Seen("i7b", frozenset(), True, 0, True, NOW)
+    del state["box/a3"]
+    assert dump_state(state, cached) == dump_state(state) and "box/a3" not in cached
+    assert load_state(dump_state(state, cached)) == state

@@ -32,8 +32,8 @@ from tests.web_board import (
     web_argv,
     web_env,
 )
+from wrapper.notice import agent_of
 from wrapper.roster import collect_roster
-from wrapper.watch import agent_of
 from wrapper.web.board import FillHistory, FillPoint, fill_svg, rate_limit_panel, read_fill_history
 from wrapper.web.command import allowed_hosts, is_loopback
 

@@ -48,7 +48,10 @@ def log_events(catalog: Path, agent: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
+def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
+    """`predicate()` once it is true, looked at every 20 ms. The default deadline is generous: it
+    bounds a wait for an event (a process started, a file written), never a duration under test, and
+    the suite runs on parallel workers of a machine that may be busy with other work."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()

@@ -108,12 +108,18 @@ class RateLimitEvent(Event):
 
 
 def account_step(
-    state: AccountState, snapshot: Iterable[Observation], now: int, thresholds: tuple[float, ...]
+    state: AccountState,
+    snapshot: Iterable[Observation],
+    now: int,
+    thresholds: tuple[float, ...],
+    *,
+    partial: bool = False,
 ) -> tuple[list[Event], dict[str, WindowSeen]]:
     """The `rate-limit` events one roster snapshot brings after `state`, and the state after them.
 
     An account absent from the roster is remembered for the hour horizon (an agent relaunching
-    leaves it empty for a moment, and must not make it tell again), then forgotten."""
+    leaves it empty for a moment, and must not make it tell again), then forgotten. A `partial`
+    snapshot holds every agent of some accounts only: the others keep what was told, none forgotten."""
     observations = list(snapshot)
     incarnations = {observation.row.name: observation.incarnation for observation in observations}
     events: list[Event] = []
@@ -143,7 +149,7 @@ def account_step(
                     group=group, snapshot=latest,
                 ))  # fmt: skip
             after[key] = WindowSeen(fired, latest.resets_at_ms, seen)
-    for key in [key for key, seen in after.items() if key not in present]:
+    for key in [] if partial else [key for key, seen in after.items() if key not in present]:
         if now - after[key].seen_at_ms >= HARNESS_CONTEXT_STALE_MS:
             del after[key]
     return events, after
@@ -192,8 +198,10 @@ class AccountWatch:
         self.path = state_file.path.with_name(self.name)
         self.state: dict[str, WindowSeen] = {}
         # Every agent's newest observation: a file event's tick observes only the agents it named,
-        # and an account's newest snapshot is across all of its agents.
+        # and an account's newest snapshot is across all of its agents; `members`, the agents of
+        # each group (`group_key`), so such a tick steps only the accounts of the agents it named.
         self.held: dict[str, Observation] = {}
+        self.members: dict[str, set[str]] = {}
 
     def load(self, dir_fd: int) -> None:
         self.state = read_state(dir_fd, self.name, self.path, load_account_state, "no rate limit told") or {}
@@ -201,11 +209,20 @@ class AccountWatch:
     def step(self, dir_fd: int, snapshot: list[Observation], now: int, *, partial: bool = False) -> list[Event]:
         """The events, with the state saved first (a failed save is said, and the events still go).
         `partial`: `snapshot` is only the agents that changed; the others are as last observed."""
-        if partial:
-            self.held.update((observation.row.name, observation) for observation in snapshot)
-        else:
-            self.held = {observation.row.name: observation for observation in snapshot}
-        events, after = account_step(self.state, self.held.values(), now, self.thresholds)
+        if not partial:
+            self.held, self.members = {}, {}
+        touched: set[str] = set()
+        for observation in snapshot:
+            name, key = observation.row.name, group_key(observation.row)
+            held = self.held.get(name)
+            if held is not None and (was := group_key(held.row)) != key:
+                self.members[was].discard(name)
+                touched.add(was)
+            self.held[name] = observation
+            self.members.setdefault(key, set()).add(name)
+            touched.add(key)
+        stepped = (self.held[name] for key in touched for name in self.members.get(key, ()))
+        events, after = account_step(self.state, stepped, now, self.thresholds, partial=partial)
         if after != self.state:
             try:
                 write_json_atomic(dir_fd, self.name, dump_account_state(after), dir_fd)

@@ -191,6 +191,18 @@ def run_demo(catalog: Path | None, show_top: bool, duration_s: float) -> int:
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # once: the terminal's restoration must not be cut
             raise FleetFailed
 
+    failed_in_top = False
+
+    async def until_a_session_fails() -> None:
+        """Top's own end, under its trio loop: a handler raising there would strike trio itself."""
+        nonlocal failed_in_top
+        import trio
+
+        with trio.open_signal_receiver(signal.SIGCHLD) as ended:
+            while not failures(fleet, catalog, ended=False):  # also one that ended before the receiver
+                await ended.__anext__()
+        failed_in_top = True
+
     status = 0
     if not show_top:
         names = ", ".join(agent.identity for agent in FLEET)
@@ -207,7 +219,10 @@ def run_demo(catalog: Path | None, show_top: bool, duration_s: float) -> int:
         if show_top:
             from wrapper.top import run as run_top
 
-            status = run_top(catalog, here=DEMO_HOST, once=False)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # until_a_session_fails watches from here
+            status = run_top(catalog, here=DEMO_HOST, once=False, until=until_a_session_fails)
+            if failed_in_top:
+                raise FleetFailed
         else:
             _play(fleet, catalog, duration_s)
     except KeyboardInterrupt:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import math
 import sys
 import threading
 import time
@@ -177,6 +178,9 @@ _ATTRIBUTES = {field.alias or name: name for name, field in HarnessContext.model
 _READING_SAMPLES = tuple((family.sample, _ATTRIBUTES.get(key), divisor) for family, key, divisor in READINGS)
 _RATE_ALIASES = {field.alias or name: name for name, field in RateLimits.model_fields.items()}
 _RATE_ATTRIBUTES = tuple((_RATE_ALIASES[key], window) for key, window in RATE_WINDOWS)
+# The per-agent samples' names, spelled once rather than per agent.
+_RATE_SAMPLE, _MODEL_SAMPLE, _STALE_SAMPLE, _RUNNING_SAMPLE = RATE.sample, MODEL.sample, STALE.sample, RUNNING.sample
+_SUBAGENTS_SAMPLE, _SUBAGENT_FILL_SAMPLE = SUBAGENTS_RUNNING.sample, SUBAGENT_FILL.sample
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,9 +209,11 @@ def _headroom(record: HarnessContext) -> int | None:
 
 
 def number_text(value: float) -> str:
-    """A value as prometheus_client spells it (Go's shortest form), the common whole numbers fast."""
+    """A value as prometheus_client spells it (Go's shortest form), the common numbers fast."""
     if type(value) is int and -(10**15) < value < 1_000_000:
         return f"{value}.0"  # what floatToGoString gives them, at a fraction of its cost
+    if type(value) is float and -math.inf < value < 1_000_000:
+        return repr(value)  # floatToGoString's own answer below a million (above, Go turns to exponents)
     return _go_string(value)
 
 
@@ -256,18 +262,18 @@ class ExportedAgent:
             rate = []
             for attribute, window in _RATE_ATTRIBUTES:
                 if record.rate_limits is not None and (value := getattr(record.rate_limits, attribute)) is not None:
-                    rate.append(f'{RATE.sample}{{{labels},window="{window}"}} {number_text(value)}\n')
+                    rate.append(f'{_RATE_SAMPLE}{{{labels},window="{window}"}} {number_text(value)}\n')
             lines[len(READINGS)] = "".join(rate)
             if record.model is not None:  # the record parser refuses lone surrogates
-                lines[len(READINGS) + 1] = f'{MODEL.sample}{{{labels},model="{_label(record.model)}"}} 1.0\n'
+                lines[len(READINGS) + 1] = f'{_MODEL_SAMPLE}{{{labels},model="{_label(record.model)}"}} 1.0\n'
             if record.subagents:
                 running = sum(sub.state == "running" for sub in record.subagents)
-                lines[len(READINGS) + 2] = f"{SUBAGENTS_RUNNING.sample}{{{labels}}} {number_text(running)}\n"
+                lines[len(READINGS) + 2] = f"{_SUBAGENTS_SAMPLE}{{{labels}}} {number_text(running)}\n"
                 fills = [sub.used_percent for sub in record.subagents if sub.used_percent is not None]
                 if fills:
-                    lines[len(READINGS) + 3] = f"{SUBAGENT_FILL.sample}{{{labels}}} {number_text(max(fills))}\n"
+                    lines[len(READINGS) + 3] = f"{_SUBAGENT_FILL_SAMPLE}{{{labels}}} {number_text(max(fills))}\n"
         return cls(
-            tuple(lines), f"{STALE.sample}{{{labels}}} ", f"{RUNNING.sample}{{{labels}}} ",
+            tuple(lines), f"{_STALE_SAMPLE}{{{labels}}} ", f"{_RUNNING_SAMPLE}{{{labels}}} ",
             None if decoded.record is None else decoded.record.observed_at_ms, decoded.claim, decoded.problem,
             decoded.claim_problem, None if record is None or record.account is None else record.account.key,
             () if record is None else _account_windows(record),

@@ -247,6 +247,7 @@ class RosterCache:
 
     def __init__(self, catalog: Path) -> None:
         self.cache = CatalogCache(catalog, lambda _host, _identity, files: decode_agent(files))
+        self.warnings: list[str] = []  # the last whole listing's
 
     def views(
         self, now: int, *, here: str, alive: PidProbe = pid_alive, only: Iterable[tuple[str, str]] | None = None
@@ -254,15 +255,37 @@ class RosterCache:
         """Every agent's view at `now` and the listing's warnings; CatalogError as `list_agents`.
         `only`: just these agents (host, identity), and of them the ones whose files changed."""
         snapshot = self.cache.refresh() if only is None else self.cache.refresh_agents(only)
+        if only is None:
+            self.warnings = snapshot.warnings
         changed = None if only is None else set(snapshot.changed)
         views = [agent_view(host, identity, decoded, now, here=here, alive=alive)
                  for host, identity, decoded in snapshot.agents
                  if changed is None or (host, identity) in changed]  # fmt: skip
         return views, snapshot.warnings
 
+    def changed(
+        self, agents: Iterable[tuple[str, str]], now: int, *, here: str, alive: PidProbe = pid_alive
+    ) -> tuple[list[AgentView], list[tuple[str, str]]]:
+        """Of these agents (named by a file event), the views of those whose files changed, and the
+        ones whose directory is gone (or never was an agent's)."""
+        wanted = set(agents)
+        snapshot = self.cache.refresh_agents(wanted)
+        present = {(host, identity) for host, identity, _ in snapshot.agents}
+        changed = set(snapshot.changed)
+        views = [agent_view(host, identity, decoded, now, here=here, alive=alive)
+                 for host, identity, decoded in snapshot.agents if (host, identity) in changed]  # fmt: skip
+        return views, sorted(wanted - present)
+
     def roster(self, now: int, *, here: str, alive: PidProbe = pid_alive) -> Roster:
         views, warnings = self.views(now, here=here, alive=alive)
         return Roster([view.row for view in views], warnings)
+
+    def held(self, now: int, *, here: str, alive: PidProbe = pid_alive) -> Roster:
+        """The roster as the reads so far left it, projected at `now` (ages, staleness, whether each
+        wrapper lives): no file is read."""
+        rows = [agent_view(host, identity, decoded, now, here=here, alive=alive).row
+                for host, identity, decoded in self.cache.held()]  # fmt: skip
+        return Roster(rows, list(self.warnings))
 
 
 def resolve_agent(catalog: Path, wanted: str, *, here: str) -> tuple[str, str]:

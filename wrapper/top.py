@@ -1,14 +1,16 @@
 """`hctx top`: every agent's fill, full-screen, live.
 
-Plain ANSI on the alternate screen: no curses, no dependency. The catalog is re-read every second
-for the ages, and its files' stat signature is polled five times a second so a changed record shows
-within a second. `q`, Ctrl-C, SIGTERM/SIGHUP or EOF on stdin quit and restore the terminal.
+Plain ANSI on the alternate screen: no curses. The view runs under trio: keys are read when the
+terminal has them (`trio.lowlevel.wait_readable`, the tty left blocking as the shell had it), a
+changed record is noticed by `wrapper.notice` (watchfiles) and only its agent read again, the whole
+catalog is looked at every `REREAD_S` through a `RosterCache` (a `stat` per unchanged agent), and
+every `REFRESH_S` the records held are projected again for the ages, reading nothing. `q`, Ctrl-C,
+SIGTERM/SIGHUP or EOF on stdin quit and restore the terminal; SIGWINCH redraws at the new size.
 """
 
 from __future__ import annotations
 
 import os
-import select
 import shutil
 import signal
 import sys
@@ -16,15 +18,12 @@ import termios
 import time
 import tty
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from guard.catalog import list_agents
-from guard.constants import AGENTS_DIR_NAME, CONTEXT_RECORD_NAME, STATE_RECORD_NAME
 from guard.errors import CatalogError
 from wrapper.accounts import fan_in, groups_by_agent
 from wrapper.render import (
@@ -42,7 +41,10 @@ from wrapper.render import (
     percent_text,
     tokens_text,
 )
-from wrapper.roster import AgentRow, Roster, collect_roster, now_ms
+from wrapper.roster import AgentRow, Roster, RosterCache, collect_roster, now_ms
+
+if TYPE_CHECKING:  # trio and watchfiles load when the live view runs, not with `--once`
+    from wrapper.notice import Changes
 
 __all__ = [
     "BAR_CELLS",
@@ -50,8 +52,8 @@ __all__ = [
     "COLUMNS",
     "HIDE_ORDER",
     "ORDERS",
-    "POLL_S",
     "REFRESH_S",
+    "REREAD_S",
     "RIGHT_ALIGNED",
     "SORT_KEYS",
     "Screen",
@@ -67,12 +69,11 @@ __all__ = [
     "name_order",
     "render_frame",
     "run",
-    "signature",
     "summary",
 ]
 
-REFRESH_S = 1.0
-POLL_S = 0.2
+REFRESH_S = 1.0  # the ages tick
+REREAD_S = 5.0  # the whole catalog looked at again, for what a file event missed
 BAR_CELLS = 20
 BAR_MIN_CELLS = 8
 
@@ -372,42 +373,41 @@ def _row_line(cells: list[Segment], widths: list[int], shown: list[int], width: 
     return _fit(segments, width, colour)
 
 
-def signature(catalog: Path) -> tuple[object, ...]:
-    """Cheap fingerprint of every record and claim: it moves when any of them is replaced."""
-    marks: list[object] = []
-    try:
-        agents, _ = list_agents(catalog)
-    except CatalogError as exc:
-        return (str(exc),)
-    for host, identity in agents:
-        base = catalog / AGENTS_DIR_NAME / host / identity
-        for name in (CONTEXT_RECORD_NAME, STATE_RECORD_NAME):
-            try:
-                info = os.stat(base / name, follow_symlinks=False)
-            except OSError:
-                marks.append(None)
-                continue
-            marks.append((info.st_ino, info.st_mtime_ns, info.st_size))
-        marks.append((host, identity))
-    return tuple(marks)
-
-
 @dataclass(slots=True)
 class Screen:
+    """The live view's state: what was read (through the cache), what the person chose, the problem
+    reading the whole catalog last met (None: none)."""
+
     catalog: Path
     here: str
     colour: bool
     view: View
+    cache: RosterCache = field(init=False)
+    problem: str | None = None
+
+    def __post_init__(self) -> None:
+        self.cache = RosterCache(self.catalog)
+
+    def read(self, changes: Changes) -> None:
+        """Read what `changes` names (every agent that changed, when `whole`); in a worker thread."""
+        now = now_ms()
+        if not changes.whole:
+            self.cache.changed(changes.agents, now, here=self.here)
+            return
+        try:
+            self.cache.views(now, here=self.here)
+        except CatalogError as exc:
+            self.problem = str(exc)
+        else:
+            self.problem = None
 
     def frame(self, width: int | None, height: int | None) -> list[str]:
         now = now_ms()
-        try:
-            roster = collect_roster(self.catalog, now, here=self.here)
-        except CatalogError as exc:
+        if self.problem is not None:
             return render_frame(None, now, catalog=self.catalog, width=width, height=height,
-                                colour=self.colour, problem=str(exc), interactive=True)  # fmt: skip
-        return render_frame(roster, now, catalog=self.catalog, width=width, height=height, colour=self.colour,
-                            interactive=True, view=self.view)  # fmt: skip
+                                colour=self.colour, problem=self.problem, interactive=True)  # fmt: skip
+        return render_frame(self.cache.held(now, here=self.here), now, catalog=self.catalog, width=width,
+                            height=height, colour=self.colour, interactive=True, view=self.view)  # fmt: skip
 
 
 def _once_width() -> int | None:
@@ -417,27 +417,16 @@ def _once_width() -> int | None:
     return int(columns) if columns.isdigit() and int(columns) > 0 else None
 
 
-class _Quit(Exception):
-    pass
-
-
-def _raise_quit(signum: int, frame: FrameType | None) -> None:
-    raise _Quit
-
-
 @contextmanager
 def _terminal(fd: int) -> Iterator[None]:
     """Alternate screen, hidden cursor, no echo, key-at-a-time; all undone however the view ends."""
     saved = termios.tcgetattr(fd)
-    handlers = {sig: signal.signal(sig, _raise_quit) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         tty.setcbreak(fd)  # keeps ISIG, so Ctrl-C still arrives as SIGINT
         sys.stdout.write("\x1b[?1049h\x1b[?25l\x1b[2J")
         sys.stdout.flush()
         yield
     finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
         # A terminal that hung up takes neither output nor modes: the view ends all the same.
         with suppress(OSError, termios.error):
             sys.stdout.write("\x1b[0m\x1b[?25h\x1b[?1049l")
@@ -446,41 +435,84 @@ def _terminal(fd: int) -> Iterator[None]:
             termios.tcsetattr(fd, termios.TCSADRAIN, saved)
 
 
-def _read_keys(fd: int, timeout: float) -> bytes | None:
-    """What the terminal sent within `timeout`: None for nothing, b"" once stdin is closed."""
-    readable, _, _ = select.select([fd], [], [], max(0.0, timeout))
-    return os.read(fd, 256) if readable else None
-
-
 def _draw(lines: list[str]) -> None:
     sys.stdout.write("\x1b[H" + "\x1b[K\n".join(lines) + "\x1b[K\x1b[J")
     sys.stdout.flush()
 
 
-def live(screen: Screen, fd: int) -> None:
-    last_frame: list[str] | None = None
-    last_size: os.terminal_size | None = None
-    last_mark: tuple[object, ...] | None = None
-    next_refresh = 0.0
-    while True:
-        size = shutil.get_terminal_size()
-        started = time.monotonic()
-        mark = signature(screen.catalog)
-        clock = time.monotonic()
-        # On a huge catalog the stat sweep itself is costly: poll less often, at most a quarter busy.
-        poll = min(max(POLL_S, 4 * (clock - started)), REFRESH_S)
-        if clock >= next_refresh or mark != last_mark or size != last_size:
-            frame = screen.frame(size.columns, size.lines)
+Until = Callable[[], Awaitable[None]]
+_QUITS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+async def live(screen: Screen, fd: int, until: Until | None = None, shown: list[str] | None = None) -> None:
+    """The view until a quit (a key, a signal, EOF on `fd`) or until `until` returns. `shown`: the
+    frame already on the screen."""
+    import trio
+
+    from wrapper.notice import catalog_changes
+
+    wanted = trio.Event()  # a frame is owed: a key, a read, a tick or a new size
+    reading = trio.Lock()  # a read in its worker thread and a frame's projection never overlap
+
+    async def keys(quit: trio.CancelScope) -> None:
+        while True:
+            await trio.lowlevel.wait_readable(fd)  # the tty stays blocking: stdout shares it
+            try:
+                data = os.read(fd, 256)
+            except OSError:  # the terminal hung up
+                data = b""
+            if not data or any(screen.view.press(key) for key in decode_keys(data)):
+                quit.cancel()  # closed stdin, q, or Ctrl-C as a byte (a terminal without ISIG)
+                return
+            wanted.set()
+
+    async def signals(quit: trio.CancelScope) -> None:
+        with trio.open_signal_receiver(*_QUITS, signal.SIGWINCH) as received:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, _QUITS)  # one sent before now arrives here
+            async for signum in received:
+                if signum != signal.SIGWINCH:
+                    quit.cancel()
+                    return
+                wanted.set()
+
+    async def ticks() -> None:
+        while True:
+            await trio.sleep(REFRESH_S)
+            wanted.set()
+
+    async def follow() -> None:
+        async with catalog_changes(screen.catalog, reread_s=REREAD_S, debounce_ms=200, step_ms=20) as noticed:
+            async for changes in noticed:
+                async with reading:
+                    await trio.to_thread.run_sync(screen.read, changes)
+                wanted.set()
+                await trio.sleep(0.05)  # at most twenty frames a second, however busy the catalog
+
+    async def ended(quit: trio.CancelScope) -> None:
+        assert until is not None
+        await until()
+        quit.cancel()
+
+    last_frame: list[str] | None = shown
+    last_size: os.terminal_size | None = None if shown is None else shutil.get_terminal_size()
+    async with trio.open_nursery() as nursery:
+        for task in (keys, signals) + ((ended,) if until is not None else ()):
+            nursery.start_soon(task, nursery.cancel_scope)
+        nursery.start_soon(ticks)
+        nursery.start_soon(follow)
+        while True:
+            await wanted.wait()
+            wanted = trio.Event()
+            async with reading:
+                size = shutil.get_terminal_size()
+                frame = screen.frame(size.columns, size.lines)
             if frame != last_frame or size != last_size:
-                _draw(frame)
-            last_frame, last_size, last_mark = frame, size, mark
-            next_refresh = clock + REFRESH_S
-        data = _read_keys(fd, min(poll, next_refresh - time.monotonic()))
-        if data is None:
-            continue
-        if not data or any(screen.view.press(key) for key in decode_keys(data)):
-            return  # closed stdin, q, or Ctrl-C as a byte (a terminal without ISIG)
-        next_refresh = 0.0  # a key's effect shows at once
+                try:
+                    _draw(frame)
+                except OSError:  # the terminal hung up: the view ends, as on SIGHUP
+                    nursery.cancel_scope.cancel()
+                    break
+            last_frame, last_size = frame, size
 
 
 def has_terminal() -> bool:
@@ -488,7 +520,8 @@ def has_terminal() -> bool:
     return sys.stdin.isatty() and sys.stdout.isatty()
 
 
-def run(catalog: Path, *, here: str, once: bool) -> int:
+def run(catalog: Path, *, here: str, once: bool, until: Until | None = None) -> int:
+    """`until`: the live view also ends when it returns (`hctx demo`: when a session fails)."""
     if once:
         now = now_ms()
         try:
@@ -503,11 +536,23 @@ def run(catalog: Path, *, here: str, once: bool) -> int:
     if not has_terminal():
         print("hctx top: needs a terminal on stdin and stdout (use --once for one frame)", file=sys.stderr)
         return 2
+    from wrapper.notice import Changes
+
     fd = sys.stdin.fileno()
     screen = Screen(catalog, here, colour_enabled(sys.stdout), View())
+    # Held until the live view's own receiver is in place: a quit sent while the first frame is
+    # drawn or trio starts is a quit, not a death that leaves the terminal without echo.
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, _QUITS)
     try:
         with _terminal(fd):
-            live(screen, fd)
-    except (KeyboardInterrupt, _Quit):
-        pass
+            # The first frame before trio is even imported: on a loaded machine that is a second.
+            screen.read(Changes(frozenset(), whole=True))
+            size = shutil.get_terminal_size()
+            shown = screen.frame(size.columns, size.lines)
+            _draw(shown)
+            import trio
+
+            trio.run(live, screen, fd, until, shown)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     return 0

@@ -26,14 +26,14 @@ import re
 import signal
 import stat
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from guard.constants import AGENTS_DIR_NAME, CONTROL_DIR_NAME, HARNESS_CONTEXT_STALE_MS, REPLICATED_RECORD_NAMES
+from guard.constants import CONTROL_DIR_NAME, HARNESS_CONTEXT_STALE_MS
 from guard.errors import CatalogError, RecordRefused
 from guard.files import read_bounded, set_aside
 from guard.json_rule import loads_object
@@ -44,10 +44,8 @@ from wrapper.reader_commands import add_catalog_options, existing_catalog, with_
 from wrapper.render import age_text, meter_text, percent_text, tokens_text
 from wrapper.roster import AgentRow, PidProbe, RosterCache, now_ms
 
-if TYPE_CHECKING:  # trio and watchfiles load when the command runs, not with every `hctx`
-    import anyio
+if TYPE_CHECKING:  # trio loads when the command runs, not with every `hctx`
     import trio
-    from watchfiles import Change
 
 __all__ = [
     "DEFAULT_AT",
@@ -68,7 +66,6 @@ __all__ = [
     "State",
     "StateFile",
     "add_watch_command",
-    "agent_of",
     "dump_state",
     "exec_command",
     "follow",
@@ -77,7 +74,6 @@ __all__ = [
     "parse_percents",
     "print_event",
     "read_state",
-    "record_changes",
     "run_watch",
     "step",
 ]
@@ -335,14 +331,27 @@ class _StateWire(BaseModel):
     agents: dict[str, _SeenWire]
 
 
-def dump_state(state: State) -> bytes:
-    agents = {
-        key: {"incarnation": seen.incarnation, "fired": sorted(seen.fired), "headroomFired": seen.headroom_fired,
-              "compactions": seen.compactions, "stale": seen.stale, "observedMs": seen.observed_ms}
-        for key, seen in sorted(state.items())
-    }  # fmt: skip
-    # One line: without `indent` json uses its C encoder, and this runs after every change.
-    return (json.dumps({"schema": STATE_SCHEMA, "agents": agents}, separators=(",", ":")) + "\n").encode()
+def _seen_wire(seen: Seen) -> dict[str, Any]:
+    return {"incarnation": seen.incarnation, "fired": sorted(seen.fired), "headroomFired": seen.headroom_fired,
+            "compactions": seen.compactions, "stale": seen.stale, "observedMs": seen.observed_ms}  # fmt: skip
+
+
+def dump_state(state: State, encoded: dict[str, tuple[Seen, str]] | None = None) -> bytes:
+    """The state file's bytes. `encoded`: each agent's JSON from the last dump, kept by the caller
+    and updated here, so a save encodes only the agents whose state changed since."""
+    held = {} if encoded is None else encoded
+    parts = []
+    for key in sorted(state):
+        seen = state[key]
+        cached = held.get(key)
+        if cached is None or cached[0] != seen:
+            cached = held[key] = (seen, json.dumps(key) + ":" + json.dumps(_seen_wire(seen), separators=(",", ":")))
+        parts.append(cached[1])
+    if len(held) > len(state):
+        for key in [key for key in held if key not in state]:
+            del held[key]
+    # One line, as json.dumps(..., separators=(",", ":")) writes it.
+    return ('{"schema":"' + STATE_SCHEMA + '","agents":{' + ",".join(parts) + "}}\n").encode()
 
 
 def load_state(data: bytes) -> dict[str, Seen]:
@@ -391,6 +400,7 @@ class StateFile:
         self.path = control_dir(catalog) / WATCH_DIR_NAME / self.name
         self._catalog = catalog
         self._lock_name = name + ".lock"
+        self._encoded: dict[str, tuple[Seen, str]] = {}  # dump_state's per-agent JSON
 
     @contextlib.contextmanager
     def held(self) -> Iterator[int]:
@@ -434,7 +444,7 @@ class StateFile:
         return read_state(dir_fd, self.name, self.path, load_state, "nothing told") or {}
 
     def save(self, dir_fd: int, state: State) -> None:
-        write_json_atomic(dir_fd, self.name, dump_state(state), dir_fd)
+        write_json_atomic(dir_fd, self.name, dump_state(state, self._encoded), dir_fd)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -529,9 +539,16 @@ def exec_command(command: str, timeout_s: float) -> Deliver:
 class Outbox:
     """One queue and one worker per agent: an agent's events in order, and a slow or hung command
     for one agent holding up no other agent's. It keeps what is recorded as told: per agent, the
-    state as far as its events' delivery was attempted, and the latest state once none is pending."""
+    state as far as its events' delivery was attempted, and the latest state once none is pending.
+
+    Saving is batched: every change since the last save goes in the next one. An event's worker
+    saves before its attempt starts (what is told is on disk first: never told twice), with
+    whatever else waits; the rest (a step's state, a finished delivery's) is saved by `_flusher` as
+    soon as the workers woken with it have had their turn, so a step with events costs one save."""
 
     def __init__(self, nursery: trio.Nursery, deliver: Deliver, record: Callable[[State], None], told: State) -> None:
+        import trio
+
         self._nursery = nursery
         self._deliver = deliver
         self._record = record
@@ -539,15 +556,20 @@ class Outbox:
         self._latest: State = told
         self._pending: dict[str, int] = {}
         self._queues: dict[str, trio.MemorySendChannel[Event]] = {}
+        self._dirty = False
+        self._unsaved = trio.Event()
+        nursery.start_soon(self._flusher)
 
     def settle(self, latest: State, events: Iterable[Event]) -> None:
         """One step's outcome: its events queued, and the state recorded for every agent that owes none."""
         self._latest = latest
         for event in events:
             self.put(event)
-        told = {name: seen for name, seen in self._told.items() if self._pending.get(name)}
-        told |= {name: seen for name, seen in latest.items() if not self._pending.get(name)}
-        self._told_now(told)
+        for name in [name for name in self._told if name not in latest and not self._pending.get(name)]:
+            self._tell(name, None)
+        for name, seen in latest.items():
+            if not self._pending.get(name):
+                self._tell(name, seen)
 
     def put(self, event: Event) -> None:
         import trio
@@ -561,59 +583,49 @@ class Outbox:
         self._pending[name] = self._pending.get(name, 0) + 1
         queue.send_nowait(event)
 
-    def _told_now(self, told: dict[str, Seen]) -> None:
-        if told != self._told:
-            self._told = told
-            self._record(told)
+    def flush(self) -> None:
+        """Save what changed since the last save, if anything did."""
+        if self._dirty:
+            self._dirty = False
+            self._record(self._told)
+
+    def _tell(self, name: str, seen: Seen | None) -> None:
+        if self._told.get(name) == seen:
+            return
+        if seen is None:
+            del self._told[name]
+        else:
+            self._told[name] = seen
+        if not self._dirty:
+            self._dirty = True
+            self._unsaved.set()
+
+    async def _flusher(self) -> None:
+        import trio
+
+        while True:
+            await self._unsaved.wait()
+            self._unsaved = trio.Event()
+            await trio.lowlevel.checkpoint()  # the workers woken beside it save first, and this with them
+            self.flush()
 
     async def _work(self, inbox: trio.MemoryReceiveChannel[Event]) -> None:
         async for event in inbox:
             name = event.row.name
             if event.told is not None:
-                self._told_now(self._told | {name: event.told})  # recorded as the attempt starts
+                self._tell(name, event.told)
+            self.flush()  # recorded as the attempt starts
             try:
                 await self._deliver(event)
             except Exception as exc:  # a record no command could take costs its own event, nothing else
                 log(f"could not deliver {event.kind} of {name}: {type(exc).__name__}: {exc}")
             self._pending[name] -= 1
             if not self._pending[name]:
-                told = {key: seen for key, seen in self._told.items() if key != name}
-                if name in self._latest:
-                    told[name] = self._latest[name]
-                self._told_now(told)
+                self._tell(name, self._latest.get(name))
 
 
 # ---------------------------------------------------------------------------------------------
 # Following the catalog
-
-
-def _is_record(_change: object, path: str) -> bool:
-    return os.path.basename(path) in REPLICATED_RECORD_NAMES
-
-
-def record_changes(
-    catalog: Path, stop: anyio.Event, *, timeout_s: float, debounce_ms: int = 400, step_ms: int = 50
-) -> AsyncIterator[set[tuple[Change, str]]]:
-    """The catalog's record files as they change (inotify on Linux, through watchfiles): one set of
-    (change, path) per batch, and an empty one every `timeout_s` without a change. `hctx watch`
-    and `hctx web` follow the catalog through this one function."""
-    from watchfiles import awatch
-
-    return awatch(
-        catalog, watch_filter=_is_record, stop_event=stop, debounce=debounce_ms, step=step_ms,
-        rust_timeout=max(1, int(timeout_s * 1000)), yield_on_timeout=True,
-    )  # fmt: skip
-
-
-def agent_of(catalog: Path, path: str) -> tuple[str, str] | None:
-    """(host, identity) of a record path `record_changes` reported; None for any other path."""
-    try:
-        parts = Path(path).relative_to(catalog).parts
-    except ValueError:
-        return None
-    if len(parts) != 4 or parts[0] != AGENTS_DIR_NAME or parts[3] not in REPLICATED_RECORD_NAMES:
-        return None
-    return parts[1], parts[2]
 
 
 async def follow(
@@ -628,8 +640,9 @@ async def follow(
 ) -> None:
     """Until SIGINT or SIGTERM: read, step, save, deliver; on every record change and every `reread_s`.
     Each of `companions` steps on the same snapshots, under the same lock."""
-    import anyio
     import trio
+
+    from wrapper.notice import catalog_changes
 
     told_warnings: set[str] = set()  # each warning once while it lasts, not at every re-read
     cache = RosterCache(catalog)  # each tick reads again only the agents whose files changed
@@ -638,7 +651,7 @@ async def follow(
         for companion in companions:
             companion.load(dir_fd)
 
-        def tick(outbox: Outbox, only: set[tuple[str, str]] | None = None) -> None:
+        def tick(outbox: Outbox, only: frozenset[tuple[str, str]] | None = None) -> None:
             """Every agent (the periodic re-read, for staleness), or `only` the agents a file event named."""
             nonlocal state, told_warnings
             now = now_ms()
@@ -658,30 +671,34 @@ async def follow(
                 events.extend(companion.step(dir_fd, snapshot, now, partial=not full))
             outbox.settle(state, events)
 
-        stop = anyio.Event()
-        async with trio.open_nursery() as nursery:
+        def record(told: State) -> None:
+            try:
+                state_file.save(dir_fd, told)
+            except OSError as exc:
+                log(f"cannot save {state_file.path}: {exc}; a restart may repeat events")
 
-            async def stop_on_signal() -> None:
-                with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                    async for _ in signals:
-                        stop.set()
-                        return
+        outbox: Outbox | None = None
+        try:
+            async with trio.open_nursery() as nursery, catalog_changes(catalog, reread_s=reread_s, warn=log) as noticed:
 
-            def record(told: State) -> None:
-                try:
-                    state_file.save(dir_fd, told)
-                except OSError as exc:
-                    log(f"cannot save {state_file.path}: {exc}; a restart may repeat events")
+                async def stop_on_signal() -> None:
+                    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                        async for _ in signals:
+                            nursery.cancel_scope.cancel()
+                            return
 
-            nursery.start_soon(stop_on_signal)
-            outbox = Outbox(nursery, deliver, record, state)
-            log(f"following {catalog}, re-reading every {reread_s:g} s; state in {state_file.path}")
-            tick(outbox)
-            async for changes in record_changes(catalog, stop, timeout_s=reread_s):
-                named = {agent_of(catalog, path) for _, path in changes}
-                # No change (the re-read's timeout) or a path of no agent: read every agent.
-                tick(outbox, None if not named or None in named else {agent for agent in named if agent})
-            nursery.cancel_scope.cancel()
+                async def say_following() -> None:
+                    await noticed.armed.wait()
+                    log(f"following {catalog}, re-reading every {reread_s:g} s; state in {state_file.path}")
+
+                nursery.start_soon(stop_on_signal)
+                nursery.start_soon(say_following)
+                outbox = Outbox(nursery, deliver, record, state)
+                async for changes in noticed:
+                    tick(outbox, None if changes.whole else changes.agents)
+        finally:
+            if outbox is not None:
+                outbox.flush()  # what the last deliveries attempted, before the lock goes
 
 
 # ---------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -168,20 +169,32 @@ def claude_config_dir(home: Path, seat: str, work: Path) -> Path:
     return config
 
 
-@pytest.mark.parametrize("version", HARNESS_VERSIONS["claude"])
-async def test_claude_names_its_config_dirs_account_and_reports_its_windows(version: str, tmp_path: Path) -> None:
-    """Three wrapped Claude seats, A and B on one claude.ai account and C on another: Claude sends
-    the `accountUuid` of its config dir's `oauthAccount` on every request (so the real service
-    answers with that account's windows), keeps that `oauthAccount` as seeded, and publishes the
-    unified headers' utilization on its status line, which the record carries."""
+@dataclass
+class ClaudeSeats:
+    """What three wrapped Claude seats (A, C, then B) of one build showed: recorded once per build,
+    asserted by the tests below (each seat's TUI session is a real Claude run, too slow to repeat)."""
+
+    catalog: Path
+    records: dict[str, dict[str, Any]] = field(default_factory=dict)  # each seat's record after its turn
+    stored: dict[str, dict[str, Any]] = field(default_factory=dict)  # each config dir's oauthAccount after
+    limited: dict[str, list[Any]] = field(default_factory=dict)  # the status-line payloads' rate_limits
+    account_uuids: list[str | None] = field(default_factory=list)  # what each request to the fake named
+
+
+@pytest.fixture(scope="module", params=HARNESS_VERSIONS["claude"])
+def claude_seats(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> ClaudeSeats:
+    version: str = request.param
+    return trio.run(_run_claude_seats, version, tmp_path_factory.mktemp(f"claude-{version}-seats"))
+
+
+async def _run_claude_seats(version: str, tmp_path: Path) -> ClaudeSeats:
     from tests.fakes.claude_model import fake_messages
     from tests.live.test_claude_live import live_env, require_tmux, tmux_session, wait_record
     from tests.wrapping import agent_dir, wrap_argv
 
     claude = require_harness("claude", version)
     require_tmux()
-    catalog = tmp_path / "catalog"
-    records: dict[str, dict[str, Any]] = {}
+    seats = ClaudeSeats(tmp_path / "catalog")
     async with fake_messages() as server:
         server.unified = CLAUDE_UNIFIED
         for seat in "ACB":  # B after A: its snapshot of the shared account is the newer one
@@ -198,23 +211,35 @@ async def test_claude_names_its_config_dirs_account_and_reports_its_windows(vers
             env |= {"CLAUDE_CONFIG_DIR": str(config), "CLAUDE_CODE_OAUTH_TOKEN": "sk-ant-oat01-hctx-fake-token",
                     "CLAUDE_CODE_SUBSCRIPTION_TYPE": "max"}  # fmt: skip
             agent = f"claude-seat-{seat}"
-            command = wrap_argv(catalog, agent, "claude", *claude, "--model", CLAUDE_MODEL)
-            path = agent_dir(catalog, agent) / "harness-context"
+            command = wrap_argv(seats.catalog, agent, "claude", *claude, "--model", CLAUDE_MODEL)
+            path = agent_dir(seats.catalog, agent) / "harness-context"
             async with tmux_session(command, work, env) as pane:
                 await wait_record(path, pane, "the pre-turn window", lambda r: r["windowTokens"] == 200_000)
                 await pane.type(f"seat {seat} turn usage=2001,8000,10000,111")
-                records[seat] = await wait_record(path, pane, "the turn's rate limits", lambda r: r["rateLimits"])
+                seats.records[seat] = await wait_record(path, pane, "the turn's rate limits", lambda r: r["rateLimits"])
                 await pane.type("/exit")
-            stored = json.loads((config / ".claude.json").read_text())["oauthAccount"]
-            assert (stored["accountUuid"], stored["organizationUuid"]) == CLAUDE_SEATS[seat][:2]
+            seats.stored[seat] = stored = json.loads((config / ".claude.json").read_text())["oauthAccount"]
             _capture(f"claude-{version}-seat-{seat}.claude.json", json.dumps({"oauthAccount": stored}) + "\n")
             lines = payloads.read_text().splitlines()
-            limited = [json.loads(line)["rate_limits"] for line in lines if '"rate_limits"' in line]
-            assert limited and all(set(limits) == {"five_hour", "seven_day"} for limits in limited)
-            assert all(isinstance(limits["five_hour"]["resets_at"], int) for limits in limited)  # epoch seconds
+            seats.limited[seat] = [json.loads(line)["rate_limits"] for line in lines if '"rate_limits"' in line]
             _capture(f"statusline-{version}-seat-{seat}.jsonl", "".join(line + "\n" for line in lines))
+        seats.account_uuids = list(server.account_uuids)
+    return seats
 
-    named = {uuid for uuid in server.account_uuids if uuid is not None}
+
+def test_claude_names_its_config_dirs_account_and_reports_its_windows(claude_seats: ClaudeSeats) -> None:
+    """Three wrapped Claude seats, A and B on one claude.ai account and C on another: Claude sends
+    the `accountUuid` of its config dir's `oauthAccount` on every request (so the real service
+    answers with that account's windows), keeps that `oauthAccount` as seeded, and publishes the
+    unified headers' utilization on its status line, which the record carries."""
+    for seat, stored in claude_seats.stored.items():
+        assert (stored["accountUuid"], stored["organizationUuid"]) == CLAUDE_SEATS[seat][:2]
+    for limited in claude_seats.limited.values():
+        assert limited and all(set(limits) == {"five_hour", "seven_day"} for limits in limited)
+        assert all(isinstance(limits["five_hour"]["resets_at"], int) for limits in limited)  # epoch seconds
+    records = claude_seats.records
+    assert set(records) == set(claude_seats.stored) == set(claude_seats.limited) == {"A", "B", "C"}
+    named = {uuid for uuid in claude_seats.account_uuids if uuid is not None}
     assert named == {CLAUDE_SEATS["A"][0], CLAUDE_SEATS["C"][0]}  # each request named its seat's account
     assert records["A"]["rateLimits"] == {"fiveHour": 80, "sevenDay": 30}
     assert records["B"]["rateLimits"] == {"fiveHour": 85, "sevenDay": 31}  # the same account, one turn later
@@ -276,10 +301,8 @@ def _fan_in_and_warning(catalog: Path, shared: tuple[str, str], alone: str) -> d
     return {"records": records, "told": told, "group": group}
 
 
-@pytest.mark.parametrize("version", HARNESS_VERSIONS["claude"])
-async def test_wrapped_claude_seats_fan_in_and_warn_once(version: str, tmp_path: Path) -> None:
-    await test_claude_names_its_config_dirs_account_and_reports_its_windows(version, tmp_path)
-    found = _fan_in_and_warning(tmp_path / "catalog", ("claude-seat-A", "claude-seat-B"), "claude-seat-C")
+def test_wrapped_claude_seats_fan_in_and_warn_once(claude_seats: ClaudeSeats) -> None:
+    found = _fan_in_and_warning(claude_seats.catalog, ("claude-seat-A", "claude-seat-B"), "claude-seat-C")
     assert found["group"]["rateLimits"]["fiveHour"]["usedPercent"] == 85  # B's, not A's older 80
     assert found["group"]["label"] == "claude · max · ~/claude-B"  # the wrapper's HOME is the seat's
     # One crossing of 80 on the shared account, though both of its seats are past it; C (10%) none.

@@ -1,10 +1,11 @@
 """The board's live state: the roster held in memory, kept current from the catalog's file events,
 and pushed to every open page.
 
-A changed record (reported by `record_changes`, the watching `hctx watch` does) re-reads only its
-agent; the whole catalog is re-read every `reread_s` (staleness is time-based, and an event may be
-missed), and the ages tick every second from the projection's `ageMs`. Reading runs in a worker
-thread, so a catalog of thousands of agents never holds up a push.
+A changed record (noticed by `wrapper.notice`, as `hctx watch` and `hctx top` notice it) re-reads
+only its agent; the whole catalog is looked at again every `reread_s` (staleness is time-based, and
+an event may be missed), through a `RosterCache`, so even then only the agents whose files changed
+are read; the ages tick every second from the projection's `ageMs`. Reading runs in a worker
+thread, one read at a time, so a catalog of thousands of agents never holds up a push.
 
 Each open stream has a `Mailbox` that coalesces: what it holds is the newest view of each changed
 agent, so a slow page costs at most one view per agent, never a queue of every update.
@@ -15,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,13 +24,12 @@ from typing import Any
 import anyio
 import trio
 
-from guard.constants import AGENTS_DIR_NAME
 from guard.errors import CatalogError
-from guard.store import is_agent_tree_name, pid_alive
+from guard.store import pid_alive
 from wrapper.accounts import fan_in, groups_by_agent
+from wrapper.notice import catalog_changes
 from wrapper.render import account_limits_wire
-from wrapper.roster import AgentRow, PidProbe, collect_roster, now_ms, view_agent
-from wrapper.watch import agent_of, record_changes
+from wrapper.roster import AgentRow, PidProbe, RosterCache, now_ms
 from wrapper.web.board import age_now, rate_limit_panel, row_view
 
 __all__ = [
@@ -103,6 +102,7 @@ class Board:
         self.ready = trio.Event()
         self.version = 0  # counts the changes: a page holding this version's snapshot is current
         self._encoded: str | None = None
+        self._cache = RosterCache(catalog)  # read by one worker thread at a time (`follow`)
 
     # -- what a page is sent -------------------------------------------------------------------
 
@@ -210,24 +210,22 @@ class Board:
     # -- reading (in a worker thread) -------------------------------------------------------------
 
     def read_whole(self, started: float) -> tuple[list[Reading], list[str]]:
+        """Every agent, each read again only if its files changed since the last read."""
         read_ms = now_ms()
-        roster = collect_roster(self.catalog, read_ms, here=self.here, alive=self.alive)
-        return [Reading(row, read_ms, started) for row in roster.rows], roster.all_warnings()
+        views, warnings = self._cache.views(read_ms, here=self.here, alive=self.alive)
+        rows = [view.row for view in views]
+        return [Reading(row, read_ms, started) for row in rows], [*warnings, *(w for r in rows for w in r.warnings())]
 
-    def read_agents(self, agents: set[tuple[str, str]], started: float) -> tuple[list[Reading], set[str]]:
-        found, gone = [], set()
+    def read_agents(self, agents: frozenset[tuple[str, str]], started: float) -> tuple[list[Reading], set[str]]:
+        """The named agents whose files changed, and those of them that are gone."""
         read_ms = now_ms()
-        for host, identity in sorted(agents):
-            if not os.path.isdir(self.catalog / AGENTS_DIR_NAME / host / identity):
-                gone.add(f"{host}/{identity}")
-                continue
-            row = view_agent(self.catalog, host, identity, read_ms, here=self.here, alive=self.alive).row
-            found.append(Reading(row, read_ms, started))
-        return found, gone
+        views, gone = self._cache.changed(agents, read_ms, here=self.here, alive=self.alive)
+        found = [Reading(view.row, read_ms, started) for view in views]
+        return found, {f"{host}/{identity}" for host, identity in gone}
 
 
 async def follow(board: Board, stop: anyio.Event, *, reread_s: float = DEFAULT_REREAD_S) -> None:
-    """Keep `board` current until `stop` is set: events, periodic re-reads and the ages' tick."""
+    """Keep `board` current until `stop` is set: the catalog's changes and the ages' tick."""
 
     async def read_whole() -> None:
         try:
@@ -239,11 +237,6 @@ async def follow(board: Board, stop: anyio.Event, *, reread_s: float = DEFAULT_R
             board.apply(found, whole=True, warnings=warnings)
         board.ready.set()
 
-    async def reread() -> None:
-        while True:
-            await trio.sleep(reread_s)
-            await read_whole()
-
     async def tick() -> None:
         while True:
             await trio.sleep(AGE_TICK_S)
@@ -252,18 +245,19 @@ async def follow(board: Board, stop: anyio.Event, *, reread_s: float = DEFAULT_R
                 for box in board.mailboxes:
                     box.post_ages(ages)
 
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(read_whole)
-        nursery.start_soon(reread)
-        nursery.start_soon(tick)
-        async for changes in record_changes(board.catalog, stop, timeout_s=1.0, debounce_ms=200, step_ms=20):
-            agents = {agent for _, path in changes if (agent := agent_of(board.catalog, path)) is not None}
-            agents = {(h, i) for h, i in agents if is_agent_tree_name(h) and is_agent_tree_name(i)}
-            if not agents:
-                continue
-            started = trio.current_time()
-            found, gone = await trio.to_thread.run_sync(board.read_agents, agents, started)
-            await board.ready.wait()  # the first whole read lands first: it may not undo these
-            board.apply(found, whole=False)
-            board.gone(gone)
+    async def until_stopped() -> None:
+        await stop.wait()
         nursery.cancel_scope.cancel()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(tick)
+        nursery.start_soon(until_stopped)
+        async with catalog_changes(board.catalog, reread_s=reread_s, debounce_ms=200, step_ms=20) as noticed:
+            async for changes in noticed:
+                if changes.whole:  # the named agents are read with the rest
+                    await read_whole()
+                    continue
+                started = trio.current_time()
+                found, gone = await trio.to_thread.run_sync(board.read_agents, changes.agents, started)
+                board.apply(found, whole=False)
+                board.gone(gone)

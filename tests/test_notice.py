@@ -1,0 +1,171 @@
+"""wrapper.notice, the one way `hctx top`, `hctx watch` and the board notice the catalog change; and
+the readers it drives reading only what changed (the board's and top's RosterCache)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import trio
+from readers_catalog import HOST, put_record
+
+from wrapper.notice import Changes, Noticed, catalog_changes
+from wrapper.roster import now_ms
+
+DEADLINE_S = 20  # generous: the machine may be loaded; nothing here asserts a duration but the stop
+
+
+async def _until(noticed: Noticed, wanted: object) -> list[Changes]:
+    """Every batch taken until one holds `wanted` (an agent, or "whole")."""
+    taken = []
+    with trio.fail_after(DEADLINE_S):
+        async for changes in noticed:
+            taken.append(changes)
+            if (wanted == "whole" and changes.whole) or wanted in changes.agents:
+                return taken
+    raise AssertionError("the changes ended")
+
+
+async def test_the_first_read_is_whole_and_another_once_the_watching_is_armed(tmp_path: Path) -> None:
+    put_record(tmp_path, "a")
+    async with catalog_changes(tmp_path, reread_s=600) as noticed:
+        first = await noticed.take()
+        assert first.whole and not noticed.armed.is_set()  # at once, before the watching is in place
+        with trio.fail_after(DEADLINE_S):
+            await noticed.armed.wait()
+        assert (await noticed.take()).whole  # what changed while it was being set up
+
+
+async def test_a_replaced_record_names_its_agent_and_nothing_else(tmp_path: Path) -> None:
+    put_record(tmp_path, "a")
+    put_record(tmp_path, "b")
+    async with catalog_changes(tmp_path, reread_s=600, debounce_ms=200, step_ms=20) as noticed:
+        await noticed.armed.wait()
+        await noticed.take()
+        staged = tmp_path / "agents" / HOST / "b" / ".staged"
+        staged.write_text("{}\n")  # a staging file is no record: it names nobody
+        (tmp_path / ".st2").mkdir()
+        (tmp_path / ".st2" / "log").write_text("x\n")
+        os.replace(staged, tmp_path / "agents" / HOST / "b" / "harness-context")
+        taken = await _until(noticed, (HOST, "b"))
+    assert all(not changes.whole and changes.agents == {(HOST, "b")} for changes in taken)
+
+
+async def test_a_new_agent_is_named_though_its_record_lands_before_its_directory_is_watched(tmp_path: Path) -> None:
+    """mkdir then write at once, as a first claim does: the directory's own event names the agent."""
+    put_record(tmp_path, "a")
+    async with catalog_changes(tmp_path, reread_s=600, debounce_ms=200, step_ms=20) as noticed:
+        await noticed.armed.wait()
+        await noticed.take()
+        for n in range(20):
+            put_record(tmp_path, f"new-{n}")
+        named: set[tuple[str, str]] = set()
+        with trio.fail_after(DEADLINE_S):
+            while len(named) < 20:
+                changes = await noticed.take()
+                assert not changes.whole
+                named |= changes.agents
+    assert named == {(HOST, f"new-{n}") for n in range(20)}
+
+
+async def test_the_whole_reread_comes_on_time_however_busy_the_records_are(tmp_path: Path) -> None:
+    """A record replaced every 20 ms never leaves watchfiles a quiet `reread_s`: the re-read (the
+    only way staleness is found) is a clock of its own, not a timeout of the file watching."""
+    put_record(tmp_path, "a")
+    stop = threading.Event()
+
+    def churn() -> None:
+        while not stop.is_set():
+            put_record(tmp_path, "a", usedPercent=float(time.monotonic_ns() % 100))
+            time.sleep(0.02)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.to_thread.run_sync, churn)
+        try:
+            async with catalog_changes(tmp_path, reread_s=0.5, debounce_ms=200, step_ms=50) as noticed:
+                await noticed.armed.wait()
+                await noticed.take()
+                wholes, started = 0, trio.current_time()
+                with trio.fail_after(DEADLINE_S):
+                    while wholes < 3:
+                        wholes += (await noticed.take()).whole
+                elapsed = trio.current_time() - started
+        finally:
+            stop.set()
+    assert elapsed >= 1.0  # three of them, half a second apart
+
+
+async def test_leaving_stops_the_watching_at_once_whatever_the_reread(tmp_path: Path) -> None:
+    put_record(tmp_path, "a")
+    async with catalog_changes(tmp_path, reread_s=600) as noticed:
+        await noticed.armed.wait()
+        started = trio.current_time()
+    assert trio.current_time() - started < 5  # a step (50 ms), not the re-read's 600 s
+
+
+async def test_a_slow_reader_takes_each_agent_once_and_one_whole_reread() -> None:
+    noticed = Noticed()
+    assert await noticed.take() == Changes(frozenset(), True)  # the first read
+    noticed.post([(HOST, "a"), (HOST, "b")])
+    noticed.post([(HOST, "a")], whole=True)
+    noticed.post([(HOST, "c")])
+    assert await noticed.take() == Changes(frozenset({(HOST, "a"), (HOST, "b"), (HOST, "c")}), True)
+    noticed.post([])  # nothing: no news
+    with trio.move_on_after(0.1) as waited:
+        await noticed.take()
+    assert waited.cancelled_caught
+
+
+async def test_a_catalog_that_cannot_be_watched_is_said_and_still_reread(tmp_path: Path) -> None:
+    said: list[str] = []
+    async with catalog_changes(tmp_path / "gone", reread_s=0.2, warn=said.append) as noticed:
+        with trio.fail_after(DEADLINE_S):
+            await noticed.armed.wait()
+            await noticed.take()
+            assert (await noticed.take()).whole
+    assert len(said) == 1 and "cannot watch" in said[0] and "gone" in said[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# What the noticed changes make the readers read
+
+
+def test_the_board_reads_only_the_agents_whose_files_changed(tmp_path: Path) -> None:
+    from wrapper.web.feed import Board
+
+    stamp = now_ms() - 5000
+    for agent in ("a", "b", "c"):
+        put_record(tmp_path, agent, observedAtMs=stamp, writtenAtMs=stamp)
+    time.sleep(1.1)  # past the racy second: a file that new is read again at every look
+    board = Board(tmp_path, HOST)
+    found, _ = board.read_whole(0.0)
+    assert sorted(r.row.identity for r in found) == ["a", "b", "c"]
+    reads = board._cache.cache.reads
+    put_record(tmp_path, "b", usedPercent=91.0, observedAtMs=stamp + 1, writtenAtMs=stamp + 1)
+    changed, gone = board.read_agents(frozenset({(HOST, "b"), (HOST, "nobody")}), 1.0)
+    assert [(r.row.identity, r.row.context and r.row.context["usedPercent"]) for r in changed] == [("b", 91.0)]
+    assert gone == {f"{HOST}/nobody"} and board._cache.cache.reads == reads + 1
+    time.sleep(1.1)
+    again, _ = board.read_whole(2.0)  # the periodic re-read: every row, and `a` and `c` not read again
+    assert len(again) == 3 and board._cache.cache.reads == reads + 2  # `b` once more: it was read racy
+
+
+def test_top_reads_only_what_changed_and_ticks_the_ages_reading_nothing(tmp_path: Path) -> None:
+    from wrapper.top import Screen, View
+
+    stamp = now_ms() - 5000
+    for agent in ("a", "b"):
+        put_record(tmp_path, agent, usedPercent=20.0, observedAtMs=stamp, writtenAtMs=stamp)
+    screen = Screen(tmp_path, HOST, False, View())
+    screen.read(Changes(frozenset(), whole=True))
+    reads = screen.cache.cache.reads
+    put_record(tmp_path, "a", usedPercent=97.0, observedAtMs=stamp + 1, writtenAtMs=stamp + 1)
+    screen.read(Changes(frozenset({(HOST, "a")}), whole=False))
+    assert screen.cache.cache.reads == reads + 1
+    frame = "\n".join(screen.frame(132, 30))
+    assert "97%" in frame and " 5s " in frame
+    time.sleep(1.1)
+    later = "\n".join(screen.frame(132, 30))  # the ages' tick: projected again, nothing read
+    assert " 6s " in later and screen.cache.cache.reads == reads + 1
