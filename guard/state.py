@@ -228,8 +228,9 @@ def update_claim(agent: AgentDir, incarnation: str, change: Callable[[HarnessSta
 
 class AgentLock:
     """The agent's wrapper lock (WRAPPER_LOCK_NAME in its directory): an exclusive flock its wrapper
-    takes before its first claim and holds until it exits. Close-on-exec, so no harness or sidecar
-    inherits it, and released by the kernel however the wrapper ends, SIGKILL included."""
+    takes before its first claim and holds until it exits, across its one exec into the resident
+    (`across_exec`). Close-on-exec otherwise, and never passed to a child, so no harness or sidecar
+    holds it; released by the kernel however the wrapper ends, SIGKILL included."""
 
     def __init__(self, agent: AgentDir) -> None:
         self.agent = agent
@@ -250,6 +251,14 @@ class AgentLock:
                 return False
             self.fd = fd
         return True
+
+    def across_exec(self) -> tuple[int, bool]:
+        """The lock's descriptor, kept open across this process's exec (the resident wrapper holds
+        it for its whole life: the same open file, so the same flock), and whether it is held. One
+        not held (a takeover that went on regardless) is opened all the same, for a relaunch to take."""
+        fd = _open_wrapper_lock(self.agent) if self.fd is None else self.fd
+        os.set_inheritable(fd, True)
+        return fd, self.fd is not None
 
     def close(self) -> None:
         if self.fd is not None:

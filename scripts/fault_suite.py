@@ -45,6 +45,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -448,6 +449,23 @@ class Burst(trio.abc.ReceiveStream):
         await trio.lowlevel.checkpoint()
 
 
+async def tap_stream(stdout: trio.abc.ReceiveStream, harness: str, channel: Path) -> None:
+    """The wrapper's real stdout tap (`wrapper.resident.Tap`, on its own loop in a worker thread,
+    framing with the harness's spec's `tap_frame`), fed from `stdout` through a pipe as a harness's
+    stdout would be; returns once the tap is done."""
+    from wrapper.launcher import tap_frame_path
+    from wrapper.resident import run_tap
+
+    read_fd, write_fd = os.pipe()
+    frame, where = tap_frame_path(harness), f"{harness} stdout tap"
+    tap = partial(trio.to_thread.run_sync, run_tap, read_fd, frame, str(channel), 1, where, abandon_on_cancel=True)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(tap)
+        async with trio.lowlevel.FdStream(write_fd) as pipe:
+            while chunk := await stdout.receive_some(65536):
+                await pipe.send_all(chunk)
+
+
 @contextlib.contextmanager
 def stdout_to_devnull() -> Iterator[None]:
     """The tap copies the harness's stdout to ours: the table must not drown in it."""
@@ -482,8 +500,6 @@ def burst_codex_tap(work: Path, scale: Scale) -> Row:
 
     from sidecar import channel
     from sidecar.decoding import channel_decoder
-    from wrapper.launcher import tap_stdout_lines
-
     deltas = pick(scale, ci=20_000, full=20_000)
     data, usage = codex_burst(deltas)
     directory = Path(tempfile.mkdtemp(prefix="hctx-fault-"))
@@ -497,7 +513,7 @@ def burst_codex_tap(work: Path, scale: Scale) -> Row:
         async with trio.open_nursery() as nursery:
             await nursery.start(channel.serve, directory / "s", partial(channel_decoder, tapped), received.append)
             started = trio.current_time()
-            await tap_stdout_lines(Burst(data), "codex", directory / "s")
+            await tap_stream(Burst(data), "codex", directory / "s")
             with trio.move_on_after(15):
                 while not received or received[-1] != usage[-1]:  # noqa: ASYNC110
                     await trio.sleep(0.01)

@@ -23,7 +23,7 @@ from guard.json_rule import loads
 from guard.policy import Write, WriteGuard, WriteReason
 from guard.record import Harness, HarnessContext, describe_validation_error
 from guard.store import AgentDir, sweep_staging, write_context
-from sidecar import channel
+from sidecar import channel, lifeline
 from sidecar.channel import BUFFER_BUDGET_BYTES
 from sidecar.decoding import channel_decoder
 from sidecar.pipeline import Pipeline
@@ -53,7 +53,6 @@ __all__ = [
     "stated_account",
     "transport_settings",
     "transport_streams",
-    "wait_for_eof",
 ]
 
 log = logging.getLogger("sidecar")
@@ -319,18 +318,6 @@ async def run_transport(transport: Transport, config: BaseModel | None, streams:
         log.exception("transport failed; the channel keeps serving", extra={"event": "transport-failed"})
 
 
-async def wait_for_eof(fd: int) -> None:
-    """Returns when the other end of the lifeline pipe is closed: the wrapper exited or died."""
-    os.set_blocking(fd, False)
-    while True:
-        await trio.lowlevel.wait_readable(fd)
-        try:
-            if not os.read(fd, 4096):
-                return
-        except BlockingIOError:
-            continue
-
-
 def open_writer(config: SidecarConfig) -> tuple[HarnessSpec, Writer]:
     """The harness's spec, and a writer of its producer's records into the agent's directory."""
     if swept := sweep_staging(config.catalog):
@@ -406,7 +393,12 @@ async def run_sidecar(config: SidecarConfig) -> None:
                 serve = partial(channel.serve, recorder=recorder, budget=budget)
                 await channel_nursery.start(serve, config.channel, open_decoder, submit, session_over)
                 _signal_ready(config.ready_fd)
-                await _until_session_ends(config.lifeline_fd)
+                orders = await _until_session_ends(config.lifeline_fd)
+                if orders is not None and (group := orders.group_left) is not None:
+                    # The wrapper vanished and left the harness's group: its end runs beside the drain.
+                    log.warning("the wrapper is gone without finishing: ending the harness's group %d", group,
+                                extra={"event": "group-ended", "group": group})  # fmt: skip
+                    outer.start_soon(lifeline.end_group, group, orders.deadline_s)
                 session_over.set()
                 channel_nursery.cancel_scope.deadline = trio.current_time() + SHUTDOWN_DRAIN_S
             inputs.cancel_scope.cancel()
@@ -427,7 +419,9 @@ def _signal_ready(fd: int | None) -> None:
         os.close(fd)
 
 
-async def _until_session_ends(lifeline_fd: int | None) -> None:
+async def _until_session_ends(lifeline_fd: int | None) -> lifeline.Orders | None:
+    """Until a signal, or the lifeline's end (then the wrapper's orders)."""
+    orders: lifeline.Orders | None = None
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGHUP, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
 
@@ -438,6 +432,7 @@ async def _until_session_ends(lifeline_fd: int | None) -> None:
 
             nursery.start_soon(on_signal)
             if lifeline_fd is not None:
-                await wait_for_eof(lifeline_fd)
+                orders = await lifeline.follow(lifeline_fd)
                 log.info("wrapper gone", extra={"event": "lifeline-closed"})
                 nursery.cancel_scope.cancel()
+    return orders

@@ -9,6 +9,7 @@ the transports that move the bytes and `hctx replay` frame them the same way, sp
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 __all__ = [
@@ -16,7 +17,18 @@ __all__ = [
     "LineFramer",
     "Oversized",
     "SseFramer",
+    "tap_frame",
 ]
+
+
+def tap_frame(line: bytes, frame_type: str) -> bytes:
+    """The channel frame (no newline) a stdout tap sends for one stdout line: the line's very bytes
+    as the string `payload`. A byte that is not UTF-8 travels as its surrogate escape (`\\udc80`),
+    so the channel decoder parses the bytes stdout carried. Here, with the framers, because the
+    wrapper's resident part (the standard library only) builds it."""
+    text = json.dumps(line.decode("utf-8", "surrogateescape"), ensure_ascii=False)
+    kind = json.dumps(frame_type).encode()
+    return b'{"type":' + kind + b',"payload":' + text.encode("utf-8", "backslashreplace") + b"}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,7 @@ from wrapper.harnesses import LaunchPlan, account_json
 from wrapper.harnesses.claude import seat_account as claude_seat_account
 from wrapper.harnesses.codex import prepare as codex_prepare
 from wrapper.harnesses.codex import seat_account as codex_seat_account
-from wrapper.sidecars import SidecarSpec
+from wrapper.resident import sidecar_argv
 
 FIXTURES = REPO / "fixtures" / "accounts"
 
@@ -107,9 +107,11 @@ def test_the_codex_launch_reads_the_seats_auth_json(tmp_path: Path) -> None:
     assert prepared.account == account
     stated = account_json(prepared)
     assert stated is not None and "alice" not in stated  # the email never leaves auth.json
-    spec = SidecarSpec(agent=None, harness="codex", incarnation="i", channel=tmp_path, transport=None,  # type: ignore[arg-type]
-                       account=stated)  # fmt: skip
-    assert spec.account == stated
+    begun = {"agent": {"catalog": str(tmp_path), "host": "h", "identity": "a"}, "harness": "codex",
+             "incarnation": "i", "channel": str(tmp_path / "s"), "transport": None, "account": stated,
+             "record": None}  # fmt: skip
+    argv = sidecar_argv(begun, 3, 4)
+    assert argv[argv.index("--account") + 1] == stated  # every sidecar of the seat is started with it
     # Sessionless launches carry nothing, an API-key login no account.
     assert codex_prepare(LaunchPlan(harness="codex", argv=("codex", "login"), cwd=tmp_path,
                                     env={"CODEX_HOME": str(home)})).account is None  # fmt: skip

@@ -1,6 +1,6 @@
 """One decoder for Codex: the same server→client bytes make the same writes on every path.
 
-The paths: (i) the wrapper's real stdout tap (`wrapper.launcher.tap_stdout_lines`) into the sidecar's
+The paths: (i) the wrapper's real stdout tap (`wrapper.resident.Tap`, through `tap_stream`) into the sidecar's
 real channel (`sidecar.channel.serve`) and the Codex channel decoder; (ii) the sidecar's real
 websocket relay (`serve_relay`) in front of a stand-in app-server on 127.0.0.1; (iii) `hctx replay`
 of the stdout recording. The pinned divergence (HEAD before issue 14): a `thread/tokenUsage/updated`
@@ -26,6 +26,7 @@ import trio_websocket
 from trio_websocket import WebSocketRequest
 
 from guard.policy import Write, WriteGuard
+from scripts.fault_suite import tap_stream
 from sidecar import channel
 from sidecar.decoding import Dropped, channel_decoder
 from sidecar.harnesses.codex.producer import SPEC
@@ -36,7 +37,6 @@ from sidecar.replay import UNTIMED_STEP_MS
 from sidecar.streams import Streams
 from tests.codex_threads import THREAD_STARTED
 from tests.conformance import outcome, replayed, untimed
-from wrapper.launcher import tap_stdout_lines
 
 LOOPBACK = "127.0.0.1"
 SENTINEL = b"end of the capture"  # not JSON: a drop on every path, after which nothing is owed
@@ -97,7 +97,7 @@ async def through_the_tap(data: bytes, channel_dir: Path) -> list[object]:
                     await send.send_all(data[piece : piece + 37])
 
         nursery.start_soon(harness_stdout)
-        await tap_stdout_lines(receive, "codex", path)
+        await tap_stream(receive, "codex", path)
         await until_ended(events)
         nursery.cancel_scope.cancel()
     return events

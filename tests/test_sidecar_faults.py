@@ -184,8 +184,8 @@ def test_a_sidecar_killed_and_started_again_with_the_same_arguments_serves_the_s
 async def test_the_codex_tap_reconnects_to_a_sidecar_started_again_on_the_same_channel(
     channel_dir: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
+    from scripts.fault_suite import tap_stream
     from sidecar import channel
-    from wrapper.launcher import tap_stdout_lines
 
     path = channel_dir / "s"
     received = Received()
@@ -193,7 +193,7 @@ async def test_the_codex_tap_reconnects_to_a_sidecar_started_again_on_the_same_c
     async with trio.open_nursery() as nursery:
         async with trio.open_nursery() as first:  # the sidecar that dies
             await first.start(channel.serve, path, raw_channel_decoder, received.submit)
-            nursery.start_soon(tap_stdout_lines, receive_out, "codex", path)
+            nursery.start_soon(tap_stream, receive_out, "codex", path)
             await send_out.send_all(b'{"n":1}\n')
             with trio.fail_after(5):
                 while not received:  # noqa: ASYNC110 - a list has no event to await
@@ -238,15 +238,15 @@ def test_the_exit_line_counts_the_drops_of_the_channel_too(tmp_path: Path) -> No
 async def test_the_codex_stdout_tap_delivers_the_newest_usage_after_a_burst(
     channel_dir: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
+    from scripts.fault_suite import tap_stream
     from sidecar import channel
-    from wrapper.launcher import tap_stdout_lines
 
     path = channel_dir / "s"
     data, usage = codex_burst(4000)
     received = Received()
     async with trio.open_nursery() as nursery:
         await nursery.start(channel.serve, path, raw_channel_decoder, received.submit)
-        await tap_stdout_lines(Burst(data), "codex", path)
+        await tap_stream(Burst(data), "codex", path)
         with trio.fail_after(10):
             while not received or tapped_message(received[-1]) != usage[-1]:  # noqa: ASYNC110
                 await trio.sleep(0.02)
@@ -579,10 +579,10 @@ def test_a_huge_percent_prints_short() -> None:
 
 
 def test_a_full_tap_queue_gives_way_oldest_first_and_reports_how_many(monkeypatch: pytest.MonkeyPatch) -> None:
-    from wrapper import launcher
+    from wrapper import resident
 
-    monkeypatch.setattr(launcher, "TAP_QUEUE_BYTES", 1000)
-    queue = launcher.TapQueue("codex stdout tap")
+    monkeypatch.setattr(resident, "TAP_QUEUE_BYTES", 1000)
+    queue = resident.TapQueue("codex stdout tap")
     lines = [b'{"n":%d}\n' % n for n in range(500)]
     for line in lines:
         queue.put(line)

@@ -348,3 +348,81 @@ def test_takeover_refuses_when_the_lock_holder_is_not_the_claims_pid(tmp_path: P
         for process in (bystander, first):
             process.kill()
             process.wait()
+
+
+# Exits at once the first time (its marker absent), sleeps the second: one relaunch to look at.
+ONCE_THEN_SLEEP = "import os, sys, time\nif os.path.exists(sys.argv[1]): time.sleep(60)\nopen(sys.argv[1], 'w').close()"
+
+
+def _children(pid: int) -> set[int]:
+    """The children of `pid` past their exec: a fork of the resident holds its descriptors until then."""
+    tasks = Path(f"/proc/{pid}/task").iterdir()
+    children = {int(child) for task in tasks for child in (task / "children").read_text().split()}
+    return {child for child in children if "wrapper.resident" not in _cmdline(child)}
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text()
+    except OSError:
+        return "wrapper.resident"  # gone meanwhile: not a child to look at
+
+
+def test_the_resident_holds_the_wrapper_lock_across_its_exec_and_a_relaunch(tmp_path: Path) -> None:
+    """Issue 24 beside 26.3: the wrapper lock taken before the first claim is the resident's after
+    the exec (the same pid), still its own after a relaunch's claim (which a step makes under it,
+    taking no lock of its own), held by none of its children; --takeover proves it and stops it."""
+    from guard.state import wrapper_lock_evidence
+    from guard.store import AgentDir
+    from tests.wrapping import HOST
+
+    catalog, marker = tmp_path / "c", tmp_path / "ran-once"
+    agent = AgentDir(catalog, HOST, "a")
+    first = subprocess.Popen(wrap_argv(catalog, "a", "pi", sys.executable, "-c", ONCE_THEN_SLEEP, str(marker),
+                                       extra=("--restart", "always", "--restart-delay", "0")),
+                             env=env(), stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        wait_for(lambda: len(_starts(catalog, "a")) >= 2 and len(_children(first.pid)) >= 2, timeout=30,
+                 what="the relaunched incarnation's sidecar")  # fmt: skip
+        state = read_json(agent_dir(catalog, "a") / "harness-state")
+        assert state["wrapperPid"] == first.pid and len(state["history"]) == 1  # relaunched under the same pid
+        assert "wrapper.resident" in Path(f"/proc/{first.pid}/cmdline").read_text()  # past its exec
+        assert wrapper_lock_evidence(agent, first.pid) is None
+        for child in _children(first.pid):  # the harness and the sidecar
+            evidence = wrapper_lock_evidence(agent, child)
+            assert evidence is not None and f"held by pid {first.pid} (" in evidence  # the real holder, named
+
+        refused = run(wrap_argv(catalog, "a", "pi", sys.executable, "-c", "print('RAN')"))
+        assert refused.returncode == 2 and f"already wrapped by pid {first.pid}" in refused.stderr
+        taken = run(wrap_argv(catalog, "a", "pi", sys.executable, "-c", "print('RAN')", extra=("--takeover",)))
+        assert taken.returncode == 0 and "RAN" in taken.stdout, taken.stderr
+        assert f"taking {HOST}/a over from wrapper pid {first.pid}: stopping it" in taken.stderr
+        assert first.wait(timeout=15) == 128 + signal.SIGTERM
+    finally:
+        first.kill()
+        first.wait()
+
+
+def test_a_relaunch_whose_claim_another_took_is_not_made(tmp_path: Path) -> None:
+    """A relaunch claims only while the claim still names the incarnation that ran (the begin step's
+    `relaunch_of`): one rewritten meanwhile to another wrapper's is left to it, lock or no lock."""
+    catalog = tmp_path / "c"
+    first = subprocess.Popen(wrap_argv(catalog, "a", "pi", sys.executable, "-c", "pass",
+                                       extra=("--restart", "always", "--restart-delay", "5")),
+                             env=env(), stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    bystander = subprocess.Popen(["sleep", "60"])
+    try:
+        wait_for(lambda: [e for e in log_events(catalog, "a") if e["event"] == "exit"], timeout=30,
+                 what="the first incarnation's sidecar to exit")  # fmt: skip
+        path = agent_dir(catalog, "a") / "harness-state"
+        state = read_json(path)
+        path.write_text(json.dumps(state | {"incarnation": "f" * 32, "wrapperPid": bystander.pid}))
+        _, err = first.communicate(timeout=30)
+        assert first.returncode == 0, err
+        assert f"was taken over by wrapper pid {bystander.pid}; not relaunching" in err.decode()
+        assert len(_starts(catalog, "a")) == 1 and bystander.poll() is None
+        assert read_json(path)["incarnation"] == "f" * 32  # left as it was
+    finally:
+        for process in (bystander, first):
+            process.kill()
+            process.wait()

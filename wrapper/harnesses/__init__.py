@@ -27,6 +27,7 @@ __all__ = [
     "LaunchPlan",
     "account_json",
     "free_loopback_port",
+    "has_teardown",
     "infer_harness",
     "prepare",
     "program_index",
@@ -113,6 +114,11 @@ def _module(harness: Harness) -> ModuleType:
 def prepare(plan: LaunchPlan) -> LaunchPlan:
     prepared: LaunchPlan = _module(plan.harness).prepare(plan)
     return prepared
+
+
+def has_teardown(plan: LaunchPlan) -> bool:
+    """Whether the plan's module undoes anything after the launch (most have nothing to undo)."""
+    return hasattr(_module(plan.harness), "teardown")
 
 
 def teardown(plan: LaunchPlan) -> None:
