@@ -85,7 +85,7 @@ def test_the_write_after_a_compaction_keeps_when_it_was(installed: None) -> None
 def test_the_template_keeps_every_field_a_new_reading_does_not_measure(installed: None) -> None:
     """Every field of the reading the compaction wrote stays on the next write but what that
     reading measured anew (its usage and its time): the kernel holds them, the template forgets none."""
-    writes = replayed(spec_for("sixth"), spec_for("sixth").read_recording([SESSION]))
+    writes = replay_recording(spec_for("sixth"), SESSION)[0]
     compaction, after = writes[3].record, writes[4].record
     measured = {"used_tokens", "window_tokens", "used_percent", "observed_at_ms"}
     kept = set(ContextFields.model_fields) - measured
