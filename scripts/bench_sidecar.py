@@ -64,13 +64,13 @@ class Case:
 
 
 CASES = (
-    Case("claude", "claude", 33.0, "claude/statusline-2.1.332-sonnet45.jsonl"),
-    Case("codex-stdio", "codex", 38.0, "codex/codex-0.171.0-stdio-main.jsonl"),
-    Case("codex-relay", "codex", 38.0, "codex/codex-0.171.0-ws-main.jsonl"),
-    Case("codex-rollout", "codex", 38.0, "codex/codex-0.171.0-stdio-main.jsonl"),
-    Case("pi", "pi", 33.0, "pi/live/pi-1.6.0.channel.jsonl"),
-    Case("omp", "omp", 38.0, "pi/live/omp-18.2.3.channel.jsonl"),
-    Case("opencode", "opencode", 38.0, "opencode/v1.18.33/events.jsonl"),
+    Case("claude", "claude", 33.0, "claude/statusline-2.1.332-sonnet45.rec"),
+    Case("codex-stdio", "codex", 38.0, "codex/codex-0.171.0-stdio-main.rec"),
+    Case("codex-relay", "codex", 38.0, "codex/codex-0.171.0-ws-main.rec"),
+    Case("codex-rollout", "codex", 38.0, "codex/codex-0.171.0-stdio-main.rec"),
+    Case("pi", "pi", 33.0, "pi/live/pi-1.6.0.channel.rec"),
+    Case("omp", "omp", 38.0, "pi/live/omp-18.2.3.channel.rec"),
+    Case("opencode", "opencode", 38.0, "opencode/v1.18.33/events.rec"),
 )
 
 
@@ -187,15 +187,15 @@ def transport_config(case: Case, work: Path, upstream_port: int) -> dict[str, An
 
 
 def fixture_frames(case: Case) -> list[bytes]:
-    """The first FRAMES_FED frames of the case's fixture as the channel carries them: the harness's
-    own `read_recording` (Claude's status lines in the tee's envelope, pi's and omp's extension
-    frames as they are), Codex's stdout lines in the envelope the wrapper's tap puts them in, and
-    OpenCode's event objects (its channel takes them as the SSE stream carries them)."""
+    """The first FRAMES_FED frames of the case's recording (fixtures/recordings/) as the channel
+    carries them: Claude's status lines in the tee's envelope, pi's and omp's extension frames as
+    they are, Codex's stdout lines in the envelope the wrapper's tap puts them in, and OpenCode's
+    event objects (its channel takes them as the SSE stream carries them)."""
     from sidecar.harnesses.codex.producer import tap_frame
-    from sidecar.registry import spec_for
+    from sidecar.replay import read_chunks
 
     lines: list[bytes] = []
-    for chunk in spec_for(case.harness).read_recording([FIXTURES / case.fixture]):
+    for chunk in read_chunks((FIXTURES / "recordings" / case.fixture).read_bytes()):
         for line in chunk.data.splitlines():
             if chunk.wire == "sse":  # OpenCode's events: the channel takes each event's data whole
                 line = line.removeprefix(b"data: ") if line.startswith(b"data: ") else b""

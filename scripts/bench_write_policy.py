@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from guard.constants import HARNESS_CONTEXT_HEARTBEAT_MS
 from guard.policy import Reading, WriteGuard
 from guard.record import ContextFields, round_half_up
+from scripts.capture_readers.codex import read_recording as read_codex_capture
 from sidecar.decoding import Dropped
 from sidecar.harnesses.claude.transcript import claude_compaction, claude_usage
 from sidecar.harnesses.codex.events import ThreadOpened
@@ -48,7 +49,7 @@ from sidecar.harnesses.codex.producer import SPEC as CODEX
 from sidecar.harnesses.codex.producer import CodexProducer
 from sidecar.harnesses.codex.transcript import rollout_event
 from sidecar.registry import spec_for
-from sidecar.replay import replay
+from sidecar.replay import replay_recording
 from sidecar.spec import HarnessSpec
 from sidecar.transcripts import forward_lines
 from wrapper.scan import shipped_model_table
@@ -97,7 +98,7 @@ def codex_app_server_trace(path: Path) -> Trace:
     trace = Trace("codex", path.name)
     producer = CodexProducer()
     decoder = CODEX.decoder("stdout")
-    for chunk in CODEX.read_recording([path]):
+    for chunk in read_codex_capture([path]):  # the lab's capture, read as convert_fixtures reads it
         now = chunk.at_ms or 0
         for event in decoder.receive_data(chunk.data):
             if not isinstance(event, Dropped):
@@ -569,7 +570,7 @@ def lab_traces(windows: dict[str, int]) -> dict[str, list[Trace]]:
 
 # ---- issue 28: the subagent rows' cost, on the recorded delegation sessions -----------------------
 
-DELEGATIONS = ROOT / "fixtures"
+DELEGATIONS = ROOT / "fixtures" / "recordings"
 
 
 class _WithoutRows:
@@ -587,14 +588,12 @@ class _WithoutRows:
                 for r in self.inner.feed(event, now_ms)]  # fmt: skip
 
 
-def delegation_recordings() -> list[tuple[str, HarnessSpec, list[Path]]]:
-    found: list[tuple[str, HarnessSpec, list[Path]]] = []
-    for path in sorted((DELEGATIONS / "codex").glob("codex-*-delegation.jsonl")):
-        found.append((f"codex {path.name.split('-')[1]}", spec_for("codex"), [path]))
-    for path in sorted((DELEGATIONS / "opencode" / "delegation").glob("delegation-*.events.sse")):
-        version = path.name.split("-")[1].removesuffix(".events.sse")
-        providers = path.with_name(f"delegation-{version}.providers.json")
-        found.append((f"opencode {version}", spec_for("opencode"), [providers, path]))
+def delegation_recordings() -> list[tuple[str, HarnessSpec, Path]]:
+    found: list[tuple[str, HarnessSpec, Path]] = []
+    for path in sorted((DELEGATIONS / "codex").glob("codex-*-delegation.rec")):
+        found.append((f"codex {path.name.split('-')[1]}", spec_for("codex"), path))
+    for path in sorted((DELEGATIONS / "opencode" / "delegation").glob("delegation-*.rec")):
+        found.append((f"opencode {path.name.split('-')[1].removesuffix('.rec')}", spec_for("opencode"), path))
     return found
 
 
@@ -602,15 +601,13 @@ def subagent_table() -> str:
     """Writes per agent-hour of each recorded delegation, with the subagent rows and without."""
     header = f"{'session':<18} {'span s':>7} {'with':>5} {'without':>8} {'with/h':>8} {'without/h':>10} {'ratio':>6}"
     lines = ["", "subagent rows (issue 28), recorded delegation sessions (target: with <= 1.5x without)", header]
-    for name, spec, paths in delegation_recordings():
-        chunks = list(spec.read_recording(paths))
-        stamps = [c.at_ms for c in chunks if c.at_ms is not None]
-        with_rows = list(replay(spec, chunks))
+    for name, spec, path in delegation_recordings():
+        with_rows, _ = replay_recording(spec, path)
         plain = dataclasses.replace(spec, make_producer=lambda spec=spec: _WithoutRows(spec.make_producer()))
-        without = list(replay(plain, chunks))
-        span_ms = max(stamps) - min(stamps) if len(stamps) > 1 else 0
-        if span_ms <= 0:  # an untimed recording (OpenCode's SSE): replay's own steps
-            span_ms = max(w.record.written_at_ms for w in with_rows) - min(w.record.written_at_ms for w in with_rows)
+        without, _ = replay_recording(plain, path)
+        # The session's span, first write to last (a converted recording times its leading untimed lines
+        # by the old replay's steps from 0, not by the wall clock).
+        span_ms = max(w.record.written_at_ms for w in with_rows) - min(w.record.written_at_ms for w in with_rows)
         hours = max(span_ms, 1) / 3_600_000
         lines.append(
             f"{name:<18} {span_ms / 1000:>7.1f} {len(with_rows):>5} {len(without):>8} "

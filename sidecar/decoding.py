@@ -146,8 +146,7 @@ class SseDecoder:
 # The harness's frames on the channel: (envelope `type`, the whole object) -> typed events.
 ChannelFrames = Callable[[str, dict[str, Any]], list[object]]
 CHANNEL = "channel"
-# A wire carrying a model catalog's context windows (OpenCode's `GET /config/providers` answer):
-# `hctx replay --providers` feeds its file first.
+# A wire carrying a model catalog's context windows (OpenCode's `GET /config/providers` answer).
 PROVIDERS = "providers"
 
 

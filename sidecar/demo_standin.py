@@ -1,11 +1,12 @@
-"""A stand-in harness for `hctx demo`: plays back a capture of a real harness session.
+"""A stand-in harness for `hctx demo`: plays back a recording of a real harness session.
 
-It plays the chunks `hctx replay` reads from the capture (the harness spec's `read_recording`) the
-way that harness sends them: a line the Claude tee built (`sidecar.harnesses.claude.frames.channel_line`) goes
+It plays the channel chunks of a recording (`hctx wrap --record`'s format, the one `hctx replay`
+reads; the demo's are converted from the lab's captures of the real builds) the way that harness
+sends them: a line the Claude tee built (`sidecar.harnesses.claude.frames.channel_line`) goes
 through the real `hctx-statusline` tee or `hctx-hook` forwarder again, with the payload it was built
 from as stdin; any other channel line (pi/omp extension frames) straight onto the channel. The
-sidecar decodes them with the code `hctx replay` runs. Only the pace is its own: the recorded gaps
-are scaled so the whole session takes `--duration` seconds.
+sidecar decodes them on its live path. Only the pace is its own: the recorded gaps are scaled so
+the whole session takes `--duration` seconds.
 """
 
 from __future__ import annotations
@@ -19,24 +20,32 @@ import sys
 import time
 from pathlib import Path
 
-from guard.errors import FleetFailed
+from guard.errors import FleetFailed, RecordingError
 from sidecar.decoding import CHANNEL
 from sidecar.harnesses.claude.frames import unwrap
-from sidecar.registry import Chunk, harness_names, spec_for
+from sidecar.recorder import Chunk
+from sidecar.registry import harness_names
+from sidecar.replay import header_of, read_chunks
+from sidecar.spec import recording_bytes
 
 __all__ = [
-    "DEMO_CAPTURES",
+    "DEMO_RECORDINGS",
     "deliver",
     "main",
     "paced",
 ]
 
-DEMO_CAPTURES = Path(__file__).resolve().parent / "assets" / "demo"
+DEMO_RECORDINGS = Path(__file__).resolve().parent / "assets" / "demo"
 
 
-def paced(harness: str, paths: list[Path], duration_s: float) -> list[tuple[float, Chunk]]:
-    """(offset in seconds, chunk): the recorded gaps scaled to `duration_s`, or even steps untimed."""
-    script = list(spec_for(harness).read_recording(paths))
+def paced(harness: str, path: Path, duration_s: float) -> list[tuple[float, Chunk]]:
+    """(offset in seconds, chunk) of the recording at `path`: its gaps scaled to `duration_s`.
+    RecordingError for a file that is no recording of `harness`."""
+    data = recording_bytes(path)
+    named = header_of(data, path).get("harness")
+    if named != harness:
+        raise RecordingError(f"{path} is a recording of {named!r}, not of {harness!r}")
+    script = read_chunks(data)
     times = [chunk.at_ms for chunk in script if chunk.at_ms is not None]
     start, span = (min(times), max(times) - min(times)) if times else (0, 0)
     offsets: list[tuple[float, Chunk]] = []
@@ -74,11 +83,15 @@ def main() -> int:
     parser.add_argument("--harness", required=True, choices=harness_names())
     parser.add_argument("--duration", type=float, default=15.0)
     parser.add_argument("--linger", action="store_true", help="stay up after the session until signalled")
-    parser.add_argument("captures", nargs="+", metavar="CAPTURE", help="file names under sidecar/assets/demo")
+    parser.add_argument("recording", metavar="RECORDING", help="a file name under sidecar/assets/demo")
     # The wrapper adapts a real harness's command line (pi gets `--extension ...`): a stand-in
     # plays its capture whatever else it is handed.
     args, _ = parser.parse_known_args()
-    script = paced(args.harness, [DEMO_CAPTURES / name for name in args.captures], args.duration)
+    try:
+        script = paced(args.harness, DEMO_RECORDINGS / args.recording, args.duration)
+    except (OSError, RecordingError) as exc:
+        print(f"demo stand-in: {exc}", file=sys.stderr)
+        return 2
     start = time.monotonic()
     for offset, chunk in script:
         time.sleep(max(0.0, start + offset - time.monotonic()))

@@ -25,8 +25,10 @@ __all__ = [
     "DEFAULT_CAP_BYTES",
     "FORMAT",
     "QUEUE_BYTES",
+    "Chunk",
     "Recorder",
     "create_recording",
+    "encode_line",
     "fact_line",
 ]
 
@@ -36,6 +38,17 @@ FORMAT = "hctx.recording.v1"
 DEFAULT_CAP_BYTES = 64 * 1024 * 1024
 # Bytes offered and not yet written: a stalled disk costs recorded chunks, never a decoder's time.
 QUEUE_BYTES = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """Bytes one stream of a wire carried, and when they arrived (ms, the wall clock): a chunk line
+    of a recording (`sidecar.replay.read_chunks` reads them back)."""
+
+    at_ms: int | None
+    wire: str
+    data: bytes
+    stream: int | None = None  # None: the wire's one stream
 
 
 def create_recording(path: str | os.PathLike[str]) -> BinaryIO:
@@ -113,7 +126,7 @@ class Recorder:
     async def run(self) -> None:
         """Write the header, then each batch queued, in a worker thread, until closed and drained."""
         try:
-            await trio.to_thread.run_sync(self._write, [_encoded(self.header)])
+            await trio.to_thread.run_sync(self._write, [encode_line(self.header)])
             while True:
                 if not self._queue:
                     if self._closed:
@@ -121,11 +134,11 @@ class Recorder:
                     await self._wake.wait()
                     self._wake = trio.Event()
                     continue
-                batch = [_encoded(entry) for entry in self._drain()]
+                batch = [encode_line(entry) for entry in self._drain()]
                 await trio.to_thread.run_sync(self._write, batch)
             if self.lost_chunks:
                 self._gap_if_lost(self.last_at_ms)
-                await trio.to_thread.run_sync(self._write, [_encoded(entry) for entry in self._drain()])
+                await trio.to_thread.run_sync(self._write, [encode_line(entry) for entry in self._drain()])
         except OSError as exc:  # a full disk costs the recording, never the session
             log.error("recording stopped: %s", exc, extra={"event": "recording-failed"})
             self.truncated = True
@@ -145,13 +158,14 @@ class Recorder:
                 return
             if self.written + len(line) > self.cap_bytes:
                 self.truncated = True
-                line = _encoded({"truncated": {"cap_bytes": self.cap_bytes, "written_bytes": self.written}})
+                line = encode_line({"truncated": {"cap_bytes": self.cap_bytes, "written_bytes": self.written}})
             self.file.write(line)
             self.written += len(line)
         self.file.flush()
 
 
-def _encoded(entry: dict[str, Any] | tuple[int, str, int, bytes]) -> bytes:
+def encode_line(entry: dict[str, Any] | tuple[int, str, int, bytes]) -> bytes:
+    """One line of a recording: an entry, or a chunk as (at_ms, wire, stream, bytes)."""
     if isinstance(entry, tuple):
         at_ms, wire, stream, data = entry
         entry = {"at_ms": at_ms, "wire": wire, "stream": stream, "b64": base64.b64encode(data).decode("ascii")}

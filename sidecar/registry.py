@@ -20,13 +20,11 @@ from typing import TYPE_CHECKING, cast
 
 from guard.errors import UnknownHarness
 from sidecar.spec import (
-    Chunk,
     HarnessSpec,
     TranscriptFile,
     TranscriptReader,
     TranscriptReading,
     WindowSource,
-    each_file,
 )
 
 if TYPE_CHECKING:
@@ -36,13 +34,11 @@ __all__ = [
     "BUILT_IN",
     "ENTRY_POINT_GROUP",
     "REGISTERED",
-    "Chunk",
     "HarnessSpec",
     "TranscriptFile",
     "TranscriptReader",
     "TranscriptReading",
     "WindowSource",
-    "each_file",
     "harness_names",
     "rescan",
     "spec_for",

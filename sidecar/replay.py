@@ -1,9 +1,8 @@
-"""`hctx replay`: recorded bytes through the very decoders, producer and write guard the sidecar
-runs, no disk involved.
+"""`hctx replay FILE`: a recording `hctx wrap --record` made (docs/recording.md), through the very
+`Stream`s, `Writer` and write guard the live sidecar runs, on trio's MockClock and an in-memory store.
 
-A recording is the chunks of bytes each wire carried, in order, with their arrival times where it
-has them (`sidecar.registry.Chunk`). Each wire's bytes go through one decoder for the whole
-recording, as one connection's would, so a frame split across chunks is still one frame.
+Only a recording is replayed: a harness's captures (the lab's files) were converted into
+recordings once, by scripts/convert_fixtures.py, and the product reads no other shape.
 """
 
 from __future__ import annotations
@@ -12,7 +11,6 @@ import base64
 import binascii
 import importlib
 from collections import Counter, deque
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,75 +22,23 @@ from guard.errors import CatalogError, MalformedFrame, RecordingError
 from guard.json_rule import loads_object
 from guard.policy import Write, WriteGuard
 from guard.record import HarnessContext
-from sidecar.decoding import Decoder, Dropped
 from sidecar.pipeline import Pipeline
-from sidecar.recorder import FORMAT
-from sidecar.registry import Chunk, HarnessSpec
-from sidecar.spec import recording_bytes
+from sidecar.recorder import FORMAT, Chunk
+from sidecar.spec import HarnessSpec, recording_bytes
 
 if TYPE_CHECKING:
     from sidecar.app import Writer
     from sidecar.streams import Stream
 
 __all__ = [
-    "UNTIMED_STEP_MS",
     "MemoryStore",
     "Summary",
-    "Tally",
-    "is_recording",
-    "read_header",
-    "replay",
+    "header_of",
+    "read_chunks",
+    "replay_bytes",
     "replay_recording",
     "write_line",
 ]
-
-# Events a recording does not timestamp arrive one replay-second apart: a simulated clock.
-UNTIMED_STEP_MS = 1000
-
-
-@dataclass
-class Tally:
-    """What a replay made of its input: enough to say so when none of it was the harness's."""
-
-    events: int = 0  # events the decoders made, drops included
-    recognised: int = 0  # events the producer accepted
-
-
-def replay(
-    spec: HarnessSpec, chunks: Iterable[Chunk], *, agent: str = "replay", tally: Tally | None = None
-) -> Iterator[Write]:
-    """The writes, in order."""
-    pipeline = Pipeline(spec.make_producer(), WriteGuard(agent, incarnation="replay"))
-    tally = Tally() if tally is None else tally
-    decoders: dict[str, Decoder] = {}
-    clock = 0
-    for chunk in chunks:
-        decoder = decoders.get(chunk.wire)
-        if decoder is None:
-            decoder = decoders[chunk.wire] = spec.decoder(chunk.wire)
-        for event in decoder.receive_data(chunk.data):
-            clock = _arrival(clock, chunk.at_ms, event)
-            yield from _fed(pipeline, event, clock, tally)
-    for decoder in decoders.values():
-        for event in decoder.end_of_data():
-            yield from _fed(pipeline, event, _arrival(clock, None, event), tally)
-
-
-def _arrival(clock: int, at_ms: int | None, event: object) -> int:
-    """When `event` arrived: its chunk's time, never before an earlier one's; untimed, a step after
-    the last event (a drop takes no time: a damaged line does not shift the ones after it)."""
-    if at_ms is not None:
-        return max(clock, at_ms)
-    return clock if isinstance(event, Dropped) else clock + UNTIMED_STEP_MS
-
-
-def _fed(pipeline: Pipeline, event: object, clock: int, tally: Tally) -> list[Write]:
-    dropped = pipeline.dropped
-    writes = pipeline.feed(event, clock)
-    tally.events += 1
-    if pipeline.dropped == dropped and not isinstance(event, Dropped):
-        tally.recognised += 1
-    return writes
 
 
 def write_line(write: Write) -> str:
@@ -114,35 +60,59 @@ class Summary:
     problems: list[str] = field(default_factory=list)  # lines that are not a recording's
 
 
-def is_recording(head: bytes) -> bool:
-    """Whether a file starting with `head` is a recording the product made: its header line."""
-    first = head.split(b"\n", 1)[0]
+def header_of(data: bytes, name: object = "the file") -> dict[str, Any]:
+    """A recording's header: its first line. RecordingError for anything else, saying what it is
+    (a harness's own capture is converted into a recording by scripts/convert_fixtures.py)."""
+    first = data.split(b"\n", 1)[0]
     try:
         header = _object(first)
     except MalformedFrame:
-        return False
-    return header.get("format") == FORMAT
-
-
-def read_header(path: Path) -> dict[str, Any]:
-    with path.open("rb") as file:
-        first = file.readline()
-    try:
-        header = _object(first.rstrip(b"\n"))
-    except MalformedFrame as exc:
-        raise RecordingError(f"{path}: its first line is no recording header: {exc}") from None
-    if header.get("format") != FORMAT:
-        raise RecordingError(f"{path}: not a {FORMAT} recording (its header names {header.get('format')!r})")
+        header = None
+    if header is None or header.get("format") != FORMAT:
+        said = "its first line is no JSON object" if header is None else f"its first line names no format {FORMAT!r}"
+        raise RecordingError(
+            f"{name} is not a recording `hctx wrap --record` made ({said}); hctx replays only recordings"
+        )
     return header
 
 
+def read_header(path: Path) -> dict[str, Any]:
+    """The header of the recording at `path` (a FIFO, a device or a huge file refused, OSError)."""
+    return header_of(recording_bytes(path), path)
+
+
+def read_chunks(data: bytes) -> list[Chunk]:
+    """The chunks a recording holds, in order, each with its time, wire and stream (the demo plays
+    them; tests cut them): the lines that are no chunk, and a damaged one, left out."""
+    chunks: list[Chunk] = []
+    for line in data.split(b"\n"):
+        try:
+            entry = _object(line)
+            at_ms, wire, stream = entry["at_ms"], entry["wire"], entry["stream"]
+            payload = base64.b64decode(entry["b64"], validate=True)
+        except (MalformedFrame, KeyError, TypeError, binascii.Error, ValueError):
+            continue
+        if isinstance(at_ms, int) and isinstance(wire, str) and isinstance(stream, int):
+            chunks.append(Chunk(at_ms, wire, payload, stream))
+    return chunks
+
+
 def replay_recording(spec: HarnessSpec, path: Path, *, agent: str = "replay") -> tuple[list[Write], Summary]:
+    """`replay_bytes` of the file at `path` (a FIFO, a device or a huge file refused, OSError)."""
+    return replay_bytes(spec, recording_bytes(path), agent=agent, name=path)
+
+
+def replay_bytes(
+    spec: HarnessSpec, data: bytes, *, agent: str = "replay", name: object = "the recording"
+) -> tuple[list[Write], Summary]:
     """The writes a recording makes through the live sidecar's `Stream`s, `Writer` and write
     guard, on trio's MockClock (autojump: a recorded hour takes no time) and an in-memory store,
-    so the outbox, the refresh of the newest write and a decoder's failure all run as they ran live."""
+    so the outbox, the refresh of the newest write and a decoder's failure all run as they ran live.
+    RecordingError for bytes that are no recording (no header first)."""
+    header_of(data, name)
     summary = Summary()
     landed: list[Write] = []
-    lines = recording_bytes(path).split(b"\n")  # a FIFO, a device or a huge file is refused
+    lines = data.split(b"\n")
     if lines and not lines[-1]:
         lines.pop()
     trio.run(_drive, spec, lines, agent, landed, summary, clock=MockClock(autojump_threshold=0))
@@ -237,6 +207,8 @@ async def _sidecar(
     wall = _MockWall(origin if isinstance(origin, int) else 0)
     guard = WriteGuard(agent, incarnation if isinstance(incarnation, str) else "replay")
     store = MemoryStore()
+    # A recording that says when no write landed (a capture converted into one) lands each at once.
+    store.unbounded = not any("write" in entry for _, entry in entries)
     writer = Writer(Pipeline(spec.make_producer(), guard), store, wall)
     writer.on_landed = landed.append
     streams: dict[int, Stream] = {}
@@ -244,14 +216,17 @@ async def _sidecar(
         nursery.start_soon(writer.run)
         for number, entry in entries:
             at_ms = entry.get("at_ms")
-            if isinstance(at_ms, int) and not isinstance(at_ms, bool):
+            if isinstance(at_ms, int) and not isinstance(at_ms, bool) and wall.at(at_ms) > trio.current_time():
                 await trio.sleep_until(wall.at(at_ms))
+            quiet = False  # a chunk that completed no event set nothing going
             if (outcome := entry.get("write")) in ("landed", "failed"):
                 store.release(outcome)
-            elif (problem := _play(spec, entry, writer, streams)) is not None:
+            elif isinstance(problem := _play(spec, entry, writer, streams), str):
                 summary.problems.append(f"line {number}: {problem}")
-            # Everything this line set going (a write taken, refreshed, landed) runs before the next.
-            await wait_all_tasks_blocked()
+            else:
+                quiet = problem == 0
+            if not quiet:  # everything this line set going (a write taken, refreshed, landed) runs before the next
+                await wait_all_tasks_blocked()
             if isinstance(gap := entry.get("gap"), dict) and isinstance(chunks := gap.get("chunks"), int):
                 summary.lost_chunks += chunks
             summary.truncated = summary.truncated or "truncated" in entry
@@ -260,8 +235,9 @@ async def _sidecar(
     summary.drops.update(writer.pipeline.drops)
 
 
-def _play(spec: HarnessSpec, entry: dict[str, Any], writer: Writer, streams: dict[int, Stream]) -> str | None:
-    """One line into the live path; what is wrong with it, if anything."""
+def _play(spec: HarnessSpec, entry: dict[str, Any], writer: Writer, streams: dict[int, Stream]) -> str | int | None:
+    """One line into the live path: what is wrong with it, if anything, else how many events a
+    chunk completed (None for any other line)."""
     if "gap" in entry or "truncated" in entry:
         return None
     if "fact" in entry:
@@ -275,15 +251,13 @@ def _play(spec: HarnessSpec, entry: dict[str, Any], writer: Writer, streams: dic
 
         stream = streams[stream_id] = transport_streams(spec, writer).open(wire)
     if entry.get("end") is True:
-        stream.end_of_data()
         del streams[stream_id]
-        return None
+        return stream.end_of_data()
     try:
         data = base64.b64decode(entry.get("b64", ""), validate=True)
     except (binascii.Error, TypeError, ValueError):
         return "its b64 is not base64"
-    stream.receive_data(data)
-    return None
+    return stream.receive_data(data)
 
 
 def _fact(spec: HarnessSpec, entry: dict[str, Any], writer: Writer) -> str | None:

@@ -3,8 +3,8 @@
 A spec is everything the sidecar, `hctx replay`, `hctx scan` and the wrapper need to know about one
 harness: its producer, one decoder per wire it is read from, the transport that moves those bytes
 (if the unix-socket channel is not the only one) and the model of its config, how the wrapper taps
-its stdout, the wrapper's launch plan, how a recording on disk becomes the timed bytes replay feeds,
-how its own transcripts read, and the builds its arithmetic was verified against.
+its stdout, the wrapper's launch plan, how its own transcripts read, and the builds its arithmetic
+was verified against.
 
 This module sits below the harness packages (`sidecar.harnesses.<name>`), which define their specs
 with it, and below `sidecar.registry`, which finds them by name: it imports no harness.
@@ -13,7 +13,7 @@ with it, and below `sidecar.registry`, which finds them by name: it imports no h
 from __future__ import annotations
 
 import errno
-from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -31,7 +31,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_RECORDING_BYTES",
-    "Chunk",
     "HarnessSpec",
     "Stream",
     "Streams",
@@ -42,18 +41,8 @@ __all__ = [
     "Transport",
     "Wants",
     "WindowSource",
-    "each_file",
     "recording_bytes",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class Chunk:
-    """Bytes one wire carried, and when they arrived (ms) if the recording says."""
-
-    at_ms: int | None
-    wire: str
-    data: bytes
 
 
 # The transport contract. A transport (`HarnessSpec.transport`'s `run(config, streams)`) sees only
@@ -142,8 +131,6 @@ class HarnessSpec:
     channel_frames: ChannelFrames
     # Every other wire -> a fresh decoder for one stream of it (a connection, a file).
     decoders: Mapping[str, Callable[[], Decoder]]
-    # Recording files -> the timed chunks they hold, in order.
-    read_recording: Callable[[Sequence[Path]], Iterable[Chunk]]
     verified_versions: tuple[str, ...]
     # The wrapper module whose `prepare` launches the harness, and the sidecar transport module
     # whose `run(config, streams)` moves its native stream's bytes (None: the channel is the only wire).
@@ -175,16 +162,7 @@ class HarnessSpec:
             raise UnknownHarness(f"the {self.name} harness has no wire {wire!r}") from None
 
 
-def each_file(wire: str) -> Callable[[Sequence[Path]], Iterable[Chunk]]:
-    """The plainest recording: each file is the untimed bytes `wire` carried."""
-
-    def read(paths: Sequence[Path]) -> Iterable[Chunk]:
-        return [Chunk(None, wire, recording_bytes(path)) for path in paths]
-
-    return read
-
-
-# A recording is read whole (replay orders and times its chunks); a bigger one is refused, not swapped in.
+# A recording is read whole (`hctx replay`); a bigger one is refused, not swapped in.
 MAX_RECORDING_BYTES = 256 * 1024 * 1024
 
 

@@ -1,9 +1,12 @@
 """Conformance helpers: the writes a recording makes, whole, split, or lived through a transport.
 
-`replayed` runs chunks through the registry's spec exactly as `hctx replay` does; `outcome`
-reduces a write to what must agree on every path (the reason and the record's reading fields, not
-the clock it was taken by). `split_at` cuts every chunk of a recording at the given byte offsets, so
-a test can prove that where the bytes break never changes what is written.
+Every fixture a test replays is a recording (`fixtures/recordings/`, converted once from the lab's
+captures by scripts/convert_fixtures.py), and every replay runs the product's own driver
+(`sidecar.replay`: the live `Stream` → `Writer` → guard path on MockClock). `replayed` turns chunks
+a test holds (cut, damaged, made up) into a recording and replays it; `outcome` reduces a write to
+what must agree on every path (the reason and the record's reading fields, not the clock it was
+taken by). `split_at` cuts every chunk of a recording at the given byte offsets, so a test can
+prove that where the bytes break never changes what is written.
 """
 
 from __future__ import annotations
@@ -11,11 +14,19 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
+import guard
 from guard.policy import Write
-from sidecar.registry import Chunk, HarnessSpec
-from sidecar.replay import replay
+from sidecar.recorder import FORMAT, Chunk, encode_line
+from sidecar.registry import HarnessSpec, spec_for
+from sidecar.replay import read_chunks, replay_bytes, replay_recording
+from tests.conftest import FIXTURE_ROOT
+
+RECORDINGS = FIXTURE_ROOT / "recordings"
+# What a chunk with no time of its own is given: a second after the one before.
+UNTIMED_STEP_MS = 1000
 
 # The fields that depend on when, not what: the replay clock and the live one differ.
 CLOCK_FIELDS = frozenset({"observedAtMs", "writtenAtMs", "lastCompactionMs", "incarnation", "agent"})
@@ -34,13 +45,66 @@ def logged(write: Write) -> tuple[Any, ...]:
     return tuple(outcome(write).get(key) for key in LOGGED_FIELDS)
 
 
+def recording_path(name: str) -> Path:
+    """A converted fixture by its path under fixtures/recordings/ (`claude/session-2.1.332.rec`)."""
+    path = RECORDINGS / name
+    assert path.is_file(), f"no recording {name}: run scripts/convert_fixtures.py"
+    return path
+
+
+def recording_of(capture: Path) -> Path:
+    """The recording one capture under fixtures/ was converted into (scripts/convert_fixtures.py)."""
+    name = capture.relative_to(FIXTURE_ROOT).as_posix()
+    for suffix in (".jsonl", ".sse", ".json"):
+        name = name.removesuffix(suffix)
+    return recording_path(f"{name}.rec")
+
+
+def chunks_of(name: str | Path) -> list[Chunk]:
+    """The chunks a recording holds (a name under fixtures/recordings/, or a path)."""
+    path = name if isinstance(name, Path) else recording_path(name)
+    return read_chunks(path.read_bytes())
+
+
+def fixture_writes(harness: str, name: str) -> list[Write]:
+    """The writes a converted fixture replays to, through the product's driver."""
+    writes, summary = replay_recording(spec_for(harness), recording_path(name))
+    assert not summary.problems, summary.problems
+    return writes
+
+
+def recorded(harness: str, chunks: Iterable[Chunk]) -> bytes:
+    """`chunks` as a recording of `harness`: a chunk with no time a second after the one before,
+    each wire one stream unless a chunk names its own, every stream ended after the last chunk."""
+    lines: list[bytes] = []
+    clock = 0
+    streams: dict[tuple[str, int | None], int] = {}
+    for chunk in chunks:
+        clock = clock + UNTIMED_STEP_MS if chunk.at_ms is None else max(clock, chunk.at_ms)
+        stream = streams.setdefault((chunk.wire, chunk.stream), chunk.stream or len(streams) + 1)
+        lines.append(encode_line((clock, chunk.wire, stream, chunk.data)))
+    ends = [encode_line({"at_ms": clock, "wire": wire, "stream": stream, "end": True})
+            for (wire, _), stream in streams.items()]  # fmt: skip
+    header = {"format": FORMAT, "harness": harness, "hctx": guard.__version__, "incarnation": "replay", "started_ms": 0}
+    return encode_line(header) + b"".join(lines + ends)
+
+
 def replayed(spec: HarnessSpec, chunks: Iterable[Chunk]) -> list[Write]:
-    return list(replay(spec, chunks))
+    """The writes `chunks` make, as a recording, through the product's driver."""
+    return replay_bytes(spec, recorded(spec.name, chunks))[0]
+
+
+async def replayed_in_a_thread(spec: HarnessSpec, chunks: Iterable[Chunk]) -> list[Write]:
+    """`replayed` from a trio test: the replay runs trio (on its MockClock) in a thread of its own."""
+    import trio
+
+    chunks = list(chunks)
+    return await trio.to_thread.run_sync(replayed, spec, chunks)
 
 
 def untimed(chunks: Iterable[Chunk]) -> list[Chunk]:
-    """The same bytes on a clock of their own: one replay-second per event, wherever they break."""
-    return [Chunk(None, chunk.wire, chunk.data) for chunk in chunks]
+    """The same bytes on a clock of their own: a second per chunk, wherever they break."""
+    return [Chunk(None, chunk.wire, chunk.data, chunk.stream) for chunk in chunks]
 
 
 def _every_chunk(chunk: Chunk) -> bool:
@@ -61,7 +125,7 @@ def split_at(
             offsets[bisect.bisect_right(offsets, start) : bisect.bisect_left(offsets, end)] if cuttable(chunk) else []
         )
         edges = [0, *(cut - start for cut in inside), len(chunk.data)]
-        pieces += [Chunk(chunk.at_ms, chunk.wire, chunk.data[a:b]) for a, b in itertools.pairwise(edges)]
+        pieces += [Chunk(chunk.at_ms, chunk.wire, chunk.data[a:b], chunk.stream) for a, b in itertools.pairwise(edges)]
         start = end
     return pieces
 
@@ -72,11 +136,11 @@ def bytewise(chunks: Sequence[Chunk], cuttable: Callable[[Chunk], bool] = _every
 
 
 def joined(chunks: Sequence[Chunk]) -> list[Chunk]:
-    """Consecutive chunks of one wire and one time as one: the recording fed whole."""
+    """Consecutive chunks of one stream and one time as one: the recording fed whole."""
     whole: list[Chunk] = []
     for chunk in chunks:
-        if whole and (whole[-1].wire, whole[-1].at_ms) == (chunk.wire, chunk.at_ms):
-            whole[-1] = Chunk(chunk.at_ms, chunk.wire, whole[-1].data + chunk.data)
+        if whole and (whole[-1].wire, whole[-1].stream, whole[-1].at_ms) == (chunk.wire, chunk.stream, chunk.at_ms):
+            whole[-1] = Chunk(chunk.at_ms, chunk.wire, whole[-1].data + chunk.data, chunk.stream)
         else:
             whole.append(chunk)
     return whole

@@ -18,7 +18,8 @@ from guard.policy import WriteGuard
 from sidecar.app import stated_account
 from sidecar.pipeline import Pipeline
 from sidecar.registry import spec_for
-from sidecar.replay import replay
+from sidecar.replay import replay_recording
+from tests.conformance import chunks_of, recording_of
 from tests.conftest import REPO
 from wrapper.harnesses import LaunchPlan, account_json
 from wrapper.harnesses.claude import seat_account as claude_seat_account
@@ -29,9 +30,10 @@ from wrapper.resident import sidecar_argv
 FIXTURES = REPO / "fixtures" / "accounts"
 
 
-def _records(harness: str, *paths: Path) -> list[dict[str, Any]]:
-    spec = spec_for(harness)
-    return [json.loads(write.record.to_json()) for write in replay(spec, list(spec.read_recording(list(paths))))]
+def _records(harness: str, capture: Path) -> list[dict[str, Any]]:
+    """The records the capture's recording (fixtures/recordings/accounts/) replays to."""
+    writes, _ = replay_recording(spec_for(harness), recording_of(capture))
+    return [json.loads(write.record.to_json()) for write in writes]
 
 
 def _pushed(path: Path) -> list[dict[str, Any]]:
@@ -165,7 +167,7 @@ def test_every_reading_the_sidecar_writes_carries_the_seats_account() -> None:
     pipeline = Pipeline(spec.make_producer(), WriteGuard("a", "i"), stated_account(account.model_dump_json()))
     decoder = spec.decoder(next(iter(spec.wires())))
     writes = []
-    for chunk in spec.read_recording([FIXTURES / "statusline-2.1.332-seat-B.jsonl"]):
+    for chunk in chunks_of(recording_of(FIXTURES / "statusline-2.1.332-seat-B.jsonl")):
         for event in decoder.receive_data(chunk.data):
             writes.extend(pipeline.feed(event, chunk.at_ms or 1_796_000_000_000))
     assert writes and all(write.record.account == account for write in writes)

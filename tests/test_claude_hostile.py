@@ -11,7 +11,6 @@ import contextlib
 import copy
 import json
 import math
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,9 @@ from guard.constants import CHANNEL_MAX_FRAME_BYTES
 from guard.errors import FrameRejected
 from guard.policy import Reading
 from sidecar.decoding import CHANNEL, Dropped
-from sidecar.harnesses.claude.producer import SPEC, ClaudeProducer, read_recording
+from sidecar.harnesses.claude.producer import SPEC, ClaudeProducer
+from sidecar.recorder import Chunk
+from tests.conformance import chunks_of
 from tests.conftest import FIXTURE_ROOT, channel_readings
 from tests.hostile import json_values, numbers_in
 
@@ -227,12 +228,12 @@ def test_many_compactions_stay_bounded() -> None:
     assert reading.fields.compactions == 1000
 
 
-def replayed_readings(paths: list[Path]) -> tuple[list[Reading], list[Dropped]]:
-    """A recording's chunks through one channel decoder, as `hctx replay` runs them."""
+def replayed_readings(chunks: list[Chunk]) -> tuple[list[Reading], list[Dropped]]:
+    """A recording's chunks through one channel decoder, as its stream in `hctx replay`."""
     producer, decoder = ClaudeProducer(), SPEC.decoder(CHANNEL)
     readings: list[Reading] = []
     drops: list[Dropped] = []
-    for chunk in read_recording(paths):
+    for chunk in chunks:
         assert chunk.at_ms is None or chunk.at_ms >= 0
         for event in decoder.receive_data(chunk.data):
             if isinstance(event, Dropped):
@@ -244,23 +245,26 @@ def replayed_readings(paths: list[Path]) -> tuple[list[Reading], list[Dropped]]:
     return readings, drops
 
 
-@given(cut=st.integers(min_value=0, max_value=20_000), noise=st.binary(max_size=200))
+RECORDED = b"".join(chunk.data for chunk in chunks_of("claude/statusline-2.1.332-sonnet45-oauth.rec"))
+
+
+@given(cut=st.integers(min_value=0, max_value=len(RECORDED)), noise=st.binary(max_size=200))
 def test_truncated_and_corrupted_recordings(cut: int, noise: bytes) -> None:
-    data = (FIXTURES / "statusline-2.1.332-sonnet45-oauth.jsonl").read_bytes()[:cut] + noise
+    data = RECORDED[:cut] + noise
     carried: set[float] = set()
     for line in data.splitlines():
         try:
             carried |= numbers_in(json.loads(line))
         except ValueError:
             continue
-    with tempfile.TemporaryDirectory() as directory:
-        capture = Path(directory) / "statusline.jsonl"
-        capture.write_bytes(data)
-        readings, _ = replayed_readings([capture])
+    readings, _ = replayed_readings([Chunk(None, CHANNEL, data)])
     assert_carried(readings, carried)
 
 
-def test_a_recording_with_hostile_files(tmp_path: Path) -> None:
+def test_the_converter_of_captures_with_hostile_files(tmp_path: Path) -> None:
+    """scripts/convert_fixtures.py's reader of Claude's captures, on a damaged capture and `.times`."""
+    from scripts.capture_readers.claude import read_recording
+
     capture = tmp_path / "statusline-x.jsonl"
     capture.write_bytes((FIXTURES / "statusline-2.1.250.jsonl").read_bytes() + b'{"trunc\n[1]\n\xff\n')
     (tmp_path / "statusline-x.times").write_text("garbage\n2026-11-29T22:39:54.699Z\n")
@@ -271,5 +275,5 @@ def test_a_recording_with_hostile_files(tmp_path: Path) -> None:
     chunks = list(read_recording([capture, hooks]))
     assert len(chunks) == 11  # the tee sends neither the cut line, nor the array, nor the bad bytes
     assert json.loads(chunks[-1].data)["payload"]["prompt_id"] == "zz"  # never anchored: it goes last
-    readings, drops = replayed_readings([capture, hooks])
+    readings, drops = replayed_readings(chunks)
     assert readings and [drop.reason[:21] for drop in drops] == ["unreadable hook paylo"]  # prompt_id [1]

@@ -29,12 +29,10 @@ from sidecar.harnesses.claude.producer import (
     ClaudeProducer,
     Hook,
     StatusLine,
-    read_recording,
 )
 from sidecar.pipeline import Pipeline
 from sidecar.registry import spec_for
-from sidecar.replay import replay
-from tests.conformance import bytewise, outcome, replayed, split_at
+from tests.conformance import bytewise, chunks_of, fixture_writes, outcome, recording_path, replayed, split_at
 from tests.conftest import FIXTURE_ROOT, REPO
 
 FIXTURES = FIXTURE_ROOT / "claude"
@@ -67,20 +65,19 @@ def read(producer: ClaudeProducer, payload: dict[str, Any], now_ms: int = T0) ->
     return reading
 
 
-def session_files(version: str, tag: str = "") -> list[Path]:
-    return [
-        FIXTURES / f"{kind}-{version}{tag}.jsonl"
-        for kind in ("statusline", "precompact", "postcompact", "sessionstart")
-    ]
+def session(version: str, tag: str = "") -> str:
+    """The lab's session (its status-line, PreCompact, PostCompact and SessionStart captures) as one
+    recording (scripts/convert_fixtures.py)."""
+    return f"claude/session-{version}{tag}.rec"
 
 
 def writes(version: str, tag: str = "") -> list[Write]:
-    return list(replay(SPEC, read_recording(session_files(version, tag))))
+    return fixture_writes("claude", session(version, tag))
 
 
-def recorded_frames(paths: list[Path]) -> list[tuple[int | None, dict[str, Any]]]:
-    """(time, the frame the channel carried) of every chunk a recording reads as."""
-    return [(chunk.at_ms, json.loads(chunk.data)) for chunk in read_recording(paths)]
+def recorded_frames(name: str) -> list[tuple[int | None, dict[str, Any]]]:
+    """(time, the frame the channel carried) of every chunk of a recording."""
+    return [(chunk.at_ms, json.loads(chunk.data)) for chunk in chunks_of(name)]
 
 
 # --- the captured version, literally ---------------------------------------------------------------
@@ -283,7 +280,7 @@ def test_replay_of_the_lab_session_through_its_times(version: str) -> None:
 def test_a_two_second_refresh_cadence_costs_no_writes_of_its_own(version: str) -> None:
     name = f"refresh2s-statusline-{version}.jsonl"
     assert len(payloads(name)) == 13  # a payload every 2 s whether or not anything happened
-    result = list(replay(SPEC, read_recording([FIXTURES / name])))
+    result = fixture_writes("claude", f"claude/{name.removesuffix('.jsonl')}.rec")
     assert [(w.reason, w.record.used_tokens) for w in result] == [("bucket", None), ("bucket", 20001)]
 
 
@@ -373,8 +370,8 @@ def test_custom_instructions_compaction_counts_once() -> None:
 # --- recordings and the CLI ---------------------------------------------------------------------------
 
 
-def test_read_recording_places_each_hook_before_the_payload_of_its_prompt() -> None:
-    frames = recorded_frames(session_files("2.1.250"))
+def test_a_session_recording_places_each_hook_before_the_payload_of_its_prompt() -> None:
+    frames = recorded_frames(session("2.1.250"))
     events = [f["payload"].get("hook_event_name", "status") for _, f in frames]
     assert events[:2] == ["SessionStart", "status"]
     compact_at = events.index("PreCompact")
@@ -386,7 +383,7 @@ def test_read_recording_places_each_hook_before_the_payload_of_its_prompt() -> N
 
 def test_a_capture_reads_as_the_very_lines_the_tee_sends() -> None:
     capture = FIXTURES / "precompact-2.1.332.jsonl"
-    chunks = list(read_recording([capture]))
+    chunks = chunks_of("claude/precompact-2.1.332.rec")
     assert [chunk.wire for chunk in chunks] == [CHANNEL] * 3
     # Byte for byte what `hctx-hook` sends for each stdin payload: built by the tee's own function.
     assert [chunk.data for chunk in chunks] == [
@@ -395,7 +392,10 @@ def test_a_capture_reads_as_the_very_lines_the_tee_sends() -> None:
     assert all(chunk.data.startswith(b'{"type":"claude.hook","payload":{') for chunk in chunks)
 
 
-def test_read_recording_reads_channel_frames_and_raw_payloads(tmp_path: Path) -> None:
+def test_the_converter_reads_channel_frames_and_raw_payloads(tmp_path: Path) -> None:
+    """scripts/convert_fixtures.py's reader of Claude's captures (the product reads recordings only)."""
+    from scripts.capture_readers.claude import read_recording
+
     channel = tmp_path / "channel.jsonl"
     channel.write_bytes(b'{"type":"claude.statusline","payload":{},"atMs":42}\n{"type":"x","atMs":true}\n')
     assert [(chunk.at_ms, chunk.data) for chunk in read_recording([channel])] == [
@@ -408,8 +408,9 @@ def test_read_recording_reads_channel_frames_and_raw_payloads(tmp_path: Path) ->
 
 
 def test_a_recording_split_anywhere_writes_the_same() -> None:
-    chunks = list(read_recording(session_files("2.1.332")))
+    chunks = chunks_of(session("2.1.332"))
     whole = [outcome(write) for write in replayed(SPEC, chunks)]
+    assert whole == [outcome(write) for write in writes("2.1.332")]
     assert [outcome(write) for write in replayed(SPEC, split_at(chunks, range(7, 60_000, 997)))] == whole
     head = chunks[:12]  # every byte its own chunk: a frame split at every boundary at once
     assert [outcome(write) for write in replayed(SPEC, bytewise(head))] == [
@@ -418,7 +419,8 @@ def test_a_recording_split_anywhere_writes_the_same() -> None:
 
 
 def test_hctx_replay_on_the_lab_captures() -> None:
-    argv = [sys.executable, "-m", "wrapper.cli", "replay", "--harness", "claude", *map(str, session_files("2.1.332"))]
+    recording = str(recording_path(session("2.1.332")))
+    argv = [sys.executable, "-m", "wrapper.cli", "replay", "--harness", "claude", recording]
     done = subprocess.run(argv, capture_output=True, text=True, check=True, cwd=REPO, timeout=60)
     lines = [json.loads(line) for line in done.stdout.splitlines()]
     assert all(line["harness"] == "claude" and "reason" in line for line in lines)
@@ -447,13 +449,12 @@ def test_a_turn_that_compacts_twice_counts_two_in_any_edge_order() -> None:
 
 def test_claude_states_no_compaction_point_so_none_is_published() -> None:
     """Issue 18: no Claude channel states its auto-compact point; every captured reading carries null."""
-    fixtures = Path(__file__).resolve().parent.parent / "fixtures" / "claude"
-    captures = [fixtures / "statusline-2.1.332.jsonl", fixtures / "precompact-2.1.332.jsonl"]
     producer = SPEC.make_producer()
     decoder = SPEC.decoder(CHANNEL)
     readings = [
         reading
-        for chunk in read_recording(captures)
+        for name in ("claude/statusline-2.1.332.rec", "claude/precompact-2.1.332.rec")
+        for chunk in chunks_of(name)
         for event in decoder.receive_data(chunk.data)
         for reading in producer.feed(event, chunk.at_ms or 0)
     ]

@@ -32,11 +32,10 @@ from sidecar.decoding import Dropped, channel_decoder
 from sidecar.harnesses.codex.producer import SPEC
 from sidecar.harnesses.codex.relay import Address, serve_relay
 from sidecar.pipeline import Pipeline
-from sidecar.registry import Chunk
-from sidecar.replay import UNTIMED_STEP_MS
+from sidecar.recorder import Chunk
 from sidecar.streams import Streams
 from tests.codex_threads import THREAD_STARTED
-from tests.conformance import outcome, replayed, untimed
+from tests.conformance import UNTIMED_STEP_MS, outcome, replayed_in_a_thread
 
 LOOPBACK = "127.0.0.1"
 SENTINEL = b"end of the capture"  # not JSON: a drop on every path, after which nothing is owed
@@ -127,24 +126,20 @@ async def through_the_relay(data: bytes) -> list[object]:
     return events
 
 
-def through_a_replay(data: bytes, tmp_path: Path) -> list[Write]:
-    """(iii) `hctx replay` of the stdout recording (the lab's `<name>.jsonl` form)."""
-    path = tmp_path / "capture.jsonl"
-    path.write_bytes(data)
-    chunks = list(SPEC.read_recording([path]))
-    assert {chunk.wire for chunk in chunks} == {"stdout"}
-    return replayed(SPEC, untimed(chunks))
+async def through_a_replay(data: bytes) -> list[Write]:
+    """(iii) `hctx replay` of a recording of the stdout bytes, a line a chunk, a second apart."""
+    return await replayed_in_a_thread(SPEC, [Chunk(None, "stdout", line) for line in data.splitlines(keepends=True)])
 
 
 @pytest.mark.parametrize("name", DIVERGENT)
 async def test_a_token_usage_message_is_judged_alike_by_the_tap_the_relay_and_a_replay(
-    name: str, tmp_path: Path, channel_dir: Path, capfdbinary: pytest.CaptureFixture[bytes]
+    name: str, channel_dir: Path, capfdbinary: pytest.CaptureFixture[bytes]
 ) -> None:
     data = stdout_bytes(DIVERGENT[name])
     tapped = await through_the_tap(data, channel_dir)
     assert capfdbinary.readouterr().out == data  # the tap's copy is untouched
     relayed = await through_the_relay(data)
-    replayed_writes = through_a_replay(data, tmp_path)
+    replayed_writes = await through_a_replay(data)
 
     expected = [outcome(write) for write in replayed_writes]
     assert [outcome(write) for write in written(tapped)] == expected  # (i) == (iii)
@@ -156,13 +151,13 @@ async def test_a_token_usage_message_is_judged_alike_by_the_tap_the_relay_and_a_
 
 
 async def test_a_valid_capture_is_the_same_on_every_path(
-    tmp_path: Path, channel_dir: Path, capfdbinary: pytest.CaptureFixture[bytes]
+    channel_dir: Path, capfdbinary: pytest.CaptureFixture[bytes]
 ) -> None:
     data = stdout_bytes(usage_line(90_800, 121_300, ',"emittedAtMs":1795991471985'))
     tapped = await through_the_tap(data, channel_dir)
     capfdbinary.readouterr()
     relayed = await through_the_relay(data)
-    expected = [outcome(write) for write in through_a_replay(data, tmp_path)]
+    expected = [outcome(write) for write in await through_a_replay(data)]
     assert [outcome(write) for write in written(tapped)] == [outcome(write) for write in written(relayed)] == expected
     assert [w["usedPercent"] for w in expected] == [10, 44]
 
@@ -176,21 +171,13 @@ async def test_a_valid_capture_is_the_same_on_every_path(
     ids=["stray-byte", "encoded-surrogate"],
 )
 async def test_bytes_no_websocket_can_carry_are_judged_alike_by_the_tap_and_a_replay(
-    line: bytes, tmp_path: Path, channel_dir: Path, capfdbinary: pytest.CaptureFixture[bytes]
+    line: bytes, channel_dir: Path, capfdbinary: pytest.CaptureFixture[bytes]
 ) -> None:
     """Not UTF-8 (a websocket text message cannot hold these): the tap carries the very bytes, so
     the channel refuses what a replay of stdout refuses (HEAD's channel took the surrogate)."""
     data = stdout_bytes(line)
     tapped = await through_the_tap(data, channel_dir)
     assert capfdbinary.readouterr().out == data
-    expected = [outcome(write) for write in through_a_replay(data, tmp_path)]
+    expected = [outcome(write) for write in await through_a_replay(data)]
     assert [outcome(write) for write in written(tapped)] == expected
     assert [w["usedTokens"] for w in expected] == [30_500]
-
-
-def test_the_recording_is_the_stdout_bytes_untouched(tmp_path: Path) -> None:
-    data = stdout_bytes(DIVERGENT["nan-beside-the-usage"])
-    path = tmp_path / "capture.jsonl"
-    path.write_bytes(data)
-    chunks: list[Chunk] = list(SPEC.read_recording([path]))
-    assert b"".join(chunk.data for chunk in chunks) == data

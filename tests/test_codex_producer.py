@@ -23,8 +23,11 @@ from sidecar.harnesses.codex.producer import (
     percent_of_context_window_remaining,
     used_percent,
 )
+from sidecar.recorder import Chunk
 from sidecar.registry import spec_for
+from tests import conformance
 from tests.codex_threads import own_producer
+from tests.conformance import chunks_of, recording_of
 from tests.conftest import FIXTURE_ROOT
 
 FIXTURES = FIXTURE_ROOT / "codex"
@@ -59,10 +62,10 @@ def feed(producer: CodexProducer, message: dict[str, Any], now_ms: int) -> list[
 
 
 def recorded(path: Path) -> list[tuple[int | None, object]]:
-    """(time, event) for every event a recording's bytes make, one decoder per wire, as in replay."""
+    """(time, event) for every event the recording of a capture makes, one decoder per wire, as in replay."""
     decoders: dict[str, Decoder] = {}
     timed: list[tuple[int | None, object]] = []
-    for chunk in SPEC.read_recording([path]):
+    for chunk in chunks_of(recording_of(path)):
         decoder = decoders.setdefault(chunk.wire, SPEC.decoder(chunk.wire))
         timed += [(chunk.at_ms, event) for event in decoder.receive_data(chunk.data)]
     return timed
@@ -376,7 +379,7 @@ def test_hctx_replay_prints_every_write_with_its_reason(
 ) -> None:
     from wrapper.cli import main
 
-    assert main(["replay", "--harness", "codex", str(capture(version, "stdio-main", suffix))]) == 0
+    assert main(["replay", "--harness", "codex", str(recording_of(capture(version, "stdio-main", suffix)))]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [(r["reason"], r["usedPercent"]) for r in lines] == [
         ("bucket", 10), ("rate-limits", 10), ("bucket", 44), ("rate-limits", 44), ("compaction", 44),
@@ -395,7 +398,7 @@ def test_both_recording_forms_decode_to_the_same_events() -> None:
     plain = recorded(capture("0.171.0", "stdio-main"))
     timed = recorded(capture("0.171.0", "stdio-main", ".timed.jsonl"))
     assert [event for _, event in plain] == [event for _, event in timed]
-    wires = {chunk.wire for chunk in SPEC.read_recording([capture("0.171.0", "stdio-main", ".timed.jsonl")])}
+    wires = {chunk.wire for chunk in chunks_of(recording_of(capture("0.171.0", "stdio-main", ".timed.jsonl")))}
     assert wires == {"stdout"}
     assert spec_for("codex") is SPEC
     assert isinstance(SPEC.make_producer(), CodexProducer)
@@ -404,9 +407,10 @@ def test_both_recording_forms_decode_to_the_same_events() -> None:
 def test_a_corrupt_recording_line_is_dropped_not_fatal(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     from wrapper.cli import main
 
-    lines = capture("0.151.0", "stdio-main").read_bytes().splitlines()
-    corrupt = tmp_path / "corrupt.jsonl"
-    corrupt.write_bytes(b"\n".join([lines[0], b'{"method": "thread/tokenUsage/upd', *lines[1:]]))
+    first, *rest = chunks_of(recording_of(capture("0.151.0", "stdio-main")))
+    cut = Chunk(first.at_ms, first.wire, b'{"method": "thread/tokenUsage/upd\n', first.stream)
+    corrupt = tmp_path / "corrupt.rec"
+    corrupt.write_bytes(conformance.recorded("codex", [first, cut, *rest]))
     assert main(["replay", "--harness", "codex", str(corrupt)]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 18
 

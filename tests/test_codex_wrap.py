@@ -22,8 +22,7 @@ import pytest
 import trio
 
 from guard.record import HarnessContext, parse_record
-from sidecar.harnesses.codex.producer import SPEC
-from sidecar.replay import replay
+from tests.conformance import fixture_writes
 from tests.conftest import FIXTURE_ROOT
 from tests.fakes.codex_client import ws_client
 from tests.wrapping import agent_dir, env, wrap_argv
@@ -160,7 +159,7 @@ trio.run(trio_websocket.serve_websocket, serve, host, int(port), None)
 
 
 def expected_last_record() -> HarnessContext:
-    return list(replay(SPEC, SPEC.read_recording([CAPTURE])))[-1].record
+    return fixture_writes("codex", "codex/codex-0.171.0-stdio-main.rec")[-1].record
 
 
 def assert_same_reading(record: HarnessContext, expected: HarnessContext) -> None:
@@ -202,7 +201,7 @@ async def test_websocket_client_gets_the_app_servers_bytes_and_the_record_is_the
     assert client.raw[: len(expected_lines)] == expected_lines  # byte-identical, in order
     assert client.raw[-1] == client.sent[0]
     record = parse_record((agent_dir(catalog, "cx") / "harness-context").read_bytes())
-    assert_same_reading(record, expected_last_record())
+    assert_same_reading(record, await trio.to_thread.run_sync(expected_last_record))
     assert json.loads(expected_lines[-1])  # the capture ends on a complete frame
 
 

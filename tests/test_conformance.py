@@ -31,34 +31,35 @@ from hypothesis import strategies as st
 
 import guard
 from sidecar.decoding import CHANNEL, MessageDecoder
-from sidecar.recorder import create_recording
-from sidecar.registry import BUILT_IN, Chunk, HarnessSpec, harness_names, spec_for
-from sidecar.replay import replay, replay_recording
-from tests.conformance import LOGGED_FIELDS, bytewise, joined, logged, outcome, replayed, split_at
-from tests.conftest import FIXTURE_ROOT, REPO
+from sidecar.recorder import Chunk, create_recording
+from sidecar.registry import BUILT_IN, HarnessSpec, harness_names, spec_for
+from sidecar.replay import read_header, replay_recording
+from tests.conformance import (
+    LOGGED_FIELDS,
+    RECORDINGS,
+    bytewise,
+    chunks_of,
+    joined,
+    logged,
+    outcome,
+    replayed,
+    split_at,
+)
+from tests.conftest import REPO
 from tests.wrapping import HOST, env, log_events
 
-FIXTURES = FIXTURE_ROOT
 
-# Every fixture that is a recording of the harness, as the sets `hctx replay` is handed.
-RECORDINGS: dict[str, list[tuple[Path, ...]]] = {
-    "claude": [(path,) for path in sorted((FIXTURES / "claude").glob("*.jsonl"))],
-    "codex": [(path,) for path in sorted((FIXTURES / "codex").glob("*.jsonl"))]
-    + [(path,) for path in sorted((FIXTURES / "transcripts").glob("codex-*/*.jsonl"))],
-    "pi": [(path,) for path in sorted(FIXTURES.glob("pi/pi-*/capture.jsonl"))]
-    + [(path,) for path in sorted(FIXTURES.glob("pi/live/**/pi-*.channel.jsonl"))],
-    "omp": [(path,) for path in sorted(FIXTURES.glob("pi/omp-*/capture.jsonl"))]
-    + [(path,) for path in sorted(FIXTURES.glob("pi/live/**/omp-*.channel.jsonl"))],
-    "opencode": [
-        (version / "config_providers.json", version / "config.json", version / "events.jsonl")
-        for version in sorted((FIXTURES / "opencode").glob("v*"))
-    ],
-}
-CASES = [
-    pytest.param(harness, paths, id=f"{harness}-{'+'.join(path.relative_to(FIXTURES).as_posix() for path in paths)}")
-    for harness, sets in RECORDINGS.items()
-    for paths in sets
-]
+def _by_harness() -> dict[str, list[str]]:
+    """Every converted fixture (fixtures/recordings/), by the harness its header names."""
+    found: dict[str, list[str]] = {harness: [] for harness in BUILT_IN}
+    for path in sorted(RECORDINGS.rglob("*.rec")):
+        found.setdefault(str(read_header(path)["harness"]), []).append(path.relative_to(RECORDINGS).as_posix())
+    return found
+
+
+# Every fixture, a recording of the harness its header names.
+RECORDED: dict[str, list[str]] = _by_harness()
+CASES = [pytest.param(harness, name, id=f"{harness}-{name}") for harness, names in RECORDED.items() for name in names]
 # The live leg's pace: comfortably more than a write's two fsyncs on a loaded machine.
 FRAME_PACE_S = 0.01
 # A fixture small enough to be fed one byte at a time in a test's budget.
@@ -66,15 +67,11 @@ BYTEWISE_LIMIT = 96 * 1024
 
 
 def test_every_built_in_harness_has_recordings_and_a_spec_of_its_own() -> None:
-    assert set(RECORDINGS) == set(BUILT_IN) == set(harness_names())
+    assert set(RECORDED) == set(BUILT_IN) == set(harness_names())
     for harness in BUILT_IN:
         spec = spec_for(harness)
-        assert spec.name == harness and RECORDINGS[harness], harness
+        assert spec.name == harness and RECORDED[harness], harness
         assert spec.wires()[0] == CHANNEL
-
-
-def chunks_of(spec: HarnessSpec, paths: tuple[Path, ...]) -> list[Chunk]:
-    return list(spec.read_recording(list(paths)))
 
 
 def splittable(spec: HarnessSpec, chunk: Chunk) -> bool:
@@ -82,11 +79,11 @@ def splittable(spec: HarnessSpec, chunk: Chunk) -> bool:
     return not isinstance(spec.decoder(chunk.wire), MessageDecoder)
 
 
-@pytest.mark.parametrize(("harness", "paths"), CASES)
-def test_a_recording_fed_whole_or_a_byte_at_a_time_writes_the_same(harness: str, paths: tuple[Path, ...]) -> None:
+@pytest.mark.parametrize(("harness", "name"), CASES)
+def test_a_recording_fed_whole_or_a_byte_at_a_time_writes_the_same(harness: str, name: str) -> None:
     spec = spec_for(harness)
-    chunks = chunks_of(spec, paths)
-    assert chunks, f"{paths} read as no bytes at all"
+    chunks = chunks_of(name)
+    assert chunks, f"{name} holds no bytes at all"
     expected = [outcome(write) for write in replayed(spec, chunks)]
     assert [outcome(write) for write in replayed(spec, joined(chunks))] == expected
     if sum(len(chunk.data) for chunk in chunks) <= BYTEWISE_LIMIT:
@@ -95,18 +92,18 @@ def test_a_recording_fed_whole_or_a_byte_at_a_time_writes_the_same(harness: str,
 
 
 def test_every_harness_publishes_from_its_recordings() -> None:
-    for harness, sets in RECORDINGS.items():
+    for harness, names in RECORDED.items():
         spec = spec_for(harness)
-        writes = [write for paths in sets for write in replayed(spec, chunks_of(spec, paths))]
+        writes = [write for name in names for write in replay_recording(spec, RECORDINGS / name)[0]]
         assert any(write.record.used_tokens or write.record.used_percent for write in writes), harness
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(data=st.data())
 def test_a_recording_cut_anywhere_writes_the_same(data: st.DataObject) -> None:
-    harness, paths = data.draw(st.sampled_from([case.values for case in CASES]))
+    harness, name = data.draw(st.sampled_from([case.values for case in CASES]))
     spec = spec_for(harness)
-    chunks = chunks_of(spec, paths)
+    chunks = chunks_of(name)
     total = sum(len(chunk.data) for chunk in chunks)
     cuts = data.draw(st.lists(st.integers(0, total), max_size=64))
     expected = [outcome(write) for write in replayed(spec, chunks)]
@@ -126,7 +123,7 @@ def test_any_bytes_on_any_wire_are_drops_never_a_crash_or_a_number(target: tuple
     harness, wire = target
     spec = spec_for(harness)
     digit_free = [bytes(byte for byte in piece if not 0x30 <= byte <= 0x39) for piece in data]
-    writes = list(replay(spec, [Chunk(None, wire, piece) for piece in digit_free]))
+    writes = replayed(spec, [Chunk(None, wire, piece) for piece in digit_free])
     for write in writes:
         published = {name: getattr(write.record, name) for name in NUMBERS}
         assert set(published.values()) == {None}, f"{harness}/{wire} published {published} from digit-free bytes"
@@ -135,9 +132,9 @@ def test_any_bytes_on_any_wire_are_drops_never_a_crash_or_a_number(target: tuple
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(data=st.data())
 def test_a_recording_damaged_anywhere_is_drops_never_a_crash(data: st.DataObject) -> None:
-    harness, paths = data.draw(st.sampled_from([case.values for case in CASES]))
+    harness, name = data.draw(st.sampled_from([case.values for case in CASES]))
     spec = spec_for(harness)
-    chunks = chunks_of(spec, paths)
+    chunks = chunks_of(name)
     index = data.draw(st.integers(0, len(chunks) - 1))
     victim = chunks[index].data
     start = data.draw(st.integers(0, len(victim)))
@@ -145,20 +142,21 @@ def test_a_recording_damaged_anywhere_is_drops_never_a_crash(data: st.DataObject
     junk = data.draw(
         st.binary(max_size=64) | st.sampled_from([b"NaN", b"\x00", b"\xff\xfe", b"[" * 2000, b'"\\ud800"'])
     )
-    damaged = [*chunks[:index], Chunk(chunks[index].at_ms, chunks[index].wire, victim[:start] + junk + victim[end:])]
-    for write in replay(spec, [*damaged, *chunks[index + 1 :]]):
+    victim_chunk = chunks[index]
+    damaged = [*chunks[:index], Chunk(victim_chunk.at_ms, victim_chunk.wire, victim[:start] + junk + victim[end:],
+                                      victim_chunk.stream)]  # fmt: skip
+    for write in replayed(spec, [*damaged, *chunks[index + 1 :]]):
         assert write.record.harness == harness
 
 
 # --- lived: the real sidecar process, the recording's bytes on its channel ---------------------------
 
 
-def _lives_on_the_channel(harness: str, paths: tuple[Path, ...]) -> bool:
+def _lives_on_the_channel(harness: str, name: str) -> bool:
     """A recording of the channel alone that publishes something (a lone hook capture writes
     nothing, live or replayed: the rows above cover it)."""
-    spec = spec_for(harness)
-    chunks = chunks_of(spec, paths)
-    return all(chunk.wire == CHANNEL for chunk in chunks) and bool(replayed(spec, chunks))
+    on_the_channel = all(chunk.wire == CHANNEL for chunk in chunks_of(name))
+    return on_the_channel and bool(replay_recording(spec_for(harness), RECORDINGS / name)[0])
 
 
 CHANNEL_CASES = [case for case in CASES if _lives_on_the_channel(*case.values)]  # type: ignore[arg-type]
@@ -210,15 +208,15 @@ def lived_on_the_channel(
     return lived, exit_line["coalesced"], recording
 
 
-@pytest.mark.parametrize(("harness", "paths"), CHANNEL_CASES)
+@pytest.mark.parametrize(("harness", "name"), CHANNEL_CASES)
 def test_a_channel_recording_sent_to_the_real_sidecar_writes_what_replay_writes(
-    harness: str, paths: tuple[Path, ...], tmp_path: Path
+    harness: str, name: str, tmp_path: Path
 ) -> None:
     """The recording the sidecar made (`--record`) holds the very bytes sent, and replays, through
     the live driver, to the writes it logged: a write that landed late live (a loaded machine)
     lands late in the replay too, so the outbox and the refresh decide alike."""
     spec = spec_for(harness)
-    chunks = chunks_of(spec, paths)
+    chunks = chunks_of(name)
     lived, _, recording = lived_on_the_channel(harness, chunks, tmp_path)
     entries = [json.loads(line) for line in recording.read_bytes().splitlines()]
     header = {"format": "hctx.recording.v1", "harness": harness, "hctx": guard.__version__, "incarnation": "inc"}

@@ -20,7 +20,7 @@ from guard.errors import FrameRejected
 from guard.record import parse_record
 from guard.store import log_path
 from sidecar.decoding import Dropped
-from sidecar.demo_standin import DEMO_CAPTURES, paced
+from sidecar.demo_standin import DEMO_RECORDINGS, paced
 from sidecar.registry import spec_for
 from tests.wrapping import env, pid_gone, run, wait_for
 from wrapper.cli import DEMO_NO_TOP_S, DEMO_TOP_S
@@ -187,7 +187,7 @@ def _first_past_80_s(duration_s: float) -> float:
         spec = spec_for(agent.harness)
         producer = spec.make_producer()
         decoders = {wire: spec.decoder(wire) for wire in spec.wires()}
-        for offset, chunk in paced(agent.harness, [DEMO_CAPTURES / name for name in agent.captures], duration_s):
+        for offset, chunk in paced(agent.harness, DEMO_RECORDINGS / agent.recording, duration_s):
             readings = []
             for event in decoders[chunk.wire].receive_data(chunk.data):
                 if isinstance(event, Dropped):

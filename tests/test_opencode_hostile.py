@@ -21,13 +21,12 @@ from sidecar.harnesses.opencode.producer import (
     WINDOWS_REMEMBERED,
     OpenCodeProducer,
     OtherEvent,
-    recording_chunks,
     sse_event,
     windows_from_providers,
 )
 from sidecar.pipeline import Pipeline
-from sidecar.registry import Chunk
-from sidecar.replay import replay
+from sidecar.recorder import Chunk
+from tests import conformance
 from tests.conftest import FIXTURE_ROOT
 from tests.hostile import json_values, numbers, numbers_in
 
@@ -57,11 +56,6 @@ def feed(producer: OpenCodeProducer, frame: Any) -> list[Reading]:
 
 def feed_providers(producer: OpenCodeProducer, answer: Any) -> list[Reading]:
     return feed_bytes(producer, json.dumps(answer).encode(), "providers")
-
-
-def chunks_of(data: bytes) -> list[Chunk]:
-    """A recording file holding `data`, as `hctx replay` reads it."""
-    return list(recording_chunks(data))
 
 
 CAPTURED = [
@@ -194,12 +188,11 @@ def test_a_huge_providers_answer_is_bounded() -> None:
 
 
 def test_truncated_capture_lines_never_raise_anything_else() -> None:
-    lines = (FIXTURES / "events.jsonl").read_bytes().splitlines()[:400]
+    events = [chunk.data for chunk in conformance.chunks_of("opencode/v1.18.25/events.rec")][:400]
     producer = primed()
-    for line in lines:
-        for cut in (1, len(line) // 3, len(line) // 2, len(line) - 2):
-            for chunk in chunks_of(line[:cut]):
-                feed_bytes(producer, chunk.data, chunk.wire)
+    for event in events:
+        for cut in (1, len(event) // 3, len(event) // 2, len(event) - 2):
+            feed_bytes(producer, event[:cut])
     # Cut anywhere in the SSE bytes themselves: the whole events before the cut decode, the cut one drops.
     sse = b"".join(sse_event(json.dumps(frame).encode()) for frame in CAPTURED[:50])
     for cut in range(0, len(sse), 997):
@@ -212,13 +205,10 @@ def test_truncated_capture_lines_never_raise_anything_else() -> None:
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.binary(max_size=400) | st.text(max_size=400).map(str.encode))
-def test_read_recording_never_raises_on_any_bytes(data: bytes) -> None:
-    chunks = chunks_of(data)
-    for chunk in chunks:
-        assert chunk.at_ms is None or chunk.at_ms >= 0
-        assert chunk.wire in SPEC.wires()
-    for write in replay(SPEC, chunks):
-        assert write.record.used_tokens is None or write.record.used_tokens in numbers_in(_json_numbers(data))
+def test_a_recording_of_any_bytes_on_any_wire_never_raises(data: bytes) -> None:
+    for wire in SPEC.wires():
+        for write in conformance.replayed(SPEC, [Chunk(None, wire, data)]):
+            assert write.record.used_tokens is None or write.record.used_tokens in numbers_in(_json_numbers(data))
 
 
 def _json_numbers(data: bytes) -> list[Any]:
@@ -236,9 +226,9 @@ def _json_numbers(data: bytes) -> list[Any]:
     return values
 
 
-def test_a_non_object_line_is_handed_on_to_be_refused() -> None:
-    (chunk,) = chunks_of(b"[1, 2, 3]\n")
-    assert chunk == Chunk(None, "sse", b"data: [1, 2, 3]\n\n")
+def test_a_non_object_event_is_refused() -> None:
+    chunk = Chunk(None, "sse", b"data: [1, 2, 3]\n\n")
+    assert conformance.replayed(SPEC, [chunk]) == []
     pipeline = Pipeline(OpenCodeProducer(), WriteGuard("a", "i"))
     (dropped,) = SPEC.decoder("sse").receive_data(chunk.data)
     assert isinstance(dropped, Dropped) and "not a JSON object" in dropped.reason

@@ -25,8 +25,8 @@ from sidecar.harnesses.opencode.producer import (
     sse_event,
 )
 from sidecar.pipeline import Pipeline
-from sidecar.registry import Chunk, spec_for
-from sidecar.replay import replay
+from sidecar.registry import spec_for
+from tests.conformance import chunks_of, fixture_writes, recording_path, replayed
 from tests.conftest import FIXTURE_ROOT
 from wrapper import cli
 
@@ -58,10 +58,8 @@ def load(version: str) -> Capture:
         step = json.loads(line)
         if step["step"] == "session-create":
             sessions[step["label"]] = step["id"]
-    frames = [
-        (chunk.at_ms, json.loads(chunk.data.removeprefix(b"data: ")))
-        for chunk in SPEC.read_recording([root / "events.jsonl"])
-    ]
+    lab = [json.loads(line) for line in events.splitlines()]
+    frames = [(round(line["t"] * 1000), json.loads(line["raw"])) for line in lab if line["stream"] == "event"]
     return Capture(version, root, (root / "config_providers.json").read_bytes(), events, frames, sessions)
 
 
@@ -120,9 +118,14 @@ def feed_all(capture: Capture, *, providers: bool = True) -> tuple[OpenCodeProdu
     return producer, fed_frames
 
 
+def recording(capture: Capture, name: str = "providers+events") -> Path:
+    """The capture's recording: `events` (the stream alone), `providers+events` (the providers
+    answer first) or `session` (the config answer, the providers answer, the stream)."""
+    return recording_path(f"opencode/v{capture.version}/{name}.rec")
+
+
 def writes(capture: Capture) -> list[Write]:
-    paths = [capture.root / "config_providers.json", capture.root / "events.jsonl"]
-    return list(replay(SPEC, SPEC.read_recording(paths)))
+    return fixture_writes("opencode", f"opencode/v{capture.version}/providers+events.rec")
 
 
 def test_the_captures_are_of_the_versions_they_claim(capture: Capture) -> None:
@@ -335,19 +338,7 @@ def test_how_opencode_counts_tokens(capture: Capture) -> None:
 def test_hctx_replay_prints_every_write_with_its_reason(
     capture: Capture, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    root = FIXTURES / f"v{capture.version}"
-    assert (
-        cli.main(
-            [
-                "replay",
-                "--harness",
-                "opencode",
-                str(root / "config_providers.json"),
-                str(root / "events.jsonl"),
-            ]
-        )
-        == 0
-    )
+    assert cli.main(["replay", "--harness", "opencode", str(recording(capture))]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [line["reason"] for line in lines].count("compaction") == 2
     assert all(line["harness"] == "opencode" and line["windowTokens"] == WINDOW for line in lines)
@@ -357,35 +348,37 @@ def test_hctx_replay_prints_every_write_with_its_reason(
 
 
 def test_other_recording_shapes_decode_to_the_same_frames(capture: Capture, tmp_path: Path) -> None:
-    """SSE text (what `/event` sends) and plain JSONL of events replay like the lab's capture."""
+    """scripts/convert_fixtures.py's reader: SSE text (what `/event` sends) and plain JSONL of events
+    convert like the lab's capture."""
+    from scripts.capture_readers.opencode import read_recording
+
     events = [f for _, f in capture.frames]
     (sse := tmp_path / "events.sse").write_text("".join(f"data: {json.dumps(f)}\n\n" for f in events))
     (jsonl := tmp_path / "events.plain.jsonl").write_text("".join(json.dumps(f) + "\n" for f in events))
-    lab = events_of(b"".join(chunk.data for chunk in SPEC.read_recording([capture.root / "events.jsonl"])))
+    lab = events_of(b"".join(chunk.data for chunk in chunks_of(recording(capture, "events"))))
     for path in (sse, jsonl):
-        chunks = list(SPEC.read_recording([path]))
+        chunks = list(read_recording([path]))
         assert {chunk.wire for chunk in chunks} == {"sse"}
         assert all(chunk.at_ms is None for chunk in chunks)
         assert events_of(b"".join(chunk.data for chunk in chunks)) == lab
     expected = [(w.reason, w.record.used_tokens) for w in writes(capture)]
     providers = capture.root / "config_providers.json"
-    assert [(w.reason, w.record.used_tokens) for w in replay(SPEC, SPEC.read_recording([providers, sse]))] == expected
+    assert [(w.reason, w.record.used_tokens) for w in replayed(SPEC, read_recording([providers, sse]))] == expected
 
 
 def test_each_recording_file_goes_on_the_wire_it_was(capture: Capture) -> None:
-    """An answer file is that answer's body, byte for byte; a lab line's `raw` is the SSE event."""
-    names = ["config.json", "config_providers.json", "events.jsonl"]
-    chunks = list(SPEC.read_recording([capture.root / name for name in names]))
-    config, providers, *events = chunks
-    assert config == Chunk(None, "config", (capture.root / "config.json").read_bytes())
-    assert providers == Chunk(None, "providers", capture.providers)
+    """An answer file is that answer's body, byte for byte; a lab line's `raw` is the SSE event (the
+    session's recording, as scripts/convert_fixtures.py made it)."""
+    config, providers, *events = chunks_of(recording(capture, "session"))
+    assert (config.wire, config.data) == ("config", (capture.root / "config.json").read_bytes())
+    assert (providers.wire, providers.data) == ("providers", capture.providers)
     lab = [json.loads(line) for line in capture.events.splitlines()]
     expected = [
-        Chunk(round(line["t"] * 1000), "sse", b"data: " + line["raw"].encode() + b"\n\n")
+        (round(line["t"] * 1000), "sse", b"data: " + line["raw"].encode() + b"\n\n")
         for line in lab
         if line["stream"] == "event"
     ]
-    assert events == expected
+    assert [(event.at_ms, event.wire, event.data) for event in events] == expected
 
 
 def test_only_the_instance_stream_is_replayed(capture: Capture) -> None:
@@ -420,16 +413,14 @@ def test_the_published_point_is_context_minus_output_where_the_lab_run_compacted
     """The lab's config (no `compaction` block) and providers (128,000 / 8,192, no `limit.input`):
     119,808 on every write; run D's 125,500-token turn (>= 119,808) is followed by its compaction.
     Never the bare window (128,000) nor a 20,000 reserve (108,000)."""
-    root = FIXTURES / f"v{capture.version}"
-    paths = [root / "config.json", root / "config_providers.json", root / "events.jsonl"]
-    assert cli.main(["replay", "--harness", "opencode", *map(str, paths)]) == 0
+    assert cli.main(["replay", "--harness", "opencode", str(recording(capture, "session"))]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert {line["compactAtTokens"] for line in lines} == {119_808}
     assert {line["autoCompaction"] for line in lines} == {True}
     over = next(i for i, line in enumerate(lines) if line["usedTokens"] == 125_500)
     assert lines[over + 1]["reason"] == "compaction"
     assert all(line["usedTokens"] < 119_808 for line in lines[:over])  # nothing under it compacted on its own
-    without_config = [json.loads(line) for line in _replay(paths[1:], capsys)]
+    without_config = [json.loads(line) for line in _replay([recording(capture)], capsys)]
     assert {line["compactAtTokens"] for line in without_config} == {None}  # not read, not guessed
 
 

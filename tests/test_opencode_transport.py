@@ -33,10 +33,11 @@ from sidecar.harnesses.opencode.producer import (
 )
 from sidecar.harnesses.opencode.transport import next_backoff
 from sidecar.pipeline import Pipeline
-from sidecar.registry import Chunk, spec_for
-from sidecar.replay import Tally, replay
+from sidecar.recorder import Chunk
+from sidecar.registry import spec_for
+from sidecar.replay import replay_bytes
 from sidecar.streams import Streams, transport_for
-from tests.conformance import outcome, untimed
+from tests.conformance import chunks_of, outcome, recorded
 from tests.conftest import read_head
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "opencode" / "v1.18.25"
@@ -367,20 +368,21 @@ async def test_the_config_answer_and_the_output_cap_arrive_as_events(monkeypatch
     assert (lived.producer.output_max, lived.producer.compaction) == (16_000, config.config.compaction)
 
 
-async def lived_and_replayed(answer: Any, sse: bytes) -> tuple[Lived, list[Write], Tally]:
+async def lived_and_replayed(answer: Any, sse: bytes) -> tuple[Lived, list[Write], int]:
     """The same bytes (i) served by the stand-in server through the real transport into a real
-    pipeline and (ii) replayed from an `sse` recording, as `hctx replay` reads one."""
+    pipeline and (ii) replayed from a recording of the providers answer and the `sse` stream, as
+    `hctx replay` replays one; and how many frames the replay dropped."""
     chunks = [Chunk(None, "providers", json.dumps(answer).encode()), Chunk(None, "sse", CONNECTED + sse)]
-    tally = Tally()
-    replayed = list(replay(SPEC, untimed(chunks), tally=tally))
+    events = sum(len(SPEC.decoder(chunk.wire).receive_data(chunk.data)) for chunk in chunks)
+    replayed, summary = await trio.to_thread.run_sync(replay_bytes, SPEC, recorded("opencode", chunks))
     server, lived = FakeOpenCode(), Lived()
     server.answer = answer
     async with following(server, lived):
         await wait_until(lambda: len(lived.events) == 3)
         for start in range(0, len(sse), 4093):  # cut anywhere, never at event boundaries on purpose
             await server.push_bytes(sse[start : start + 4093])
-        await wait_until(lambda: len(lived.events) == 1 + tally.events)  # + the transport's OutputTokenMax
-    return lived, replayed, tally
+        await wait_until(lambda: len(lived.events) == 1 + events)  # + the transport's OutputTokenMax
+    return lived, replayed, sum(summary.drops.values())
 
 
 async def test_an_event_carrying_nan_reads_the_same_live_and_in_replay() -> None:
@@ -394,19 +396,19 @@ async def test_an_event_carrying_nan_reads_the_same_live_and_in_replay() -> None
         sse_event(tainted),
         sse_event(json.dumps(message("fake-model", 33_000, message_id="msg_3")).encode()),
     ])  # fmt: skip
-    lived, replayed, tally = await lived_and_replayed(providers(("fake-model", 128_000)), sse)
+    lived, replayed, dropped_in_replay = await lived_and_replayed(providers(("fake-model", 128_000)), sse)
     assert [outcome(w) for w in lived.writes] == [outcome(w) for w in replayed]
     assert [w.record.used_tokens for w in replayed] == [11_000, 33_000]  # 77,777 on neither path
     (dropped,) = [event for event in lived.events if isinstance(event, Dropped)]
     assert "NaN is not a JSON number" in dropped.reason
-    assert lived.pipeline.dropped == tally.events - tally.recognised == 1
+    assert lived.pipeline.dropped == dropped_in_replay == 1
 
 
 async def test_captured_frames_through_the_real_client_write_what_replay_writes() -> None:
     """The captured `/event` stream, served as the SSE bytes it was, through the transport into the
     pipeline: the window pull reads `/config/providers` through the real client and the writes are
     replay's, field for field."""
-    events = [chunk.data for chunk in SPEC.read_recording([FIXTURES / "events.jsonl"])][:700]
+    events = [chunk.data for chunk in chunks_of("opencode/v1.18.25/events.rec")][:700]
     answer = json.loads((FIXTURES / "config_providers.json").read_bytes())
     lived, replayed, _ = await lived_and_replayed(answer, b"".join(events))
     assert [outcome(w) for w in lived.writes] == [outcome(w) for w in replayed]

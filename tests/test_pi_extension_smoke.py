@@ -24,11 +24,10 @@ import trio
 
 from guard.policy import WriteGuard
 from sidecar.decoding import CHANNEL
-from sidecar.harnesses.pi.producer import recorded_chunks
 from sidecar.pipeline import Pipeline
 from sidecar.registry import spec_for
 from tests.conftest import REPO
-from tests.fakes.pi_channel import recording_channel
+from tests.fakes.pi_channel import channel_lines, recording_channel
 from tests.harnesses import harness_prefix, require_harness
 
 ASSET = REPO / "sidecar" / "assets" / "hctx-channel.ts"
@@ -216,7 +215,7 @@ def _through_the_producer(harness: str, recorded: bytes) -> list[Any]:
     pipeline = Pipeline(spec.make_producer(), WriteGuard("smoke", "smoke"))
     decoder = spec.decoder(CHANNEL)
     writes = []
-    for chunk in recorded_chunks(recorded):
+    for chunk in channel_lines(recorded):
         assert chunk.at_ms is not None
         for event in decoder.receive_data(chunk.data):
             writes.extend(pipeline.feed(event, chunk.at_ms))

@@ -16,8 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from guard.errors import FrameRejected
-from sidecar.harnesses.pi.producer import MAX_MODEL_ID_CHARS, PiProducer, recorded_chunks
-from tests.fakes.pi_channel import fed, feed, recorded_frames
+from scripts.capture_readers.pi import recorded_chunks as probe_chunks
+from sidecar.harnesses.pi.producer import MAX_MODEL_ID_CHARS, PiProducer
+from tests.fakes.pi_channel import channel_lines, fed, feed, frames_of, recorded_frames
 
 GOOD_READING = {"tokens": 10, "contextWindow": 100, "percent": 10.0, "model": "m", "costUsd": 0.1}
 
@@ -90,7 +91,7 @@ def test_any_frame_is_rejected_or_published_as_given(frame: Any, harness: Any) -
 )
 def test_any_recording_decodes_to_drops_or_frames(data: bytes) -> None:
     producer = PiProducer("pi")
-    for chunk in recorded_chunks(data):
+    for chunk in channel_lines(data):
         assert chunk.at_ms is None or (isinstance(chunk.at_ms, int) and chunk.at_ms >= 0)
         try:  # noqa: SIM105 - the point is that nothing but a drop comes of it
             fed(producer, chunk.data)
@@ -101,9 +102,10 @@ def test_any_recording_decodes_to_drops_or_frames(data: bytes) -> None:
 @settings(max_examples=200)
 @given(line=st.dictionaries(st.sampled_from(["event", "t", "payload", "contextUsage", "model", "entries"]), json_value))
 def test_any_probe_line_translates_without_raising(line: dict[str, Any]) -> None:
+    """scripts/convert_fixtures.py's translation of the lab's probe lines, then the producer."""
     line.setdefault("event", "session_compact")
     producer = PiProducer("omp")
-    for _, frame in recorded_frames(json.dumps(line).encode()):
+    for _, frame in frames_of(list(probe_chunks(json.dumps(line).encode()))):
         _feed(producer, frame)
 
 
@@ -167,7 +169,7 @@ def test_huge_and_deep_input_is_rejected_not_raised() -> None:
     junk = b"\x00{[" * 100_000 + b"\n" + b"[" * 100_000
     assert recorded_frames(junk) == []
     drops = []
-    for chunk in recorded_chunks(junk):
+    for chunk in channel_lines(junk):
         with pytest.raises(FrameRejected):
             fed(PiProducer("pi"), chunk.data)
         drops.append(chunk)

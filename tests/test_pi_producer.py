@@ -1,8 +1,9 @@
 """The pi/omp producer over the lab's verbatim captures of the real builds, and through `hctx replay`.
 
 fixtures/pi/<run>/capture.jsonl are the lab's probe captures, copied unchanged (pi 0.84.2 and 1.6.0,
-omp 18.1.16 and 18.2.3, windows 32000 and 4000); `read_recording` turns each probe line into the
-channel line the shipped asset sends for the same event and ctx. Every fixture test asserts the number that
+omp 18.1.16 and 18.2.3, windows 32000 and 4000); scripts/convert_fixtures.py turned each probe line
+into the channel line the shipped asset sends for the same event and ctx, in the recording
+fixtures/recordings/pi/<run>.rec, which the tests replay. Every fixture test asserts the number that
 must be published and the wrong number that must not, for the same served turn.
 """
 
@@ -19,13 +20,22 @@ import pytest
 from guard.errors import UnknownHarness
 from guard.policy import Write
 from sidecar.decoding import CHANNEL
-from sidecar.harnesses.pi.producer import OMP, PI, ContextFrame, PiProducer, read_recording, trigger_of
+from sidecar.harnesses.pi.producer import OMP, PI, ContextFrame, PiProducer, trigger_of
 from sidecar.producer import instant_ms
+from sidecar.recorder import Chunk
 from sidecar.registry import spec_for
-from sidecar.replay import replay
-from tests.conformance import bytewise, outcome, replayed
+from tests.conformance import (
+    RECORDINGS,
+    bytewise,
+    chunks_of,
+    fixture_writes,
+    outcome,
+    recorded,
+    recording_path,
+    replayed,
+)
 from tests.conftest import FIXTURE_ROOT
-from tests.fakes.pi_channel import feed, recorded_frames
+from tests.fakes.pi_channel import feed, frames_of
 from wrapper.cli import main as hctx
 
 FIXTURES = FIXTURE_ROOT / "pi"
@@ -35,9 +45,18 @@ def capture(run: str) -> Path:
     return FIXTURES / run / "capture.jsonl"
 
 
+def recording(run: str) -> str:
+    """The probe capture of `run` as the recording the extension's frames make."""
+    return f"pi/{run}.rec"
+
+
+def live(name: str) -> str:
+    """A channel recording of the live runs (fixtures/pi/live/), converted."""
+    return f"pi/live/{name}.channel.rec"
+
+
 def writes_of(harness: str, run: str) -> list[Write]:
-    spec = spec_for(harness)
-    return list(replay(spec, spec.read_recording([capture(run)])))
+    return fixture_writes(harness, recording(run))
 
 
 def numbers(writes: list[Write]) -> list[tuple[int | None, float | None]]:
@@ -153,7 +172,7 @@ def test_an_omp_compaction_takes_its_reason_from_auto_compaction_start(run: str,
 @pytest.mark.parametrize(("harness", "run"), [("pi", "pi-0.84.2-w32k"), ("omp", "omp-18.1.16-w32k")])
 def test_the_durable_count_rides_the_restarted_sessions_first_frame(harness: str, run: str) -> None:
     """p2 is a new process on the same session: its session_start already carries the store's count."""
-    frames = [f for _, f in recorded_frames(capture(run).read_bytes())]
+    frames = [f for _, f in frames_of(chunks_of(recording(run)))]
     starts = [f for f in frames if f["event"] == "session_start"]
     assert len(starts) == 3
     producer = spec_for(harness).make_producer()
@@ -233,7 +252,6 @@ def test_the_registry_selects_this_producer_for_both_harnesses() -> None:
     assert (spec_for("pi"), spec_for("omp")) == (PI, OMP)
     assert isinstance(PI.make_producer(), PiProducer) and OMP.make_producer().harness == "omp"
     assert PI.wires() == OMP.wires() == (CHANNEL,)  # the extension writes to the channel only
-    assert PI.read_recording is OMP.read_recording is read_recording
     (event,) = PI.decoder(CHANNEL).receive_data(json.dumps(frame(reading())).encode() + b"\n")
     assert isinstance(event, ContextFrame)
     with pytest.raises(UnknownHarness, match="serves pi and omp"):
@@ -241,8 +259,8 @@ def test_the_registry_selects_this_producer_for_both_harnesses() -> None:
 
 
 def test_a_probe_capture_reads_as_the_lines_the_extension_sends() -> None:
-    """The probe's lines become compact JSON lines, one `context` frame each, as JSON.stringify writes."""
-    chunks = list(read_recording([capture("pi-1.6.0-w32k")]))
+    """The probe's lines became compact JSON lines, one `context` frame each, as JSON.stringify writes."""
+    chunks = chunks_of(recording("pi-1.6.0-w32k"))
     assert chunks and {chunk.wire for chunk in chunks} == {CHANNEL}
     assert all(
         chunk.data.startswith(b'{"type":"context","event":"') and chunk.data.endswith(b"}\n") for chunk in chunks
@@ -253,7 +271,7 @@ def test_a_probe_capture_reads_as_the_lines_the_extension_sends() -> None:
 
 def test_a_channel_recording_reads_as_its_own_bytes_and_splits_anywhere() -> None:
     path = FIXTURES / "live" / "pi-1.6.0.channel.jsonl"
-    chunks = list(read_recording([path]))
+    chunks = chunks_of(live("pi-1.6.0"))
     assert b"".join(chunk.data for chunk in chunks) == path.read_bytes()
     whole = [outcome(write) for write in replayed(PI, chunks)]
     assert whole and [outcome(write) for write in replayed(PI, bytewise(chunks))] == whole
@@ -262,7 +280,9 @@ def test_a_channel_recording_reads_as_its_own_bytes_and_splits_anywhere() -> Non
 # --- recordings and `hctx replay` -----------------------------------------------------------------
 
 
-def _hctx_replay(harness: str, *paths: Path) -> list[dict[str, Any]]:
+def _hctx_replay(harness: str, *names: str | Path) -> list[dict[str, Any]]:
+    """`hctx replay --harness HARNESS` of recordings (a name under fixtures/recordings/, or a path)."""
+    paths = [name if isinstance(name, Path) else recording_path(name) for name in names]
     out = io.StringIO()
     with redirect_stdout(out):
         assert hctx(["replay", "--harness", harness, *map(str, paths)]) == 0
@@ -274,7 +294,7 @@ def _hctx_replay(harness: str, *paths: Path) -> list[dict[str, Any]]:
     [("pi", "pi-0.84.2-w32k", 16480, 16000), ("omp", "omp-18.2.3-w32k", 16000, 16480)],
 )
 def test_hctx_replay_prints_every_write_with_its_reason(harness: str, run: str, published: int, refused: int) -> None:
-    lines = _hctx_replay(harness, capture(run))
+    lines = _hctx_replay(harness, recording(run))
     assert lines and all(line["reason"] in {"bucket", "compaction", "heartbeat"} for line in lines)
     assert all(line["schema"] == "st2.harness-context.v1" and line["harness"] == harness for line in lines)
     used = [line["usedTokens"] for line in lines]
@@ -283,19 +303,15 @@ def test_hctx_replay_prints_every_write_with_its_reason(harness: str, run: str, 
 
 
 def test_channel_frame_recordings_replay_with_their_own_times(tmp_path: Path) -> None:
-    recording = tmp_path / "channel.jsonl"
-    recording.write_bytes(
-        b"".join(
-            json.dumps(f).encode() + b"\n"
-            for f in [
-                {**frame(reading(100, 1000, 10.0)), "atMs": 5_000},
-                {**frame(reading(None, 1000, None), {"reason": "manual", "count": 1}), "atMs": 6_000},
-                {**frame(reading(300, 1000, 30.0)), "atMs": 9_000},
-            ]
-        )
-        + b'{"type": "context", "reading": {"tok'  # a recording cut mid-write
-    )
-    lines = _hctx_replay("pi", recording)
+    timed = [
+        (5_000, frame(reading(100, 1000, 10.0))),
+        (6_000, frame(reading(None, 1000, None), {"reason": "manual", "count": 1})),
+        (9_000, frame(reading(300, 1000, 30.0))),
+    ]
+    chunks = [Chunk(at_ms, CHANNEL, json.dumps(sent).encode() + b"\n") for at_ms, sent in timed]
+    chunks.append(Chunk(9_500, CHANNEL, b'{"type": "context", "reading": {"tok'))  # a recording cut mid-write
+    (path := tmp_path / "channel.rec").write_bytes(recorded("pi", chunks))
+    lines = _hctx_replay("pi", path)
     assert [(line["reason"], line["usedTokens"], line["observedAtMs"]) for line in lines] == [
         ("bucket", 100, 5_000), ("compaction", None, 6_000), ("bucket", 300, 9_000),
     ]  # fmt: skip
@@ -303,9 +319,8 @@ def test_channel_frame_recordings_replay_with_their_own_times(tmp_path: Path) ->
 
 def test_live_channel_recordings_replay(tmp_path: Path) -> None:
     """Frames recorded off the socket in the live runs (fixtures/pi/live) replay to the same numbers."""
-    recordings = sorted((FIXTURES / "live").glob("*.channel.jsonl"))
-    if not recordings:
-        pytest.skip("no live channel recordings in fixtures/pi/live")
+    recordings = sorted((RECORDINGS / "pi" / "live").glob("*.channel.rec"))
+    assert len(recordings) == 4  # pi 0.84.2 and 1.6.0, omp 18.1.16 and 18.2.3
     for path in recordings:
         harness = path.name.split("-")[0]
         lines = _hctx_replay(harness, path)
@@ -333,13 +348,13 @@ def test_after_a_session_switch_the_compaction_facts_are_the_new_sessions(versio
     compacts by hand, a new session B on the threshold, then `switch_session` back to A. From A's
     session_start on, the record must not carry B's compaction time and trigger beside A's count, but
     A's own compaction time as A's store holds it (issue 24; the store names no trigger)."""
-    path = FIXTURES / "live" / "session-switch" / f"pi-{version}.channel.jsonl"
-    frames = [item for _, item in recorded_frames(path.read_bytes())]
+    name = f"pi/live/session-switch/pi-{version}.channel.rec"
+    frames = [item for _, item in frames_of(chunks_of(name))]
     edges = [(f["compaction"]["reason"], f["compaction"]["count"]) for f in frames if f["compaction"] is not None]
     assert edges == [("manual", 1), ("threshold", 1)]  # the capture is what the docstring says
     switch = max(i for i, f in enumerate(frames) if f["event"] == "session_start")
     assert frames[switch]["compactions"] == 1  # A's own store, read back on the switch
-    lines = _hctx_replay("pi", path)
+    lines = _hctx_replay("pi", name)
     threshold = next(line for line in lines if line["lastCompactionTrigger"] == "threshold")
     after = [line for line in lines if line["observedAtMs"] >= frames[switch]["atMs"]]
     assert after, "the switch back to A writes"
@@ -386,7 +401,7 @@ def test_pi_1_6_publishes_window_minus_its_configured_reserve_from_the_real_asse
     compaction enabled, reserveTokens 6000, window 32000; a 24,960-token turn, then a 26,400-token
     one that pi compacted on. Published: 26,000; never pi's default (32,000 - 16,384 = 15,616), never
     the window."""
-    lines = _hctx_replay("pi", FIXTURES / "live" / "compact-at" / "pi-1.6.0.channel.jsonl")
+    lines = _hctx_replay("pi", "pi/live/compact-at/pi-1.6.0.channel.rec")
     assert {line["compactAtTokens"] for line in lines} == {26_000}
     assert {line["autoCompaction"] for line in lines} == {True}
     before = [line for line in lines if line["compactions"] == 0]
@@ -398,7 +413,7 @@ def test_pi_0_84_states_no_settings_so_nothing_is_published() -> None:
     """pi 0.84.2 has no `pi.getSettings()`: the same configured settings (it compacted at the same
     turn) reach no frame, and the record carries null — not the 26,000 it compacted over, nor a
     default-derived 15,616."""
-    lines = _hctx_replay("pi", FIXTURES / "live" / "compact-at" / "pi-0.84.2.channel.jsonl")
+    lines = _hctx_replay("pi", "pi/live/compact-at/pi-0.84.2.channel.rec")
     assert lines and {(line["compactAtTokens"], line["autoCompaction"]) for line in lines} == {(None, None)}
     assert [line["lastCompactionTrigger"] for line in lines if line["reason"] == "compaction"] == ["threshold"]
 

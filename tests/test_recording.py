@@ -16,7 +16,8 @@ import guard
 from sidecar import recorder
 from sidecar.recorder import FORMAT, Recorder, create_recording
 from sidecar.registry import HarnessSpec, spec_for
-from sidecar.replay import replay_recording
+from sidecar.replay import read_chunks, replay_recording
+from tests.conftest import REPO
 from tests.wrapping import log_events, run, wrap_argv
 
 DEMO = Path(__file__).resolve().parent.parent / "sidecar" / "assets" / "demo"
@@ -95,12 +96,12 @@ def test_wrap_refuses_a_record_path_it_cannot_own(tmp_path: Path) -> None:
 
 
 def test_a_wrapped_session_recorded_replays_to_the_writes_its_sidecar_logged(tmp_path: Path) -> None:
-    """The demo's stand-in plays a real Claude capture through the real tee under `hctx wrap
-    --record`; `hctx replay FILE` of what it recorded prints the writes the sidecar logged."""
+    """The demo's stand-in plays a real Claude session (its converted recording) through the real
+    tee under `hctx wrap --record`; what the product recorded holds the very channel bytes of the
+    converted recording, and `hctx replay FILE` of it prints the writes the sidecar logged."""
     catalog, recording = tmp_path / "cat", tmp_path / "session.rec"
-    standin = [sys.executable, "-m", "sidecar.demo_standin", "--harness", "claude", "--duration", "2",
-               "sessionstart-2.1.332.jsonl", "statusline-2.1.332.jsonl", "precompact-2.1.332.jsonl",
-               "postcompact-2.1.332.jsonl"]  # fmt: skip
+    played = DEMO / "claude-session-2.1.332.rec"
+    standin = [sys.executable, "-m", "sidecar.demo_standin", "--harness", "claude", "--duration", "2", played.name]
     result = run(wrap_argv(catalog, "rec", "claude", *standin, extra=("--record", str(recording))), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     lived = [event for event in log_events(catalog, "rec") if event.get("event") == "write"]
@@ -112,6 +113,13 @@ def test_a_wrapped_session_recorded_replays_to_the_writes_its_sidecar_logged(tmp
     assert any(write["compactions"] == 1 for write in writes) and len(writes) >= 2
     header = _lines(recording)[0]
     assert (header["format"], header["harness"], header["hctx"]) == (FORMAT, "claude", guard.__version__)
+    # The tee rebuilt every line the converted recording holds, byte for byte (each its own connection).
+    assert sorted(_channel_lines(recording)) == sorted(_channel_lines(played))
+
+
+def _channel_lines(path: Path) -> list[bytes]:
+    data = b"".join(chunk.data for chunk in read_chunks(path.read_bytes()) if chunk.wire == "channel")
+    return data.splitlines(keepends=True)
 
 
 class _Boom:
@@ -134,8 +142,7 @@ def _recording(tmp_path: Path, harness: str, *entries: dict[str, object]) -> Pat
 def test_a_decoder_that_raises_is_a_counted_drop_in_replay_as_live(tmp_path: Path) -> None:
     base = spec_for("claude")
     spec = HarnessSpec(name="claude", make_producer=base.make_producer, channel_frames=base.channel_frames,
-                       decoders={"boom": _Boom}, read_recording=base.read_recording,
-                       verified_versions=(), launch=base.launch)  # fmt: skip
+                       decoders={"boom": _Boom}, verified_versions=(), launch=base.launch)  # fmt: skip
     data = base64.b64encode(b"boom").decode()
     path = _recording(tmp_path, "claude", {"at_ms": 1001, "wire": "boom", "stream": 1, "b64": data})
     writes, summary = replay_recording(spec, path)
@@ -154,5 +161,23 @@ def test_replay_of_a_damaged_recording_says_which_lines_and_exits_1(tmp_path: Pa
     assert "line 3: its b64 is not base64" in result.stderr and "line 4: malformed JSON" in result.stderr
     wrong = run([sys.executable, "-m", "wrapper.cli", "replay", "--harness", "claude", str(path)])
     assert wrong.returncode == 2 and "a recording of 'pi', not of 'claude'" in wrong.stderr
-    capture = run([sys.executable, "-m", "wrapper.cli", "replay", str(DEMO / "statusline-2.1.332.jsonl")])
-    assert capture.returncode == 2 and "--harness is needed" in capture.stderr  # a capture has no header
+
+
+
+def test_replay_refuses_a_file_that_is_no_recording_and_says_what_it_is(tmp_path: Path) -> None:
+    """Only recordings are replayed: a harness's own capture (the lab's shapes the product once
+    converted), an empty file, or a JSON line naming another format is refused, exit 2, nothing printed."""
+    capture = REPO / "fixtures" / "claude" / "statusline-2.1.332.jsonl"
+    (empty := tmp_path / "empty").write_bytes(b"")
+    (other := tmp_path / "other").write_text('{"format": "hctx.recording.v0", "harness": "claude"}\n')
+    for path, said in ((capture, "its first line names no format"), (empty, "its first line is no JSON object"),
+                       (other, "its first line names no format")):  # fmt: skip
+        for argv in (["replay", str(path)], ["replay", "--harness", "claude", str(path)]):
+            result = run([sys.executable, "-m", "wrapper.cli", *argv])
+            assert (result.returncode, result.stdout) == (2, ""), result.stderr
+            assert f"hctx replay: {path} is not a recording `hctx wrap --record` made ({said}" in result.stderr
+            assert "hctx replays only recordings" in result.stderr and "Traceback" not in result.stderr
+    # A recording beside one that is not: the writes of the first, then the refusal.
+    good = REPO / "fixtures" / "recordings" / "claude" / "statusline-2.1.332.rec"
+    result = run([sys.executable, "-m", "wrapper.cli", "replay", str(good), str(capture)])
+    assert result.returncode == 2 and result.stdout.count('"reason": ') >= 2 and str(capture) in result.stderr

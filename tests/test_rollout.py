@@ -29,6 +29,7 @@ from sidecar.pipeline import Pipeline
 from sidecar.producer import instant_ms
 from sidecar.streams import Streams
 from sidecar.transcripts import HEAD_BYTES, MAX_LINE_BYTES
+from tests.conformance import chunks_of, recording_of
 
 Frame = Any  # a typed Codex event, as the follower submits it
 
@@ -53,7 +54,7 @@ def served_events(version: str, scenario: str) -> list[tuple[int | None, object]
     """(time, event) of the app-server capture, through the spec's own decoders."""
     decoders: dict[str, Decoder] = {}
     timed: list[tuple[int | None, object]] = []
-    for chunk in SPEC.read_recording([app_server_path(version, scenario)]):
+    for chunk in chunks_of(recording_of(app_server_path(version, scenario))):
         decoder = decoders.setdefault(chunk.wire, SPEC.decoder(chunk.wire))
         timed += [(chunk.at_ms, event) for event in decoder.receive_data(chunk.data) if not isinstance(event, Dropped)]
     return timed

@@ -20,14 +20,15 @@ import pytest
 
 from guard.record import ContextFields
 from sidecar import registry
-from sidecar.registry import Chunk, harness_names, spec_for
-from tests.conformance import bytewise, outcome, replayed
+from sidecar.registry import harness_names, spec_for
+from sidecar.replay import replay_recording
+from tests.conformance import bytewise, chunks_of, outcome, replayed
 from tests.conftest import REPO
 from tests.wrapping import HOST, agent_dir, hctx, log_events, wrap_argv
 
 SIXTH = REPO / "tests" / "sixth_harness"
 REGISTERED = SIXTH / "registered"
-SESSION = SIXTH / "session.jsonl"
+SESSION = SIXTH / "session.rec"  # a recording of its channel, as `hctx wrap --record` writes one
 PRODUCT = ("guard", "sidecar", "wrapper")
 
 
@@ -62,19 +63,19 @@ def test_the_registry_finds_it_by_its_entry_point_and_the_built_ins_first(instal
 
 def test_its_session_replays_through_the_shared_decoder_and_guard(installed: None) -> None:
     spec = spec_for("sixth")
-    writes = replayed(spec, spec.read_recording([SESSION]))
+    writes = replay_recording(spec, SESSION)[0]
     assert [(write.reason, write.record.used_tokens, write.record.compactions) for write in writes] == [
         ("bucket", 1000, 0), ("bucket", 40000, 0), ("bucket", 90000, 0), ("compaction", 90000, 1), ("bucket", 12000, 1),
     ]  # fmt: skip
     assert writes[2].record.used_percent == 90.0 and writes[2].record.used_percent != 0.9
     # The shared properties hold for it as for the built-ins: a byte at a time, the same writes.
-    chunks = [Chunk(None, "channel", SESSION.read_bytes())]
+    chunks = chunks_of(SESSION)
     assert [outcome(write) for write in replayed(spec, bytewise(chunks))] == [outcome(write) for write in writes]
 
 
 def test_the_write_after_a_compaction_keeps_when_it_was(installed: None) -> None:
     """The template keeps every field: a reading after the compaction still says when it was."""
-    writes = replayed(spec_for("sixth"), spec_for("sixth").read_recording([SESSION]))
+    writes = replay_recording(spec_for("sixth"), SESSION)[0]
     compaction, after = writes[3], writes[4]
     assert compaction.reason == "compaction" and compaction.record.last_compaction_ms is not None
     assert (after.record.compactions, after.record.last_compaction_ms) == (1, compaction.record.last_compaction_ms)
@@ -84,7 +85,7 @@ def test_the_write_after_a_compaction_keeps_when_it_was(installed: None) -> None
 def test_the_template_keeps_every_field_a_new_reading_does_not_measure(installed: None) -> None:
     """Every field of the reading the compaction wrote stays on the next write but what that
     reading measured anew (its usage and its time): the kernel holds them, the template forgets none."""
-    writes = replayed(spec_for("sixth"), spec_for("sixth").read_recording([SESSION]))
+    writes = replay_recording(spec_for("sixth"), SESSION)[0]
     compaction, after = writes[3].record, writes[4].record
     measured = {"used_tokens", "window_tokens", "used_percent", "observed_at_ms"}
     kept = set(ContextFields.model_fields) - measured

@@ -25,7 +25,8 @@ from sidecar.harnesses.codex import producer as codex
 from sidecar.harnesses.codex.events import ThreadOpened, TokenUsage
 from sidecar.harnesses.codex.transcript import RolloutDecoder
 from sidecar.harnesses.opencode import producer as opencode
-from sidecar.replay import replay
+from sidecar.replay import replay_recording
+from tests.conformance import fixture_writes, recording_path
 from tests.conftest import FIXTURE_ROOT
 
 CODEX_VERSIONS = ("0.151.0", "0.171.0")
@@ -50,7 +51,7 @@ def codex_usage(version: str) -> list[dict[str, Any]]:
 
 
 def codex_writes(version: str) -> list[Write]:
-    return list(replay(codex.SPEC, codex.SPEC.read_recording([codex_recording(version)])))
+    return fixture_writes("codex", f"codex/codex-{version}-delegation.rec")
 
 
 @pytest.mark.parametrize("version", CODEX_VERSIONS)
@@ -124,9 +125,12 @@ def test_a_replayed_subagent_rollout_is_never_an_agents_reading(source: object, 
 
 
 def opencode_writes(version: str) -> list[Write]:
-    folder = FIXTURE_ROOT / "opencode" / "delegation"
-    paths = [folder / f"delegation-{version}.providers.json", folder / f"delegation-{version}.events.sse"]
-    return list(replay(opencode.SPEC, opencode.SPEC.read_recording(paths)))
+    return fixture_writes("opencode", opencode_recording(version))
+
+
+def opencode_recording(version: str) -> str:
+    """The lab's providers answer and the delegation's event stream, as one recording."""
+    return f"opencode/delegation/delegation-{version}.rec"
 
 
 def opencode_frames(version: str) -> list[dict[str, Any]]:
@@ -275,12 +279,8 @@ def writes_without_rows(harness: str, version: str) -> int:
                     for r in self.inner.feed(event, now_ms)]  # fmt: skip
 
     plain = dataclasses.replace(spec, make_producer=WithoutRows)
-    if harness == "codex":
-        paths = [codex_recording(version)]
-    else:
-        folder = FIXTURE_ROOT / "opencode" / "delegation"
-        paths = [folder / f"delegation-{version}.providers.json", folder / f"delegation-{version}.events.sse"]
-    return len(list(replay(plain, spec.read_recording(paths))))
+    name = f"codex/codex-{version}-delegation.rec" if harness == "codex" else opencode_recording(version)
+    return len(replay_recording(plain, recording_path(name))[0])
 
 
 @pytest.mark.parametrize("version", CODEX_VERSIONS)

@@ -13,15 +13,14 @@ import pytest
 from readers_catalog import HOST, NOW, hctx, put_claim, put_record
 
 from guard.record import parse_record
-from sidecar.harnesses.claude.producer import SPEC as CLAUDE
 from sidecar.harnesses.claude.producer import VERIFIED_VERSIONS as CLAUDE_VERIFIED
 from sidecar.harnesses.codex.producer import CODEX_CONTEXT_VERIFIED_VERSIONS, CodexProducer
-from sidecar.harnesses.codex.producer import SPEC as CODEX
 from sidecar.harnesses.codex.rollout import RolloutFollower
-from sidecar.harnesses.opencode.producer import OPENCODE_CONTEXT_VERIFIED_VERSIONS, recording_chunks
+from sidecar.harnesses.opencode.producer import OPENCODE_CONTEXT_VERIFIED_VERSIONS
 from sidecar.harnesses.opencode.producer import SPEC as OPENCODE
+from sidecar.recorder import Chunk
 from sidecar.registry import verified_versions
-from sidecar.replay import replay
+from tests.conformance import chunks_of, fixture_writes, replayed
 from tests.conftest import FIXTURE_ROOT
 from wrapper.render import doctor_advisories
 from wrapper.roster import collect_roster
@@ -31,8 +30,7 @@ FIXTURES = FIXTURE_ROOT
 
 @pytest.mark.parametrize("version", CLAUDE_VERIFIED)
 def test_claude_records_carry_the_status_line_version(version: str) -> None:
-    files = [FIXTURES / "claude" / f"{kind}-{version}.jsonl" for kind in ("statusline", "precompact", "postcompact")]
-    written = list(replay(CLAUDE, CLAUDE.read_recording(files)))
+    written = fixture_writes("claude", f"claude/session-{version}.rec")
     assert written and {w.record.harness_version for w in written} == {version}
     assert json.loads(written[-1].record.to_json())["harnessVersion"] == version
 
@@ -40,8 +38,7 @@ def test_claude_records_carry_the_status_line_version(version: str) -> None:
 @pytest.mark.parametrize("version", CODEX_CONTEXT_VERIFIED_VERSIONS)
 @pytest.mark.parametrize("capture", ["stdio-main", "ws-main", "stdio-resume"])
 def test_codex_records_carry_the_app_servers_user_agent_version(version: str, capture: str) -> None:
-    path = FIXTURES / "codex" / f"codex-{version}-{capture}.jsonl"
-    written = list(replay(CODEX, CODEX.read_recording([path])))
+    written = fixture_writes("codex", f"codex/codex-{version}-{capture}.rec")
     assert written and {w.record.harness_version for w in written} == {version}
 
 
@@ -95,9 +92,9 @@ def test_opencode_interleaved_sessions_each_record_names_its_session(version: st
     """The verbatim capture in which sessions B and C were prompted at once, so their frames
     interleave on one server's stream: every record written names the session whose turn it carries,
     and a reader can tell B's 31,222 from C's 61,333 without guessing."""
-    providers, events, labels = _opencode_capture(version)
+    _, events, labels = _opencode_capture(version)
     totals = {(info["sessionID"], info["tokens"]["total"]) for info in _completions(events)}
-    written = [w.record for w in replay(OPENCODE, [*recording_chunks(providers), *recording_chunks(events)])]
+    written = [w.record for w in fixture_writes("opencode", f"opencode/v{version}/providers+events.rec")]
     assert written
     for record in written:
         assert record.session_id in labels
@@ -144,15 +141,15 @@ def test_inspect_shows_the_build_and_the_session(tmp_path: Path) -> None:
     assert "  session       ses_x\n" in result.stdout
 
 
-def _with_select(events: bytes, after: str, session_id: str, event_id: str) -> bytes:
-    """`events` with one `tui.session.select` inserted after the first line containing `after`, in the
-    exact shape the real 1.18.33 server published it for `POST /tui/select-session` (measured live)."""
-    lines = events.splitlines()
-    at = next(index for index, line in enumerate(lines) if after.encode() in line)
+def _with_select(chunks: list[Chunk], after: bytes, session_id: str, event_id: str) -> list[Chunk]:
+    """The recording's chunks with one `tui.session.select` event inserted after the first chunk
+    containing `after`, at its time, in the exact shape the real 1.18.33 server published it for
+    `POST /tui/select-session` (measured live)."""
+    at = next(index for index, chunk in enumerate(chunks) if after in chunk.data)
     frame = {"id": event_id, "type": "tui.session.select", "properties": {"sessionID": session_id}}
-    line = {"seq": 0, "t": json.loads(lines[at])["t"], "stream": "event", "event": None, "id": None,
-            "raw": json.dumps(frame, separators=(",", ":"))}  # fmt: skip
-    return b"\n".join([*lines[: at + 1], json.dumps(line).encode(), *lines[at + 1 :]]) + b"\n"
+    select = Chunk(chunks[at].at_ms, "sse", b"data: " + json.dumps(frame, separators=(",", ":")).encode() + b"\n\n",
+                   chunks[at].stream)  # fmt: skip
+    return [*chunks[: at + 1], select, *chunks[at + 1 :]]
 
 
 @pytest.mark.parametrize("version", OPENCODE_CONTEXT_VERIFIED_VERSIONS)
@@ -161,14 +158,14 @@ def test_a_tui_told_to_show_one_session_keeps_its_record_on_that_session(version
     one server) with a `tui.session.select` naming B inserted after B's first assistant frame, then
     one naming C after the last frame. While the TUI shows B, C's turns never reach the record; told
     to show C, the record is C's newest turn at once, with that turn's own observedAtMs."""
-    providers, events, labels = _opencode_capture(version)
+    _, _, labels = _opencode_capture(version)
     by_label = {label: session for session, label in labels.items()}
     b, c = by_label["B"], by_label["C"]
-    first_b = next(line for line in events.splitlines() if b.encode() in line and b'\\"role\\":\\"assistant\\"' in line)
-    composed = _with_select(events, first_b.decode(), b, "evt_hctx_select_b")
-    last_line = composed.splitlines()[-1].decode()
-    composed = _with_select(composed, last_line, c, "evt_hctx_select_c")
-    written = [w.record for w in replay(OPENCODE, [*recording_chunks(providers), *recording_chunks(composed)])]
+    chunks = chunks_of(f"opencode/v{version}/providers+events.rec")
+    first_b = next(chunk.data for chunk in chunks if b.encode() in chunk.data and b'"role":"assistant"' in chunk.data)
+    composed = _with_select(chunks, first_b, b, "evt_hctx_select_b")
+    composed = _with_select(composed, composed[-1].data, c, "evt_hctx_select_c")
+    written = [w.record for w in replayed(OPENCODE, composed)]
     sessions = [r.session_id for r in written]
     b_at = sessions.index(b)
     shown_b = written[b_at:-1]

@@ -104,8 +104,8 @@ def test_the_wheel_holds_exactly_the_package_sources(installed: Installed) -> No
     assert {"sidecar/assets/hctx-channel.ts", "wrapper/model_windows.json"} <= shipped
     assert {f"wrapper/web/assets/{name}" for name in ("index.html", "agent.html", "board.js", "board.css")} <= shipped
     with zipfile.ZipFile(installed.wheel) as archive:
-        capture = archive.read("sidecar/assets/demo/pi-0.84.2.channel.jsonl")
-    assert capture == (REPO / "fixtures/pi/live/pi-0.84.2.channel.jsonl").read_bytes()  # a file, not a link
+        recording = archive.read("sidecar/assets/demo/pi-0.84.2.channel.rec")
+    assert recording == (REPO / "fixtures/recordings/pi/live/pi-0.84.2.channel.rec").read_bytes()  # a file, not a link
 
 
 def test_the_venv_imports_nothing_from_the_checkout(installed: Installed) -> None:
@@ -137,18 +137,16 @@ def test_the_installed_demo_writes_four_records(installed: Installed) -> None:
     for row in rows.values():
         assert row["context"] is not None, row
     # The pi capture ends on its third compaction, an overflow, whose reading pi withholds
-    # (fixtures/pi/live/pi-0.84.2.channel.jsonl): null, never the 0 a guess would give.
+    # (fixtures/recordings/pi/live/pi-0.84.2.channel.rec): null, never the 0 a guess would give.
     pi = rows["demo/pi-worker"]["context"]
     assert (pi["windowTokens"], pi["compactions"], pi["lastCompactionTrigger"]) == (32000, 3, "overflow")
     assert pi["usedTokens"] is None and pi["usedPercent"] is None
 
 
-def test_the_installed_replay_runs_a_capture_through_the_producer(installed: Installed) -> None:
-    capture = installed.outside / "statusline.jsonl"
-    shutil.copy(REPO / "fixtures/claude/statusline-2.1.332.jsonl", capture)
-    precompact = installed.outside / "precompact.jsonl"
-    shutil.copy(REPO / "fixtures/claude/precompact-2.1.332.jsonl", precompact)
-    replay = installed.run(installed.bin("hctx"), "replay", "--harness", "claude", capture, precompact)
+def test_the_installed_replay_runs_a_recording_through_the_producer(installed: Installed) -> None:
+    recording = installed.outside / "session.rec"
+    shutil.copy(REPO / "fixtures/recordings/claude/session-2.1.332.rec", recording)
+    replay = installed.run(installed.bin("hctx"), "replay", "--harness", "claude", recording)
     assert replay.returncode == 0, replay.stderr
     writes = [json.loads(line) for line in replay.stdout.splitlines()]
     assert writes, replay.stdout

@@ -52,72 +52,23 @@ def _schema(_: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from sidecar.decoding import PROVIDERS
-    from sidecar.registry import harness_names, spec_for
-    from sidecar.replay import Tally, is_recording, replay, write_line
-    from sidecar.spec import recording_bytes
-
-    recordings = [_is_a(is_recording, Path(name)) for name in args.files]
-    if any(recordings):
-        if not all(recordings) or args.providers is not None:
-            print("hctx replay: a recording `hctx wrap --record` made is replayed alone: it holds every wire",
-                  file=sys.stderr)  # fmt: skip
-            return 2
-        return _replay_recordings(args.harness, [Path(name) for name in args.files])
-    if args.harness is None:
-        print("hctx replay: --harness is needed for a capture that is not a recording hctx made", file=sys.stderr)
-        return 2
-    harness: Harness = args.harness
-    spec = spec_for(harness)
-    if args.providers is not None and PROVIDERS not in spec.wires():
-        readers = ", ".join(name for name in harness_names() if PROVIDERS in spec_for(name).wires())
-        print(f"hctx replay: --providers is a window source; it goes with --harness {readers}", file=sys.stderr)
-        return 2
-    files = [Path(name) for name in args.files]
-    if args.providers is not None:
-        files.insert(0, args.providers)  # the windows must be known before the first reading
-    tally = Tally()
-    try:
-        chunks = list(spec.read_recording(files))
-    except OSError as exc:
-        print(f"hctx replay: {exc}", file=sys.stderr)
-        return 2
-    for write in replay(spec, chunks, tally=tally):
-        sys.stdout.write(write_line(write))
-    if not tally.recognised:
-        count = sum(len(recording_bytes(path).splitlines()) for path in files)
-        lines = f"{count} line{'' if count == 1 else 's'}"
-        print(f"hctx replay: read {lines}; none was a frame of the {harness} harness", file=sys.stderr)
-        return 1
-    return 0
-
-
-def _is_a(test: Callable[[bytes], bool], path: Path) -> bool:
-    """Whether the file's first line passes `test` (False for one that cannot be read, or is no
-    regular file: a FIFO would never answer; the reader then says why)."""
-    try:
-        if not path.is_file():
-            return False
-        with path.open("rb") as file:
-            return test(file.readline(64 * 1024))
-    except OSError:
-        return False
-
-
-def _replay_recordings(harness: Harness | None, paths: list[Path]) -> int:
-    """Each recording through the live driver (sidecar.replay.replay_recording), its writes printed."""
+    """Each recording through the live driver (sidecar.replay.replay_recording), its writes printed.
+    Only a recording `hctx wrap --record` made: any other file is refused, exit 2."""
     from guard.errors import RecordingError, UnknownHarness
     from sidecar.registry import spec_for
-    from sidecar.replay import read_header, replay_recording, write_line
+    from sidecar.replay import header_of, replay_bytes, write_line
+    from sidecar.spec import recording_bytes
 
+    harness: Harness | None = args.harness
     status = 0
-    for path in paths:
+    for name in args.files:
+        path = Path(name)
         try:
-            named = read_header(path).get("harness")
+            data = recording_bytes(path)  # a FIFO, a device or a huge file is refused, not read forever
+            named = header_of(data, path).get("harness")
             if harness is not None and named != harness:
                 raise RecordingError(f"{path} is a recording of {named!r}, not of {harness!r}")
-            spec = spec_for(str(named))
-            writes, summary = replay_recording(spec, path)
+            writes, summary = replay_bytes(spec_for(str(named)), data, name=path)
         except (OSError, RecordingError, UnknownHarness) as exc:
             print(f"hctx replay: {exc}", file=sys.stderr)
             return 2
@@ -272,26 +223,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     replay = commands.add_parser(
         "replay",
-        help="run a recorded harness stream through the sidecar's decoder, producer and write guard",
-        description="Feed the recorded bytes (a channel capture, a harness's stdout, rollout file or event "
-        "stream) through the harness's own decoder, producer and write guard, as the sidecar does, and "
-        "print one JSON line per record the guard would write, with its reason. Untimed frames advance a "
-        "simulated clock by one second each.",
+        help="replay a recording `hctx wrap --record` made through the sidecar's own path",
+        description="Replay a recording `hctx wrap --record` made (docs/recording.md) through the live "
+        "sidecar's streams, decoders, producer, writer (its outbox, refresh and heartbeat) and write guard, "
+        "on a simulated clock and an in-memory store, and print one JSON line per record it writes, with "
+        "its reason. Any other file is refused (exit 2); damaged lines are said on stderr (exit 1).",
     )
     replay.add_argument(
         "--harness", type=harness_name,
-        help=f"one of {KNOWN}; needed for a capture, while a recording `hctx wrap --record` made names its own",
+        help=f"one of {KNOWN}: refuse a recording of any other (a recording names its own)",
     )  # fmt: skip
     replay.add_argument(
-        "--providers",
-        type=Path,
-        metavar="FILE",
-        help="a recorded `GET /config/providers` answer, replayed first: the windows (OpenCode's)",
-    )
-    replay.add_argument(
         "files", nargs="+", metavar="FILE",
-        help="a recording `hctx wrap --record` made (replayed through the live sidecar's streams, writer "
-        "and write guard on a simulated clock), or a recorded stream of the --harness",
+        help="a recording `hctx wrap --record` made; each is replayed as its own session",
     )  # fmt: skip
     replay.set_defaults(run=_replay)
 

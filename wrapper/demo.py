@@ -1,7 +1,7 @@
 """`hctx demo`: a small fleet of recorded real sessions through the real wrapper and sidecar.
 
 Every agent is launched by `hctx wrap` like a real one; its harness is a stand-in
-(`sidecar.demo_standin`) playing back a capture of a real session that ships with the package.
+(`sidecar.demo_standin`) playing back a recording of a real session that ships with the package.
 """
 
 from __future__ import annotations
@@ -52,18 +52,14 @@ PROGRESS_POLL_S = 0.2
 class DemoAgent:
     identity: str
     harness: Harness
-    captures: tuple[str, ...]
-
-
-def _claude(version: str) -> tuple[str, ...]:
-    return tuple(f"{kind}-{version}.jsonl" for kind in ("statusline", "precompact", "postcompact", "sessionstart"))
+    recording: str  # under sidecar/assets/demo: a recording of a real session (fixtures/recordings/)
 
 
 FLEET = (
-    DemoAgent("claude-1m", "claude", _claude("2.1.332")),
-    DemoAgent("claude-sonnet", "claude", _claude("2.1.250-sonnet45")),
-    DemoAgent("pi-worker", "pi", ("pi-0.84.2.channel.jsonl",)),
-    DemoAgent("omp-worker", "omp", ("omp-18.2.3.channel.jsonl",)),
+    DemoAgent("claude-1m", "claude", "claude-session-2.1.332.rec"),
+    DemoAgent("claude-sonnet", "claude", "claude-session-2.1.250-sonnet45.rec"),
+    DemoAgent("pi-worker", "pi", "pi-0.84.2.channel.rec"),
+    DemoAgent("omp-worker", "omp", "omp-18.2.3.channel.rec"),
 )
 
 
@@ -76,7 +72,7 @@ def launch(agent: DemoAgent, catalog: Path, duration_s: float, linger: bool) -> 
     cwd = workdir(catalog, agent)  # Claude's settings are rendered here
     cwd.mkdir(parents=True, exist_ok=True)
     standin = [sys.executable, "-m", "sidecar.demo_standin", "--harness", agent.harness]
-    standin += ["--duration", str(duration_s), *(["--linger"] if linger else []), *agent.captures]
+    standin += ["--duration", str(duration_s), *(["--linger"] if linger else []), agent.recording]
     argv = [
         *(sys.executable, "-m", "wrapper.cli", "wrap", "--agent", agent.identity, "--harness", agent.harness),
         *("--catalog", str(catalog), "--host", DEMO_HOST, "--", *standin),

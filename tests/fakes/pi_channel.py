@@ -20,7 +20,8 @@ import trio
 from guard.errors import FrameRejected
 from guard.policy import Reading
 from sidecar.decoding import CHANNEL, Dropped
-from sidecar.harnesses.pi.producer import PI, PiProducer, recorded_chunks
+from sidecar.harnesses.pi.producer import PI, PiProducer
+from sidecar.recorder import Chunk
 from tests.conftest import channel_readings
 
 
@@ -101,11 +102,35 @@ def fed(producer: PiProducer, data: bytes, now_ms: int = 1_000) -> list[Reading]
     return channel_readings(PI, producer, data, now_ms)
 
 
+def channel_lines(data: bytes) -> list[Chunk]:
+    """The lines of what `ChannelRecording.jsonl` keeps (the frames as the asset sent them, each
+    stamped `atMs`), each timed by its stamp (None without one); a cut tail stays cut. The product
+    replays recordings only: scripts/convert_fixtures.py converts these (fixtures/pi/live/)."""
+    chunks = []
+    lines = data.split(b"\n")
+    for index, line in enumerate(lines):
+        sent = line if index == len(lines) - 1 else line + b"\n"
+        if not sent:
+            continue
+        try:
+            item = json.loads(line)
+        except (ValueError, RecursionError):
+            item = None
+        at_ms = item.get("atMs") if isinstance(item, dict) else None
+        chunks.append(Chunk(at_ms if type(at_ms) is int and at_ms >= 0 else None, CHANNEL, sent))
+    return chunks
+
+
 def recorded_frames(data: bytes) -> list[tuple[int | None, dict[str, Any]]]:
-    """(time, frame) of each channel line a recording reads as (`recorded_chunks`), lines that are
-    no JSON object left out."""
+    """(time, frame) of each line of `ChannelRecording.jsonl`'s bytes (`channel_lines`), lines
+    that are no JSON object left out."""
+    return frames_of(channel_lines(data))
+
+
+def frames_of(chunks: list[Chunk]) -> list[tuple[int | None, dict[str, Any]]]:
+    """(time, frame) of each chunk that is one JSON object."""
     frames = []
-    for chunk in recorded_chunks(data):
+    for chunk in chunks:
         try:
             frame = json.loads(chunk.data)
         except (ValueError, RecursionError):
@@ -116,11 +141,11 @@ def recorded_frames(data: bytes) -> list[tuple[int | None, dict[str, Any]]]:
 
 
 def replayed_readings(producer: PiProducer, data: bytes) -> list[Reading]:
-    """A recording's chunks through one channel decoder into `producer`, each at its own time (0
-    untimed); drops and refusals cost their frame, as in `hctx replay`."""
+    """`ChannelRecording.jsonl`'s lines through one channel decoder into `producer`, each at its own
+    time (0 untimed); drops and refusals cost their frame, as in `hctx replay`."""
     decoder = PI.decoder(CHANNEL)
     readings: list[Reading] = []
-    for chunk in recorded_chunks(data):
+    for chunk in channel_lines(data):
         for event in decoder.receive_data(chunk.data):
             if not isinstance(event, Dropped):
                 try:

@@ -351,7 +351,7 @@ def standin(catalog: Path, identity: str, frames: list[tuple[float, dict[str, An
 def demo_agent(catalog: Path, index: int) -> subprocess.Popen[bytes]:
     agent = FLEET[index]
     command = [sys.executable, "-m", "sidecar.demo_standin", "--harness", agent.harness,
-               "--duration", str(DEMO_DURATION_S), "--linger", *agent.captures]  # fmt: skip
+               "--duration", str(DEMO_DURATION_S), "--linger", agent.recording]  # fmt: skip
     return wrap(catalog, agent.identity, agent.harness, *command)
 
 

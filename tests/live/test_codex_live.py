@@ -18,10 +18,11 @@ app-server sent.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import signal
 import socket
 import subprocess
-import tempfile
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -34,8 +35,9 @@ import trio
 from guard.record import HarnessContext, parse_record
 from sidecar.harnesses.codex.producer import SPEC
 from sidecar.harnesses.codex.relay import Address, serve_relay
-from sidecar.replay import replay
+from sidecar.recorder import Chunk
 from sidecar.streams import Stream, Streams
+from tests.conformance import replayed_in_a_thread
 from tests.fakes.codex_client import CodexClient, stdio_client, ws_client
 from tests.fakes.codex_model import FakeResponses, codex_config, codex_env, fake_responses
 from tests.harnesses import HARNESS_VERSIONS, require_harness
@@ -193,12 +195,17 @@ def compaction_items(client: CodexClient) -> int:
     )
 
 
-def replayed_writes(raw: list[str]) -> list[tuple[str, float | None]]:
-    """`hctx replay` of the messages as the stdout recording they are (its clock: `emittedAtMs`)."""
-    with tempfile.TemporaryDirectory() as directory:
-        path = Path(directory) / "capture.jsonl"
-        path.write_bytes("".join(f"{line}\n" for line in raw).encode())
-        return [(w.reason, w.record.used_percent) for w in replay(SPEC, SPEC.read_recording([path]))]
+async def replayed_writes(raw: list[str]) -> list[tuple[str, float | None]]:
+    """`hctx replay` of the messages as a recording of the stdout lines they are, each at Codex's own
+    clock (`emittedAtMs`; a response, which carries none, at the line's before it)."""
+    chunks, clock = [], None
+    for line in raw:
+        with contextlib.suppress(ValueError):
+            message = json.loads(line)
+            if isinstance(message, dict) and isinstance(emitted := message.get("emittedAtMs"), int):
+                clock = emitted
+        chunks.append(Chunk(clock, "stdout", f"{line}\n".encode()))
+    return [(w.reason, w.record.used_percent) for w in await replayed_in_a_thread(SPEC, chunks)]
 
 
 class TappedStreams(Streams):
@@ -273,7 +280,7 @@ async def test_stdio_under_wrap_main_then_resume_in_a_fresh_process(version: str
             # Every byte the client read parsed as the app-server's own newline-delimited JSON-RPC.
             assert bytes(stdout) == "".join(line + "\n" for line in client.raw).encode()
             assert without_rate_limits(run.writes()) == MAIN_WRITES
-            replayed = replayed_writes(client.raw)
+            replayed = await replayed_writes(client.raw)
             assert without_rate_limits(replayed) == MAIN_WRITES  # the sidecar saw what the client saw
             assert [w for w in replayed if w[0] == "rate-limits"] == [
                 ("rate-limits", 10), ("rate-limits", 44), ("rate-limits", 44), ("rate-limits", 5),
@@ -333,7 +340,7 @@ async def test_websocket_under_wrap(version: str, tmp_path: Path) -> None:
             assert process.returncode is not None
         assert without_rate_limits(run.writes()) == [*MAIN_WRITES, ("bucket", 16), ("bucket", 22)]
         await assert_replays_as_logged(run.catalog, AGENT, recording)  # the relay's websocket bytes, recorded
-        assert without_rate_limits(replayed_writes(client.raw)) == [*MAIN_WRITES, ("bucket", 22)]
+        assert without_rate_limits(await replayed_writes(client.raw)) == [*MAIN_WRITES, ("bucket", 22)]
         final = run.record()
         assert final is not None and limits(final) == latest_snapshot(client)
         assert compaction_items(client) == 4
@@ -380,8 +387,8 @@ async def test_the_relay_is_transparent_and_a_client_sees_what_a_bare_app_server
     assert token_usage(relayed) == token_usage(bare)
     assert compaction_items(relayed) == compaction_items(bare) == 4
     assert sorted(_kinds(relayed)) == sorted(_kinds(bare))
-    assert replayed_writes(relayed.raw) == replayed_writes(bare.raw)
-    assert without_rate_limits(replayed_writes(bare.raw)) == MAIN_WRITES
+    assert await replayed_writes(relayed.raw) == await replayed_writes(bare.raw)
+    assert without_rate_limits(await replayed_writes(bare.raw)) == MAIN_WRITES
     assert readyz.startswith(b"HTTP/1.1 200")  # plain HTTP reaches the app-server through the relay
 
 

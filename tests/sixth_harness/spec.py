@@ -16,9 +16,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from guard.errors import FrameRejected
 from guard.policy import Reading
 from guard.record import ContextFields, Count, describe_validation_error
-from sidecar.decoding import CHANNEL
 from sidecar.held import Held
-from sidecar.spec import HarnessSpec, each_file
+from sidecar.spec import HarnessSpec
 
 NAME = "sixth"
 
@@ -76,7 +75,6 @@ SPEC = HarnessSpec(
     make_producer=SixthProducer,
     channel_frames=channel_frames,
     decoders={},
-    read_recording=each_file(CHANNEL),
     verified_versions=("1.0",),
     launch="tests.sixth_harness.launch",
     programs=("sixth-agent",),
