@@ -35,6 +35,7 @@ __all__ = [
     "Summary",
     "header_of",
     "read_chunks",
+    "read_header",
     "replay_bytes",
     "replay_recording",
     "write_line",
