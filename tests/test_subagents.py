@@ -424,3 +424,199 @@ def test_claude_subagent_hooks_make_rows_without_numbers_the_hooks_do_not_carry(
     assert {(row.used_tokens, row.window_tokens, row.used_percent) for row in final.subagents} == {(None, None, None)}
     assert (final.used_tokens, final.window_tokens) == (None, None)  # no status line fed: the parent's unknown
     assert all(reading.compaction_edge is False for reading in readings)
+
+
+# ---- Claude: each subagent's own transcript, recorded live ------------------------------------------
+
+SUBAGENT_MODEL, SUBAGENT_WINDOW = "claude-subagent-test-1", 150_000  # the live test's user model table
+CLAUDE_WINDOW = 200_000  # the parent's, from its status line
+
+
+def claude_delegation(version: str) -> Path:
+    return FIXTURE_ROOT / "claude" / "delegation" / version
+
+
+def own_context(path: Path) -> tuple[int, str]:
+    """A subagent transcript's newest assistant usage, input + cache_read + cache_creation, and its
+    model: read here independently of the producer."""
+    found: tuple[int, str] | None = None
+    for line in path.read_bytes().splitlines():
+        message = json.loads(line).get("message")
+        if isinstance(message, dict) and isinstance(usage := message.get("usage"), dict):
+            used = usage["input_tokens"] + usage["cache_read_input_tokens"] + usage["cache_creation_input_tokens"]
+            found = (used, message["model"])
+    assert found is not None
+    return found
+
+
+def subagent_tokens_figures(version: str) -> set[int]:
+    """The `<subagent_tokens>` figures Claude's task notifications carry: never a context."""
+    import re
+
+    return {int(n) for n in re.findall(rb"subagent_tokens>(\d+)<", (claude_delegation(version) / "session.jsonl").read_bytes())}
+
+
+@pytest.mark.parametrize("version", CLAUDE_VERSIONS)
+def test_claude_subagent_rows_are_each_transcripts_own_numbers_replayed_as_recorded(version: str) -> None:
+    """The sidecar's `--record` of the live delegation replayed through the live Writer: each row
+    is its own transcript's newest usage on its own model, the window the model table's (named so)
+    or null, never the parent's window and never the notification's `<subagent_tokens>`."""
+    from sidecar.harnesses.claude import producer as claude
+    from sidecar.replay import replay_recording
+
+    writes, summary = replay_recording(claude.SPEC, claude_delegation(version) / "sidecar.rec")
+    assert not summary.problems and not summary.lost_chunks
+    final = writes[-1].record
+    assert (final.used_tokens, final.window_tokens) == (23_000, CLAUDE_WINDOW)  # the parent's, unchanged
+    rows = {row.id: row for row in final.subagents}
+    files = sorted((claude_delegation(version) / "subagents").glob("agent-*.jsonl"))
+    assert set(rows) == {path.stem.removeprefix("agent-") for path in files} and len(rows) == 3
+    wrong = subagent_tokens_figures(version)
+    assert len(wrong) == 3 and not wrong & CLAUDE_CHILDREN  # 6001/6040, ...: context + turns or output
+    for path in files:
+        used, model = own_context(path)
+        row = rows[path.stem.removeprefix("agent-")]
+        assert (row.used_tokens, row.model, row.state, row.name) == (used, model, "finished", "general-purpose")
+        assert row.used_tokens not in wrong and row.window_tokens != CLAUDE_WINDOW
+        if model == SUBAGENT_MODEL:
+            assert (row.window_tokens, row.window_source, row.used_percent) == (
+                SUBAGENT_WINDOW, "model-table", used * 100 / SUBAGENT_WINDOW)  # fmt: skip
+        else:
+            assert (row.window_tokens, row.window_source, row.used_percent) == (None, None, None)
+        assert row.compactions == 0
+    assert {row.used_tokens for row in rows.values()} == CLAUDE_CHILDREN
+    # No write ever carried a subagent's number as the parent's.
+    assert not {write.record.used_tokens for write in writes} & CLAUDE_CHILDREN
+
+
+CLAUDE_CHILDREN = {6_000, 7_500, 9_000}
+
+
+def placed_delegation(version: str, root: Path) -> tuple[Path, list[dict[str, Any]]]:
+    """The live run's transcripts where Claude wrote them, under a projects directory of `root`,
+    and its hook payloads naming them there."""
+    payloads = [json.loads(line) for line in (claude_delegation(version) / "subagent-hooks.jsonl").read_bytes().splitlines()]
+    session = payloads[0]["session_id"]
+    projects = root / ".claude" / "projects"
+    project = projects / "-work"
+    (project / session / "subagents").mkdir(parents=True)
+    (project / f"{session}.jsonl").write_bytes((claude_delegation(version) / "session.jsonl").read_bytes())
+    for path in (claude_delegation(version) / "subagents").iterdir():
+        (project / session / "subagents" / path.name).write_bytes(path.read_bytes())
+    for payload in payloads:
+        payload["transcript_path"] = str(project / f"{session}.jsonl")
+        if "agent_transcript_path" in payload:
+            payload["agent_transcript_path"] = str(project / session / "subagents" / f"agent-{payload['agent_id']}.jsonl")
+    return projects, payloads
+
+
+async def through_the_transport(payloads: list[dict[str, Any]], projects: Path) -> HarnessContext:
+    """The hook payloads as the channel carries them, into the live Writer, with the Claude
+    transport reading the transcripts they name: the sidecar's path, on disk, without the socket."""
+    import trio
+
+    from guard.policy import WriteGuard
+    from sidecar.app import Writer, transport_streams
+    from sidecar.decoding import CHANNEL
+    from sidecar.harnesses.claude import follow
+    from sidecar.harnesses.claude import producer as claude
+    from sidecar.harnesses.claude.frames import HOOK_FRAME, channel_line
+    from sidecar.harnesses.claude.subagents import ClaudeTransport
+    from sidecar.pipeline import Pipeline
+    from sidecar.replay import MemoryStore
+
+    store = MemoryStore()
+    store.release_all()
+    writer = Writer(Pipeline(claude.SPEC.make_producer(), WriteGuard("a", "i")), store)
+    streams = transport_streams(claude.SPEC, writer)
+    config = ClaudeTransport(projects_dir=str(projects), windows={SUBAGENT_MODEL: SUBAGENT_WINDOW}, poll_seconds=0.01)
+    decoder = claude.SPEC.decoder(CHANNEL)
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(writer.run)
+            nursery.start_soon(follow.run, config, streams)
+            for payload in payloads:
+                for event in decoder.receive_data(channel_line(HOOK_FRAME, json.dumps(payload).encode())):
+                    writer.submit(event)
+                await trio.sleep(0.05)
+            # Past SubagentStop the transport reads each file FINISHED_POLLS more polls, then ends it.
+            await trio.sleep(100 * config.poll_seconds * follow.FINISHED_POLLS)
+            while writer.outbox.pending:
+                await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+    assert store.last is not None
+    return store.last
+
+
+@pytest.mark.parametrize("version", CLAUDE_VERSIONS)
+async def test_claude_transport_reads_each_subagents_transcript_where_claude_wrote_it(version: str, tmp_path: Path) -> None:
+    projects, payloads = placed_delegation(version, tmp_path)
+    record = await through_the_transport(payloads, projects)
+    rows = {row.id: row for row in record.subagents}
+    for path in (claude_delegation(version) / "subagents").glob("agent-*.jsonl"):
+        used, model = own_context(path)
+        row = rows[path.stem.removeprefix("agent-")]
+        assert (row.used_tokens, row.model, row.state) == (used, model, "finished")
+        assert row.window_tokens == (SUBAGENT_WINDOW if model == SUBAGENT_MODEL else None)
+    assert {row.used_tokens for row in rows.values()} == CLAUDE_CHILDREN
+
+
+def _planted(kind: str, projects: Path, real: Path, tmp_path: Path) -> None:
+    """Turn the subagent transcript at `real` into something the sidecar must not read."""
+    import os
+
+    outside = tmp_path / "outside.jsonl"
+    outside.write_bytes(real.read_bytes())
+    real.unlink()
+    if kind == "symlink":
+        real.symlink_to(outside)
+    elif kind == "fifo":
+        os.mkfifo(real)
+    elif kind == "huge":
+        with real.open("wb") as file:  # sparse: 300 MiB of nothing but a size
+            file.truncate(300 * 1024 * 1024)
+    elif kind == "symlinked-dir":
+        subagents = real.parent
+        moved = tmp_path / "moved-subagents"
+        subagents.rename(moved)
+        (moved / real.name).write_bytes(outside.read_bytes())
+        subagents.symlink_to(moved)
+
+
+@pytest.mark.parametrize("kind", ["outside", "traversal", "symlink", "fifo", "huge", "symlinked-dir"])
+async def test_a_subagent_transcript_not_where_claude_writes_is_refused(kind: str, tmp_path: Path) -> None:
+    """A path outside the projects directory, one walking out of it, a symlink (the file or a
+    directory on the way), a FIFO, a huge file: not read; the row keeps null numbers, the sidecar
+    keeps serving, and the other subagents' numbers are read as ever."""
+    projects, payloads = placed_delegation("2.1.332", tmp_path / "seat")
+    victim = next(p for p in payloads if p["hook_event_name"] == "SubagentStop")
+    real = Path(victim["agent_transcript_path"])
+    if kind == "outside":
+        elsewhere = tmp_path / "elsewhere" / real.parent.parent.name / "subagents"
+        elsewhere.mkdir(parents=True)
+        (elsewhere / real.name).write_bytes(real.read_bytes())
+        named = str(elsewhere / real.name)
+    elif kind == "traversal":
+        named = str(projects / ".." / ".." / "outside" / "x" / "subagents" / real.name)
+        Path(named).parent.mkdir(parents=True)
+        Path(named).write_bytes(real.read_bytes())  # there to be read, were the path followed
+    else:
+        _planted(kind, projects, real, tmp_path)
+        named = str(real)
+    for payload in payloads:
+        if payload.get("agent_id") == victim["agent_id"]:
+            payload["agent_transcript_path"] = named
+            # its SubagentStart names the session; the derived path must be refused the same way
+            payload["transcript_path"] = str(Path(named).parent.parent.parent / "s.jsonl") if kind in (
+                "outside", "traversal") else payload["transcript_path"]  # fmt: skip
+    record = await through_the_transport(payloads, projects)
+    rows = {row.id: row for row in record.subagents}
+    refused = rows[victim["agent_id"]]
+    assert (refused.used_tokens, refused.window_tokens, refused.used_percent) == (None, None, None)
+    assert refused.state == "finished"
+    others = [row for row in rows.values() if row.id != victim["agent_id"]]
+    assert len(others) == 2
+    if kind == "symlinked-dir":  # the subagents directory they share is the link: none is read
+        assert all(row.used_tokens is None for row in others)
+    else:
+        assert all(row.used_tokens in CLAUDE_CHILDREN for row in others)
