@@ -453,7 +453,8 @@ def subagent_tokens_figures(version: str) -> set[int]:
     """The `<subagent_tokens>` figures Claude's task notifications carry: never a context."""
     import re
 
-    return {int(n) for n in re.findall(rb"subagent_tokens>(\d+)<", (claude_delegation(version) / "session.jsonl").read_bytes())}
+    session = (claude_delegation(version) / "session.jsonl").read_bytes()
+    return {int(n) for n in re.findall(rb"subagent_tokens>(\d+)<", session)}
 
 
 @pytest.mark.parametrize("version", CLAUDE_VERSIONS)
@@ -495,7 +496,8 @@ CLAUDE_CHILDREN = {6_000, 7_500, 9_000}
 def placed_delegation(version: str, root: Path) -> tuple[Path, list[dict[str, Any]]]:
     """The live run's transcripts where Claude wrote them, under a projects directory of `root`,
     and its hook payloads naming them there."""
-    payloads = [json.loads(line) for line in (claude_delegation(version) / "subagent-hooks.jsonl").read_bytes().splitlines()]
+    hooks = (claude_delegation(version) / "subagent-hooks.jsonl").read_bytes()
+    payloads = [json.loads(line) for line in hooks.splitlines()]
     session = payloads[0]["session_id"]
     projects = root / ".claude" / "projects"
     project = projects / "-work"
@@ -506,7 +508,8 @@ def placed_delegation(version: str, root: Path) -> tuple[Path, list[dict[str, An
     for payload in payloads:
         payload["transcript_path"] = str(project / f"{session}.jsonl")
         if "agent_transcript_path" in payload:
-            payload["agent_transcript_path"] = str(project / session / "subagents" / f"agent-{payload['agent_id']}.jsonl")
+            name = f"agent-{payload['agent_id']}.jsonl"
+            payload["agent_transcript_path"] = str(project / session / "subagents" / name)
     return projects, payloads
 
 
@@ -515,7 +518,7 @@ async def through_the_transport(payloads: list[dict[str, Any]], projects: Path) 
     transport reading the transcripts they name: the sidecar's path, on disk, without the socket."""
     import trio
 
-    from guard.policy import WriteGuard
+    from guard.policy import SUBAGENT_QUANTUM_MS, WriteGuard
     from sidecar.app import Writer, transport_streams
     from sidecar.decoding import CHANNEL
     from sidecar.harnesses.claude import follow
@@ -540,8 +543,9 @@ async def through_the_transport(payloads: list[dict[str, Any]], projects: Path) 
                     writer.submit(event)
                 await trio.sleep(0.05)
             # Past SubagentStop the transport reads each file FINISHED_POLLS more polls, then ends it.
-            await trio.sleep(100 * config.poll_seconds * follow.FINISHED_POLLS)
-            while writer.outbox.pending:
+            # and a change of the rows alone lands when its quantum ends.
+            await trio.sleep(100 * config.poll_seconds * follow.FINISHED_POLLS + SUBAGENT_QUANTUM_MS / 1000)
+            while writer.outbox.pending:  # noqa: ASYNC110 - the writer's own task drains it
                 await trio.sleep(0.01)
             nursery.cancel_scope.cancel()
     assert store.last is not None
@@ -549,7 +553,9 @@ async def through_the_transport(payloads: list[dict[str, Any]], projects: Path) 
 
 
 @pytest.mark.parametrize("version", CLAUDE_VERSIONS)
-async def test_claude_transport_reads_each_subagents_transcript_where_claude_wrote_it(version: str, tmp_path: Path) -> None:
+async def test_claude_transport_reads_each_subagents_transcript_where_claude_wrote_it(
+    version: str, tmp_path: Path
+) -> None:
     projects, payloads = placed_delegation(version, tmp_path)
     record = await through_the_transport(payloads, projects)
     rows = {row.id: row for row in record.subagents}
@@ -620,3 +626,88 @@ async def test_a_subagent_transcript_not_where_claude_writes_is_refused(kind: st
         assert all(row.used_tokens is None for row in others)
     else:
         assert all(row.used_tokens in CLAUDE_CHILDREN for row in others)
+
+
+# ---- the write policy: a subagent's changes of one quantum are one write ---------------------------
+
+
+def parent_reading(*rows: Subagent, used: int = 32_066, at: int = 900) -> Any:
+    from guard.policy import Reading
+    from guard.record import ContextFields
+
+    return Reading(ContextFields(harness="codex", used_tokens=used, window_tokens=190_000,
+                                 used_percent=used * 100 / 190_000, subagents=rows, observed_at_ms=at))  # fmt: skip
+
+
+def test_a_childs_last_reading_and_its_finish_in_one_quantum_are_one_write() -> None:
+    from guard.policy import SUBAGENT_QUANTUM_MS, WriteGuard
+    from sidecar.pipeline import Pipeline
+
+    class Offered:
+        harness = "codex"
+
+        def feed(self, event: Any, now_ms: int) -> list[Any]:
+            return [event]
+
+    pipeline = Pipeline(Offered(), WriteGuard("a", "i"))  # type: ignore[arg-type]
+    assert len(pipeline.feed(parent_reading(), 1_000)) == 1
+    reading = subagent_row(1, used_tokens=17_472, observed_at_ms=1_100)
+    assert pipeline.feed(parent_reading(reading), 1_100) == []  # held: its quantum has begun
+    finished = reading.model_copy(update={"state": "finished", "observed_at_ms": 1_400})
+    assert pipeline.feed(parent_reading(finished), 1_400) == []  # the finish joins it
+    other = subagent_row(2, used_tokens=22_078, observed_at_ms=1_500)  # a parallel child, same quantum
+    assert pipeline.feed(parent_reading(finished, other), 1_500) == []
+    assert pipeline.tick(1_100 + SUBAGENT_QUANTUM_MS - 1) == []
+    [write] = pipeline.tick(1_100 + SUBAGENT_QUANTUM_MS)  # never hidden: written when the quantum ends
+    assert write.reason == "bucket"
+    assert {(r.id, r.state, r.used_tokens) for r in write.record.subagents} == {
+        ("child-1", "finished", 17_472), ("child-2", "running", 22_078)}  # fmt: skip
+    assert write.record.observed_at_ms == 900  # the parent's reading, never re-stamped
+    assert pipeline.tick(1_100 + 3 * SUBAGENT_QUANTUM_MS) == []  # nothing more is owed
+
+
+def test_the_parents_own_write_carries_the_held_rows_and_ends_their_quantum() -> None:
+    from guard.policy import SUBAGENT_QUANTUM_MS, WriteGuard
+
+    guard = WriteGuard("a", "i")
+    first = guard.offer(parent_reading(), 1_000)
+    assert first is not None
+    guard.committed(first)
+    row = subagent_row(1, used_tokens=17_472)
+    assert guard.offer(parent_reading(row), 1_100) is None
+    parents = guard.offer(parent_reading(row, used=40_000, at=1_200), 1_200)  # its own bucket: at once
+    assert parents is not None and parents.record.subagents == (row,)
+    guard.committed(parents)
+    assert guard.heartbeat_due_ms() is None and guard.tick(1_100 + SUBAGENT_QUANTUM_MS) is None
+    # A later crossing of the child's own bucket is a change again.
+    crossed = row.model_copy(update={"used_tokens": 40_000, "used_percent": 40_000 * 100 / 190_000})
+    assert guard.offer(parent_reading(crossed, used=40_000, at=1_200), 5_000) is None
+    assert guard.heartbeat_due_ms() == 5_000 + SUBAGENT_QUANTUM_MS
+
+
+TIMED_DELEGATIONS = [
+    *(("opencode", FIXTURE_ROOT / "opencode" / "delegation" / f"delegation-{v}.rec") for v in OPENCODE_VERSIONS),
+    *(("claude", FIXTURE_ROOT / "claude" / "delegation" / v / "sidecar.rec") for v in CLAUDE_VERSIONS),
+]
+
+
+@pytest.mark.parametrize(("harness", "path"), TIMED_DELEGATIONS)
+def test_subagent_rows_cost_at_most_half_again_the_writes_on_the_sidecars_own_recordings(
+    harness: str, path: Path
+) -> None:
+    """scripts/bench_write_policy.py's timed rows: each live delegation's `--record`, replayed
+    through the live Writer with the rows and without (1.00x to 1.20x measured)."""
+    import sys
+
+    from sidecar.registry import spec_for
+    from sidecar.replay import replay_recording
+
+    sys.path.insert(0, str(FIXTURE_ROOT.parent / "scripts"))
+    from bench_write_policy import without_rows
+
+    spec = spec_for(harness)
+    with_rows, _ = replay_recording(spec, path)
+    without, _ = replay_recording(without_rows(spec), path)
+    assert len(with_rows) <= 1.5 * len(without)
+    final = with_rows[-1].record
+    assert final.subagents and all(row.state == "finished" and row.used_tokens is not None for row in final.subagents)

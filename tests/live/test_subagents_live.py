@@ -200,7 +200,8 @@ def sse_objects(data: bytes) -> list[dict[str, Any]]:
 async def test_opencode_parent_record_never_carries_a_task_sessions_numbers(delegating_box: DelegatingBox) -> None:
     box, agent = delegating_box, "oc-delegates"
     events = bytearray()
-    async with opencode_fake_model() as fake, opencode_under_wrap(box, fake, agent) as client:
+    recording = box.root / "delegation.rec"
+    async with opencode_fake_model() as fake, opencode_under_wrap(box, fake, agent, record=recording) as client:
         providers = (await client.get("/config/providers")).content
         async with trio.open_nursery() as nursery:
             await nursery.start(record_events, client, events)
@@ -214,6 +215,8 @@ async def test_opencode_parent_record_never_carries_a_task_sessions_numbers(dele
             nursery.cancel_scope.cancel()
     keep_recording(bytes(events), f"opencode/delegation-{box.version}.events.sse")
     keep_recording(providers, f"opencode/delegation-{box.version}.providers.json")
+    # The sidecar's own `--record`, timed as the bytes arrived: what bench_write_policy.py replays.
+    keep_recording(recording.read_bytes(), f"opencode/delegation-{box.version}.rec")
     frames = sse_objects(bytes(events))
     children = {
         f["properties"]["info"]["id"]
