@@ -711,3 +711,67 @@ def test_subagent_rows_cost_at_most_half_again_the_writes_on_the_sidecars_own_re
     assert len(with_rows) <= 1.5 * len(without)
     final = with_rows[-1].record
     assert final.subagents and all(row.state == "finished" and row.used_tokens is not None for row in final.subagents)
+
+
+# ---- every reader shows them ---------------------------------------------------------------------
+
+READER_ROWS = [
+    {"id": "a91242bfc47ae887e", "name": "general-purpose", "model": "claude-subagent-test-1", "usedTokens": 141_000,
+     "windowTokens": 150_000, "usedPercent": 94.0, "windowSource": "model-table", "compactions": 0,
+     "state": "running", "observedAtMs": 1_795_000_000_000},
+    {"id": "aeedf6646904a0072", "name": "general-purpose", "model": "claude-haiku-5-5", "usedTokens": 9_000,
+     "windowTokens": None, "usedPercent": None, "windowSource": None, "compactions": None, "state": "finished",
+     "observedAtMs": 1_795_000_000_000},
+]  # fmt: skip
+
+
+def test_hctx_top_indents_each_subagent_under_its_agent_with_its_own_fill(tmp_path: Path) -> None:
+    from readers_catalog import HOST, NOW, put_record
+
+    from wrapper.roster import collect_roster
+    from wrapper.top import render_frame
+
+    put_record(tmp_path, "parent", harness="claude", usedTokens=23_000, windowTokens=200_000, usedPercent=12.0,
+               subagents=READER_ROWS)  # fmt: skip
+    put_record(tmp_path, "plain", usedPercent=50.0)
+    roster = collect_roster(tmp_path, NOW, here=HOST, alive=lambda pid: False)
+    lines = render_frame(roster, NOW, catalog=tmp_path, width=200, height=None, colour=False)
+    parent = next(i for i, line in enumerate(lines) if "/parent " in line)
+    running, finished = lines[parent + 1], lines[parent + 2]
+    assert running.startswith("  └ general-purpose a91242bfc47ae887") and "running" in running
+    assert "94%" in running and "141k" in running and "150k" in running
+    assert finished.startswith("  └ general-purpose aeedf6646904a007") and "finished" in finished
+    assert "?" in finished.split("finished", 1)[1] and "9k" in finished  # no window: no percent
+    assert "12%" in lines[parent] and "94%" not in lines[parent]  # the agent's own row keeps its own
+    plain = next(i for i, line in enumerate(lines) if "/plain " in line)
+    assert sum(line.startswith("  └") for line in lines) == 2 and not lines[plain + 1].startswith("  └")
+
+
+def test_hctx_inspect_lists_each_subagents_own_numbers_and_where_its_window_came_from(tmp_path: Path) -> None:
+    from readers_catalog import hctx, put_record
+
+    put_record(tmp_path, "parent", harness="claude", usedTokens=23_000, windowTokens=200_000, usedPercent=12.0,
+               subagents=READER_ROWS)  # fmt: skip
+    shown = hctx("inspect", "parent", "--catalog", str(tmp_path))
+    assert shown.returncode == 0, shown.stderr
+    lines = [line for line in shown.stdout.splitlines() if line.startswith("  subagent ")]
+    assert len(lines) == 2
+    assert "└ general-purpose a91242bfc47ae887" in lines[0] and "running" in lines[0] and "ctx:94%" in lines[0]
+    assert "141k/150k" in lines[0] and "window from the model table" in lines[0] and "compactions 0" in lines[0]
+    assert "finished" in lines[1] and "ctx:?" in lines[1] and "9k/?" in lines[1]
+    assert "window not stated" in lines[1] and "compactions not stated" in lines[1]
+
+
+def test_a_hostile_subagent_row_never_reaches_a_terminal(tmp_path: Path) -> None:
+    """A record whose subagent id or type carries a terminal escape is refused at the record's
+    edge: no reader prints it, the agent shows as refused, and the others read as ever."""
+    from readers_catalog import hctx, put_record
+
+    hostile = [READER_ROWS[0] | {"id": "x\x1b]0;pwned\x07"}]
+    put_record(tmp_path, "hostile", subagents=hostile)
+    put_record(tmp_path, "plain", usedPercent=50.0)
+    for command in (("agents",), ("inspect", "hostile"), ("top", "--once")):
+        shown = hctx(*command, "--catalog", str(tmp_path))
+        assert "\x1b]0;" not in shown.stdout and "\x07" not in shown.stdout, command
+    listed = hctx("agents", "--catalog", str(tmp_path))
+    assert " plain " in listed.stdout and "50%" in listed.stdout
