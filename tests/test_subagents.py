@@ -775,3 +775,56 @@ def test_a_hostile_subagent_row_never_reaches_a_terminal(tmp_path: Path) -> None
         assert "\x1b]0;" not in shown.stdout and "\x07" not in shown.stdout, command
     listed = hctx("agents", "--catalog", str(tmp_path))
     assert " plain " in listed.stdout and "50%" in listed.stdout
+
+
+# ---- hctx watch: a subagent crossing a threshold is an event naming parent and subagent ----------
+
+
+def watched(sub_percent: float | None, *, state: str = "running", parent: float = 12.0) -> Any:
+    from readers_catalog import HOST
+
+    from wrapper.roster import AgentRow
+    from wrapper.watch import Observation
+
+    sub = {"id": "a91242bfc47ae887e", "name": "general-purpose", "model": "claude-subagent-test-1",
+           "usedTokens": None if sub_percent is None else int(sub_percent * 1500), "windowTokens": 150_000,
+           "usedPercent": sub_percent, "windowSource": "model-table", "compactions": 0, "state": state,
+           "observedAtMs": 1_795_000_000_000, "ageMs": 1000}  # fmt: skip
+    context = {"harness": "claude", "usedTokens": 24_000, "windowTokens": 200_000, "usedPercent": parent,
+               "compactions": 0, "compactAtTokens": None, "observedAtMs": 1_795_000_000_000, "ageMs": 1000,
+               "stale": False, "subagents": [sub]}  # fmt: skip
+    return Observation(AgentRow(HOST, "parent", "claude", "running", context), "inc-1")
+
+
+def test_a_subagent_crossing_a_threshold_is_an_event_naming_parent_and_subagent_once() -> None:
+    from wrapper.watch import Settings, dump_state, load_state, step
+
+    state: Any = {}
+    told: list[Any] = []
+    for percent in (50.0, 82.0, 90.0, 96.0, None, 97.0, 40.0, 81.0):
+        events, state = step(state, [watched(percent)], 1_795_000_001_000, Settings())
+        told += events
+        state = load_state(dump_state(state))  # every step through the saved state: a restart repeats nothing
+    assert [(e.kind, e.threshold) for e in told] == [
+        ("subagent-fill", 80.0), ("subagent-fill", 95.0), ("subagent-fill", 80.0)]  # fmt: skip
+    first = told[0].wire()
+    assert (first["agent"], first["subagentId"], first["subagentName"]) == (
+        "parent", "a91242bfc47ae887e", "general-purpose")  # fmt: skip
+    assert (first["subagentUsedPercent"], first["usedPercent"]) == (82.0, 12.0)  # its own, beside the parent's
+    assert "parent" in told[0].message() and "general-purpose a91242bfc47ae887" in told[0].message()
+    assert "82%" in told[0].message() and "at or above 80%" in told[0].message()
+    assert told[0].env()["HCTX_SUBAGENT_ID"] == "a91242bfc47ae887e"
+    # A plain fill event's wire is what it was: no subagent keys.
+    parent_events, _ = step({}, [watched(10.0, parent=85.0)], 1_795_000_001_000, Settings())
+    assert [e.kind for e in parent_events] == ["fill"] and "subagentId" not in parent_events[0].wire()
+
+
+def test_a_restarted_watch_tells_a_subagent_crossing_it_already_told_never_again() -> None:
+    from wrapper.watch import Settings, dump_state, load_state, step
+
+    events, state = step({}, [watched(85.0)], 1_795_000_001_000, Settings())
+    assert [e.kind for e in events] == ["subagent-fill"]
+    saved = dump_state(state)
+    assert b"subagentsFired" in saved
+    again, _ = step(load_state(saved), [watched(86.0)], 1_795_000_002_000, Settings())
+    assert again == []
