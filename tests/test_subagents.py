@@ -828,3 +828,54 @@ def test_a_restarted_watch_tells_a_subagent_crossing_it_already_told_never_again
     assert b"subagentsFired" in saved
     again, _ = step(load_state(saved), [watched(86.0)], 1_795_000_002_000, Settings())
     assert again == []
+
+
+# ---- hostile hooks ---------------------------------------------------------------------------------
+
+
+def claude_hook(producer: Any, at: int, **payload: Any) -> list[Any]:
+    from sidecar.harnesses.claude import producer as claude
+
+    readings = []
+    for event in claude.channel_frames(claude.HOOK_TYPE, {"payload": payload}):
+        readings += producer.feed(event, at)
+    return readings
+
+
+@pytest.mark.parametrize("hostile", ["a\x1b[2Jb", "a\nb", "a\x00", "x" * 200, "../../etc", "a/b", ".."])
+def test_a_hostile_claude_subagent_id_or_type_makes_no_row_and_no_read(hostile: str) -> None:
+    """An id or type with a control character (or past 128 characters) makes no row; an id that is
+    printable but could name another file (`../../etc`, `a/b`) gets its row, and no path is built
+    from it: nothing is read for it."""
+    from sidecar.harnesses.claude import producer as claude
+
+    producer = claude.ClaudeProducer()
+    session = {"session_id": "s1", "transcript_path": "/home/u/.claude/projects/-w/s1.jsonl"}
+    readings = claude_hook(producer, 1, hook_event_name="SubagentStart", agent_id=hostile,
+                           agent_type="general-purpose", **session)  # fmt: skip
+    printable = hostile.isprintable() and len(hostile) <= 128
+    assert (producer.subagents.get(hostile) is not None) == printable and len(readings) == int(printable)
+    assert producer.wants() == frozenset()  # no path is built from it, none is read
+    readings = claude_hook(producer, 2, hook_event_name="SubagentStart", agent_id="aok", agent_type=hostile, **session)
+    assert (producer.subagents.get("aok") is not None) == printable
+
+
+def test_thousands_of_claude_subagents_stay_bounded_and_under_the_record_limit() -> None:
+    from sidecar.harnesses.claude import producer as claude
+    from sidecar.harnesses.claude.subagents import ModelWindows, SubagentUsage
+
+    producer = claude.ClaudeProducer()
+    producer.feed(ModelWindows({"claude-subagent-test-1": 150_000}), 0)
+    session = {"session_id": "s1", "transcript_path": "/home/u/.claude/projects/-w/s1.jsonl"}
+    for n in range(5_000):
+        ident = f"a{n:016x}"
+        claude_hook(producer, n, hook_event_name="SubagentStart", agent_id=ident, agent_type="x" * 128, **session)
+        producer.feed(SubagentUsage(ident, 149_999, "claude-subagent-test-1", n), n)
+    reading = producer.subagents.onto(None, "claude", 5_000)
+    assert len(reading.subagents) == MAX_SUBAGENTS
+    assert len(producer.subagents._rows) <= 256 and len(producer._transcripts) <= 256
+    assert len(producer.wants()) == MAX_SUBAGENTS  # only the record's newest are followed
+    record = HarnessContext(**dict(reading), agent="a", incarnation="i", written_at_ms=5_000)
+    assert len(record.to_json().encode()) < MAX_RECORD_BYTES
+    # A usage for a subagent no hook started (a planted transcript) makes no row.
+    assert producer.feed(SubagentUsage("a-never-started", 1, None, 9_000), 9_000) == []
