@@ -627,7 +627,7 @@ def timed_subagent_rows() -> list[str]:
         span_ms = max(stamps) - min(stamps) if len(stamps) > 1 else 0
         hours = max(span_ms, 1) / 3_600_000
         lines.append(
-            f"{name + ' (timed)':<18} {span_ms / 1000:>7.1f} {len(with_rows):>5} {len(without):>8} "
+            f"{name + ' (timed)':<26} {span_ms / 1000:>7.1f} {len(with_rows):>5} {len(without):>8} "
             f"{len(with_rows) / hours:>8.0f} {len(without) / hours:>10.0f} {len(with_rows) / len(without):>6.2f}"
         )
     return lines
@@ -635,7 +635,7 @@ def timed_subagent_rows() -> list[str]:
 
 def subagent_table() -> str:
     """Writes per agent-hour of each recorded delegation, with the subagent rows and without."""
-    header = f"{'session':<18} {'span s':>7} {'with':>5} {'without':>8} {'with/h':>8} {'without/h':>10} {'ratio':>6}"
+    header = f"{'session':<26} {'span s':>7} {'with':>5} {'without':>8} {'with/h':>8} {'without/h':>10} {'ratio':>6}"
     lines = ["", "subagent rows (issue 28), recorded delegation sessions (target: with <= 1.5x without)", header]
     for name, spec, paths in delegation_recordings():
         chunks = list(spec.read_recording(paths))
@@ -647,7 +647,7 @@ def subagent_table() -> str:
             span_ms = max(w.record.written_at_ms for w in with_rows) - min(w.record.written_at_ms for w in with_rows)
         hours = max(span_ms, 1) / 3_600_000
         lines.append(
-            f"{name:<18} {span_ms / 1000:>7.1f} {len(with_rows):>5} {len(without):>8} "
+            f"{name:<26} {span_ms / 1000:>7.1f} {len(with_rows):>5} {len(without):>8} "
             f"{len(with_rows) / hours:>8.0f} {len(without) / hours:>10.0f} {len(with_rows) / len(without):>6.2f}"
         )
     return "\n".join(lines + timed_subagent_rows())
