@@ -515,7 +515,9 @@ def placed_delegation(version: str, root: Path) -> tuple[Path, list[dict[str, An
     return projects, payloads
 
 
-async def through_the_transport(payloads: list[dict[str, Any]], projects: Path) -> HarnessContext:
+async def through_the_transport(
+    payloads: list[dict[str, Any]], projects: Path, late: Any = None, late_s: float = 0.0
+) -> HarnessContext:
     """The hook payloads as the channel carries them, into the live Writer, with the Claude
     transport reading the transcripts they name: the sidecar's path, on disk, without the socket."""
     import trio
@@ -544,9 +546,12 @@ async def through_the_transport(payloads: list[dict[str, Any]], projects: Path) 
                 for event in decoder.receive_data(channel_line(HOOK_FRAME, json.dumps(payload).encode())):
                     writer.submit(event)
                 await trio.sleep(0.05)
-            # Past SubagentStop the transport reads each file FINISHED_POLLS more polls, then ends it.
-            # and a change of the rows alone lands when its quantum ends.
-            await trio.sleep(100 * config.poll_seconds * follow.FINISHED_POLLS + SUBAGENT_QUANTUM_MS / 1000)
+            # Past SubagentStop the transport reads on (`late` lands meanwhile), and a change of the
+            # rows alone lands when its quantum ends.
+            if late is not None:
+                await trio.sleep(late_s)
+                late()
+            await trio.sleep(3 + SUBAGENT_QUANTUM_MS / 1000)
             while writer.outbox.pending:  # noqa: ASYNC110 - the writer's own task drains it
                 await trio.sleep(0.01)
             nursery.cancel_scope.cancel()
@@ -567,6 +572,20 @@ async def test_claude_transport_reads_each_subagents_transcript_where_claude_wro
         assert (row.used_tokens, row.model, row.state) == (used, model, "finished")
         assert row.window_tokens == (SUBAGENT_WINDOW if model == SUBAGENT_MODEL else None)
     assert {row.used_tokens for row in rows.values()} == CLAUDE_CHILDREN
+
+
+async def test_a_subagents_last_lines_written_seconds_after_its_stop_are_still_read(tmp_path: Path) -> None:
+    """Measured on a loaded 2.1.250: a subagent's last lines can land after its SubagentStop. The
+    transport reads a finished subagent's file until it has been quiet FINISHED_QUIET_S."""
+    projects, payloads = placed_delegation("2.1.250", tmp_path)
+    stop = next(p for p in payloads if p["hook_event_name"] == "SubagentStop")
+    path = Path(stop["agent_transcript_path"])
+    whole = path.read_bytes()
+    cut = whole.rindex(b"\n", 0, whole.index(b'"type":"assistant"')) + 1
+    path.write_bytes(whole[:cut])  # everything before its assistant message
+    record = await through_the_transport(payloads, projects, lambda: path.write_bytes(whole), late_s=2.0)
+    used, _ = own_context(path)
+    assert {row.id: row.used_tokens for row in record.subagents}[stop["agent_id"]] == used
 
 
 def _planted(kind: str, projects: Path, real: Path, tmp_path: Path) -> None:

@@ -3,9 +3,11 @@
 The producer says which transcripts it wants (`ClaudeProducer.wants`: the subagents its record
 carries, each at the path its hooks name); this transport reads each from its first byte as it
 grows into its own `subagent` stream, the harness's decoder (`SubagentDecoder`) making the events,
-as `hctx replay` does with a recording of them. A finished subagent's file is read to its end and
-its stream closed. Polled every `poll_seconds` while a subagent runs; asleep otherwise, until the
-producer was fed (a SubagentStart names a new one).
+as `hctx replay` does with a recording of them. A finished subagent's file is read on until it has
+not grown for FINISHED_QUIET_S (measured: a loaded 2.1.250 writes the subagent's last lines seconds
+after its SubagentStop), then its stream is closed; one that never appears is given up after
+ABSENT_GIVE_UP_S. Polled every `poll_seconds` while a subagent runs or is being finished; asleep
+otherwise, until the producer was fed (a SubagentStart names a new one).
 
 The sidecar reads only where the harness writes: a path is read only when it is
 `<projects>/<project>/<session>/subagents/agent-<its agent_id>.jsonl` under the projects directory
@@ -22,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Final
 
+import trio
+
 from guard.errors import CatalogError
 from guard.files import open_regular
 from guard.walk import open_chain
@@ -35,7 +39,8 @@ from sidecar.harnesses.claude.subagents import (
 from sidecar.spec import Stream, Streams
 
 __all__ = [
-    "FINISHED_POLLS",
+    "ABSENT_GIVE_UP_S",
+    "FINISHED_QUIET_S",
     "READ_PER_POLL",
     "SubagentFollower",
     "open_subagent_transcript",
@@ -44,9 +49,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# A finished subagent's file is read this many more polls (its last line may land just after
-# SubagentStop), then its stream ends.
-FINISHED_POLLS: Final = 3
+# A finished subagent's file is read until it has been quiet this long, then its stream ends.
+FINISHED_QUIET_S: Final = 5.0
+# A finished subagent whose file never appeared is given up after this long.
+ABSENT_GIVE_UP_S: Final = 30.0
 # At most this much of one transcript per poll: a big file is caught up on over several.
 READ_PER_POLL: Final = 8 * 1024 * 1024
 _CHUNK: Final = 1024 * 1024
@@ -83,8 +89,8 @@ def open_subagent_transcript(projects: Path, agent_id: str, path: str) -> tuple[
 class _Followed:
     stream: Stream
     inode: int
+    grew_at: float
     offset: int = 0
-    finished_polls: int = 0
     ended: bool = False
 
 
@@ -96,39 +102,45 @@ class SubagentFollower:
         self.streams = streams
         self.followed: dict[str, _Followed] = {}
         self.refused: dict[str, str] = {}  # agent id -> why (said once)
+        self.finished_at: dict[str, float] = {}  # agent id -> when the follower first saw it finished
 
-    def poll(self) -> bool:
-        """Read what each wanted transcript gained; whether a subagent is still running."""
+    def poll(self, now: float) -> bool:
+        """Read what each wanted transcript gained; whether a transcript is still being followed."""
         wanted = {want.agent_id: want for want in self.streams.wants() if isinstance(want, SubagentTranscript)}
         for agent_id in set(self.followed) - set(wanted):  # out of the record's newest: let go
             self._end(self.followed.pop(agent_id))
         self.refused = {agent_id: why for agent_id, why in self.refused.items() if agent_id in wanted}
-        running = False
+        self.finished_at = {agent_id: at for agent_id, at in self.finished_at.items() if agent_id in wanted}
+        busy = False
         for want in wanted.values():
-            running |= not want.finished
+            if want.finished:
+                self.finished_at.setdefault(want.agent_id, now)
             followed = self.followed.get(want.agent_id)
             if want.agent_id not in self.refused and not (followed is not None and followed.ended):
-                self._read(want, followed)
-        return running
+                busy |= self._read(want, self.followed.get(want.agent_id), now)
+        return busy
 
-    def _read(self, want: SubagentTranscript, followed: _Followed | None) -> None:
+    def _read(self, want: SubagentTranscript, followed: _Followed | None, now: float) -> bool:
+        """Read what the transcript gained; whether it is still followed."""
         opened = open_subagent_transcript(self.projects, want.agent_id, want.path)
         if isinstance(opened, str):
             self.refused[want.agent_id] = opened
             log.warning("subagent transcript %s %s", want.path[:512], opened,
                         extra={"event": "subagent-transcript-refused", "agentId": want.agent_id})  # fmt: skip
-            return
+            return False
+        finished_at = self.finished_at.get(want.agent_id)
         if opened is None:
-            if followed is None and want.finished:
+            if finished_at is not None and now - finished_at >= ABSENT_GIVE_UP_S:
                 self.refused[want.agent_id] = "was never written"  # a subagent that stopped with no file
-            return
+                return False
+            return True
         fd, size = opened
         try:
             inode = os.fstat(fd).st_ino
             if followed is None or followed.inode != inode or size < followed.offset:  # new, replaced, cut
                 if followed is not None:
                     self._end(followed)
-                followed = self.followed[want.agent_id] = _Followed(self.streams.open(SUBAGENT_WIRE), inode)
+                followed = self.followed[want.agent_id] = _Followed(self.streams.open(SUBAGENT_WIRE), inode, now)
             budget = READ_PER_POLL
             while followed.offset < size and budget > 0:
                 data = os.pread(fd, min(_CHUNK, size - followed.offset, budget), followed.offset)
@@ -136,17 +148,20 @@ class SubagentFollower:
                     break
                 followed.stream.receive_data(data)
                 followed.offset += len(data)
+                followed.grew_at = now
                 budget -= len(data)
         except OSError as exc:
             log.warning("subagent transcript %s unreadable: %s", want.path[:512], exc,
                         extra={"event": "subagent-transcript-unreadable", "agentId": want.agent_id})  # fmt: skip
-            return
+            return True
         finally:
             os.close(fd)
-        if want.finished and followed.offset >= size:
-            followed.finished_polls += 1
-            if followed.finished_polls >= FINISHED_POLLS:
-                self._end(followed)
+        if finished_at is not None and followed.offset >= size and now - max(finished_at, followed.grew_at) >= (
+            FINISHED_QUIET_S
+        ):
+            self._end(followed)
+            return False
+        return True
 
     def _end(self, followed: _Followed) -> None:
         if not followed.ended:
@@ -158,5 +173,5 @@ async def run(config: ClaudeTransport, streams: Streams) -> None:
     streams.submit(ModelWindows(dict(config.windows)))
     follower = SubagentFollower(config, streams)
     while True:
-        busy = follower.poll() or any(not f.ended for f in follower.followed.values())
+        busy = follower.poll(trio.current_time())
         await streams.fed(config.poll_seconds if busy else None)
