@@ -875,10 +875,10 @@ def test_a_hostile_claude_subagent_id_or_type_makes_no_row_and_no_read(hostile: 
     readings = claude_hook(producer, 1, hook_event_name="SubagentStart", agent_id=hostile,
                            agent_type="general-purpose", **session)  # fmt: skip
     printable = hostile.isprintable() and len(hostile) <= 128
-    assert (producer.subagents.get(hostile) is not None) == printable and len(readings) == int(printable)
+    assert (producer.held.subagents.get(hostile) is not None) == printable and len(readings) == int(printable)
     assert producer.wants() == frozenset()  # no path is built from it, none is read
     readings = claude_hook(producer, 2, hook_event_name="SubagentStart", agent_id="aok", agent_type=hostile, **session)
-    assert (producer.subagents.get("aok") is not None) == printable
+    assert (producer.held.subagents.get("aok") is not None) == printable
 
 
 def test_thousands_of_claude_subagents_stay_bounded_and_under_the_record_limit() -> None:
@@ -892,9 +892,9 @@ def test_thousands_of_claude_subagents_stay_bounded_and_under_the_record_limit()
         ident = f"a{n:016x}"
         claude_hook(producer, n, hook_event_name="SubagentStart", agent_id=ident, agent_type="x" * 128, **session)
         producer.feed(SubagentUsage(ident, 149_999, "claude-subagent-test-1", n), n)
-    reading = producer.subagents.onto(None, "claude", 5_000)
+    reading = producer.held.subagents.onto(None, "claude", 5_000)
     assert len(reading.subagents) == MAX_SUBAGENTS
-    assert len(producer.subagents._rows) <= 256 and len(producer._transcripts) <= 256
+    assert len(producer.held.subagents._rows) <= 256 and len(producer._transcripts) <= 256
     assert len(producer.wants()) == MAX_SUBAGENTS  # only the record's newest are followed
     record = HarnessContext(**dict(reading), agent="a", incarnation="i", written_at_ms=5_000)
     assert len(record.to_json().encode()) < MAX_RECORD_BYTES
