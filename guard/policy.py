@@ -2,6 +2,12 @@
 
 A producer hands the guard `Reading`s; the guard decides which become records. It never stamps
 `observedAtMs` itself, so a record can only age, never look refreshed without a new reading.
+
+Subagent rows (issue 28): a subagent crossing a bucket, appearing with numbers or finishing is a
+change, but one that changes nothing of the agent's own is held for SUBAGENT_QUANTUM_MS, and every
+subagent change of that quantum lands as one write: the child's last reading and its finish,
+parallel children reporting together, or the parent's own next write, which carries them all.
+Nothing is hidden: the held rows are written when the quantum ends at the latest.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from guard.constants import (
 from guard.record import ContextFields, HarnessContext, RateLimits
 
 __all__ = [
+    "SUBAGENT_QUANTUM_MS",
     "Bucket",
     "Reading",
     "Write",
@@ -29,6 +36,9 @@ __all__ = [
 ]
 
 WriteReason = Literal["compaction", "bucket", "exhaustion", "rate-limits", "heartbeat"]
+
+# How long a change of the subagent rows alone waits for the changes that come with it.
+SUBAGENT_QUANTUM_MS = 2_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +89,7 @@ def bucket(fields: ContextFields) -> Bucket:
 def subagent_buckets(fields: ContextFields) -> tuple[tuple[str, str, int | None, int | None], ...]:
     """(id, state, tokens bucket, displayed bucket) of each subagent row (issue 28): a subagent
     crossing a bucket, appearing, or finishing is a change of the record, as the parent's is."""
-    return tuple(
+    return tuple(sorted(
         (
             row.id,
             row.state,
@@ -90,7 +100,7 @@ def subagent_buckets(fields: ContextFields) -> tuple[tuple[str, str, int | None,
         )
         for row in fields.subagents
         if row.used_tokens is not None or row.state == "finished"  # spawned, nothing measured: no change yet
-    )
+    ))  # fmt: skip
 
 
 def windows_at_limit(limits: RateLimits | None) -> frozenset[str]:
@@ -111,6 +121,8 @@ class WriteGuard:
         self.last = last
         self.held: ContextFields | None = None
         self.exhausted: frozenset[str] = frozenset()  # as the newest reading offered proved it
+        # While a change of the subagent rows alone is held: when its quantum ends.
+        self.subagents_due_ms: int | None = None
 
     def offer(self, reading: Reading, now_ms: int) -> Write | None:
         self._distrust_future(now_ms)
@@ -118,7 +130,11 @@ class WriteGuard:
         reason = self._reason(reading, now_ms)
         self.exhausted = reading.exhausted
         if reason is None:
-            if self.last is None or fields.observed_at_ms > self.last.observed_at_ms:
+            if self.last is not None and subagent_buckets(fields) != subagent_buckets(self.last):
+                self.held = fields  # the rows changed: held for the quantum, whatever its parent's time
+                if self.subagents_due_ms is None:
+                    self.subagents_due_ms = now_ms + SUBAGENT_QUANTUM_MS
+            elif self.last is None or fields.observed_at_ms > self.last.observed_at_ms:
                 self.held = fields
             return None
         return self._write(fields, reason, now_ms)
@@ -127,7 +143,7 @@ class WriteGuard:
         last, fields = self.last, reading.fields
         if reading.compaction_edge:
             return "compaction"
-        if last is None or bucket(fields) != bucket(last) or subagent_buckets(fields) != subagent_buckets(last):
+        if last is None or bucket(fields) != bucket(last):
             return "bucket"
         if reading.exhausted != self.exhausted:
             return "exhaustion"
@@ -139,18 +155,22 @@ class WriteGuard:
         return None
 
     def heartbeat_due_ms(self) -> int | None:
-        """When the heartbeat would write the held reading; None while nothing fresh is held."""
+        """When the held reading is due: at the end of a held subagent change's quantum, or at the
+        heartbeat; None while nothing is held."""
         if self.held is None or self.last is None:
             return None
-        return self.last.written_at_ms + HARNESS_CONTEXT_HEARTBEAT_MS
+        beat = self.last.written_at_ms + HARNESS_CONTEXT_HEARTBEAT_MS
+        return beat if self.subagents_due_ms is None else min(beat, self.subagents_due_ms)
 
     def tick(self, now_ms: int) -> Write | None:
-        """The heartbeat: re-publish a reading taken since the last write, never re-stamp one."""
+        """The heartbeat: re-publish a reading taken since the last write, never re-stamp one; and
+        the held subagent rows once their quantum ended."""
         self._distrust_future(now_ms)
         due = self.heartbeat_due_ms()
         if due is None or now_ms < due or self.held is None:
             return None
-        return self._write(self.held, "heartbeat", now_ms)
+        reason: WriteReason = "bucket" if due == self.subagents_due_ms else "heartbeat"
+        return self._write(self.held, reason, now_ms)
 
     def _distrust_future(self, now_ms: int) -> None:
         """A last write dated past the skew bound (a planted record, a clock stepped back) is taken
@@ -183,6 +203,11 @@ class WriteGuard:
 
     def committed(self, write: Write) -> None:
         """Call once the write is durable: the policy's next decisions are relative to it."""
-        self.last = write.record
-        if self.held is not None and self.held.observed_at_ms <= write.record.observed_at_ms:
+        self.last = record = write.record
+        held = self.held
+        if held is not None and held.observed_at_ms <= record.observed_at_ms and (
+            subagent_buckets(held) == subagent_buckets(record)
+        ):
             self.held = None
+        if self.held is None or subagent_buckets(self.held) == subagent_buckets(record):
+            self.subagents_due_ms = None

@@ -597,23 +597,57 @@ def delegation_recordings() -> list[tuple[str, HarnessSpec, Path]]:
     return found
 
 
+def without_rows(spec: HarnessSpec) -> HarnessSpec:
+    """The spec whose producer publishes no subagent rows; named as the harness's own module, so a
+    recording's facts (the wrapper's settings) still reach it."""
+    module = type(spec.make_producer()).__module__
+    kind = type("WithoutRows", (_WithoutRows,), {"__module__": module})
+    return dataclasses.replace(spec, make_producer=lambda: kind(spec.make_producer()))
+
+
+def timed_delegations() -> list[tuple[str, HarnessSpec, Path]]:
+    """The sidecars' own `--record` recordings of the live delegations, timed as the bytes came."""
+    found: list[tuple[str, HarnessSpec, Path]] = []
+    for path in sorted((DELEGATIONS / "opencode" / "delegation").glob("delegation-*.rec")):
+        found.append((f"opencode {path.stem.removeprefix('delegation-')}", spec_for("opencode"), path))
+    for path in sorted((DELEGATIONS / "claude" / "delegation").glob("*/sidecar.rec")):
+        found.append((f"claude {path.parent.name}", spec_for("claude"), path))
+    return found
+
+
+def timed_subagent_rows() -> list[str]:
+    from sidecar.replay import replay_recording
+
+    lines: list[str] = []
+    for name, spec, path in timed_delegations():
+        with_rows, _ = replay_recording(spec, path)
+        without, _ = replay_recording(without_rows(spec), path)
+        stamps = [w.record.written_at_ms for w in with_rows + without]
+        span_ms = max(stamps) - min(stamps) if len(stamps) > 1 else 0
+        hours = max(span_ms, 1) / 3_600_000
+        lines.append(
+            f"{name + ' (timed)':<26} {span_ms / 1000:>7.1f} {len(with_rows):>5} {len(without):>8} "
+            f"{len(with_rows) / hours:>8.0f} {len(without) / hours:>10.0f} {len(with_rows) / len(without):>6.2f}"
+        )
+    return lines
+
+
 def subagent_table() -> str:
     """Writes per agent-hour of each recorded delegation, with the subagent rows and without."""
-    header = f"{'session':<18} {'span s':>7} {'with':>5} {'without':>8} {'with/h':>8} {'without/h':>10} {'ratio':>6}"
+    header = f"{'session':<26} {'span s':>7} {'with':>5} {'without':>8} {'with/h':>8} {'without/h':>10} {'ratio':>6}"
     lines = ["", "subagent rows (issue 28), recorded delegation sessions (target: with <= 1.5x without)", header]
     for name, spec, path in delegation_recordings():
         with_rows, _ = replay_recording(spec, path)
-        plain = dataclasses.replace(spec, make_producer=lambda spec=spec: _WithoutRows(spec.make_producer()))
-        without, _ = replay_recording(plain, path)
+        without, _ = replay_recording(without_rows(spec), path)
         # The session's span, first write to last (a converted recording times its leading untimed lines
         # by the old replay's steps from 0, not by the wall clock).
         span_ms = max(w.record.written_at_ms for w in with_rows) - min(w.record.written_at_ms for w in with_rows)
         hours = max(span_ms, 1) / 3_600_000
         lines.append(
-            f"{name:<18} {span_ms / 1000:>7.1f} {len(with_rows):>5} {len(without):>8} "
+            f"{name:<26} {span_ms / 1000:>7.1f} {len(with_rows):>5} {len(without):>8} "
             f"{len(with_rows) / hours:>8.0f} {len(without) / hours:>10.0f} {len(with_rows) / len(without):>6.2f}"
         )
-    return "\n".join(lines)
+    return "\n".join(lines + timed_subagent_rows())
 
 
 def main(argv: Iterable[str] | None = None) -> int:

@@ -200,6 +200,7 @@ class Writer:
         self.failures = 0
         self.retry_at = math.inf
         self.on_landed: Callable[[Write], None] | None = None  # each write as it landed (replay prints them)
+        self.on_fed: Callable[[], None] | None = None  # after each event: a transport pulling what it wants
         # `--record`: when each write landed or failed, so a replay's writes overlap its frames as live
         self.recorder: Recorder | None = None
 
@@ -218,6 +219,8 @@ class Writer:
             self.outbox.put(write)
         if not writes and self.pipeline.guard.heartbeat_due_ms() != due:
             self.outbox.wake()  # a reading held back set the heartbeat's deadline the writer sleeps to
+        if self.on_fed is not None:
+            self.on_fed()
 
     def close(self) -> None:
         """No more frames: `run` makes one last try at what is owed, then returns."""
@@ -345,7 +348,9 @@ def transport_streams(spec: HarnessSpec, writer: Writer, recorder: Recorder | No
     wants = getattr(writer.pipeline.producer, "wants", None)
     if wants is None:
         return Streams(spec, writer.submit, recorder=recorder)
-    return Streams(spec, writer.submit, wants, recorder)
+    streams = Streams(spec, writer.submit, wants, recorder)
+    writer.on_fed = streams.nudge
+    return streams
 
 
 def open_recorder(config: SidecarConfig) -> Recorder | None:

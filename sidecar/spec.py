@@ -78,6 +78,11 @@ class Streams(Protocol):
         resumed file's offset), else through a fresh one of the harness's."""
         ...
 
+    async def fed(self, timeout_s: float | None) -> None:
+        """Until the producer is next fed an event (what it `wants` may have changed), or until
+        `timeout_s` passed (None: no timeout)."""
+        ...
+
 
 # `run(config, streams)`: config is an instance of the harness's `transport_config` model (or None).
 Transport = Callable[[Any, Streams], Awaitable[None]]

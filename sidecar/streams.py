@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import importlib
 import logging
+import math
 import time
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING
+
+import trio
 
 from sidecar.decoding import Decoder, Dropped
 from sidecar.spec import HarnessSpec, Submit, Transport, Wants
@@ -86,6 +89,17 @@ class Streams:
         self.submit = submit if recorder is None else _recording_facts(submit, recorder)
         self.wants = wants
         self.recorder = recorder
+        self._fed = trio.Event()
+
+    def nudge(self) -> None:
+        """The producer was fed (from any task): what it wants may have changed."""
+        self._fed.set()
+
+    async def fed(self, timeout_s: float | None) -> None:
+        """Until the producer is next fed, or `timeout_s` (None: no timeout) passed."""
+        with trio.move_on_after(math.inf if timeout_s is None else timeout_s):
+            await self._fed.wait()
+        self._fed = trio.Event()
 
     def open(self, wire: str, decoder: Decoder | None = None) -> Stream:
         return Stream(self.spec.decoder(wire) if decoder is None else decoder, self._events, wire, self.recorder)

@@ -94,7 +94,9 @@ def test_the_fixtures_are_the_verified_versions(version: str) -> None:
 def test_registry_selects_this_producer() -> None:
     assert spec_for("claude") is SPEC
     assert isinstance(SPEC.make_producer(), ClaudeProducer)
-    assert SPEC.wires() == (CHANNEL,)  # the tee and the hook forwarder write to the channel only
+    # The tee and the hook forwarder write to the channel; the transport reads each subagent's own
+    # transcript into the `subagent` wire (issue 28).
+    assert SPEC.wires() == (CHANNEL, "subagent")
     assert isinstance(statusline(payloads("statusline-2.1.332.jsonl")[0]), StatusLine)
     assert isinstance(hook(payloads("precompact-2.1.332.jsonl")[0]), Hook)
 

@@ -471,3 +471,46 @@ def test_a_catalog_turned_unreadable_is_said_on_the_open_page_and_cleared_when_i
         agents.unlink()
         (tmp_path / "agents.real").rename(agents)
         expect(problem).to_be_hidden(timeout=15_000)
+
+
+def test_each_subagent_is_a_line_under_its_agent_with_its_own_tinted_chip(chromium: Any, tmp_path: Path) -> None:
+    """Issue 28: a delegating agent's subagents, each under its row with its own fill, tinted by its
+    own percent; a subagent whose window is unstated shows no number; a rewrite that finishes one
+    reaches the open page."""
+    stamp = now_ms() - 2_000
+    rows = [
+        {"id": "a91242bfc47ae887e", "name": "general-purpose", "model": "claude-subagent-test-1",
+         "usedTokens": 144_000, "windowTokens": 150_000, "usedPercent": 96.0, "windowSource": "model-table",
+         "compactions": 0, "state": "running", "observedAtMs": stamp},
+        {"id": "aeedf6646904a0072", "name": "Explore", "model": "claude-haiku-5-5", "usedTokens": 9_000,
+         "windowTokens": None, "usedPercent": None, "windowSource": None, "compactions": None,
+         "state": "running", "observedAtMs": stamp},
+    ]  # fmt: skip
+    put(tmp_path, "parent", usedTokens=23_000, windowTokens=200_000, usedPercent=11.5, harness="claude",
+        rateLimits=None, compactions=0, subagents=rows)  # fmt: skip
+    put(tmp_path, "plain", usedTokens=66_000, windowTokens=200_000, usedPercent=33.0, rateLimits=None, compactions=0)
+    with serving(tmp_path) as board:
+        context = chromium.new_context(viewport=VIEWPORT)
+        page = context.new_page()
+        open_fleet(page, board, rows=2)
+        parent = page.locator(f'#fleet .row[data-key="{HERE}/parent"]')
+        lines = parent.locator(".subagent")
+        expect(lines).to_have_count(2)
+        first = parent.locator('.subagent[data-key="a91242bfc47ae887e"]')
+        expect(first.locator(".sub-agent")).to_have_text("└ general-purpose a91242bfc47ae887")
+        expect(first.locator(".sub-harness")).to_have_text("running")
+        expect(first.locator(".sub-tokens")).to_have_text("144k/150k")
+        expect(first.locator(".chip")).to_have_text("96%")
+        assert background(first.locator(".chip")) == RED
+        assert first.locator(".chip").get_attribute("title") == "144k of 150k tokens"
+        unstated = parent.locator('.subagent[data-key="aeedf6646904a0072"] .chip')
+        expect(unstated).to_have_text("withheld")
+        assert not re.search(r"\d", unstated.inner_text())
+        # The agent's own chip is its own: 12%, untinted, never a subagent's 96%.
+        expect(chip(page, f"{HERE}/parent")).to_have_text("12%")
+        assert background(chip(page, f"{HERE}/parent")) == PLAIN
+        expect(page.locator(f'#fleet .row[data-key="{HERE}/plain"] .subagent')).to_have_count(0)
+        put(tmp_path, "parent", usedTokens=23_000, windowTokens=200_000, usedPercent=11.5, harness="claude",
+            rateLimits=None, compactions=0, subagents=[rows[0] | {"state": "finished"}, rows[1]])  # fmt: skip
+        expect(first.locator(".sub-harness")).to_have_text("finished", timeout=10_000)
+        context.close()

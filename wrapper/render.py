@@ -74,6 +74,8 @@ __all__ = [
     "render_json_array",
     "reset_text",
     "subagent_cells",
+    "subagent_label",
+    "subagent_lines",
     "table",
     "tokens_text",
     "version_text",
@@ -310,12 +312,17 @@ def render_agents(
     return table(body, header, colour)
 
 
+def subagent_label(sub: dict[str, Any]) -> str:
+    """How every reader names a subagent under its agent: `└ general-purpose a91242bfc47ae887`."""
+    return f"└ {printable(sub['name'] or 'subagent')} {printable(sub['id'][:16])}"
+
+
 def subagent_cells(sub: dict[str, Any]) -> list[tuple[str, Tint]]:
     """One subagent's row, indented under its agent's (issue 28): its own fill, never the agent's."""
     shown = {"compactions": sub["compactions"], "stale": False, "usedPercent": sub["usedPercent"]}
     return [
         ("", None),
-        (f"  └ {sub['name'] or 'subagent'} {sub['id'][:16]}", None),
+        (f"  {subagent_label(sub)}", None),
         (sub["model"] or "", None),
         (sub["state"], None),
         (ctx_text(shown), None),
@@ -448,9 +455,25 @@ def record_section(inspection: Inspection) -> list[str]:
         out.append(f"  harness build {version_text(view.record)}")
         if view.record.session_id is not None:
             out.append(f"  session       {printable(view.record.session_id)}")
+        out.extend(subagent_lines(view.record))
     if row.problem:
         out.append(f"  ! {row.problem}")
     out.append(f"  incarnation check: {inspection.incarnation}")
+    return out
+
+
+def subagent_lines(record: HarnessContext) -> list[str]:
+    """`inspect`'s subagents (issue 28): each row's own numbers, where its window came from, its
+    state and when it was observed; never the agent's."""
+    out = []
+    for sub in record.subagents:
+        row = sub.model_dump(mode="json", by_alias=True)
+        window = {"harness": "stated by the harness", "model-table": "from the model table"}.get(
+            sub.window_source or "", "not stated")
+        compactions = "not stated" if sub.compactions is None else str(sub.compactions)
+        out.append(f"  subagent      {subagent_label(row)}  {sub.state}  {ctx_text(row | {'stale': False})}"
+                   f"  {meter_text(row) or '?/?'}  model {printable(sub.model or '?')}  window {window}"
+                   f"  compactions {compactions}  observedAtMs {_ms_text(sub.observed_at_ms)}")  # fmt: skip
     return out
 
 

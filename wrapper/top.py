@@ -39,6 +39,7 @@ from wrapper.render import (
     limits_text,
     paint,
     percent_text,
+    subagent_label,
     tokens_text,
 )
 from wrapper.roster import AgentRow, Roster, RosterCache, collect_roster, now_ms
@@ -258,6 +259,32 @@ def _cells(row: AgentRow, limits: Segment, bar_cells: int = BAR_CELLS) -> list[S
     ]
 
 
+def _subagent_cells(sub: dict[str, Any], bar_cells: int = BAR_CELLS) -> list[Segment]:
+    """A subagent's row, indented under its agent's (issue 28): its own numbers, never the agent's;
+    its state where the harness goes, its compactions where it states them."""
+    tint = fill_tint(sub)
+    percent = sub["usedPercent"]
+    return [
+        (f"  {subagent_label(sub)}", None),
+        (sub["state"], None),
+        (bar(sub, bar_cells), tint),
+        ("?" if percent is None else percent_text(percent), tint),
+        (tokens_text(sub["usedTokens"]), None),
+        (tokens_text(sub["windowTokens"]), None),
+        ("", None),
+        ("" if sub["compactions"] is None else str(sub["compactions"]), None),
+        (age_text(sub["ageMs"]), None),
+        ("", None),
+        ("", None),
+    ]
+
+
+def _rows_cells(row: AgentRow, limits: Segment, bar_cells: int = BAR_CELLS) -> list[list[Segment]]:
+    """The agent's row, then each of its subagents' rows."""
+    subagents = (row.context or {}).get("subagents", [])
+    return [_cells(row, limits, bar_cells), *(_subagent_cells(sub, bar_cells) for sub in subagents)]
+
+
 def _fit(segments: list[Segment], width: int | None, colour: bool) -> str:
     """Join segments, cut to `width` terminal cells, paint what survives."""
     out = []
@@ -290,14 +317,15 @@ def _layout(
     header: list[Segment] = [(name, None) for name in COLUMNS]
     groups = groups_by_agent(fan_in(fleet))
     limits = [limits_text(groups.get(row.name), row, now) for row in rows]
-    table = [header, *(_cells(row, limit) for row, limit in zip(rows, limits, strict=True))]
+    table = [header, *(cells for row, limit in zip(rows, limits, strict=True) for cells in _rows_cells(row, limit))]
     widths = _widths(table)
     with_limits = any(text != "-" for text, _ in limits)
     shown = list(range(len(COLUMNS) - (0 if with_limits else 1)))
     if width is None or _span(widths, shown) <= width:
         return table, widths, shown, with_limits
     bar_cells = max(BAR_MIN_CELLS, BAR_CELLS - (_span(widths, shown) - width))
-    table = [header, *(_cells(row, limit, bar_cells) for row, limit in zip(rows, limits, strict=True))]
+    table = [header, *(cells for row, limit in zip(rows, limits, strict=True)
+                       for cells in _rows_cells(row, limit, bar_cells))]  # fmt: skip
     widths = _widths(table)
     for name in HIDE_ORDER:
         if _span(widths, shown) <= width:

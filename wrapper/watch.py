@@ -41,7 +41,7 @@ from guard.projection import headroom_tokens
 from guard.store import check_name, control_dir, open_chain, pid_alive, write_json_atomic
 from wrapper.arguments import positive_seconds, whole_number
 from wrapper.reader_commands import add_catalog_options, existing_catalog, with_host
-from wrapper.render import age_text, meter_text, percent_text, tokens_text
+from wrapper.render import age_text, meter_text, percent_text, subagent_label, tokens_text
 from wrapper.roster import AgentRow, PidProbe, RosterCache, now_ms
 
 if TYPE_CHECKING:  # trio loads when the command runs, not with every `hctx`
@@ -78,7 +78,7 @@ __all__ = [
     "step",
 ]
 
-Kind = Literal["fresh", "compaction", "fill", "headroom", "stale", "rate-limit"]
+Kind = Literal["fresh", "compaction", "fill", "headroom", "stale", "rate-limit", "subagent-fill"]
 
 DEFAULT_AT: tuple[float, ...] = (80, 95)
 DEFAULT_EXEC_TIMEOUT_S = 10.0
@@ -110,9 +110,14 @@ class Seen:
     compactions: int = 0
     stale: bool = False
     observed_ms: int = 0
+    # (subagent id, threshold) fired and not yet re-armed (issue 28): only the record's own subagents
+    # (at most MAX_SUBAGENTS), so a runaway delegation cannot grow the state.
+    subagents_fired: frozenset[tuple[str, float]] = frozenset()
 
 
-State = Mapping[str, Seen]  # keyed "host/identity"
+State = Mapping[str, Seen]
+# One event an agent's step found: its kind, the threshold crossed, and the subagent it is about.
+Found = tuple[Kind, float | None, str | None]  # keyed "host/identity"
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,9 +138,22 @@ class Event:
     # The agent's state to record once this event's delivery is attempted: what was told up to and
     # including it, none of what comes after it (None: nothing to record).
     told: Seen | None = None
+    subagent: dict[str, Any] | None = None  # a subagent-fill's subagent row, as the record has it
 
     def wire(self) -> dict[str, Any]:
         context = self.row.context or {}
+        return self._common(context) | self._subagent_wire()
+
+    def _subagent_wire(self) -> dict[str, Any]:
+        """A subagent-fill names the subagent beside its agent, with the subagent's own numbers."""
+        sub = self.subagent
+        if sub is None:
+            return {}
+        return {"subagentId": sub["id"], "subagentName": sub["name"], "subagentState": sub["state"],
+                "subagentUsedPercent": sub["usedPercent"], "subagentUsedTokens": sub["usedTokens"],
+                "subagentWindowTokens": sub["windowTokens"]}  # fmt: skip
+
+    def _common(self, context: dict[str, Any]) -> dict[str, Any]:
         return {
             "event": self.kind,
             "host": self.row.host,
@@ -178,6 +196,12 @@ class Event:
                 + (f" ({meter})" if meter else "")
                 + (f", at or above {self.threshold:g}%")
             )
+        if self.kind == "subagent-fill" and self.subagent is not None:
+            sub = self.subagent
+            shown = "?" if sub["usedPercent"] is None else percent_text(sub["usedPercent"])
+            meter = meter_text(sub)
+            return (f"{name}: subagent {subagent_label(sub).removeprefix('└ ')} context {shown} full"
+                    + (f" ({meter})" if meter else "") + f", at or above {self.threshold:g}%")  # fmt: skip
         if self.kind == "headroom":
             margin = tokens_text(None if self.threshold is None else int(self.threshold))
             return f"{name}: {tokens_text(headroom_tokens(context))} tokens left before it compacts, under {margin}"
@@ -196,11 +220,13 @@ def _carried(text: str) -> str:
     return text.replace("\x00", "\\u0000").encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def _told_before(seen: Seen, later: list[tuple[Kind, float | None]], before: Seen) -> Seen:
+def _told_before(seen: Seen, later: list[Found], before: Seen) -> Seen:
     """`seen` (the state after all of one step's events) less what the `later` ones tell: the state
     to record once the events before them were attempted."""
-    for kind, threshold in later:
-        if kind == "fill":
+    for kind, threshold, subagent in later:
+        if kind == "subagent-fill" and subagent is not None and threshold is not None:
+            seen = dataclasses.replace(seen, subagents_fired=seen.subagents_fired - {(subagent, threshold)})
+        elif kind == "fill":
             seen = dataclasses.replace(seen, fired=seen.fired - {threshold})
         elif kind == "headroom":
             seen = dataclasses.replace(seen, headroom_fired=before.headroom_fired)
@@ -213,27 +239,44 @@ def _told_before(seen: Seen, later: list[tuple[Kind, float | None]], before: See
     return seen
 
 
-def _agent_step(seen: Seen, row: AgentRow, settings: Settings) -> tuple[list[tuple[Kind, float | None]], Seen]:
+def _subagents_reached(context: dict[str, Any], seen: Seen, settings: Settings) -> frozenset[tuple[str, float]]:
+    """Each of the record's subagents' thresholds at or under its own percent; a subagent whose
+    percent is withheld keeps what it had (nothing fires, nothing re-arms); one the record no
+    longer carries is forgotten."""
+    reached: set[tuple[str, float]] = set()
+    for sub in context.get("subagents", []):
+        percent = sub["usedPercent"]
+        if percent is None:
+            reached |= {(ident, t) for ident, t in seen.subagents_fired if ident == sub["id"]}
+        else:
+            reached |= {(sub["id"], t) for t in settings.thresholds if percent >= t}
+    return frozenset(reached)
+
+
+def _agent_step(seen: Seen, row: AgentRow, settings: Settings) -> tuple[list[Found], Seen]:
     context = row.context
     assert context is not None
     if context["stale"]:  # a stale reading fires nothing and re-arms nothing, but may be news itself
         if row.desired_state == "running" and not seen.stale:
-            return [("stale", None)], dataclasses.replace(seen, stale=True)
+            return [("stale", None, None)], dataclasses.replace(seen, stale=True)
         return [], seen
-    found: list[tuple[Kind, float | None]] = [("fresh", None)] if seen.stale else []
+    found: list[Found] = [("fresh", None, None)] if seen.stale else []
     if context["compactions"] > seen.compactions:
-        found.append(("compaction", None))
+        found.append(("compaction", None, None))
     fired, headroom_fired = seen.fired, seen.headroom_fired
     percent = context["usedPercent"]
     if percent is not None:  # withheld: nothing fires, nothing re-arms
         fired = frozenset(threshold for threshold in settings.thresholds if percent >= threshold)
-        found.extend(("fill", threshold) for threshold in sorted(fired - seen.fired))
+        found.extend(("fill", threshold, None) for threshold in sorted(fired - seen.fired))
     headroom = headroom_tokens(context)
     if settings.headroom is not None and headroom is not None:
         headroom_fired = headroom < settings.headroom
         if headroom_fired and not seen.headroom_fired:
-            found.append(("headroom", settings.headroom))
-    return found, Seen(seen.incarnation, fired, headroom_fired, context["compactions"], False, context["observedAtMs"])
+            found.append(("headroom", settings.headroom, None))
+    subagents = _subagents_reached(context, seen, settings)
+    found.extend(("subagent-fill", t, ident) for ident, t in sorted(subagents - seen.subagents_fired))
+    return found, Seen(seen.incarnation, fired, headroom_fired, context["compactions"], False,
+                       context["observedAtMs"], subagents)  # fmt: skip
 
 
 def _first_sight(incarnation: str, row: AgentRow, settings: Settings) -> Seen:
@@ -248,7 +291,9 @@ def _first_sight(incarnation: str, row: AgentRow, settings: Settings) -> Seen:
     percent, headroom = context["usedPercent"], headroom_tokens(context)
     reached = frozenset() if percent is None else frozenset(t for t in settings.thresholds if percent >= t)
     below = settings.headroom is not None and headroom is not None and headroom < settings.headroom
-    return Seen(incarnation, reached, below, context["compactions"], observed_ms=context["observedAtMs"])
+    subagents = _subagents_reached(context, Seen(incarnation), settings)
+    return Seen(incarnation, reached, below, context["compactions"], observed_ms=context["observedAtMs"],
+                subagents_fired=subagents)  # fmt: skip
 
 
 def step(
@@ -278,10 +323,12 @@ def step(
                 continue
             before = Seen(incarnation, stale=before.stale)
         found, after[row.name] = _agent_step(before, row, settings)
+        subs = {sub["id"]: sub for sub in row.context.get("subagents", [])}
         events.extend(
-            Event(kind, row, incarnation, threshold, now, _told_before(after[row.name], found[n + 1 :], before))
-            for n, (kind, threshold) in enumerate(found)
-        )
+            Event(kind, row, incarnation, threshold, now, _told_before(after[row.name], found[n + 1 :], before),
+                  None if subagent is None else subs.get(subagent))
+            for n, (kind, threshold, subagent) in enumerate(found)
+        )  # fmt: skip
     return events, after
 
 
@@ -322,6 +369,7 @@ class _SeenWire(BaseModel):
     compactions: int = Field(default=0, ge=0)
     stale: bool = False
     observed_ms: int = Field(default=0, alias="observedMs")
+    subagents_fired: list[tuple[str, float]] = Field(default=[], alias="subagentsFired", max_length=4096)
 
 
 class _StateWire(BaseModel):
@@ -332,8 +380,11 @@ class _StateWire(BaseModel):
 
 
 def _seen_wire(seen: Seen) -> dict[str, Any]:
-    return {"incarnation": seen.incarnation, "fired": sorted(seen.fired), "headroomFired": seen.headroom_fired,
+    wire = {"incarnation": seen.incarnation, "fired": sorted(seen.fired), "headroomFired": seen.headroom_fired,
             "compactions": seen.compactions, "stale": seen.stale, "observedMs": seen.observed_ms}  # fmt: skip
+    if seen.subagents_fired:  # issue 28: left out when none, so a watch without subagents saves what it did
+        wire["subagentsFired"] = sorted(seen.subagents_fired)
+    return wire
 
 
 def dump_state(state: State, encoded: dict[str, tuple[Seen, str]] | None = None) -> bytes:
@@ -362,7 +413,7 @@ def load_state(data: bytes) -> dict[str, Seen]:
         raise RecordRefused(str(exc).splitlines()[0]) from None
     return {
         key: Seen(seen.incarnation, frozenset(seen.fired), seen.headroom_fired, seen.compactions, seen.stale,
-                  seen.observed_ms)
+                  seen.observed_ms, frozenset(seen.subagents_fired))
         for key, seen in wire.agents.items()
     }
 

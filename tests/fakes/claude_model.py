@@ -22,6 +22,7 @@ Delegation (issue 28), Claude's `Agent` tool called as a real model would:
 - `agent=I,CC,CR,O` (one or more) in a main-loop request's newest user text, with nothing after it:
   the reply is one `Agent` tool_use per marker, in parallel (`subagent_type` general-purpose), each
   prompt `child task K usage=I,CC,CR,O`, so the subagent's own requests report those numbers;
+  `agent@haiku=...` also sets the call's `model` input;
 - a main-loop request whose newest message is a tool result or a `<task-notification>` (Claude
   runs every subagent in the background and wakes the main agent with one): a plain reply, its
   usage the last `after=I,CC,CR,O` of the user's newest own text, or 120/0/0/7.
@@ -57,7 +58,8 @@ from tests.fakes.http11 import LOOPBACK, reply_json, send, serving
 
 HOST = LOOPBACK
 USAGE_MARKER = re.compile(r"usage=(\d+),(\d+),(\d+),(\d+)")
-AGENT_MARKER = re.compile(r"agent=(\d+),(\d+),(\d+),(\d+)")
+# `agent@haiku=...` asks for the subagent on that model (the Agent tool's `model` input).
+AGENT_MARKER = re.compile(r"agent(?:@(\w+))?=(\d+,\d+,\d+,\d+)")
 AFTER_MARKER = re.compile(r"after=(\d+),(\d+),(\d+),(\d+)")
 NOTIFICATION_PREFIX = "<task-notification>"
 AGENT_TOOL = "Agent"
@@ -143,8 +145,8 @@ class FakeMessages:
             kind, usage = "delegate", _marker(USAGE_MARKER, newest) or SIDE_CALL_USAGE
             calls = tuple(
                 {"description": f"child {number}", "subagent_type": "general-purpose",
-                 "prompt": f"child task {number} usage={','.join(found)}"}
-                for number, found in enumerate(AGENT_MARKER.findall(newest), 1)
+                 "prompt": f"child task {number} usage={found}"} | ({"model": model} if model else {})
+                for number, (model, found) in enumerate(AGENT_MARKER.findall(newest), 1)
             )  # fmt: skip
             text = "Delegating."
         elif body.get("tools"):

@@ -36,7 +36,6 @@ from tests.live.test_claude_live import (
     RENDERER,
     claude_seat,
     live_env,
-    read_record,
     require_tmux,
     tmux_session,
     wait_gone,
@@ -48,7 +47,7 @@ from tests.live.test_claude_live import (
 )
 from tests.live.test_codex_live import AGENT, Lab, lab
 from tests.live.test_opencode_live import TURN_S, WINDOW, Box, new_session, opencode_under_wrap, prompt, wait_for
-from tests.wrapping import agent_dir, log_events, wrap_argv
+from tests.wrapping import agent_dir, assert_replays_as_logged, log_events, wrap_argv
 
 pytestmark = pytest.mark.live
 
@@ -201,7 +200,8 @@ def sse_objects(data: bytes) -> list[dict[str, Any]]:
 async def test_opencode_parent_record_never_carries_a_task_sessions_numbers(delegating_box: DelegatingBox) -> None:
     box, agent = delegating_box, "oc-delegates"
     events = bytearray()
-    async with opencode_fake_model() as fake, opencode_under_wrap(box, fake, agent) as client:
+    recording = box.root / "delegation.rec"
+    async with opencode_fake_model() as fake, opencode_under_wrap(box, fake, agent, record=recording) as client:
         providers = (await client.get("/config/providers")).content
         async with trio.open_nursery() as nursery:
             await nursery.start(record_events, client, events)
@@ -215,6 +215,8 @@ async def test_opencode_parent_record_never_carries_a_task_sessions_numbers(dele
             nursery.cancel_scope.cancel()
     keep_recording(bytes(events), f"opencode/delegation-{box.version}.events.sse")
     keep_recording(providers, f"opencode/delegation-{box.version}.providers.json")
+    # The sidecar's own `--record`, timed as the bytes arrived: what bench_write_policy.py replays.
+    keep_recording(recording.read_bytes(), f"opencode/delegation-{box.version}.rec")
     frames = sse_objects(bytes(events))
     children = {
         f["properties"]["info"]["id"]
@@ -253,13 +255,16 @@ async def test_opencode_parent_record_never_carries_a_task_sessions_numbers(dele
 
 # Main agent: 2,001 + 8,000 + 10,000 = 20,001 in its window, then 21,100 and 23,000 after the
 # subagents report. Subagents: 1,000 + 2,000 + 3,000 = 6,000; 7,500; 9,000 (input + cache
-# creation + cache read, as for the main agent).
+# creation + cache read, as for the main agent). The first two run on CLAUDE_CODE_SUBAGENT_MODEL,
+# a model the user's model table gives a 150,000-token window (not the parent's 200,000); the
+# third asks the Agent tool for `haiku`, a model id no table lists: its window stays null.
 CLAUDE_PARALLEL = (
     "Delegate twice usage=2001,8000,10000,111 agent=1000,2000,3000,40 agent=1500,2500,3500,50 after=2100,8000,11000,120"
 )
-CLAUDE_ONCE = "Delegate once usage=2200,9000,11000,130 agent=2000,3000,4000,60 after=2000,9000,12000,140"
+CLAUDE_ONCE = "Delegate once usage=2200,9000,11000,130 agent@haiku=2000,3000,4000,60 after=2000,9000,12000,140"
 CLAUDE_PARENT_TOKENS = {20_001, 21_100, 22_200, 23_000}
 CLAUDE_CHILD_TOKENS = {6_000, 7_500, 9_000}
+SUBAGENT_MODEL, SUBAGENT_WINDOW = "claude-subagent-test-1", 150_000
 HOOK_RECORDER = f"{sys.executable} -S -c " + shlex.quote(
     "import sys; open(sys.argv[1], 'ab').write(sys.stdin.buffer.read().strip() + b'\\n')"
 )
@@ -299,25 +304,33 @@ async def wait_stops(log: Path, count: int, pane: Any, server: FakeMessages) -> 
 
 
 @pytest.mark.parametrize("version", HARNESS_VERSIONS["claude"])
-async def test_claude_parent_record_never_carries_a_subagents_numbers(version: str, tmp_path: Path) -> None:
+async def test_claude_subagents_rows_are_their_own_transcripts_numbers(version: str, tmp_path: Path) -> None:
     claude = require_harness("claude", version)
     require_tmux()
     home, work, catalog = claude_seat(tmp_path)
     hooks_log = tmp_path / "subagent-hooks.jsonl"
     (home / ".claude" / "settings.json").write_text(json.dumps({"hooks": subagent_hooks(hooks_log)}))
     (home / ".claude" / "statusline-renderer.json").write_text(json.dumps({"command": RENDERER}))
+    table = home / ".config" / "hctx" / "models.json"
+    table.parent.mkdir(parents=True, exist_ok=True)
+    table.write_text(json.dumps({"schema": "hctx.model-windows.v1", "windows": {SUBAGENT_MODEL: SUBAGENT_WINDOW}}))
     agent = "claude-delegates"
     record_path = agent_dir(catalog, agent) / "harness-context"
+    recording = tmp_path / "delegation.rec"
     server: FakeMessages
     async with fake_messages() as server:
-        command = wrap_argv(catalog, agent, "claude", *claude, "--model", CLAUDE_MODEL)
-        async with tmux_session(command, work, live_env(home, server, version)) as pane:
+        command = wrap_argv(catalog, agent, "claude", *claude, "--model", CLAUDE_MODEL,
+                            extra=("--record", str(recording)))  # fmt: skip
+        env = live_env(home, server, version) | {"CLAUDE_CODE_SUBAGENT_MODEL": SUBAGENT_MODEL}
+        async with tmux_session(command, work, env) as pane:
             await wait_record(record_path, pane, "the pre-turn window", lambda r: r["windowTokens"] == CLAUDE_WINDOW)
             await wait_pane(pane, "OPERATOR-LINE used=None")  # the TUI is up and takes input
             for text, stops in ((CLAUDE_PARALLEL, 2), (CLAUDE_ONCE, 3)):
                 await pane.type(text)
                 await wait_stops(hooks_log, stops, pane, server)
             final = await wait_record(record_path, pane, "the last reply", lambda r: r["usedTokens"] == 23_000)
+            done = await wait_record(record_path, pane, "every subagent's own numbers", lambda r: len(
+                [s for s in r.get("subagents", []) if s["usedTokens"] is not None and s["state"] == "finished"]) == 3)
             await pane.type("/exit")
             await wait_gone(work / ".claude", "/exit")
     payloads = hook_payloads(hooks_log)
@@ -327,33 +340,43 @@ async def test_claude_parent_record_never_carries_a_subagents_numbers(version: s
     destination = f"claude/delegation/{version}"
     keep_recording(hooks_log.read_bytes(), f"{destination}/subagent-hooks.jsonl")
     keep_recording(transcript.read_bytes(), f"{destination}/session.jsonl")
+    keep_recording(recording.read_bytes(), f"{destination}/sidecar.rec")
     for path in subagent_files:
         keep_recording(path.read_bytes(), f"{destination}/subagents/{path.name}")
     # What the real binary did: three subagents, started and stopped, each with its own transcript.
     starts = [p for p in payloads if p["hook_event_name"] == "SubagentStart"]
     stops = [p for p in payloads if p["hook_event_name"] == "SubagentStop"]
     assert len(starts) == len(stops) == 3 and {p["agent_id"] for p in starts} == {p["agent_id"] for p in stops}
+    own: dict[str, tuple[int, str]] = {}  # agent id -> (its newest context, its model), read here
     for stop in stops:
-        assert Path(stop["agent_transcript_path"]).is_relative_to(projects)
-    contexts = set()
-    for path in subagent_files:
-        if path.suffix == ".jsonl":
-            for line in path.read_bytes().splitlines():
-                usage = (json.loads(line).get("message") or {}).get("usage")
-                if isinstance(usage, dict):
-                    contexts.add(
-                        usage["input_tokens"] + usage["cache_read_input_tokens"] + usage["cache_creation_input_tokens"]
-                    )
-    assert contexts == CLAUDE_CHILD_TOKENS
+        path = Path(stop["agent_transcript_path"])
+        assert path.is_relative_to(projects) and path.name == f"agent-{stop['agent_id']}.jsonl"
+        for line in path.read_bytes().splitlines():
+            message = json.loads(line).get("message") or {}
+            if isinstance(message, dict) and isinstance(usage := message.get("usage"), dict):
+                used = usage["input_tokens"] + usage["cache_read_input_tokens"] + usage["cache_creation_input_tokens"]
+                own[stop["agent_id"]] = (used, message["model"])
+    assert {used for used, _ in own.values()} == CLAUDE_CHILD_TOKENS
     # The parent's record: the main agent's numbers only (the status line never names a subagent).
     writes = [e for e in log_events(catalog, agent) if e["event"] == "write" and e["usedTokens"] is not None]
     assert writes and {w["usedTokens"] for w in writes} <= CLAUDE_PARENT_TOKENS, writes
     assert final["windowTokens"] == CLAUDE_WINDOW and final["model"] == CLAUDE_MODEL
-    # hctx's own SubagentStart/SubagentStop hooks made a row per subagent, each finished; the hooks
-    # carry no usage, so its numbers are null (never the parent's).
-    record = read_record(record_path) or final
-    rows = {row["id"]: row for row in record.get("subagents", [])}
-    assert set(rows) == {p["agent_id"] for p in starts}
-    assert {(r["name"], r["state"], r["usedTokens"], r["windowTokens"]) for r in rows.values()} == {
-        ("general-purpose", "finished", None, None)
-    }
+    # Each subagent's row: its own transcript's numbers, finished; its window the model table's for
+    # its own model, named so, or null, never the parent's 200,000.
+    rows = {row["id"]: row for row in done["subagents"]}
+    assert set(rows) == set(own)
+    for agent_id, (used, model) in own.items():
+        row = rows[agent_id]
+        assert (row["usedTokens"], row["model"], row["state"]) == (used, model, "finished")
+        assert row["name"] == "general-purpose"
+        if model == SUBAGENT_MODEL:
+            assert (row["windowTokens"], row["windowSource"]) == (SUBAGENT_WINDOW, "model-table")
+            assert row["usedPercent"] == used * 100 / SUBAGENT_WINDOW
+        else:  # `haiku`, which no table lists
+            assert (row["windowTokens"], row["windowSource"], row["usedPercent"]) == (None, None, None)
+        assert row["windowTokens"] != CLAUDE_WINDOW
+    # The parallel two ran on CLAUDE_CODE_SUBAGENT_MODEL; the third's `model: haiku` wins over it
+    # on 2.1.332 and not on 2.1.250 (measured): on either, each row is its own model's.
+    on_table = sorted(model == SUBAGENT_MODEL for _, model in own.values())
+    assert on_table == ([True, True, True] if version == "2.1.250" else [False, True, True])
+    await assert_replays_as_logged(catalog, agent, recording)

@@ -579,6 +579,24 @@ def seat_account(plan: LaunchPlan) -> Account | None:
     return stored or claude_env_account(env, where, plan_name)
 
 
+def subagent_transport(plan: LaunchPlan) -> BaseModel:
+    """The sidecar's subagent transport (issue 28): where this seat's Claude writes its projects
+    (`$CLAUDE_CONFIG_DIR/projects`, else `~/.claude/projects`), the only place it reads a subagent's
+    transcript, and the model table `hctx scan` uses (shipped, extended by the user's file), which
+    gives a subagent's window by its model id."""
+    from sidecar.registry import transport_config
+    from wrapper.scan import model_table
+
+    env = {**os.environ, **plan.env}
+    config_dir = env.get("CLAUDE_CONFIG_DIR") or os.path.join(env.get("HOME") or os.path.expanduser("~"), ".claude")
+    warnings: list[str] = []
+    windows = model_table(env, warnings)
+    for warning in warnings:
+        print(f"hctx wrap: {warning}", file=sys.stderr)
+    return transport_config("claude", {"projects_dir": os.path.join(os.path.abspath(config_dir), "projects"),
+                                       "windows": windows})  # fmt: skip
+
+
 def prepare(plan: LaunchPlan) -> LaunchPlan:
     seats = take_seat(plan.cwd)
     env = {PROJECT_DIR_ENV: os.fspath(plan.cwd)}
@@ -586,7 +604,8 @@ def prepare(plan: LaunchPlan) -> LaunchPlan:
     renderer = _status_line_command(seats)
     if renderer is not None and not os.environ.get(RENDERER_ENV):
         env[RENDERER_ENV] = renderer
-    return dataclasses.replace(plan, env={**plan.env, **env}, account=seat_account(plan))
+    return dataclasses.replace(plan, env={**plan.env, **env}, account=seat_account(plan),
+                               transport=subagent_transport(plan))  # fmt: skip
 
 
 def teardown(plan: LaunchPlan) -> None:

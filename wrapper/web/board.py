@@ -35,6 +35,7 @@ from wrapper.render import (
     meter_title,
     percent_text,
     record_section,
+    subagent_label,
     tokens_text,
 )
 from wrapper.roster import AgentRow, Inspection
@@ -96,6 +97,27 @@ def row_view(row: AgentRow, read_ms: int, now: int, groups: Mapping[str, Account
         "state": row.desired_state or "-",
         "problem": "; ".join(problem for problem in (row.problem, row.claim_problem) if problem) or None,
         "order": {"fill": list(fill_key), "age": list(age_key)},
+        "subagents": [subagent_view(sub) for sub in (context or {}).get("subagents", [])],
+    }
+
+
+def subagent_view(sub: dict[str, Any]) -> dict[str, Any]:
+    """A subagent's line under its agent's row (issue 28), worded as `hctx agents` words it: its
+    own numbers, never the agent's."""
+    percent = sub["usedPercent"]
+    return {
+        "key": sub["id"],
+        "label": subagent_label(sub),
+        "state": sub["state"],
+        "model": sub["model"] or "-",
+        "reading": True,
+        "percent": None if percent is None else percent_text(percent),
+        "tint": fill_tint(sub),
+        "meter": meter_text(sub),
+        "title": meter_title(sub),
+        "compactions": "-" if sub["compactions"] is None else str(sub["compactions"]),
+        "age": age_text(sub["ageMs"]),
+        "problem": None,
     }
 
 

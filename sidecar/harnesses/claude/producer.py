@@ -47,8 +47,26 @@ from guard.record import (
     describe_validation_error,
 )
 from sidecar.harnesses.claude.frames import HOOK_TYPE, STATUSLINE_TYPE
+from sidecar.harnesses.claude.subagents import (
+    SUBAGENT_WIRE,
+    ClaudeTransport,
+    ModelWindows,
+    SubagentCompacted,
+    SubagentDecoder,
+    SubagentTranscript,
+    SubagentUsage,
+    subagent_transcript,
+)
 from sidecar.held import Held
-from sidecar.producer import Percent, TolerantModel, Usd, harness_version, optional_model
+from sidecar.producer import (
+    SUBAGENTS_REMEMBERED,
+    Percent,
+    TolerantModel,
+    Usd,
+    harness_version,
+    optional_model,
+    remember,
+)
 from sidecar.spec import HarnessSpec
 
 __all__ = [
@@ -121,12 +139,14 @@ class Hook(TolerantModel):
 class SubagentHook:
     """A hook naming a subagent (its payload has an `agent_id`): never this record's top-level
     window. `SubagentStart` (`agent_id`, `agent_type`) and `SubagentStop` make its row (issue 28,
-    measured on 2.1.250 and 2.1.332: neither carries usage, so the row's numbers are null); the
-    subagent's own tool hooks say nothing of it here."""
+    measured on 2.1.250 and 2.1.332: neither carries usage); its numbers are its own transcript's,
+    which `transcript` names (SubagentStop's `agent_transcript_path`, else the file Claude writes
+    beside the session's `transcript_path`), read by the transport (`wants`)."""
 
     event: str | None = None
     agent_id: str | None = None
     agent_type: str | None = None
+    transcript: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +169,7 @@ class StatusLine:
     version: str | None
 
 
-ClaudeEvent = StatusLine | Hook | SubagentHook
+ClaudeEvent = StatusLine | Hook | SubagentHook | ModelWindows | SubagentUsage | SubagentCompacted
 
 
 def channel_frames(kind: str, frame: dict[str, Any]) -> list[object]:
@@ -191,8 +211,12 @@ def _status_line(payload: dict[str, Any]) -> StatusLine:
 
 def _hook(payload: dict[str, Any]) -> Hook | SubagentHook:
     if payload.get("agent_id") is not None:
-        fields = (payload.get("hook_event_name"), payload.get("agent_id"), payload.get("agent_type"))
-        return SubagentHook(*(value if isinstance(value, str) else None for value in fields))
+        names = ("hook_event_name", "agent_id", "agent_type", "agent_transcript_path", "session_id", "transcript_path")
+        event, agent, kind, named, session, session_transcript = (
+            value if isinstance(value := payload.get(name), str) else None for name in names
+        )
+        path = None if agent is None else subagent_transcript(agent, named, session, session_transcript)
+        return SubagentHook(event, agent, kind, path)
     try:
         return Hook.model_validate(payload)
     except ValidationError as exc:
@@ -217,16 +241,52 @@ class ClaudeProducer:
         self._edges: OrderedDict[str, Counter[str]] = OrderedDict()
         # Set between a counted edge and its PostCompact, for edges that carry no prompt_id.
         self._episode_open = False
+        # Each subagent's transcript, as its hooks name it (bounded as the roster is).
+        self._transcripts: OrderedDict[str, str] = OrderedDict()
+        self._windows: dict[str, int] = {}  # the model table the launch read
+
+    def wants(self) -> frozenset[SubagentTranscript]:
+        """The transcripts of the subagents the record carries: the transport follows a running
+        one's and reads a finished one's to its end."""
+        return frozenset(
+            SubagentTranscript(row.id, path, row.state == "finished")
+            for row in self.held.subagents.rows()
+            if (path := self._transcripts.get(row.id)) is not None
+        )
 
     def _subagent(self, hook: SubagentHook, now_ms: int) -> list[Reading]:
         """A subagent started or stopped: its row, the top-level reading as held (never re-stamped)."""
         states = {SUBAGENT_START: "running", SUBAGENT_STOP: "finished"}
+        if hook.agent_id is not None and hook.transcript is not None:
+            remember(self._transcripts, hook.agent_id, hook.transcript, SUBAGENTS_REMEMBERED)
         if hook.event not in states or hook.agent_id is None:
             return []  # a subagent's own tool hook (or its compaction): nothing this record states
         fields: dict[str, Any] = {"state": states[hook.event]}
         if hook.agent_type is not None:
             fields["name"] = hook.agent_type
         return self.held.subagent(hook.agent_id, now_ms, **fields)
+
+    def _subagent_usage(self, usage: SubagentUsage, now_ms: int) -> list[Reading]:
+        """A subagent's own context, from its transcript; its window from the model table, named
+        as the source, or null (never the parent's)."""
+        row = self.held.subagents.get(usage.agent_id)
+        if row is None:
+            return []  # no hook named it: a transcript is read only for a subagent this agent started
+        window = self._windows.get(usage.model) if usage.model is not None else None
+        return self.held.subagent(
+            usage.agent_id, now_ms,
+            used_tokens=usage.used_tokens,
+            model=usage.model,
+            window_tokens=window,
+            window_source=None if window is None else "model-table",
+            used_percent=None if window is None else usage.used_tokens * 100 / window,
+            compactions=row.compactions or 0,  # the transcript is read from its start: exact
+        )  # fmt: skip
+
+    def _subagent_compacted(self, compacted: SubagentCompacted, now_ms: int) -> list[Reading]:
+        if self.held.subagents.get(compacted.agent_id) is None:
+            return []
+        return self.held.subagent_compacted(compacted.agent_id, now_ms)
 
     def feed(self, event: ClaudeEvent, now_ms: int) -> list[Reading]:
         if isinstance(event, StatusLine):
@@ -235,6 +295,13 @@ class ClaudeProducer:
             return self._hook(event, now_ms)
         if isinstance(event, SubagentHook):
             return self._subagent(event, now_ms)
+        if isinstance(event, SubagentUsage):
+            return self._subagent_usage(event, now_ms)
+        if isinstance(event, SubagentCompacted):
+            return self._subagent_compacted(event, now_ms)
+        if isinstance(event, ModelWindows):
+            self._windows = dict(event.windows)
+            return []
         raise FrameRejected(f"not a claude event: {type(event).__name__}")
 
     def _statusline(self, line: StatusLine, now_ms: int) -> Reading:
@@ -347,9 +414,11 @@ SPEC = HarnessSpec(
     name="claude",
     make_producer=ClaudeProducer,
     channel_frames=channel_frames,
-    decoders={},
+    decoders={SUBAGENT_WIRE: SubagentDecoder},
     verified_versions=VERIFIED_VERSIONS,
     launch="wrapper.harnesses.claude",
+    transport="sidecar.harnesses.claude.follow",
+    transport_config=ClaudeTransport,
     programs=("claude", "@anthropic-ai/claude-code"),
     transcripts="sidecar.harnesses.claude.transcript",
 )

@@ -62,6 +62,7 @@ class _ClaudeAssistant(TolerantModel):
     isSidechain: bool = False
     isApiErrorMessage: bool = False
     requestedModel: ModelId | None = None
+    agentId: str | None = None  # a subagent's transcript names its subagent on every line
     timestamp: str
 
 
@@ -76,6 +77,7 @@ class _ClaudeBoundary(TolerantModel):
     subtype: Literal["compact_boundary"]
     isSidechain: bool = False
     compactMetadata: _CompactMetadata | None = None
+    agentId: str | None = None
     timestamp: str
 
 
@@ -87,6 +89,7 @@ class ClaudeUsage:
     model: str | None
     observed_at_ms: int
     offset: int
+    agent_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,7 @@ class ClaudeCompaction:
     post_tokens: int | None
     at_ms: int
     offset: int
+    agent_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -107,11 +111,13 @@ class ClaudeTail:
     bytes_read: int
 
 
-def claude_usage(line: bytes, offset: int = 0) -> ClaudeUsage | None:
+def claude_usage(line: bytes, offset: int = 0, *, sidechain: bool = False) -> ClaudeUsage | None:
     """The occupancy a main-chain assistant line carries; None for anything else.
 
     input + cache_read + cache_creation (output is the reply, not the prompt). A sidechain (a
     subagent's message) describes another window; an API-error message's zeros are no measurement.
+    With `sidechain`, the line is read from a subagent's own transcript
+    (`<session>/subagents/agent-<id>.jsonl`, every line `isSidechain`): its window is the one read.
     """
     if b'"assistant"' not in line or b'"usage"' not in line:
         return None
@@ -123,16 +129,16 @@ def claude_usage(line: bytes, offset: int = 0) -> ClaudeUsage | None:
     except ValidationError:
         return None
     at_ms = instant_ms(entry.timestamp)
-    if entry.isSidechain or entry.isApiErrorMessage or at_ms is None:
+    if entry.isSidechain != sidechain or entry.isApiErrorMessage or at_ms is None:
         return None
     if entry.message.model == "<synthetic>":
         return None
     usage = entry.message.usage
     used = usage.input_tokens + usage.cache_read_input_tokens + usage.cache_creation_input_tokens
-    return ClaudeUsage(used, entry.requestedModel or entry.message.model, at_ms, offset)
+    return ClaudeUsage(used, entry.requestedModel or entry.message.model, at_ms, offset, entry.agentId)
 
 
-def claude_compaction(line: bytes, offset: int = 0) -> ClaudeCompaction | None:
+def claude_compaction(line: bytes, offset: int = 0, *, sidechain: bool = False) -> ClaudeCompaction | None:
     if b"compact_boundary" not in line:
         return None
     raw = json_object(line)
@@ -143,11 +149,11 @@ def claude_compaction(line: bytes, offset: int = 0) -> ClaudeCompaction | None:
     except ValidationError:
         return None
     at_ms = instant_ms(entry.timestamp)
-    if entry.isSidechain or at_ms is None:
+    if entry.isSidechain != sidechain or at_ms is None:
         return None
     meta = entry.compactMetadata or _CompactMetadata()
     trigger = None if meta.trigger is None else _CLAUDE_TRIGGERS.get(meta.trigger, "unknown")
-    return ClaudeCompaction(trigger, meta.preTokens, meta.postTokens, at_ms, offset)
+    return ClaudeCompaction(trigger, meta.preTokens, meta.postTokens, at_ms, offset, entry.agentId)
 
 
 def read_claude_tail(lines: BackwardLines) -> ClaudeTail:
@@ -172,8 +178,6 @@ def read_claude_tail(lines: BackwardLines) -> ClaudeTail:
     # A compact_boundary is small, but one too long to parse still counts (its prefix says what it is).
     count += sum(_CLAUDE_BOUNDARY_KEY in head for _, head in lines.skipped_heads)
     return ClaudeTail(usage, latest, count if lines.reached_start else None, lines.bytes_read)
-
-
 
 
 # ---------------------------------------------------------------------------------------------
@@ -239,4 +243,3 @@ def read(file: TranscriptFile, read_at: ReadAt, size: int, windows: Mapping[str,
     }
     source: WindowSource | None = "model-table" if window is not None else None
     return TranscriptReading(fields, file.session_id, source, model, tail.compactions, extra, tuple(problems))
-

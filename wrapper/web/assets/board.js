@@ -47,7 +47,46 @@
     hctx.age(c.age, view.age, view.stale);
     c.cost.textContent = view.cost;
     c.state.textContent = view.state;
+    subagents(entry.element, view.subagents || []);
     entry.view = view;
+  }
+
+  // Each subagent a line under its agent's row (issue 28), its own chip and numbers; its cells are
+  // `sub-*` so nothing selecting the agent's own cells ever finds a subagent's.
+  const SUB_COLUMNS = ["host", "agent", "harness", "model", "context", "tokens", "headroom", "compactions", "age",
+    "cost", "state"];
+
+  function subagents(element, subs) {
+    let box = element.querySelector(".subagents");
+    if (subs.length === 0) {
+      if (box) box.remove();
+      return;
+    }
+    if (!box) {
+      box = document.createElement("div");
+      box.className = "subagents";
+      element.append(box);
+    }
+    box.replaceChildren(...subs.map((sub) => {
+      const line = document.createElement("div");
+      line.className = "subagent";
+      line.setAttribute("role", "row");
+      line.dataset.key = sub.key;
+      const cells = {};
+      for (const name of SUB_COLUMNS) {
+        cells[name] = document.createElement("span");
+        cells[name].className = "sub-" + name;
+        line.append(cells[name]);
+      }
+      cells.agent.textContent = sub.label;
+      cells.harness.textContent = sub.state;
+      cells.model.textContent = sub.model;
+      hctx.context(cells.context, sub);
+      cells.tokens.textContent = sub.meter;
+      cells.compactions.textContent = sub.compactions;
+      cells.age.textContent = sub.age;
+      return line;
+    }));
   }
 
   function compare(a, b) {
