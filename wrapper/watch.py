@@ -58,6 +58,7 @@ __all__ = [
     "Companion",
     "Deliver",
     "Event",
+    "Found",
     "Kind",
     "Observation",
     "Outbox",

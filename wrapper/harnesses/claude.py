@@ -70,6 +70,7 @@ __all__ = [
     "render_settings",
     "seat_account",
     "status_line",
+    "subagent_transport",
     "take_seat",
     "teardown",
     "tee_command",

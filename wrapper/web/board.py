@@ -53,6 +53,7 @@ __all__ = [
     "rate_limit_panel",
     "read_fill_history",
     "row_view",
+    "subagent_view",
 ]
 
 # The newest rate-limit readings the panel lists; the rest are counted.
