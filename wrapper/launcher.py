@@ -165,7 +165,7 @@ def run_wrap(options: WrapOptions) -> int:
         say(_held_text(options.agent, held.holder, relaunch=False))
         lock.close()
         return CLAIM_REFUSED_STATUS
-    first = begin_incarnation(options, incarnation)
+    first = begin_incarnation(options, incarnation, os.getpid())  # the resident keeps this pid
     lock_fd, lock_held = lock.across_exec()
     _exec_resident({"options": options.as_payload(), "incarnation": first, "lockFd": lock_fd, "lockHeld": lock_held})
     raise AssertionError("unreachable: exec returned")  # pragma: no cover
@@ -285,9 +285,10 @@ def _channel_path() -> tuple[Path, Path]:
     raise ChannelPathError("no directory short enough for a unix socket path")
 
 
-def begin_incarnation(options: WrapOptions, incarnation: str) -> dict[str, Any]:
-    """The claimed incarnation as the resident runs it: the prepared launch (or, when it cannot be
-    prepared, the status 2 it ends with), the sidecar's transport config and the channel's path."""
+def begin_incarnation(options: WrapOptions, incarnation: str, wrapper_pid: int) -> dict[str, Any]:
+    """The claimed incarnation as the resident `wrapper_pid` runs it: the prepared launch (or, when it
+    cannot be prepared, the status 2 it ends with), the sidecar's transport config and the channel's
+    path."""
     agent = options.agent
     begun: dict[str, Any] = {
         "agent": {"catalog": os.fspath(agent.catalog), "host": agent.host, "identity": agent.identity},
@@ -297,7 +298,7 @@ def begin_incarnation(options: WrapOptions, incarnation: str) -> dict[str, Any]:
         "status": 2,
     }
     try:
-        plan = prepare(LaunchPlan(harness=options.harness, argv=options.argv, cwd=Path.cwd()))
+        plan = prepare(LaunchPlan(harness=options.harness, argv=options.argv, cwd=Path.cwd(), owner_pid=wrapper_pid))
     except (OSError, ValueError) as exc:
         say(f"cannot prepare the {options.harness} launch: {exc}")
         return begun
@@ -313,6 +314,7 @@ def begin_incarnation(options: WrapOptions, incarnation: str) -> dict[str, Any]:
             "env": plan.env,
             "tap": tap_frame_path(options.harness) if plan.tap_stdout else None,
             "teardown": has_teardown(plan),
+            "owner": plan.owner_pid,
         },
         "status": None,
         "transport": transport_json(plan),
@@ -397,7 +399,7 @@ def _begin_step(payload: dict[str, Any]) -> int:
         say(f"cannot claim {_name(options.agent)} for relaunch {payload['restarts']} ({exc}); not relaunching")
         return 1
     try:
-        begun = begin_incarnation(options, incarnation)
+        begun = begin_incarnation(options, incarnation, resident)
     except OSError as exc:
         say(f"cannot relaunch {_name(options.agent)} ({exc}); not relaunching")
         return 1
@@ -409,7 +411,7 @@ def _teardown_step(payload: dict[str, Any]) -> int:
     """What `prepare` left in the working directory, undone (the module reports its own failures)."""
     plan = payload["plan"]
     teardown(LaunchPlan(harness=payload["harness"], argv=tuple(plan["argv"]), cwd=Path(plan["cwd"]),
-                        env=plan["env"], tap_stdout=plan["tap"] is not None))  # fmt: skip
+                        env=plan["env"], tap_stdout=plan["tap"] is not None, owner_pid=plan["owner"]))  # fmt: skip
     return 0
 
 

@@ -10,6 +10,7 @@ undo what `prepare` left in the working directory.
 from __future__ import annotations
 
 import importlib
+import os
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +54,10 @@ class LaunchPlan:
     # The account the harness's own login states (guard.account), read when the launch is planned;
     # the sidecar stamps it on every reading. None: the harness states none.
     account: Account | None = None
+    # The wrapper whose launch this is: what `prepare` takes (a Claude seat) is held in its name and
+    # given back in it by `teardown`, which runs in a short-lived step the resident starts, not in
+    # the wrapper itself (its pid survives the exec into the resident).
+    owner_pid: int = field(default_factory=os.getpid)
 
 
 def account_json(plan: LaunchPlan) -> str | None:

@@ -481,9 +481,10 @@ def _restore(claude: _ClaudeDir, seats: Seats) -> None:
             os.rmdir(CLAUDE_DIR, dir_fd=claude.cwd_fd)
 
 
-def take_seat(cwd: Path) -> Seats:
-    """This process's seat in `cwd`, the settings rendered; the first seat records the file as found."""
-    me = (os.getpid(), _process_start(os.getpid()) or 0)  # /proc is always there on Linux, hctx's only OS
+def take_seat(cwd: Path, pid: int) -> Seats:
+    """The seat of the wrapper `pid` in `cwd`, the settings rendered; the first seat records the file
+    as found."""
+    me = (pid, _process_start(pid) or 0)  # /proc is always there on Linux, hctx's only OS
     with _locked(cwd), _claude_dir(cwd, create=True) as claude:
         assert claude is not None
         try:
@@ -507,14 +508,15 @@ def take_seat(cwd: Path) -> Seats:
     return seats
 
 
-def leave_seat(cwd: Path) -> None:
-    """This process's seat in `cwd` given up (and dead ones with it); the last one puts the file back."""
+def leave_seat(cwd: Path, pid: int) -> None:
+    """The seat of the wrapper `pid` in `cwd` given up (and dead ones with it); the last one puts the
+    file back."""
     with _locked(cwd), _claude_dir(cwd, create=False) as claude:
         if claude is None:
             return
         seats = _live(claude)
         if seats is not None:
-            _leave(claude, seats, os.getpid())
+            _leave(claude, seats, pid)
 
 
 def _leave(claude: _ClaudeDir, seats: Seats, pid: int) -> None:
@@ -599,7 +601,7 @@ def subagent_transport(plan: LaunchPlan) -> BaseModel:
 
 
 def prepare(plan: LaunchPlan) -> LaunchPlan:
-    seats = take_seat(plan.cwd)
+    seats = take_seat(plan.cwd, plan.owner_pid)
     env = {PROJECT_DIR_ENV: os.fspath(plan.cwd)}
     # A status line the user had in this very file still draws: the tee runs it as the renderer.
     renderer = _status_line_command(seats)
@@ -611,6 +613,6 @@ def prepare(plan: LaunchPlan) -> LaunchPlan:
 
 def teardown(plan: LaunchPlan) -> None:
     try:
-        leave_seat(plan.cwd)
+        leave_seat(plan.cwd, plan.owner_pid)
     except (OSError, SettingsError) as exc:
         print(f"hctx wrap: could not put {plan.cwd / SETTINGS_PATH} back: {exc}", file=sys.stderr)
