@@ -24,7 +24,10 @@ from typing import Annotated, Final
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from guard.errors import JsonRefused
+from guard.json_rule import loads_object
 from guard.record import MAX_COUNT
+from sidecar.decoding import Dropped
 from sidecar.framing import Line, LineFramer, Oversized
 from sidecar.harnesses.claude.transcript import claude_compaction, claude_usage
 from sidecar.transcripts import HEAD_BYTES, MAX_LINE_BYTES
@@ -116,7 +119,8 @@ def subagent_transcript(
 class SubagentDecoder:
     """One subagent transcript's bytes, from its first, to `SubagentUsage` and `SubagentCompacted`
     events. A line over MAX_LINE_BYTES (a huge tool result) is skipped, but still counted when its
-    head says it is a compaction; any other line says nothing of the context and makes no event."""
+    head says it is a compaction; a line the JSON rule refuses is a counted drop; any other line says
+    nothing of the context and makes no event."""
 
     def __init__(self) -> None:
         self.framer = LineFramer(MAX_LINE_BYTES, head_bytes=HEAD_BYTES)
@@ -137,6 +141,12 @@ class SubagentDecoder:
             if _BOUNDARY_KEY in line.head and self._agent is not None:
                 return [SubagentCompacted(self._agent, None)]
             return []
+        if not line.data.strip():
+            return []
+        try:  # the one JSON rule: a damaged line is a counted drop, as on every wire
+            loads_object(line.data)
+        except JsonRefused as exc:
+            return [Dropped(str(exc), SUBAGENT_WIRE)]
         usage = claude_usage(line.data, sidechain=True)
         if usage is not None and usage.agent_id is not None:
             self._agent = usage.agent_id
