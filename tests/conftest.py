@@ -24,6 +24,7 @@ FIXTURE_ROOT = REPO / "fixtures"
 LAB = REPO.parent / "shared" / "lab"
 
 
+@pytest.hookimpl(optionalhook=True)  # a run without xdist (-p no:xdist) still loads this file
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """Under `pytest -n N` (scripts/test), a work unit is a test module, so a module-scoped fixture
     (a wheel built once, a browser, two Syncthing daemons) is still set up once; and the live tests
