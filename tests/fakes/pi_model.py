@@ -9,11 +9,12 @@ marker in the last user message, so a test decides exactly what the harness is t
 - a summarization request (pi's summarization system prompt, omp's summarizer or its "Write a
   handoff document" user message) gets usage 700/120 and a unique summary: pi finds the saved
   compaction entry by its summary text, so repeated summaries would make it report the wrong one.
-- `[[task:N:IN:OUT]]` in the first user message (omp): the reply calls omp's `task` tool N times at
-  once (N 1..4), child K's assignment carrying `[[child:IN+K:OUT]]`; every later request of that
-  session (a tool result, a delivered task result) gets usage 1300/20. A session whose first user
-  message carries `[[child:IN:OUT]]` is a subagent on this same server: usage IN/OUT, a reply that
-  never repeats the marker, so a child's usage never leaks into its parent's prompt by the fake.
+- `[[task:N:IN:OUT]]` in the last user message (omp): the reply calls omp's `task` tool N times at
+  once (N 1..4), child K named `Child<IN+K>` and its assignment carrying `[[child:IN+K:OUT]]`; the
+  request carrying the tool results back gets usage 1300/20, and so does a delivered task result
+  (another user message). A session whose first user message carries `[[child:IN:OUT]]` is a
+  subagent on this same server: usage IN/OUT, and a reply that never repeats the marker, so a
+  child's usage never reaches its parent's prompt through the fake.
 - anything else: usage 1300/20.
 
 Streaming (SSE, with `stream_options.include_usage`) and plain JSON replies are both served. Every
@@ -88,7 +89,7 @@ class FakeModel:
             usage = (int(child[1]), int(child[2]), 0)
             self.requests.append(Served("child", usage, body))
             return 200, ("child done (fake)", usage), stream
-        delegation = TASK_MARKER.search(first_user)
+        delegation = TASK_MARKER.search(last_user)
         if delegation is not None:
             if _answered(messages):
                 self.requests.append(Served("task_results", DEFAULT_USAGE, body))
@@ -108,16 +109,20 @@ def task_calls(delegation: re.Match[str]) -> tuple[ToolCall, ...]:
     """omp's `task` tool called once per child, each child's assignment stating its own served usage."""
     count, used, output = (int(group) for group in delegation.groups())
     return tuple(
-        ("task", {"name": f"Child{index}", "agent": "task",
+        ("task", {"name": f"Child{used + index}", "agent": "task",
                   "task": f"Answer briefly. [[child:{used + index}:{output}]]"})
         for index in range(count)
     )  # fmt: skip
 
 
 def _answered(messages: list[Any]) -> bool:
-    """Whether anything followed the delegating prompt (a tool result, a delivered task result)."""
-    roles = [message.get("role") for message in messages if isinstance(message, dict)]
-    return roles.count("user") > 1 or "tool" in roles
+    """Whether a tool result follows the delegating prompt (the tasks were called already)."""
+    for message in reversed(messages):
+        if isinstance(message, dict) and message.get("role") == "user":
+            return False
+        if isinstance(message, dict) and message.get("role") == "tool":
+            return True
+    return False
 
 
 def _first_user_text(messages: list[Any]) -> str:
