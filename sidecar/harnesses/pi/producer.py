@@ -15,6 +15,15 @@ The frame (sidecar/assets/hctx-channel.ts writes it, one JSON object a line):
      "version": <the host's build, the extension's reading of its package.json> | null,
      "lastCompactionAt": <the newest compaction entry's timestamp in the session store> | null}
 
+omp (issue 28) runs each `task` subagent in the same process with the extension rebound to the
+child's own session; the extension tells that session by omp's own nesting (`<parent>/<name>.jsonl`)
+and sends it as `{"type": "subagent", "event", "id", "state": "running" | "finished", "reading",
+"compactions"}` (`SubagentFrame`), never as `context`: the child's own `getContextUsage()` is its
+row (`Held.subagent`, percent = used * 100 / window, the window the child's own), and the agent's
+reading is untouched. "finished" comes with the child's `session_shutdown`, or (reading null) when
+the parent is delivered omp's `async-result` naming the child's job. Measured live on 18.1.16 and
+18.2.3 (tests/live/test_subagents_live.py, fixtures/pi/delegation/).
+
 The decoding half (`channel_frames`, run by the channel's decoder on the bytes) validates each
 frame into a `ContextFrame`, the one typed event `PiProducer.feed` takes. The lab's probe captures
 were converted once into recordings of the frames the asset sends (scripts/convert_fixtures.py).
