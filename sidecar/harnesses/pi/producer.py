@@ -205,13 +205,7 @@ class SubagentFrame(_Wire):
     id: str
     state: SubagentState
     reading: ChannelReading | None
-    compactions: _Tokens | None = None
-    event: str | None = None
-
-    @field_validator("event", mode="before")
-    @classmethod
-    def _event_name(cls, value: object) -> str | None:
-        return value if isinstance(value, str) else None
+    compactions: _Tokens | None = None  # the child's own session store's (its `event` is not read)
 
 
 _FRAMES: dict[str, type[ContextFrame] | type[SubagentFrame]] = {
