@@ -612,6 +612,8 @@ def timed_delegations() -> list[tuple[str, HarnessSpec, Path]]:
         found.append((f"opencode {path.stem.removeprefix('delegation-')}", spec_for("opencode"), path))
     for path in sorted((DELEGATIONS / "claude" / "delegation").glob("*/sidecar.rec")):
         found.append((f"claude {path.parent.name}", spec_for("claude"), path))
+    for path in sorted((ROOT / "fixtures" / "pi" / "delegation").glob("omp-*.rec")):  # the live --record
+        found.append((f"omp {path.stem.removeprefix('omp-')}", spec_for("omp"), path))
     return found
 
 

@@ -25,6 +25,7 @@ from sidecar.harnesses.codex import producer as codex
 from sidecar.harnesses.codex.events import ThreadOpened, TokenUsage
 from sidecar.harnesses.codex.transcript import RolloutDecoder
 from sidecar.harnesses.opencode import producer as opencode
+from sidecar.registry import spec_for
 from sidecar.replay import replay_recording
 from tests.conformance import fixture_writes, recording_path
 from tests.conftest import FIXTURE_ROOT
@@ -900,3 +901,121 @@ def test_thousands_of_claude_subagents_stay_bounded_and_under_the_record_limit()
     assert len(record.to_json().encode()) < MAX_RECORD_BYTES
     # A usage for a subagent no hook started (a planted transcript) makes no row.
     assert producer.feed(SubagentUsage("a-never-started", 1, None, 9_000), 9_000) == []
+
+
+# ---- omp: the extension's `subagent` frames, one per task child's own session ----------------------
+
+OMP_VERSIONS = ("18.1.16", "18.2.3")
+OMP_CHILDREN = {"Child5000": 5_000, "Child5001": 5_001, "Child7000": 7_000}
+OMP_PARENT_TOKENS, OMP_WINDOW = 1_300, 32_000
+
+
+def omp_writes(version: str) -> list[Write]:
+    """The sidecar's own `--record` of the live delegation, replayed through the live driver."""
+    writes, summary = replay_recording(spec_for("omp"), FIXTURE_ROOT / "pi" / "delegation" / f"omp-{version}.rec")
+    assert not summary.problems and not summary.lost_chunks and not summary.truncated
+    return writes
+
+
+def omp_frames(version: str) -> list[dict[str, Any]]:
+    """The extension's channel frames in the recording (its chunks: each connection's bytes, base64)."""
+    import base64
+
+    streams: dict[object, bytes] = {}
+    for line in (FIXTURE_ROOT / "pi" / "delegation" / f"omp-{version}.rec").read_bytes().splitlines()[1:]:
+        chunk = json.loads(line)
+        if chunk.get("wire") == "channel" and isinstance(chunk.get("b64"), str):
+            streams[chunk["stream"]] = streams.get(chunk["stream"], b"") + base64.b64decode(chunk["b64"])
+    return [json.loads(text) for data in streams.values() for text in data.splitlines() if text.strip()]
+
+
+@pytest.mark.parametrize("version", OMP_VERSIONS)
+def test_the_omp_recording_is_a_real_delegation(version: str) -> None:
+    frames = omp_frames(version)
+    children = {frame["id"] for frame in frames if frame["type"] == "subagent"}
+    assert children == set(OMP_CHILDREN)
+    # Each child's own session stated its served prompt; the parent's frames never did.
+    stated = {(f["id"], f["reading"]["tokens"]) for f in frames if f["type"] == "subagent" and f["reading"]}
+    assert {(child, tokens) for child, tokens in OMP_CHILDREN.items()} <= stated
+    parent = {f["reading"]["tokens"] for f in frames if f["type"] == "context" and f["reading"]}
+    assert OMP_PARENT_TOKENS in parent and not parent & set(OMP_CHILDREN.values())
+
+
+@pytest.mark.parametrize("version", OMP_VERSIONS)
+def test_omp_rows_are_each_childs_own_reading_and_finish(version: str) -> None:
+    writes = omp_writes(version)
+    final = writes[-1].record
+    rows = {row.id: row for row in final.subagents}
+    assert {row_id: row.used_tokens for row_id, row in rows.items()} == OMP_CHILDREN
+    for row in rows.values():
+        assert row.used_tokens != OMP_PARENT_TOKENS  # never the parent's number
+        assert (row.window_tokens, row.window_source, row.model, row.state) == (
+            OMP_WINDOW, "harness", "fake-32k", "finished")  # fmt: skip
+        assert row.used_percent == row.used_tokens * 100 / OMP_WINDOW
+    # The parent's row: its own reading in every write, never a child's.
+    assert final.used_tokens == OMP_PARENT_TOKENS
+    assert not {write.record.used_tokens for write in writes} & set(OMP_CHILDREN.values())
+
+
+def omp_subagent(producer: Any, now_ms: int, **frame: Any) -> list[Any]:
+    from sidecar.harnesses.pi import producer as pi
+
+    base = {"type": "subagent", "event": "agent_end", "id": "Child1", "state": "running", "compactions": 0,
+            "reading": {"tokens": 5_000, "contextWindow": 32_000, "percent": 15.625, "model": "m", "costUsd": None}}
+    readings: list[Any] = []
+    for decoded in pi.channel_frames("subagent", base | frame):
+        readings += producer.feed(decoded, now_ms)
+    return readings
+
+
+def test_an_omp_subagent_frame_never_touches_the_parents_numbers() -> None:
+    from sidecar.harnesses.pi import producer as pi
+
+    producer = pi.PiProducer("omp")
+    parent = {"type": "context", "event": "turn_end", "compaction": None, "compactions": 0,
+              "reading": {"tokens": 1_300, "contextWindow": 200_000, "percent": 0.65, "model": "p", "costUsd": 1.0}}
+    (decoded,) = pi.channel_frames("context", parent)
+    producer.feed(decoded, 1)
+    (reading,) = omp_subagent(producer, 2)
+    fields = reading.fields
+    assert (fields.used_tokens, fields.window_tokens, fields.observed_at_ms) == (1_300, 200_000, 1)
+    (row,) = reading.fields.subagents
+    assert (row.used_tokens, row.window_tokens, row.used_percent, row.state) == (5_000, 32_000, 15.625, "running")
+    assert row.window_tokens != 200_000  # never the parent's window
+    # omp's async-result names the job done, with no reading: the row keeps its own numbers, finished.
+    (reading,) = omp_subagent(producer, 3, event="async-result", state="finished", reading=None, compactions=None)
+    (row,) = reading.fields.subagents
+    assert (row.used_tokens, row.state, row.compactions) == (5_000, "finished", 0)
+
+
+@pytest.mark.parametrize("hostile", ["a\x1b[2Jb", "a\nb", "a\x00", "x" * 200])
+def test_a_hostile_omp_subagent_id_makes_no_row(hostile: str) -> None:
+    from sidecar.harnesses.pi import producer as pi
+
+    producer = pi.PiProducer("omp")
+    assert omp_subagent(producer, 1, id=hostile) == []
+    assert producer.held.subagents.get(hostile) is None
+
+
+@pytest.mark.parametrize("tokens", [-1, 10**30, 1.5, "5000", True])
+def test_a_huge_or_negative_omp_subagent_number_is_refused(tokens: object) -> None:
+    from guard.errors import FrameRejected
+    from sidecar.harnesses.pi import producer as pi
+
+    producer = pi.PiProducer("omp")
+    reading = {"tokens": tokens, "contextWindow": 32_000, "percent": 1.0, "model": "m", "costUsd": None}
+    with pytest.raises(FrameRejected):
+        omp_subagent(producer, 1, reading=reading)
+    assert producer.held.subagents.get("Child1") is None
+
+
+def test_thousands_of_omp_subagents_stay_bounded_and_under_the_record_limit() -> None:
+    from sidecar.harnesses.pi import producer as pi
+
+    producer = pi.PiProducer("omp")
+    for n in range(3_000):
+        omp_subagent(producer, n, id=f"Child{n:0120d}")
+    reading = producer.held.subagents.onto(None, "omp", 3_000)
+    assert len(reading.subagents) == MAX_SUBAGENTS
+    record = HarnessContext(**dict(reading), agent="a", incarnation="i", written_at_ms=3_000)
+    assert len(record.to_json().encode()) < MAX_RECORD_BYTES

@@ -11,6 +11,17 @@
 //    "compactionSettings": {"enabled", "reserveTokens"} | null,
 //    "lastCompactionAt": <the newest compaction entry's timestamp in the session store> | null}
 //
+// omp's `task` subagents run in the same process with this extension rebound to each child's own
+// session; a child's frames are never `context` frames but
+//
+//   {"type":"subagent","event":E,"id":<the child's session name>,"state":"running"|"finished",
+//    "reading":{"tokens","contextWindow","percent","model","costUsd"} | null,
+//    "compactions":<compaction entries in the child's session store> | null}
+//
+// each the child's own ctx.getContextUsage(), as the agent's own reading is; "finished" on the child's
+// session_shutdown, and (reading null) when the parent is delivered omp's `async-result` naming the
+// child's job as completed.
+//
 // `compactionSettings` is pi's own `compaction` settings as `pi.getSettings()` (pi >= 1.x) merges
 // them, the current model's `modelOverrides` entry applied; a key the user never set is null (the
 // harness's default applies, which the producer knows). It is null as a whole where the host has
@@ -21,9 +32,9 @@
 // as a whole only when the harness gives no usage object at all. No imports from either harness, so
 // one file loads in both; it must never break the harness, so every telemetry pull and every socket
 // operation fails open, quietly.
-import { readFileSync, realpathSync } from "node:fs";
+import { existsSync, readFileSync, realpathSync } from "node:fs";
 import { createConnection } from "node:net";
-import { dirname, join } from "node:path";
+import { basename, dirname, join } from "node:path";
 import type { Socket } from "node:net";
 
 const CHANNEL_ENV = "HCTX_CHANNEL";
@@ -144,6 +155,37 @@ function storedCost(ctx: any): number | null {
 	return null;
 }
 
+// omp rebinds every extension of the parent to each `task` subagent's own session, in the same
+// process: without this the parent's record would carry a child's numbers (measured on omp 18.1.16
+// and 18.2.3). A subagent's session file lies in the directory named after its parent's session
+// file (`<parent>/<name>.jsonl`, the rule omp's own session manager walks up by), and its header
+// names that parent; pi has no subagents and never nests its session files.
+// Its name: the file's (`Child0.jsonl`), which is also omp's agent id and job id for it.
+function subagentName(ctx: any): string | null {
+	const file = stringOrNull(attempt(() => ctx.sessionManager.getSessionFile()));
+	if (file === null) return null;
+	const parentFile = `${dirname(file)}.jsonl`;
+	const named = stringOrNull(attempt(() => ctx.sessionManager.getHeader().parentSession));
+	if (named !== parentFile && attempt(() => existsSync(parentFile)) !== true) return null;
+	return bounded(basename(file).replace(/\.jsonl$/, ""));
+}
+
+// The record's bound on a subagent id (guard.record.Printable).
+const MAX_ID_CHARS = 128;
+
+function bounded(value: string): string {
+	return value.slice(0, MAX_ID_CHARS);
+}
+
+// The jobs an omp `async-result` delivery names as done (the parent's custom message).
+function finishedJobs(message: any): string[] {
+	if (attempt(() => message.role === "custom" && message.customType === "async-result") !== true) return [];
+	const jobs: any = attempt(() => message.details.jobs);
+	if (!Array.isArray(jobs)) return [];
+	const ids = jobs.slice(0, 64).map((job: any) => stringOrNull(attempt(() => job.jobId)));
+	return ids.filter((id): id is string => id !== null).map(bounded);
+}
+
 class Channel {
 	private socket: Socket | null = null;
 	private connected = false;
@@ -227,7 +269,21 @@ export default function hctxChannel(pi: any): void {
 		};
 	}
 
+	function send(frame: object): void {
+		channel.send(`${JSON.stringify(frame)}\n`);
+	}
+
+	// A subagent's numbers are its own, never the agent's: its frames are never `context` frames.
+	function emitSubagent(event: string, id: string, ctx: any, state: string): void {
+		send({ type: "subagent", event, id, state, reading: reading(ctx), compactions: compactionCount(ctx) });
+	}
+
 	function emit(event: string, ctx: any, compaction: Compaction | null, count: number | null): void {
+		const child = subagentName(ctx);
+		if (child !== null) {
+			emitSubagent(event, child, ctx, "running");
+			return;
+		}
 		const now = reading(ctx);
 		if (now === null && compaction === null) return;
 		const settings = compactionSettings(pi, ctx);
@@ -235,7 +291,7 @@ export default function hctxChannel(pi: any): void {
 			type: "context", event, reading: now, compaction, compactions: count, version, compactionSettings: settings,
 			lastCompactionAt: lastCompactionAt(ctx),
 		};
-		channel.send(`${JSON.stringify(frame)}\n`);
+		send(frame);
 	}
 
 	function on(event: string, handler: (payload: any, ctx: any) => void): void {
@@ -253,12 +309,22 @@ export default function hctxChannel(pi: any): void {
 				// A new or resumed session restates its own last cost, never its predecessor's.
 				costUsd = storedCost(ctx);
 			} else if (event === "message_end") {
-				const cost = assistantCost(attempt(() => payload.message));
+				const message = attempt(() => payload.message);
+				const cost = assistantCost(message);
 				if (cost !== null) costUsd = cost;
+				if (subagentName(ctx) === null) {
+					for (const id of finishedJobs(message)) {
+						send({ type: "subagent", event: "async-result", id, state: "finished", reading: null, compactions: null });
+					}
+				}
 			}
 			emit(event, ctx, null, compactionCount(ctx));
 		});
 	}
+	on("session_shutdown", (_payload, ctx) => {
+		const child = subagentName(ctx);
+		if (child !== null) emitSubagent("session_shutdown", child, ctx, "finished");
+	});
 	on("auto_compaction_start", (payload) => {
 		pendingReason = stringOrNull(attempt(() => payload.reason));
 	});

@@ -9,6 +9,12 @@ marker in the last user message, so a test decides exactly what the harness is t
 - a summarization request (pi's summarization system prompt, omp's summarizer or its "Write a
   handoff document" user message) gets usage 700/120 and a unique summary: pi finds the saved
   compaction entry by its summary text, so repeated summaries would make it report the wrong one.
+- `[[task:N:IN:OUT]]` in the last user message (omp): the reply calls omp's `task` tool N times at
+  once (N 1..4), child K named `Child<IN+K>` and its assignment carrying `[[child:IN+K:OUT]]`; the
+  request carrying the tool results back gets usage 1300/20, and so does a delivered task result
+  (another user message). A session whose first user message carries `[[child:IN:OUT]]` is a
+  subagent on this same server: usage IN/OUT, and a reply that never repeats the marker, so a
+  child's usage never reaches its parent's prompt through the fake.
 - anything else: usage 1300/20.
 
 Streaming (SSE, with `stream_options.include_usage`) and plain JSON replies are both served. Every
@@ -33,6 +39,8 @@ from tests.fakes.http11 import LOOPBACK, json_response, send, serving
 
 HOST = LOOPBACK
 MARKER = re.compile(r"\[\[u:(\d+):(\d+)(?::(\d+))?\]\]")
+TASK_MARKER = re.compile(r"\[\[task:([1-4]):(\d+):(\d+)\]\]")
+CHILD_MARKER = re.compile(r"\[\[child:(\d+):(\d+)\]\]")
 OVERFLOW_MARKER = "[[overflow]]"
 OVERFLOW_MESSAGE = (
     "This model's maximum context length is 4000 tokens. However, your messages resulted in 5200 tokens. "
@@ -75,6 +83,19 @@ class FakeModel:
             self.requests.append(Served("overflow_error", None, body))
             error = {"message": OVERFLOW_MESSAGE, "type": "invalid_request_error", "code": "context_length_exceeded"}
             return 400, {"error": error}, False
+        first_user = _first_user_text(messages)
+        child = CHILD_MARKER.search(first_user)
+        if child is not None:  # a subagent's session: its assignment is its first user message
+            usage = (int(child[1]), int(child[2]), 0)
+            self.requests.append(Served("child", usage, body))
+            return 200, ("child done (fake)", usage), stream
+        delegation = TASK_MARKER.search(last_user)
+        if delegation is not None:
+            if _answered(messages):
+                self.requests.append(Served("task_results", DEFAULT_USAGE, body))
+                return 200, ("ok (fake reply after the tasks)", DEFAULT_USAGE), stream
+            self.requests.append(Served("task_call", DEFAULT_USAGE, body))
+            return 200, ("delegating (fake)", DEFAULT_USAGE, task_calls(delegation)), stream
         found = MARKER.search(last_user)
         if found is None:
             self.requests.append(Served("default", DEFAULT_USAGE, body))
@@ -82,6 +103,33 @@ class FakeModel:
         usage = (int(found[1]), int(found[2]), int(found[3] or 0))
         self.requests.append(Served("marker", usage, body))
         return 200, (f"ok (fake reply for marker {found[0]})", usage), stream
+
+
+def task_calls(delegation: re.Match[str]) -> tuple[ToolCall, ...]:
+    """omp's `task` tool called once per child, each child's assignment stating its own served usage."""
+    count, used, output = (int(group) for group in delegation.groups())
+    return tuple(
+        ("task", {"name": f"Child{used + index}", "agent": "task",
+                  "task": f"Answer briefly. [[child:{used + index}:{output}]]"})
+        for index in range(count)
+    )  # fmt: skip
+
+
+def _answered(messages: list[Any]) -> bool:
+    """Whether a tool result follows the delegating prompt (the tasks were called already)."""
+    for message in reversed(messages):
+        if isinstance(message, dict) and message.get("role") == "user":
+            return False
+        if isinstance(message, dict) and message.get("role") == "tool":
+            return True
+    return False
+
+
+def _first_user_text(messages: list[Any]) -> str:
+    for message in messages:
+        if isinstance(message, dict) and message.get("role") == "user":
+            return _text_of(message.get("content"))
+    return ""
 
 
 def _text_of(content: Any) -> str:

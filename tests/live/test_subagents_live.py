@@ -18,7 +18,10 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import sys
+import tempfile
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -27,10 +30,13 @@ import httpx
 import pytest
 import trio
 
+from guard.record import HarnessContext
 from tests.fakes.claude_model import FakeMessages, fake_messages
 from tests.fakes.codex_client import CodexClient, stdio_client
 from tests.fakes.opencode_model import TASK_AGENT, OpenCodeFakeModel, opencode_fake_model
-from tests.harnesses import HARNESS_VERSIONS, require_harness
+from tests.fakes.pi_model import DEFAULT_USAGE, SUMMARY_USAGE
+from tests.fakes.pi_model import fake_model as pi_fake_model
+from tests.harnesses import HARNESS_VERSIONS, harness_command, require_harness
 from tests.live.test_claude_live import MODEL as CLAUDE_MODEL
 from tests.live.test_claude_live import (
     RENDERER,
@@ -47,6 +53,11 @@ from tests.live.test_claude_live import (
 )
 from tests.live.test_codex_live import AGENT, Lab, lab
 from tests.live.test_opencode_live import TURN_S, WINDOW, Box, new_session, opencode_under_wrap, prompt, wait_for
+from tests.live.test_pi_live import AGENT as PI_AGENT
+from tests.live.test_pi_live import WINDOW as PI_WINDOW
+from tests.live.test_pi_live import Catalog, Run, write_config
+from tests.live.test_pi_live import _isolated_env as pi_isolated_env
+from tests.live.test_pi_live import wrapped as pi_wrapped
 from tests.wrapping import agent_dir, assert_replays_as_logged, log_events, wrap_argv
 
 pytestmark = pytest.mark.live
@@ -380,3 +391,62 @@ async def test_claude_subagents_rows_are_their_own_transcripts_numbers(version: 
     on_table = sorted(model == SUBAGENT_MODEL for _, model in own.values())
     assert on_table == ([True, True, True] if version == "2.1.250" else [False, True, True])
     await assert_replays_as_logged(catalog, agent, recording)
+
+
+# ---- omp: the `task` tool's subagents, the extension rebound to each child's own session ----------
+
+# The parent's every request is served 1,300/20 (or 700/120) (its record: omp's prompt-only 1,300, or omp's own
+# estimate before its first reply); child K of the parallel turn is served 5,000+K/40, the single
+# turn's child 7,000/40, each named for its number (tests/fakes/pi_model.py): numbers the parent
+# never had.
+OMP_PARALLEL = "split it [[task:2:5000:40]]"
+OMP_ONCE = "once more [[task:1:7000:40]]"
+OMP_CHILDREN = {"Child5000": 5_000, "Child5001": 5_001, "Child7000": 7_000}
+OMP_CHILD_TOKENS = set(OMP_CHILDREN.values())
+OMP_PARENT = {DEFAULT_USAGE, SUMMARY_USAGE}
+
+
+def omp_finished(want: int) -> Callable[[HarnessContext], bool]:
+    return lambda record: len(record.subagents) == want and all(row.state == "finished" for row in record.subagents)
+
+
+@pytest.mark.parametrize("version", HARNESS_VERSIONS["omp"])
+async def test_omp_subagent_rows_are_each_childs_own_reading(version: str) -> None:
+    require_harness("omp", version)
+    home = Path(tempfile.mkdtemp(prefix="hctx-ompsub-", dir="/tmp"))  # the channel socket's path stays short
+    try:
+        recording = home / "omp.rec"
+        async with pi_fake_model() as model:
+            write_config(home / "agent", model)
+            env = pi_isolated_env("omp", version, home)
+            run = Run("omp", harness_command("omp", version), env, home, Catalog(home / "catalog"))
+            async with pi_wrapped(run, "omp", record=recording) as rpc:
+                await rpc.turn(OMP_PARALLEL)
+                await run.catalog.settles(omp_finished(2), "both parallel children finished")
+                await rpc.idle()
+                await rpc.turn(OMP_ONCE)
+                final = await run.catalog.settles(omp_finished(3), "the single child finished too")
+                await rpc.idle()
+        keep_recording(recording.read_bytes(), f"pi/delegation/omp-{version}.rec")
+        # What the real binary did: three children on the fake, each served its own marker.
+        # (omp 18.2.3's parent may also send a request the fake takes for a summary, served 700/120.)
+        assert {served.usage for served in model.requests if served.kind != "child"} <= OMP_PARENT
+        assert {served.usage[0] for served in model.requests if served.kind == "child" and served.usage} == (
+            OMP_CHILD_TOKENS
+        )
+        # Each row: that child's own reading (omp's getContextUsage() in the child's session, its
+        # served prompt), its model's window, the spec's fill, finished; never the parent's 1,300.
+        rows = {row.id: row for row in final.subagents}
+        assert {row_id: row.used_tokens for row_id, row in rows.items()} == OMP_CHILDREN
+        for row in rows.values():
+            assert (row.window_tokens, row.window_source, row.model) == (PI_WINDOW, "harness", "fake-32k")
+            assert row.used_percent == row.used_tokens * 100 / PI_WINDOW
+            assert (row.state, row.compactions) == ("finished", 0)
+        # The parent's row: its own numbers, in every write the sidecar made; never a child's.
+        writes = run.catalog.writes()
+        assert writes and not {write["usedTokens"] for write in writes} & OMP_CHILD_TOKENS, writes
+        assert final.used_tokens in {usage[0] for usage in OMP_PARENT}
+        assert (final.window_tokens, final.compactions) == (PI_WINDOW, 0)
+        await assert_replays_as_logged(run.catalog.root, PI_AGENT, recording)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)

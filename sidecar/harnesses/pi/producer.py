@@ -15,6 +15,15 @@ The frame (sidecar/assets/hctx-channel.ts writes it, one JSON object a line):
      "version": <the host's build, the extension's reading of its package.json> | null,
      "lastCompactionAt": <the newest compaction entry's timestamp in the session store> | null}
 
+omp (issue 28) runs each `task` subagent in the same process with the extension rebound to the
+child's own session; the extension tells that session by omp's own nesting (`<parent>/<name>.jsonl`)
+and sends it as `{"type": "subagent", "event", "id", "state": "running" | "finished", "reading",
+"compactions"}` (`SubagentFrame`), never as `context`: the child's own `getContextUsage()` is its
+row (`Held.subagent`, percent = used * 100 / window, the window the child's own), and the agent's
+reading is untouched. "finished" comes with the child's `session_shutdown`, or (reading null) when
+the parent is delivered omp's `async-result` naming the child's job. Measured live on 18.1.16 and
+18.2.3 (tests/live/test_subagents_live.py, fixtures/pi/delegation/).
+
 The decoding half (`channel_frames`, run by the channel's decoder on the bytes) validates each
 frame into a `ContextFrame`, the one typed event `PiProducer.feed` takes. The lab's probe captures
 were converted once into recordings of the frames the asset sends (scripts/convert_fixtures.py).
@@ -61,6 +70,7 @@ from guard.record import (
     ContextFields,
     Count,
     Harness,
+    SubagentState,
     describe_validation_error,
 )
 from sidecar.held import Held
@@ -76,11 +86,13 @@ __all__ = [
     "PI_DEFAULT_RESERVE_TOKENS",
     "PI_HARNESSES",
     "PI_VERIFIED_VERSIONS",
+    "SUBAGENT_FRAME_TYPE",
     "ChannelCompaction",
     "ChannelCompactionSettings",
     "ChannelReading",
     "ContextFrame",
     "PiProducer",
+    "SubagentFrame",
     "channel_frames",
     "pi_compact_at",
     "trigger_of",
@@ -143,6 +155,7 @@ def pi_compact_at(settings: ChannelCompactionSettings | None, window: int | None
 
 
 FRAME_TYPE = "context"
+SUBAGENT_FRAME_TYPE = "subagent"
 
 
 class ContextFrame(_Wire):
@@ -185,12 +198,30 @@ class ContextFrame(_Wire):
         return optional_model(ChannelCompactionSettings, value)
 
 
+class SubagentFrame(_Wire):
+    """omp: one `task` subagent's own reading (its own session's `getContextUsage()`), or its end."""
+
+    type: Literal["subagent"]
+    id: str
+    state: SubagentState
+    reading: ChannelReading | None
+    compactions: _Tokens | None = None  # the child's own session store's (its `event` is not read)
+
+
+_FRAMES: dict[str, type[ContextFrame] | type[SubagentFrame]] = {
+    FRAME_TYPE: ContextFrame,
+    SUBAGENT_FRAME_TYPE: SubagentFrame,
+}
+
+
 def channel_frames(kind: str, frame: dict[str, Any]) -> list[object]:
-    """The decoding half: a channel envelope of type `context` as its validated `ContextFrame`."""
-    if kind != FRAME_TYPE:
+    """The decoding half: a channel envelope of type `context` (or omp's `subagent`) as its validated
+    `ContextFrame` (`SubagentFrame`)."""
+    model = _FRAMES.get(kind)
+    if model is None:
         raise FrameRejected(f"not a context frame: type {kind[:40]!r}")
     try:
-        return [ContextFrame.model_validate(frame, by_alias=True)]
+        return [model.model_validate(frame, by_alias=True)]
     except ValidationError as exc:
         raise FrameRejected(f"malformed context frame: {describe_validation_error(exc)}") from None
     except RecursionError:
@@ -216,11 +247,13 @@ class PiProducer:
         self.version: str | None = None
         self.settings: ChannelCompactionSettings | None = None
 
-    def feed(self, decoded: ContextFrame, now_ms: int) -> list[Reading]:
-        if not isinstance(decoded, ContextFrame):
+    def feed(self, decoded: ContextFrame | SubagentFrame, now_ms: int) -> list[Reading]:
+        if not isinstance(decoded, ContextFrame | SubagentFrame):
             raise FrameRejected(f"not a context frame but {type(decoded).__name__}")
         if type(now_ms) is not int or now_ms < 0:
             raise FrameRejected(f"arrival time {now_ms!r} is not a time")
+        if isinstance(decoded, SubagentFrame):
+            return self._subagent(decoded, now_ms)
         ledger = self.held.compactions
         if decoded.event == "session_start":
             # A session begins (startup, `/new`, `/resume`, a fork): the edge and the reading held are
@@ -242,6 +275,22 @@ class PiProducer:
             return [self.held.measured(self._fields(decoded.reading, now_ms))]  # with its edge, if any
         # An edge with no reading keeps the held numbers and their time: nothing was re-measured.
         return self.held.edge(now_ms, harness_version=self.version)
+
+    def _subagent(self, frame: SubagentFrame, now_ms: int) -> list[Reading]:
+        """One subagent's row: its own session's numbers, percent as the spec computes fill; a frame
+        without a reading (omp's `async-result`) only marks it finished. Never the agent's numbers."""
+        fields: dict[str, Any] = {"state": frame.state}
+        if frame.compactions is not None:
+            fields["compactions"] = frame.compactions
+        reading = frame.reading
+        if reading is not None:
+            used, window = reading.tokens, reading.context_window
+            fields |= {
+                "used_tokens": used, "window_tokens": window, "model": reading.model,
+                "used_percent": None if used is None or not window else used * 100 / window,
+                "window_source": None if window is None else "harness",
+            }  # fmt: skip
+        return self.held.subagent(frame.id, now_ms, **fields)
 
     def _compact_at(self, window: int | None) -> dict[str, Any]:
         compact_at, auto = pi_compact_at(self.settings if self.harness == "pi" else None, window)
