@@ -608,11 +608,13 @@ def without_rows(spec: HarnessSpec) -> HarnessSpec:
 def timed_delegations() -> list[tuple[str, HarnessSpec, Path]]:
     """The sidecars' own `--record` recordings of the live delegations, timed as the bytes came."""
     found: list[tuple[str, HarnessSpec, Path]] = []
-    for path in sorted((DELEGATIONS / "opencode" / "delegation").glob("delegation-*.rec")):
+    # Beside the live captures, not under fixtures/recordings/ (which holds the converted, untimed ones).
+    live = ROOT / "fixtures"
+    for path in sorted((live / "opencode" / "delegation").glob("delegation-*.rec")):
         found.append((f"opencode {path.stem.removeprefix('delegation-')}", spec_for("opencode"), path))
-    for path in sorted((DELEGATIONS / "claude" / "delegation").glob("*/sidecar.rec")):
+    for path in sorted((live / "claude" / "delegation").glob("*/sidecar.rec")):
         found.append((f"claude {path.parent.name}", spec_for("claude"), path))
-    for path in sorted((ROOT / "fixtures" / "pi" / "delegation").glob("omp-*.rec")):  # the live --record
+    for path in sorted((live / "pi" / "delegation").glob("omp-*.rec")):
         found.append((f"omp {path.stem.removeprefix('omp-')}", spec_for("omp"), path))
     return found
 
