@@ -141,12 +141,6 @@ class SubagentDecoder:
             if _BOUNDARY_KEY in line.head and self._agent is not None:
                 return [SubagentCompacted(self._agent, None)]
             return []
-        if not line.data.strip():
-            return []
-        try:  # the one JSON rule: a damaged line is a counted drop, as on every wire
-            loads_object(line.data)
-        except JsonRefused as exc:
-            return [Dropped(str(exc), SUBAGENT_WIRE)]
         usage = claude_usage(line.data, sidechain=True)
         if usage is not None and usage.agent_id is not None:
             self._agent = usage.agent_id
@@ -155,4 +149,12 @@ class SubagentDecoder:
         if compaction is not None and compaction.agent_id is not None:
             self._agent = compaction.agent_id
             return [SubagentCompacted(compaction.agent_id, compaction.at_ms)]
+        if not line.data.strip():
+            return []
+        # Only a line that made no event is parsed here (a usage line was parsed once, above): the
+        # one JSON rule, so a damaged line is a counted drop, as on every wire.
+        try:
+            loads_object(line.data)
+        except JsonRefused as exc:
+            return [Dropped(str(exc), SUBAGENT_WIRE)]
         return []
