@@ -36,6 +36,7 @@ from wrapper.notice import agent_of
 from wrapper.roster import collect_roster
 from wrapper.web.board import FillHistory, FillPoint, fill_svg, rate_limit_panel, read_fill_history
 from wrapper.web.command import allowed_hosts, is_loopback
+from wrapper.web.feed import Board
 
 
 def hctx(*args: str) -> subprocess.CompletedProcess[str]:
@@ -384,3 +385,33 @@ def test_the_plot_draws_the_compaction_point_and_escapes_nothing_it_was_not_give
     assert svg.count('class="window"') == 1 and "<script" not in svg
     plain = fill_svg(FillHistory(points), None)
     assert plain is not None and 'class="compact-at"' not in plain
+
+
+def test_a_read_that_finds_only_older_ages_is_no_change(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ages move with the clock alone and reach a page every second on their own: the whole
+    catalog read again (every 30 s) over unchanged files keeps the version and pushes nothing, so no
+    page lays out its rows again; a record that moved is one change, of that row alone."""
+    shared = {"key": "1" * 32, "label": "claude · max · ~/.claude"}
+    put(tmp_path, "amber", harness="claude", account=shared, rateLimits={"fiveHour": 40.0, "sevenDay": 7.0})
+    put(tmp_path, "red", harness="claude", account=shared, rateLimits={"fiveHour": 41.0, "sevenDay": None})
+    put(tmp_path, "calm", usedPercent=10.0, rateLimits=None)
+    clock = [now_ms()]
+    monkeypatch.setattr("wrapper.web.feed.now_ms", lambda: clock[0])
+    board = Board(tmp_path, HERE)
+
+    def read(started: float) -> None:
+        found, warnings = board.read_whole(started)
+        board.apply(found, whole=True, warnings=warnings)
+
+    read(1.0)
+    version, panel = board.version, board.panel
+    assert len(board.views) == 3 and panel["entries"]
+    with board.subscribe() as box:
+        clock[0] += 20_000
+        read(2.0)
+        assert board.panel != panel  # its ages did move: "5s" became "25s"
+        assert (board.version, box.rows, box.panel) == (version, {}, None)
+        put(tmp_path, "calm", usedPercent=12.0, rateLimits=None)
+        read(3.0)
+        assert board.version == version + 1
+        assert list(box.rows) == [f"{HERE}/calm"] and box.panel is None

@@ -207,6 +207,9 @@ def test_a_record_rewritten_on_disk_reaches_the_open_page_within_a_second_withou
     open_fleet(page, served)
     page.wait_for_selector(f'#fleet .row[data-key="{HERE}/live"]')
     page.evaluate("window.loadedOnce = true")
+    held = f'#fleet .row[data-key="{HERE}/%s"] .context .chip'
+    page.evaluate("([live, amber]) => { window.held = [live, amber].map(s => document.querySelector(s)); }",
+                  [held % "live", held % "amber"])  # fmt: skip
     latencies = []
     for percent in (50.0, 81.0, 97.0):
         page.evaluate(SEEN, [f"{HERE}/live", f"{percent:.0f}%"])
@@ -217,6 +220,10 @@ def test_a_record_rewritten_on_disk_reaches_the_open_page_within_a_second_withou
         latencies.append(page.evaluate("text => window.seen[text]", text) - written)
     assert page.evaluate("window.loadedOnce") is True  # the same document: no reload
     assert background(chip(page, f"{HERE}/live")) == RED
+    # The moving chip is redone in place and the others are not touched: the very elements first
+    # shown, so a chip a person points at (its title open) does not vanish under the pointer.
+    same = "([live, amber]) => [live, amber].map((s, i) => document.querySelector(s) === window.held[i])"
+    assert page.evaluate(same, [held % "live", held % "amber"]) == [True, True]
     assert max(latencies) <= 1000, latencies
 
 

@@ -135,6 +135,7 @@ class Board:
     def apply(self, found: list[Reading], *, whole: bool, warnings: list[str] | None = None) -> None:
         changed: dict[str, dict[str, Any] | None] = {}
         updated: list[str] = []
+        news = False  # the warnings or the catalog's problem changed
         started = min((reading.started for reading in found), default=math.inf)
         for reading in found:
             name = reading.row.name
@@ -150,18 +151,22 @@ class Board:
                     del self.readings[name]
                     self.views.pop(name, None)
                     changed[name] = None
-            if warnings is not None:
+            if warnings is not None and warnings != self.warnings:
                 self.warnings = warnings
+                news = True
             if self.problem is not None:
                 self.problem = None
+                news = True
                 for box in self.mailboxes:
                     box.post_problem()
         self._view(updated, changed)
         self.views = dict(sorted(self.views.items()))
         panel = rate_limit_panel(((r.row, r.read_ms) for r in self.readings.values()), now_ms())
-        panel_changed = panel != self.panel
+        panel_changed = _settled(panel) != _settled(self.panel)
         self.panel = panel
-        if changed or panel_changed or whole:
+        # A read that found nothing new keeps the version: a page holding it is sent no snapshot,
+        # so its rows are not laid out again for nothing.
+        if changed or panel_changed or news:
             self._changed()
         if changed or panel_changed:
             for box in self.mailboxes:
@@ -174,12 +179,14 @@ class Board:
         for name in updated:
             reading = self.readings[name]
             view = row_view(reading.row, reading.read_ms, reading.read_ms, groups)
-            if self.views.get(name) != view:
-                self.views[name] = changed[name] = view
+            held = self.views.get(name)
+            self.views[name] = view
+            if held is None or _settled(held) != _settled(view):
+                changed[name] = view
         for name, view in list(self.views.items()):
             reading = self.readings[name]
-            if name not in changed and view["agent"]["accountRateLimits"] != account_limits_wire(
-                groups.get(name), reading.row, reading.read_ms
+            if name not in changed and _settled(view["agent"]["accountRateLimits"]) != _settled(
+                account_limits_wire(groups.get(name), reading.row, reading.read_ms)
             ):
                 self.views[name] = changed[name] = row_view(reading.row, reading.read_ms, reading.read_ms, groups)
 
@@ -222,6 +229,19 @@ class Board:
         views, gone = self._cache.changed(agents, read_ms, here=self.here, alive=self.alive)
         found = [Reading(view.row, read_ms, started) for view in views]
         return found, {f"{host}/{identity}" for host, identity in gone}
+
+
+_TICKING = frozenset({"age", "ageMs"})
+
+
+def _settled(value: Any) -> Any:
+    """A view, or the panel, without what the clock alone moves: the ages reach a page every second
+    on their own (`Mailbox.post_ages`), so only what a read found is a change."""
+    if isinstance(value, dict):
+        return {key: _settled(item) for key, item in value.items() if key not in _TICKING}
+    if isinstance(value, list):
+        return [_settled(item) for item in value]
+    return value
 
 
 async def follow(board: Board, stop: anyio.Event, *, reread_s: float = DEFAULT_REREAD_S) -> None:

@@ -111,11 +111,15 @@
     }
   }
 
+  // A view the row already shows is not filled again: a snapshot after a reconnect touches only
+  // the rows that moved.
   function upsert(view) {
     let entry = shown.get(view.key);
     if (!entry) {
       entry = build(view);
       shown.set(view.key, entry);
+    } else if (JSON.stringify(entry.view) === JSON.stringify(view)) {
+      return;
     }
     fill(entry, view);
   }

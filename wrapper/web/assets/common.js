@@ -4,9 +4,9 @@
 
 window.hctx = {
   // The meter chip: the harness's percent, its tint, titled `170k of 200k tokens`; no number when
-  // the harness withheld the percent, no chip without a reading.
-  chip(view) {
-    const chip = document.createElement("span");
+  // the harness withheld the percent, no chip without a reading. `chip` is the one to redo in
+  // place: a chip a person is pointing at stays the same element when its number moves.
+  chip(view, chip = document.createElement("span")) {
     chip.className = "chip";
     if (!view.reading) {
       chip.classList.add("withheld");
@@ -19,18 +19,26 @@ window.hctx = {
       if (view.tint) chip.classList.add("tint-" + view.tint);
     }
     if (view.title) chip.title = view.title;
+    else chip.removeAttribute("title");
     return chip;
   },
 
   // The context cell: the chip, or why there is no reading (a refused record says so).
   context(cell, view) {
-    cell.replaceChildren(hctx.chip(view));
-    if (view.problem) {
-      const reason = document.createElement("div");
+    const held = cell.querySelector(":scope > .chip");
+    const chip = hctx.chip(view, held || undefined);
+    if (!held) cell.prepend(chip);
+    let reason = cell.querySelector(":scope > .reason");
+    if (!view.problem) {
+      if (reason) reason.remove();
+      return;
+    }
+    if (!reason) {
+      reason = document.createElement("div");
       reason.className = "reason";
-      reason.textContent = view.problem;
       cell.append(reason);
     }
+    reason.textContent = view.problem;
   },
 
   age(cell, text, stale) {
