@@ -9,7 +9,11 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
+
+import pytest
 
 from tests.wrapping import env, pid_gone, wait_for, wrap_argv
 from wrapper.harnesses.claude import RENDERER_ENV, SEATS_PATH, SETTINGS_PATH, tee_command
@@ -30,11 +34,14 @@ USER_BYTES = b'{"statusLine": {"type": "command", "command": "my-line.sh"},\n  "
 class Seat:
     """One `hctx wrap` in `work`, as its own agent."""
 
+    started: ClassVar[list[Seat]] = []  # ended by `no_seat_outlives_its_test`, whatever the test did
+
     def __init__(self, tmp_path: Path, work: Path, name: str, wait: bool = True) -> None:
         self.marker = tmp_path / name
         argv = wrap_argv(tmp_path / "catalog", name, "claude", sys.executable, "-c", STANDIN, str(self.marker))
         environ = {key: value for key, value in env().items() if key != RENDERER_ENV}
         self.process = subprocess.Popen(argv, cwd=work, env=environ, stderr=subprocess.PIPE, text=True)
+        Seat.started.append(self)
         if wait:
             self.wait_running()
 
@@ -55,6 +62,21 @@ class Seat:
         self.process.kill()
         self.process.communicate(timeout=30)
         assert self.process.returncode == -signal.SIGKILL
+
+
+@pytest.fixture(autouse=True)
+def no_seat_outlives_its_test() -> Iterator[None]:
+    """A failed assertion leaves no wrapper behind: each seat still running is told to stop, then killed."""
+    yield
+    while Seat.started:
+        process = (seat := Seat.started.pop()).process
+        if process.poll() is None:
+            seat.marker.with_suffix(".stop").touch()
+            try:
+                process.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.communicate(timeout=10)
 
 
 def seat_pids(work: Path) -> list[int]:
