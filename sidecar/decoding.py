@@ -20,6 +20,7 @@ tap's drop report) and hands the object to the harness's `on_frame`.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -27,7 +28,7 @@ from typing import Any, Protocol
 from guard.constants import CHANNEL_DROP_REPORT, CHANNEL_MAX_FRAME_BYTES, OWN_FRAME_PREFIX
 from guard.errors import FrameRejected, MalformedFrame
 from guard.json_rule import loads_object
-from sidecar.framing import LineFramer, Oversized, SseFramer
+from sidecar.framing import Line, LineFramer, Oversized, SseFramer
 
 __all__ = [
     "CHANNEL",
@@ -35,6 +36,7 @@ __all__ = [
     "ChannelFrames",
     "Decoder",
     "Dropped",
+    "LineByLine",
     "LineDecoder",
     "MessageDecoder",
     "Parse",
@@ -82,25 +84,40 @@ def _parsed(parse: Parse, frame: bytes, where: str) -> list[object]:
         return [Dropped(str(exc), where)]
 
 
-class LineDecoder:
+class LineByLine(ABC):
+    """A JSONL decoder that reads each line its `framer` completes (whole, or the head of one over
+    the limit) with its own `_line`; what the stream's cut tail means is each wire's own."""
+
+    framer: LineFramer
+
+    def receive_data(self, data: bytes) -> list[object]:
+        events: list[object] = []
+        for line in self.framer.receive_data(data):
+            events += self._line(line)
+        return events
+
+    @abstractmethod
+    def _line(self, line: Line | Oversized) -> list[object]: ...
+
+    @abstractmethod
+    def end_of_data(self) -> list[object]: ...
+
+
+class LineDecoder(LineByLine):
     def __init__(self, parse: Parse, *, where: str, max_bytes: int = CHANNEL_MAX_FRAME_BYTES) -> None:
         self.framer = LineFramer(max_bytes)
         self._parse = parse
         self._where = where
 
-    def receive_data(self, data: bytes) -> list[object]:
-        events: list[object] = []
-        for frame in self.framer.receive_data(data):
-            if isinstance(frame, Oversized):
-                events.append(Dropped(f"frame over {frame.limit} bytes", self._where))
-            else:
-                events += _parsed(self._parse, frame.data, self._where)
-        return events
+    def _line(self, line: Line | Oversized) -> list[object]:
+        if isinstance(line, Oversized):
+            return [Dropped(f"frame over {line.limit} bytes", self._where)]
+        return _parsed(self._parse, line.data, self._where)
 
     def end_of_data(self) -> list[object]:
         tail = self.framer.end_of_data()
         if isinstance(tail, Oversized):
-            return [Dropped(f"frame over {tail.limit} bytes", self._where)]
+            return self._line(tail)
         if tail is None or not tail.data.strip():
             return []
         return [Dropped(f"truncated frame ({len(tail.data)} bytes without a newline)", self._where)]

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from guard.errors import JsonRefused
 from guard.json_rule import loads_object
 from guard.record import MAX_COUNT
-from sidecar.decoding import Dropped
+from sidecar.decoding import Dropped, LineByLine
 from sidecar.framing import Line, LineFramer, Oversized
 from sidecar.harnesses.claude.transcript import claude_compaction, claude_usage
 from sidecar.transcripts import HEAD_BYTES, MAX_LINE_BYTES
@@ -116,7 +116,7 @@ def subagent_transcript(
     return str(PurePosixPath(session_transcript).parent / session_id / "subagents" / f"agent-{agent_id}.jsonl")
 
 
-class SubagentDecoder:
+class SubagentDecoder(LineByLine):
     """One subagent transcript's bytes, from its first, to `SubagentUsage` and `SubagentCompacted`
     events. A line over MAX_LINE_BYTES (a huge tool result) is skipped, but still counted when its
     head says it is a compaction; a line the JSON rule refuses is a counted drop; any other line says
@@ -125,12 +125,6 @@ class SubagentDecoder:
     def __init__(self) -> None:
         self.framer = LineFramer(MAX_LINE_BYTES, head_bytes=HEAD_BYTES)
         self._agent: str | None = None  # the id the file's own lines name, once one did
-
-    def receive_data(self, data: bytes) -> list[object]:
-        events: list[object] = []
-        for line in self.framer.receive_data(data):
-            events += self._line(line)
-        return events
 
     def end_of_data(self) -> list[object]:
         tail = self.framer.end_of_data()

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from guard.errors import FrameRejected, MalformedFrame
 from guard.json_rule import loads_object
 from guard.record import round_half_up
-from sidecar.decoding import Dropped
+from sidecar.decoding import Dropped, LineByLine
 from sidecar.framing import Line, LineFramer, Oversized
 from sidecar.harnesses.codex.events import (
     ROLLOUT,
@@ -268,7 +268,7 @@ def _rate_limits(count: _TokenCount) -> RateLimitsUpdated | Dropped | None:
         return Dropped(str(exc), ROLLOUT)
 
 
-class RolloutDecoder:
+class RolloutDecoder(LineByLine):
     """The `rollout` wire: a rollout file's bytes, from byte `offset` on, to the Codex producer's
     typed events. Lines are framed by the shared `LineFramer` (MAX_LINE_BYTES); of a line over it
     only the first HEAD_BYTES are kept, enough to still count it when it is a `compacted` one.
@@ -283,12 +283,6 @@ class RolloutDecoder:
     def offset(self) -> int:
         """Of the next byte fed."""
         return self.framer.offset
-
-    def receive_data(self, data: bytes) -> list[object]:
-        events: list[object] = []
-        for line in self.framer.receive_data(data):
-            events += self._line(line)
-        return events
 
     def end_of_data(self) -> list[object]:
         tail = self.framer.end_of_data()
