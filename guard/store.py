@@ -1,7 +1,7 @@
 """The context record on disk: written atomically under the agent's lock, removed on a relaunch
 claim, and the wrapper's note appended to the agent's log.
 
-The catalog's other jobs have their own modules, whose names this one keeps importable:
+The catalog's other jobs have their own modules, each imported from where it is defined:
 `guard.layout` (names, defaults, the log layout), `guard.procs` (/proc probing), `guard.walk`
 (descriptors without following a symlink), `guard.locks`, `guard.atomic` (atomic replace, the
 staging sweep). Listing the catalog is the read side's, guard.catalog.
@@ -13,60 +13,20 @@ import os
 import time
 from pathlib import Path
 
-from guard.atomic import sweep_staging, write_agent_file, write_json_atomic
+from guard.atomic import write_json_atomic
 from guard.constants import CONTEXT_RECORD_NAME, HARNESS_CONTEXT_FUTURE_SKEW_MS
 from guard.errors import RecordRefused
 from guard.files import read_bounded
 from guard.layout import (
-    LOG_NAME_BYTES,
-    SYNCTHING_CONFLICT_NAME,
     AgentDir,
-    as_name,
-    check_name,
-    control_dir,
-    default_catalog,
-    default_catalog_origin,
-    default_host,
-    is_agent_tree_name,
     log_name,
-    log_path,
-    staging_dir,
 )
-from guard.locks import agent_locked, locked
-from guard.procs import ProcStat, pid_alive, proc_stat
+from guard.locks import locked
 from guard.projection import MAX_RECORD_BYTES
 from guard.record import HarnessContext, parse_record
-from guard.walk import agent_dirs, device_of, open_append, open_chain, open_logs_dir
+from guard.walk import agent_dirs, open_append, open_logs_dir
 
-__all__ = [
-    "LOG_NAME_BYTES",
-    "SYNCTHING_CONFLICT_NAME",
-    "AgentDir",
-    "ProcStat",
-    "agent_locked",
-    "append_log_line",
-    "as_name",
-    "check_name",
-    "control_dir",
-    "default_catalog",
-    "default_catalog_origin",
-    "default_host",
-    "device_of",
-    "is_agent_tree_name",
-    "log_name",
-    "log_path",
-    "open_append",
-    "open_chain",
-    "open_logs_dir",
-    "pid_alive",
-    "proc_stat",
-    "remove_context",
-    "staging_dir",
-    "sweep_staging",
-    "write_agent_file",
-    "write_context",
-    "write_json_atomic",
-]
+__all__ = ["append_log_line", "remove_context", "write_context"]
 
 
 def _read_existing(agent_fd: int) -> HarnessContext | None:

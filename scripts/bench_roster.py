@@ -64,7 +64,7 @@ def in_process_cpu_ms(catalog: Path, now_ms: int) -> float:
     """CPU time of collecting and rendering the roster inside one process: the per-agent cost
     without process start-up, and steadier than wall time on a busy machine."""
     sys.path.insert(0, str(REPO))
-    from guard.store import default_host
+    from guard.layout import default_host
     from wrapper.render import render_agents_json
     from wrapper.roster import collect_roster
 

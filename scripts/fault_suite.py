@@ -56,8 +56,8 @@ if str(REPO) not in sys.path:
 import trio  # noqa: E402
 
 from guard.errors import RecordRefused  # noqa: E402
+from guard.layout import AgentDir, log_path  # noqa: E402
 from guard.record import HarnessContext, parse_record  # noqa: E402
-from guard.store import AgentDir, log_path  # noqa: E402
 
 Scale = Literal["ci", "full"]
 HOST = "faulthost"

@@ -18,11 +18,13 @@ import trio
 from pydantic import BaseModel, ValidationError
 
 from guard.account import Account
+from guard.atomic import sweep_staging
 from guard.errors import ConfigError
 from guard.json_rule import loads
+from guard.layout import AgentDir
 from guard.policy import Write, WriteGuard, WriteReason
 from guard.record import Harness, HarnessContext, describe_validation_error
-from guard.store import AgentDir, sweep_staging, write_context
+from guard.store import write_context
 from sidecar import channel, lifeline
 from sidecar.channel import BUFFER_BUDGET_BYTES
 from sidecar.decoding import channel_decoder

@@ -17,7 +17,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from guard.store import log_name, log_path, open_append, open_logs_dir
+from guard.layout import log_name, log_path
+from guard.walk import open_append, open_logs_dir
 
 __all__ = [
     "LOG_BACKUPS",

@@ -25,8 +25,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from guard.layout import AgentDir
 from guard.record import COMPACTION_TRIGGERS, HarnessContext, RateLimits
-from guard.store import AgentDir, write_context
+from guard.store import write_context
 from sidecar.registry import BUILT_IN
 
 PROGRESS = struct.Struct("<qq")  # (attempted, completed); -1 before the first

@@ -20,8 +20,8 @@ import pytest
 from crash_writer import PROGRESS, counter_of, expected_record
 
 from guard.errors import RecordRefused
+from guard.layout import AgentDir, staging_dir
 from guard.record import HarnessContext, parse_record
-from guard.store import AgentDir, staging_dir
 
 TESTS = Path(__file__).resolve().parent
 KILLS = 400

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from guard.errors import FrameRejected
+from guard.layout import log_path
 from guard.record import parse_record
-from guard.store import log_path
 from sidecar.decoding import Dropped
 from sidecar.demo_standin import DEMO_RECORDINGS, paced
 from sidecar.registry import spec_for

@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 from readers_catalog import HOST, HOUR, NOW, REPO, claim, hctx, put_claim, put_record
 
+from guard.layout import default_host
+from guard.procs import pid_alive
 from guard.projection import CONTEXT_KEYS
-from guard.store import default_host, pid_alive
 from wrapper import roster as roster_module
 from wrapper.cli import main
 from wrapper.render import (

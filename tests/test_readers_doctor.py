@@ -10,7 +10,7 @@ from readers_catalog import HOST, HOUR, MINUTE, NOW, hctx, put_claim, put_record
 
 from guard import catalog as guard_catalog
 from guard.constants import HARNESS_CONTEXT_STALE_MS, HARNESS_CONTEXT_WARN_PERCENT
-from guard.store import default_host
+from guard.layout import default_host
 from wrapper.cli import main
 from wrapper.render import doctor_advisories
 from wrapper.roster import collect_roster, now_ms

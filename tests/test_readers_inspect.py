@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from readers_catalog import HOST, HOUR, MINUTE, NOW, agent_path, hctx, put_claim, put_record
 
-from guard.store import log_path
+from guard.layout import log_path
 from wrapper import render
 from wrapper.render import render_inspection
 from wrapper.roster import collect_inspection, incarnation_verdict, launches_within

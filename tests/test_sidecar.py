@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from guard.layout import AgentDir
 from guard.record import HarnessContext, parse_record
 from guard.state import AgentLock, read_state
-from guard.store import AgentDir
 from sidecar.registry import spec_for
 from sidecar.streams import Streams
 from tests.conftest import failing_writer, submit_channel_bytes

@@ -28,9 +28,10 @@ import trio
 
 from guard.constants import HARNESS_CONTEXT_HEARTBEAT_MS
 from guard.errors import ConfigError, RecordRefused
+from guard.layout import AgentDir, log_path
 from guard.policy import Reading, WriteGuard
 from guard.record import ContextFields, HarnessContext, parse_record
-from guard.store import AgentDir, log_path, write_context
+from guard.store import write_context
 from scripts.fault_suite import (
     HOSTILE_FRAME,
     RSS_BOUND_MB,

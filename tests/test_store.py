@@ -20,18 +20,13 @@ from guard_factory import record
 
 import guard.store as store
 import guard.walk as walk
+from guard.atomic import sweep_staging, write_agent_file
 from guard.catalog import iter_hosts, iter_identities
 from guard.errors import CatalogError
+from guard.layout import AgentDir, check_name, staging_dir
 from guard.projection import read_context
 from guard.record import parse_record
-from guard.store import (
-    AgentDir,
-    check_name,
-    remove_context,
-    staging_dir,
-    write_agent_file,
-    write_context,
-)
+from guard.store import remove_context, write_context
 from tests.conftest import REPO
 
 AGENT_FILES = {"harness-context", ".harness-context.lock"}
@@ -461,13 +456,13 @@ def test_identity_walker_refuses_a_symlinked_host(catalog: Path) -> None:
 
 
 def test_staging_files_of_dead_writers_are_swept_and_a_live_writers_are_kept(tmp_path: Path) -> None:
-    store.write_context(store.AgentDir(tmp_path, "h", "a"), record())
+    store.write_context(AgentDir(tmp_path, "h", "a"), record())
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    staging = store.staging_dir(tmp_path)
+    staging = staging_dir(tmp_path)
     (staging / f"harness-context.{int(dead.stdout)}.0a1b2c").write_text("torn")
     (staging / f"harness-context.{os.getpid()}.0a1b2c").write_text("in flight")
     (staging / "unrelated-name").write_text("not ours to judge")
-    assert store.sweep_staging(tmp_path) == 1
+    assert sweep_staging(tmp_path) == 1
     assert sorted(p.name for p in staging.iterdir()) == sorted(
         [f"harness-context.{os.getpid()}.0a1b2c", "unrelated-name"]
     )
@@ -477,7 +472,7 @@ def test_a_symlinked_catalog_root_is_the_users_choice_and_is_written_through(tmp
     real = tmp_path / "real-catalog"
     real.mkdir()
     (tmp_path / "catalog").symlink_to(real)
-    store.write_context(store.AgentDir(tmp_path / "catalog", "h", "a"), record())
+    store.write_context(AgentDir(tmp_path / "catalog", "h", "a"), record())
     assert (real / "agents" / "h" / "a" / "harness-context").is_file()
     assert read_context(tmp_path / "catalog" / "agents" / "h" / "a" / "harness-context", 1788000100000) is not None
 
@@ -486,7 +481,7 @@ def test_proc_stat_reads_parent_and_start_past_a_name_with_parentheses(tmp_path:
     import subprocess
     import sys
 
-    from guard.store import proc_stat
+    from guard.procs import proc_stat
 
     odd = tmp_path / "a) (b"  # the command name in /proc/<pid>/stat may hold ") ("
     odd.symlink_to(sys.executable)
@@ -502,16 +497,18 @@ def test_proc_stat_reads_parent_and_start_past_a_name_with_parentheses(tmp_path:
     assert proc_stat(child.pid) is None or proc_stat(child.pid) != stat
 
 
-def test_the_store_split_by_job_keeps_every_public_import() -> None:
+def test_the_store_is_split_by_job_and_each_name_is_its_own_modules() -> None:
     """guard.store was names, defaults, log layout, /proc probing, locks and atomic replace in one
-    module; each job has its own now, and `from guard.store import X` still gives the very object."""
+    module; each job has its own now, and each module exports only what it defines: a reader finds
+    a name where it lives, not through a module re-exporting another's."""
     import importlib
+    import inspect
 
-    jobs = {name: importlib.import_module(f"guard.{name}") for name in ("layout", "procs", "walk", "locks", "atomic")}
-    homes = {name: job for job, module in jobs.items() for name in module.__all__}
-    for name in store.__all__:
-        if name in homes:
-            assert getattr(store, name) is getattr(jobs[homes[name]], name), name
-    assert {"write_context", "remove_context", "append_log_line"} <= set(store.__all__) - set(homes)
-    one_of_each = ("default_host", "proc_stat", "open_chain", "agent_locked", "write_json_atomic")
-    assert {homes[name] for name in one_of_each} == set(jobs)
+    jobs = ("store", "layout", "procs", "walk", "locks", "atomic")
+    for job in jobs:
+        module = importlib.import_module(f"guard.{job}")
+        for name in module.__all__:
+            value = getattr(module, name)
+            if inspect.isfunction(value) or inspect.isclass(value):
+                assert value.__module__ == module.__name__, (job, name, value.__module__)
+    assert store.__all__ == ["append_log_line", "remove_context", "write_context"]

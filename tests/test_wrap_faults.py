@@ -372,8 +372,8 @@ def test_the_resident_holds_the_wrapper_lock_across_its_exec_and_a_relaunch(tmp_
     """Issue 24 beside 26.3: the wrapper lock taken before the first claim is the resident's after
     the exec (the same pid), still its own after a relaunch's claim (which a step makes under it,
     taking no lock of its own), held by none of its children; --takeover proves it and stops it."""
+    from guard.layout import AgentDir
     from guard.state import wrapper_lock_evidence
-    from guard.store import AgentDir
     from tests.wrapping import HOST
 
     catalog, marker = tmp_path / "c", tmp_path / "ran-once"

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from guard.store import log_path
+from guard.layout import log_path
 from tests.conftest import REPO
 
 HOST = "testhost"

@@ -21,10 +21,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from guard.atomic import write_json_atomic
 from guard.catalog import printable
 from guard.constants import HARNESS_CONTEXT_STALE_MS
 from guard.errors import RecordRefused
-from guard.store import write_json_atomic
 from wrapper.accounts import DEFAULT_RATE_LIMIT_AT, WINDOWS, AccountGroup, Snapshot, fan_in, group_key
 from wrapper.reader_commands import with_host
 from wrapper.render import age_text, percent_text, reset_text

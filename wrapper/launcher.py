@@ -32,6 +32,7 @@ from typing import Any, Literal
 import wrapper.resident
 from guard.constants import CHANNEL_MAX_SOCKET_PATH as MAX_SOCKET_PATH
 from guard.errors import ChannelPathError, ClaimHeld, UnknownHarness, UsageError
+from guard.layout import AgentDir, as_name
 from guard.record import Harness
 from guard.state import (
     AgentLock,
@@ -42,7 +43,6 @@ from guard.state import (
     update_claim,
     wrapper_lock_evidence,
 )
-from guard.store import AgentDir, as_name
 from wrapper.harnesses import LaunchPlan, account_json, has_teardown, prepare, teardown, transport_json
 from wrapper.resident import HARNESS_KILL_DEADLINE_S, SIDECAR_EXIT_TIMEOUT_S, STOP_SIGNALS, exit_status, say
 

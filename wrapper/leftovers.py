@@ -20,7 +20,7 @@ from collections.abc import Container, Iterable
 
 import trio
 
-from guard.store import proc_stat
+from guard.procs import proc_stat
 
 __all__ = [
     "END_GRACE_S",

@@ -31,10 +31,10 @@ import guard
 from guard.catalog import AgentFiles, CatalogCache, CatalogSnapshot
 from guard.constants import HARNESS_CONTEXT_FUTURE_SKEW_MS, HARNESS_CONTEXT_STALE_MS
 from guard.errors import CatalogError
+from guard.procs import pid_alive
 from guard.projection import headroom_tokens
 from guard.record import HarnessContext, RateLimits
 from guard.state import HarnessState
-from guard.store import pid_alive
 from wrapper.arguments import TLS_PAIRING, add_tls_options, positive_seconds, tls_unpaired
 from wrapper.reader_commands import add_catalog_options, existing_catalog, fail, quiet_guard_logs, warn, with_host
 from wrapper.roster import PidProbe, decode_agent, desired_state, now_ms

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from guard.constants import HARNESS_CONTEXT_HEADROOM_WARN_PERCENT, HARNESS_CONTEXT_WARN_PERCENT
 from guard.errors import CatalogError
-from guard.store import default_catalog_origin, default_host
+from guard.layout import default_catalog_origin, default_host
 
 __all__ = [
     "Command",

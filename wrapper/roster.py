@@ -36,10 +36,11 @@ from guard.constants import (
 )
 from guard.errors import AgentNotFound, CatalogError
 from guard.files import open_regular
+from guard.layout import check_name, log_path
+from guard.procs import pid_alive
 from guard.projection import decode_record, exposure, headroom_tokens, project
 from guard.record import HarnessContext
 from guard.state import HarnessState, process_identity
-from guard.store import check_name, log_path, pid_alive
 from sidecar.registry import REGISTERED, verified_versions
 
 __all__ = [

@@ -14,8 +14,9 @@ import json
 import time
 from collections.abc import Callable
 
+from guard.layout import AgentDir
 from guard.state import UNOBSERVED_LIMIT, HarnessState, Unobserved, update_claim
-from guard.store import AgentDir, append_log_line
+from guard.store import append_log_line
 from wrapper.resident import (
     SIDECAR_EXIT_TIMEOUT_S,
     SIDECAR_READY_TIMEOUT_S,

@@ -33,12 +33,15 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from guard.atomic import write_json_atomic
 from guard.constants import CONTROL_DIR_NAME, HARNESS_CONTEXT_STALE_MS
 from guard.errors import CatalogError, RecordRefused
 from guard.files import read_bounded, set_aside
 from guard.json_rule import loads_object
+from guard.layout import check_name, control_dir
+from guard.procs import pid_alive
 from guard.projection import headroom_tokens
-from guard.store import check_name, control_dir, open_chain, pid_alive, write_json_atomic
+from guard.walk import open_chain
 from wrapper.arguments import positive_seconds, whole_number
 from wrapper.reader_commands import add_catalog_options, existing_catalog, with_host
 from wrapper.render import age_text, meter_text, percent_text, subagent_label, tokens_text

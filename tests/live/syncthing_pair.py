@@ -39,9 +39,9 @@ sys.path.insert(0, str(REPO))
 
 from guard.constants import CONTEXT_RECORD_NAME, STATE_RECORD_NAME  # noqa: E402
 from guard.errors import RecordRefused  # noqa: E402
+from guard.layout import log_path  # noqa: E402
 from guard.record import parse_record  # noqa: E402
 from guard.state import parse_state  # noqa: E402
-from guard.store import log_path  # noqa: E402
 from wrapper.demo import FLEET, stop  # noqa: E402
 from wrapper.roster import collect_roster, now_ms  # noqa: E402
 

@@ -25,8 +25,8 @@ import pytest
 import trio
 
 from guard.errors import RecordRefused
+from guard.layout import log_path
 from guard.record import HarnessContext, parse_record
-from guard.store import log_path
 from sidecar.harnesses.opencode.producer import OpenCodeTransport
 from tests.conftest import REPO
 from tests.fakes.opencode_model import SUMMARY_USAGE, OpenCodeFakeModel, opencode_fake_model

@@ -39,6 +39,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from guard.account import Account, account_key, id_text, json_object, label_of, plan_text, read_account_file, shown_dir
+from guard.atomic import write_json_atomic
 from guard.errors import (  # SettingsError: the file cannot be merged without loss
     CatalogError,
     JsonRefused,
@@ -46,8 +47,9 @@ from guard.errors import (  # SettingsError: the file cannot be merged without l
 )
 from guard.files import SYMLINK_PROBLEM, read_bounded, set_aside
 from guard.json_rule import loads
+from guard.procs import proc_stat
 from guard.record import describe_validation_error
-from guard.store import open_chain, proc_stat, write_json_atomic
+from guard.walk import open_chain
 from wrapper.harnesses import LaunchPlan
 
 __all__ = [

@@ -21,7 +21,7 @@ from guard.catalog import printable
 from guard.errors import JsonRefused
 from guard.files import open_regular
 from guard.json_rule import loads
-from guard.store import log_path
+from guard.layout import log_path
 from sidecar.logs import LOG_BACKUPS
 from wrapper.accounts import AccountGroup, Window, fan_in, groups_by_agent
 from wrapper.render import (

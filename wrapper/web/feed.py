@@ -25,7 +25,7 @@ import anyio
 import trio
 
 from guard.errors import CatalogError
-from guard.store import pid_alive
+from guard.procs import pid_alive
 from wrapper.accounts import fan_in, groups_by_agent
 from wrapper.notice import catalog_changes
 from wrapper.render import account_limits_wire

@@ -36,7 +36,7 @@ from typing import Any, Final
 import trio
 import trio.lowlevel
 
-from guard.store import proc_stat
+from guard.procs import proc_stat
 from sidecar.harnesses.codex.events import ROLLOUT
 from sidecar.harnesses.codex.producer import Rollout
 from sidecar.harnesses.codex.transcript import (
