@@ -78,6 +78,8 @@ async def _serve(server: FakeChatGPT, conn: h11.Connection, stream: trio.SocketS
         await reply_json(conn, stream, 200, _usage_body(account or "", primary, secondary))
     elif request.method == b"POST" and path.endswith("/responses"):
         await serve_responses(server.responses, conn, stream, request, body)
+    elif headers.get("upgrade", "").lower() == "websocket":
+        await reply_json(conn, stream, 426, {"detail": "no websocket here"})
     else:
         await reply_json(conn, stream, 404, {"detail": f"no route {request.method.decode()} {path}"})
 
