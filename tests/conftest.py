@@ -29,11 +29,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """Under `pytest -n N` (scripts/test), a work unit is a test module, so a module-scoped fixture
     (a wheel built once, a browser, two Syncthing daemons) is still set up once; and the live tests
     are one unit, run one after another on one worker while the other workers take the rest: real
-    harnesses started side by side starve each other on two cores and miss their deadlines. That
-    unit is the run's longest (some 400 s of ~500 on 2 cores), so the replication test, which
-    starts no harness and spends its minute waiting on two Syncthing daemons, is a unit of its own
-    beside it. The fault campaign's rows are independent scenarios sharing no fixture, and together
-    the longest module: each row is a unit of its own."""
+    harnesses started side by side starve each other on two cores and miss their deadlines. The
+    fault campaign's rows are independent scenarios sharing no fixture, and together the longest
+    module: each row is a unit of its own."""
     if config.getvalue("dist") != "load":
         return None  # a --dist the caller chose
     from xdist.scheduler import LoadScopeScheduling
@@ -43,8 +41,6 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             module = nodeid.split("::", 1)[0]
             if module == "tests/test_fault_suite.py":
                 return nodeid
-            if module == "tests/live/test_replication_live.py":
-                return module
             return "tests/live" if module.startswith("tests/live/") else module
 
     return ModulesLiveTogether(config, log)
