@@ -45,6 +45,25 @@ def logged(write: Write) -> tuple[Any, ...]:
     return tuple(outcome(write).get(key) for key in LOGGED_FIELDS)
 
 
+def assert_lived_as_replayed(lived: list[tuple[Any, ...]], replayed: list[tuple[Any, ...]], coalesced: int) -> None:
+    """The writes a live sidecar logged are those its recording replays to. What a recording cannot
+    hold is how long a write took to land: on a loaded machine a write in flight past
+    STALLED_WRITE_S made the live outbox fold each newer write into the one waiting (the sidecar's
+    exit line counts them, `coalesced`). Then the live writes are the replayed ones with at most
+    that many folded away: in order, each with a replayed write's numbers (its reason may be the
+    folded one's), and the last one the same."""
+    if not coalesced:
+        assert replayed == lived
+        return
+    numbers = [write[1:] for write in replayed]
+    at = 0
+    for write in lived:
+        assert write[1:] in numbers[at:], (write, "not among the replayed writes after", at)
+        at = numbers.index(write[1:], at) + 1
+    assert lived and replayed and lived[-1][1:] == numbers[-1]
+    assert 0 < len(replayed) - len(lived) <= coalesced, (len(replayed), len(lived), coalesced)
+
+
 def recording_path(name: str) -> Path:
     """A converted fixture by its path under fixtures/recordings/ (`claude/session-2.1.332.rec`)."""
     path = RECORDINGS / name

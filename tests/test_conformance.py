@@ -37,6 +37,7 @@ from sidecar.replay import read_header, replay_recording
 from tests.conformance import (
     LOGGED_FIELDS,
     RECORDINGS,
+    assert_lived_as_replayed,
     bytewise,
     chunks_of,
     joined,
@@ -217,12 +218,31 @@ def test_a_channel_recording_sent_to_the_real_sidecar_writes_what_replay_writes(
     lands late in the replay too, so the outbox and the refresh decide alike."""
     spec = spec_for(harness)
     chunks = chunks_of(name)
-    lived, _, recording = lived_on_the_channel(harness, chunks, tmp_path)
+    lived, coalesced, recording = lived_on_the_channel(harness, chunks, tmp_path)
     entries = [json.loads(line) for line in recording.read_bytes().splitlines()]
     header = {"format": "hctx.recording.v1", "harness": harness, "hctx": guard.__version__, "incarnation": "inc"}
     assert entries[0] | {"started_ms": 0} == header | {"started_ms": 0}
     sent = b"".join(chunk.data for chunk in chunks)
     assert b"".join(base64.b64decode(entry["b64"]) for entry in entries if "b64" in entry) == sent
     writes, summary = replay_recording(spec, recording)
-    assert [logged(write) for write in writes if write.reason != "heartbeat"] == lived
+    assert_lived_as_replayed(lived, [logged(write) for write in writes if write.reason != "heartbeat"], coalesced)
     assert lived and summary.sidecars == 1 and not summary.problems
+
+
+def test_a_live_run_that_coalesced_is_its_replay_with_writes_folded_away_and_nothing_else() -> None:
+    """The check the live-against-replay rows use: exact without coalescing; with it, the live
+    writes in order among the replayed ones, the last the same, no more missing than were folded."""
+    replayed = [("bucket", n, 100, float(n), 0, None) for n in (1, 2, 3, 4)]
+    assert_lived_as_replayed(replayed, replayed, 0)
+    folded = [replayed[0], ("compaction", *replayed[3][1:])]  # a folded write may keep a compaction's reason
+    assert_lived_as_replayed(folded, replayed, 2)
+    wrong = [
+        (folded, 0),  # nothing coalesced: must be equal
+        (folded, 1),  # two missing, one folded
+        ([replayed[0], replayed[2]], 2),  # the last is not the replay's last
+        ([replayed[2], replayed[1], replayed[3]], 1),  # out of order
+        ([replayed[0], ("bucket", 9, 100, 9.0, 0, None), replayed[3]], 1),  # a number replay never wrote
+    ]
+    for lived, coalesced in wrong:
+        with pytest.raises(AssertionError):
+            assert_lived_as_replayed(lived, replayed, coalesced)

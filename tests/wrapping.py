@@ -99,13 +99,19 @@ async def assert_replays_as_logged(catalog: Path, agent: str, recording: Path, *
 
     from sidecar.registry import spec_for
     from sidecar.replay import read_header, replay_recording
-    from tests.conformance import LOGGED_FIELDS, logged
+    from tests.conformance import LOGGED_FIELDS, assert_lived_as_replayed, logged
 
-    lived = [tuple(event.get(key) for key in LOGGED_FIELDS)
-             for event in log_events(catalog, agent) if event.get("event") == "write"][since:]  # fmt: skip
+    lived: list[tuple[Any, ...]] = []
+    coalesced = 0  # by the sidecars that exited after the `since`-th write
+    for event in log_events(catalog, agent):
+        if event.get("event") == "write":
+            lived.append(tuple(event.get(key) for key in LOGGED_FIELDS))
+        elif event.get("event") == "exit" and len(lived) > since:
+            coalesced += int(event.get("coalesced") or 0)
+    lived = lived[since:]
     spec = spec_for(str(read_header(recording)["harness"]))
     writes, summary = await trio.to_thread.run_sync(replay_recording, spec, recording)
-    assert [logged(write) for write in writes] == lived
+    assert_lived_as_replayed(lived, [logged(write) for write in writes], coalesced)
     assert lived and not summary.problems and not summary.lost_chunks and not summary.truncated
 
 

@@ -28,6 +28,7 @@ from guard.errors import RecordRefused
 from guard.layout import log_path
 from guard.record import HarnessContext, parse_record
 from sidecar.harnesses.opencode.producer import OpenCodeTransport
+from tests.conformance import assert_lived_as_replayed
 from tests.conftest import REPO
 from tests.fakes.opencode_model import SUMMARY_USAGE, OpenCodeFakeModel, opencode_fake_model
 from tests.harnesses import HARNESS_VERSIONS, harness_env, require_harness
@@ -303,17 +304,17 @@ async def test_records_from_a_live_opencode_server_under_hctx_wrap(box: Box) -> 
         assert record.session_total_tokens is not None
         assert record.session_total_tokens >= 20100 + 30200 + SUMMARY_TOTAL > record.used_tokens
 
-        # The sidecar logs each write just after the record lands.
-        written = await wait_for("the write log", lambda: (w := box.writes(agent)) and len(w) >= 6 and w, 5)
-        assert [(w["reason"], w["usedTokens"]) for w in written] == [
-            ("bucket", 20100),
-            ("bucket", 30200),
-            ("compaction", 30200),
-            ("bucket", 125500),
-            ("compaction", 125500),
-            ("bucket", DEFAULT_TOTAL),
-        ]
-        assert written[3]["usedPercent"] == 98.046875
+        # The sidecar logs each write just after the record lands. On a loaded machine a write that
+        # stalled folds the next into the one waiting (tests.conformance.assert_lived_as_replayed):
+        # then fewer are logged, in the same order, the last the same.
+        written = await wait_for(
+            "the write log", lambda: (w := box.writes(agent)) and w[-1]["usedTokens"] == DEFAULT_TOTAL and w, 10
+        )
+        expected = [("bucket", 20100), ("bucket", 30200), ("compaction", 30200), ("bucket", 125500),
+                    ("compaction", 125500), ("bucket", DEFAULT_TOTAL)]  # fmt: skip
+        lived = [(w["reason"], w["usedTokens"]) for w in written]
+        assert_lived_as_replayed(lived, expected, len(expected) - len(lived))
+        assert [w["usedPercent"] for w in written if w["usedTokens"] == 125500][:1] == [98.046875]
         assert SUMMARY_TOTAL not in {w["usedTokens"] for w in written}
         assert [served.kind for served in fake.requests].count("summary") == 2
         assert all(served.kind != "title" for served in fake.requests)
