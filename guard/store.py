@@ -17,10 +17,7 @@ from guard.atomic import write_json_atomic
 from guard.constants import CONTEXT_RECORD_NAME, HARNESS_CONTEXT_FUTURE_SKEW_MS
 from guard.errors import RecordRefused
 from guard.files import read_bounded
-from guard.layout import (
-    AgentDir,
-    log_name,
-)
+from guard.layout import AgentDir, log_name
 from guard.locks import locked
 from guard.projection import MAX_RECORD_BYTES
 from guard.record import HarnessContext, parse_record

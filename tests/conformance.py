@@ -58,8 +58,10 @@ def assert_lived_as_replayed(lived: list[tuple[Any, ...]], replayed: list[tuple[
     numbers = [write[1:] for write in replayed]
     at = 0
     for write in lived:
-        assert write[1:] in numbers[at:], (write, "not among the replayed writes after", at)
-        at = numbers.index(write[1:], at) + 1
+        try:
+            at = numbers.index(write[1:], at) + 1
+        except ValueError:
+            raise AssertionError((write, "not among the replayed writes after", at)) from None
     assert lived and replayed and lived[-1][1:] == numbers[-1]
     assert 0 < len(replayed) - len(lived) <= coalesced, (len(replayed), len(lived), coalesced)
 
