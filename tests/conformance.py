@@ -53,7 +53,7 @@ def assert_lived_as_replayed(lived: list[tuple[Any, ...]], replayed: list[tuple[
     that many folded away: in order, each with a replayed write's numbers (its reason may be the
     folded one's), and the last one the same."""
     if not coalesced:
-        assert replayed == lived
+        assert replayed == lived, {"lived": lived, "replayed": replayed}
         return
     numbers = [write[1:] for write in replayed]
     at = 0
