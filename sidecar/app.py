@@ -162,10 +162,13 @@ class Outbox:
         return self.pending.popleft() if self.pending else None
 
     def take_all(self) -> Write | None:
-        """The last write owed before the sidecar exits: every waiting one folded into the newest."""
+        """The last write owed before the sidecar exits: every waiting one folded into the newest
+        (counted as coalesced: the exit line says every write that never landed on its own)."""
         owed: Write | None = None
         while self.pending:
             newer = self.pending.popleft()
+            if owed is not None:
+                self.coalesced += 1
             owed = newer if owed is None else _keep_reason(newer, owed)
         return owed
 

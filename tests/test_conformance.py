@@ -236,6 +236,7 @@ def test_a_live_run_that_coalesced_is_its_replay_with_writes_folded_away_and_not
     assert_lived_as_replayed(replayed, replayed, 0)
     folded = [replayed[0], ("compaction", *replayed[3][1:])]  # a folded write may keep a compaction's reason
     assert_lived_as_replayed(folded, replayed, 2)
+    assert_lived_as_replayed(replayed, replayed, 3)  # the recorded landings made the replay fold them too
     wrong = [
         (folded, 0),  # nothing coalesced: must be equal
         (folded, 1),  # two missing, one folded
