@@ -136,12 +136,28 @@ class Outbox:
         self.closed = False
         self.failing = False
         self.in_flight_since: float | None = None  # trio's clock, while a write is landing
+        # The write in flight was found late. Live it is found by the clock, and `on_late` told
+        # (the recording says so); a replay is told instead (`judge_by_clock` off), so it folds
+        # exactly the writes the live outbox folded, however near the bound the recorded times fell.
+        self.late = False
+        self.judge_by_clock = True
+        self.on_late: Callable[[], None] | None = None
         self._changed = trio.Event()
 
     def stalled(self) -> bool:
         since = self.in_flight_since
-        late = since is not None and trio.current_time() - since >= STALLED_WRITE_S
-        return self.failing or late or len(self.pending) >= OUTBOX_WRITES
+        if self.judge_by_clock and not self.late and since is not None:
+            self.late = trio.current_time() - since >= STALLED_WRITE_S
+            if self.late and self.on_late is not None:
+                self.on_late()
+        return self.failing or self.late or len(self.pending) >= OUTBOX_WRITES
+
+    def landing(self) -> None:
+        self.in_flight_since = trio.current_time()
+
+    def landed(self) -> None:
+        self.in_flight_since = None
+        self.late = False
 
     def put(self, write: Write) -> None:
         if self.pending and self.stalled():
@@ -200,6 +216,7 @@ class Writer:
         self.store = store
         self.clock = SystemClock() if clock is None else clock
         self.outbox = Outbox()
+        self.outbox.on_late = partial(self._recorded, "late")
         # While writes fail (a full disk, a catalog turned hostile) the newest is retried on this
         # schedule, not once per frame; the first failure is logged, the recovery says how many.
         self.failures = 0
@@ -235,7 +252,7 @@ class Writer:
         guard = self.pipeline.guard
         if not self.outbox.pending:  # the newest decided write: it lands with the newest reading held
             write = guard.refresh(write, self.clock.wall_ms())
-        self.outbox.in_flight_since = trio.current_time()
+        self.outbox.landing()
         try:
             record = await self.store.write(write.record)
         except OSError as exc:
@@ -249,7 +266,7 @@ class Writer:
                           extra={"event": "write-failed", "reason": write.reason})  # fmt: skip
             return
         finally:
-            self.outbox.in_flight_since = None
+            self.outbox.landed()
         self._recorded("landed")
         if self.failures:
             log.warning("write recovered after %d failed attempts", self.failures,

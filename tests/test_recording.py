@@ -150,6 +150,33 @@ def test_a_decoder_that_raises_is_a_counted_drop_in_replay_as_live(tmp_path: Pat
     assert summary.drops == {"boom": 1}  # the live Stream's catch, counted by the pipeline, not a traceback
 
 
+def test_a_replay_folds_the_writes_the_live_outbox_found_late_and_no_others(tmp_path: Path) -> None:
+    """The replay's outbox is told which write was late (the `late` line the live one recorded),
+    never judges it by the recorded times: a write 1 ms in flight that live found late folds, and
+    one 500 ms in flight that live did not find late (the machine, not the times) folds nothing."""
+    frames = read_chunks((REPO / "fixtures/recordings/claude/statusline-2.1.332.rec").read_bytes())[1:5]
+
+    def chunk(at_ms: int, frame: int) -> dict[str, object]:
+        return {"at_ms": at_ms, "wire": "channel", "stream": 1, "b64": base64.b64encode(frames[frame].data).decode()}
+
+    def writes(*entries: dict[str, object]) -> list[int | None]:
+        path = _recording(tmp_path, "claude", *entries)
+        try:
+            replayed, summary = replay_recording(spec_for("claude"), path)
+        finally:
+            path.unlink()
+        assert not summary.problems
+        return [write.record.used_tokens for write in replayed]
+
+    # The first lands; the second is in flight while the third and fourth come; then each lands.
+    first = (chunk(1000, 0), {"at_ms": 1000, "write": "landed"}, chunk(1001, 1), chunk(1002, 2))
+    late = {"at_ms": 1003, "write": "late"}
+    rest = [{"at_ms": 1600 + at, "write": "landed"} for at in range(3)]
+    assert writes(*first, chunk(1003, 3), late, *rest) == [100005, 305000, 0]  # 754995 folded into the newest
+    assert writes(*first, chunk(1003, 3), *rest) == [100005, 305000, 754995, 0]
+    assert writes(*first, chunk(1500, 3), *rest) == [100005, 305000, 754995, 0]  # 0.5 s, and live found it on time
+
+
 def test_replay_of_a_damaged_recording_says_which_lines_and_exits_1(tmp_path: Path) -> None:
     path = _recording(tmp_path, "pi", {"at_ms": 1001, "wire": "nope", "stream": 1, "b64": "AA=="},
                       {"at_ms": 1002, "wire": "channel", "stream": 1, "b64": "!!"})  # fmt: skip

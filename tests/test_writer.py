@@ -106,3 +106,53 @@ async def test_a_write_still_failing_at_exit_gets_one_last_try(autojump_clock: t
         subject.close()
     assert store.attempted_at == [0, 1]
     assert [record.used_tokens for record in store.records] == [100]
+
+
+class SlowStore(Landed):
+    """Each write takes `seconds` to land (a held lock, a slow disk)."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    async def write(self, record: HarnessContext) -> HarnessContext:
+        await trio.sleep(self.seconds)
+        return await super().write(record)
+
+
+class Lines:
+    """What the writer tells a recording (`hctx wrap --record`), as the recorder takes it."""
+
+    def __init__(self) -> None:
+        self.lines: list[dict[str, object]] = []
+
+    def line(self, entry: dict[str, object]) -> None:
+        self.lines.append(entry)
+
+
+async def test_a_write_found_late_is_recorded_once_and_folds_what_comes_after(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The outbox finds the write in flight late by the clock live, and the recording says so once,
+    when it did: a replay folds by that line, not by its own clock (tests/test_recording.py)."""
+    store = SlowStore(0.2)
+    subject = writer(store)
+    recording = subject.recorder = Lines()  # type: ignore[assignment]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(subject.run)
+        subject.submit(100)  # in flight for 0.2 s
+        await trio.sleep(0.05)
+        subject.submit(200)  # waits its turn: the write in flight is not late yet
+        assert [line["write"] for line in recording.lines] == []
+        await trio.sleep(0.1)
+        subject.submit(300)  # 0.15 s in flight: late, so only the newest is owed
+        subject.submit(400)
+        assert [line["write"] for line in recording.lines] == ["late"]
+        await trio.sleep(1)
+        subject.submit(500)  # the late write landed: the next one waits its turn again
+        subject.submit(600)
+        await trio.sleep(1)
+        subject.close()
+    assert [record.used_tokens for record in store.records] == [100, 400, 500, 600]
+    assert subject.outbox.coalesced == 2
+    assert [line["write"] for line in recording.lines] == ["late", "landed", "landed", "landed", "landed"]
