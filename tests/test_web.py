@@ -387,6 +387,29 @@ def test_the_plot_draws_the_compaction_point_and_escapes_nothing_it_was_not_give
     assert plain is not None and 'class="compact-at"' not in plain
 
 
+def test_a_subagents_age_ticks_with_its_agents_between_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each second a page is sent every age the clock moved: the agent's and each of its subagents'
+    (under the agent's key, a line break and the subagent's id), so a subagent's age on the board
+    moves though nothing about it was read again."""
+    observed = now_ms() - 5_000
+    sub = {"id": "a91242bfc47ae887e", "name": "general-purpose", "model": None, "usedTokens": 9_000,
+           "windowTokens": None, "usedPercent": None, "windowSource": None, "compactions": None,
+           "state": "running", "observedAtMs": observed}  # fmt: skip
+    put(tmp_path, "parent", harness="claude", rateLimits=None, observedAtMs=observed, subagents=[sub])
+    put(tmp_path, "plain", rateLimits=None, observedAtMs=observed)
+    clock = [now_ms()]
+    monkeypatch.setattr("wrapper.web.feed.now_ms", lambda: clock[0])
+    board = Board(tmp_path, HERE)
+    found, warnings = board.read_whole(1.0)
+    board.apply(found, whole=True, warnings=warnings)
+    before = board.ages()
+    clock[0] += 60_000
+    after = board.ages()
+    parent, child = f"{HERE}/parent", f"{HERE}/parent\na91242bfc47ae887e"
+    assert set(after) == {parent, child, f"{HERE}/plain"}
+    assert after[child] != before[child] and after[child] == after[parent] != "-"
+
+
 def test_a_read_that_finds_only_older_ages_is_no_change(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The ages move with the clock alone and reach a page every second on their own: the whole
     catalog read again (every 30 s) over unchanged files keeps the version and pushes nothing, so no

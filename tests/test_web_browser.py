@@ -517,6 +517,12 @@ def test_each_subagent_is_a_line_under_its_agent_with_its_own_tinted_chip(chromi
         expect(chip(page, f"{HERE}/parent")).to_have_text("12%")
         assert background(chip(page, f"{HERE}/parent")) == PLAIN
         expect(page.locator(f'#fleet .row[data-key="{HERE}/plain"] .subagent')).to_have_count(0)
+        # Its age ticks with the agent's, though nothing about it was read again.
+        age, line = first.locator(".sub-age"), first.element_handle()
+        shown = age.inner_text()
+        assert re.fullmatch(r"\d+s", shown)
+        expect(age).not_to_have_text(shown, timeout=5_000)
+        assert line.evaluate("line => line.isConnected")  # the same line, its age alone moved
         put(tmp_path, "parent", usedTokens=23_000, windowTokens=200_000, usedPercent=11.5, harness="claude",
             rateLimits=None, compactions=0, subagents=[rows[0] | {"state": "finished"}, rows[1]])  # fmt: skip
         expect(first.locator(".sub-harness")).to_have_text("finished", timeout=10_000)

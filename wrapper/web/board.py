@@ -49,6 +49,7 @@ __all__ = [
     "FillPoint",
     "age_now",
     "agent_detail",
+    "ages_now",
     "fill_svg",
     "rate_limit_panel",
     "read_fill_history",
@@ -70,6 +71,17 @@ def age_now(row: AgentRow, read_ms: int, now: int) -> str:
     if context is None:
         return "-"
     return age_text(context["ageMs"] + max(0, now - read_ms)) + (" stale" if context["stale"] else "")
+
+
+def ages_now(row: AgentRow, read_ms: int, now: int) -> dict[str, str]:
+    """The ages of a row with a reading that tick on the page: its own under its name, and each
+    subagent's under the name, a line break and the subagent's id (neither holds a line break)."""
+    context = row.context
+    if context is None:
+        return {}
+    since = max(0, now - read_ms)
+    subagents = {f"{row.name}\n{sub['id']}": age_text(sub["ageMs"] + since) for sub in context.get("subagents", [])}
+    return {row.name: age_now(row, read_ms, now), **subagents}
 
 
 def row_view(row: AgentRow, read_ms: int, now: int, groups: Mapping[str, AccountGroup] | None = None) -> dict[str, Any]:

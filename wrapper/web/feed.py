@@ -30,7 +30,7 @@ from wrapper.accounts import fan_in, groups_by_agent
 from wrapper.notice import catalog_changes
 from wrapper.render import account_limits_wire
 from wrapper.roster import AgentRow, PidProbe, RosterCache, now_ms
-from wrapper.web.board import age_now, rate_limit_panel, row_view
+from wrapper.web.board import ages_now, rate_limit_panel, row_view
 
 __all__ = [
     "AGE_TICK_S",
@@ -212,7 +212,7 @@ class Board:
 
     def ages(self) -> dict[str, str]:
         now = now_ms()
-        return {name: age_now(r.row, r.read_ms, now) for name, r in self.readings.items() if r.row.context is not None}
+        return {key: age for r in self.readings.values() for key, age in ages_now(r.row, r.read_ms, now).items()}
 
     # -- reading (in a worker thread) -------------------------------------------------------------
 

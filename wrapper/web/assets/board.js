@@ -191,10 +191,19 @@
     summary();
   }
 
+  // An agent's age under its key; a subagent's under its agent's key, a line break and its own.
   function ages(data) {
     for (const [key, text] of Object.entries(data)) {
-      const entry = shown.get(key);
-      if (entry) hctx.age(entry.cells.age, text, entry.view.stale);
+      const [name, sub] = key.split("\n");
+      const entry = shown.get(name);
+      if (!entry) continue;
+      if (sub === undefined) {
+        hctx.age(entry.cells.age, text, entry.view.stale);
+        continue;
+      }
+      for (const line of entry.element.querySelectorAll(".subagent")) {
+        if (line.dataset.key === sub) line.querySelector(".sub-age").textContent = text;
+      }
     }
     for (const tr of limitsBody.children) {
       if (data[tr.dataset.key] !== undefined) tr.lastChild.textContent = data[tr.dataset.key];
