@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import ssl
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -305,6 +306,25 @@ async def test_every_request_names_the_directory_and_no_proxy_is_used(monkeypatc
     for path, head in heads.items():
         assert head.startswith(f"get {path}?directory=%2fw%2fmy%20project http/1.1\r\n"), head
     assert "\r\naccept: text/event-stream\r\n" in heads["/event"]
+
+
+async def test_the_client_trusts_no_certificate_and_loads_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    """OpenCode's server speaks plain HTTP on loopback: the client's TLS context requires
+    verification and trusts nothing, so no CA bundle is loaded (httpx's default loads certifi's,
+    1.7 MB of each OpenCode sidecar) and a TLS URL can never go unverified."""
+    context = transport.tls_context()
+    assert (context.verify_mode, context.check_hostname, context.get_ca_certs()) == (ssl.CERT_REQUIRED, True, [])
+    made: list[ssl.SSLContext] = []
+
+    def recorded_context(make: Callable[[], ssl.SSLContext] = transport.tls_context) -> ssl.SSLContext:
+        made.append(make())
+        return made[-1]
+
+    monkeypatch.setattr(transport, "tls_context", recorded_context)
+    server, lived = FakeOpenCode(), Lived()
+    async with following(server, lived):
+        await wait_until(lambda: len(lived.events) >= 2)
+    assert len(made) == 1 and made[0].get_ca_certs() == []  # the client ran on it, over plain HTTP
 
 
 async def test_error_statuses_are_logged_and_retried_never_raised(caplog: pytest.LogCaptureFixture) -> None:

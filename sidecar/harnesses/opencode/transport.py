@@ -23,7 +23,10 @@ HTTP is httpx's (on trio through anyio), one `AsyncClient` per transport: `trust
 proxy in the environment never sees loopback traffic, and explicit timeouts: the response head of
 `/event` within `headers_seconds` (a just-started server may leave a first request unanswered),
 then each wait for more of its body within `stall_seconds`; each pull within REQUEST_SECONDS. The
-wrapper always passes `http://HOST:PORT`, HOST loopback unless the user bound the server elsewhere.
+wrapper always passes `http://HOST:PORT`, HOST loopback unless the user bound the server elsewhere,
+so the client's TLS context (`tls_context`) trusts no certificate at all: httpx's default loads the
+CA bundle, 1.7 MB of every OpenCode sidecar for TLS that never happens, and a TLS URL fails its
+verification rather than going unverified.
 Every way a request can fail is one `HttpError` whose message is the sentence to log (`_why`).
 """
 
@@ -32,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import ssl
 import urllib.parse
 from collections.abc import AsyncIterator, Hashable
 from typing import Final
@@ -58,6 +62,7 @@ __all__ = [
     "EventFollower",
     "next_backoff",
     "run",
+    "tls_context",
 ]
 
 log = logging.getLogger(__name__)
@@ -211,7 +216,13 @@ def _why(exc: httpx.HTTPError, read_seconds: float) -> str:
     return text
 
 
+def tls_context() -> ssl.SSLContext:
+    """Verification required, hostnames checked, and no certificate trusted (none loaded)."""
+    return ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+
+
 async def run(config: OpenCodeTransport, streams: Streams) -> None:
     limits = httpx.Limits(max_connections=4, max_keepalive_connections=2)
-    async with httpx.AsyncClient(trust_env=False, timeout=REQUEST_SECONDS, limits=limits) as client:
+    client = httpx.AsyncClient(trust_env=False, verify=tls_context(), timeout=REQUEST_SECONDS, limits=limits)
+    async with client:
         await EventFollower(config, streams, client).run()
