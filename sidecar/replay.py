@@ -226,10 +226,10 @@ async def _sidecar(
             found_late = at + 1 < len(entries) and entries[at + 1][1].get("write") == "late"
             if found_late and writer.outbox.in_flight_since is not None:
                 writer.outbox.late = True
-            if (outcome := entry.get("write")) == "late":
-                pass
-            elif outcome in ("landed", "failed"):
+            if (outcome := entry.get("write")) in ("landed", "failed"):
                 store.release(outcome)
+            elif outcome == "late":
+                pass  # taken with the line before it
             elif isinstance(problem := _play(spec, entry, writer, streams), str):
                 summary.problems.append(f"line {number}: {problem}")
             else:
