@@ -205,8 +205,10 @@ class WriteGuard:
         """Call once the write is durable: the policy's next decisions are relative to it."""
         self.last = record = write.record
         held = self.held
-        if held is not None and held.observed_at_ms <= record.observed_at_ms and (
-            subagent_buckets(held) == subagent_buckets(record)
+        if (
+            held is not None
+            and held.observed_at_ms <= record.observed_at_ms
+            and (subagent_buckets(held) == subagent_buckets(record))
         ):
             self.held = None
         if self.held is None or subagent_buckets(self.held) == subagent_buckets(record):

@@ -41,7 +41,7 @@ IDLE_CPU_TARGET = 0.05  # percent of one core, per agent
 SLEEPER = "import time; time.sleep(1e6)"
 BASELINE = "import trio, time; time.sleep(1e6)"
 # OpenCode's server, as much of it as the sidecar reads.
-OPENCODE = r'''
+OPENCODE = r"""
 import http.server, json, sys, threading, time
 port = int(sys.argv[sys.argv.index("--port") + 1])
 
@@ -75,7 +75,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.wfile.write(body)
 
 http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
-'''
+"""
 
 
 @dataclass

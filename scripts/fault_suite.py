@@ -500,6 +500,7 @@ def burst_codex_tap(work: Path, scale: Scale) -> Row:
 
     from sidecar import channel
     from sidecar.decoding import channel_decoder
+
     deltas = pick(scale, ci=20_000, full=20_000)
     data, usage = codex_burst(deltas)
     directory = Path(tempfile.mkdtemp(prefix="hctx-fault-"))

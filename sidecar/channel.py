@@ -209,9 +209,7 @@ async def _cancel_when_set(event: trio.Event, scope: trio.CancelScope) -> None:
     scope.cancel()
 
 
-async def _accept(
-    listener: trio.socket.SocketType, connections: trio.Nursery, sink: _Sink, peers: set[_Peer]
-) -> None:
+async def _accept(listener: trio.socket.SocketType, connections: trio.Nursery, sink: _Sink, peers: set[_Peer]) -> None:
     try:
         conn, _ = await listener.accept()
     except OSError as exc:
@@ -228,9 +226,7 @@ async def _accept(
     connections.start_soon(_connection, conn, sink, peers, peer)
 
 
-async def _connection(
-    conn: trio.socket.SocketType, sink: _Sink, peers: set[_Peer], peer: _Peer
-) -> None:
+async def _connection(conn: trio.socket.SocketType, sink: _Sink, peers: set[_Peer], peer: _Peer) -> None:
     open_decoder, submit, recorder, budget = sink
     try:
         with conn, peer.scope:

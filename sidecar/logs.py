@@ -41,6 +41,7 @@ RATE_WINDOW_S = 5.0
 
 log = logging.getLogger("sidecar")
 
+
 class LogFile(logging.Handler):
     """Appends to `<catalog>/.st2/logs/<log_name>` through a descriptor of the real logs directory,
     rotating by rename inside it; never raises, never prints."""

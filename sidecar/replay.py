@@ -168,9 +168,7 @@ class _MockWall:
         return self.start + max(0, at_ms - self.origin_ms) / 1000
 
 
-async def _drive(
-    spec: HarnessSpec, lines: list[bytes], agent: str, landed: list[Write], summary: Summary
-) -> None:
+async def _drive(spec: HarnessSpec, lines: list[bytes], agent: str, landed: list[Write], summary: Summary) -> None:
     segment: list[tuple[int, dict[str, Any]]] = []
     header: dict[str, Any] | None = None
     for number, line in enumerate(lines, 1):

@@ -47,7 +47,6 @@ _MAX_MODEL_ID: Final = 256
 ModelId = Annotated[str, Field(min_length=1, max_length=_MAX_MODEL_ID, strict=True)]
 
 
-
 # ---------------------------------------------------------------------------------------------
 # Lines, newest first, within a budget
 
@@ -172,5 +171,3 @@ def json_object(line: bytes) -> dict[str, Any] | None:
         return loads_object(line)
     except JsonRefused:
         return None
-
-

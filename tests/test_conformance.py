@@ -163,9 +163,7 @@ def _lives_on_the_channel(harness: str, name: str) -> bool:
 CHANNEL_CASES = [case for case in CASES if _lives_on_the_channel(*case.values)]  # type: ignore[arg-type]
 
 
-def lived_on_the_channel(
-    harness: str, chunks: list[Chunk], where: Path
-) -> tuple[list[tuple[Any, ...]], int, Path]:
+def lived_on_the_channel(harness: str, chunks: list[Chunk], where: Path) -> tuple[list[tuple[Any, ...]], int, Path]:
     """The writes a real sidecar process logged for `chunks` sent on its channel, how many it
     coalesced (a write stalled past STALLED_WRITE_S: the machine, not the decoder), and the
     recording it made of them (`--record`)."""

@@ -99,7 +99,7 @@ def _damaged(data: bytes) -> st.SearchStrategy[bytes]:
     return st.one_of(
         st.just(data),
         st.integers(0, len(data)).map(lambda cut: data[:cut]),
-        st.tuples(st.integers(0, len(data)), st.binary(max_size=3)).map(lambda c: data[: c[0]] + c[1] + data[c[0]:]),
+        st.tuples(st.integers(0, len(data)), st.binary(max_size=3)).map(lambda c: data[: c[0]] + c[1] + data[c[0] :]),
         st.sampled_from([b"\xef\xbb\xbf" + data, b" " + data + b"\r\n", data + b"x", b"[" + data]),
     )
 

@@ -190,7 +190,6 @@ def test_replay_of_a_damaged_recording_says_which_lines_and_exits_1(tmp_path: Pa
     assert wrong.returncode == 2 and "a recording of 'pi', not of 'claude'" in wrong.stderr
 
 
-
 def test_replay_refuses_a_file_that_is_no_recording_and_says_what_it_is(tmp_path: Path) -> None:
     """Only recordings are replayed: a harness's own capture (the lab's shapes the product once
     converted), an empty file, or a JSON line naming another format is refused, exit 2, nothing printed."""

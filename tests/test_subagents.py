@@ -960,8 +960,14 @@ def test_omp_rows_are_each_childs_own_reading_and_finish(version: str) -> None:
 def omp_subagent(producer: Any, now_ms: int, **frame: Any) -> list[Any]:
     from sidecar.harnesses.pi import producer as pi
 
-    base = {"type": "subagent", "event": "agent_end", "id": "Child1", "state": "running", "compactions": 0,
-            "reading": {"tokens": 5_000, "contextWindow": 32_000, "percent": 15.625, "model": "m", "costUsd": None}}
+    base = {
+        "type": "subagent",
+        "event": "agent_end",
+        "id": "Child1",
+        "state": "running",
+        "compactions": 0,
+        "reading": {"tokens": 5_000, "contextWindow": 32_000, "percent": 15.625, "model": "m", "costUsd": None},
+    }
     readings: list[Any] = []
     for decoded in pi.channel_frames("subagent", base | frame):
         readings += producer.feed(decoded, now_ms)
@@ -972,8 +978,13 @@ def test_an_omp_subagent_frame_never_touches_the_parents_numbers() -> None:
     from sidecar.harnesses.pi import producer as pi
 
     producer = pi.PiProducer("omp")
-    parent = {"type": "context", "event": "turn_end", "compaction": None, "compactions": 0,
-              "reading": {"tokens": 1_300, "contextWindow": 200_000, "percent": 0.65, "model": "p", "costUsd": 1.0}}
+    parent = {
+        "type": "context",
+        "event": "turn_end",
+        "compaction": None,
+        "compactions": 0,
+        "reading": {"tokens": 1_300, "contextWindow": 200_000, "percent": 0.65, "model": "p", "costUsd": 1.0},
+    }
     (decoded,) = pi.channel_frames("context", parent)
     producer.feed(decoded, 1)
     (reading,) = omp_subagent(producer, 2)

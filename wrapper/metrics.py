@@ -164,12 +164,18 @@ _STATIC = len(AGENT_FAMILIES) - 2
 # Issue 29: per account and window, the newest snapshot across the agents whose records name the
 # account (wrapper.accounts.fan_in's rule), labelled by the opaque key, never the label: the
 # series stay few and free of personal data. After the agents' families, from the readable ones.
-ACCOUNT_USED = _gauge("hctx_account_rate_limit_used_percent",
-                      "Account rate-limit window used, in percent: the newest snapshot across the account's agents.")
-ACCOUNT_OBSERVED = _gauge("hctx_account_rate_limit_observed_timestamp_seconds",
-                          "When that newest snapshot was taken, in Unix time; its age is time() minus this.")
-ACCOUNT_RESETS = _gauge("hctx_account_rate_limit_resets_timestamp_seconds",
-                        "When the window resets, as the harness stated it, in Unix time.")
+ACCOUNT_USED = _gauge(
+    "hctx_account_rate_limit_used_percent",
+    "Account rate-limit window used, in percent: the newest snapshot across the account's agents.",
+)
+ACCOUNT_OBSERVED = _gauge(
+    "hctx_account_rate_limit_observed_timestamp_seconds",
+    "When that newest snapshot was taken, in Unix time; its age is time() minus this.",
+)
+ACCOUNT_RESETS = _gauge(
+    "hctx_account_rate_limit_resets_timestamp_seconds",
+    "When the window resets, as the harness stated it, in Unix time.",
+)
 ACCOUNT_AGENTS = _gauge("hctx_account_agents", "Agents whose records name the account.")
 ACCOUNT_FAMILIES = (ACCOUNT_USED, ACCOUNT_OBSERVED, ACCOUNT_RESETS, ACCOUNT_AGENTS)
 # The record's attribute behind each `context` key (None: headroom, derived), read off the model

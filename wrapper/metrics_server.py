@@ -47,6 +47,7 @@ class Limits(Protocol):
     @property
     def idle_s(self) -> float: ...
 
+
 __all__ = [
     "CHUNK",
     "LANDING",

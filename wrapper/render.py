@@ -469,7 +469,8 @@ def subagent_lines(record: HarnessContext) -> list[str]:
     for sub in record.subagents:
         row = sub.model_dump(mode="json", by_alias=True)
         window = {"harness": "stated by the harness", "model-table": "from the model table"}.get(
-            sub.window_source or "", "not stated")
+            sub.window_source or "", "not stated"
+        )
         compactions = "not stated" if sub.compactions is None else str(sub.compactions)
         out.append(f"  subagent      {subagent_label(row)}  {sub.state}  {ctx_text(row | {'stale': False})}"
                    f"  {meter_text(row) or '?/?'}  model {printable(sub.model or '?')}  window {window}"

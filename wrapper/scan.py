@@ -54,6 +54,7 @@ _UNIT_S: Final = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
 _SESSION_ID: Final = re.compile(r"([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})\.jsonl$")
 _FILE_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
+
 def parse_duration(text: str) -> int:
     """`90s`, `30m`, `2h`, `7d`, `1w`, or combined (`1h30m`), in milliseconds."""
     if text.startswith("-"):

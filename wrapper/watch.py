@@ -416,8 +416,15 @@ def load_state(data: bytes) -> dict[str, Seen]:
     except ValidationError as exc:
         raise RecordRefused(str(exc).splitlines()[0]) from None
     return {
-        key: Seen(seen.incarnation, frozenset(seen.fired), seen.headroom_fired, seen.compactions, seen.stale,
-                  seen.observed_ms, frozenset(seen.subagents_fired))
+        key: Seen(
+            seen.incarnation,
+            frozenset(seen.fired),
+            seen.headroom_fired,
+            seen.compactions,
+            seen.stale,
+            seen.observed_ms,
+            frozenset(seen.subagents_fired),
+        )
         for key, seen in wire.agents.items()
     }
 

@@ -105,5 +105,3 @@ def _times_beside(path: Path) -> list[int | None]:
     except OSError:
         return []
     return [instant_ms(line.strip()) for line in text.splitlines()]
-
-

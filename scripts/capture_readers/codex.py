@@ -96,5 +96,3 @@ def _seconds_to_ms(value: Any) -> int | None:
 
 def _is_millis(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-

@@ -75,5 +75,3 @@ def _seconds_to_ms(value: object) -> int | None:
     if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value >= 0:
         return round(value * 1000)
     return None
-
-

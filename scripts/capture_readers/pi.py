@@ -136,5 +136,3 @@ def _number(value: object) -> float | None:
         return float(value)
     except OverflowError:
         return None
-
-

@@ -340,8 +340,15 @@ async def test_claude_subagents_rows_are_their_own_transcripts_numbers(version: 
                 await pane.type(text)
                 await wait_stops(hooks_log, stops, pane, server)
             final = await wait_record(record_path, pane, "the last reply", lambda r: r["usedTokens"] == 23_000)
-            done = await wait_record(record_path, pane, "every subagent's own numbers", lambda r: len(
-                [s for s in r.get("subagents", []) if s["usedTokens"] is not None and s["state"] == "finished"]) == 3)
+            done = await wait_record(
+                record_path,
+                pane,
+                "every subagent's own numbers",
+                lambda r: (
+                    len([s for s in r.get("subagents", []) if s["usedTokens"] is not None and s["state"] == "finished"])
+                    == 3
+                ),
+            )
             await pane.type("/exit")
             await wait_gone(work / ".claude", "/exit")
     payloads = hook_payloads(hooks_log)

@@ -156,8 +156,10 @@ class SubagentFollower:
             return True
         finally:
             os.close(fd)
-        if finished_at is not None and followed.offset >= size and now - max(finished_at, followed.grew_at) >= (
-            FINISHED_QUIET_S
+        if (
+            finished_at is not None
+            and followed.offset >= size
+            and now - max(finished_at, followed.grew_at) >= (FINISHED_QUIET_S)
         ):
             self._end(followed)
             return False
