@@ -8,7 +8,7 @@ import os
 import signal
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -225,6 +225,8 @@ class Writer:
         self.on_fed: Callable[[], None] | None = None  # after each event: a transport pulling what it wants
         # `--record`: when each write landed or failed, so a replay's writes overlap its frames as live
         self.recorder: Recorder | None = None
+        # A replay's writer takes each write when its recording says the live one did (sidecar.replay).
+        self.taking: Callable[[], Awaitable[object]] | None = None
 
     def submit(self, event: object) -> None:
         """Fold one decoded event in at once (a producer is a small state machine): none is ever
@@ -249,9 +251,12 @@ class Writer:
         self.outbox.close()
 
     async def _write(self, write: Write) -> None:
+        if self.taking is not None:
+            await self.taking()
         guard = self.pipeline.guard
         if not self.outbox.pending:  # the newest decided write: it lands with the newest reading held
             write = guard.refresh(write, self.clock.wall_ms())
+        self._recorded("taken")
         self.outbox.landing()
         try:
             record = await self.store.write(write.record)

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MemoryStore",
+    "Recorded",
     "Summary",
     "header_of",
     "read_chunks",
@@ -120,7 +121,32 @@ def replay_bytes(
     return landed, summary
 
 
-class MemoryStore:
+class Recorded:
+    """What a recording says the live writer did, one line at a time (a write taken, a write landed
+    or failed), released in order by the replay driver to the writer waiting for it. Past the
+    recorded ones (`release_all`), or for a recording that holds none, each comes at once (None)."""
+
+    def __init__(self) -> None:
+        self._said: deque[str] = deque()
+        self._released = trio.Event()
+        self.unbounded = False
+
+    def release(self, said: str) -> None:
+        self._said.append(said)
+        self._released.set()
+
+    def release_all(self) -> None:
+        self.unbounded = True
+        self._released.set()
+
+    async def next(self) -> str | None:
+        while not self._said and not self.unbounded:
+            await self._released.wait()
+            self._released = trio.Event()
+        return self._said.popleft() if self._said else None
+
+
+class MemoryStore(Recorded):
     """Records land in memory, `writtenAtMs` strictly monotonic as the catalog's store keeps it.
 
     A write lands when the recording says it did (its `write` lines, in order): the replay driver
@@ -129,24 +155,11 @@ class MemoryStore:
     disk did. Past the recorded ones (or with none), a write lands at once."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.last: HarnessContext | None = None
-        self._outcomes: deque[str] = deque()
-        self._released = trio.Event()
-        self.unbounded = False
-
-    def release(self, outcome: str) -> None:
-        self._outcomes.append(outcome)
-        self._released.set()
-
-    def release_all(self) -> None:
-        self.unbounded = True
-        self._released.set()
 
     async def write(self, record: HarnessContext) -> HarnessContext:
-        while not self._outcomes and not self.unbounded:
-            await self._released.wait()
-            self._released = trio.Event()
-        if self._outcomes and self._outcomes.popleft() == "failed":
+        if await self.next() == "failed":
             raise CatalogError("the recorded write failed (as it did live)")
         if self.last is not None and record.written_at_ms <= self.last.written_at_ms:
             record = record.model_copy(update={"written_at_ms": self.last.written_at_ms + 1})
@@ -207,9 +220,14 @@ async def _sidecar(
     guard = WriteGuard(agent, incarnation if isinstance(incarnation, str) else "replay")
     store = MemoryStore()
     # A recording that says when no write landed (a capture converted into one) lands each at once.
-    store.unbounded = not any("write" in entry for _, entry in entries)
+    store.unbounded = not any(entry.get("write") in ("landed", "failed") for _, entry in entries)
     writer = Writer(Pipeline(spec.make_producer(), guard), store, wall)
     writer.on_landed = landed.append
+    # A write is taken (refreshed with the newest reading held, and sent) when its `taken` line
+    # says: live, the frames the channel read before the writer got to it decided what it carried.
+    taken = Recorded()
+    taken.unbounded = not any(entry.get("write") == "taken" for _, entry in entries)
+    writer.taking = taken.next
     writer.outbox.judge_by_clock = False  # the recording's `late` lines say when a write was late
     streams: dict[int, Stream] = {}
     async with trio.open_nursery() as nursery:
@@ -226,6 +244,8 @@ async def _sidecar(
                 writer.outbox.late = True
             if (outcome := entry.get("write")) in ("landed", "failed"):
                 store.release(outcome)
+            elif outcome == "taken":
+                taken.release(outcome)
             elif outcome == "late":
                 pass  # taken with the line before it
             elif isinstance(problem := _play(spec, entry, writer, streams), str):
@@ -238,6 +258,7 @@ async def _sidecar(
                 summary.lost_chunks += chunks
             summary.truncated = summary.truncated or "truncated" in entry
         store.release_all()
+        taken.release_all()
         writer.close()
     summary.drops.update(writer.pipeline.drops)
 

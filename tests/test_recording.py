@@ -177,6 +177,35 @@ def test_a_replay_folds_the_writes_the_live_outbox_found_late_and_no_others(tmp_
     assert writes(*first, chunk(1500, 3), *rest) == [100005, 305000, 754995, 0]  # 0.5 s, and live found it on time
 
 
+def test_a_replayed_write_is_taken_when_the_live_one_was_so_it_carries_the_same_reading(tmp_path: Path) -> None:
+    """A write is refreshed with the newest reading held when the writer takes it. Live, the
+    channel may read the next frame before the writer gets to the write (trio's scheduling, a loaded
+    machine): the `taken` line says when it did, and the replay takes it there, so the write
+    carries that frame's reading (live, 1592 tokens where the replay once wrote 1446)."""
+    first = read_chunks((REPO / "fixtures/recordings/claude/statusline-2.1.332.rec").read_bytes())[1]
+    frame = json.loads(first.data)
+    window = frame["payload"]["context_window"]
+    window["total_input_tokens"] += 100  # the same 1%: held, not a write of its own
+    window["current_usage"]["input_tokens"] += 100
+    newer = json.dumps(frame, separators=(",", ":")).encode() + b"\n"
+
+    def chunk(at_ms: int, data: bytes) -> dict[str, object]:
+        return {"at_ms": at_ms, "wire": "channel", "stream": 1, "b64": base64.b64encode(data).decode()}
+
+    def writes(*entries: dict[str, object]) -> list[int | None]:
+        path = _recording(tmp_path, "claude", *entries)
+        try:
+            replayed, summary = replay_recording(spec_for("claude"), path)
+        finally:
+            path.unlink()
+        assert not summary.problems
+        return [write.record.used_tokens for write in replayed]
+
+    landed = {"at_ms": 1003, "write": "landed"}
+    assert writes(chunk(1000, first.data), chunk(1001, newer), {"at_ms": 1002, "write": "taken"}, landed) == [100105]
+    assert writes(chunk(1000, first.data), {"at_ms": 1000, "write": "taken"}, chunk(1001, newer), landed) == [100005]
+
+
 def test_replay_of_a_damaged_recording_says_which_lines_and_exits_1(tmp_path: Path) -> None:
     path = _recording(tmp_path, "pi", {"at_ms": 1001, "wire": "nope", "stream": 1, "b64": "AA=="},
                       {"at_ms": 1002, "wire": "channel", "stream": 1, "b64": "!!"})  # fmt: skip

@@ -143,11 +143,11 @@ async def test_a_write_found_late_is_recorded_once_and_folds_what_comes_after(
         subject.submit(100)  # in flight for 0.2 s
         await trio.sleep(0.05)
         subject.submit(200)  # waits its turn: the write in flight is not late yet
-        assert [line["write"] for line in recording.lines] == []
+        assert [line["write"] for line in recording.lines] == ["taken"]
         await trio.sleep(0.1)
         subject.submit(300)  # 0.15 s in flight: late, so only the newest is owed
         subject.submit(400)
-        assert [line["write"] for line in recording.lines] == ["late"]
+        assert [line["write"] for line in recording.lines] == ["taken", "late"]
         await trio.sleep(1)
         subject.submit(500)  # the late write landed: the next one waits its turn again
         subject.submit(600)
@@ -155,4 +155,4 @@ async def test_a_write_found_late_is_recorded_once_and_folds_what_comes_after(
         subject.close()
     assert [record.used_tokens for record in store.records] == [100, 400, 500, 600]
     assert subject.outbox.coalesced == 2
-    assert [line["write"] for line in recording.lines] == ["late", "landed", "landed", "landed", "landed"]
+    assert [line["write"] for line in recording.lines] == ["taken", "late", *["landed", "taken"] * 3, "landed"]
