@@ -150,31 +150,39 @@ def test_a_decoder_that_raises_is_a_counted_drop_in_replay_as_live(tmp_path: Pat
     assert summary.drops == {"boom": 1}  # the live Stream's catch, counted by the pipeline, not a traceback
 
 
+CLAUDE_FRAMES = REPO / "fixtures/recordings/claude/statusline-2.1.332.rec"
+
+
+def _channel_chunk(at_ms: int, data: bytes) -> dict[str, object]:
+    return {"at_ms": at_ms, "wire": "channel", "stream": 1, "b64": base64.b64encode(data).decode()}
+
+
+def _replayed_tokens(tmp_path: Path, *entries: dict[str, object]) -> list[int | None]:
+    """What each write a Claude recording of `entries` replays to carries, in order."""
+    path = _recording(tmp_path, "claude", *entries)
+    try:
+        replayed, summary = replay_recording(spec_for("claude"), path)
+    finally:
+        path.unlink()
+    assert not summary.problems
+    return [write.record.used_tokens for write in replayed]
+
+
 def test_a_replay_folds_the_writes_the_live_outbox_found_late_and_no_others(tmp_path: Path) -> None:
     """The replay's outbox is told which write was late (the `late` line the live one recorded),
     never judges it by the recorded times: a write 1 ms in flight that live found late folds, and
     one 500 ms in flight that live did not find late (the machine, not the times) folds nothing."""
-    frames = read_chunks((REPO / "fixtures/recordings/claude/statusline-2.1.332.rec").read_bytes())[1:5]
-
-    def chunk(at_ms: int, frame: int) -> dict[str, object]:
-        return {"at_ms": at_ms, "wire": "channel", "stream": 1, "b64": base64.b64encode(frames[frame].data).decode()}
-
-    def writes(*entries: dict[str, object]) -> list[int | None]:
-        path = _recording(tmp_path, "claude", *entries)
-        try:
-            replayed, summary = replay_recording(spec_for("claude"), path)
-        finally:
-            path.unlink()
-        assert not summary.problems
-        return [write.record.used_tokens for write in replayed]
-
+    frames = [chunk.data for chunk in read_chunks(CLAUDE_FRAMES.read_bytes())[1:5]]
     # The first lands; the second is in flight while the third and fourth come; then each lands.
-    first = (chunk(1000, 0), {"at_ms": 1000, "write": "landed"}, chunk(1001, 1), chunk(1002, 2))
+    first = (_channel_chunk(1000, frames[0]), {"at_ms": 1000, "write": "landed"},
+             _channel_chunk(1001, frames[1]), _channel_chunk(1002, frames[2]))  # fmt: skip
     late = {"at_ms": 1003, "write": "late"}
     rest = [{"at_ms": 1600 + at, "write": "landed"} for at in range(3)]
-    assert writes(*first, chunk(1003, 3), late, *rest) == [100005, 305000, 0]  # 754995 folded into the newest
-    assert writes(*first, chunk(1003, 3), *rest) == [100005, 305000, 754995, 0]
-    assert writes(*first, chunk(1500, 3), *rest) == [100005, 305000, 754995, 0]  # 0.5 s, and live found it on time
+    folded = _replayed_tokens(tmp_path, *first, _channel_chunk(1003, frames[3]), late, *rest)
+    assert folded == [100005, 305000, 0]  # 754995 folded into the newest
+    each = [100005, 305000, 754995, 0]
+    assert _replayed_tokens(tmp_path, *first, _channel_chunk(1003, frames[3]), *rest) == each
+    assert _replayed_tokens(tmp_path, *first, _channel_chunk(1500, frames[3]), *rest) == each  # 0.5 s, on time live
 
 
 def test_a_replayed_write_is_taken_when_the_live_one_was_so_it_carries_the_same_reading(tmp_path: Path) -> None:
@@ -182,28 +190,16 @@ def test_a_replayed_write_is_taken_when_the_live_one_was_so_it_carries_the_same_
     channel may read the next frame before the writer gets to the write (trio's scheduling, a loaded
     machine): the `taken` line says when it did, and the replay takes it there, so the write
     carries that frame's reading (live, 1592 tokens where the replay once wrote 1446)."""
-    first = read_chunks((REPO / "fixtures/recordings/claude/statusline-2.1.332.rec").read_bytes())[1]
-    frame = json.loads(first.data)
+    first = read_chunks(CLAUDE_FRAMES.read_bytes())[1].data
+    frame = json.loads(first)
     window = frame["payload"]["context_window"]
     window["total_input_tokens"] += 100  # the same 1%: held, not a write of its own
     window["current_usage"]["input_tokens"] += 100
     newer = json.dumps(frame, separators=(",", ":")).encode() + b"\n"
-
-    def chunk(at_ms: int, data: bytes) -> dict[str, object]:
-        return {"at_ms": at_ms, "wire": "channel", "stream": 1, "b64": base64.b64encode(data).decode()}
-
-    def writes(*entries: dict[str, object]) -> list[int | None]:
-        path = _recording(tmp_path, "claude", *entries)
-        try:
-            replayed, summary = replay_recording(spec_for("claude"), path)
-        finally:
-            path.unlink()
-        assert not summary.problems
-        return [write.record.used_tokens for write in replayed]
-
-    landed = {"at_ms": 1003, "write": "landed"}
-    assert writes(chunk(1000, first.data), chunk(1001, newer), {"at_ms": 1002, "write": "taken"}, landed) == [100105]
-    assert writes(chunk(1000, first.data), {"at_ms": 1000, "write": "taken"}, chunk(1001, newer), landed) == [100005]
+    sent, landed = (_channel_chunk(1000, first), _channel_chunk(1001, newer)), {"at_ms": 1003, "write": "landed"}
+    assert _replayed_tokens(tmp_path, *sent, {"at_ms": 1002, "write": "taken"}, landed) == [100105]
+    taken_at_once = (sent[0], {"at_ms": 1000, "write": "taken"}, sent[1])
+    assert _replayed_tokens(tmp_path, *taken_at_once, landed) == [100005]
 
 
 def test_replay_of_a_damaged_recording_says_which_lines_and_exits_1(tmp_path: Path) -> None:
