@@ -220,13 +220,15 @@ async def _sidecar(
     guard = WriteGuard(agent, incarnation if isinstance(incarnation, str) else "replay")
     store = MemoryStore()
     # A recording that says when no write landed (a capture converted into one) lands each at once.
-    store.unbounded = not any(entry.get("write") in ("landed", "failed") for _, entry in entries)
+    # The writer's own lines the recording holds (a hostile one's non-string `write` is none of them).
+    said = {said for _, entry in entries if isinstance(said := entry.get("write"), str)}
+    store.unbounded = not said & {"landed", "failed"}
     writer = Writer(Pipeline(spec.make_producer(), guard), store, wall)
     writer.on_landed = landed.append
     # A write is taken (refreshed with the newest reading held, and sent) when its `taken` line
     # says: live, the frames the channel read before the writer got to it decided what it carried.
     taken = Recorded()
-    taken.unbounded = not any(entry.get("write") == "taken" for _, entry in entries)
+    taken.unbounded = "taken" not in said
     writer.taking = taken.next
     writer.outbox.judge_by_clock = False  # the recording's `late` lines say when a write was late
     streams: dict[int, Stream] = {}

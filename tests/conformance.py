@@ -46,12 +46,13 @@ def logged(write: Write) -> tuple[Any, ...]:
 
 
 def assert_lived_as_replayed(lived: list[tuple[Any, ...]], replayed: list[tuple[Any, ...]], coalesced: int) -> None:
-    """The writes a live sidecar logged are those its recording replays to. What a recording cannot
-    hold is how long a write took to land: on a loaded machine a write in flight past
-    STALLED_WRITE_S made the live outbox fold each newer write into the one waiting (the sidecar's
-    exit line counts them, `coalesced`). Then the live writes are the replayed ones with at most
-    that many folded away: in order, each with a replayed write's numbers (its reason may be the
-    folded one's), and the last one the same."""
+    """The writes a live sidecar logged are those its recording replays to. On a loaded machine a
+    write in flight past STALLED_WRITE_S made the live outbox fold each newer write into the one
+    waiting (the sidecar's exit line counts them, `coalesced`); the recording says when each write
+    was taken, found late and landed, so the replay folds the same ones. Where the sidecar folded
+    any, the check allows the live writes to be the replayed ones with at most that many folded
+    away: in order, each with a replayed write's numbers (its reason may be the folded one's), and
+    the last one the same."""
     if not coalesced:
         assert replayed == lived, {"lived": lived, "replayed": replayed}
         return
@@ -63,8 +64,7 @@ def assert_lived_as_replayed(lived: list[tuple[Any, ...]], replayed: list[tuple[
         except ValueError:
             raise AssertionError((write, "not among the replayed writes after", at)) from None
     assert lived and replayed and lived[-1][1:] == numbers[-1]
-    # None missing: the replay folded them too (the recording says when each write landed, and
-    # when the session ended).
+    # None missing: the replay folded them too.
     assert 0 <= len(replayed) - len(lived) <= coalesced, (len(replayed), len(lived), coalesced)
 
 

@@ -159,7 +159,7 @@ class SubagentFollower:
         if (
             finished_at is not None
             and followed.offset >= size
-            and now - max(finished_at, followed.grew_at) >= (FINISHED_QUIET_S)
+            and now - max(finished_at, followed.grew_at) >= FINISHED_QUIET_S
         ):
             self._end(followed)
             return False
