@@ -31,7 +31,7 @@ from sidecar.decoding import channel_decoder
 from sidecar.pipeline import Pipeline
 from sidecar.registry import HarnessSpec, spec_for
 from sidecar.spec import Transport
-from sidecar.streams import Streams, transport_for
+from sidecar.streams import CHUNK_MS, Streams, transport_for
 
 if TYPE_CHECKING:
     from sidecar.recorder import Recorder
@@ -98,7 +98,9 @@ class Clock(Protocol):
 
 class SystemClock:
     def wall_ms(self) -> int:
-        return time.time_ns() // 1_000_000
+        """Now; for an event of a chunk, when the chunk arrived (sidecar.streams.CHUNK_MS)."""
+        arrived = CHUNK_MS.get()
+        return time.time_ns() // 1_000_000 if arrived is None else arrived
 
 
 class Store(Protocol):

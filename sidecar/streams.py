@@ -18,6 +18,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Hashable
+from contextvars import ContextVar
 from typing import TYPE_CHECKING
 
 import trio
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from sidecar.recorder import Recorder
 
 __all__ = [
+    "CHUNK_MS",
     "Stream",
     "Streams",
     "transport_for",
@@ -52,23 +54,29 @@ class Stream:
 
     def receive_data(self, data: bytes) -> int:
         """How many events the bytes completed (each already submitted)."""
+        at = wall_ms()
         if self._recorder is not None:
-            self._recorder.chunk(wall_ms(), self.wire, self._id, data)
-        return self._each(self.decoder.receive_data, data)
+            self._recorder.chunk(at, self.wire, self._id, data)
+        return self._each(self.decoder.receive_data, data, at)
 
     def end_of_data(self) -> int:
+        at = wall_ms()
         if self._recorder is not None:
-            self._recorder.line({"at_ms": wall_ms(), "wire": self.wire, "stream": self._id, "end": True})
-        return self._each(lambda _: self.decoder.end_of_data(), b"")
+            self._recorder.line({"at_ms": at, "wire": self.wire, "stream": self._id, "end": True})
+        return self._each(lambda _: self.decoder.end_of_data(), b"", at)
 
-    def _each(self, decode: Callable[[bytes], list[object]], data: bytes) -> int:
+    def _each(self, decode: Callable[[bytes], list[object]], data: bytes, at: int) -> int:
         try:
             events = decode(data)
         except Exception:  # a decoder bug costs these bytes, never the transport
             log.exception("decoder failed; bytes dropped", extra={"event": "decoder-failed", "wire": self.wire})
             events = [Dropped("decoder failed", self.wire)]
-        for event in events:
-            self._submit(event)
+        arrived = CHUNK_MS.set(at)
+        try:
+            for event in events:
+                self._submit(event)
+        finally:
+            CHUNK_MS.reset(arrived)
         return len(events)
 
 
@@ -108,6 +116,12 @@ class Streams:
 def wall_ms() -> int:
     """A recorded chunk's time: the wall clock the writer stamps records with (sidecar.app)."""
     return time.time_ns() // 1_000_000
+
+
+# While a chunk's events are submitted, the time its bytes arrived (the time its recording holds):
+# every event of one chunk is taken at that one time, live as in replay, so a second reading the
+# same bytes carried is never a millisecond newer live than it replays (sidecar.app.SystemClock).
+CHUNK_MS: ContextVar[int | None] = ContextVar("CHUNK_MS", default=None)
 
 
 def _recording_facts(submit: Submit, recorder: Recorder) -> Submit:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 
+import pytest
 import trio
 import trio.testing
 
@@ -156,3 +157,35 @@ async def test_a_write_found_late_is_recorded_once_and_folds_what_comes_after(
     assert [record.used_tokens for record in store.records] == [100, 400, 500, 600]
     assert subject.outbox.coalesced == 2
     assert [line["write"] for line in recording.lines] == ["taken", "late", *["landed", "taken"] * 3, "landed"]
+
+
+class TwoFills:
+    """A decoder whose every chunk completes two events: the fills 500 and 505."""
+
+    def receive_data(self, data: bytes) -> list[object]:
+        return [500, 505]
+
+    def end_of_data(self) -> list[object]:
+        return []
+
+
+def test_the_events_of_one_chunk_are_taken_at_the_time_it_arrived(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Live, every event a chunk completed is taken at the time its bytes arrived, the time its
+    recording holds: a clock that ticks between them (each call here a millisecond later) never
+    makes the second reading newer live than it is in replay, where one chunk has one time."""
+    from sidecar import streams
+    from sidecar.app import SystemClock
+
+    ticks = iter(range(1_780_000_000_000, 1_780_000_001_000))
+    monkeypatch.setattr(streams.time, "time_ns", lambda: next(ticks) * 1_000_000)
+    seen: list[int] = []
+
+    class Seen(Fills):
+        def feed(self, event: int, now_ms: int) -> list[Reading]:
+            seen.append(now_ms)
+            return super().feed(event, now_ms)
+
+    subject = Writer(Pipeline(Seen(), WriteGuard("a", "inc")), Landed(), SystemClock())
+    streams.Stream(TwoFills(), subject.submit, "channel").receive_data(b"two frames")
+    assert seen == [1_780_000_000_000, 1_780_000_000_000]
+    assert SystemClock().wall_ms() > seen[0]  # outside a chunk, the clock itself
