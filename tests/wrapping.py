@@ -93,19 +93,20 @@ def context_frame(tokens: int, window: int, percent: float) -> str:
 
 async def assert_replays_as_logged(catalog: Path, agent: str, recording: Path, *, since: int = 0) -> None:
     """The recording `hctx wrap --record` made replays (through the live driver, in a thread: it
-    runs a trio loop of its own) to the writes the sidecar logged, from the `since`-th write of the
-    agent's log on (an earlier wrap's are before)."""
+    runs a trio loop of its own) to the writes the sidecar logged, whole records (every field but
+    `writtenAtMs`), from the `since`-th write of the agent's log on (an earlier wrap's are before)."""
     import trio
 
     from sidecar.registry import spec_for
     from sidecar.replay import read_header, replay_recording
-    from tests.conformance import LOGGED_FIELDS, assert_lived_as_replayed, logged
+    from tests.conformance import assert_lived_as_replayed, logged
+    from tests.conformance import lived as lived_write
 
     lived: list[tuple[Any, ...]] = []
     coalesced = 0  # by the sidecars that exited after the `since`-th write
     for event in log_events(catalog, agent):
         if event.get("event") == "write":
-            lived.append(tuple(event.get(key) for key in LOGGED_FIELDS))
+            lived.append(lived_write(event))
         elif event.get("event") == "exit" and len(lived) > since:
             coalesced += int(event.get("coalesced") or 0)
     lived = lived[since:]
