@@ -82,6 +82,17 @@ def assert_lived_as_replayed(lived: list[tuple[Any, ...]], replayed: list[tuple[
     assert 0 <= len(replayed) - len(lived) <= coalesced, (len(replayed), len(lived), coalesced)
 
 
+# Where the live tests keep the recordings `hctx wrap --record` made of real sessions (one folder
+# per harness, `HCTX_KEEP_RECORDINGS`, tests/wrapping.py): not conversions of the lab's captures.
+WRAPPED = "wrapped"
+
+
+def converted_recordings() -> list[Path]:
+    """Every recording under fixtures/recordings/ converted from the lab's captures (the wrapped
+    sessions' recordings aside: tests/test_wrapped_recordings.py holds those)."""
+    return [path for path in sorted(RECORDINGS.rglob("*.rec")) if WRAPPED not in path.relative_to(RECORDINGS).parts]
+
+
 def recording_path(name: str) -> Path:
     """A converted fixture by its path under fixtures/recordings/ (`claude/session-2.1.332.rec`)."""
     path = RECORDINGS / name

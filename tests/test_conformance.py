@@ -41,6 +41,7 @@ from tests.conformance import (
     assert_lived_as_replayed,
     bytewise,
     chunks_of,
+    converted_recordings,
     joined,
     logged,
     outcome,
@@ -55,7 +56,7 @@ from tests.wrapping import HOST, env, log_events
 def _by_harness() -> dict[str, list[str]]:
     """Every converted fixture (fixtures/recordings/), by the harness its header names."""
     found: dict[str, list[str]] = {harness: [] for harness in BUILT_IN}
-    for path in sorted(RECORDINGS.rglob("*.rec")):
+    for path in converted_recordings():
         found.setdefault(str(read_header(path)["harness"]), []).append(path.relative_to(RECORDINGS).as_posix())
     return found
 
