@@ -345,10 +345,10 @@ def test_only_the_wrapper_side_imports_a_launch_plan() -> None:
     out of the sidecar: no producer, transport, registry or runtime module imports one (the registry
     loads one, by the spec's name, only when the wrapper asks: tests/test_sidecar_imports.py)."""
     graph = import_graph("run-time")
-    assert {module for module in MODULES if is_launch_side(module)} == {
-        "sidecar.launching",
-        *(f"sidecar.harnesses.{name}.launch" for name in ("claude", "codex", "opencode", "pi")),
-    }
+    from sidecar.registry import BUILT_IN, spec_for
+
+    plans = {f"{spec_for(name).package}.{spec_for(name).launch}" for name in BUILT_IN}
+    assert {module for module in MODULES if is_launch_side(module)} == {"sidecar.launching", *plans}
     assert "sidecar.launching" in graph["sidecar.harnesses.claude.launch"]  # the graph sees their imports
     assert launch_imports(graph) == []
     # Not vacuous: a producer or the runtime importing one is named.

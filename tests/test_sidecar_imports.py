@@ -162,7 +162,7 @@ def test_the_launch_side_is_found_by_name() -> None:
     from sidecar.registry import BUILT_IN, spec_for
 
     named = {f"{spec_for(name).package}.{spec_for(name).launch}" for name in BUILT_IN}
-    assert named == {f"sidecar.harnesses.{name}.launch" for name in ("claude", "codex", "pi", "opencode")}
+    assert all((REPO / name.replace(".", "/")).with_suffix(".py").is_file() for name in named)
     others = {"sidecar.harnesses.claude.producer", "sidecar.harnesses.codex.transport", "sidecar.app", "wrapper.cli"}
     assert launch_modules({*named, "sidecar.launching", *others}) == sorted({*named, "sidecar.launching"})
 

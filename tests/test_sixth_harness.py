@@ -1,7 +1,8 @@
-"""A sixth harness is one module, one launch plan and one line in the registry.
+"""A sixth harness is one folder, its launch plan included, and one line in the registry.
 
 `tests/sixth_harness/` defines one entirely outside the product (docs/sixth-harness.md is the
-recipe it follows): its spec module, its launch plan, and its registry line, an entry point in the
+recipe it follows): its spec module and its launch plan, side by side in its package (the spec names
+`launch` inside it), and its registry line, an entry point in the
 `hctx.harnesses` group (a dist-info under `registered/`, as an installed plugin would have). Nothing
 under guard/, sidecar/ or wrapper/ names it, and yet `hctx replay`, `hctx wrap` with its real
 sidecar, the readers and the conformance properties all take it.
@@ -161,7 +162,7 @@ def test_a_spec_names_modules_only_inside_its_own_package() -> None:
     for name in registry.BUILT_IN:
         spec = spec_for(name)
         named = [spec.launch, spec.transport, spec.transcripts, spec.model_windows]
-        assert spec.package == f"sidecar.harnesses.{'pi' if name == 'omp' else name}"
+        assert spec.package.startswith("sidecar.harnesses.") and spec.module(spec.launch).__file__
         assert all(module is None or spec.module(module).__name__ == f"{spec.package}.{module}" for module in named)
 
 
