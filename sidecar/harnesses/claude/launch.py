@@ -86,6 +86,8 @@ SETTINGS_PATH = Path(CLAUDE_DIR) / "settings.local.json"
 # Who runs here and what the settings file was before the first of them (see the module doc).
 SEATS_PATH = Path(CLAUDE_DIR) / "hctx-seats.json"
 RENDERER_ENV = "ST_CLAUDE_STATUSLINE_RENDERER"
+# Issue 37: the user's own `subagentStatusLine`, which the subagent tee runs for the rows Claude draws.
+SUBAGENT_RENDERER_ENV = "ST_CLAUDE_SUBAGENT_STATUSLINE_RENDERER"
 # Tells the tee where this project's `.claude/settings.json` is (it chains that file's statusLine).
 PROJECT_DIR_ENV = "HCTX_CLAUDE_PROJECT_DIR"
 # SubagentStart/SubagentStop (issue 28): a subagent's id, type and finish; they carry no usage.
@@ -123,6 +125,12 @@ def status_line() -> dict[str, Any]:
     }
 
 
+def subagent_status_line() -> dict[str, Any]:
+    """Claude runs it with each Task subagent's row as Claude states it (issue 37): recorded, and
+    the user's own `subagentStatusLine` answers for the rows drawn."""
+    return {"type": "command", "command": tee_command("subagentstatusline")}
+
+
 def _is_ours(hook: object) -> bool:
     command = str(hook.get("command", "")) if isinstance(hook, dict) else ""
     return any(module in command for module in (TEE_MODULE, *EARLIER_TEE_MODULES))
@@ -145,6 +153,7 @@ def render_settings(settings: dict[str, Any]) -> dict[str, Any]:
     """`settings` with hctx's status line and hooks, every other key and hook left as it was."""
     rendered = dict(settings)
     rendered["statusLine"] = status_line()
+    rendered["subagentStatusLine"] = subagent_status_line()
     hooks = rendered.get("hooks", {})
     if not isinstance(hooks, dict):
         raise SettingsError(f'"hooks" is a {type(hooks).__name__}, not an object')
@@ -168,11 +177,12 @@ def unrender_settings(settings: dict[str, Any], original: dict[str, Any]) -> dic
     that `s` holds nothing of hctx's; and `unrender_settings(render_settings(o), o) == o`.
     """
     restored = dict(settings)
-    if _is_ours(restored.get("statusLine")):
-        if "statusLine" in original:
-            restored["statusLine"] = original["statusLine"]
-        else:
-            del restored["statusLine"]
+    for key in ("statusLine", "subagentStatusLine"):
+        if _is_ours(restored.get(key)):
+            if key in original:
+                restored[key] = original[key]
+            else:
+                del restored[key]
     hooks = restored.get("hooks")
     if not isinstance(hooks, dict):
         return restored
@@ -530,9 +540,9 @@ def _leave(claude: _ClaudeDir, seats: Seats, pid: int) -> None:
         _restore(claude, seats)
 
 
-def _status_line_command(seats: Seats) -> str | None:
-    """The command of the status line the user had in the file hctx renders, if any."""
-    status = _parse(SETTINGS_PATH, seats.original or "").get("statusLine")
+def _status_line_command(seats: Seats, key: str = "statusLine") -> str | None:
+    """The command of the status line (`key`) the user had in the file hctx renders, if any."""
+    status = _parse(SETTINGS_PATH, seats.original or "").get(key)
     command = status.get("command") if isinstance(status, dict) else None
     return command if isinstance(command, str) and command.strip() else None
 
@@ -571,6 +581,9 @@ def prepare(plan: LaunchPlan) -> LaunchPlan:
     renderer = _status_line_command(seats)
     if renderer is not None and not os.environ.get(RENDERER_ENV):
         env[RENDERER_ENV] = renderer
+    rows = _status_line_command(seats, "subagentStatusLine")
+    if rows is not None and not os.environ.get(SUBAGENT_RENDERER_ENV):
+        env[SUBAGENT_RENDERER_ENV] = rows
     return dataclasses.replace(plan, env={**plan.env, **env}, account=seat_account(plan),
                                transport=subagent_transport(plan))  # fmt: skip
 

@@ -22,6 +22,11 @@ Measured on 2.1.250 and 2.1.332 (lab/claude), and followed where the spec said l
   a lost PreCompact is also recovered for the second and later compactions of a session.)
 - `rate_limits` exist only for a claude.ai login, as a raw float on 2.1.250 (42.370000000000005,
   120) and rounded, clamped at 100 on 2.1.332 (42.4, 100); both are published as given.
+- Each Task subagent's window is Claude's own (issue 37): the `subagentStatusLine` command (hctx's
+  subagent tee) is handed `tasks[]`, a row a subagent, its `id` the `agent_id` the subagent hooks name,
+  `contextWindowSize` Claude's window function of the row's `model` (absent without one). That window
+  rides the row as `windowSource: "harness"`; the model table gives one only to a row Claude states
+  none for. The row's `tokenCount` is not occupancy and is not read (measured, `SubagentRows`).
 - `compactAtTokens` (issue 18) stays null: neither the status-line payload nor a hook names the
   auto-compact point (2.1.250, 2.1.332), which Claude computes itself, lets an environment variable
   move and can change server-side without a release; a number from hctx would be a guess.
@@ -44,9 +49,10 @@ from guard.record import (
     Harness,
     RateLimitResets,
     RateLimits,
+    WindowSource,
     describe_validation_error,
 )
-from sidecar.harnesses.claude.frames import HOOK_TYPE, STATUSLINE_TYPE
+from sidecar.harnesses.claude.frames import HOOK_TYPE, STATUSLINE_TYPE, SUBAGENT_STATUSLINE_TYPE
 from sidecar.harnesses.claude.subagents import (
     SUBAGENT_WIRE,
     ClaudeTransport,
@@ -55,6 +61,7 @@ from sidecar.harnesses.claude.subagents import (
     SubagentDecoder,
     SubagentTranscript,
     SubagentUsage,
+    is_agent_id,
     subagent_transcript,
 )
 from sidecar.held import Held
@@ -80,6 +87,8 @@ __all__ = [
     "RateWindow",
     "StatusLine",
     "SubagentHook",
+    "SubagentRow",
+    "SubagentRows",
     "channel_frames",
 ]
 
@@ -169,20 +178,70 @@ class StatusLine:
     version: str | None
 
 
-ClaudeEvent = StatusLine | Hook | SubagentHook | ModelWindows | SubagentUsage | SubagentCompacted
+class _TaskRow(TolerantModel):
+    """One `tasks[]` row as Claude hands it to `subagentStatusLine` (2.1.250, 2.1.332)."""
+
+    id: Annotated[str, Field(strict=True, min_length=1, max_length=128)]
+    model: Annotated[str, Field(strict=True, min_length=1, max_length=_MAX_MODEL_ID)] | None = None
+    contextWindowSize: _Count | None = None  # Claude's key
+
+
+@dataclass(frozen=True, slots=True)
+class SubagentRow:
+    """A Task subagent as Claude states it to its `subagentStatusLine`: its id (the hooks'
+    `agent_id`), the model Claude runs it on, and the window Claude computes for that model."""
+
+    agent_id: str
+    model: str | None
+    window_tokens: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class SubagentRows:
+    """One `subagentStatusLine` payload: the rows that were readable, in Claude's order.
+
+    `tokenCount` is read into nothing. Measured (issue 37, the bundled code and live): it is the
+    subagent's last prompt plus its last output on 2.1.332, and its last prompt plus every output it
+    has produced on 2.1.250; neither is its occupancy as the record counts it (the prompt, as
+    Claude's own status line counts the main agent's), and on 2.1.250 it only grows."""
+
+    rows: tuple[SubagentRow, ...]
+
+
+# A `tasks[]` this long is no panel Claude draws; the rest is dropped, never read.
+MAX_TASK_ROWS: Final = 256
+
+ClaudeEvent = StatusLine | Hook | SubagentHook | SubagentRows | ModelWindows | SubagentUsage | SubagentCompacted
 
 
 def channel_frames(kind: str, frame: dict[str, Any]) -> list[object]:
-    """A `claude.statusline` or `claude.hook` envelope as its typed event; FrameRejected otherwise."""
-    if kind not in (STATUSLINE_TYPE, HOOK_TYPE):
+    """A `claude.statusline`, `claude.subagentstatusline` or `claude.hook` envelope as its typed
+    event; FrameRejected otherwise."""
+    if kind not in (STATUSLINE_TYPE, SUBAGENT_STATUSLINE_TYPE, HOOK_TYPE):
         raise FrameRejected(f"not a claude frame: type {kind[:40]!r}")
     payload = frame.get("payload")
     if not isinstance(payload, dict):
         raise FrameRejected(f"not a claude frame: payload is {type(payload).__name__}, not an object")
     try:
+        if kind == SUBAGENT_STATUSLINE_TYPE:
+            return [_subagent_rows(payload)]
         return [_status_line(payload) if kind == STATUSLINE_TYPE else _hook(payload)]
     except RecursionError:
         raise FrameRejected("claude frame nested too deeply") from None
+
+
+def _subagent_rows(payload: dict[str, Any]) -> SubagentRows:
+    """The readable rows of `tasks`: a row whose id could not be an agent id, or whose numbers are
+    not counts, is left out whole (no row is a cleaned-up guess); past MAX_TASK_ROWS, none."""
+    tasks = payload.get("tasks")
+    if not isinstance(tasks, list):
+        raise FrameRejected("subagent status line without a tasks list")
+    rows = []
+    for raw in tasks[:MAX_TASK_ROWS]:
+        row: _TaskRow | None = optional_model(_TaskRow, raw)
+        if row is not None and is_agent_id(row.id):
+            rows.append(SubagentRow(row.id, row.model, row.contextWindowSize or None))
+    return SubagentRows(tuple(rows))
 
 
 def _status_line(payload: dict[str, Any]) -> StatusLine:
@@ -244,6 +303,8 @@ class ClaudeProducer:
         # Each subagent's transcript, as its hooks name it (bounded as the roster is).
         self._transcripts: OrderedDict[str, str] = OrderedDict()
         self._windows: dict[str, int] = {}  # the model table the launch read
+        # The window Claude states for each subagent (its `subagentStatusLine` rows), bounded.
+        self._stated: OrderedDict[str, int] = OrderedDict()
 
     def wants(self) -> frozenset[SubagentTranscript]:
         """The transcripts of the subagents the record carries: the transport follows a running
@@ -266,22 +327,52 @@ class ClaudeProducer:
             fields["name"] = hook.agent_type
         return self.held.subagent(hook.agent_id, now_ms, **fields)
 
+    def _window(self, agent_id: str, model: str | None) -> tuple[int | None, WindowSource | None]:
+        """A subagent's window and its source: Claude's own where its rows stated one, else the
+        model table's for its model, else none (never the parent's)."""
+        stated = self._stated.get(agent_id)
+        if stated is not None:
+            return stated, "harness"
+        table = self._windows.get(model) if model is not None else None
+        return table, None if table is None else "model-table"
+
     def _subagent_usage(self, usage: SubagentUsage, now_ms: int) -> list[Reading]:
-        """A subagent's own context, from its transcript; its window from the model table, named
-        as the source, or null (never the parent's)."""
+        """A subagent's own context, from its transcript; its window as `_window` gives it."""
         row = self.held.subagents.get(usage.agent_id)
         if row is None:
             return []  # no hook named it: a transcript is read only for a subagent this agent started
-        window = self._windows.get(usage.model) if usage.model is not None else None
+        window, source = self._window(usage.agent_id, usage.model)
         return self.held.subagent(
             usage.agent_id, now_ms,
             used_tokens=usage.used_tokens,
             model=usage.model,
             window_tokens=window,
-            window_source=None if window is None else "model-table",
+            window_source=source,
             used_percent=None if window is None else usage.used_tokens * 100 / window,
             compactions=row.compactions or 0,  # the transcript is read from its start: exact
         )  # fmt: skip
+
+    def _subagent_rows(self, rows: SubagentRows, now_ms: int) -> list[Reading]:
+        """Claude's window for each subagent a hook already named (a row for any other id makes no
+        row: `tasks[]` also lists teammates and workflows, and a hostile payload anything). Claude
+        calls the command every few seconds: a row changes only when the window it states does."""
+        readings: list[Reading] = []
+        for stated in rows.rows:
+            row = self.held.subagents.get(stated.agent_id)
+            if row is None or stated.window_tokens is None:
+                continue
+            remember(self._stated, stated.agent_id, stated.window_tokens, SUBAGENTS_REMEMBERED)
+            if (row.window_tokens, row.window_source) == (stated.window_tokens, "harness"):
+                continue
+            used = row.used_tokens
+            readings += self.held.subagent(
+                stated.agent_id, now_ms,
+                window_tokens=stated.window_tokens,
+                window_source="harness",
+                used_percent=None if used is None else used * 100 / stated.window_tokens,
+                **({} if row.model is not None or stated.model is None else {"model": stated.model}),
+            )  # fmt: skip
+        return readings
 
     def _subagent_compacted(self, compacted: SubagentCompacted, now_ms: int) -> list[Reading]:
         if self.held.subagents.get(compacted.agent_id) is None:
@@ -295,6 +386,8 @@ class ClaudeProducer:
             return self._hook(event, now_ms)
         if isinstance(event, SubagentHook):
             return self._subagent(event, now_ms)
+        if isinstance(event, SubagentRows):
+            return self._subagent_rows(event, now_ms)
         if isinstance(event, SubagentUsage):
             return self._subagent_usage(event, now_ms)
         if isinstance(event, SubagentCompacted):
