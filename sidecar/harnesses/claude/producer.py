@@ -27,9 +27,12 @@ Measured on 2.1.250 and 2.1.332 (lab/claude), and followed where the spec said l
   `contextWindowSize` Claude's window function of the row's `model` (absent without one). That window
   rides the row as `windowSource: "harness"`; the model table gives one only to a row Claude states
   none for. The row's `tokenCount` is not occupancy and is not read (measured, `SubagentRows`).
-- `compactAtTokens` (issue 18) stays null: neither the status-line payload nor a hook names the
-  auto-compact point (2.1.250, 2.1.332), which Claude computes itself, lets an environment variable
-  move and can change server-side without a release; a number from hctx would be a guess.
+- `compactAtTokens` (issue 18, 37): neither the status-line payload nor a hook names the auto-compact
+  point (2.1.250, 2.1.332). Where the user's settings (or CLAUDE_CODE_AUTO_COMPACT_WINDOW) state
+  `autoCompactWindow`, it is Claude's own rule on that and the status line's window
+  (`sidecar.harnesses.claude.compaction`, which quotes the rule); elsewhere Claude picks the window
+  itself (server data, experiments) and it stays null. `autoCompaction` is false where Claude's
+  switch (`autoCompactEnabled`, DISABLE_COMPACT) turns it off.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from guard.record import (
     WindowSource,
     describe_validation_error,
 )
+from sidecar.harnesses.claude.compaction import ClaudeCompaction, compact_at
 from sidecar.harnesses.claude.frames import HOOK_TYPE, STATUSLINE_TYPE, SUBAGENT_STATUSLINE_TYPE
 from sidecar.harnesses.claude.subagents import (
     SUBAGENT_WIRE,
@@ -211,7 +215,16 @@ class SubagentRows:
 # A `tasks[]` this long is no panel Claude draws; the rest is dropped, never read.
 MAX_TASK_ROWS: Final = 256
 
-ClaudeEvent = StatusLine | Hook | SubagentHook | SubagentRows | ModelWindows | SubagentUsage | SubagentCompacted
+ClaudeEvent = (
+    StatusLine
+    | Hook
+    | SubagentHook
+    | SubagentRows
+    | ModelWindows
+    | ClaudeCompaction
+    | SubagentUsage
+    | SubagentCompacted
+)
 
 
 def channel_frames(kind: str, frame: dict[str, Any]) -> list[object]:
@@ -303,6 +316,7 @@ class ClaudeProducer:
         # Each subagent's transcript, as its hooks name it (bounded as the roster is).
         self._transcripts: OrderedDict[str, str] = OrderedDict()
         self._windows: dict[str, int] = {}  # the model table the launch read
+        self._compaction: ClaudeCompaction | None = None  # what the launch read of the settings
         # The window Claude states for each subagent (its `subagentStatusLine` rows), bounded.
         self._stated: OrderedDict[str, int] = OrderedDict()
 
@@ -392,6 +406,9 @@ class ClaudeProducer:
             return self._subagent_usage(event, now_ms)
         if isinstance(event, SubagentCompacted):
             return self._subagent_compacted(event, now_ms)
+        if isinstance(event, ClaudeCompaction):
+            self._compaction = event
+            return []
         if isinstance(event, ModelWindows):
             self._windows = dict(event.windows)
             return []
@@ -399,6 +416,7 @@ class ClaudeProducer:
 
     def _statusline(self, line: StatusLine, now_ms: int) -> Reading:
         measured = line.measured
+        compact_point = compact_at(self._compaction, line.context_window_size)
         try:
             fields = ContextFields(
                 harness="claude",
@@ -411,6 +429,8 @@ class ClaudeProducer:
                 rate_limits=_rate_limits(line, now_ms),
                 rate_limit_resets_at_ms=_rate_limit_resets(line, now_ms),
                 harness_version=line.version,
+                compact_at_tokens=compact_point,
+                auto_compaction=_auto_compaction(self._compaction, compact_point),
                 observed_at_ms=now_ms,
             )
         except ValidationError as exc:
@@ -455,6 +475,13 @@ class ClaudeProducer:
             return []
         self._episode_open = True
         return self.held.compacted(now_ms, _TRIGGERS.get(hook.trigger or "", "unknown"))
+
+
+def _auto_compaction(settings: ClaudeCompaction | None, point: int | None) -> bool | None:
+    """False where Claude's switch is off, true where its point is published, else unknown."""
+    if settings is not None and not settings.enabled:
+        return False
+    return True if point is not None else None
 
 
 def _exhausted(fields: ContextFields) -> frozenset[str]:

@@ -31,6 +31,7 @@ from guard.json_rule import loads_object
 from guard.record import MAX_COUNT
 from sidecar.decoding import Dropped, LineByLine
 from sidecar.framing import Line, LineFramer, Oversized
+from sidecar.harnesses.claude.compaction import ClaudeCompaction
 from sidecar.harnesses.claude.transcript import claude_compaction, claude_usage
 from sidecar.transcripts import HEAD_BYTES, MAX_LINE_BYTES
 
@@ -68,6 +69,8 @@ class ClaudeTransport(BaseModel):
     projects_dir: Annotated[str, Field(min_length=1, max_length=4096)]
     windows: dict[_Model, Annotated[int, Field(gt=0, le=MAX_COUNT)]] = {}
     poll_seconds: Annotated[float, Field(gt=0, le=60)] = 0.5
+    # Issue 37: Claude's auto-compaction as the launch read it (a fact submitted once, as `windows`).
+    compaction: ClaudeCompaction | None = None
 
 
 @dataclass(frozen=True, slots=True)
