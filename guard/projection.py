@@ -15,6 +15,7 @@ from guard.record import HarnessContext, parse_record
 __all__ = [
     "CONTEXT_KEYS",
     "MAX_RECORD_BYTES",
+    "cache_cold_in_ms",
     "decode_record",
     "exposure",
     "headroom_tokens",
@@ -49,6 +50,17 @@ def headroom_tokens(context: dict[str, Any]) -> int | None:
     return compact_at - used
 
 
+def cache_cold_in_ms(context: dict[str, Any], now_ms: int) -> int | None:
+    """Milliseconds until the harness's prompt cache goes cold (issue 37), from a record or a
+    roster `context`: `promptCache.expiresAtMs - now`, 0 once past; None where no warm cache with an
+    expiry is stated. The one place this lives: `agents`, `inspect` and `watch` use it."""
+    cache = context.get("promptCache")
+    if not isinstance(cache, dict) or cache.get("warm") is not True:
+        return None
+    expires = cache.get("expiresAtMs")
+    return None if type(expires) is not int else max(0, expires - now_ms)
+
+
 def exposure(record: HarnessContext) -> dict[str, Any]:
     """The record's fields as the roster shows them, before the clock: `project` adds the age.
     A reader that keeps records between readings (guard.catalog.CatalogCache) keeps this too."""
@@ -76,6 +88,8 @@ def project(record: HarnessContext, now_ms: int, fields: dict[str, Any] | None =
         # Additive (issue 28), present only where the record names some: each row the harness's own
         # numbers with its own age, as the parent's.
         context["subagents"] = [row | {"ageMs": max(0, now_ms - row["observedAtMs"])} for row in fields["subagents"]]
+    if fields.get("promptCache"):
+        context["promptCache"] = fields["promptCache"]  # additive (issue 37), where the harness states one
     return context
 
 

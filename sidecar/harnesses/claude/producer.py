@@ -50,6 +50,7 @@ from guard.record import (
     ContextFields,
     Count,
     Harness,
+    PromptCache,
     RateLimitResets,
     RateLimits,
     WindowSource,
@@ -132,6 +133,19 @@ class _Cost(TolerantModel):
     total_cost_usd: Usd
 
 
+class _PromptCache(TolerantModel):
+    """2.1.332's `prompt_cache` (lab/claude): the fields the record carries, as Claude gave them."""
+
+    warm: Annotated[bool, Field(strict=True)]
+    ttl: Annotated[str, Field(strict=True, pattern=r"^[0-9]{1,6}[smh]$")] | None = None
+    expires_at: _Number | None = None  # epoch seconds
+    hit_ratio: Annotated[float, Field(strict=False, ge=0, le=1, allow_inf_nan=False)] | None = None
+    recache_tokens_if_cold: _Count | None = None
+    cache_write_tokens: _Count | None = None
+    requests: _Count | None = None
+    misses: _Count | None = None
+
+
 class RateWindow(TolerantModel):
     """One account window of `rate_limits`, as Claude gave it."""
 
@@ -180,6 +194,7 @@ class StatusLine:
     five_hour: RateWindow | None
     seven_day: RateWindow | None
     version: str | None
+    prompt_cache: PromptCache | None = None  # 2.1.332 only (issue 37); None where absent or malformed
 
 
 class _TaskRow(TolerantModel):
@@ -278,6 +293,29 @@ def _status_line(payload: dict[str, Any]) -> StatusLine:
         five_hour=optional_model(RateWindow, limits.get("five_hour")),
         seven_day=optional_model(RateWindow, limits.get("seven_day")),
         version=harness_version(payload.get("version")),
+        prompt_cache=_prompt_cache(payload.get("prompt_cache")),
+    )
+
+
+def _prompt_cache(value: object) -> PromptCache | None:
+    """Claude's `prompt_cache` in the record's words; None where absent or not Claude's shape (never
+    a half-read cache). `expires_at` is epoch seconds; past the year 2286 it is no time Claude stated."""
+    cache: _PromptCache | None = optional_model(_PromptCache, value)
+    if cache is None:
+        return None
+    expires = cache.expires_at
+    expires_ms = round(expires * 1000) if expires is not None and 0 < expires * 1000 < _MAX_RESET_MS else None
+    if expires is not None and expires_ms is None:
+        return None
+    return PromptCache(
+        warm=cache.warm,
+        ttl=cache.ttl,
+        expires_at_ms=expires_ms,
+        hit_ratio=cache.hit_ratio,
+        recache_tokens_if_cold=cache.recache_tokens_if_cold,
+        cache_write_tokens=cache.cache_write_tokens,
+        requests=cache.requests,
+        misses=cache.misses,
     )
 
 
@@ -316,7 +354,7 @@ class ClaudeProducer:
         # Each subagent's transcript, as its hooks name it (bounded as the roster is).
         self._transcripts: OrderedDict[str, str] = OrderedDict()
         self._windows: dict[str, int] = {}  # the model table the launch read
-        self._compaction: ClaudeCompaction | None = None  # what the launch read of the settings
+        self._auto_compact: ClaudeCompaction | None = None  # what the launch read of the settings
         # The window Claude states for each subagent (its `subagentStatusLine` rows), bounded.
         self._stated: OrderedDict[str, int] = OrderedDict()
 
@@ -407,7 +445,7 @@ class ClaudeProducer:
         if isinstance(event, SubagentCompacted):
             return self._subagent_compacted(event, now_ms)
         if isinstance(event, ClaudeCompaction):
-            self._compaction = event
+            self._auto_compact = event
             return []
         if isinstance(event, ModelWindows):
             self._windows = dict(event.windows)
@@ -416,7 +454,7 @@ class ClaudeProducer:
 
     def _statusline(self, line: StatusLine, now_ms: int) -> Reading:
         measured = line.measured
-        compact_point = compact_at(self._compaction, line.context_window_size)
+        compact_point = compact_at(self._auto_compact, line.context_window_size)
         try:
             fields = ContextFields(
                 harness="claude",
@@ -430,7 +468,8 @@ class ClaudeProducer:
                 rate_limit_resets_at_ms=_rate_limit_resets(line, now_ms),
                 harness_version=line.version,
                 compact_at_tokens=compact_point,
-                auto_compaction=_auto_compaction(self._compaction, compact_point),
+                prompt_cache=line.prompt_cache,
+                auto_compaction=_auto_compaction(self._auto_compact, compact_point),
                 observed_at_ms=now_ms,
             )
         except ValidationError as exc:
