@@ -40,7 +40,7 @@ from guard.files import read_bounded, set_aside
 from guard.json_rule import loads_object
 from guard.layout import check_name, control_dir
 from guard.procs import pid_alive
-from guard.projection import headroom_tokens
+from guard.projection import cache_cold_in_ms, headroom_tokens
 from guard.walk import open_chain
 from wrapper.arguments import positive_seconds, whole_number
 from wrapper.reader_commands import add_catalog_options, existing_catalog, with_host
@@ -81,7 +81,7 @@ __all__ = [
     "step",
 ]
 
-Kind = Literal["fresh", "compaction", "fill", "headroom", "stale", "rate-limit", "subagent-fill"]
+Kind = Literal["fresh", "compaction", "fill", "headroom", "stale", "rate-limit", "subagent-fill", "cache-expiring"]
 
 DEFAULT_AT: tuple[float, ...] = (80, 95)
 DEFAULT_EXEC_TIMEOUT_S = 10.0
@@ -99,6 +99,7 @@ STATE_SCHEMA = "hctx.watch-state.v1"
 class Settings:
     thresholds: tuple[float, ...] = DEFAULT_AT
     headroom: int | None = None  # tokens; None: no headroom events
+    cache_warn_ms: int | None = None  # issue 37: a warm prompt cache going cold within it; None: no such events
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +117,9 @@ class Seen:
     # (subagent id, threshold) fired and not yet re-armed (issue 28): only the record's own subagents
     # (at most MAX_SUBAGENTS), so a runaway delegation cannot grow the state.
     subagents_fired: frozenset[tuple[str, float]] = frozenset()
+    # The prompt cache expiry (`promptCache.expiresAtMs`) a cache-expiring event was told for (issue
+    # 37): each turn moves it, and each new one is news once.
+    cache_warned: int | None = None
 
 
 State = Mapping[str, Seen]
@@ -145,7 +149,15 @@ class Event:
 
     def wire(self) -> dict[str, Any]:
         context = self.row.context or {}
-        return self._common(context) | self._subagent_wire()
+        return self._common(context) | self._subagent_wire() | self._cache_wire(context)
+
+    def _cache_wire(self, context: dict[str, Any]) -> dict[str, Any]:
+        """A cache-expiring event says when the cache goes cold and what a re-cache costs, as stated."""
+        if self.kind != "cache-expiring":
+            return {}
+        cache = context.get("promptCache") or {}
+        return {"cacheExpiresAtMs": cache.get("expiresAtMs"), "cacheColdInMs": cache_cold_in_ms(context, self.at_ms),
+                "recacheTokensIfCold": cache.get("recacheTokensIfCold")}  # fmt: skip
 
     def _subagent_wire(self) -> dict[str, Any]:
         """A subagent-fill names the subagent beside its agent, with the subagent's own numbers."""
@@ -208,6 +220,11 @@ class Event:
         if self.kind == "headroom":
             margin = tokens_text(None if self.threshold is None else int(self.threshold))
             return f"{name}: {tokens_text(headroom_tokens(context))} tokens left before it compacts, under {margin}"
+        if self.kind == "cache-expiring":
+            cache = context.get("promptCache") or {}
+            left, recache = cache_cold_in_ms(context, self.at_ms) or 0, cache.get("recacheTokensIfCold")
+            cost = "" if type(recache) is not int else f"; the turn after writes {tokens_text(recache)} tokens again"
+            return f"{name}: prompt cache goes cold in {age_text(left)}{cost}"
         if self.kind == "compaction":
             count = context.get("compactions")
             return f"{name}: compacted ({count} this session); context now {fill}"
@@ -235,6 +252,8 @@ def _told_before(seen: Seen, later: list[Found], before: Seen) -> Seen:
             seen = dataclasses.replace(seen, headroom_fired=before.headroom_fired)
         elif kind == "compaction":
             seen = dataclasses.replace(seen, compactions=before.compactions)
+        elif kind == "cache-expiring":
+            seen = dataclasses.replace(seen, cache_warned=before.cache_warned)
         elif kind == "fresh":
             seen = dataclasses.replace(seen, stale=True)
         else:  # stale
@@ -256,7 +275,16 @@ def _subagents_reached(context: dict[str, Any], seen: Seen, settings: Settings) 
     return frozenset(reached)
 
 
-def _agent_step(seen: Seen, row: AgentRow, settings: Settings) -> tuple[list[Found], Seen]:
+def _cache_expiring(context: dict[str, Any], settings: Settings, now: int) -> int | None:
+    """The expiry of a warm prompt cache going cold within --cache-warn of `now`, else None."""
+    left = cache_cold_in_ms(context, now)
+    if settings.cache_warn_ms is None or left is None or not 0 < left <= settings.cache_warn_ms:
+        return None
+    expires: int = context["promptCache"]["expiresAtMs"]
+    return expires
+
+
+def _agent_step(seen: Seen, row: AgentRow, settings: Settings, now: int = 0) -> tuple[list[Found], Seen]:
     context = row.context
     assert context is not None
     if context["stale"]:  # a stale reading fires nothing and re-arms nothing, but may be news itself
@@ -278,8 +306,12 @@ def _agent_step(seen: Seen, row: AgentRow, settings: Settings) -> tuple[list[Fou
             found.append(("headroom", settings.headroom, None))
     subagents = _subagents_reached(context, seen, settings)
     found.extend(("subagent-fill", t, ident) for ident, t in sorted(subagents - seen.subagents_fired))
+    warned, expiring = seen.cache_warned, _cache_expiring(context, settings, now)
+    if expiring is not None and expiring != warned:
+        found.append(("cache-expiring", None, None))
+        warned = expiring
     return found, Seen(seen.incarnation, fired, headroom_fired, context["compactions"], False,
-                       context["observedAtMs"], subagents)  # fmt: skip
+                       context["observedAtMs"], subagents, warned)  # fmt: skip
 
 
 def _first_sight(incarnation: str, row: AgentRow, settings: Settings) -> Seen:
@@ -325,7 +357,7 @@ def step(
                 after[row.name] = before  # a straggler from an older incarnation
                 continue
             before = Seen(incarnation, stale=before.stale)
-        found, after[row.name] = _agent_step(before, row, settings)
+        found, after[row.name] = _agent_step(before, row, settings, now)
         subs = {sub["id"]: sub for sub in row.context.get("subagents", [])}
         events.extend(
             Event(kind, row, incarnation, threshold, now, _told_before(after[row.name], found[n + 1 :], before),
@@ -373,6 +405,7 @@ class _SeenWire(BaseModel):
     stale: bool = False
     observed_ms: int = Field(default=0, alias="observedMs")
     subagents_fired: list[tuple[str, float]] = Field(default=[], alias="subagentsFired", max_length=4096)
+    cache_warned: int | None = Field(default=None, alias="cacheWarned")
 
 
 class _StateWire(BaseModel):
@@ -387,6 +420,8 @@ def _seen_wire(seen: Seen) -> dict[str, Any]:
             "compactions": seen.compactions, "stale": seen.stale, "observedMs": seen.observed_ms}  # fmt: skip
     if seen.subagents_fired:  # issue 28: left out when none, so a watch without subagents saves what it did
         wire["subagentsFired"] = sorted(seen.subagents_fired)
+    if seen.cache_warned is not None:  # issue 37: likewise
+        wire["cacheWarned"] = seen.cache_warned
     return wire
 
 
@@ -423,6 +458,7 @@ def load_state(data: bytes) -> dict[str, Seen]:
             seen.stale,
             seen.observed_ms,
             frozenset(seen.subagents_fired),
+            seen.cache_warned,
         )
         for key, seen in wire.agents.items()
     }
@@ -801,7 +837,7 @@ def run_watch(args: argparse.Namespace, companions: Callable[[StateFile], Sequen
         log(f"cannot read the catalog: {exc}")
         return 2
     deliver = print_event if args.exec is None else exec_command(args.exec, args.exec_timeout)
-    settings = Settings(args.at, args.headroom)
+    settings = Settings(args.at, args.headroom, None if args.cache_warn is None else round(args.cache_warn * 1000))
     beside = companions(state_file)
     try:
         trio.run(lambda: follow(catalog, here=args.host, settings=settings, deliver=deliver,
@@ -842,6 +878,12 @@ def add_watch_command(commands: argparse._SubParsersAction[argparse.ArgumentPars
         "--headroom", type=whole_number, metavar="TOKENS",
         help="fire when compactAtTokens - usedTokens falls under TOKENS (only where the harness states "
         "where it compacts; default: no headroom events)",
+    )  # fmt: skip
+    watch.add_argument(
+        "--cache-warn", type=positive_seconds, metavar="SECONDS",
+        help="fire cache-expiring when an agent's warm prompt cache goes cold within SECONDS, naming when "
+        "and the tokens the next turn then writes again (only where the harness states its cache: Claude "
+        "2.1.332; checked at each read, so at least every --reread; default: no such events)",
     )  # fmt: skip
     watch.add_argument(
         "--exec-timeout", type=positive_seconds, default=DEFAULT_EXEC_TIMEOUT_S, metavar="S",
