@@ -323,7 +323,7 @@ def subagent_cells(sub: dict[str, Any]) -> list[tuple[str, Tint]]:
     return [
         ("", None),
         (f"  {subagent_label(sub)}", None),
-        (sub["model"] or "", None),
+        (printable(sub["model"] or ""), None),
         (sub["state"], None),
         (ctx_text(shown), None),
         (meter_text(sub), fill_tint(sub)),
