@@ -169,17 +169,19 @@ def lived_on_the_channel(harness: str, chunks: list[Chunk], where: Path) -> tupl
     recording it made of them (`--record`)."""
     catalog, channel, recording = where / "catalog", where / "ch" / "s", where / "session.rec"
     channel.parent.mkdir(mode=0o700, parents=True)
-    create_recording(recording).close()  # as `hctx wrap --record` does
+    with create_recording(recording) as made:  # as `hctx wrap --record` does: held open, handed down
+        record_fd = os.dup(made.fileno())
     read_end, write_end = os.pipe()
     ready_read, ready_write = os.pipe()
     process = subprocess.Popen(
         [sys.executable, "-m", "sidecar", "--catalog", str(catalog), "--host", HOST, "--agent", "conform",
          "--harness", harness, "--incarnation", "inc", "--channel", str(channel),
-         "--lifeline-fd", str(read_end), "--ready-fd", str(ready_write), "--record", str(recording)],
-        pass_fds=(read_end, ready_write), env=env(), cwd=REPO, stderr=subprocess.PIPE,
+         "--lifeline-fd", str(read_end), "--ready-fd", str(ready_write), "--record-fd", str(record_fd)],
+        pass_fds=(read_end, ready_write, record_fd), env=env(), cwd=REPO, stderr=subprocess.PIPE,
     )  # fmt: skip
     os.close(read_end)
     os.close(ready_write)
+    os.close(record_fd)
     try:
         with os.fdopen(ready_read, "rb") as ready:
             assert ready.readline() == b"ready\n"

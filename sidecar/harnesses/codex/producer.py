@@ -743,4 +743,28 @@ SPEC = HarnessSpec(
     tap_frame=tap_frame,
     transcripts="sidecar.harnesses.codex.scan",
     programs=("codex", "@openai/codex"),
+    # JSON-RPC methods, thread/turn/item ids, models, builds and times; a rollout's types (never a
+    # cwd, a message, a command's output, an email, a token or an instruction).
+    recorded_strings=frozenset(
+        {
+            "method",
+            "type",
+            "tool",
+            "id",
+            "threadId",
+            "turnId",
+            "itemId",
+            "senderThreadId",
+            "receiverThreadIds",
+            "parentThreadId",
+            "model",
+            "cliVersion",
+            "userAgent",
+            "limitId",
+            "limit_id",
+            "source",
+            "timestamp",
+        }
+    ),
+    recorded_json_strings=frozenset({"payload"}),  # the stdout tap's line (tap_frame)
 )

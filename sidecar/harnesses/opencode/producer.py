@@ -759,4 +759,24 @@ SPEC = HarnessSpec(
     transport="sidecar.harnesses.opencode.transport",
     programs=("opencode", "opencode-ai"),
     transport_config=OpenCodeTransport,
+    # Event types, ids (a task child's and its parent's), roles, models and providers, builds (never a
+    # part's text, a tool's input or output, a prompt, a directory, an apiKey or an MCP token).
+    recorded_strings=frozenset(
+        {
+            "type",
+            "id",
+            "sessionID",
+            "sessionId",
+            "parentID",
+            "parentSessionId",
+            "role",
+            "modelID",
+            "providerID",
+            "model",
+            "agent",
+            "tool",
+            "status",
+            "version",
+        }
+    ),
 )

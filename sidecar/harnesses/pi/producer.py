@@ -321,6 +321,8 @@ PI = HarnessSpec(
     verified_versions=PI_VERIFIED_VERSIONS,
     launch="wrapper.harnesses.pi",
     programs=("pi", "@earendil-works/pi-coding-agent"),
+    # The extension's frames: types and events, models, builds, reasons and states, ids and times.
+    recorded_strings=frozenset({"type", "event", "model", "version", "reason", "state", "id", "lastCompactionAt"}),
 )
 OMP = dataclasses.replace(
     PI,
