@@ -455,3 +455,37 @@ async def test_dev_full_as_the_recording_stops_it_and_the_recorder_returns(caplo
         rec.close()
     assert rec.truncated
     assert any(getattr(record, "event", None) == "recording-failed" for record in caplog.records)
+
+
+def test_the_recording_is_held_open_across_a_sidecar_replacement_never_reopened_by_name(tmp_path: Path) -> None:
+    """Issue 40: each sidecar re-opened the recording by its name, so whoever may rename in its
+    directory swapped the file between two sidecars and received the rest of the session; a FIFO
+    put there blocked the replacement in open() for good. Now the resident holds the file and hands
+    it down: the replacement comes up at once, and the rest of the session goes to the same file."""
+    import os
+    import signal
+    import subprocess
+
+    from tests.test_wrap_faults import AFTER_THE_KILL
+    from tests.wrapping import context_frame, env, log_events, wait_for
+
+    catalog, go, recording, moved = tmp_path / "c", tmp_path / "go", tmp_path / "session.rec", tmp_path / "moved.rec"
+    harness = (sys.executable, "-c", AFTER_THE_KILL, str(go), context_frame(10, 100, 10.0))
+    argv = wrap_argv(catalog, "a", "pi", *harness, extra=("--record", str(recording)))
+    wrapper = subprocess.Popen(argv, env=env(), stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(Path(f"{go}.harness").exists, what="the harness")  # so the first sidecar was ready
+        recording.rename(moved)
+        os.mkfifo(recording)  # what a reader of the rest of the session would put there
+        first = next(e for e in log_events(catalog, "a") if e["event"] == "start")
+        os.kill(int(first["pid"]), signal.SIGKILL)  # type: ignore[call-overload]
+        go.touch()
+        _, err = wrapper.communicate(timeout=60)
+    finally:
+        if wrapper.poll() is None:
+            wrapper.kill()
+    assert wrapper.returncode == 0, err  # the frame landed through the replacement
+    assert recording.is_fifo()
+    lines = _lines(moved)
+    assert sum(1 for line in lines if "format" in line) == 2  # both sidecars wrote to the one file
+    assert any(b'"contextWindow"' in chunk.data for chunk in read_chunks(moved.read_bytes()))  # the frame
