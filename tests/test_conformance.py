@@ -31,9 +31,9 @@ from hypothesis import strategies as st
 
 import guard
 from sidecar.decoding import CHANNEL, MessageDecoder
-from sidecar.recorder import Chunk, create_recording
+from sidecar.recorder import Chunk, create_recording, redact_recording
 from sidecar.registry import BUILT_IN, HarnessSpec, harness_names, spec_for
-from sidecar.replay import read_header, replay_recording
+from sidecar.replay import read_header, replay_bytes, replay_recording, write_line
 from tests.conformance import (
     LOGGED_FIELDS,
     RECORDINGS,
@@ -176,7 +176,8 @@ def lived_on_the_channel(harness: str, chunks: list[Chunk], where: Path) -> tupl
     process = subprocess.Popen(
         [sys.executable, "-m", "sidecar", "--catalog", str(catalog), "--host", HOST, "--agent", "conform",
          "--harness", harness, "--incarnation", "inc", "--channel", str(channel),
-         "--lifeline-fd", str(read_end), "--ready-fd", str(ready_write), "--record-fd", str(record_fd)],
+         "--lifeline-fd", str(read_end), "--ready-fd", str(ready_write), "--record-fd", str(record_fd),
+         "--record-raw"],
         pass_fds=(read_end, ready_write, record_fd), env=env(), cwd=REPO, stderr=subprocess.PIPE,
     )  # fmt: skip
     os.close(read_end)
@@ -221,12 +222,15 @@ def test_a_channel_recording_sent_to_the_real_sidecar_writes_what_replay_writes(
     lived, coalesced, recording = lived_on_the_channel(harness, chunks, tmp_path)
     entries = [json.loads(line) for line in recording.read_bytes().splitlines()]
     header = {"format": "hctx.recording.v1", "harness": harness, "hctx": guard.__version__, "incarnation": "inc"}
-    assert entries[0] | {"started_ms": 0} == header | {"started_ms": 0}
+    assert entries[0] | {"started_ms": 0} == header | {"started_ms": 0, "redacted": False}  # `--record-raw`
     sent = b"".join(chunk.data for chunk in chunks)
     assert b"".join(base64.b64decode(entry["b64"]) for entry in entries if "b64" in entry) == sent
     writes, summary = replay_recording(spec, recording)
     assert_lived_as_replayed(lived, [logged(write) for write in writes if write.reason != "heartbeat"], coalesced)
     assert lived and summary.sidecars == 1 and not summary.problems
+    # Redacted, as `--record` records by default, it replays to the very same writes.
+    redacted, _ = replay_bytes(spec, redact_recording(recording.read_bytes()))
+    assert [write_line(write) for write in redacted] == [write_line(write) for write in writes]
 
 
 def test_a_live_run_that_coalesced_is_its_replay_with_writes_folded_away_and_nothing_else() -> None:
