@@ -211,7 +211,7 @@ def _account_windows(record: HarnessContext) -> tuple[AccountWindow, ...]:
 
 
 def _headroom(record: HarnessContext) -> int | None:
-    return headroom_tokens({"compactAtTokens": record.compact_at_tokens, "usedTokens": record.used_tokens})
+    return headroom_tokens(record.compact_at_tokens, record.used_tokens)
 
 
 def number_text(value: float) -> str:
@@ -254,7 +254,7 @@ class ExportedAgent:
 
     @classmethod
     def of(cls, host: str, identity: str, files: AgentFiles) -> ExportedAgent:
-        decoded = decode_agent(files, expose=False)
+        decoded = decode_agent(files)
         record = decoded.record
         harness = decoded.harness or (record.harness if record is not None else "")
         # Sorted label names, as prometheus_client writes them.

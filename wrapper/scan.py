@@ -176,10 +176,15 @@ class ScanRow:
     extra: dict[str, Any]
     problem: str | None = None
 
+    def observed_ms(self) -> int | None:
+        """When the reading was observed; None when it holds no count (nothing was read)."""
+        fields = self.fields
+        return None if fields is None or fields.used_tokens is None else fields.observed_at_ms
+
     def wire(self, now: int) -> dict[str, Any]:
         fields = self.fields
         reading = {} if fields is None else fields.model_dump(mode="json", by_alias=True)
-        observed = None if fields is None or fields.used_tokens is None else fields.observed_at_ms
+        observed = self.observed_ms()
         return {
             "harness": reading.get("harness"),
             "sessionId": self.session_id,
@@ -262,21 +267,22 @@ def render_rows(rows: list[ScanRow], now: int, *, colour: bool) -> str:
     header = ["HARNESS", "SESSION", "MODEL", "CONTEXT", "TOKENS", "SOURCE", "COMPACTIONS", "AGE", "PATH"]
     body = []
     for row in rows:
-        wire = row.wire(now)
-        percent = wire["usedPercent"]
-        context = "-" if wire["usedTokens"] is None else "?" if percent is None else percent_text(percent)
-        compactions = "?" if wire["compactions"] is None else str(wire["compactions"])
-        if wire.get("compactedSinceReading"):
+        fields, observed = row.fields, row.observed_ms()
+        percent = None if fields is None else fields.used_percent
+        unread = fields is None or fields.used_tokens is None
+        context = "-" if unread else "?" if percent is None else percent_text(percent)
+        compactions = "?" if row.compactions is None else str(row.compactions)
+        if row.extra.get("compactedSinceReading"):
             compactions += " (since reading)"
         body.append([
-            (wire["harness"] or row.path.suffix, None),
+            ((None if fields is None else fields.harness) or row.path.suffix, None),
             (printable((row.session_id or "-")[:8]), None),
             (printable(row.model or "-"), None),
             (context, None),
-            (meter_text(wire), fill_tint(wire)),
+            (meter_text(fields), fill_tint(fields)),
             (row.window_source or "-", None),
             (compactions, None),
-            ("-" if wire["ageMs"] is None else age_text(wire["ageMs"]), None),
+            ("-" if observed is None else age_text(max(now - observed, 0)), None),
             (printable(str(row.path)) + (f"  ({printable(row.problem)})" if row.problem else ""), None),
         ])  # fmt: skip
     return table(body, header, colour)

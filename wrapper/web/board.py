@@ -22,8 +22,9 @@ from guard.errors import JsonRefused
 from guard.files import open_regular
 from guard.json_rule import loads
 from guard.layout import log_path
+from guard.projection import SubagentReading
 from sidecar.logs import LOG_BACKUPS
-from wrapper.accounts import AccountGroup, Window, fan_in, groups_by_agent
+from wrapper.accounts import AccountGroup, Snapshot, Window, fan_in, groups_by_agent
 from wrapper.render import (
     age_text,
     agent_wire,
@@ -70,7 +71,7 @@ def age_now(row: AgentRow, read_ms: int, now: int) -> str:
     context = row.context
     if context is None:
         return "-"
-    return age_text(context["ageMs"] + max(0, now - read_ms)) + (" stale" if context["stale"] else "")
+    return age_text(context.age_ms + max(0, now - read_ms)) + (" stale" if context.stale else "")
 
 
 def ages_now(row: AgentRow, read_ms: int, now: int) -> dict[str, str]:
@@ -80,7 +81,7 @@ def ages_now(row: AgentRow, read_ms: int, now: int) -> dict[str, str]:
     if context is None:
         return {}
     since = max(0, now - read_ms)
-    subagents = {f"{row.name}\n{sub['id']}": age_text(sub["ageMs"] + since) for sub in context.get("subagents", [])}
+    subagents = {f"{row.name}\n{sub.id}": age_text(sub.age_ms + since) for sub in context.subagents}
     return {row.name: age_now(row, read_ms, now), **subagents}
 
 
@@ -88,48 +89,48 @@ def row_view(row: AgentRow, read_ms: int, now: int, groups: Mapping[str, Account
     """What the fleet page shows of one row, every cell as the terminal readers word it. `groups`:
     the roster's account groups (`groups_by_agent`), for its account's figure; default its own."""
     context = row.context
-    percent = None if context is None else context["usedPercent"]
+    percent = None if context is None else context.used_percent
     fill_key = fill_order(row)
-    observed = None if context is None else context["observedAtMs"]
+    observed = None if context is None else context.observed_at_ms
     age_key = (1, 0, row.host, row.identity) if observed is None else (0, -observed, row.host, row.identity)
     return {
         "key": row.name,
         "agent": agent_wire(row, groups_by_agent(fan_in([row])) if groups is None else groups, read_ms),
-        "harness": row.harness or (None if context is None else context["harness"]) or "-",
-        "model": "-" if context is None or context["model"] is None else context["model"],
+        "harness": row.named_harness or "-",
+        "model": "-" if context is None or context.model is None else context.model,
         "reading": context is not None,
         "percent": None if percent is None else percent_text(percent),
         "tint": fill_tint(context),
         "meter": meter_text(context),
         "title": meter_title(context),
         "headroom": headroom_text(context),
-        "compactions": "-" if context is None else str(context["compactions"]),
+        "compactions": "-" if context is None else str(context.compactions),
         "age": age_now(row, read_ms, now),
-        "stale": bool(context is not None and context["stale"]),
-        "cost": cost_text(None if context is None else context["costUsd"]),
+        "stale": context is not None and context.stale,
+        "cost": cost_text(None if context is None else context.cost_usd),
         "state": row.desired_state or "-",
         "problem": "; ".join(problem for problem in (row.problem, row.claim_problem) if problem) or None,
         "order": {"fill": list(fill_key), "age": list(age_key)},
-        "subagents": [subagent_view(sub) for sub in (context or {}).get("subagents", [])],
+        "subagents": [subagent_view(sub) for sub in (() if context is None else context.subagents)],
     }
 
 
-def subagent_view(sub: dict[str, Any]) -> dict[str, Any]:
+def subagent_view(sub: SubagentReading) -> dict[str, Any]:
     """A subagent's line under its agent's row (issue 28), worded as `hctx agents` words it: its
     own numbers, never the agent's."""
-    percent = sub["usedPercent"]
+    percent = sub.used_percent
     return {
-        "key": sub["id"],
+        "key": sub.id,
         "label": subagent_label(sub),
-        "state": sub["state"],
-        "model": sub["model"] or "-",
+        "state": sub.state,
+        "model": sub.model or "-",
         "reading": True,
         "percent": None if percent is None else percent_text(percent),
         "tint": fill_tint(sub),
         "meter": meter_text(sub),
         "title": meter_title(sub),
-        "compactions": "-" if sub["compactions"] is None else str(sub["compactions"]),
-        "age": age_text(sub["ageMs"]),
+        "compactions": "-" if sub.compactions is None else str(sub.compactions),
+        "age": age_text(sub.age_ms),
         "problem": None,
     }
 
@@ -142,10 +143,10 @@ def rate_limit_panel(rows: Iterable[tuple[AgentRow, int]], now: int) -> dict[str
     read_at = {row.name: (row, read_ms) for row, read_ms in rows}
     groups = fan_in(row for row, _ in read_at.values())
 
-    def newest(group: AccountGroup) -> AgentRow:
-        return max(group.windows.values(), key=lambda snapshot: snapshot.observed_at_ms).source
+    def newest(group: AccountGroup) -> Snapshot:
+        return max(group.windows.values(), key=lambda snapshot: snapshot.observed_at_ms)
 
-    groups.sort(key=lambda group: (-(newest(group).context or {})["observedAtMs"], newest(group).name))
+    groups.sort(key=lambda group: (-newest(group).observed_at_ms, newest(group).source.name))
 
     def shown(group: AccountGroup, window: Window) -> str:
         snapshot = group.windows.get(window)
@@ -153,12 +154,11 @@ def rate_limit_panel(rows: Iterable[tuple[AgentRow, int]], now: int) -> dict[str
 
     entries = []
     for group in groups[:RATE_PANEL_ROWS]:
-        source = newest(group)
-        context = source.context or {}
+        source = newest(group).source
         entries.append({
             "key": source.name,
             "account": printable(group.name),
-            "harness": context["harness"],
+            "harness": None if source.context is None else source.context.harness,  # the snapshot's reading
             "fiveHour": shown(group, "fiveHour"),
             "sevenDay": shown(group, "sevenDay"),
             "agents": len(group.agents),
@@ -337,7 +337,7 @@ def agent_detail(inspection: Inspection, history: FillHistory, read_ms: int) -> 
     """One agent's page: its row, `inspect`'s record and claim sections, and the plot."""
     row = inspection.view.row
     context = row.context
-    compact_at = None if context is None else context["compactAtTokens"]
+    compact_at = None if context is None else context.compact_at_tokens
     return {
         "view": row_view(row, read_ms, read_ms),
         "record": record_section(inspection),
