@@ -164,6 +164,10 @@ def find_sessions(environ: Mapping[str, str], since_ms: int, now: int) -> Iterat
 # Reading one session
 
 
+# A session nothing could be read from: every number null (its harness is said as null too).
+_NOTHING_READ = ContextFields(harness="unknown", observed_at_ms=0)
+
+
 @dataclass(frozen=True)
 class ScanRow:
     fields: ContextFields | None
@@ -182,22 +186,21 @@ class ScanRow:
         return None if fields is None or fields.used_tokens is None else fields.observed_at_ms
 
     def wire(self, now: int) -> dict[str, Any]:
-        fields = self.fields
-        reading = {} if fields is None else fields.model_dump(mode="json", by_alias=True)
+        got = self.fields or _NOTHING_READ
         observed = self.observed_ms()
         return {
-            "harness": reading.get("harness"),
+            "harness": None if self.fields is None else got.harness,
             "sessionId": self.session_id,
-            "usedTokens": reading.get("usedTokens"),
-            "windowTokens": reading.get("windowTokens"),
-            "usedPercent": reading.get("usedPercent"),
+            "usedTokens": got.used_tokens,
+            "windowTokens": got.window_tokens,
+            "usedPercent": got.used_percent,
             "windowSource": self.window_source,
             "model": self.model,
-            "sessionTotalTokens": reading.get("sessionTotalTokens"),
-            "rateLimits": reading.get("rateLimits"),
+            "sessionTotalTokens": got.session_total_tokens,
+            "rateLimits": None if got.rate_limits is None else got.rate_limits.model_dump(mode="json", by_alias=True),
             "compactions": self.compactions,
-            "lastCompactionMs": reading.get("lastCompactionMs"),
-            "lastCompactionTrigger": reading.get("lastCompactionTrigger"),
+            "lastCompactionMs": got.last_compaction_ms,
+            "lastCompactionTrigger": got.last_compaction_trigger,
             **self.extra,
             "observedAtMs": observed,
             "ageMs": None if observed is None else max(now - observed, 0),

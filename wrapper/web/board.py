@@ -1,5 +1,5 @@
 """The web board's data: one view per roster row, the rate-limit panel, one agent's page, and the
-plot of its fill over time drawn from the per-agent log.
+plot of its fill over time drawn from the fill history (guard.history) in the per-agent log.
 
 Every number and word comes from the readers' one projection (wrapper.roster) and their one
 renderer (wrapper.render): the tint, the headroom, the age and the stale mark are theirs, so the
@@ -18,12 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from guard.catalog import printable
-from guard.errors import JsonRefused
 from guard.files import open_regular
-from guard.json_rule import loads
-from guard.layout import log_path
+from guard.history import StartLine, WriteLine, read_fill_line
+from guard.layout import log_files, log_path
 from guard.projection import SubagentReading
-from sidecar.logs import LOG_BACKUPS
 from wrapper.accounts import AccountGroup, Snapshot, Window, fan_in, groups_by_agent
 from wrapper.render import (
     age_text,
@@ -206,15 +204,12 @@ def _log_lines(path: Path) -> tuple[list[bytes], str | None]:
     return lines[1:] if start > 0 else lines, None  # the first line was cut by the byte window
 
 
-def _count(value: object) -> int | None:
-    return value if type(value) is int and value >= 0 else None
-
-
 def read_fill_history(catalog: Path, host: str, identity: str, *, here: str) -> FillHistory:
-    """The `write` lines of the agent's log and its rotations, oldest first; a line that is not one
-    is passed over (the log is the sidecar's diagnostics, not a record: nothing in it is trusted)."""
+    """The fill history's `write` lines (guard.history, docs/fill-history.md) in the agent's log and
+    its rotations, oldest first; every other line is passed over (the log is the sidecar's
+    diagnostics, not a record: a line is taken only as the history's typed model validates it)."""
     live = log_path(catalog, host, identity)
-    files = [live.with_name(f"{live.name}.{n}") for n in range(LOG_BACKUPS, 0, -1)] + [live]
+    files = log_files(catalog, host, identity)
     points: list[FillPoint] = []
     problems: list[str] = []
     found = False
@@ -225,21 +220,14 @@ def read_fill_history(catalog: Path, host: str, identity: str, *, here: str) -> 
         if problem:
             problems.append(problem)
         for line in lines:
-            try:
-                entry = loads(line)  # the one rule: a deep or hostile line is a skipped line, never a crash
-            except JsonRefused:
-                continue
-            if not isinstance(entry, dict):
-                continue
-            if entry.get("event") == "start":
+            entry = read_fill_line(line)  # the one rule: a deep or hostile line is a skipped line, never a crash
+            if isinstance(entry, StartLine):
                 run += 1
-            at, used = _count(entry.get("observedAtMs")), _count(entry.get("usedTokens"))
-            if entry.get("event") != "write" or at is None or used is None:
+            if not isinstance(entry, WriteLine) or entry.used_tokens is None:
                 continue
             points.append(FillPoint(
-                at_ms=at, used=used, window=_count(entry.get("windowTokens")),
-                compact_at=_count(entry.get("compactAtTokens")), compactions=_count(entry.get("compactions")) or 0,
-                reason=str(entry.get("reason")), run=run,
+                at_ms=entry.observed_at_ms, used=entry.used_tokens, window=entry.window_tokens,
+                compact_at=entry.compact_at_tokens, compactions=entry.compactions, reason=entry.reason, run=run,
             ))  # fmt: skip
     if not found:
         if host != here:
