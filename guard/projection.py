@@ -8,9 +8,11 @@ derived fields, so a reader reads attributes the type checker follows, never str
 from __future__ import annotations
 
 import logging
-from collections.abc import Container
+from collections.abc import Container, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
+
+from pydantic import PrivateAttr
 
 from guard.constants import HARNESS_CONTEXT_FUTURE_SKEW_MS, HARNESS_CONTEXT_STALE_MS
 from guard.errors import RecordRefused
@@ -27,6 +29,7 @@ __all__ = [
     "load_record",
     "project",
     "read_context",
+    "reading_of",
 ]
 
 log = logging.getLogger(__name__)
@@ -70,38 +73,70 @@ class Context(ContextFields):
     age_ms: int
     stale: bool
     headroom_tokens: int | None
+    # The record's part of `wire()`, serialized once per record (`reading_of`) rather than once per
+    # projection: a board or `top` projects every agent again each second. Carried by a copy that
+    # changes the clock's fields only (`project`), dropped by any other.
+    _record_wire: dict[str, Any] | None = PrivateAttr(default=None)
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        copied = super().model_copy(update=update, deep=deep)
+        if update and not _TIMED.issuperset(update):
+            copied._record_wire = None
+        return copied
 
     def wire(self) -> dict[str, Any]:
         """The roster's `context` object: CONTEXT_KEYS in order, then `subagents` where there are any
         (additive, issue 28)."""
-        fields = self.model_dump(mode="json", by_alias=True)
-        context = {key: fields[key] for key in CONTEXT_KEYS}
-        if fields["subagents"]:
-            context["subagents"] = fields["subagents"]
+        held = self._record_wire
+        if held is None:
+            fields = self.model_dump(mode="json", by_alias=True)
+            context = {key: fields[key] for key in CONTEXT_KEYS}
+            if fields["subagents"]:
+                context["subagents"] = fields["subagents"]
+            return context
+        context = held | {"ageMs": self.age_ms, "stale": self.stale}
+        if self.subagents:
+            context["subagents"] = [
+                row | {"ageMs": sub.age_ms} for row, sub in zip(held["subagents"], self.subagents, strict=True)
+            ]
         return context
 
 
-def project(record: HarnessContext, now_ms: int) -> Context | None:
-    """The roster's `context` for a decoded record, or None past the future-skew bound."""
+# What `project` changes of a reading: the clock's fields (a subagent's age, with its row unchanged).
+_TIMED = frozenset({"age_ms", "stale", "subagents"})
+
+
+def reading_of(record: HarnessContext) -> Context:
+    """The record's reading as the projection carries it, before the clock: `project` adds the ages.
+    A reader that keeps records between readings (guard.catalog.CatalogCache) keeps this too.
+    Constructed, not validated again: every value comes from a record the reader already validated."""
+    reading = {name: getattr(record, name) for name in _READING}
+    reading["subagents"] = tuple(SubagentReading.model_construct(**dict(sub), age_ms=0) for sub in record.subagents)
+    headroom = headroom_tokens(record.compact_at_tokens, record.used_tokens)
+    context = Context.model_construct(**reading, age_ms=0, stale=False, headroom_tokens=headroom)
+    context._record_wire = context.wire()  # ages and staleness are set again by each `project`
+    return context
+
+
+def project(record: HarnessContext, now_ms: int, reading: Context | None = None) -> Context | None:
+    """The roster's `context` for a decoded record, or None past the future-skew bound; `reading` is
+    the record's `reading_of`, when the caller already has it."""
     if record.observed_at_ms > now_ms + HARNESS_CONTEXT_FUTURE_SKEW_MS:
         log.warning(
             "context record observed %d ms in the future; clock untrusted, reading as absent",
             record.observed_at_ms - now_ms,
         )
         return None
-    reading = {name: getattr(record, name) for name in _READING}
-    # Each subagent row the harness's own numbers with its own age, as the parent's. Constructed,
-    # not validated again: every value comes from a record the reader already validated.
-    reading["subagents"] = tuple(
-        SubagentReading.model_construct(**dict(sub), age_ms=max(0, now_ms - sub.observed_at_ms))
-        for sub in record.subagents
-    )
-    return Context.model_construct(
-        **reading,
-        age_ms=max(0, now_ms - record.observed_at_ms),
-        stale=record.observed_at_ms <= now_ms - HARNESS_CONTEXT_STALE_MS,
-        headroom_tokens=headroom_tokens(record.compact_at_tokens, record.used_tokens),
-    )
+    reading = reading_of(record) if reading is None else reading
+    timed: dict[str, Any] = {
+        "age_ms": max(0, now_ms - record.observed_at_ms),
+        "stale": record.observed_at_ms <= now_ms - HARNESS_CONTEXT_STALE_MS,
+    }
+    if reading.subagents:  # each row the harness's own numbers with its own age, as the parent's
+        timed["subagents"] = tuple(
+            sub.model_copy(update={"age_ms": max(0, now_ms - sub.observed_at_ms)}) for sub in reading.subagents
+        )
+    return reading.model_copy(update=timed)
 
 
 def decode_record(raw: RawFile, harnesses: Container[str] | None = None) -> tuple[HarnessContext | None, str | None]:

@@ -14,7 +14,7 @@ from guard_factory import record
 from pydantic import BaseModel
 
 from guard.history import FILL_HISTORY, PLOTTED, StartLine, WriteLine, read_fill_line, start_fields, write_fields
-from guard.projection import CONTEXT_KEYS, Context, SubagentReading, project
+from guard.projection import CONTEXT_KEYS, Context, SubagentReading, project, reading_of
 from guard.record import ContextFields, HarnessContext, RateLimitResets, RateLimits, Subagent
 from sidecar.logs import json_lines
 from tests.conftest import REPO
@@ -159,3 +159,15 @@ def test_the_board_reads_no_sidecar_runtime() -> None:
         tree = ast.parse(path.read_text())
         imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
         assert "sidecar.logs" not in imported, path
+
+
+def test_the_wire_held_between_projections_is_the_models_own() -> None:
+    """`reading_of` serializes a record once; each projection's wire is still exactly its model's, and
+    a copy that changes anything but the clock's fields is serialized again."""
+    held = record(subagents=[{"id": "a1", "state": "running", "observed_at_ms": 1788000099000}])
+    for now in (1788000100000, 1788000100000 + 7 * 3_600_000):
+        context = project(held, now, reading_of(held))
+        assert context is not None
+        assert context.wire() == Context.model_validate(context.model_dump()).wire()  # built without the cache
+    changed = context.model_copy(update={"used_tokens": 5})
+    assert changed.wire()["usedTokens"] == 5 and context.wire()["usedTokens"] == 92283

@@ -254,7 +254,7 @@ class ExportedAgent:
 
     @classmethod
     def of(cls, host: str, identity: str, files: AgentFiles) -> ExportedAgent:
-        decoded = decode_agent(files)
+        decoded = decode_agent(files, expose=False)
         record = decoded.record
         harness = decoded.harness or (record.harness if record is not None else "")
         # Sorted label names, as prometheus_client writes them.

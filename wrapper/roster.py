@@ -38,7 +38,7 @@ from guard.errors import AgentNotFound, CatalogError
 from guard.files import open_regular
 from guard.layout import check_name, log_path
 from guard.procs import pid_alive
-from guard.projection import Context, decode_record, project
+from guard.projection import Context, decode_record, project, reading_of
 from guard.record import HarnessContext
 from guard.state import HarnessState, process_identity
 from sidecar.registry import REGISTERED, verified_versions
@@ -150,18 +150,23 @@ class DecodedAgent:
     problem: str | None
     claim: HarnessState | None
     claim_problem: str | None
+    reading: Context | None  # the record's `reading_of`, computed once
 
     @property
     def harness(self) -> str | None:
         return None if self.claim is None else self.claim.harness
 
 
-def decode_agent(files: AgentFiles) -> DecodedAgent:
+def decode_agent(files: AgentFiles, *, expose: bool = True) -> DecodedAgent:
+    """`expose=False` skips the record's `reading_of` (for a reader that takes the record's attributes)."""
     record, problem = decode_record(files.record, REGISTERED)
     claim, claim_problem = decode_claim(files.claim, REGISTERED)
     if files.problem is not None:
         claim_problem = None  # one warning for the directory, not one per file
-    return DecodedAgent(files, record, None if problem is None else short(problem), claim, claim_problem)
+    return DecodedAgent(
+        files, record, None if problem is None else short(problem), claim, claim_problem,
+        None if record is None or not expose else reading_of(record),
+    )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +185,7 @@ def agent_view(
     """The view of a decoded agent at `now`: its age, staleness and whether its wrapper lives."""
     record, problem, context, ahead = decoded.record, decoded.problem, None, None
     if record is not None:
-        context = project(record, now)
+        context = project(record, now, decoded.reading)
         if context is None:
             ahead = record.observed_at_ms - now
             problem = f"context record observed {ahead} ms in the future; clock untrusted, read as absent"
