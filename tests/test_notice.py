@@ -145,7 +145,7 @@ def test_the_board_reads_only_the_agents_whose_files_changed(tmp_path: Path) -> 
     reads = board._cache.cache.reads
     put_record(tmp_path, "b", usedPercent=91.0, observedAtMs=stamp + 1, writtenAtMs=stamp + 1)
     changed, gone = board.read_agents(frozenset({(HOST, "b"), (HOST, "nobody")}), 1.0)
-    assert [(r.row.identity, r.row.context and r.row.context["usedPercent"]) for r in changed] == [("b", 91.0)]
+    assert [(r.row.identity, r.row.context and r.row.context.used_percent) for r in changed] == [("b", 91.0)]
     assert gone == {f"{HOST}/nobody"} and board._cache.cache.reads == reads + 1
     time.sleep(1.1)
     again, _ = board.read_whole(2.0)  # the periodic re-read: every row, and `a` and `c` not read again

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from guard.history import FILL_HISTORY
 from tests.conftest import REPO
 from tests.web_board import (
     HERE,
@@ -346,12 +347,13 @@ def _write_lines(catalog: Path, name: str, lines: list[bytes]) -> None:
 
 def test_the_fill_history_reads_writes_only_and_survives_a_hostile_log(tmp_path: Path) -> None:
     def write(at: int, used: object, **more: object) -> bytes:
-        return json.dumps({"event": "write", "reason": "bucket", "usedTokens": used, "windowTokens": 200_000,
-                           "compactions": 0, "observedAtMs": at, **more}).encode()  # fmt: skip
+        return json.dumps({"event": "write", "history": FILL_HISTORY, "reason": "bucket", "usedTokens": used,
+                           "windowTokens": 200_000, "compactions": 0, "observedAtMs": at, **more}).encode()  # fmt: skip
 
-    _write_lines(tmp_path, "box~amber.jsonl.1", [json.dumps({"event": "start"}).encode(), write(1000, 10)])
+    start = json.dumps({"event": "start", "history": FILL_HISTORY}).encode()
+    _write_lines(tmp_path, "box~amber.jsonl.1", [start, write(1000, 10)])
     _write_lines(tmp_path, "box~amber.jsonl", [
-        json.dumps({"event": "start"}).encode(), write(2000, 20), b"{not json", b"[1, 2]", b"\xff\xfe",
+        start, write(2000, 20), b"{not json", b"[1, 2]", b"\xff\xfe",
         write(3000, True), write(4000, -5), write(5000, "30"), write(6000, 40, reason="compaction", compactions=1),
         b"{" * 100_000, json.dumps({"event": "frame-dropped", "usedTokens": 99, "observedAtMs": 7000}).encode(),
     ])  # fmt: skip

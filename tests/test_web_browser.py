@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import expect
 
+from guard.history import FILL_HISTORY
 from tests.conftest import REPO
 from tests.web_board import (
     HERE,
@@ -349,12 +350,13 @@ def test_the_agent_page_plots_its_fill_with_the_compactions_and_the_compaction_p
     page: Any, served: Served, catalog: Path
 ) -> None:
     start = now_ms() - 600_000
-    lines: list[dict[str, Any]] = [{"event": "start", "incarnation": "inc-7f3a"}]
+    lines: list[dict[str, Any]] = [{"event": "start", "history": FILL_HISTORY, "incarnation": "inc-7f3a"}]
     for step in range(20):
         used = 20_000 + step * 9_000 if step < 12 else 30_000 + (step - 12) * 9_000
-        lines.append({"event": "write", "reason": "compaction" if step == 12 else "bucket", "usedTokens": used,
-                      "windowTokens": 200_000, "usedPercent": used / 2000, "compactions": 1 if step >= 12 else 0,
-                      "compactAtTokens": 182_000, "observedAtMs": start + step * 30_000})  # fmt: skip
+        lines.append({"event": "write", "history": FILL_HISTORY, "reason": "compaction" if step == 12 else "bucket",
+                      "usedTokens": used, "windowTokens": 200_000, "usedPercent": used / 2000,
+                      "compactions": 1 if step >= 12 else 0, "compactAtTokens": 182_000,
+                      "observedAtMs": start + step * 30_000})  # fmt: skip
     lines.insert(5, {"event": "frame-dropped", "why": "not json"})
     write_log(catalog, HERE, "amber", lines)
     put_claim(catalog, "amber", wrapperPid=os.getpid(), desiredState="running", history=[

@@ -79,7 +79,7 @@ class RateLimitEvent(Event):
             "event": self.kind,
             "host": self.row.host,
             "agent": self.row.identity,
-            "harness": self.row.harness or (self.row.context or {}).get("harness"),
+            "harness": self.row.named_harness,
             "incarnation": self.incarnation,
             "account": group.key,
             "accountLabel": group.label,

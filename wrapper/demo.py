@@ -126,7 +126,7 @@ class Progress:
                 continue
             self.shown[agent.identity] = (record.written_at_ms, record.compactions)
             percent = "?" if record.used_percent is None else percent_text(record.used_percent)
-            meter = meter_text({"usedTokens": record.used_tokens, "windowTokens": record.window_tokens})
+            meter = meter_text(record)
             found.append(f"{self._clock()}  {name:<{width}}  {record.harness:<7} "
                          f"{percent:>4}  {meter:<10}  ⟳{record.compactions}"
                          f"{'  compacted' if record.compactions > compactions else ''}")  # fmt: skip

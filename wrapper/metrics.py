@@ -211,7 +211,7 @@ def _account_windows(record: HarnessContext) -> tuple[AccountWindow, ...]:
 
 
 def _headroom(record: HarnessContext) -> int | None:
-    return headroom_tokens({"compactAtTokens": record.compact_at_tokens, "usedTokens": record.used_tokens})
+    return headroom_tokens(record.compact_at_tokens, record.used_tokens)
 
 
 def number_text(value: float) -> str:

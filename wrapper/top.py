@@ -25,10 +25,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from guard.errors import CatalogError
+from guard.projection import SubagentReading
 from wrapper.accounts import fan_in, groups_by_agent
 from wrapper.render import (
     AMBER_PERCENT,
     RED_PERCENT,
+    Fill,
     Tint,
     age_text,
     colour_enabled,
@@ -87,7 +89,7 @@ def fill_order(row: AgentRow) -> tuple[int, float, str, str]:
     context = row.context
     if context is None:
         return (2, 0.0, row.host, row.identity)
-    percent = context["usedPercent"]
+    percent = context.used_percent
     if percent is None:
         return (1, 0.0, row.host, row.identity)
     return (0, -percent, row.host, row.identity)
@@ -97,7 +99,7 @@ def age_order(row: AgentRow) -> tuple[int, int, str, str]:
     """Freshest reading first; rows with no reading last."""
     if row.context is None:
         return (1, 0, row.host, row.identity)
-    return (0, row.context["ageMs"], row.host, row.identity)
+    return (0, row.context.age_ms, row.host, row.identity)
 
 
 def name_order(row: AgentRow) -> tuple[str, str]:
@@ -125,7 +127,7 @@ class View:
     def shows(self, row: AgentRow) -> bool:
         """The filter is a substring of the row's host, harness or name, in any case."""
         needle = self.filter.casefold()
-        harness = row.harness or (row.context or {}).get("harness") or ""
+        harness = row.named_harness or ""
         return not needle or any(needle in text.casefold() for text in (row.host, harness, row.identity))
 
     def rows(self, rows: Iterable[AgentRow]) -> list[AgentRow]:
@@ -211,19 +213,19 @@ def summary(rows: list[AgentRow]) -> str:
     """Agents per host, how many at or above the amber and the red fill, how many stale."""
     hosts = Counter(row.host for row in rows)
     contexts = [row.context for row in rows if row.context is not None]
-    percents = [context["usedPercent"] for context in contexts if context["usedPercent"] is not None]
+    percents = [context.used_percent for context in contexts if context.used_percent is not None]
     per_host = "hosts: " + ", ".join(f"{host} {count}" for host, count in sorted(hosts.items()))
     amber = sum(percent >= AMBER_PERCENT for percent in percents)
     red = sum(percent >= RED_PERCENT for percent in percents)
-    stale = sum(bool(context["stale"]) for context in contexts)
+    stale = sum(context.stale for context in contexts)
     return f"{per_host} · {amber} at or above {AMBER_PERCENT}% · {red} at or above {RED_PERCENT}% · {stale} stale"
 
 
-def bar(context: dict[str, Any] | None, cells: int = BAR_CELLS) -> str:
+def bar(fill: Fill | None, cells: int = BAR_CELLS) -> str:
     """The fill bar, clamped to its cells for layout only; the percent beside it is the raw value."""
-    if context is None or context["usedPercent"] is None:
+    if fill is None or fill.used_percent is None:
         return " " * cells
-    share = min(max(context["usedPercent"], 0.0), 100.0) / 100.0
+    share = min(max(fill.used_percent, 0.0), 100.0) / 100.0
     filled = int(share * cells + 0.5)
     return "█" * filled + "░" * (cells - filled)
 
@@ -242,38 +244,38 @@ def _cells(row: AgentRow, limits: Segment, bar_cells: int = BAR_CELLS) -> list[S
     if context is None:
         return [(row.name, None), (row.harness or "-", None), (bar(None, bar_cells), None), ("-", None),
                 ("", None), ("", None), ("", None), ("", None), ("", None), ("", None), limits]  # fmt: skip
-    percent = context["usedPercent"]
-    age = age_text(context["ageMs"]) + (" stale" if context["stale"] else "")
+    percent = context.used_percent
+    age = age_text(context.age_ms) + (" stale" if context.stale else "")
     return [
         (row.name, None),
-        (context["harness"], None),
+        (context.harness, None),
         (bar(context, bar_cells), tint),
         ("?" if percent is None else percent_text(percent), tint),
-        (tokens_text(context["usedTokens"]), None),
-        (tokens_text(context["windowTokens"]), None),
+        (tokens_text(context.used_tokens), None),
+        (tokens_text(context.window_tokens), None),
         (headroom_text(context), None),
-        (str(context["compactions"]), None),
+        (str(context.compactions), None),
         (age, None),
-        (cost_text(context["costUsd"]), None),
+        (cost_text(context.cost_usd), None),
         limits,
     ]
 
 
-def _subagent_cells(sub: dict[str, Any], bar_cells: int = BAR_CELLS) -> list[Segment]:
+def _subagent_cells(sub: SubagentReading, bar_cells: int = BAR_CELLS) -> list[Segment]:
     """A subagent's row, indented under its agent's (issue 28): its own numbers, never the agent's;
     its state where the harness goes, its compactions where it states them."""
     tint = fill_tint(sub)
-    percent = sub["usedPercent"]
+    percent = sub.used_percent
     return [
         (f"  {subagent_label(sub)}", None),
-        (sub["state"], None),
+        (sub.state, None),
         (bar(sub, bar_cells), tint),
         ("?" if percent is None else percent_text(percent), tint),
-        (tokens_text(sub["usedTokens"]), None),
-        (tokens_text(sub["windowTokens"]), None),
+        (tokens_text(sub.used_tokens), None),
+        (tokens_text(sub.window_tokens), None),
         ("", None),
-        ("" if sub["compactions"] is None else str(sub["compactions"]), None),
-        (age_text(sub["ageMs"]), None),
+        ("" if sub.compactions is None else str(sub.compactions), None),
+        (age_text(sub.age_ms), None),
         ("", None),
         ("", None),
     ]
@@ -281,7 +283,7 @@ def _subagent_cells(sub: dict[str, Any], bar_cells: int = BAR_CELLS) -> list[Seg
 
 def _rows_cells(row: AgentRow, limits: Segment, bar_cells: int = BAR_CELLS) -> list[list[Segment]]:
     """The agent's row, then each of its subagents' rows."""
-    subagents = (row.context or {}).get("subagents", [])
+    subagents = () if row.context is None else row.context.subagents
     return [_cells(row, limits, bar_cells), *(_subagent_cells(sub, bar_cells) for sub in subagents)]
 
 

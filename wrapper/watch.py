@@ -40,7 +40,7 @@ from guard.files import read_bounded, set_aside
 from guard.json_rule import loads_object
 from guard.layout import check_name, control_dir
 from guard.procs import pid_alive
-from guard.projection import headroom_tokens
+from guard.projection import Context, SubagentReading
 from guard.walk import open_chain
 from wrapper.arguments import positive_seconds, whole_number
 from wrapper.reader_commands import add_catalog_options, existing_catalog, with_host
@@ -141,37 +141,37 @@ class Event:
     # The agent's state to record once this event's delivery is attempted: what was told up to and
     # including it, none of what comes after it (None: nothing to record).
     told: Seen | None = None
-    subagent: dict[str, Any] | None = None  # a subagent-fill's subagent row, as the record has it
+    subagent: SubagentReading | None = None  # a subagent-fill's subagent row, as the record has it
 
     def wire(self) -> dict[str, Any]:
-        context = self.row.context or {}
-        return self._common(context) | self._subagent_wire()
+        return self._common(self.row.context) | self._subagent_wire()
 
     def _subagent_wire(self) -> dict[str, Any]:
         """A subagent-fill names the subagent beside its agent, with the subagent's own numbers."""
         sub = self.subagent
         if sub is None:
             return {}
-        return {"subagentId": sub["id"], "subagentName": sub["name"], "subagentState": sub["state"],
-                "subagentUsedPercent": sub["usedPercent"], "subagentUsedTokens": sub["usedTokens"],
-                "subagentWindowTokens": sub["windowTokens"]}  # fmt: skip
+        return {"subagentId": sub.id, "subagentName": sub.name, "subagentState": sub.state,
+                "subagentUsedPercent": sub.used_percent, "subagentUsedTokens": sub.used_tokens,
+                "subagentWindowTokens": sub.window_tokens}  # fmt: skip
 
-    def _common(self, context: dict[str, Any]) -> dict[str, Any]:
+    def _common(self, context: Context | None) -> dict[str, Any]:
+        # An event of an agent with no reading (none is made today) carries nulls, never a guess.
         return {
             "event": self.kind,
             "host": self.row.host,
             "agent": self.row.identity,
-            "harness": self.row.harness or context.get("harness"),
+            "harness": self.row.named_harness,
             "incarnation": self.incarnation,
             "threshold": self.threshold,
-            "usedPercent": context.get("usedPercent"),
-            "usedTokens": context.get("usedTokens"),
-            "windowTokens": context.get("windowTokens"),
-            "compactAtTokens": context.get("compactAtTokens"),
-            "headroomTokens": headroom_tokens(context),
-            "compactions": context.get("compactions"),
-            "observedAtMs": context.get("observedAtMs"),
-            "ageMs": context.get("ageMs"),
+            "usedPercent": None if context is None else context.used_percent,
+            "usedTokens": None if context is None else context.used_tokens,
+            "windowTokens": None if context is None else context.window_tokens,
+            "compactAtTokens": None if context is None else context.compact_at_tokens,
+            "headroomTokens": None if context is None else context.headroom_tokens,
+            "compactions": None if context is None else context.compactions,
+            "observedAtMs": None if context is None else context.observed_at_ms,
+            "ageMs": None if context is None else context.age_ms,
             "atMs": self.at_ms,
             "message": self.message(),
         }
@@ -189,8 +189,8 @@ class Event:
         return _carried(json.dumps(self.wire(), ensure_ascii=False)) + "\n"
 
     def message(self) -> str:
-        context = self.row.context or {}
-        name, percent = self.row.name, context.get("usedPercent")
+        context = self.row.context
+        name, percent = self.row.name, None if context is None else context.used_percent
         fill = "?" if percent is None else percent_text(percent)
         if self.kind == "fill":
             meter = meter_text(context)
@@ -201,19 +201,21 @@ class Event:
             )
         if self.kind == "subagent-fill" and self.subagent is not None:
             sub = self.subagent
-            shown = "?" if sub["usedPercent"] is None else percent_text(sub["usedPercent"])
+            shown = "?" if sub.used_percent is None else percent_text(sub.used_percent)
             meter = meter_text(sub)
             return (f"{name}: subagent {subagent_label(sub).removeprefix('└ ')} context {shown} full"
                     + (f" ({meter})" if meter else "") + f", at or above {self.threshold:g}%")  # fmt: skip
         if self.kind == "headroom":
             margin = tokens_text(None if self.threshold is None else int(self.threshold))
-            return f"{name}: {tokens_text(headroom_tokens(context))} tokens left before it compacts, under {margin}"
+            headroom = None if context is None else context.headroom_tokens
+            return f"{name}: {tokens_text(headroom)} tokens left before it compacts, under {margin}"
         if self.kind == "compaction":
-            count = context.get("compactions")
+            count = None if context is None else context.compactions
             return f"{name}: compacted ({count} this session); context now {fill}"
         if self.kind == "stale":
+            age = 0 if context is None else context.age_ms
             return (
-                f"{name}: context reading {age_text(context.get('ageMs') or 0)} old while the agent runs "
+                f"{name}: context reading {age_text(age)} old while the agent runs "
                 f"(older than {age_text(HARNESS_CONTEXT_STALE_MS)})"
             )
         return f"{name}: context reading fresh again; context {fill}"
@@ -242,44 +244,44 @@ def _told_before(seen: Seen, later: list[Found], before: Seen) -> Seen:
     return seen
 
 
-def _subagents_reached(context: dict[str, Any], seen: Seen, settings: Settings) -> frozenset[tuple[str, float]]:
+def _subagents_reached(context: Context, seen: Seen, settings: Settings) -> frozenset[tuple[str, float]]:
     """Each of the record's subagents' thresholds at or under its own percent; a subagent whose
     percent is withheld keeps what it had (nothing fires, nothing re-arms); one the record no
     longer carries is forgotten."""
     reached: set[tuple[str, float]] = set()
-    for sub in context.get("subagents", []):
-        percent = sub["usedPercent"]
+    for sub in context.subagents:
+        percent = sub.used_percent
         if percent is None:
-            reached |= {(ident, t) for ident, t in seen.subagents_fired if ident == sub["id"]}
+            reached |= {(ident, t) for ident, t in seen.subagents_fired if ident == sub.id}
         else:
-            reached |= {(sub["id"], t) for t in settings.thresholds if percent >= t}
+            reached |= {(sub.id, t) for t in settings.thresholds if percent >= t}
     return frozenset(reached)
 
 
 def _agent_step(seen: Seen, row: AgentRow, settings: Settings) -> tuple[list[Found], Seen]:
     context = row.context
     assert context is not None
-    if context["stale"]:  # a stale reading fires nothing and re-arms nothing, but may be news itself
+    if context.stale:  # a stale reading fires nothing and re-arms nothing, but may be news itself
         if row.desired_state == "running" and not seen.stale:
             return [("stale", None, None)], dataclasses.replace(seen, stale=True)
         return [], seen
     found: list[Found] = [("fresh", None, None)] if seen.stale else []
-    if context["compactions"] > seen.compactions:
+    if context.compactions > seen.compactions:
         found.append(("compaction", None, None))
     fired, headroom_fired = seen.fired, seen.headroom_fired
-    percent = context["usedPercent"]
+    percent = context.used_percent
     if percent is not None:  # withheld: nothing fires, nothing re-arms
         fired = frozenset(threshold for threshold in settings.thresholds if percent >= threshold)
         found.extend(("fill", threshold, None) for threshold in sorted(fired - seen.fired))
-    headroom = headroom_tokens(context)
+    headroom = context.headroom_tokens
     if settings.headroom is not None and headroom is not None:
         headroom_fired = headroom < settings.headroom
         if headroom_fired and not seen.headroom_fired:
             found.append(("headroom", settings.headroom, None))
     subagents = _subagents_reached(context, seen, settings)
     found.extend(("subagent-fill", t, ident) for ident, t in sorted(subagents - seen.subagents_fired))
-    return found, Seen(seen.incarnation, fired, headroom_fired, context["compactions"], False,
-                       context["observedAtMs"], subagents)  # fmt: skip
+    return found, Seen(seen.incarnation, fired, headroom_fired, context.compactions, False,
+                       context.observed_at_ms, subagents)  # fmt: skip
 
 
 def _first_sight(incarnation: str, row: AgentRow, settings: Settings) -> Seen:
@@ -289,13 +291,13 @@ def _first_sight(incarnation: str, row: AgentRow, settings: Settings) -> Seen:
     fires nothing and arms nothing)."""
     context = row.context
     assert context is not None
-    if row.desired_state != "stopped" or context["stale"]:
-        return Seen(incarnation, compactions=context["compactions"])
-    percent, headroom = context["usedPercent"], headroom_tokens(context)
+    if row.desired_state != "stopped" or context.stale:
+        return Seen(incarnation, compactions=context.compactions)
+    percent, headroom = context.used_percent, context.headroom_tokens
     reached = frozenset() if percent is None else frozenset(t for t in settings.thresholds if percent >= t)
     below = settings.headroom is not None and headroom is not None and headroom < settings.headroom
     subagents = _subagents_reached(context, Seen(incarnation), settings)
-    return Seen(incarnation, reached, below, context["compactions"], observed_ms=context["observedAtMs"],
+    return Seen(incarnation, reached, below, context.compactions, observed_ms=context.observed_at_ms,
                 subagents_fired=subagents)  # fmt: skip
 
 
@@ -321,12 +323,12 @@ def step(
         if before is None:
             before = _first_sight(incarnation, row, settings)
         elif before.incarnation != incarnation:
-            if row.context["observedAtMs"] < before.observed_ms:
+            if row.context.observed_at_ms < before.observed_ms:
                 after[row.name] = before  # a straggler from an older incarnation
                 continue
             before = Seen(incarnation, stale=before.stale)
         found, after[row.name] = _agent_step(before, row, settings)
-        subs = {sub["id"]: sub for sub in row.context.get("subagents", [])}
+        subs = {sub.id: sub for sub in row.context.subagents}
         events.extend(
             Event(kind, row, incarnation, threshold, now, _told_before(after[row.name], found[n + 1 :], before),
                   None if subagent is None else subs.get(subagent))
