@@ -52,7 +52,7 @@ from sidecar.registry import spec_for
 from sidecar.replay import replay_recording
 from sidecar.spec import HarnessSpec
 from sidecar.transcripts import forward_lines
-from wrapper.scan import shipped_model_table
+from wrapper.readers.scan import shipped_model_table
 
 ROOT = Path(__file__).resolve().parent.parent
 LAB = ROOT.parent / "shared" / "lab"

@@ -25,7 +25,7 @@ from wrapper.harnesses import LaunchPlan, account_json
 from wrapper.harnesses.claude import seat_account as claude_seat_account
 from wrapper.harnesses.codex import prepare as codex_prepare
 from wrapper.harnesses.codex import seat_account as codex_seat_account
-from wrapper.resident import sidecar_argv
+from wrapper.launch.resident import sidecar_argv
 
 FIXTURES = REPO / "fixtures" / "accounts"
 

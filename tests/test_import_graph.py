@@ -118,7 +118,7 @@ def _targets(module: str, node: ast.stmt) -> Iterator[str]:
         for alias in node.names:
             submodule = f"{base}.{alias.name}"
             if submodule in MODULES:
-                yield submodule  # `from wrapper import roster`
+                yield submodule  # `from wrapper.readers import roster`
             elif base in MODULES:
                 yield base
 
@@ -237,7 +237,7 @@ def test_a_crossing_is_found_and_named() -> None:
     """Not vacuous: each rule catches the import it forbids, type-only ones included."""
     graph = {module: {} for module in MODULES} | {
         "sidecar.harnesses.codex.producer": {"sidecar.registry": 3, "sidecar.harnesses.claude.frames": 4},
-        "wrapper.scan": {"sidecar.harnesses.codex.producer": 5, "sidecar.registry": 6},
+        "wrapper.readers.scan": {"sidecar.harnesses.codex.producer": 5, "sidecar.registry": 6},
         "sidecar.decoding": {"sidecar.streams": 7},
     }
     assert crossings(graph) == [
@@ -245,7 +245,7 @@ def test_a_crossing_is_found_and_named() -> None:
         "sidecar.harnesses.codex.producer imports sidecar.harnesses.claude.frames (line 4): "
         "one harness package imports another",
         "sidecar.harnesses.codex.producer imports sidecar.registry (line 3): harnesses may not import registry",
-        "wrapper.scan imports sidecar.harnesses.codex.producer (line 5): "
+        "wrapper.readers.scan imports sidecar.harnesses.codex.producer (line 5): "
         "the wrapper reaches a harness through the registry only",
     ]
     source = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import sidecar.app\n"
@@ -266,29 +266,33 @@ import guard.store
 from guard import catalog
 from . import render
 if TYPE_CHECKING:
-    from wrapper.top import Screen
+    from wrapper.readers.top import Screen
 else:
     import wrapper.cli
 try:
-    from wrapper.metrics import families
+    from wrapper.readers.metrics import families
 except ImportError:
-    from wrapper.watch import observe
+    from wrapper.readers.watch import observe
 class Lazy:
-    from wrapper.scan import scan
+    from wrapper.readers.scan import scan
 def later():
-    from wrapper.roster import collect_roster
+    from wrapper.readers.roster import collect_roster
     if TYPE_CHECKING:
         import wrapper.demo
 """
 
 
 def test_each_scope_holds_the_imports_it_should() -> None:
-    import_time = {"guard.store": 2, "guard.catalog": 3, "wrapper.render": 4, "wrapper.cli": 8,
-                   "wrapper.metrics": 10, "wrapper.watch": 12, "wrapper.scan": 14}  # fmt: skip
-    assert imports_of("wrapper.reader_commands", SAMPLE, "import-time") == import_time
-    run_time = {**import_time, "wrapper.roster": 16}
-    assert imports_of("wrapper.reader_commands", SAMPLE, "run-time") == run_time
-    assert imports_of("wrapper.reader_commands", SAMPLE, "any") == {**run_time, "wrapper.top": 6, "wrapper.demo": 18}
+    import_time = {"guard.store": 2, "guard.catalog": 3, "wrapper.readers.render": 4, "wrapper.cli": 8,
+                   "wrapper.readers.metrics": 10, "wrapper.readers.watch": 12, "wrapper.readers.scan": 14}  # fmt: skip
+    assert imports_of("wrapper.readers.reader_commands", SAMPLE, "import-time") == import_time
+    run_time = {**import_time, "wrapper.readers.roster": 16}
+    assert imports_of("wrapper.readers.reader_commands", SAMPLE, "run-time") == run_time
+    assert imports_of("wrapper.readers.reader_commands", SAMPLE, "any") == {
+        **run_time,
+        "wrapper.readers.top": 6,
+        "wrapper.demo": 18,
+    }
 
 
 def test_the_graph_is_the_projects() -> None:
@@ -296,9 +300,9 @@ def test_the_graph_is_the_projects() -> None:
     assert {module.split(".")[0] for module in MODULES} == set(PACKAGES)
     import_time, run_time = import_graph("import-time"), import_graph("run-time")
     assert "guard.walk" in import_time["guard.catalog"]
-    assert "wrapper.roster" in import_time["wrapper.render"]
-    assert "wrapper.top" not in import_time["wrapper.reader_commands"]  # imported when `top` runs
-    assert "wrapper.top" in run_time["wrapper.reader_commands"]
+    assert "wrapper.readers.roster" in import_time["wrapper.readers.render"]
+    assert "wrapper.readers.top" not in import_time["wrapper.readers.reader_commands"]  # imported when `top` runs
+    assert "wrapper.readers.top" in run_time["wrapper.readers.reader_commands"]
 
 
 def test_a_cycle_is_found_and_named() -> None:

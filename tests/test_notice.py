@@ -1,4 +1,4 @@
-"""wrapper.notice, the one way `hctx top`, `hctx watch` and the board notice the catalog change; and
+"""wrapper.readers.notice, the one way `hctx top`, `hctx watch` and the board notice the catalog change; and
 the readers it drives reading only what changed (the board's and top's RosterCache)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 import trio
 from readers_catalog import HOST, put_record
 
-from wrapper.notice import Changes, Noticed, catalog_changes
-from wrapper.roster import now_ms
+from wrapper.readers.notice import Changes, Noticed, catalog_changes
+from wrapper.readers.roster import now_ms
 
 DEADLINE_S = 20  # generous: the machine may be loaded; nothing here asserts a duration but the stop
 
@@ -133,7 +133,7 @@ async def test_a_catalog_that_cannot_be_watched_is_said_and_still_reread(tmp_pat
 
 
 def test_the_board_reads_only_the_agents_whose_files_changed(tmp_path: Path) -> None:
-    from wrapper.web.feed import Board
+    from wrapper.readers.web.feed import Board
 
     stamp = now_ms() - 5000
     for agent in ("a", "b", "c"):
@@ -153,7 +153,7 @@ def test_the_board_reads_only_the_agents_whose_files_changed(tmp_path: Path) -> 
 
 
 def test_top_reads_only_what_changed_and_ticks_the_ages_reading_nothing(tmp_path: Path) -> None:
-    from wrapper.top import Screen, View
+    from wrapper.readers.top import Screen, View
 
     stamp = now_ms() - 5000
     for agent in ("a", "b"):

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from guard.record import MAX_COUNT
 from tests.hostile import json_values, numbers
-from wrapper.scan import SessionFile, read_session, shipped_model_table
+from wrapper.readers.scan import SessionFile, read_session, shipped_model_table
 
 NOW = 1_795_992_227_928
 TABLE = shipped_model_table()

@@ -102,7 +102,9 @@ def test_the_wheel_holds_exactly_the_package_sources(installed: Installed) -> No
     nested = {"wrapper/harnesses/claude.py", "sidecar/harnesses/pi/producer.py", "sidecar/harnesses/codex/transport.py"}
     assert nested <= shipped
     assert {"sidecar/assets/hctx-channel.ts", "wrapper/model_windows.json"} <= shipped
-    assert {f"wrapper/web/assets/{name}" for name in ("index.html", "agent.html", "board.js", "board.css")} <= shipped
+    assert {
+        f"wrapper/readers/web/assets/{name}" for name in ("index.html", "agent.html", "board.js", "board.css")
+    } <= shipped
     with zipfile.ZipFile(installed.wheel) as archive:
         recording = archive.read("sidecar/assets/demo/pi-0.84.2.channel.rec")
     assert recording == (REPO / "fixtures/recordings/pi/live/pi-0.84.2.channel.rec").read_bytes()  # a file, not a link

@@ -14,13 +14,13 @@ from typing import Any
 import guard
 from guard.record import Harness
 from sidecar.registry import BUILT_IN
-from wrapper.account_watch import add_watch_command
 from wrapper.arguments import harness_name, non_negative, whole_number
-from wrapper.metrics import add_metrics_command
-from wrapper.reader_commands import add_catalog_options, add_reader_commands, catalog_of, with_host
-from wrapper.replication import add_replication_command
-from wrapper.scan import add_scan_command
-from wrapper.web.command import add_web_command
+from wrapper.readers.account_watch import add_watch_command
+from wrapper.readers.metrics import add_metrics_command
+from wrapper.readers.reader_commands import add_catalog_options, add_reader_commands, catalog_of, with_host
+from wrapper.readers.replication import add_replication_command
+from wrapper.readers.scan import add_scan_command
+from wrapper.readers.web.command import add_web_command
 
 __all__ = [
     "COMMAND_ORDER",
@@ -89,7 +89,7 @@ def _wrap(args: argparse.Namespace) -> int:
     from guard.errors import CatalogError, UsageError
     from guard.layout import AgentDir
     from wrapper.harnesses import infer_harness, programs
-    from wrapper.launcher import WrapOptions, free_seat, parse_command, run_wrap
+    from wrapper.launch.launcher import WrapOptions, free_seat, parse_command, run_wrap
 
     try:
         argv = parse_command(args.command_line)
@@ -154,7 +154,7 @@ DEMO_NO_TOP_S = 15.0
 
 def _demo(args: argparse.Namespace) -> int:
     from wrapper.demo import run_demo
-    from wrapper.top import has_terminal
+    from wrapper.readers.top import has_terminal
 
     no_top: bool = args.no_top
     if not no_top and not has_terminal():  # piped or in CI: the run is still worth watching, as text

@@ -107,7 +107,7 @@ class Progress:
         return f"{time.monotonic() - self.started:5.1f}s"
 
     def lines(self) -> list[str]:
-        from wrapper.render import meter_text, percent_text
+        from wrapper.readers.render import meter_text, percent_text
 
         found = []
         width = max(len(agent.identity) for agent in FLEET) + len(DEMO_HOST) + 1
@@ -213,7 +213,7 @@ def run_demo(catalog: Path | None, show_top: bool, duration_s: float) -> int:
         fleet.extend((agent, launch(agent, catalog, duration_s, linger=show_top)) for agent in FLEET)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
         if show_top:
-            from wrapper.top import run as run_top
+            from wrapper.readers.top import run as run_top
 
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # until_a_session_fails watches from here
             status = run_top(catalog, here=DEMO_HOST, once=False, until=until_a_session_fails)
@@ -242,8 +242,8 @@ def run_demo(catalog: Path | None, show_top: bool, duration_s: float) -> int:
             print(f"  {problem}", file=sys.stderr)
         status = status if status == 130 else 1
     if not show_top and status != 130:
-        from wrapper.render import colour_enabled, render_agents
-        from wrapper.roster import collect_roster, now_ms
+        from wrapper.readers.render import colour_enabled, render_agents
+        from wrapper.readers.roster import collect_roster, now_ms
 
         roster = collect_roster(catalog, now_ms(), here=DEMO_HOST)
         print(f"\n{render_agents(roster.rows, colour=colour_enabled(sys.stdout))}", end="")

@@ -590,7 +590,7 @@ def subagent_transport(plan: LaunchPlan) -> BaseModel:
     transcript, and the model table `hctx scan` uses (shipped, extended by the user's file), which
     gives a subagent's window by its model id."""
     from sidecar.registry import transport_config
-    from wrapper.scan import model_table
+    from wrapper.readers.scan import model_table
 
     env = {**os.environ, **plan.env}
     config_dir = env.get("CLAUDE_CONFIG_DIR") or os.path.join(env.get("HOME") or os.path.expanduser("~"), ".claude")

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from wrapper.roster import AgentRow
+from wrapper.readers.roster import AgentRow
 
 __all__ = [
     "DEFAULT_RATE_LIMIT_AT",

@@ -112,9 +112,9 @@ def with_host(run: Command) -> Command:
 
 def run_agents(args: argparse.Namespace) -> int:
     from guard.errors import AgentNotFound
-    from wrapper.accounts import account_of
-    from wrapper.render import colour_enabled, render_agent_json, render_agents, render_agents_json
-    from wrapper.roster import collect_roster, now_ms, resolve_agent, view_agent
+    from wrapper.readers.accounts import account_of
+    from wrapper.readers.render import colour_enabled, render_agent_json, render_agents, render_agents_json
+    from wrapper.readers.roster import collect_roster, now_ms, resolve_agent, view_agent
 
     quiet_guard_logs()
     here, now = args.host, now_ms()
@@ -145,8 +145,8 @@ def run_agents(args: argparse.Namespace) -> int:
 
 
 def run_doctor(args: argparse.Namespace) -> int:
-    from wrapper.render import render_doctor
-    from wrapper.roster import collect_roster, now_ms
+    from wrapper.readers.render import render_doctor
+    from wrapper.readers.roster import collect_roster, now_ms
 
     quiet_guard_logs()
     try:
@@ -159,8 +159,8 @@ def run_doctor(args: argparse.Namespace) -> int:
 
 def run_inspect(args: argparse.Namespace) -> int:
     from guard.errors import AgentNotFound
-    from wrapper.render import render_inspection
-    from wrapper.roster import collect_inspection, now_ms, resolve_agent
+    from wrapper.readers.render import render_inspection
+    from wrapper.readers.roster import collect_inspection, now_ms, resolve_agent
 
     quiet_guard_logs()
     here, now = args.host, now_ms()
@@ -177,9 +177,9 @@ def run_inspect(args: argparse.Namespace) -> int:
 
 
 def run_accounts(args: argparse.Namespace) -> int:
-    from wrapper.accounts import fan_in
-    from wrapper.render import colour_enabled, render_accounts, render_accounts_json
-    from wrapper.roster import collect_roster, now_ms
+    from wrapper.readers.accounts import fan_in
+    from wrapper.readers.render import colour_enabled, render_accounts, render_accounts_json
+    from wrapper.readers.roster import collect_roster, now_ms
 
     quiet_guard_logs()
     now = now_ms()
@@ -197,7 +197,7 @@ def run_accounts(args: argparse.Namespace) -> int:
 
 
 def run_top(args: argparse.Namespace) -> int:
-    from wrapper.top import run
+    from wrapper.readers.top import run
 
     quiet_guard_logs()
     try:

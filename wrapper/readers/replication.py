@@ -24,7 +24,7 @@ from guard.constants import (
     REPLICATED_RECORD_NAMES,
 )
 from guard.errors import UsageError
-from wrapper.reader_commands import catalog_of
+from wrapper.readers.reader_commands import catalog_of
 
 __all__ = [
     "FOLDER_SETTINGS",

@@ -255,7 +255,7 @@ def scan(environ: Mapping[str, str], since_ms: int, now: int, warnings: list[str
 
 def render_rows(rows: list[ScanRow], now: int, *, colour: bool) -> str:
     from guard.catalog import printable
-    from wrapper.render import age_text, fill_tint, meter_text, percent_text, table
+    from wrapper.readers.render import age_text, fill_tint, meter_text, percent_text, table
 
     if not rows:
         return "no sessions\n"
@@ -284,7 +284,7 @@ def render_rows(rows: list[ScanRow], now: int, *, colour: bool) -> str:
 
 def run_scan(args: argparse.Namespace) -> int:
     from guard.catalog import printable
-    from wrapper.render import colour_enabled, render_json_array
+    from wrapper.readers.render import colour_enabled, render_json_array
 
     now = time.time_ns() // 1_000_000
     warnings: list[str] = []

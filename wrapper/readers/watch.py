@@ -43,9 +43,9 @@ from guard.procs import pid_alive
 from guard.projection import headroom_tokens
 from guard.walk import open_chain
 from wrapper.arguments import positive_seconds, whole_number
-from wrapper.reader_commands import add_catalog_options, existing_catalog, with_host
-from wrapper.render import age_text, meter_text, percent_text, subagent_label, tokens_text
-from wrapper.roster import AgentRow, PidProbe, RosterCache, now_ms
+from wrapper.readers.reader_commands import add_catalog_options, existing_catalog, with_host
+from wrapper.readers.render import age_text, meter_text, percent_text, subagent_label, tokens_text
+from wrapper.readers.roster import AgentRow, PidProbe, RosterCache, now_ms
 
 if TYPE_CHECKING:  # trio loads when the command runs, not with every `hctx`
     import trio
@@ -521,7 +521,7 @@ Deliver = Callable[[Event], Awaitable[None]]
 
 
 class Companion(Protocol):
-    """Another state machine stepping on the watch's snapshots (`wrapper.account_watch`): its
+    """Another state machine stepping on the watch's snapshots (`wrapper.readers.account_watch`): its
     state loaded once the lock is held, and saved by `step` before its events go out; its events
     are delivered through the same outbox as the watch's own."""
 
@@ -541,14 +541,14 @@ def exec_command(command: str, timeout_s: float) -> Deliver:
     """Run `command` (a shell command line) per event: the event as one JSON line on its stdin and
     as HCTX_* variables, in a session and process group of its own; killed with its group past
     `timeout_s`. What it leaves behind (backgrounded or `setsid` children) is ended when it returns,
-    times out or the watch stops (wrapper.leftovers). Any failure is logged."""
+    times out or the watch stops (wrapper.readers.leftovers). Any failure is logged."""
     import itertools
     import secrets
     from functools import partial
 
     import trio
 
-    from wrapper import leftovers
+    from wrapper.readers import leftovers
 
     leftovers.become_subreaper()
     marks = (f"{os.getpid()}-{secrets.token_hex(4)}-{n}" for n in itertools.count())
@@ -704,7 +704,7 @@ async def follow(
     Each of `companions` steps on the same snapshots, under the same lock."""
     import trio
 
-    from wrapper.notice import catalog_changes
+    from wrapper.readers.notice import catalog_changes
 
     told_warnings: set[str] = set()  # each warning once while it lasts, not at every re-read
     cache = RosterCache(catalog)  # each tick reads again only the agents whose files changed
@@ -793,7 +793,7 @@ def _thresholds(text: str) -> tuple[float, ...]:
     return tuple(sorted(int(value) if value.is_integer() else value for value in values))
 
 
-# The --at parser, public for the options beside it (`wrapper.account_watch`'s --rate-limit-at).
+# The --at parser, public for the options beside it (`wrapper.readers.account_watch`'s --rate-limit-at).
 parse_percents = _thresholds
 
 

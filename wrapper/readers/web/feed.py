@@ -1,7 +1,7 @@
 """The board's live state: the roster held in memory, kept current from the catalog's file events,
 and pushed to every open page.
 
-A changed record (noticed by `wrapper.notice`, as `hctx watch` and `hctx top` notice it) re-reads
+A changed record (noticed by `wrapper.readers.notice`, as `hctx watch` and `hctx top` notice it) re-reads
 only its agent; the whole catalog is looked at again every `reread_s` (staleness is time-based, and
 an event may be missed), through a `RosterCache`, so even then only the agents whose files changed
 are read; the ages tick every second from the projection's `ageMs`. Reading runs in a worker
@@ -26,11 +26,11 @@ import trio
 
 from guard.errors import CatalogError
 from guard.procs import pid_alive
-from wrapper.accounts import fan_in, groups_by_agent
-from wrapper.notice import catalog_changes
-from wrapper.render import account_limits_wire
-from wrapper.roster import AgentRow, PidProbe, RosterCache, now_ms
-from wrapper.web.board import ages_now, rate_limit_panel, row_view
+from wrapper.readers.accounts import fan_in, groups_by_agent
+from wrapper.readers.notice import catalog_changes
+from wrapper.readers.render import account_limits_wire
+from wrapper.readers.roster import AgentRow, PidProbe, RosterCache, now_ms
+from wrapper.readers.web.board import ages_now, rate_limit_panel, row_view
 
 __all__ = [
     "AGE_TICK_S",
