@@ -35,12 +35,15 @@ from guard.procs import pid_alive
 from guard.projection import headroom_tokens
 from guard.record import HarnessContext, RateLimits
 from guard.state import HarnessState
-from wrapper.arguments import TLS_PAIRING, add_tls_options, positive_seconds, tls_unpaired
-from wrapper.readers.reader_commands import (
+from wrapper.arguments import (
+    TLS_PAIRING,
     add_catalog_options,
+    add_tls_options,
     existing_catalog,
     fail,
+    positive_seconds,
     quiet_guard_logs,
+    tls_unpaired,
     warn,
     with_host,
 )
@@ -72,10 +75,10 @@ __all__ = [
     "Exporter",
     "Family",
     "Limits",
-    "add_metrics_command",
     "exposition",
     "listen_address",
     "number_text",
+    "register",
     "run_metrics",
 ]
 
@@ -589,7 +592,7 @@ def run_metrics(args: argparse.Namespace) -> int:
                           args.tls_client_ca)  # fmt: skip
 
 
-def add_metrics_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     metrics = commands.add_parser(
         "metrics",
         help="serve the roster to Prometheus, or write it for node_exporter's textfile collector",

@@ -33,11 +33,11 @@ __all__ = [
     "USER_MODEL_TABLE",
     "ScanRow",
     "SessionFile",
-    "add_scan_command",
     "find_sessions",
     "model_table",
     "parse_duration",
     "read_session",
+    "register",
     "render_rows",
     "run_scan",
     "scan",
@@ -298,7 +298,7 @@ def run_scan(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_scan_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     scan_parser = commands.add_parser(
         "scan",
         help="occupancy of recent sessions read from the harnesses' own transcripts (no wrapping)",

@@ -42,8 +42,7 @@ from guard.layout import check_name, control_dir
 from guard.procs import pid_alive
 from guard.projection import headroom_tokens
 from guard.walk import open_chain
-from wrapper.arguments import positive_seconds, whole_number
-from wrapper.readers.reader_commands import add_catalog_options, existing_catalog, with_host
+from wrapper.arguments import existing_catalog
 from wrapper.readers.render import age_text, meter_text, percent_text, subagent_label, tokens_text
 from wrapper.readers.roster import AgentRow, PidProbe, RosterCache, now_ms
 
@@ -69,7 +68,6 @@ __all__ = [
     "Settings",
     "State",
     "StateFile",
-    "add_watch_command",
     "dump_state",
     "exec_command",
     "follow",
@@ -775,7 +773,7 @@ async def follow(
 OVERRUN_HARNESSES = ("pi", "omp", "opencode")
 
 
-def _thresholds(text: str) -> tuple[float, ...]:
+def parse_percents(text: str) -> tuple[float, ...]:
     """`--at`: percents above 0 (at or below 0 every reading would be past it); above 100 is allowed,
     and said once, for the harnesses that publish an overrun."""
     try:
@@ -791,10 +789,6 @@ def _thresholds(text: str) -> tuple[float, ...]:
             f"which {', '.join(OVERRUN_HARNESSES)} publish; the others stop at 100")  # fmt: skip
     # 80, not 80.0, in the event and in HCTX_THRESHOLD: what the user wrote
     return tuple(sorted(int(value) if value.is_integer() else value for value in values))
-
-
-# The --at parser, public for the options beside it (`wrapper.readers.account_watch`'s --rate-limit-at).
-parse_percents = _thresholds
 
 
 def run_watch(args: argparse.Namespace, companions: Callable[[StateFile], Sequence[Companion]] = lambda _: ()) -> int:
@@ -816,53 +810,3 @@ def run_watch(args: argparse.Namespace, companions: Callable[[StateFile], Sequen
         log(str(exc))
         return 2
     return 0
-
-
-def add_watch_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    watch = commands.add_parser(
-        "watch",
-        help="run a command for every fill crossing, compaction, stale record and account rate-limit crossing",
-        description="Follows the catalog (inotify where the platform has it, and a re-read every --reread "
-        "seconds) and turns it into events: a reading at or above an --at percent after one below it (or "
-        "the first reading of an incarnation), headroom to compaction under --headroom tokens, a compaction, "
-        "a record gone stale while its agent runs, and fresh again; and per account and window, its rate limit "
-        "reaching a --rate-limit-at percent (the newest snapshot across the agents sharing it). Withheld and "
-        "stale readings fire "
-        "nothing. Each event is one JSON object with a human `message`: on the stdin of --exec's command "
-        "(also as HCTX_* variables: HCTX_EVENT, HCTX_AGENT, HCTX_USED_PERCENT, HCTX_MESSAGE, ...), or "
-        "without --exec one JSON line on stdout. What was told is kept in <catalog>/.st2/watch/NAME.json, "
-        "so a restarted watch tells nothing twice. Stops on SIGINT or SIGTERM.",
-    )
-    watch.add_argument(
-        "--exec", metavar="CMD",
-        help="a shell command run for each event, the event as JSON on its stdin; one agent's events run "
-        "in order, one at a time, each in a process group of its own; whatever it leaves running "
-        "(backgrounded or setsid children) is ended when it returns (default: print each event as a JSON line)",
-    )  # fmt: skip
-    watch.add_argument(
-        "--at", type=_thresholds, default=DEFAULT_AT, metavar="PERCENTS",
-        help="fill thresholds above 0, comma-separated; each fires once and is re-armed by a reading below "
-        "it; above 100 only an overrun reaches, which pi, omp and OpenCode publish (default: 80,95)",
-    )  # fmt: skip
-    watch.add_argument(
-        "--headroom", type=whole_number, metavar="TOKENS",
-        help="fire when compactAtTokens - usedTokens falls under TOKENS (only where the harness states "
-        "where it compacts; default: no headroom events)",
-    )  # fmt: skip
-    watch.add_argument(
-        "--exec-timeout", type=positive_seconds, default=DEFAULT_EXEC_TIMEOUT_S, metavar="S",
-        help="kill a command (and its process group) still running after S seconds; logged, and the watch "
-        "goes on (default: %(default)g)",
-    )  # fmt: skip
-    watch.add_argument(
-        "--reread", type=positive_seconds, default=DEFAULT_REREAD_S, metavar="S",
-        help="re-read the whole catalog at least every S seconds, for records going stale and for changes "
-        "a file event missed (default: %(default)g)",
-    )  # fmt: skip
-    watch.add_argument(
-        "--name", default="default",
-        help="the state file's name under <catalog>/.st2/watch/; a second watch on one catalog needs its own "
-        "(default: %(default)s)",
-    )  # fmt: skip
-    add_catalog_options(watch)
-    watch.set_defaults(run=with_host(run_watch))
