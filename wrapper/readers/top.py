@@ -478,7 +478,7 @@ async def live(screen: Screen, fd: int, until: Until | None = None, shown: list[
     frame already on the screen."""
     import trio
 
-    from wrapper.readers.notice import catalog_changes
+    from wrapper.readers.notice import follow as follow_catalog
 
     wanted = trio.Event()  # a frame is owed: a key, a read, a tick or a new size
     reading = trio.Lock()  # a read in its worker thread and a frame's projection never overlap
@@ -510,12 +510,9 @@ async def live(screen: Screen, fd: int, until: Until | None = None, shown: list[
             wanted.set()
 
     async def follow() -> None:
-        async with catalog_changes(screen.catalog, reread_s=REREAD_S, debounce_ms=200, step_ms=20) as noticed:
-            async for changes in noticed:
-                async with reading:
-                    await trio.to_thread.run_sync(screen.read, changes)
-                wanted.set()
-                await trio.sleep(0.05)  # at most twenty frames a second, however busy the catalog
+        # pace_s: at most twenty reads (so frames) a second, however busy the catalog
+        await follow_catalog(screen.catalog, lambda changes, _: screen.read(changes), lambda _: wanted.set(),
+                             reread_s=REREAD_S, debounce_ms=200, step_ms=20, pace_s=0.05, held=reading)  # fmt: skip
 
     async def ended(quit: trio.CancelScope) -> None:
         assert until is not None

@@ -49,6 +49,8 @@ from wrapper.readers.roster import AgentRow, PidProbe, RosterCache, now_ms
 if TYPE_CHECKING:  # trio loads when the command runs, not with every `hctx`
     import trio
 
+    from wrapper.readers.notice import Changes
+
 __all__ = [
     "DEFAULT_AT",
     "DEFAULT_EXEC_TIMEOUT_S",
@@ -688,6 +690,17 @@ class Outbox:
 # Following the catalog
 
 
+@dataclass(frozen=True, slots=True)
+class _Look:
+    """One read of the catalog: at `now`, of every agent (`full`) or of those a file event named; the
+    snapshot (None: the catalog could not be read) and the warnings."""
+
+    now: int
+    full: bool
+    snapshot: list[Observation] | None
+    warnings: list[str]
+
+
 async def follow(
     catalog: Path,
     *,
@@ -702,7 +715,7 @@ async def follow(
     Each of `companions` steps on the same snapshots, under the same lock."""
     import trio
 
-    from wrapper.readers.notice import catalog_changes
+    from wrapper.readers.notice import follow as follow_catalog
 
     told_warnings: set[str] = set()  # each warning once while it lasts, not at every re-read
     cache = RosterCache(catalog)  # each tick reads again only the agents whose files changed
@@ -711,15 +724,20 @@ async def follow(
         for companion in companions:
             companion.load(dir_fd)
 
-        def tick(outbox: Outbox, only: frozenset[tuple[str, str]] | None = None) -> None:
-            """Every agent (the periodic re-read, for staleness), or `only` the agents a file event named."""
-            nonlocal state, told_warnings
+        def read(changes: Changes, _: float) -> _Look:
+            """Every agent (the periodic re-read, for staleness), or only the agents a file event
+            named; in a worker thread."""
             now = now_ms()
-            full = only is None
+            only = None if changes.whole else changes.agents
             try:
                 snapshot, warnings = observe(catalog, now, here=here, cache=cache, only=only)
             except CatalogError as exc:
-                warnings, snapshot = [f"cannot read the catalog: {exc}"], None
+                return _Look(now, changes.whole, None, [f"cannot read the catalog: {exc}"])
+            return _Look(now, changes.whole, snapshot, warnings)
+
+        def tick(outbox: Outbox, look: _Look) -> None:
+            nonlocal state, told_warnings
+            now, full, snapshot, warnings = look.now, look.full, look.snapshot, look.warnings
             for warning in warnings:
                 if warning not in told_warnings:
                     log(f"warning: {warning}")
@@ -739,7 +757,7 @@ async def follow(
 
         outbox: Outbox | None = None
         try:
-            async with trio.open_nursery() as nursery, catalog_changes(catalog, reread_s=reread_s, warn=log) as noticed:
+            async with trio.open_nursery() as nursery:
 
                 async def stop_on_signal() -> None:
                     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -747,15 +765,13 @@ async def follow(
                             nursery.cancel_scope.cancel()
                             return
 
-                async def say_following() -> None:
-                    await noticed.armed.wait()
+                def say_following() -> None:
                     log(f"following {catalog}, re-reading every {reread_s:g} s; state in {state_file.path}")
 
                 nursery.start_soon(stop_on_signal)
-                nursery.start_soon(say_following)
                 outbox = Outbox(nursery, deliver, record, state)
-                async for changes in noticed:
-                    tick(outbox, None if changes.whole else changes.agents)
+                await follow_catalog(catalog, read, lambda look: tick(outbox, look), reread_s=reread_s, warn=log,
+                                     armed=say_following)  # fmt: skip
         finally:
             if outbox is not None:
                 outbox.flush()  # what the last deliveries attempted, before the lock goes
