@@ -39,7 +39,7 @@ __all__ = [
 ARM_PROBE_MS = 500
 
 Agent = tuple[str, str]  # (host, identity)
-Found = TypeVar("Found")
+_Found = TypeVar("_Found")
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,8 +182,8 @@ async def catalog_changes(
 
 async def follow(
     catalog: Path,
-    read: Callable[[Changes, float], Found],
-    then: Callable[[Found], object],
+    read: Callable[[Changes, float], _Found],
+    then: Callable[[_Found], object],
     *,
     reread_s: float,
     debounce_ms: int = 400,
