@@ -26,7 +26,7 @@ __all__ = ["register"]
 def _wrap(args: argparse.Namespace) -> int:
     from guard.errors import CatalogError, UsageError
     from guard.layout import AgentDir
-    from wrapper.harnesses import infer_harness, programs
+    from sidecar.registry import infer_harness, programs
     from wrapper.launch.launcher import WrapOptions, free_seat, parse_command, run_wrap
 
     try:
