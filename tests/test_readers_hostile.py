@@ -18,9 +18,9 @@ from readers_catalog import HOST, MINUTE, NOW, agent_path, claim, hctx, put_clai
 from guard import catalog as guard_catalog
 from guard.catalog import printable
 from guard.projection import MAX_RECORD_BYTES, decode_record
-from wrapper import roster as roster_module
-from wrapper.render import render_agents, render_inspection
-from wrapper.roster import collect_inspection, collect_roster, now_ms
+from wrapper.readers import roster as roster_module
+from wrapper.readers.render import render_agents, render_inspection
+from wrapper.readers.roster import collect_inspection, collect_roster, now_ms
 
 
 def dead(pid: int) -> bool:
