@@ -36,6 +36,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FILLER",
+    "KEY_BYTES",
+    "MAX_DEPTH",
+    "MAX_EMBEDDED_BYTES",
     "Framing",
     "Redactor",
     "redactors",

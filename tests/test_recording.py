@@ -153,7 +153,7 @@ def _recording(tmp_path: Path, harness: str, *entries: dict[str, object]) -> Pat
 def test_a_decoder_that_raises_is_a_counted_drop_in_replay_as_live(tmp_path: Path) -> None:
     base = spec_for("claude")
     spec = HarnessSpec(name="claude", make_producer=base.make_producer, channel_frames=base.channel_frames,
-                       decoders={"boom": _Boom}, verified_versions=(), launch=base.launch)  # fmt: skip
+                       decoders={"boom": _Boom}, verified_versions=(), package=base.package)  # fmt: skip
     data = base64.b64encode(b"boom").decode()
     path = _recording(tmp_path, "claude", {"at_ms": 1001, "wire": "boom", "stream": 1, "b64": data})
     writes, summary = replay_recording(spec, path)
@@ -307,9 +307,10 @@ def test_every_capture_redacted_replays_to_the_same_records_and_keeps_no_other_s
     redacted = redact_recording(data)
     assert _replayed(redacted) == _replayed(data)
     for harness, wire, held in _streams(redacted).values():
-        kept = spec_for(harness).recorded_strings
-        for frame in _frames(held):
-            leaked = [(key, text) for key, text in _strings(frame) if key not in kept and text.strip("x ")]
+        kept, embedded = spec_for(harness).recorded_strings, spec_for(harness).recorded_json_strings
+        for frame in _frames(held):  # a string of JSON text is read as its own frame (_frames)
+            strings = _strings(frame)
+            leaked = [(key, text) for key, text in strings if key not in kept | embedded and text.strip("x ")]
             assert not leaked, (wire, leaked[:3])
     assert b"/home/" not in b"".join(held for _, _, held in _streams(redacted).values())
 

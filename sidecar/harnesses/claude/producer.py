@@ -416,11 +416,12 @@ SPEC = HarnessSpec(
     channel_frames=channel_frames,
     decoders={SUBAGENT_WIRE: SubagentDecoder},
     verified_versions=VERIFIED_VERSIONS,
-    launch="wrapper.harnesses.claude",
-    transport="sidecar.harnesses.claude.follow",
+    package=__name__.rpartition(".")[0],  # sidecar.harnesses.claude: every module below is its own
+    transport="follow",
     transport_config=ClaudeTransport,
     programs=("claude", "@anthropic-ai/claude-code"),
-    transcripts="sidecar.harnesses.claude.transcript",
+    transcripts="transcript",
+    model_windows="windows",
     # What the status line, the hooks and a subagent's transcript lines are read by (never a
     # path, a cwd, a prompt, a message's content or a tool's input or output).
     recorded_strings=frozenset(
