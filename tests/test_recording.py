@@ -490,3 +490,15 @@ def test_the_recording_is_held_open_across_a_sidecar_replacement_never_reopened_
     lines = _lines(moved)
     assert sum(1 for line in lines if "format" in line) == 2  # both sidecars wrote to the one file
     assert any(b'"contextWindow"' in chunk.data for chunk in read_chunks(moved.read_bytes()))  # the frame
+
+
+def test_every_incarnation_of_a_restarted_session_records_into_the_one_file(tmp_path: Path) -> None:
+    """`--restart`: a relaunch's sidecar gets the same open file as the first (the resident holds it),
+    each starting with its own header."""
+    catalog, recording = tmp_path / "cat", tmp_path / "session.rec"
+    extra = ("--record", str(recording), "--restart", "on-failure", "--max-restarts", "1", "--restart-delay", "0")
+    result = run(wrap_argv(catalog, "rec", "pi", "false", extra=extra))
+    assert result.returncode == 1, result.stderr
+    headers = [line for line in _lines(recording) if "format" in line]
+    assert len(headers) == 2 and headers[0]["incarnation"] != headers[1]["incarnation"]
+    assert all(header["redacted"] is True for header in headers)
