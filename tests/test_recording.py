@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import trio
 import trio.lowlevel
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import guard
 from sidecar import recorder
@@ -502,3 +504,40 @@ def test_every_incarnation_of_a_restarted_session_records_into_the_one_file(tmp_
     headers = [line for line in _lines(recording) if "format" in line]
     assert len(headers) == 2 and headers[0]["incarnation"] != headers[1]["incarnation"]
     assert all(header["redacted"] is True for header in headers)
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**60), 2**60) | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=12),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(["type", "text", "id", "k"]), inner,
+                                                                max_size=4),
+    max_leaves=20,
+)  # fmt: skip
+
+
+def _expected(value: object, key: str | None, kept: frozenset[str]) -> object:
+    """`value` as its redaction reads back: each string not under a kept key, as many `x` as bytes."""
+    if isinstance(value, dict):
+        return {k: _expected(v, k, kept) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expected(v, key, kept) for v in value]
+    if isinstance(value, str) and key not in kept:
+        return "x" * len(json.dumps(value, ensure_ascii=False).encode()[1:-1])
+    return value
+
+
+@settings(max_examples=300, deadline=None)
+@given(frames=st.lists(_JSON, min_size=1, max_size=4), cut=st.integers(1, 64), data=st.binary(max_size=200))
+def test_any_json_lines_cut_anywhere_are_redacted_string_by_string(frames: list[object], cut: int, data: bytes) -> None:
+    """Any JSON, cut at any size: each string under a key not kept reads back as that many `x`, every
+    other value as it was, every line as long; and any bytes at all never raise nor change length."""
+    from sidecar.redaction import Redactor
+
+    kept = frozenset({"type", "id"})
+    lines = b"".join(json.dumps(frame, ensure_ascii=False).encode() + b"\n" for frame in frames)
+    redactor = Redactor(kept, "lines")
+    redacted = b"".join(redactor.redact(part) for part in _cuts(lines, cut))
+    assert [len(line) for line in redacted.split(b"\n")] == [len(line) for line in lines.split(b"\n")]
+    assert [json.loads(line) for line in redacted.splitlines()] == [_expected(frame, None, kept) for frame in frames]
+    for framing in ("lines", "messages", "sse"):
+        assert len(Redactor(kept, framing).redact(data)) == len(data)  # type: ignore[arg-type]
