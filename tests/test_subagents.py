@@ -805,6 +805,7 @@ def test_a_hostile_subagent_row_never_reaches_a_terminal(tmp_path: Path) -> None
 def watched(sub_percent: float | None, *, state: str = "running", parent: float = 12.0) -> Any:
     from readers_catalog import HOST
 
+    from guard.projection import Context
     from wrapper.readers.roster import AgentRow
     from wrapper.readers.watch import Observation
 
@@ -814,8 +815,8 @@ def watched(sub_percent: float | None, *, state: str = "running", parent: float 
            "observedAtMs": 1_795_000_000_000, "ageMs": 1000}  # fmt: skip
     context = {"harness": "claude", "usedTokens": 24_000, "windowTokens": 200_000, "usedPercent": parent,
                "compactions": 0, "compactAtTokens": None, "observedAtMs": 1_795_000_000_000, "ageMs": 1000,
-               "stale": False, "subagents": [sub]}  # fmt: skip
-    return Observation(AgentRow(HOST, "parent", "claude", "running", context), "inc-1")
+               "stale": False, "headroomTokens": None, "subagents": [sub]}  # fmt: skip
+    return Observation(AgentRow(HOST, "parent", "claude", "running", Context.model_validate(context)), "inc-1")
 
 
 def test_a_subagent_crossing_a_threshold_is_an_event_naming_parent_and_subagent_once() -> None:
