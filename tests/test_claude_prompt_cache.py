@@ -16,8 +16,8 @@ from guard.record import ContextFields, PromptCache
 from sidecar.harnesses.claude import producer as claude
 from sidecar.replay import replay_recording
 from tests.conftest import FIXTURE_ROOT
-from wrapper.render import render_agents
-from wrapper.roster import collect_roster
+from wrapper.readers.render import render_agents
+from wrapper.readers.roster import collect_roster
 
 RECORDINGS = FIXTURE_ROOT / "recordings" / "claude"
 CAPTURE = FIXTURE_ROOT / "claude" / "statusline-2.1.332.jsonl"
@@ -74,16 +74,15 @@ def test_a_change_of_warmth_or_expiry_is_written_within_one_bucket() -> None:
 @pytest.mark.parametrize(
     ("cache", "left"),
     [
-        ({"warm": True, "expiresAtMs": NOW + 90_000}, 90_000),
-        ({"warm": True, "expiresAtMs": NOW - 1}, 0),
-        ({"warm": False, "expiresAtMs": None}, None),
-        ({"warm": True, "expiresAtMs": None}, None),
-        ({"warm": True, "expiresAtMs": True}, None),
+        (PromptCache(warm=True, expires_at_ms=NOW + 90_000), 90_000),
+        (PromptCache(warm=True, expires_at_ms=NOW - 1), 0),
+        (PromptCache(warm=False), None),
+        (PromptCache(warm=True), None),
         (None, None),
     ],
 )
-def test_time_to_cold(cache: object, left: int | None) -> None:
-    assert cache_cold_in_ms({"promptCache": cache}, NOW) == left
+def test_time_to_cold(cache: PromptCache | None, left: int | None) -> None:
+    assert cache_cold_in_ms(cache, NOW) == left
 
 
 def put(catalog: Path, name: str, cache: dict[str, Any] | None) -> None:

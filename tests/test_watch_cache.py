@@ -4,32 +4,32 @@ warm prompt cache goes cold and what the turn after writes again (Claude 2.1.332
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from readers_catalog import HOST
 
 from guard.constants import HARNESS_CONTEXT_STALE_MS
-from wrapper.roster import AgentRow
-from wrapper.watch import Event, Observation, Seen, Settings, dump_state, load_state, step
+from guard.projection import Context
+from wrapper.readers.roster import AgentRow
+from wrapper.readers.watch import Event, Observation, Seen, Settings, dump_state, load_state, step
 
 NOW = 1_788_000_000_000
 WARN = Settings(thresholds=(), cache_warn_ms=60_000)
 
 
-def context(expires: int | None, *, warm: bool = True, stale: bool = False) -> dict[str, Any]:
+def context(expires: int | None, *, warm: bool = True, stale: bool = False) -> Context:
     cache = {"warm": warm, "ttl": "5m", "expiresAtMs": expires, "recacheTokensIfCold": 754_995}
-    return {
+    return Context.model_validate({
         "harness": "claude", "usedTokens": 100_005, "windowTokens": 1_000_000, "usedPercent": 10,
         "compactions": 0, "compactAtTokens": None, "observedAtMs": NOW - 1000, "promptCache": cache,
-        "ageMs": HARNESS_CONTEXT_STALE_MS + 1 if stale else 1000, "stale": stale,
-    }  # fmt: skip
+        "ageMs": HARNESS_CONTEXT_STALE_MS + 1 if stale else 1000, "stale": stale, "headroomTokens": None,
+    })  # fmt: skip
 
 
-def seen(ctx: dict[str, Any]) -> Observation:
+def seen(ctx: Context) -> Observation:
     return Observation(AgentRow(HOST, "builder", "claude", "running", ctx), "inc-1")
 
 
-def run(readings: list[tuple[int, dict[str, Any]]], config: Settings = WARN) -> list[Event]:
+def run(readings: list[tuple[int, Context]], config: Settings = WARN) -> list[Event]:
     state: dict[str, Seen] = {}
     told: list[Event] = []
     for now, ctx in readings:
