@@ -28,6 +28,7 @@ __all__ = [
     "HarnessContext",
     "Millis",
     "Printable",
+    "PromptCache",
     "RateLimitResets",
     "RateLimits",
     "Subagent",

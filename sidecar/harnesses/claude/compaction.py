@@ -35,7 +35,14 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["MAX_CONFIGURED", "MIN_CONFIGURED", "ClaudeCompaction", "compact_at"]
+__all__ = [
+    "MARGIN",
+    "MAX_CONFIGURED",
+    "MIN_CONFIGURED",
+    "SUMMARY_RESERVE",
+    "ClaudeCompaction",
+    "compact_at",
+]
 
 # Claude's bounds on a configured window (2.1.250 `I4`, `Cde`; the setting's schema min/max).
 MIN_CONFIGURED = 100_000

@@ -82,6 +82,7 @@ from sidecar.producer import (
 from sidecar.spec import HarnessSpec
 
 __all__ = [
+    "MAX_TASK_ROWS",
     "SPEC",
     "SUBAGENT_START",
     "SUBAGENT_STOP",
