@@ -796,18 +796,36 @@ parse_percents = _thresholds
 def run_watch(args: argparse.Namespace, companions: Callable[[StateFile], Sequence[Companion]] = lambda _: ()) -> int:
     import trio
 
+    targets = None
+    if args.notify or args.notify_file or args.notify_test or os.environ.get("HCTX_NOTIFY_URLS"):
+        from wrapper import notify  # apprise loads with --notify only
+
+        targets = notify.targets_of(args)
+        if targets is None:
+            return 2
+        if args.notify_test:
+            return notify.notify_test(targets, args.notify_timeout, args.board_url, args.host)
     try:
         catalog = existing_catalog(args)
         state_file = StateFile(catalog, args.name)
     except CatalogError as exc:
         log(f"cannot read the catalog: {exc}")
         return 2
-    deliver = print_event if args.exec is None else exec_command(args.exec, args.exec_timeout)
     settings = Settings(args.at, args.headroom)
     beside = companions(state_file)
+
+    def following(deliver: Deliver) -> Awaitable[None]:
+        return follow(catalog, here=args.host, settings=settings, deliver=deliver, state_file=state_file,
+                      reread_s=args.reread, companions=beside)  # fmt: skip
+
+    command = None if args.exec is None else exec_command(args.exec, args.exec_timeout)
+    main: Callable[[], Awaitable[None]] = lambda: following(command or print_event)  # noqa: E731
+    if targets:  # the events go to the targets, and to --exec's command if there is one
+        from wrapper import notify
+
+        main = notify.with_notifications(args, targets, command)(following)
     try:
-        trio.run(lambda: follow(catalog, here=args.host, settings=settings, deliver=deliver,
-                                state_file=state_file, reread_s=args.reread, companions=beside))  # fmt: skip
+        trio.run(main)
     except CatalogError as exc:
         log(str(exc))
         return 2
@@ -860,5 +878,8 @@ def add_watch_command(commands: argparse._SubParsersAction[argparse.ArgumentPars
         help="the state file's name under <catalog>/.st2/watch/; a second watch on one catalog needs its own "
         "(default: %(default)s)",
     )  # fmt: skip
+    from wrapper.notify import add_notify_options
+
+    add_notify_options(watch)
     add_catalog_options(watch)
     watch.set_defaults(run=with_host(run_watch))
