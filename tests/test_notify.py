@@ -30,9 +30,9 @@ from readers_catalog import HOST, put_record
 
 from tests.conftest import REPO
 from tests.test_watch import NOW, context, process_logged
-from wrapper.notify import Notice, Notifier, Target, board_link, notice_of, read_targets, target_of
-from wrapper.roster import AgentRow
-from wrapper.watch import Event
+from wrapper.readers.notify import Notice, Notifier, Target, board_link, notice_of, read_targets, target_of
+from wrapper.readers.roster import AgentRow
+from wrapper.readers.watch import Event
 
 
 @dataclass

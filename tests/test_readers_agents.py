@@ -19,9 +19,9 @@ from readers_catalog import HOST, HOUR, NOW, REPO, claim, hctx, put_claim, put_r
 from guard.layout import default_host
 from guard.procs import pid_alive
 from guard.projection import CONTEXT_KEYS, Context
-from wrapper import roster as roster_module
 from wrapper.cli import main
-from wrapper.render import (
+from wrapper.readers import roster as roster_module
+from wrapper.readers.render import (
     colour_enabled,
     ctx_text,
     fill_tint,
@@ -31,7 +31,7 @@ from wrapper.render import (
     render_agents_json,
     tokens_text,
 )
-from wrapper.roster import AgentNotFound, collect_roster, resolve_agent
+from wrapper.readers.roster import AgentNotFound, collect_roster, resolve_agent
 
 
 def dead(pid: int) -> bool:
@@ -464,7 +464,7 @@ def test_agents_json_imports_only_what_it_needs(tmp_path: Path) -> None:
     )  # fmt: skip
     imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import")}
     assert "guard.projection" in imported
-    for heavy in ("trio", "httpx", "wrapper.top", "termios", "pythonjsonlogger", "sidecar.pipeline"):
+    for heavy in ("trio", "httpx", "wrapper.readers.top", "termios", "pythonjsonlogger", "sidecar.pipeline"):
         assert heavy not in imported, heavy
 
 

@@ -16,8 +16,8 @@ from readers_catalog import HOST, MINUTE, NOW, agent_path, hctx, put_claim, put_
 
 from guard.catalog import iter_hosts, iter_identities
 from guard.errors import CatalogError
-from wrapper.render import doctor_advisories
-from wrapper.roster import collect_roster
+from wrapper.readers.render import doctor_advisories
+from wrapper.readers.roster import collect_roster
 
 CONFLICT = "harness-context.sync-conflict-20261201-091500-WBMBBOK"
 

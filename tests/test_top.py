@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 from readers_catalog import HOST, HOUR, NOW, REPO, agent_path, hctx, put_claim, put_record
 
 from guard.record import Subagent
-from wrapper.roster import collect_roster, now_ms
-from wrapper.top import BAR_CELLS, BAR_MIN_CELLS, COLUMNS, View, bar, decode_keys, render_frame
+from wrapper.readers.roster import collect_roster, now_ms
+from wrapper.readers.top import BAR_CELLS, BAR_MIN_CELLS, COLUMNS, View, bar, decode_keys, render_frame
 
 HELP = "q quits · ↑↓ jk PgUp PgDn Home End · s sort: fill · / filter"
 FLEET_SUMMARY = "hosts: box 5 · 2 at or above 80% · 1 at or above 95% · 1 stale"

@@ -18,7 +18,7 @@ from guard.projection import CONTEXT_KEYS, Context, SubagentReading, project, re
 from guard.record import ContextFields, HarnessContext, RateLimitResets, RateLimits, Subagent
 from sidecar.logs import json_lines
 from tests.conftest import REPO
-from wrapper.web.board import read_fill_history
+from wrapper.readers.web.board import read_fill_history
 
 # Record keys that also name other things the wrapper reads by key (the launch payloads, a URL's
 # parameters, the board's own view): a lookup of one is not told from a record's by its text. On a

@@ -26,8 +26,8 @@ from wrapping import pid_gone
 from guard.constants import HARNESS_CONTEXT_STALE_MS
 from guard.projection import Context, headroom_tokens
 from tests.conftest import REPO
-from wrapper.roster import AgentRow
-from wrapper.watch import (
+from wrapper.readers.roster import AgentRow
+from wrapper.readers.watch import (
     Event,
     Observation,
     Seen,
@@ -175,7 +175,7 @@ def test_observe_reads_a_record_of_a_past_incarnation_as_no_reading(tmp_path: Pa
 
 def test_observe_through_a_cache_reads_only_the_records_that_changed(tmp_path: Path) -> None:
     from guard.catalog import RACY_NS
-    from wrapper.roster import RosterCache
+    from wrapper.readers.roster import RosterCache
 
     old = NOW - 1000
     for agent in ("a", "b", "c"):
@@ -616,8 +616,8 @@ def test_a_partial_step_keeps_the_agents_it_did_not_see() -> None:
 
 
 def test_a_file_event_reads_only_the_agents_it_names(tmp_path: Path) -> None:
-    from wrapper.notice import agent_of
-    from wrapper.roster import RosterCache
+    from wrapper.readers.notice import agent_of
+    from wrapper.readers.roster import RosterCache
 
     for agent in ("a", "b"):
         put_record(tmp_path, agent, observedAtMs=NOW - 1000, writtenAtMs=NOW - 1000)
@@ -639,7 +639,7 @@ async def test_a_step_with_events_saves_once_per_attempt_and_the_save_holds_the_
     """1,000 agents re-armed (a state change, no event) and one crossing 80 and 95: each attempt
     finds on disk what it tells and every other agent's latest state, in one save per attempt (a
     save for the step itself, then one per attempt, was a cost that grew with the fleet: issue 25)."""
-    from wrapper.watch import Outbox
+    from wrapper.readers.watch import Outbox
 
     _, state = step({}, [seen_row(f"q{n:04d}", "i", context(85)) for n in range(1000)], NOW, Settings())
     quiet = [seen_row(f"q{n:04d}", "i", context(10)) for n in range(1000)]

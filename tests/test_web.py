@@ -33,11 +33,11 @@ from tests.web_board import (
     web_argv,
     web_env,
 )
-from wrapper.notice import agent_of
-from wrapper.roster import collect_roster
-from wrapper.web.board import FillHistory, FillPoint, fill_svg, rate_limit_panel, read_fill_history
-from wrapper.web.command import allowed_hosts, is_loopback
-from wrapper.web.feed import Board
+from wrapper.readers.notice import agent_of
+from wrapper.readers.roster import collect_roster
+from wrapper.readers.web.board import FillHistory, FillPoint, fill_svg, rate_limit_panel, read_fill_history
+from wrapper.readers.web.command import allowed_hosts, is_loopback
+from wrapper.readers.web.feed import Board
 
 
 def hctx(*args: str) -> subprocess.CompletedProcess[str]:
@@ -400,7 +400,7 @@ def test_a_subagents_age_ticks_with_its_agents_between_reads(tmp_path: Path, mon
     put(tmp_path, "parent", harness="claude", rateLimits=None, observedAtMs=observed, subagents=[sub])
     put(tmp_path, "plain", rateLimits=None, observedAtMs=observed)
     clock = [now_ms()]
-    monkeypatch.setattr("wrapper.web.feed.now_ms", lambda: clock[0])
+    monkeypatch.setattr("wrapper.readers.web.feed.now_ms", lambda: clock[0])
     board = Board(tmp_path, HERE)
     found, warnings = board.read_whole(1.0)
     board.apply(found, whole=True, warnings=warnings)
@@ -421,7 +421,7 @@ def test_a_read_that_finds_only_older_ages_is_no_change(tmp_path: Path, monkeypa
     put(tmp_path, "red", harness="claude", account=shared, rateLimits={"fiveHour": 41.0, "sevenDay": None})
     put(tmp_path, "calm", usedPercent=10.0, rateLimits=None)
     clock = [now_ms()]
-    monkeypatch.setattr("wrapper.web.feed.now_ms", lambda: clock[0])
+    monkeypatch.setattr("wrapper.readers.web.feed.now_ms", lambda: clock[0])
     board = Board(tmp_path, HERE)
 
     def read(started: float) -> None:

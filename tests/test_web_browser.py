@@ -168,7 +168,7 @@ def test_the_rate_limit_panel_lists_the_windows_newest_first_with_their_age(page
     open_fleet(page, served, rows=7)
     rows = page.locator("#limits tbody tr")
     assert rows.count() == 2
-    # No record states an account: each agent is its own (wrapper.accounts.fan_in).
+    # No record states an account: each agent is its own (wrapper.readers.accounts.fan_in).
     amber, far = f"{HERE}/amber", f"{REPLICA}/far"
     assert rows.nth(0).locator("td").all_inner_texts()[:6] == [amber, amber, "codex", "31%", "55%", "1"]
     assert rows.nth(1).locator("td").all_inner_texts()[:6] == [far, far, "codex", "70%", "20%", "1"]

@@ -42,13 +42,14 @@ from guard.layout import check_name, control_dir
 from guard.procs import pid_alive
 from guard.projection import Context, SubagentReading
 from guard.walk import open_chain
-from wrapper.arguments import positive_seconds, whole_number
-from wrapper.reader_commands import add_catalog_options, existing_catalog, with_host
-from wrapper.render import age_text, meter_text, percent_text, subagent_label, tokens_text
-from wrapper.roster import AgentRow, PidProbe, RosterCache, now_ms
+from wrapper.arguments import existing_catalog
+from wrapper.readers.render import age_text, meter_text, percent_text, subagent_label, tokens_text
+from wrapper.readers.roster import AgentRow, PidProbe, RosterCache, now_ms
 
 if TYPE_CHECKING:  # trio loads when the command runs, not with every `hctx`
     import trio
+
+    from wrapper.readers.notice import Changes
 
 __all__ = [
     "DEFAULT_AT",
@@ -57,6 +58,7 @@ __all__ = [
     "MAX_STATE_BYTES",
     "STATE_SCHEMA",
     "WATCH_DIR_NAME",
+    "Around",
     "Companion",
     "Deliver",
     "Event",
@@ -68,7 +70,6 @@ __all__ = [
     "Settings",
     "State",
     "StateFile",
-    "add_watch_command",
     "dump_state",
     "exec_command",
     "follow",
@@ -522,7 +523,7 @@ Deliver = Callable[[Event], Awaitable[None]]
 
 
 class Companion(Protocol):
-    """Another state machine stepping on the watch's snapshots (`wrapper.account_watch`): its
+    """Another state machine stepping on the watch's snapshots (`wrapper.readers.account_watch`): its
     state loaded once the lock is held, and saved by `step` before its events go out; its events
     are delivered through the same outbox as the watch's own."""
 
@@ -542,14 +543,14 @@ def exec_command(command: str, timeout_s: float) -> Deliver:
     """Run `command` (a shell command line) per event: the event as one JSON line on its stdin and
     as HCTX_* variables, in a session and process group of its own; killed with its group past
     `timeout_s`. What it leaves behind (backgrounded or `setsid` children) is ended when it returns,
-    times out or the watch stops (wrapper.leftovers). Any failure is logged."""
+    times out or the watch stops (wrapper.readers.leftovers). Any failure is logged."""
     import itertools
     import secrets
     from functools import partial
 
     import trio
 
-    from wrapper import leftovers
+    from wrapper.readers import leftovers
 
     leftovers.become_subreaper()
     marks = (f"{os.getpid()}-{secrets.token_hex(4)}-{n}" for n in itertools.count())
@@ -691,6 +692,17 @@ class Outbox:
 # Following the catalog
 
 
+@dataclass(frozen=True, slots=True)
+class _Look:
+    """One read of the catalog: at `now`, of every agent (`full`) or of those a file event named; the
+    snapshot (None: the catalog could not be read) and the warnings."""
+
+    now: int
+    full: bool
+    snapshot: list[Observation] | None
+    warnings: list[str]
+
+
 async def follow(
     catalog: Path,
     *,
@@ -705,7 +717,7 @@ async def follow(
     Each of `companions` steps on the same snapshots, under the same lock."""
     import trio
 
-    from wrapper.notice import catalog_changes
+    from wrapper.readers.notice import follow as follow_catalog
 
     told_warnings: set[str] = set()  # each warning once while it lasts, not at every re-read
     cache = RosterCache(catalog)  # each tick reads again only the agents whose files changed
@@ -714,15 +726,20 @@ async def follow(
         for companion in companions:
             companion.load(dir_fd)
 
-        def tick(outbox: Outbox, only: frozenset[tuple[str, str]] | None = None) -> None:
-            """Every agent (the periodic re-read, for staleness), or `only` the agents a file event named."""
-            nonlocal state, told_warnings
+        def read(changes: Changes, _: float) -> _Look:
+            """Every agent (the periodic re-read, for staleness), or only the agents a file event
+            named; in a worker thread."""
             now = now_ms()
-            full = only is None
+            only = None if changes.whole else changes.agents
             try:
                 snapshot, warnings = observe(catalog, now, here=here, cache=cache, only=only)
             except CatalogError as exc:
-                warnings, snapshot = [f"cannot read the catalog: {exc}"], None
+                return _Look(now, changes.whole, None, [f"cannot read the catalog: {exc}"])
+            return _Look(now, changes.whole, snapshot, warnings)
+
+        def tick(outbox: Outbox, look: _Look) -> None:
+            nonlocal state, told_warnings
+            now, full, snapshot, warnings = look.now, look.full, look.snapshot, look.warnings
             for warning in warnings:
                 if warning not in told_warnings:
                     log(f"warning: {warning}")
@@ -742,7 +759,7 @@ async def follow(
 
         outbox: Outbox | None = None
         try:
-            async with trio.open_nursery() as nursery, catalog_changes(catalog, reread_s=reread_s, warn=log) as noticed:
+            async with trio.open_nursery() as nursery:
 
                 async def stop_on_signal() -> None:
                     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -750,15 +767,13 @@ async def follow(
                             nursery.cancel_scope.cancel()
                             return
 
-                async def say_following() -> None:
-                    await noticed.armed.wait()
+                def say_following() -> None:
                     log(f"following {catalog}, re-reading every {reread_s:g} s; state in {state_file.path}")
 
                 nursery.start_soon(stop_on_signal)
-                nursery.start_soon(say_following)
                 outbox = Outbox(nursery, deliver, record, state)
-                async for changes in noticed:
-                    tick(outbox, None if changes.whole else changes.agents)
+                await follow_catalog(catalog, read, lambda look: tick(outbox, look), reread_s=reread_s, warn=log,
+                                     armed=say_following)  # fmt: skip
         finally:
             if outbox is not None:
                 outbox.flush()  # what the last deliveries attempted, before the lock goes
@@ -768,7 +783,7 @@ async def follow(
 # The command line
 
 
-def _thresholds(text: str) -> tuple[float, ...]:
+def parse_percents(text: str) -> tuple[float, ...]:
     """`--at`: percents above 0 (at or below 0 every reading would be past it); above 100 is allowed,
     and said once, for the harnesses that publish an overrun."""
     try:
@@ -789,22 +804,18 @@ def _thresholds(text: str) -> tuple[float, ...]:
     return tuple(sorted(int(value) if value.is_integer() else value for value in values))
 
 
-# The --at parser, public for the options beside it (`wrapper.account_watch`'s --rate-limit-at).
-parse_percents = _thresholds
+# What runs the watch when something stands around its delivery (`wrapper.readers.notify`): given
+# how to follow the catalog with a delivery, and --exec's (None without --exec), the whole run.
+Around = Callable[[Callable[[Deliver], Awaitable[None]], "Deliver | None"], Callable[[], Awaitable[None]]]
 
 
-def run_watch(args: argparse.Namespace, companions: Callable[[StateFile], Sequence[Companion]] = lambda _: ()) -> int:
+def run_watch(
+    args: argparse.Namespace,
+    companions: Callable[[StateFile], Sequence[Companion]] = lambda _: (),
+    around: Around | None = None,
+) -> int:
     import trio
 
-    targets = None
-    if args.notify or args.notify_file or args.notify_test or os.environ.get("HCTX_NOTIFY_URLS"):
-        from wrapper import notify  # apprise loads with --notify only
-
-        targets = notify.targets_of(args)
-        if targets is None:
-            return 2
-        if args.notify_test:
-            return notify.notify_test(targets, args.notify_timeout, args.board_url, args.host)
     try:
         catalog = existing_catalog(args)
         state_file = StateFile(catalog, args.name)
@@ -819,67 +830,10 @@ def run_watch(args: argparse.Namespace, companions: Callable[[StateFile], Sequen
                       reread_s=args.reread, companions=beside)  # fmt: skip
 
     command = None if args.exec is None else exec_command(args.exec, args.exec_timeout)
-    main: Callable[[], Awaitable[None]] = lambda: following(command or print_event)  # noqa: E731
-    if targets:  # the events go to the targets, and to --exec's command if there is one
-        from wrapper import notify
-
-        main = notify.with_notifications(args, targets, command)(following)
+    main = (lambda: following(command or print_event)) if around is None else around(following, command)
     try:
         trio.run(main)
     except CatalogError as exc:
         log(str(exc))
         return 2
     return 0
-
-
-def add_watch_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    watch = commands.add_parser(
-        "watch",
-        help="run a command for every fill crossing, compaction, stale record and account rate-limit crossing",
-        description="Follows the catalog (inotify where the platform has it, and a re-read every --reread "
-        "seconds) and turns it into events: a reading at or above an --at percent after one below it (or "
-        "the first reading of an incarnation), headroom to compaction under --headroom tokens, a compaction, "
-        "a record gone stale while its agent runs, and fresh again; and per account and window, its rate limit "
-        "reaching a --rate-limit-at percent (the newest snapshot across the agents sharing it). Withheld and "
-        "stale readings fire "
-        "nothing. Each event is one JSON object with a human `message`: on the stdin of --exec's command "
-        "(also as HCTX_* variables: HCTX_EVENT, HCTX_AGENT, HCTX_USED_PERCENT, HCTX_MESSAGE, ...), or "
-        "without --exec one JSON line on stdout. What was told is kept in <catalog>/.st2/watch/NAME.json, "
-        "so a restarted watch tells nothing twice. Stops on SIGINT or SIGTERM.",
-    )
-    watch.add_argument(
-        "--exec", metavar="CMD",
-        help="a shell command run for each event, the event as JSON on its stdin; one agent's events run "
-        "in order, one at a time, each in a process group of its own; whatever it leaves running "
-        "(backgrounded or setsid children) is ended when it returns (default: print each event as a JSON line)",
-    )  # fmt: skip
-    watch.add_argument(
-        "--at", type=_thresholds, default=DEFAULT_AT, metavar="PERCENTS",
-        help="fill thresholds above 0, comma-separated; each fires once and is re-armed by a reading below "
-        "it; above 100 only an overrun reaches, which pi, omp and OpenCode publish (default: 80,95)",
-    )  # fmt: skip
-    watch.add_argument(
-        "--headroom", type=whole_number, metavar="TOKENS",
-        help="fire when compactAtTokens - usedTokens falls under TOKENS (only where the harness states "
-        "where it compacts; default: no headroom events)",
-    )  # fmt: skip
-    watch.add_argument(
-        "--exec-timeout", type=positive_seconds, default=DEFAULT_EXEC_TIMEOUT_S, metavar="S",
-        help="kill a command (and its process group) still running after S seconds; logged, and the watch "
-        "goes on (default: %(default)g)",
-    )  # fmt: skip
-    watch.add_argument(
-        "--reread", type=positive_seconds, default=DEFAULT_REREAD_S, metavar="S",
-        help="re-read the whole catalog at least every S seconds, for records going stale and for changes "
-        "a file event missed (default: %(default)g)",
-    )  # fmt: skip
-    watch.add_argument(
-        "--name", default="default",
-        help="the state file's name under <catalog>/.st2/watch/; a second watch on one catalog needs its own "
-        "(default: %(default)s)",
-    )  # fmt: skip
-    from wrapper.notify import add_notify_options
-
-    add_notify_options(watch)
-    add_catalog_options(watch)
-    watch.set_defaults(run=with_host(run_watch))

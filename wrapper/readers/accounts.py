@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from guard.account import Account
-from wrapper.roster import AgentRow
+from wrapper.readers.roster import AgentRow
 
 __all__ = [
     "DEFAULT_RATE_LIMIT_AT",

@@ -1,8 +1,8 @@
 """The web board's data: one view per roster row, the rate-limit panel, one agent's page, and the
 plot of its fill over time drawn from the fill history (guard.history) in the per-agent log.
 
-Every number and word comes from the readers' one projection (wrapper.roster) and their one
-renderer (wrapper.render): the tint, the headroom, the age and the stale mark are theirs, so the
+Every number and word comes from the readers' one projection (wrapper.readers.roster) and their one
+renderer (wrapper.readers.render): the tint, the headroom, the age and the stale mark are theirs, so the
 board cannot tell a different story from `hctx agents`. Each view carries the row's `agent`
 object, which is exactly that row of `hctx agents --json`. Plain data in, plain data (and SVG
 text) out; nothing here serves or watches.
@@ -22,8 +22,8 @@ from guard.files import open_regular
 from guard.history import StartLine, WriteLine, read_fill_line
 from guard.layout import log_files, log_path
 from guard.projection import SubagentReading
-from wrapper.accounts import AccountGroup, Snapshot, Window, fan_in, groups_by_agent
-from wrapper.render import (
+from wrapper.readers.accounts import AccountGroup, Snapshot, Window, fan_in, groups_by_agent
+from wrapper.readers.render import (
     age_text,
     agent_wire,
     claim_section,
@@ -37,8 +37,8 @@ from wrapper.render import (
     subagent_label,
     tokens_text,
 )
-from wrapper.roster import AgentRow, Inspection
-from wrapper.top import fill_order
+from wrapper.readers.roster import AgentRow, Inspection
+from wrapper.readers.top import fill_order
 
 __all__ = [
     "HISTORY_BYTES",
@@ -134,7 +134,7 @@ def subagent_view(sub: SubagentReading) -> dict[str, Any]:
 
 
 def rate_limit_panel(rows: Iterable[tuple[AgentRow, int]], now: int) -> dict[str, Any]:
-    """The accounts' rate limits, as `hctx accounts` fans them in (wrapper.accounts.fan_in): one
+    """The accounts' rate limits, as `hctx accounts` fans them in (wrapper.readers.accounts.fan_in): one
     entry per account (an agent stating none is its own), each window the newest snapshot across
     its agents, newest account first; `key` is the agent the newest snapshot came from, whose age
     the entry shows."""

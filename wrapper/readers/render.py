@@ -27,8 +27,8 @@ from guard.files import RawFile
 from guard.projection import Context, SubagentReading
 from guard.record import HarnessContext, Subagent, round_half_up
 from guard.state import Unobserved
-from wrapper.accounts import WINDOWS, AccountGroup, Snapshot, fan_in, groups_by_agent
-from wrapper.roster import (
+from wrapper.readers.accounts import WINDOWS, AccountGroup, Snapshot, fan_in, groups_by_agent
+from wrapper.readers.roster import (
     LOG_TAIL_LINES,
     AgentRow,
     Inspection,
@@ -344,7 +344,7 @@ def subagent_cells(sub: SubagentReading) -> list[tuple[str, Tint]]:
     return [
         ("", None),
         (f"  {subagent_label(sub)}", None),
-        (sub.model or "", None),
+        (printable(sub.model or ""), None),
         (sub.state, None),
         (ctx_words(sub.used_percent, sub.compactions, False), None),
         (meter_text(sub), fill_tint(sub)),
@@ -355,7 +355,7 @@ def subagent_cells(sub: SubagentReading) -> list[tuple[str, Tint]]:
 
 
 # ---------------------------------------------------------------------------------------------
-# `hctx doctor` (HC-R17): the rules are wrapper.roster's, the words are these
+# `hctx doctor` (HC-R17): the rules are wrapper.readers.roster's, the words are these
 
 
 def doctor_advisories(roster: Roster) -> list[str]:

@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING
 from urllib.parse import quote, unquote, urlsplit
 
 from guard.errors import UsageError
-from wrapper.account_watch import RateLimitEvent
-from wrapper.render import meter_text, percent_text
-from wrapper.watch import Deliver, Event
+from wrapper.readers.account_watch import RateLimitEvent
+from wrapper.readers.render import meter_text, percent_text
+from wrapper.readers.watch import Around, Deliver, Event
 
 if TYPE_CHECKING:
     import apprise
@@ -59,6 +59,7 @@ __all__ = [
     "read_targets",
     "target_of",
     "targets_of",
+    "wanted",
     "with_notifications",
 ]
 
@@ -466,12 +467,15 @@ def targets_of(args: argparse.Namespace) -> list[Target] | None:
         return None
 
 
-def with_notifications(
-    args: argparse.Namespace, targets: Sequence[Target], deliver: Deliver | None
-) -> Callable[[Callable[[Deliver], Awaitable[None]]], Callable[[], Awaitable[None]]]:
-    """`run(follow)`: the watch's `follow(deliver)` with every event also notified to `targets`."""
+def wanted(args: argparse.Namespace) -> bool:
+    """Whether the command line or the environment asks for notifications (or their test)."""
+    return bool(args.notify or args.notify_file or args.notify_test or os.environ.get(NOTIFY_URLS_ENV))
 
-    def wrap(follow: Callable[[Deliver], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
+
+def with_notifications(args: argparse.Namespace, targets: Sequence[Target]) -> Around:
+    """The watch's run with every event also notified to `targets`, beside --exec's command if any."""
+
+    def around(follow: Callable[[Deliver], Awaitable[None]], deliver: Deliver | None) -> Callable[[], Awaitable[None]]:
         async def main() -> None:
             notifier = Notifier(targets, timeout_s=args.notify_timeout, retry_for_s=args.notify_retry_for,
                                 queue=args.notify_queue)  # fmt: skip
@@ -480,4 +484,4 @@ def with_notifications(
 
         return main
 
-    return wrap
+    return around

@@ -1,7 +1,7 @@
 """The readers' data (HC-R14, HC-R17): the roster, one agent's inspection, doctor's rules.
 
 Plain data only: `collect_*` take the catalog path and `now_ms` and return dataclasses; the text
-(tables, meters, advisory lines) is wrapper.render's, the command line wrapper.reader_commands'.
+(tables, meters, advisory lines) is wrapper.readers.render's, the command line wrapper.readers.reader_commands'.
 Reading goes through guard.catalog, so a hostile tree gives a row with `context: null` and a
 warning, never a traceback and never a number the record did not carry. Nothing here writes.
 """
@@ -322,7 +322,7 @@ def resolve_agent(catalog: Path, wanted: str, *, here: str) -> tuple[str, str]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Doctor's rules (HC-R17); wrapper.render words them
+# Doctor's rules (HC-R17); wrapper.readers.render words them
 
 
 def fill_advised(context: Context) -> bool:

@@ -2,7 +2,7 @@
 
 Plain ANSI on the alternate screen: no curses. The view runs under trio: keys are read when the
 terminal has them (`trio.lowlevel.wait_readable`, the tty left blocking as the shell had it), a
-changed record is noticed by `wrapper.notice` (watchfiles) and only its agent read again, the whole
+changed record is noticed by `wrapper.readers.notice` (watchfiles) and only its agent read again, the whole
 catalog is looked at every `REREAD_S` through a `RosterCache` (a `stat` per unchanged agent), and
 every `REFRESH_S` the records held are projected again for the ages, reading nothing. `q`, Ctrl-C,
 SIGTERM/SIGHUP or EOF on stdin quit and restore the terminal; SIGWINCH redraws at the new size.
@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from guard.errors import CatalogError
 from guard.projection import SubagentReading
-from wrapper.accounts import fan_in, groups_by_agent
-from wrapper.render import (
+from wrapper.readers.accounts import fan_in, groups_by_agent
+from wrapper.readers.render import (
     AMBER_PERCENT,
     RED_PERCENT,
     Fill,
@@ -44,10 +44,10 @@ from wrapper.render import (
     subagent_label,
     tokens_text,
 )
-from wrapper.roster import AgentRow, Roster, RosterCache, collect_roster, now_ms
+from wrapper.readers.roster import AgentRow, Roster, RosterCache, collect_roster, now_ms
 
 if TYPE_CHECKING:  # trio and watchfiles load when the live view runs, not with `--once`
-    from wrapper.notice import Changes
+    from wrapper.readers.notice import Changes
 
 __all__ = [
     "BAR_CELLS",
@@ -234,7 +234,7 @@ COLUMNS = ("AGENT", "HARNESS", "FILL", "PCT", "TOKENS", "WINDOW", "HEADROOM", "�
 RIGHT_ALIGNED = frozenset({"PCT", "TOKENS", "WINDOW", "HEADROOM", "⟳"})  # numbers
 # On a terminal too narrow for the table the bar narrows first, down to BAR_MIN_CELLS; then columns
 # are hidden in this order, and the frame says which. AGENT and PCT are always shown. LIMITS (the
-# account's rate limits, `wrapper.render.limits_text`) is left out unasked when no agent has any.
+# account's rate limits, `wrapper.readers.render.limits_text`) is left out unasked when no agent has any.
 HIDE_ORDER = ("LIMITS", "HARNESS", "WINDOW", "HEADROOM", "FILL", "TOKENS", "COST", "⟳", "AGE")
 
 
@@ -480,7 +480,7 @@ async def live(screen: Screen, fd: int, until: Until | None = None, shown: list[
     frame already on the screen."""
     import trio
 
-    from wrapper.notice import catalog_changes
+    from wrapper.readers.notice import follow as follow_catalog
 
     wanted = trio.Event()  # a frame is owed: a key, a read, a tick or a new size
     reading = trio.Lock()  # a read in its worker thread and a frame's projection never overlap
@@ -512,12 +512,9 @@ async def live(screen: Screen, fd: int, until: Until | None = None, shown: list[
             wanted.set()
 
     async def follow() -> None:
-        async with catalog_changes(screen.catalog, reread_s=REREAD_S, debounce_ms=200, step_ms=20) as noticed:
-            async for changes in noticed:
-                async with reading:
-                    await trio.to_thread.run_sync(screen.read, changes)
-                wanted.set()
-                await trio.sleep(0.05)  # at most twenty frames a second, however busy the catalog
+        # pace_s: at most twenty reads (so frames) a second, however busy the catalog
+        await follow_catalog(screen.catalog, lambda changes, _: screen.read(changes), lambda _: wanted.set(),
+                             reread_s=REREAD_S, debounce_ms=200, step_ms=20, pace_s=0.05, held=reading)  # fmt: skip
 
     async def ended(quit: trio.CancelScope) -> None:
         assert until is not None
@@ -567,7 +564,7 @@ def run(catalog: Path, *, here: str, once: bool, until: Until | None = None) -> 
     if not has_terminal():
         print("hctx top: needs a terminal on stdin and stdout (use --once for one frame)", file=sys.stderr)
         return 2
-    from wrapper.notice import Changes
+    from wrapper.readers.notice import Changes
 
     fd = sys.stdin.fileno()
     screen = Screen(catalog, here, colour_enabled(sys.stdout), View())

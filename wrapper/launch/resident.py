@@ -24,7 +24,7 @@ relaunch's claim runs under it (`WrapperLock`).
 
 The rare steps that need the claim or the registry (a relaunch's claim and launch plan, a launch's
 teardown, the record of a dead sidecar, the final `stopped`) run in a short-lived
-`python -m wrapper.launcher STEP` (`Steps`), one at a time, in order.
+`python -m wrapper.launch.launcher STEP` (`Steps`), one at a time, in order.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ TAP_QUEUE_BYTES = 4 * 1024 * 1024
 TAP_RECONNECT_S = 0.5
 # How often a group being ended is looked at until it is gone or its deadline passes.
 GROUP_POLL_S = 0.02
-# A step (`python -m wrapper.launcher STEP`) that takes longer than this is killed and reported.
+# A step (`python -m wrapper.launch.launcher STEP`) that takes longer than this is killed and reported.
 STEP_TIMEOUT_S = 60.0
 # The niceness of the bookkeeping steps (all but a relaunch's `begin`, which the session waits on):
 # they yield the CPU to the sidecar draining beside them (it has SIDECAR_EXIT_TIMEOUT_S) and to the
@@ -274,7 +274,7 @@ def spawn(
 
 
 class Steps:
-    """`python -m wrapper.launcher STEP`, one at a time and in order: a step that needs the claim or
+    """`python -m wrapper.launch.launcher STEP`, one at a time and in order: a step that needs the claim or
     the registry (pydantic and the rest, which this process never imports). The payload goes on its
     stdin and its answer comes on its stdout, both in `marshal` (the same interpreter on both ends,
     and a module the interpreter has built in, where `json` would cost this process a megabyte)."""
@@ -309,7 +309,7 @@ class Steps:
         payload_fd = os.memfd_create("hctx-step", os.MFD_CLOEXEC)  # the step's stdin
         os.write(payload_fd, marshal.dumps(payload))
         os.lseek(payload_fd, 0, os.SEEK_SET)
-        argv = [sys.executable, "-m", "wrapper.launcher", step]
+        argv = [sys.executable, "-m", "wrapper.launch.launcher", step]
         try:
             pid = spawn(argv, checkout_env(), stdin=payload_fd, stdout=out_write,
                         niceness=0 if step == "begin" else STEP_NICENESS)  # fmt: skip
@@ -498,7 +498,7 @@ def end_group(loop: Loop, pgid: int, deadline_s: float) -> None:
 
 
 def sidecar_argv(it: dict[str, Any], lifeline_fd: int, ready_fd: int) -> list[str]:
-    """The command every sidecar of the incarnation `it` (`wrapper.launcher.begin_incarnation`) runs."""
+    """The command every sidecar of the incarnation `it` (`wrapper.launch.launcher.begin_incarnation`) runs."""
     agent = it["agent"]
     return [
         *(sys.executable, "-m", "sidecar", "--harness", it["harness"]),
@@ -507,7 +507,8 @@ def sidecar_argv(it: dict[str, Any], lifeline_fd: int, ready_fd: int) -> list[st
         *("--lifeline-fd", str(lifeline_fd), "--ready-fd", str(ready_fd)),
         *(() if it["transport"] is None else ("--transport", it["transport"])),
         *(() if it["account"] is None else ("--account", it["account"])),
-        *(() if it["record"] is None else ("--record", it["record"])),
+        *(() if it.get("recordFd") is None else ("--record-fd", str(it["recordFd"]))),
+        *(("--record-raw",) if it.get("recordRaw") else ()),
     ]
 
 
@@ -542,8 +543,10 @@ class Sidecars:
         devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
         try:
             # Its own group: the terminal's Ctrl-C and Ctrl-Z are the harness's, not the sidecar's.
+            # `--record`'s file goes to each sidecar as this same open file, never by its name.
+            record = () if self.incarnation.get("recordFd") is None else (self.incarnation["recordFd"],)
             self.pid = spawn(sidecar_argv(self.incarnation, lifeline_read, ready_write), checkout_env(), new_group=True,
-                             keep=(lifeline_read, ready_write), stdin=devnull, stdout=devnull)  # fmt: skip
+                             keep=(lifeline_read, ready_write, *record), stdin=devnull, stdout=devnull)  # fmt: skip
         except OSError:
             os.close(ready_read)
             self._close_lifeline()
@@ -949,9 +952,15 @@ class WrapperLock:
         return True
 
 
-def supervise(options: dict[str, Any], first: dict[str, Any], lock: WrapperLock | None = None) -> int:
+def supervise(
+    options: dict[str, Any], first: dict[str, Any], lock: WrapperLock | None = None, record_fd: int | None = None
+) -> int:
     """The first incarnation (claimed before the exec), then the ones the restart policy wants. A
-    relaunch's `begin` step claims under `lock`, which this process holds: the step takes none."""
+    relaunch's `begin` step claims under `lock`, which this process holds: the step takes none.
+    `record_fd`: `--record`'s open file, handed to every sidecar of every incarnation."""
+    if record_fd is not None:
+        os.set_inheritable(record_fd, False)  # a sidecar's alone: never the harness's, never a step's
+    recording = {"recordFd": record_fd, "recordRaw": bool(options.get("recordRaw"))}
     loop = Loop()
     session = Session(loop)
     session.listen()
@@ -968,6 +977,7 @@ def supervise(options: dict[str, Any], first: dict[str, Any], lock: WrapperLock 
             steps.submit("stopped", {"agent": first["agent"], "incarnation": it["incarnation"]})
 
     while True:
+        it = it | recording
         status = it["status"] if it["plan"] is None else run_incarnation(loop, session, steps, it, stop)
         if session.stopped or not _relaunch_wanted(options, status, restarts):
             break
@@ -996,9 +1006,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     with os.fdopen(int(args[1]), "rb") as spec_file:
         spec = marshal.loads(spec_file.read())
-    return supervise(spec["options"], spec["incarnation"], WrapperLock(spec["lockFd"], spec["lockHeld"]))
+    lock = WrapperLock(spec["lockFd"], spec["lockHeld"])
+    return supervise(spec["options"], spec["incarnation"], lock, spec.get("recordFd"))
 
 
-if __name__ == "__main__":  # by hand, for a look; the wrapper runs `wrapper.launcher.RESIDENT_COMMAND`
+if __name__ == "__main__":  # by hand, for a look; the wrapper runs `wrapper.launch.launcher.RESIDENT_COMMAND`
     sys.path[0] = _ROOT
     sys.exit(main())

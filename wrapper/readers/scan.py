@@ -29,10 +29,10 @@ __all__ = [
     "DEFAULT_SINCE",
     "ScanRow",
     "SessionFile",
-    "add_scan_command",
     "find_sessions",
     "parse_duration",
     "read_session",
+    "register",
     "render_rows",
     "run_scan",
     "scan",
@@ -193,7 +193,7 @@ def scan(environ: Mapping[str, str], since_ms: int, now: int, warnings: list[str
 
 def render_rows(rows: list[ScanRow], now: int, *, colour: bool) -> str:
     from guard.catalog import printable
-    from wrapper.render import age_text, fill_tint, meter_text, percent_text, table
+    from wrapper.readers.render import age_text, fill_tint, meter_text, percent_text, table
 
     if not rows:
         return "no sessions\n"
@@ -223,7 +223,7 @@ def render_rows(rows: list[ScanRow], now: int, *, colour: bool) -> str:
 
 def run_scan(args: argparse.Namespace) -> int:
     from guard.catalog import printable
-    from wrapper.render import colour_enabled, render_json_array
+    from wrapper.readers.render import colour_enabled, render_json_array
 
     now = time.time_ns() // 1_000_000
     warnings: list[str] = []
@@ -237,7 +237,7 @@ def run_scan(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_scan_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     scan_parser = commands.add_parser(
         "scan",
         help="occupancy of recent sessions read from the harnesses' own transcripts (no wrapping)",
