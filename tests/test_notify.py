@@ -30,6 +30,8 @@ from readers_catalog import HOST, put_record
 
 from tests.conftest import REPO
 from tests.test_watch import NOW, context, process_logged
+from wrapper.readers.account_watch import RateLimitEvent
+from wrapper.readers.accounts import AccountGroup, Snapshot
 from wrapper.readers.notify import Notice, Notifier, Target, board_link, notice_of, read_targets, target_of
 from wrapper.readers.roster import AgentRow
 from wrapper.readers.watch import Event
@@ -131,6 +133,19 @@ def test_a_notice_names_host_agent_harness_fill_window_and_links_the_agents_boar
     assert notice_of(_event("compaction")).title == "builder: compacted"
     # the board's own links escape each part (wrapper/web/assets/common.js)
     assert board_link("http://h:1", "a b", "x/y") == "http://h:1/agents/a%20b/x%2Fy"
+
+
+def test_a_rate_limit_notice_names_the_accounts_window() -> None:
+    row = AgentRow(HOST, "builder", "claude", "running", context(40.0))
+    snapshot = Snapshot("fiveHour", 91.0, None, NOW - 1000, 1000, False, row)
+    group = AccountGroup("acct-1", "work seat", (row,), {"fiveHour": snapshot})
+    event = RateLimitEvent("rate-limit", row, "inc-1", 80, NOW, group=group, snapshot=snapshot)
+    notice = notice_of(event, None)
+    assert notice.title == "builder: rate limit 91% used"
+    assert notice.body.splitlines()[1:] == [
+        "host box · agent builder · harness claude",
+        "fill 91% · five-hour window of work seat",
+    ]
 
 
 # --- real receivers ----------------------------------------------------------------------------------

@@ -47,7 +47,8 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "--exec", metavar="CMD",
         help="a shell command run for each event, the event as JSON on its stdin; one agent's events run "
         "in order, one at a time, each in a process group of its own; whatever it leaves running "
-        "(backgrounded or setsid children) is ended when it returns (default: print each event as a JSON line)",
+        "(backgrounded or setsid children) is ended when it returns (default: print each event as a JSON "
+        "line, unless --notify sends them)",
     )  # fmt: skip
     watch.add_argument(
         "--at", type=parse_percents, default=DEFAULT_AT, metavar="PERCENTS",
