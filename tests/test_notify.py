@@ -170,6 +170,22 @@ async def test_ntfy_slack_style_and_json_webhooks_get_each_services_request(rece
     assert (wire["title"], wire["message"], wire["type"]) == (notice.title, notice.body, "info")
 
 
+async def test_slack_gets_its_incoming_webhook_request(receiver: Receiver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """apprise's slack:// itself, its fixed host (hooks.slack.com, a class attribute) pointed at loopback."""
+    from apprise.plugins.slack import NotifySlack
+
+    monkeypatch.setattr(NotifySlack, "webhook_url", f"http://127.0.0.1:{receiver.port}/services")
+    target = target_of("slack://T1JJ3T3L2/A1BRTD4JD/TIiajkdnlazkcOXrIdevi7/#agents")
+    assert "TIiajkdnlazkcOXrIdevi7" not in target.shown and target.scrub("x TIiajkdnlazkcOXrIdevi7") == "x ****"
+    notice = notice_of(_event(), None)
+    await _send([target], [notice], lambda: receiver.got)
+    (got,) = receiver.on("/services/T1JJ3T3L2/A1BRTD4JD/TIiajkdnlazkcOXrIdevi7")
+    assert got.headers["Content-Type"].startswith("application/json")
+    wire = json.loads(got.body)
+    assert wire["channel"] == "#agents"
+    assert (wire["attachments"][0]["title"], wire["attachments"][0]["text"]) == (notice.title, notice.body)
+
+
 async def test_email_through_a_real_smtp_server() -> None:
     from aiosmtpd.controller import Controller
 
