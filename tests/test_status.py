@@ -166,3 +166,20 @@ def test_status_starts_without_pydantic_or_another_commands_module(tmp_path: Pat
     done = subprocess.run([sys.executable, "-c", probe, str(tmp_path)], capture_output=True, text=True, cwd=REPO)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "[]"
+
+
+def test_the_readme_shows_the_tmux_line_and_the_waybar_module() -> None:
+    import re
+
+    readme = (REPO / "README.md").read_text()
+    tmux = re.search(r"```tmux\n(.*?)```", readme, re.S)
+    assert tmux is not None and "set -g status-right '#(hctx status" in tmux.group(1)
+    template = re.search(r'#\(hctx status --format "(.*?)"\)', tmux.group(1))
+    assert template is not None
+    from wrapper.readers.status import format_problem
+
+    assert format_problem(template.group(1)) is None  # the README's fields are ones it knows
+    waybar = re.search(r"```json\n(.*?)```", readme, re.S)
+    assert waybar is not None
+    module = json.loads("{" + waybar.group(1) + "}")["custom/hctx"]
+    assert module["exec"] == "hctx status --json" and module["return-type"] == "json"

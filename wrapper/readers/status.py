@@ -33,6 +33,7 @@ __all__ = [
     "Fleet",
     "Tightest",
     "fields_of",
+    "format_problem",
     "line_of",
     "read_fleet",
     "register",
@@ -177,7 +178,7 @@ def waybar(fleet: Fleet, template: str) -> str:
     )
 
 
-def _check_format(template: str) -> str | None:
+def format_problem(template: str) -> str | None:
     """Why `template` will not do, naming the fields it may use; None when it will."""
     try:
         names = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
@@ -190,7 +191,7 @@ def _check_format(template: str) -> str | None:
 
 
 def run_status(args: argparse.Namespace) -> int:
-    problem = _check_format(args.format)
+    problem = format_problem(args.format)
     if problem is not None:
         return fail("status", problem, 2)
     try:
