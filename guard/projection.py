@@ -14,7 +14,7 @@ from typing import Any, Self
 
 from pydantic import PrivateAttr
 
-from guard.constants import HARNESS_CONTEXT_FUTURE_SKEW_MS, HARNESS_CONTEXT_STALE_MS
+from guard.constants import HARNESS_CONTEXT_FUTURE_SKEW_MS, HARNESS_CONTEXT_STALE_MS, MAX_RECORD_BYTES
 from guard.errors import RecordRefused
 from guard.files import RawFile, read_bounded
 from guard.record import ContextFields, HarnessContext, PromptCache, Subagent, parse_record
@@ -35,8 +35,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# Records are a few hundred bytes; anything past this is not a record and is not read whole.
-MAX_RECORD_BYTES = 64 * 1024
 
 # The roster's `context` keys, in the spec's Exposure order. `incarnation` and `writtenAtMs`
 # are deliberately absent: provenance and write mechanism, not something a roster consumer uses.

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Container, Sequence
 from typing import Annotated, Any, Literal, TypeVar, get_args
 
@@ -14,6 +13,7 @@ from guard.account import Account
 from guard.constants import ACCEPTED_SCHEMAS, SCHEMA_V1
 from guard.errors import RecordRefused
 from guard.json_rule import loads_object, strings_of
+from guard.numbers import round_half_up
 
 __all__ = [
     "COMPACTION_TRIGGERS",
@@ -266,15 +266,6 @@ def describe_validation_error(exc: ValidationError) -> str:
         return str(exc)[:200]
     where = ".".join(str(part) for part in errors[0]["loc"]) or "value"
     return f"{where}: {errors[0]['msg']}"
-
-
-def round_half_up(value: float) -> int:
-    """Rust's `f64::round` for a non-negative value, which is how the harnesses round a percent.
-
-    Python's `round` rounds halves to even, and `floor(x + 0.5)` is wrong just below a half.
-    """
-    whole = math.floor(value)
-    return whole + 1 if value - whole >= 0.5 else whole
 
 
 def record_json_schema(harnesses: Sequence[str] = ()) -> dict[str, Any]:

@@ -11,10 +11,9 @@ from __future__ import annotations
 import datetime
 import json
 import math
-import os
 import time
 from collections.abc import Iterable, Mapping
-from typing import IO, Any, Literal, Protocol
+from typing import Any, Protocol
 
 from guard.catalog import printable
 from guard.constants import (
@@ -37,6 +36,16 @@ from wrapper.readers.roster import (
     fill_advised,
     headroom_short,
     unverified_builds,
+)
+from wrapper.readers.tint import (
+    AMBER_PERCENT,
+    PERCENT_DIGITS_LIMIT,
+    RED_PERCENT,
+    Tint,
+    colour_enabled,
+    paint,
+    percent_text,
+    percent_tint,
 )
 
 __all__ = [
@@ -86,12 +95,6 @@ __all__ = [
     "version_text",
 ]
 
-Tint = Literal["amber", "red"] | None
-AMBER_PERCENT = 80
-RED_PERCENT = 95
-_SGR = {"amber": "\x1b[33m", "red": "\x1b[31m"}
-_RESET = "\x1b[0m"
-PERCENT_DIGITS_LIMIT = 100_000
 # A refused record is shown in `inspect` so its damage can be seen, but not megabytes of it.
 RAW_SHOWN_BYTES = 4096
 
@@ -112,36 +115,9 @@ class Fill(Protocol):
 # Colour
 
 
-def colour_enabled(stream: IO[str], environ: dict[str, str] | None = None) -> bool:
-    """Colour on a terminal only, and never when NO_COLOR is set (https://no-color.org) or TERM=dumb."""
-    env = os.environ if environ is None else environ
-    if env.get("NO_COLOR") or env.get("TERM") == "dumb":
-        return False
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError):
-        return False
-
-
 def fill_tint(fill: Fill | None) -> Tint:
     """Amber at >= 80%, red at >= 95% of the harness's own percent; no percent, no tint."""
     return percent_tint(None if fill is None else fill.used_percent)
-
-
-def percent_tint(percent: float | None) -> Tint:
-    if percent is None:
-        return None
-    if percent >= RED_PERCENT:
-        return "red"
-    if percent >= AMBER_PERCENT:
-        return "amber"
-    return None
-
-
-def paint(text: str, tint: Tint, colour: bool) -> str:
-    if not colour or tint is None or not text:
-        return text
-    return f"{_SGR[tint]}{text}{_RESET}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -151,14 +127,6 @@ def paint(text: str, tint: Tint, colour: bool) -> str:
 def counted(count: int, noun: str) -> str:
     """`1 agent`, `3 agents`."""
     return f"{count} {noun}{'' if count == 1 else 's'}"
-
-
-def percent_text(percent: float) -> str:
-    """Rounded for width, never clamped: 585.6 is 586%; past five digits in exponent form (1e+308%),
-    so a planted number cannot print hundreds of digits."""
-    if not -PERCENT_DIGITS_LIMIT < percent < PERCENT_DIGITS_LIMIT:
-        return f"{percent:.0e}%"
-    return f"{round_half_up(percent)}%"
 
 
 def ctx_text(context: Context | None) -> str:
