@@ -29,6 +29,7 @@ __all__ = [
     "Millis",
     "Printable",
     "RateLimitResets",
+    "RateLimitTimes",
     "RateLimits",
     "Subagent",
     "SubagentState",
@@ -96,6 +97,16 @@ class RateLimits(WireModel):
 
 class RateLimitResets(WireModel):
     """When each `rateLimits` window resets, as the harness stated it, in Unix ms; null unstated."""
+
+    five_hour: Millis | None = None
+    seven_day: Millis | None = None
+
+
+class RateLimitTimes(WireModel):
+    """When each `rateLimits` window's figure arrived from the service, in Unix ms (issue 35): not
+    when the reading holding it was taken. A harness that redraws a figure it heard minutes ago
+    (Claude's status line) restates it with its old time, so an idle agent's repeat never passes
+    for the account's newest snapshot; null where the window is null."""
 
     five_hour: Millis | None = None
     seven_day: Millis | None = None
@@ -185,6 +196,11 @@ class ContextFields(WireModel):
     account: Annotated[Account | None, _tolerant(Account)] = None
     # Additive (issue 29): when each rate-limit window resets, as the harness stated it.
     rate_limit_resets_at_ms: Annotated[RateLimitResets | None, _tolerant(RateLimitResets)] = None
+    # Additive (issue 35): when each window's figure arrived from the service (RateLimitTimes); the
+    # fan-in orders and ages an account's snapshots by it. Left out when null, as `subagents` is
+    # when empty (a harness stating no limits writes the bytes it wrote before); absent, it reads as
+    # the reading's own observedAtMs.
+    rate_limits_at_ms: Annotated[RateLimitTimes | None, _tolerant(RateLimitTimes)] = None
     observed_at_ms: Millis
 
 
@@ -199,15 +215,17 @@ class HarnessContext(ContextFields):
     def to_json(self) -> str:
         """The exact bytes written: the spec's key order, newline-terminated."""
         fields = self.model_dump(mode="json", by_alias=True)
-        ordered = {name: fields[name] for name in _FIELD_ORDER if name != "subagents" or fields[name]}
+        ordered = {name: fields[name] for name in _FIELD_ORDER if name not in _LEFT_OUT_EMPTY or fields[name]}
         return json.dumps(ordered, ensure_ascii=False, allow_nan=False) + "\n"
 
 
+# Keys left out of the bytes while they hold nothing (additive keys most records never carry).
+_LEFT_OUT_EMPTY = frozenset({"subagents", "rateLimitsAtMs"})
 _FIELD_ORDER = (
     "schema", "agent", "harness", "usedTokens", "windowTokens", "usedPercent", "model", "costUsd",
     "sessionTotalTokens", "rateLimits", "compactions", "lastCompactionMs", "lastCompactionTrigger",
     "compactAtTokens", "autoCompaction", "harnessVersion", "sessionId", "subagents", "account",
-    "rateLimitResetsAtMs", "incarnation", "observedAtMs", "writtenAtMs",
+    "rateLimitResetsAtMs", "rateLimitsAtMs", "incarnation", "observedAtMs", "writtenAtMs",
 )  # fmt: skip
 
 

@@ -307,8 +307,10 @@ def test_hctx_schema_prints_the_record_schema(tmp_path: Path) -> None:
     assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
     assert schema["title"] == "st2.harness-context.v1"
     # The spec's keys in its order, and issue 28's additive `subagents` after `sessionId`.
-    assert tuple(k for k in schema["properties"] if k != "subagents") == SPEC_KEY_ORDER
+    # And issue 35's `rateLimitsAtMs` after `rateLimitResetsAtMs` (both keys left out of a record when empty).
+    assert tuple(k for k in schema["properties"] if k not in ("subagents", "rateLimitsAtMs")) == SPEC_KEY_ORDER
     assert list(schema["properties"]).index("subagents") == SPEC_KEY_ORDER.index("sessionId") + 1
+    assert list(schema["properties"]).index("rateLimitsAtMs") == SPEC_KEY_ORDER.index("rateLimitResetsAtMs") + 2
     assert set(schema["required"]) >= {"harness", "agent", "incarnation", "observedAtMs", "writtenAtMs"}
     assert schema["properties"]["harness"]["enum"] == list(BUILT_IN)
 
