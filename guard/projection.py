@@ -72,6 +72,10 @@ def project(record: HarnessContext, now_ms: int, fields: dict[str, Any] | None =
         "stale": record.observed_at_ms <= now_ms - HARNESS_CONTEXT_STALE_MS,
     }
     context = {key: timed[key] if key in timed else fields[key] for key in CONTEXT_KEYS}
+    if fields.get("rateLimitsAtMs"):
+        # Additive (issue 35), present only where the record carries it: when each window's figure
+        # arrived, which the account fan-in (wrapper.accounts) orders and ages snapshots by.
+        context["rateLimitsAtMs"] = fields["rateLimitsAtMs"]
     if fields.get("subagents"):
         # Additive (issue 28), present only where the record names some: each row the harness's own
         # numbers with its own age, as the parent's.

@@ -2,8 +2,11 @@
 
 Every record carries the rate limits its harness last reported, per agent; agents on one account
 repeat one account-scoped number at different ages. `fan_in` groups the roster's rows by the
-record's `account.key` and takes, per window, the newest snapshot across the group: its percent,
-its reset time, its age and the agent it came from. A row whose record states no account is a group
+record's `account.key` (else the claim's, for an agent not yet read: `AgentRow.account`) and takes,
+per window, the newest snapshot across the group: its percent, its reset time, its age and the
+agent it came from. A snapshot is dated by when its figure arrived from the service (the record's
+`rateLimitsAtMs`, issue 35), not by the reading holding it: an idle Claude seat redraws limits it
+heard minutes ago in every fresh reading, and must not pass for the account's newest. A row whose record states no account is a group
 of its own (key null): nothing is merged on a guess. Plain data, nothing read or written here, so
 `hctx accounts`, `agents`, `top`, `metrics`, `watch` and the web board share it.
 """
@@ -14,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+from guard.constants import HARNESS_CONTEXT_STALE_MS
 from wrapper.roster import AgentRow
 
 __all__ = [
@@ -116,13 +120,20 @@ def _snapshot(row: AgentRow, window: Window) -> Snapshot | None:
     if percent is None:
         return None
     resets = (context.get("rateLimitResetsAtMs") or {}).get(window)
+    reading_ms: int = context["observedAtMs"]
+    # When the figure arrived; a record written before the field (or a harness that dates none) by
+    # its reading. It may be later than the reading (Codex restates its held reading with limits
+    # that came after it), never earlier than the record can prove: the reading's age says how old.
+    arrived = (context.get("rateLimitsAtMs") or {}).get(window)
+    at_ms = arrived if type(arrived) is int else reading_ms
+    age = max(0, context["ageMs"] + reading_ms - at_ms)
     return Snapshot(
         window=window,
         used_percent=percent,
         resets_at_ms=resets,
-        observed_at_ms=context["observedAtMs"],
-        age_ms=context["ageMs"],
-        stale=context["stale"],
+        observed_at_ms=at_ms,
+        age_ms=age,
+        stale=age >= HARNESS_CONTEXT_STALE_MS,
         source=row,
     )
 

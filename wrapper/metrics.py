@@ -170,7 +170,7 @@ ACCOUNT_USED = _gauge(
 )
 ACCOUNT_OBSERVED = _gauge(
     "hctx_account_rate_limit_observed_timestamp_seconds",
-    "When that newest snapshot was taken, in Unix time; its age is time() minus this.",
+    "When that newest snapshot arrived from the service, in Unix time; its age is time() minus this.",
 )
 ACCOUNT_RESETS = _gauge(
     "hctx_account_rate_limit_resets_timestamp_seconds",
@@ -200,14 +200,19 @@ class AccountWindow:
 
 
 def _account_windows(record: HarnessContext) -> tuple[AccountWindow, ...]:
+    """Each window dated by when its figure arrived (`rateLimitsAtMs`, issue 35), else by the
+    reading: an idle seat's redrawn old figure is never the account's newest (wrapper.accounts)."""
     if record.account is None or record.rate_limits is None:
         return ()
-    resets = record.rate_limit_resets_at_ms
+    resets, times = record.rate_limit_resets_at_ms, record.rate_limits_at_ms
     return tuple(
-        AccountWindow(window, value, None if resets is None else getattr(resets, attribute), record.observed_at_ms)
+        AccountWindow(
+            window, value, None if resets is None else getattr(resets, attribute),
+            record.observed_at_ms if times is None or (at := getattr(times, attribute)) is None else at,
+        )
         for attribute, window in _RATE_ATTRIBUTES
         if (value := getattr(record.rate_limits, attribute)) is not None
-    )
+    )  # fmt: skip
 
 
 def _headroom(record: HarnessContext) -> int | None:

@@ -23,7 +23,7 @@ from guard.files import open_regular
 from guard.json_rule import loads
 from guard.layout import log_path
 from sidecar.logs import LOG_BACKUPS
-from wrapper.accounts import AccountGroup, Window, fan_in, groups_by_agent
+from wrapper.accounts import AccountGroup, Snapshot, Window, fan_in, groups_by_agent
 from wrapper.render import (
     age_text,
     agent_wire,
@@ -142,10 +142,11 @@ def rate_limit_panel(rows: Iterable[tuple[AgentRow, int]], now: int) -> dict[str
     read_at = {row.name: (row, read_ms) for row, read_ms in rows}
     groups = fan_in(row for row, _ in read_at.values())
 
-    def newest(group: AccountGroup) -> AgentRow:
-        return max(group.windows.values(), key=lambda snapshot: snapshot.observed_at_ms).source
+    def newest(group: AccountGroup) -> Snapshot:
+        """Its newest snapshot, by when the figure arrived (issue 35), not by the reading holding it."""
+        return max(group.windows.values(), key=lambda snapshot: snapshot.observed_at_ms)
 
-    groups.sort(key=lambda group: (-(newest(group).context or {})["observedAtMs"], newest(group).name))
+    groups.sort(key=lambda group: (-newest(group).observed_at_ms, newest(group).source.name))
 
     def shown(group: AccountGroup, window: Window) -> str:
         snapshot = group.windows.get(window)
@@ -153,7 +154,8 @@ def rate_limit_panel(rows: Iterable[tuple[AgentRow, int]], now: int) -> dict[str
 
     entries = []
     for group in groups[:RATE_PANEL_ROWS]:
-        source = newest(group)
+        snapshot = newest(group)
+        source = snapshot.source
         context = source.context or {}
         entries.append({
             "key": source.name,
@@ -162,7 +164,8 @@ def rate_limit_panel(rows: Iterable[tuple[AgentRow, int]], now: int) -> dict[str
             "fiveHour": shown(group, "fiveHour"),
             "sevenDay": shown(group, "sevenDay"),
             "agents": len(group.agents),
-            "age": age_now(source, read_at[source.name][1], now),
+            "age": age_text(snapshot.age_ms + max(0, now - read_at[source.name][1]))
+            + (" stale" if snapshot.stale else ""),
         })  # fmt: skip
     return {"entries": entries, "more": max(0, len(groups) - RATE_PANEL_ROWS)}
 
