@@ -179,8 +179,12 @@ class _StateWire(BaseModel):
 
 def dump_account_state(state: AccountState) -> bytes:
     windows = {
-        key: {"fired": sorted(seen.fired), "resetsAtMs": seen.resets_at_ms, "seenAtMs": seen.seen_at_ms,
-              "snapshotAtMs": seen.snapshot_at_ms}
+        key: {
+            "fired": sorted(seen.fired),
+            "resetsAtMs": seen.resets_at_ms,
+            "seenAtMs": seen.seen_at_ms,
+            "snapshotAtMs": seen.snapshot_at_ms,
+        }
         for key, seen in sorted(state.items())
     }
     return (json.dumps({"schema": ACCOUNT_STATE_SCHEMA, "windows": windows}, indent=1) + "\n").encode()
