@@ -2,13 +2,14 @@
 
 Every record carries the rate limits its harness last reported, per agent; agents on one account
 repeat one account-scoped number at different ages. `fan_in` groups the roster's rows by the
-record's `account.key` and takes, per window, the newest snapshot across the group: its percent,
-its reset time, its age and the agent it came from. A snapshot is dated by when its figure arrived
-from the service (the record's `rateLimitsAtMs`, issue 35), not by the reading holding it: an idle
-Claude seat redraws limits it heard minutes ago in every fresh reading, and must not pass for the
-account's newest. A row whose record states no account is a group of its own (key null): nothing
-is merged on a guess. Plain data, nothing read or written here, so `hctx accounts`, `agents`,
-`top`, `metrics`, `watch` and the web board share it.
+record's `account.key` (else the one a running agent's claim names, known from its launch) and
+takes, per window, the newest snapshot across the group: its percent, its reset time, its age and
+the agent it came from. A snapshot is dated by when its figure arrived from the service (the
+record's `rateLimitsAtMs`, issue 35), not by the reading holding it: an idle Claude seat redraws
+limits it heard minutes ago in every fresh reading, and must not pass for the account's newest. A
+row that states no account is a group of its own (key null): nothing is merged on a guess. Plain
+data, nothing read or written here, so `hctx accounts`, `agents`, `top`, `metrics`, `watch` and
+the web board share it.
 """
 
 from __future__ import annotations
@@ -100,10 +101,11 @@ class AccountGroup:
 
 
 def account_of(row: AgentRow) -> dict[str, Any] | None:
-    """The record's `account` object on a roster row, or None."""
+    """The record's `account` object on a roster row, else the one its running claim names (a seat
+    counts toward its account from its launch, before its first reading: issue 35), or None."""
     context = row.context
     account = None if context is None else context.get("account")
-    return account if isinstance(account, dict) else None
+    return account if isinstance(account, dict) else row.claimed_account
 
 
 def group_key(row: AgentRow) -> str:

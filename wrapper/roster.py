@@ -118,6 +118,9 @@ class AgentRow:
     claim_problem: str | None = None
     # How far past this host's clock the record's observedAtMs lies, when that made it read as absent.
     ahead_ms: int | None = None
+    # The account a running agent's claim names (issue 35: known from its launch, before any
+    # reading), as the record's `account` object; None otherwise. The record's own comes first.
+    claimed_account: dict[str, Any] | None = None
 
     @property
     def name(self) -> str:
@@ -184,15 +187,18 @@ def agent_view(
         if context is None:
             ahead = record.observed_at_ms - now
             problem = f"context record observed {ahead} ms in the future; clock untrusted, read as absent"
+    state = desired_state(decoded.claim, host, here, alive)
+    claimed = None if decoded.claim is None or state != "running" else decoded.claim.account
     row = AgentRow(
         host=host,
         identity=identity,
         harness=decoded.harness,
-        desired_state=desired_state(decoded.claim, host, here, alive),
+        desired_state=state,
         context=context,
         problem=problem,
         claim_problem=decoded.claim_problem,
         ahead_ms=ahead,
+        claimed_account=None if claimed is None else claimed.model_dump(mode="json"),
     )
     return AgentView(decoded.files, record, decoded.claim, row)
 
