@@ -129,6 +129,7 @@ def test_a_seat_counts_toward_its_account_from_its_launch(tmp_path: Path, monkey
 
     from guard.layout import AgentDir
     from guard.state import AgentLock, read_state
+    from tests.prometheus_tools import exposition, parse
     from wrapper.accounts import fan_in
     from wrapper.launcher import WrapOptions, begin_incarnation, claim
     from wrapper.roster import collect_roster
@@ -151,6 +152,8 @@ def test_a_seat_counts_toward_its_account_from_its_launch(tmp_path: Path, monkey
                rateLimits={"fiveHour": 23, "sevenDay": 61}, observedAtMs=NOW, writtenAtMs=NOW)  # fmt: skip
     (group,) = fan_in(collect_roster(catalog, NOW, here="box").rows)
     assert (group.key, [row.identity for row in group.agents]) == (key, ["codex-a", "codex-b"])
+    samples = parse(exposition(catalog, NOW, "box"))
+    assert samples[("hctx_account_agents", (("account", key),))] == 2  # the account series count it too
 
 
 def test_the_claude_launch_reads_the_config_dir_then_the_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
