@@ -55,8 +55,8 @@ class Reading:
 
     `rate_limits_edge`: the reading carries the account rate-limit snapshot the harness stated last:
     a status line stating it (Claude), or the producer's held reading (its own observedAtMs kept)
-    restated with a snapshot that arrived after it (Codex sends a request's limits after its
-    usage). Written when its limits' bucket (`rate_limit_bucket`) differs from the record's, so the
+    restated with a snapshot that arrived after it (a harness may send a request's limits after
+    its usage). Written when its limits' bucket (`rate_limit_bucket`) differs from the record's, so the
     record's are the latest.
 
     `exhausted`: the account windows (`fiveHour`, `sevenDay`) the harness itself proves exhausted

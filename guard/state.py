@@ -97,7 +97,7 @@ class HarnessState(WireModel):
     unobserved: list[Unobserved] = Field(default_factory=list, max_length=UNOBSERVED_LIMIT)
     # Additive (issue 35): the account the harness's own login states (guard.account), as the
     # wrapper read it when it planned the launch: the agent counts toward its account before its
-    # first reading (a Codex seat writes none until its first token usage). Null where none is stated;
+    # first reading (a harness may write none until its first token usage). Null where none is stated;
     # one that does not read is null too, never a reason to refuse the claim.
     account: Annotated[Account | None, BeforeValidator(lambda value: optional_model(Account, value))] = None
 

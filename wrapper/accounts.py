@@ -124,7 +124,7 @@ def _snapshot(row: AgentRow, window: Window) -> Snapshot | None:
     resets = (context.get("rateLimitResetsAtMs") or {}).get(window)
     reading_ms: int = context["observedAtMs"]
     # When the figure arrived; a record written before the field (or a harness that dates none) by
-    # its reading. It may be later than the reading (Codex restates its held reading with limits
+    # its reading. It may be later than the reading (a producer restates its held reading with limits
     # that came after it), never earlier than the record can prove: the reading's age says how old.
     arrived = (context.get("rateLimitsAtMs") or {}).get(window)
     at_ms = arrived if type(arrived) is int else reading_ms
