@@ -262,6 +262,12 @@ def test_a_snapshot_is_ordered_and_aged_by_when_its_figure_arrived(tmp_path: Pat
     (group,) = fan_in(collect_roster(tmp_path, NOW, here=HOST, alive=dead).rows)
     five = group.windows["fiveHour"]
     assert (five.used_percent, five.age_ms, five.stale) == (90, MINUTE, False)
+    # A planted arrival past the clock's skew bound would pin its figure as the newest: its reading dates it.
+    _account_record(tmp_path, "a", K1, "claude · max", NOW - 3 * HOUR, rateLimits={"fiveHour": 99, "sevenDay": None},
+                    rateLimitsAtMs={"fiveHour": NOW + 10 * HOUR})  # fmt: skip
+    (group,) = fan_in(collect_roster(tmp_path, NOW, here=HOST, alive=dead).rows)
+    five = group.windows["fiveHour"]
+    assert (five.used_percent, five.source.identity) == (85, "b")
 
 
 def test_groups_by_agent_names_every_member(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from guard.constants import HARNESS_CONTEXT_STALE_MS
+from guard.constants import HARNESS_CONTEXT_FUTURE_SKEW_MS, HARNESS_CONTEXT_STALE_MS
 from wrapper.roster import AgentRow
 
 __all__ = [
@@ -127,7 +127,12 @@ def _snapshot(row: AgentRow, window: Window) -> Snapshot | None:
     # its reading. It may be later than the reading (a producer restates its held reading with limits
     # that came after it), never earlier than the record can prove: the reading's age says how old.
     arrived = (context.get("rateLimitsAtMs") or {}).get(window)
-    at_ms = arrived if type(arrived) is int else reading_ms
+    now_ms = reading_ms + context["ageMs"]
+    # A time past the clock's skew bound is no arrival (a planted record would pin the account's
+    # figure as the newest forever): dated by its reading, as the record itself is read.
+    at_ms = reading_ms
+    if type(arrived) is int and arrived <= now_ms + HARNESS_CONTEXT_FUTURE_SKEW_MS:
+        at_ms = arrived
     age = max(0, context["ageMs"] + reading_ms - at_ms)
     return Snapshot(
         window=window,
