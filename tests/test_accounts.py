@@ -268,6 +268,12 @@ def test_a_snapshot_is_ordered_and_aged_by_when_its_figure_arrived(tmp_path: Pat
     (group,) = fan_in(collect_roster(tmp_path, NOW, here=HOST, alive=dead).rows)
     five = group.windows["fiveHour"]
     assert (five.used_percent, five.source.identity) == (85, "b")
+    assert (
+        parse(exposition(tmp_path, NOW, HOST))[
+            ("hctx_account_rate_limit_used_percent", (("account", K1), ("window", "five_hour")))
+        ]
+        == 85
+    )  # the series likewise: a figure cannot arrive after the record holding it was written
 
 
 def test_groups_by_agent_names_every_member(tmp_path: Path) -> None:

@@ -201,15 +201,18 @@ class AccountWindow:
 
 def _account_windows(record: HarnessContext) -> tuple[AccountWindow, ...]:
     """Each window dated by when its figure arrived (`rateLimitsAtMs`, issue 35), else by the
-    reading: an idle seat's redrawn old figure is never the account's newest (wrapper.accounts)."""
+    reading: an idle seat's redrawn old figure is never the account's newest (wrapper.accounts).
+    A figure arrives before the record holding it is written: a later time is none (planted)."""
     if record.account is None or record.rate_limits is None:
         return ()
     resets, times = record.rate_limit_resets_at_ms, record.rate_limits_at_ms
+
+    def arrived(attribute: str) -> int:
+        at: int | None = None if times is None else getattr(times, attribute)
+        return record.observed_at_ms if at is None or at > record.written_at_ms else at
+
     return tuple(
-        AccountWindow(
-            window, value, None if resets is None else getattr(resets, attribute),
-            record.observed_at_ms if times is None or (at := getattr(times, attribute)) is None else at,
-        )
+        AccountWindow(window, value, None if resets is None else getattr(resets, attribute), arrived(attribute))
         for attribute, window in _RATE_ATTRIBUTES
         if (value := getattr(record.rate_limits, attribute)) is not None
     )  # fmt: skip
