@@ -242,8 +242,9 @@ def test_a_snapshot_is_ordered_and_aged_by_when_its_figure_arrived(tmp_path: Pat
     (limits arriving after the reading that carries them) is aged by the limits."""
     _account_record(tmp_path, "a", K1, "claude · max", NOW - 1000, rateLimits={"fiveHour": 80, "sevenDay": 30},
                     rateLimitsAtMs={"fiveHour": NOW - 20 * MINUTE, "sevenDay": NOW - 20 * MINUTE})  # fmt: skip
-    _account_record(tmp_path, "b", K1, "claude · max", NOW - 5 * MINUTE, rateLimits={"fiveHour": 85, "sevenDay": None},
-                    rateLimitsAtMs={"fiveHour": NOW - 4 * MINUTE, "sevenDay": None})  # fmt: skip
+    put_record(tmp_path, "b", account={"key": K1, "label": "claude · max"}, observedAtMs=NOW - 5 * MINUTE,
+               writtenAtMs=NOW - 4 * MINUTE, rateLimits={"fiveHour": 85, "sevenDay": None},
+               rateLimitsAtMs={"fiveHour": NOW - 4 * MINUTE, "sevenDay": None})  # limits after the reading  # fmt: skip
     rows = collect_roster(tmp_path, NOW, here=HOST, alive=dead).rows
     (group,) = fan_in(rows)
     five, seven = group.windows["fiveHour"], group.windows["sevenDay"]
