@@ -33,6 +33,7 @@ from guard.record import ContextFields, HarnessContext, RateLimits
 __all__ = [
     "SUBAGENT_QUANTUM_MS",
     "Bucket",
+    "RateLimitBucket",
     "Reading",
     "Write",
     "WriteGuard",

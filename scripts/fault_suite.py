@@ -450,11 +450,11 @@ class Burst(trio.abc.ReceiveStream):
 
 
 async def tap_stream(stdout: trio.abc.ReceiveStream, harness: str, channel: Path) -> None:
-    """The wrapper's real stdout tap (`wrapper.resident.Tap`, on its own loop in a worker thread,
+    """The wrapper's real stdout tap (`wrapper.launch.resident.Tap`, on its own loop in a worker thread,
     framing with the harness's spec's `tap_frame`), fed from `stdout` through a pipe as a harness's
     stdout would be; returns once the tap is done."""
-    from wrapper.launcher import tap_frame_path
-    from wrapper.resident import run_tap
+    from wrapper.launch.launcher import tap_frame_path
+    from wrapper.launch.resident import run_tap
 
     read_fd, write_fd = os.pipe()
     frame, where = tap_frame_path(harness), f"{harness} stdout tap"
@@ -834,7 +834,7 @@ def dead_sidecar(work: Path, scale: Scale) -> Row:
 def crash_looping_sidecar(work: Path, scale: Scale) -> Row:
     """Every sidecar SIGKILLed as it starts: the wrapper backs off, gives up after a bounded number,
     says so in at most two lines, and still exits with the harness's status."""
-    from wrapper.sidecars import SIDECAR_RESTART_DELAYS_S
+    from wrapper.launch.sidecars import SIDECAR_RESTART_DELAYS_S
 
     trials = pick(scale, ci=1, full=3)
     bound = 1 + len(SIDECAR_RESTART_DELAYS_S)
@@ -910,7 +910,7 @@ def stubborn_harness(kind: str, pids: Path) -> tuple[list[str], int]:
 def sigkill_wrapper(work: Path, scale: Scale) -> Row:
     """SIGKILL the wrapper (no terminal) of a harness that ignores SIGTERM and SIGHUP, alone, behind
     `sh`, or as `sh`'s background child: nothing of the harness is left past the deadline."""
-    from wrapper.launcher import HARNESS_KILL_DEADLINE_S
+    from wrapper.launch.launcher import HARNESS_KILL_DEADLINE_S
 
     trials = pick(scale, ci=1, full=3)
     kinds = ("ignoring SIGTERM", "behind sh", "sh's background child")

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from guard.account import Account
 from guard.atomic import sweep_staging
 from guard.errors import ConfigError
+from guard.history import start_fields, write_fields
 from guard.json_rule import loads
 from guard.layout import AgentDir
 from guard.policy import Write, WriteGuard, WriteReason
@@ -359,15 +360,7 @@ class Writer:
             "wrote %s",
             write.reason,
             extra={
-                "event": "write",
-                "reason": write.reason,
-                "usedTokens": record.used_tokens,
-                "windowTokens": record.window_tokens,
-                "usedPercent": record.used_percent,
-                "compactions": record.compactions,
-                "compactAtTokens": record.compact_at_tokens,  # the board's fill plot draws it in
-                "observedAtMs": record.observed_at_ms,
-                "writtenAtMs": record.written_at_ms,
+                **write_fields(record, write.reason),  # the fill history's line (guard.history)
                 # The whole record as it landed: what a live run is held to against its replay
                 # (every field of every write), and what a bug report shows beside the numbers.
                 "record": record.model_dump(mode="json", by_alias=True),
@@ -507,7 +500,7 @@ async def run_sidecar(config: SidecarConfig) -> None:
     submit = writer.submit
     log.info(
         "sidecar started",
-        extra={"event": "start", "harness": config.harness, "incarnation": config.incarnation,
+        extra={**start_fields(), "harness": config.harness, "incarnation": config.incarnation,
                "pid": os.getpid(), "channel": str(config.channel)},
     )  # fmt: skip
     async with trio.open_nursery() as outer:

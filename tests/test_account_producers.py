@@ -25,7 +25,7 @@ from sidecar.registry import spec_for
 from sidecar.replay import replay_recording
 from tests.conformance import chunks_of, recording_of
 from tests.conftest import REPO
-from wrapper.resident import sidecar_argv
+from wrapper.launch.resident import sidecar_argv
 
 FIXTURES = REPO / "fixtures" / "accounts"
 
@@ -130,9 +130,9 @@ def test_a_seat_counts_toward_its_account_from_its_launch(tmp_path: Path, monkey
     from guard.layout import AgentDir
     from guard.state import AgentLock, read_state
     from tests.prometheus_tools import exposition, parse
-    from wrapper.accounts import fan_in
-    from wrapper.launcher import WrapOptions, begin_incarnation, claim
-    from wrapper.roster import collect_roster
+    from wrapper.launch.launcher import WrapOptions, begin_incarnation, claim
+    from wrapper.readers.accounts import fan_in
+    from wrapper.readers.roster import collect_roster
 
     home = tmp_path / "codex-a"
     home.mkdir()

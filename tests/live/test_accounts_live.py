@@ -394,8 +394,8 @@ def _writes(catalog: Path, agent: str) -> list[dict[str, Any]]:
 def _account_figure(catalog: Path) -> tuple[float, str, int] | None:
     """The shared account's five-hour figure as `hctx accounts` fans it in: (percent, agent, ms)."""
     from tests.wrapping import HOST
-    from wrapper.accounts import fan_in
-    from wrapper.roster import collect_roster
+    from wrapper.readers.accounts import fan_in
+    from wrapper.readers.roster import collect_roster
 
     groups = [group for group in fan_in(collect_roster(catalog, int(time.time() * 1000), here=HOST).rows)
               if group.key is not None]  # fmt: skip

@@ -24,7 +24,7 @@ relaunch's claim runs under it (`WrapperLock`).
 
 The rare steps that need the claim or the registry (a relaunch's claim and launch plan, a launch's
 teardown, the record of a dead sidecar, the final `stopped`) run in a short-lived
-`python -m wrapper.launcher STEP` (`Steps`), one at a time, in order.
+`python -m wrapper.launch.launcher STEP` (`Steps`), one at a time, in order.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ TAP_QUEUE_BYTES = 4 * 1024 * 1024
 TAP_RECONNECT_S = 0.5
 # How often a group being ended is looked at until it is gone or its deadline passes.
 GROUP_POLL_S = 0.02
-# A step (`python -m wrapper.launcher STEP`) that takes longer than this is killed and reported.
+# A step (`python -m wrapper.launch.launcher STEP`) that takes longer than this is killed and reported.
 STEP_TIMEOUT_S = 60.0
 # The niceness of the bookkeeping steps (all but a relaunch's `begin`, which the session waits on):
 # they yield the CPU to the sidecar draining beside them (it has SIDECAR_EXIT_TIMEOUT_S) and to the
@@ -274,7 +274,7 @@ def spawn(
 
 
 class Steps:
-    """`python -m wrapper.launcher STEP`, one at a time and in order: a step that needs the claim or
+    """`python -m wrapper.launch.launcher STEP`, one at a time and in order: a step that needs the claim or
     the registry (pydantic and the rest, which this process never imports). The payload goes on its
     stdin and its answer comes on its stdout, both in `marshal` (the same interpreter on both ends,
     and a module the interpreter has built in, where `json` would cost this process a megabyte)."""
@@ -309,7 +309,7 @@ class Steps:
         payload_fd = os.memfd_create("hctx-step", os.MFD_CLOEXEC)  # the step's stdin
         os.write(payload_fd, marshal.dumps(payload))
         os.lseek(payload_fd, 0, os.SEEK_SET)
-        argv = [sys.executable, "-m", "wrapper.launcher", step]
+        argv = [sys.executable, "-m", "wrapper.launch.launcher", step]
         try:
             pid = spawn(argv, checkout_env(), stdin=payload_fd, stdout=out_write,
                         niceness=0 if step == "begin" else STEP_NICENESS)  # fmt: skip
@@ -498,7 +498,7 @@ def end_group(loop: Loop, pgid: int, deadline_s: float) -> None:
 
 
 def sidecar_argv(it: dict[str, Any], lifeline_fd: int, ready_fd: int) -> list[str]:
-    """The command every sidecar of the incarnation `it` (`wrapper.launcher.begin_incarnation`) runs."""
+    """The command every sidecar of the incarnation `it` (`wrapper.launch.launcher.begin_incarnation`) runs."""
     agent = it["agent"]
     return [
         *(sys.executable, "-m", "sidecar", "--harness", it["harness"]),
@@ -999,6 +999,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     return supervise(spec["options"], spec["incarnation"], WrapperLock(spec["lockFd"], spec["lockHeld"]))
 
 
-if __name__ == "__main__":  # by hand, for a look; the wrapper runs `wrapper.launcher.RESIDENT_COMMAND`
+if __name__ == "__main__":  # by hand, for a look; the wrapper runs `wrapper.launch.launcher.RESIDENT_COMMAND`
     sys.path[0] = _ROOT
     sys.exit(main())

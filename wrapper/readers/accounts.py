@@ -18,8 +18,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+from guard.account import Account
 from guard.constants import HARNESS_CONTEXT_FUTURE_SKEW_MS, HARNESS_CONTEXT_STALE_MS
-from wrapper.roster import AgentRow
+from wrapper.readers.roster import AgentRow
 
 __all__ = [
     "DEFAULT_RATE_LIMIT_AT",
@@ -100,44 +101,42 @@ class AccountGroup:
         }
 
 
-def account_of(row: AgentRow) -> dict[str, Any] | None:
-    """The record's `account` object on a roster row, else the one its running claim names (a seat
-    counts toward its account from its launch, before its first reading: issue 35), or None."""
-    context = row.context
-    account = None if context is None else context.get("account")
-    return account if isinstance(account, dict) else row.claimed_account
+def account_of(row: AgentRow) -> Account | None:
+    """The record's `account` on a roster row, else the one its running claim names (a seat counts
+    toward its account from its launch, before its first reading: issue 35), or None."""
+    account = None if row.context is None else row.context.account
+    return row.claimed_account if account is None else account
 
 
 def group_key(row: AgentRow) -> str:
     """What groups a row: its account key, else the agent itself (its own group, never merged)."""
     account = account_of(row)
-    return f"account:{account['key']}" if account is not None else f"agent:{row.name}"
+    return f"account:{account.key}" if account is not None else f"agent:{row.name}"
 
 
-def _snapshot(row: AgentRow, window: Window) -> Snapshot | None:
+def _snapshot(row: AgentRow, window: Window, attribute: str) -> Snapshot | None:
+    """`attribute`: the window's name on the record's models (WINDOWS' second column)."""
     context = row.context
-    if context is None:
+    if context is None or context.rate_limits is None:
         return None
-    percent = (context.get("rateLimits") or {}).get(window)
+    percent: float | None = getattr(context.rate_limits, attribute)
     if percent is None:
         return None
-    resets = (context.get("rateLimitResetsAtMs") or {}).get(window)
-    reading_ms: int = context["observedAtMs"]
+    resets, times = context.rate_limit_resets_at_ms, context.rate_limits_at_ms
+    reading_ms = context.observed_at_ms
     # When the figure arrived; a record written before the field (or a harness that dates none) by
     # its reading. It may be later than the reading (a producer restates its held reading with limits
-    # that came after it), never earlier than the record can prove: the reading's age says how old.
-    arrived = (context.get("rateLimitsAtMs") or {}).get(window)
-    now_ms = reading_ms + context["ageMs"]
-    # A time past the clock's skew bound is no arrival (a planted record would pin the account's
-    # figure as the newest forever): dated by its reading, as the record itself is read.
+    # that came after it); a time past the clock's skew bound is no arrival (a planted record would
+    # pin the account's figure as the newest forever): dated by its reading, as the record is read.
+    arrived: int | None = None if times is None else getattr(times, attribute)
     at_ms = reading_ms
-    if type(arrived) is int and arrived <= now_ms + HARNESS_CONTEXT_FUTURE_SKEW_MS:
+    if arrived is not None and arrived <= reading_ms + context.age_ms + HARNESS_CONTEXT_FUTURE_SKEW_MS:
         at_ms = arrived
-    age = max(0, context["ageMs"] + reading_ms - at_ms)
+    age = max(0, context.age_ms + reading_ms - at_ms)
     return Snapshot(
         window=window,
         used_percent=percent,
-        resets_at_ms=resets,
+        resets_at_ms=None if resets is None else getattr(resets, attribute),
         observed_at_ms=at_ms,
         age_ms=age,
         stale=age >= HARNESS_CONTEXT_STALE_MS,
@@ -164,11 +163,11 @@ def fan_in(rows: Iterable[AgentRow], *, with_limits_only: bool = True) -> list[A
         label_from: AgentRow | None = None
         newest_ms = -1
         for row in group:
-            for window, _ in WINDOWS:
-                snapshot = _snapshot(row, window)
+            for window, attribute in WINDOWS:
+                snapshot = _snapshot(row, window, attribute)
                 if snapshot is not None and _newer(snapshot, windows.get(window)):
                     windows[window] = snapshot
-            observed = -1 if row.context is None else row.context["observedAtMs"]
+            observed = -1 if row.context is None else row.context.observed_at_ms
             if observed > newest_ms:
                 label_from, newest_ms = row, observed
         if with_limits_only and not windows:
@@ -177,7 +176,7 @@ def fan_in(rows: Iterable[AgentRow], *, with_limits_only: bool = True) -> list[A
         groups.append(
             AccountGroup(
                 key=key.removeprefix("account:") if key.startswith("account:") else None,
-                label=None if account is None else account.get("label"),
+                label=None if account is None else account.label,
                 agents=tuple(group),
                 windows=windows,
             )

@@ -3,10 +3,10 @@
 The claim and the launch plan need pydantic and the registry; holding a terminal and a harness for
 hours needs neither. So `run_wrap` takes the agent's wrapper lock and claims the agent (stopping
 the wrapper proven to hold that lock on `--takeover`), prepares the first incarnation and `exec`s
-`wrapper.resident` under `python -I -S` with it: the same process (the claim's pid and start time
+`wrapper.launch.resident` under `python -I -S` with it: the same process (the claim's pid and start time
 stay its own, and the lock's open file goes along), a few megabytes from then on. The steps
 the resident needs later (a relaunch's claim and plan, a launch's teardown, a dead sidecar's record,
-the final `stopped`) are `python -m wrapper.launcher STEP` (its payload on stdin), run by the resident (`main`).
+the final `stopped`) are `python -m wrapper.launch.launcher STEP` (its payload on stdin), run by the resident (`main`).
 
 SIGINT, SIGTERM and SIGHUP are blocked from the start of `run_wrap` to the resident's first loop:
 one that comes during the claim is kept pending across the exec and handled there (it stops the
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import wrapper.resident
+import wrapper.launch.resident
 from guard.constants import CHANNEL_MAX_SOCKET_PATH as MAX_SOCKET_PATH
 from guard.errors import ChannelPathError, ClaimHeld, UnknownHarness, UsageError
 from guard.layout import AgentDir, as_name
@@ -45,7 +45,7 @@ from guard.state import (
 )
 from sidecar.launching import LaunchPlan, account_json, transport_json
 from sidecar.registry import has_teardown, prepare, teardown
-from wrapper.resident import HARNESS_KILL_DEADLINE_S, SIDECAR_EXIT_TIMEOUT_S, STOP_SIGNALS, exit_status, say
+from wrapper.launch.resident import HARNESS_KILL_DEADLINE_S, SIDECAR_EXIT_TIMEOUT_S, STOP_SIGNALS, exit_status, say
 
 __all__ = [
     "CLAIM_REFUSED_STATUS",
@@ -174,7 +174,9 @@ def run_wrap(options: WrapOptions) -> int:
 
 # Imports the resident from its compiled module: a script (`python resident.py`) is compiled from
 # source at every start, and the compiler's garbage would stay in the heap for the session (2 MB).
-RESIDENT_COMMAND = "import sys; sys.path[0] = sys.argv.pop(1); from wrapper.resident import main; sys.exit(main())"
+RESIDENT_COMMAND = (
+    "import sys; sys.path[0] = sys.argv.pop(1); from wrapper.launch.resident import main; sys.exit(main())"
+)
 
 
 def _exec_resident(spec: dict[str, Any]) -> None:
@@ -186,7 +188,7 @@ def _exec_resident(spec: dict[str, Any]) -> None:
     os.lseek(spec_fd, 0, os.SEEK_SET)
     sys.stdout.flush()
     sys.stderr.flush()
-    root = os.path.dirname(os.path.dirname(wrapper.resident.__file__))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(wrapper.launch.resident.__file__)))
     os.execv(sys.executable, [sys.executable, "-I", "-S", "-c", RESIDENT_COMMAND, root, "--spec-fd", str(spec_fd)])
 
 
@@ -366,7 +368,7 @@ def free_seat(catalog: Path, host: str, cwd: Path) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# The resident's steps: `python -m wrapper.launcher STEP`, a child of the resident.
+# The resident's steps: `python -m wrapper.launch.launcher STEP`, a child of the resident.
 
 
 def _agent(payload: dict[str, Any]) -> AgentDir:
@@ -439,7 +441,7 @@ def _stopped_step(payload: dict[str, Any]) -> int:
 
 
 def _sidecar_died_step(payload: dict[str, Any]) -> int:
-    from wrapper.sidecars import record_death
+    from wrapper.launch.sidecars import record_death
 
     record_death(_agent(payload), payload["incarnation"], payload["pid"], payload["returncode"], payload["retryInS"],
                  tell_terminal=payload["tellTerminal"], died_at_ms=payload["diedAtMs"])  # fmt: skip
@@ -447,7 +449,7 @@ def _sidecar_died_step(payload: dict[str, Any]) -> int:
 
 
 def _sidecar_back_step(payload: dict[str, Any]) -> int:
-    from wrapper.sidecars import record_recovery
+    from wrapper.launch.sidecars import record_recovery
 
     record_recovery(_agent(payload), payload["incarnation"], payload["untilMs"])
     return 0
@@ -465,7 +467,7 @@ STEPS = {
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 1 or args[0] not in STEPS:
-        print(f"usage: python -m wrapper.launcher {{{','.join(STEPS)}}} < PAYLOAD (the resident's steps, "
+        print(f"usage: python -m wrapper.launch.launcher {{{','.join(STEPS)}}} < PAYLOAD (the resident's steps, "
               "their payload in marshal)", file=sys.stderr)  # fmt: skip
         return 2
     # The resident's signals are its own: a Ctrl-C meant for the harness must not cut a step short.
