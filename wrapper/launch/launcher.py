@@ -90,6 +90,7 @@ class WrapOptions:
     takeover: bool = False
     record: Path | None = None  # `--record`: a file `create_recording` made (its path, for messages)
     record_raw: bool = False  # `--record-raw`: every sidecar records the session unredacted
+    heartbeat_s: int | None = None  # HCTX_HEARTBEAT_S: every sidecar's heartbeat; None the spec's
 
     def as_payload(self) -> dict[str, Any]:
         """As the resident carries them, and hands them back to a `begin` step."""
@@ -105,6 +106,7 @@ class WrapOptions:
             "takeover": self.takeover,
             "record": None if self.record is None else os.fspath(self.record),
             "recordRaw": self.record_raw,
+            "heartbeatS": self.heartbeat_s,
         }
 
     @classmethod
@@ -121,6 +123,7 @@ class WrapOptions:
             takeover=data["takeover"],
             record=None if data["record"] is None else Path(data["record"]),
             record_raw=data["recordRaw"],
+            heartbeat_s=data["heartbeatS"],
         )
 
 
@@ -333,6 +336,7 @@ def begin_incarnation(options: WrapOptions, incarnation: str, wrapper_pid: int) 
         "status": None,
         "transport": transport_json(plan),
         "account": account_json(plan),
+        "heartbeatS": options.heartbeat_s,
         "channelDir": os.fspath(directory),
         "channel": os.fspath(channel),
     }

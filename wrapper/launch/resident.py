@@ -509,6 +509,7 @@ def sidecar_argv(it: dict[str, Any], lifeline_fd: int, ready_fd: int) -> list[st
         *(() if it["account"] is None else ("--account", it["account"])),
         *(() if it.get("recordFd") is None else ("--record-fd", str(it["recordFd"]))),
         *(("--record-raw",) if it.get("recordRaw") else ()),
+        *(() if it.get("heartbeatS") is None else ("--heartbeat-s", str(it["heartbeatS"]))),
     ]
 
 
