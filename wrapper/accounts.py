@@ -10,7 +10,7 @@ of its own (key null): nothing is merged on a guess. Plain data, nothing read or
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -23,6 +23,7 @@ __all__ = [
     "Snapshot",
     "Window",
     "account_of",
+    "agent_snapshots",
     "fan_in",
     "group_key",
     "groups_by_agent",
@@ -125,6 +126,16 @@ def _snapshot(row: AgentRow, window: Window) -> Snapshot | None:
         stale=context["stale"],
         source=row,
     )
+
+
+def agent_snapshots(group: AccountGroup) -> Iterator[Snapshot]:
+    """Every agent's own snapshot of each window of the group (the history's points, issue 39),
+    not only the newest that `fan_in` keeps."""
+    for row in group.agents:
+        for window, _ in WINDOWS:
+            snapshot = _snapshot(row, window)
+            if snapshot is not None:
+                yield snapshot
 
 
 def _newer(candidate: Snapshot, held: Snapshot | None) -> bool:
