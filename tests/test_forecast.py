@@ -3,11 +3,13 @@ series with known answers through the readers."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import multiprocessing
 import os
 import random
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -18,9 +20,10 @@ from hypothesis import strategies as st
 from readers_catalog import HOST, HOUR, MINUTE, NOW, hctx, put_record
 
 from guard.account import account_key
-from tests.prometheus_tools import dead
+from tests.prometheus_tools import dead, exporter_of, parse, require_tool
 from wrapper.accounts import fan_in
 from wrapper.forecast import Forecast, Point, forecast, point_order
+from wrapper.metrics import exposition as render
 from wrapper.rate_history import HISTORY_DIR_NAME, KEEP_MS, MAX_POINTS, Sighting, keep, keep_groups, merge
 from wrapper.render import render_accounts
 from wrapper.roster import collect_roster
@@ -285,3 +288,24 @@ def test_render_marks_a_window_that_runs_out_before_its_reset(tmp_path: Path) ->
     text = render_accounts(groups, NOW, colour=True, forecasts=got)
     assert "\x1b[31min 40m00s (3 over 20m00s)" in text  # 60% at NOW, 60%/h: red, 40 minutes from now
     assert "\x1b[31mnot before reset" not in text
+
+
+def test_metrics_exports_the_exhaustion_time_only_when_it_comes_before_the_reset(tmp_path: Path) -> None:
+    resets = {"fiveHour": NOW + 8 * HOUR, "sevenDay": NOW + 100 * HOUR}
+    exporter = exporter_of(tmp_path, NOW)
+    for turn in range(11):  # the exporter, scraped between turns, keeps the history itself
+        observed = NOW - 50 * MINUTE + turn * 5 * MINUTE
+        _seat(tmp_path, "claude-a" if turn % 2 else "codex-b", observed, 10 + turn, 30, resets)
+        exporter.clock = functools.partial(int, observed + 1000)
+        text = render(exporter, False)
+    samples = parse(text)
+    exhausted = {dict(labels)["window"]: value for (name, labels), value in samples.items()
+                 if name == "hctx_account_rate_limit_exhausted_at_seconds"}  # fmt: skip
+    assert exhausted == {"five_hour": pytest.approx((NOW + 80 / 12 * HOUR) / 1000, abs=0.002)}  # 7d is flat: absent
+    done = subprocess.run([require_tool("promtool"), "check", "metrics"], input=text, capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert done.returncode == 0 and done.stdout + done.stderr == "", done.stdout + done.stderr
+    # A reset happens (the percent falls): the series goes, rather than stand on the old window's pace.
+    _seat(tmp_path, "codex-b", NOW + 2000, 1, 30, {"fiveHour": NOW + 5 * HOUR, "sevenDay": NOW + 100 * HOUR})
+    exporter.clock = lambda: NOW + 3000
+    assert "hctx_account_rate_limit_exhausted_at_seconds{" not in render(exporter, False)
