@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -26,6 +27,7 @@ from guard.catalog import printable
 from guard.constants import HARNESS_CONTEXT_STALE_MS
 from guard.errors import RecordRefused
 from wrapper.accounts import DEFAULT_RATE_LIMIT_AT, WINDOWS, AccountGroup, Snapshot, fan_in, group_key
+from wrapper.forecast_watch import DEFAULT_FORECAST_MARGIN_S
 from wrapper.reader_commands import with_host
 from wrapper.render import age_text, percent_text, reset_text
 from wrapper.watch import Event, Observation, StateFile, log, parse_percents, read_state, run_watch
@@ -233,7 +235,11 @@ class AccountWatch:
 
 
 def run_watch_with_accounts(args: argparse.Namespace) -> int:
-    return run_watch(args, lambda state_file: [AccountWatch(state_file, args.rate_limit_at)])
+    from wrapper.forecast_watch import ForecastWatch
+
+    return run_watch(args, lambda state_file: [
+        AccountWatch(state_file, args.rate_limit_at), ForecastWatch(state_file, args.forecast_margin),
+    ])  # fmt: skip
 
 
 def add_watch_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -246,4 +252,21 @@ def add_watch_command(commands: argparse._SubParsersAction[argparse.ArgumentPars
         "(five-hour, seven-day) when the newest snapshot across the account's agents reaches one; re-armed "
         "below it or once the window resets; a snapshot past the hour horizon fires nothing (default: 80,95)",
     )  # fmt: skip
+    watch.add_argument(
+        "--forecast-margin", type=non_negative_minutes, default=DEFAULT_FORECAST_MARGIN_S, metavar="MINUTES",
+        help="a `rate-limit-forecast` event per account and window when, at the pace of all its agents over "
+        "the last hour (the history every hctx reader keeps), the window reaches 100%% more than MINUTES "
+        "before the reset the harness stated; re-armed when it no longer does or the window resets (default: 15)",
+    )  # fmt: skip
     watch.set_defaults(run=with_host(run_watch_with_accounts))
+
+
+def non_negative_minutes(text: str) -> float:
+    """`--forecast-margin`: minutes, 0 or more, as seconds."""
+    try:
+        minutes = float(text)
+    except ValueError:
+        minutes = math.nan
+    if not math.isfinite(minutes) or minutes < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of minutes, 0 or more")
+    return minutes * 60

@@ -81,7 +81,7 @@ __all__ = [
     "step",
 ]
 
-Kind = Literal["fresh", "compaction", "fill", "headroom", "stale", "rate-limit", "subagent-fill"]
+Kind = Literal["fresh", "compaction", "fill", "headroom", "stale", "rate-limit", "rate-limit-forecast", "subagent-fill"]
 
 DEFAULT_AT: tuple[float, ...] = (80, 95)
 DEFAULT_EXEC_TIMEOUT_S = 10.0
