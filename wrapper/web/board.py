@@ -23,13 +23,16 @@ from guard.files import open_regular
 from guard.json_rule import loads
 from guard.layout import log_path
 from sidecar.logs import LOG_BACKUPS
-from wrapper.accounts import AccountGroup, Window, fan_in, groups_by_agent
+from wrapper.accounts import WINDOWS, AccountGroup, Window, fan_in, group_key, groups_by_agent
+from wrapper.forecast import Point, forecast
+from wrapper.rate_history import KEEP_MS, WINDOW_MS, Series
 from wrapper.render import (
     age_text,
     agent_wire,
     claim_section,
     cost_text,
     fill_tint,
+    forecast_text,
     headroom_text,
     meter_text,
     meter_title,
@@ -51,6 +54,7 @@ __all__ = [
     "agent_detail",
     "ages_now",
     "fill_svg",
+    "limits_svg",
     "rate_limit_panel",
     "read_fill_history",
     "row_view",
@@ -134,11 +138,13 @@ def subagent_view(sub: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def rate_limit_panel(rows: Iterable[tuple[AgentRow, int]], now: int) -> dict[str, Any]:
+def rate_limit_panel(rows: Iterable[tuple[AgentRow, int]], now: int, series: Series | None = None) -> dict[str, Any]:
     """The accounts' rate limits, as `hctx accounts` fans them in (wrapper.accounts.fan_in): one
     entry per account (an agent stating none is its own), each window the newest snapshot across
     its agents, newest account first; `key` is the agent the newest snapshot came from, whose age
-    the entry shows."""
+    the entry shows. With `series` (each account's history, wrapper.rate_history), each entry says
+    when each window runs out at the fleet's pace, as `hctx accounts`' RUNS OUT does, and carries
+    `plot`, the windows over the kept hours (`limits_svg`)."""
     read_at = {row.name: (row, read_ms) for row, read_ms in rows}
     groups = fan_in(row for row, _ in read_at.values())
 
@@ -164,7 +170,48 @@ def rate_limit_panel(rows: Iterable[tuple[AgentRow, int]], now: int) -> dict[str
             "agents": len(group.agents),
             "age": age_now(source, read_at[source.name][1], now),
         })  # fmt: skip
+        if series is not None:
+            account = group_key(group.agents[0])
+            held = {window: series.get((account, window), []) for window, _ in WINDOWS}
+            for window, _ in WINDOWS:
+                found = forecast(held[window], now, horizon_ms=WINDOW_MS[window]) if held[window] else None
+                entries[-1][_RUNS_OUT_FIELD[window]] = "-" if window not in group.windows else forecast_text(found, now)
+            entries[-1]["plot"] = limits_svg(held, now)
     return {"entries": entries, "more": max(0, len(groups) - RATE_PANEL_ROWS)}
+
+
+_RUNS_OUT_FIELD: dict[Window, str] = {"fiveHour": "runsOutFiveHour", "sevenDay": "runsOutSevenDay"}
+_PLOT_W, _PLOT_H, _PLOT_PAD = 180, 48, 2
+# Each window's polyline class (board.css colours it) and title.
+_PLOT_WINDOWS: tuple[tuple[Window, str], ...] = (("fiveHour", "five-hour"), ("sevenDay", "seven-day"))
+
+
+def limits_svg(held: Mapping[Window, list[Point]], now: int) -> str:
+    """A small plot of each window's percent over the hours the history keeps (0 to 100%, now at the
+    right edge): one polyline per window, a dashed line at 100%. Numbers only: nothing of the
+    record's text reaches it. An HTML fragment (no namespace URI: the page the snapshot is embedded
+    in names no URL), parsed as HTML by the board."""
+    first = now - KEEP_MS
+
+    def x(ms: int) -> float:
+        return round(_PLOT_PAD + max(0, ms - first) / KEEP_MS * (_PLOT_W - 2 * _PLOT_PAD), 1)
+
+    def y(percent: float) -> float:
+        return round(_PLOT_H - _PLOT_PAD - min(max(percent, 0), 100) / 100 * (_PLOT_H - 2 * _PLOT_PAD), 1)
+
+    parts = [
+        f'<svg class="limits-plot" viewBox="0 0 {_PLOT_W} {_PLOT_H}" '
+        f'width="{_PLOT_W}" height="{_PLOT_H}" role="img" aria-label="rate-limit windows over the last '
+        f'{KEEP_MS // 3_600_000} hours">',
+        f'<line class="full" x1="{_PLOT_PAD}" y1="{y(100)}" x2="{_PLOT_W - _PLOT_PAD}" y2="{y(100)}"/>',
+    ]
+    for window, spoken in _PLOT_WINDOWS:
+        points = [point for point in held.get(window, []) if first <= point.at_ms <= now]
+        if points:
+            line = " ".join(f"{x(point.at_ms)},{y(point.used_percent)}" for point in points)
+            parts.append(f'<polyline class="{spoken}" points="{line}"><title>{spoken}</title></polyline>')
+    parts.append("</svg>")
+    return "".join(parts)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,7 @@ from guard.errors import CatalogError
 from guard.procs import pid_alive
 from wrapper.accounts import fan_in, groups_by_agent
 from wrapper.notice import catalog_changes
+from wrapper.rate_history import Series, keep, sightings_of
 from wrapper.render import account_limits_wire
 from wrapper.roster import AgentRow, PidProbe, RosterCache, now_ms
 from wrapper.web.board import ages_now, rate_limit_panel, row_view
@@ -103,6 +105,7 @@ class Board:
         self.version = 0  # counts the changes: a page holding this version's snapshot is current
         self._encoded: str | None = None
         self._cache = RosterCache(catalog)  # read by one worker thread at a time (`follow`)
+        self.series: Series = {}  # each account's rate-limit history as last kept (wrapper.rate_history)
 
     # -- what a page is sent -------------------------------------------------------------------
 
@@ -132,7 +135,11 @@ class Board:
 
     # -- what reading finds ----------------------------------------------------------------------
 
-    def apply(self, found: list[Reading], *, whole: bool, warnings: list[str] | None = None) -> None:
+    def apply(
+        self, found: list[Reading], *, whole: bool, warnings: list[str] | None = None, series: Series | None = None
+    ) -> None:
+        """`series`: the accounts' histories `keep_history` merged the found rows into (issue 39)."""
+        self.series.update(series or {})
         changed: dict[str, dict[str, Any] | None] = {}
         updated: list[str] = []
         news = False  # the warnings or the catalog's problem changed
@@ -161,7 +168,7 @@ class Board:
                     box.post_problem()
         self._view(updated, changed)
         self.views = dict(sorted(self.views.items()))
-        panel = rate_limit_panel(((r.row, r.read_ms) for r in self.readings.values()), now_ms())
+        panel = rate_limit_panel(((r.row, r.read_ms) for r in self.readings.values()), now_ms(), self.series)
         panel_changed = _settled(panel) != _settled(self.panel)
         self.panel = panel
         # A read that found nothing new keeps the version: a page holding it is sent no snapshot,
@@ -223,6 +230,15 @@ class Board:
         rows = [view.row for view in views]
         return [Reading(row, read_ms, started) for row in rows], [*warnings, *(w for r in rows for w in r.warnings())]
 
+    def keep_history(self, found: list[Reading]) -> Series:
+        """The found agents' rate-limit snapshots kept in the host-local history, as every reader
+        keeps them (wrapper.rate_history), and their accounts' merged series; a history that cannot
+        be kept is a warning on stderr, and the board goes on with what it saw."""
+        series, problem = keep(self.catalog, sightings_of(fan_in(r.row for r in found)), now_ms())
+        if problem is not None:
+            print(f"hctx web: warning: {problem}", file=sys.stderr)
+        return series
+
     def read_agents(self, agents: frozenset[tuple[str, str]], started: float) -> tuple[list[Reading], set[str]]:
         """The named agents whose files changed, and those of them that are gone."""
         read_ms = now_ms()
@@ -251,10 +267,11 @@ async def follow(board: Board, stop: anyio.Event, *, reread_s: float = DEFAULT_R
         try:
             started = trio.current_time()
             found, warnings = await trio.to_thread.run_sync(board.read_whole, started)
+            series = await trio.to_thread.run_sync(board.keep_history, found)
         except CatalogError as exc:
             board.failed(f"cannot read the catalog: {exc}")
         else:
-            board.apply(found, whole=True, warnings=warnings)
+            board.apply(found, whole=True, warnings=warnings, series=series)
         board.ready.set()
 
     async def tick() -> None:
@@ -279,5 +296,6 @@ async def follow(board: Board, stop: anyio.Event, *, reread_s: float = DEFAULT_R
                     continue
                 started = trio.current_time()
                 found, gone = await trio.to_thread.run_sync(board.read_agents, changes.agents, started)
-                board.apply(found, whole=False)
+                series = await trio.to_thread.run_sync(board.keep_history, found)
+                board.apply(found, whole=False, series=series)
                 board.gone(gone)
