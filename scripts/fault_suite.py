@@ -450,11 +450,11 @@ class Burst(trio.abc.ReceiveStream):
 
 
 async def tap_stream(stdout: trio.abc.ReceiveStream, harness: str, channel: Path) -> None:
-    """The wrapper's real stdout tap (`wrapper.resident.Tap`, on its own loop in a worker thread,
+    """The wrapper's real stdout tap (`wrapper.launch.resident.Tap`, on its own loop in a worker thread,
     framing with the harness's spec's `tap_frame`), fed from `stdout` through a pipe as a harness's
     stdout would be; returns once the tap is done."""
-    from wrapper.launcher import tap_frame_path
-    from wrapper.resident import run_tap
+    from wrapper.launch.launcher import tap_frame_path
+    from wrapper.launch.resident import run_tap
 
     read_fd, write_fd = os.pipe()
     frame, where = tap_frame_path(harness), f"{harness} stdout tap"
@@ -834,7 +834,7 @@ def dead_sidecar(work: Path, scale: Scale) -> Row:
 def crash_looping_sidecar(work: Path, scale: Scale) -> Row:
     """Every sidecar SIGKILLed as it starts: the wrapper backs off, gives up after a bounded number,
     says so in at most two lines, and still exits with the harness's status."""
-    from wrapper.sidecars import SIDECAR_RESTART_DELAYS_S
+    from wrapper.launch.sidecars import SIDECAR_RESTART_DELAYS_S
 
     trials = pick(scale, ci=1, full=3)
     bound = 1 + len(SIDECAR_RESTART_DELAYS_S)
@@ -910,7 +910,7 @@ def stubborn_harness(kind: str, pids: Path) -> tuple[list[str], int]:
 def sigkill_wrapper(work: Path, scale: Scale) -> Row:
     """SIGKILL the wrapper (no terminal) of a harness that ignores SIGTERM and SIGHUP, alone, behind
     `sh`, or as `sh`'s background child: nothing of the harness is left past the deadline."""
-    from wrapper.launcher import HARNESS_KILL_DEADLINE_S
+    from wrapper.launch.launcher import HARNESS_KILL_DEADLINE_S
 
     trials = pick(scale, ci=1, full=3)
     kinds = ("ignoring SIGTERM", "behind sh", "sh's background child")
@@ -1539,6 +1539,49 @@ def stignore_control_chars(work: Path, scale: Scale) -> Row:
         survived,
         fabricated=injected,
         measured=f"{injected} live patterns injected; {survived} of {tried} refused (exit 2)",
+    )
+
+
+# Issue 40: a recording is data. One of each harness's committed recordings, with a `fact` line
+# inserted after its header that names a class of the harness's own package pydantic builds no
+# schema for (its producer), is replayed by `hctx replay`.
+REPLAY_FACT_RECORDINGS = {
+    "claude": "claude/session-2.1.332.rec",
+    "codex": "codex/codex-0.151.0-stdio-main.rec",
+    "opencode": "opencode/v1.18.33/session.rec",
+    "pi": "pi/pi-1.6.0-w4k.rec",
+}
+
+
+@fault("replay-fact-no-schema")
+def replay_fact_no_schema(work: Path, scale: Scale) -> Row:
+    """Issue 40: `hctx replay` of a recording whose `fact` line names a class pydantic cannot build
+    a schema for must say so for that line (exit 1) and print the very writes the recording makes
+    without it: never a traceback, never a write of its own."""
+    from sidecar.registry import spec_for
+
+    tried = survived = fabricated = 0
+    said = []
+    for harness, name in REPLAY_FACT_RECORDINGS.items():
+        source = REPO / "fixtures" / "recordings" / name
+        producer = type(spec_for(harness).make_producer())
+        fact = {"at_ms": 0, "fact": f"{producer.__module__}:{producer.__qualname__}", "value": {}}
+        header, _, rest = source.read_bytes().partition(b"\n")
+        hostile = work / f"{harness}.rec"
+        hostile.write_bytes(header + b"\n" + json.dumps(fact).encode() + b"\n" + rest)
+        clean = subprocess.run(hctx_argv("replay", str(source)), env=child_env(), capture_output=True, timeout=60)
+        done = subprocess.run(hctx_argv("replay", str(hostile)), env=child_env(), capture_output=True, timeout=60)
+        err = done.stderr.decode(errors="replace")
+        tried += 1
+        survived += done.returncode == 1 and "Traceback" not in err and "line 2: fact" in err
+        fabricated += done.stdout != clean.stdout or not clean.stdout
+        said.append(f"{harness}: exit {done.returncode}")
+    return Row(
+        "replay-fact-no-schema",
+        tried,
+        survived,
+        fabricated=fabricated,
+        measured=f"{'; '.join(said)}; {fabricated} replays whose writes differ from the clean recording's",
     )
 
 

@@ -17,9 +17,9 @@ from sidecar.harnesses.claude.account import claude_account
 from sidecar.harnesses.codex.account import codex_account
 from tests.conftest import REPO
 from tests.prometheus_tools import dead, exposition, parse
-from wrapper.accounts import fan_in, groups_by_agent
-from wrapper.render import render_accounts, render_agents, render_agents_json
-from wrapper.roster import collect_roster
+from wrapper.readers.accounts import fan_in, groups_by_agent
+from wrapper.readers.render import render_accounts, render_agents, render_agents_json
+from wrapper.readers.roster import collect_roster
 
 FIXTURES = REPO / "fixtures" / "accounts"
 CODEX_VERSIONS = ("0.151.0", "0.171.0")

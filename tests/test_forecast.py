@@ -21,12 +21,12 @@ from readers_catalog import HOST, HOUR, MINUTE, NOW, hctx, put_record
 
 from guard.account import account_key
 from tests.prometheus_tools import dead, exporter_of, parse, require_tool
-from wrapper.accounts import fan_in
-from wrapper.forecast import Forecast, Point, forecast, point_order
-from wrapper.metrics import exposition as render
-from wrapper.rate_history import HISTORY_DIR_NAME, KEEP_MS, MAX_POINTS, Sighting, keep, keep_groups, merge
-from wrapper.render import render_accounts
-from wrapper.roster import collect_roster
+from wrapper.readers.accounts import fan_in
+from wrapper.readers.forecast import Forecast, Point, forecast, point_order
+from wrapper.readers.metrics import exposition as render
+from wrapper.readers.rate_history import HISTORY_DIR_NAME, KEEP_MS, MAX_POINTS, Sighting, keep, keep_groups, merge
+from wrapper.readers.render import render_accounts
+from wrapper.readers.roster import collect_roster
 
 FIVE_H = 5 * HOUR
 K1 = account_key("claude", "uuid-1", "org-1")

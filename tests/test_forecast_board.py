@@ -13,11 +13,11 @@ import pytest
 
 from guard.account import account_key
 from tests.web_board import HERE, browser, driver, now_ms, put, serving
-from wrapper.accounts import fan_in
-from wrapper.forecast import Point
-from wrapper.rate_history import Sighting, keep, sightings_of
-from wrapper.roster import collect_roster
-from wrapper.web.board import limits_svg, rate_limit_panel
+from wrapper.readers.accounts import fan_in
+from wrapper.readers.forecast import Point
+from wrapper.readers.rate_history import Sighting, keep, sightings_of
+from wrapper.readers.roster import collect_roster
+from wrapper.readers.web.board import limits_svg, rate_limit_panel
 
 KEY = account_key("claude", "uuid-1", "org-1")
 MINUTE, HOUR = 60_000, 3_600_000
@@ -49,7 +49,7 @@ def test_the_panel_carries_the_forecast_and_a_plot_of_each_window(tmp_path: Path
     lines = dict(re.findall(r'<polyline class="([a-z-]+)" points="([^"]+)"', entry["plot"]))
     assert set(lines) == {"five-hour", "seven-day"} and len(lines["five-hour"].split()) == 13
     (last_x, last_y) = map(float, lines["five-hour"].split()[-1].split(","))
-    assert last_x == 178.0 and last_y == pytest.approx(48 - 2 - 0.2 * 44)  # now at the right edge, 20% high
+    assert last_x == 178.0 and last_y == pytest.approx(48 - 2 - 0.2 * 44)  # the newest at the right edge, 20% high
     heights = {float(pair.split(",")[1]) for pair in lines["seven-day"].split()}
     assert heights == {round(48 - 2 - 0.3 * 44, 1)}  # flat at 30%
     # Hostile numbers stay inside the plot: no NaN, nothing past 100% or before the kept hours.
@@ -81,10 +81,16 @@ def test_the_board_shows_runs_out_and_draws_the_windows_in_chromium(tmp_path: Pa
         assert headers[7:] == ["five-hour runs out", "seven-day runs out", "last 6 h"]
         plot = page.locator("#limits tbody tr td.limits-plot svg")
         assert plot.count() == 1
-        size = plot.evaluate("node => { const box = node.getBoundingClientRect(); return [box.width, box.height]; }")
+        size = page.evaluate(
+            "() => { const box = document.querySelector('#limits td.limits-plot svg').getBoundingClientRect();"
+            " return [box.width, box.height]; }"
+        )
         assert size == [180, 48]  # laid out as an SVG image, not an unknown empty node
         five = page.locator("#limits td.limits-plot polyline.five-hour")
         assert five.count() == 1 and len(five.get_attribute("points").split()) >= 13
-        stroke = five.evaluate("node => getComputedStyle(node).stroke")
+        # Asked in one go: a push may rebuild the panel's rows between two calls.
+        stroke = page.evaluate(
+            "() => getComputedStyle(document.querySelector('#limits td.limits-plot polyline.five-hour')).stroke"
+        )
         assert stroke == "rgb(37, 99, 235)"  # drawn, in the five-hour colour
         context.close()

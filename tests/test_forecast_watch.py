@@ -12,8 +12,8 @@ from readers_catalog import HOST, HOUR, MINUTE
 from test_account_watch import KEY, seat
 from test_watch import _lines, _stop, _wait, _watch
 
-from wrapper.forecast_watch import ForecastEvent, ForecastWatch, dump_forecast_state, load_forecast_state
-from wrapper.watch import StateFile, observe
+from wrapper.readers.forecast_watch import ForecastEvent, ForecastWatch, dump_forecast_state, load_forecast_state
+from wrapper.readers.watch import StateFile, observe
 
 NOW = 1_788_000_000_000
 MARGIN_MS = 15 * MINUTE

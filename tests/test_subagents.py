@@ -750,8 +750,8 @@ READER_ROWS = [
 def test_hctx_top_indents_each_subagent_under_its_agent_with_its_own_fill(tmp_path: Path) -> None:
     from readers_catalog import HOST, NOW, put_record
 
-    from wrapper.roster import collect_roster
-    from wrapper.top import render_frame
+    from wrapper.readers.roster import collect_roster
+    from wrapper.readers.top import render_frame
 
     put_record(tmp_path, "parent", harness="claude", usedTokens=23_000, windowTokens=200_000, usedPercent=12.0,
                subagents=READER_ROWS)  # fmt: skip
@@ -805,8 +805,8 @@ def test_a_hostile_subagent_row_never_reaches_a_terminal(tmp_path: Path) -> None
 def watched(sub_percent: float | None, *, state: str = "running", parent: float = 12.0) -> Any:
     from readers_catalog import HOST
 
-    from wrapper.roster import AgentRow
-    from wrapper.watch import Observation
+    from wrapper.readers.roster import AgentRow
+    from wrapper.readers.watch import Observation
 
     sub = {"id": "a91242bfc47ae887e", "name": "general-purpose", "model": "claude-subagent-test-1",
            "usedTokens": None if sub_percent is None else int(sub_percent * 1500), "windowTokens": 150_000,
@@ -819,7 +819,7 @@ def watched(sub_percent: float | None, *, state: str = "running", parent: float 
 
 
 def test_a_subagent_crossing_a_threshold_is_an_event_naming_parent_and_subagent_once() -> None:
-    from wrapper.watch import Settings, dump_state, load_state, step
+    from wrapper.readers.watch import Settings, dump_state, load_state, step
 
     state: Any = {}
     told: list[Any] = []
@@ -842,7 +842,7 @@ def test_a_subagent_crossing_a_threshold_is_an_event_naming_parent_and_subagent_
 
 
 def test_a_restarted_watch_tells_a_subagent_crossing_it_already_told_never_again() -> None:
-    from wrapper.watch import Settings, dump_state, load_state, step
+    from wrapper.readers.watch import Settings, dump_state, load_state, step
 
     events, state = step({}, [watched(85.0)], 1_795_000_001_000, Settings())
     assert [e.kind for e in events] == ["subagent-fill"]
