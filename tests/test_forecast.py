@@ -309,3 +309,10 @@ def test_metrics_exports_the_exhaustion_time_only_when_it_comes_before_the_reset
     _seat(tmp_path, "codex-b", NOW + 2000, 1, 30, {"fiveHour": NOW + 5 * HOUR, "sevenDay": NOW + 100 * HOUR})
     exporter.clock = lambda: NOW + 3000
     assert "hctx_account_rate_limit_exhausted_at_seconds{" not in render(exporter, False)
+
+
+def test_an_agent_stating_no_account_keeps_no_history(tmp_path: Path) -> None:
+    put_record(tmp_path, "loner", account=None, observedAtMs=NOW, writtenAtMs=NOW,
+               rateLimits={"fiveHour": 50, "sevenDay": 20}, rateLimitResetsAtMs={"fiveHour": NOW + HOUR})  # fmt: skip
+    assert _read(tmp_path, NOW + 1000) == {}
+    assert list((tmp_path / ".st2" / HISTORY_DIR_NAME).glob("*.json")) == []

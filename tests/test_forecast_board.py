@@ -17,7 +17,7 @@ from wrapper.readers.accounts import fan_in
 from wrapper.readers.forecast import Point
 from wrapper.readers.rate_history import Sighting, keep, sightings_of
 from wrapper.readers.roster import collect_roster
-from wrapper.readers.web.board import limits_svg, rate_limit_panel
+from wrapper.readers.web.board import draw_accounts, limits_svg, rate_limit_panel
 
 KEY = account_key("claude", "uuid-1", "org-1")
 MINUTE, HOUR = 60_000, 3_600_000
@@ -43,7 +43,7 @@ def test_the_panel_carries_the_forecast_and_a_plot_of_each_window(tmp_path: Path
     _history(tmp_path, now)
     rows = collect_roster(tmp_path, now, here=HERE).rows
     series, _ = keep(tmp_path, sightings_of(fan_in(rows)), now)  # as the board's worker keeps them
-    (entry,) = rate_limit_panel(((row, now) for row in rows), now, series)["entries"]
+    (entry,) = rate_limit_panel(((row, now) for row in rows), now, draw_accounts(series, now))["entries"]
     assert entry["runsOutFiveHour"] == "in 6h40m (13 over 1h00m)"  # 20% at now, 12%/h: 80 points in 6h40m
     assert entry["runsOutSevenDay"] == "not before reset (13 over 1h00m)"
     lines = dict(re.findall(r'<polyline class="([a-z-]+)" points="([^"]+)"', entry["plot"]))
@@ -79,6 +79,7 @@ def test_the_board_shows_runs_out_and_draws_the_windows_in_chromium(tmp_path: Pa
         assert cells[8].startswith("not before reset")
         headers = page.locator("#limits thead th").all_inner_texts()
         assert headers[7:] == ["five-hour runs out", "seven-day runs out", "last 6 h"]
+        page.wait_for_selector("#limits tbody tr td.limits-plot svg polyline.five-hour")
         plot = page.locator("#limits tbody tr td.limits-plot svg")
         assert plot.count() == 1
         size = page.evaluate(

@@ -84,8 +84,11 @@ class Sighting:
 
 def sightings_of(groups: Iterable[AccountGroup]) -> Iterator[Sighting]:
     """Every agent's snapshot of every window of `groups`, not only the newest: the pace is across
-    all of an account's agents."""
+    all of an account's agents. Only accounts a record names: an agent stating none is no account
+    (as `hctx metrics` exports none for it), and a fleet of them costs no history files."""
     for group in groups:
+        if group.key is None:
+            continue
         key = group_key(group.agents[0])
         for snapshot in agent_snapshots(group):
             yield Sighting(key, snapshot.window,

@@ -23,7 +23,7 @@ from guard.history import StartLine, WriteLine, read_fill_line
 from guard.layout import log_files, log_path
 from guard.projection import SubagentReading
 from wrapper.readers.accounts import WINDOWS, AccountGroup, Snapshot, Window, fan_in, group_key, groups_by_agent
-from wrapper.readers.forecast import Point, forecast
+from wrapper.readers.forecast import Forecast, Point, forecast
 from wrapper.readers.rate_history import KEEP_MS, WINDOW_MS, Series
 from wrapper.readers.render import (
     age_text,
@@ -47,11 +47,13 @@ __all__ = [
     "HISTORY_BYTES",
     "HISTORY_POINTS",
     "RATE_PANEL_ROWS",
+    "Drawn",
     "FillHistory",
     "FillPoint",
     "age_now",
     "agent_detail",
     "ages_now",
+    "draw_accounts",
     "fill_svg",
     "limits_svg",
     "rate_limit_panel",
@@ -137,11 +139,36 @@ def subagent_view(sub: SubagentReading) -> dict[str, Any]:
     }
 
 
-def rate_limit_panel(rows: Iterable[tuple[AgentRow, int]], now: int, series: Series | None = None) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class Drawn:
+    """What the panel shows of one account's history (issue 39), drawn where the history is read
+    (the board's worker) so the board holds a few hundred bytes per account, not its points."""
+
+    forecasts: dict[Window, Forecast]
+    plot: str  # limits_svg
+
+
+def draw_accounts(series: Series, now: int) -> dict[str, Drawn]:
+    """Each kept account's forecasts and plot, keyed by its group key (wrapper.readers.accounts.group_key)."""
+    accounts: dict[str, dict[Window, list[Point]]] = {}
+    for (account, window), points in series.items():
+        accounts.setdefault(account, {})[window] = points
+    return {
+        account: Drawn(
+            {window: forecast(points, now, horizon_ms=WINDOW_MS[window]) for window, points in held.items() if points},
+            limits_svg(held, now),
+        )
+        for account, held in accounts.items()
+    }
+
+
+def rate_limit_panel(
+    rows: Iterable[tuple[AgentRow, int]], now: int, drawn: Mapping[str, Drawn] | None = None
+) -> dict[str, Any]:
     """The accounts' rate limits, as `hctx accounts` fans them in (wrapper.readers.accounts.fan_in): one
     entry per account (an agent stating none is its own), each window the newest snapshot across
     its agents, newest account first; `key` is the agent the newest snapshot came from, whose age
-    the entry shows. With `series` (each account's history, wrapper.readers.rate_history), each entry says
+    the entry shows. With `drawn` (each account's history, `draw_accounts`), each entry says
     when each window runs out at the fleet's pace, as `hctx accounts`' RUNS OUT does, and carries
     `plot`, the windows over the kept hours (`limits_svg`)."""
     read_at = {row.name: (row, read_ms) for row, read_ms in rows}
@@ -168,13 +195,12 @@ def rate_limit_panel(rows: Iterable[tuple[AgentRow, int]], now: int, series: Ser
             "agents": len(group.agents),
             "age": age_now(source, read_at[source.name][1], now),
         })  # fmt: skip
-        if series is not None:
-            account = group_key(group.agents[0])
-            held = {window: series.get((account, window), []) for window, _ in WINDOWS}
+        if drawn is not None:
+            held = drawn.get(group_key(group.agents[0]))
             for window, _ in WINDOWS:
-                found = forecast(held[window], now, horizon_ms=WINDOW_MS[window]) if held[window] else None
+                found = None if held is None else held.forecasts.get(window)
                 entries[-1][_RUNS_OUT_FIELD[window]] = "-" if window not in group.windows else forecast_text(found, now)
-            entries[-1]["plot"] = limits_svg(held, now)
+            entries[-1]["plot"] = None if held is None else held.plot
     return {"entries": entries, "more": max(0, len(groups) - RATE_PANEL_ROWS)}
 
 
