@@ -112,7 +112,10 @@ class SidecarConfig:
     ready_fd: int | None = None
     transport: str = ""  # the launch plan's transport config, as JSON (HarnessSpec.transport_config)
     account: str = ""  # the account the harness states, as JSON (guard.account.Account); "" none
-    record: Path | None = None  # `hctx wrap --record`: the file the wrapper created, appended to
+    # `hctx wrap --record`: the descriptor of the file the wrapper created, which it hands every
+    # sidecar of the session (never its path: whoever may rename in its directory could swap it).
+    record_fd: int | None = None
+    record_raw: bool = False  # `--record-raw`: the whole session, unredacted
     # What the channel's connections may hold of partial frames, together: this sidecar's own.
     channel_budget_bytes: int = BUFFER_BUDGET_BYTES
 
@@ -473,24 +476,25 @@ def transport_streams(spec: HarnessSpec, writer: Writer, recorder: Recorder | No
 
 
 def open_recorder(config: SidecarConfig) -> Recorder | None:
-    """The recorder of `--record`'s file, which the wrapper created: opened to append (never
-    created, truncated or followed through a symlink here), and None, logged, when it cannot be."""
-    if config.record is None:
+    """The recorder of `--record`'s file, which the wrapper created and hands down open (appending,
+    0600): never opened by name here. Redacted (sidecar.redaction) unless `--record-raw`."""
+    if config.record_fd is None:
         return None
     import guard
     from sidecar.recorder import FORMAT, Recorder
+    from sidecar.redaction import redactors
 
     try:
-        fd = os.open(config.record, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
-        file = os.fdopen(fd, "ab")
-        written = os.fstat(fd).st_size
+        file = os.fdopen(config.record_fd, "ab")
+        written = os.fstat(config.record_fd).st_size
     except OSError as exc:
         log.error("not recording: %s", exc, extra={"event": "recording-failed"})
         return None
     header = {"format": FORMAT, "harness": config.harness, "hctx": guard.__version__,
               "incarnation": config.incarnation, "started_ms": SystemClock().wall_ms(),
-              "config": config.settings().model_dump(mode="json")}  # fmt: skip
-    return Recorder(file, header, written=written)
+              "config": config.settings().model_dump(mode="json"), "redacted": not config.record_raw}  # fmt: skip
+    redactor = None if config.record_raw else redactors(spec_for(config.harness))
+    return Recorder(file, header, written=written, redactor=redactor)
 
 
 async def run_sidecar(config: SidecarConfig) -> None:

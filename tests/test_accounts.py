@@ -91,6 +91,26 @@ def test_a_label_is_printable_and_short_whatever_it_was() -> None:
     assert clean_label(42) is None and clean_label("") is None
 
 
+@pytest.mark.parametrize(
+    ("where", "email"),
+    [("~/.claude-alice@example.com", "alice@example.com"), ("/srv/bob.smith@corp.example/.codex", "bob.smith@corp"),
+     ("~/x@y", "x@y")],
+)  # fmt: skip
+def test_an_email_in_the_config_directorys_name_never_reaches_the_label(where: str, email: str, tmp_path: Path) -> None:
+    """Issue 40: a config directory named after its login (`~/.claude-alice@example.com`) kept
+    the email in the label, hence in the record and every reader's output."""
+    claude = claude_account((FIXTURES / "claude-2.1.332-seat-A.claude.json").read_bytes(), where, "max")
+    codex = codex_account((FIXTURES / "codex-0.171.0-seat-A.auth.json").read_bytes(), where)
+    for account in (claude, codex):
+        assert account is not None and account.label is not None
+        assert "@" not in account.label and "(email)" in account.label, account.label
+    # A record that carries one anyway (written by another build) is listed without it.
+    put_record(tmp_path, "seat", account={"key": K1, "label": f"claude · {where}"})
+    for command in (("agents",), ("accounts",), ("agents", "--json")):
+        shown = hctx(*command, "--catalog", str(tmp_path)).stdout
+        assert "@" not in shown and email not in shown, (command, shown)
+
+
 # --- the record ---------------------------------------------------------------------------------
 
 

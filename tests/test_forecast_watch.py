@@ -130,3 +130,17 @@ def test_the_command_tells_it_once_across_restarts(tmp_path: Path) -> None:
     bad = _watch(catalog, "--forecast-margin", "-3")
     _, err = bad.communicate(timeout=30)
     assert bad.returncode == 2 and "not a number of minutes" in err
+
+
+def test_a_notification_names_the_window_that_runs_out(tmp_path: Path) -> None:
+    from wrapper.readers.notify import notice_of
+
+    seat(tmp_path, "a", 40, NOW - 20 * MINUTE, resets=NOW + 2 * HOUR)
+    seat(tmp_path, "b", 60, NOW, resets=NOW + 2 * HOUR)
+    watch = Watch(tmp_path)
+    snapshot, _ = observe(tmp_path, NOW, here=HOST)
+    (event,) = watch.companion.step(watch.dir_fd, snapshot, NOW, partial=False)
+    notice = notice_of(event)
+    assert notice.title == "b: rate limit runs out before its reset, 60% used"
+    assert "fill 60% · five-hour window of chatgpt · pro" in notice.body and "runs out in 40m00s" in notice.body
+    watch.close()

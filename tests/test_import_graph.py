@@ -41,7 +41,8 @@ LADDER: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("harnesses", (HARNESSES, f"{HARNESSES}.*")),
     ("registry", ("sidecar.registry",)),
     ("runtime", ("sidecar.streams", "sidecar.pipeline", "sidecar.app", "sidecar.channel", "sidecar.logs",
-                 "sidecar.lifeline", "sidecar.replay", "sidecar.recorder", "sidecar.__main__", "sidecar.demo_standin")),
+                 "sidecar.lifeline", "sidecar.replay", "sidecar.recorder", "sidecar.redaction", "sidecar.__main__",
+                 "sidecar.demo_standin")),
     ("wrapper", ("wrapper", "wrapper.*")),
 )  # fmt: skip
 

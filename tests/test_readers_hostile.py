@@ -236,6 +236,29 @@ def test_terminal_controls_in_fields_are_escaped_in_human_output(tmp_path: Path)
     assert printable("a\u202eb\x9bc") == "a\\u202eb\\x9bc"
 
 
+# Bidi overrides and isolates, marks, line and paragraph separators, zero-width and BOM: each drives how
+# a terminal lays the line out (or breaks it) without being a C0/C1 control.
+UNSEEN = "\u202e\u2028\u2029\u200e\u200f\u061c\u2066\u200b\ufeff"
+
+
+def test_bidi_and_line_separators_in_every_printed_string_are_escaped(tmp_path: Path) -> None:
+    """Issue 40: a bidi override (U+202E) and a line separator (U+2028) in a subagent's model
+    reached `agents`, `top` and `inspect` raw; the agent's own model too (`inspect`)."""
+    sub = {"id": "a91242bfc47ae887e", "name": "general-purpose", "model": f"evil{UNSEEN}model", "usedTokens": 9_000,
+           "windowTokens": 150_000, "usedPercent": 6.0, "windowSource": "model-table", "compactions": 0,
+           "state": "running", "observedAtMs": NOW}  # fmt: skip
+    put_record(tmp_path, "evil", model=f"m{UNSEEN}", subagents=[sub])
+    outputs = {
+        "agents": hctx("agents", "--catalog", str(tmp_path)).stdout,
+        "top": hctx("top", "--once", "--catalog", str(tmp_path)).stdout,
+        "inspect": hctx("inspect", "evil", "--catalog", str(tmp_path)).stdout,
+    }
+    for command, shown in outputs.items():
+        assert not set(UNSEEN) & set(shown), (command, [hex(ord(c)) for c in set(UNSEEN) & set(shown)])
+    assert "evil\\u202e\\u2028" in outputs["agents"] and "evil\\u202e\\u2028" in outputs["inspect"]
+    assert printable("a\u2028b c\u00a0") == "a\\u2028b c\\xa0"
+
+
 JUNK_CATALOG_NAMES = ("binary", "empty", "foreign-schema", "nan", "negative-tokens", "over-the-bound")
 
 

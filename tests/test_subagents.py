@@ -805,6 +805,7 @@ def test_a_hostile_subagent_row_never_reaches_a_terminal(tmp_path: Path) -> None
 def watched(sub_percent: float | None, *, state: str = "running", parent: float = 12.0) -> Any:
     from readers_catalog import HOST
 
+    from guard.projection import Context
     from wrapper.readers.roster import AgentRow
     from wrapper.readers.watch import Observation
 
@@ -814,8 +815,8 @@ def watched(sub_percent: float | None, *, state: str = "running", parent: float 
            "observedAtMs": 1_795_000_000_000, "ageMs": 1000}  # fmt: skip
     context = {"harness": "claude", "usedTokens": 24_000, "windowTokens": 200_000, "usedPercent": parent,
                "compactions": 0, "compactAtTokens": None, "observedAtMs": 1_795_000_000_000, "ageMs": 1000,
-               "stale": False, "subagents": [sub]}  # fmt: skip
-    return Observation(AgentRow(HOST, "parent", "claude", "running", context), "inc-1")
+               "stale": False, "headroomTokens": None, "subagents": [sub]}  # fmt: skip
+    return Observation(AgentRow(HOST, "parent", "claude", "running", Context.model_validate(context)), "inc-1")
 
 
 def test_a_subagent_crossing_a_threshold_is_an_event_naming_parent_and_subagent_once() -> None:
@@ -1030,3 +1031,58 @@ def test_thousands_of_omp_subagents_stay_bounded_and_under_the_record_limit() ->
     assert len(reading.subagents) == MAX_SUBAGENTS
     record = HarnessContext(**dict(reading), agent="a", incarnation="i", written_at_ms=3_000)
     assert len(record.to_json().encode()) < MAX_RECORD_BYTES
+
+
+# ---- issue 40: a subagent is never the agent; the newest of one millisecond are kept -------------
+
+
+def test_a_codex_child_whose_id_is_the_parents_own_is_refused_and_counted() -> None:
+    """A hostile stream spawning the agent's own thread as its child: the agent's readings stay the
+    agent's (without the refusal, the parent's next reading became a subagent row) and the frame is
+    a counted drop."""
+    from guard.policy import WriteGuard
+    from sidecar.harnesses.codex.events import SubagentsSpawned
+    from sidecar.pipeline import Pipeline
+
+    pipeline = Pipeline(codex.CodexProducer(), WriteGuard("a", "i"))
+    pipeline.feed(ThreadOpened(thread_id="p"), 1)
+    usage = TokenUsage(thread_id="p", tokens_in_window=32_066, session_total_tokens=32_066, context_window=190_000)
+    pipeline.feed(usage, 2)
+    assert pipeline.feed(SubagentsSpawned(sender_thread_id="p", thread_ids=("c", "p"), model=None), 3) == []
+    assert pipeline.drops["producer"] == 1
+    pipeline.feed(usage.model_copy(update={"tokens_in_window": 34_100}), 4)
+    held = pipeline.producer.held.reading  # type: ignore[attr-defined]
+    assert held.used_tokens == 34_100 and held.subagents == ()
+
+
+@pytest.mark.parametrize("frame", ["part", "session"])
+def test_an_opencode_child_whose_id_is_its_parents_own_is_refused_and_counted(frame: str) -> None:
+    from guard.policy import WriteGuard
+    from sidecar.pipeline import Pipeline
+
+    pipeline = Pipeline(opencode.OpenCodeProducer(), WriteGuard("a", "i"))
+    part = {"id": "e1", "type": "message.part.updated", "properties": {"part": {
+        "type": "tool", "tool": "task", "sessionID": "p",
+        "state": {"status": "running", "metadata": {"sessionId": "p", "parentSessionId": "p"}}}}}  # fmt: skip
+    session = {"id": "e1", "type": "session.updated", "properties": {"info": {"id": "p", "parentID": "p"}}}
+    message = {"id": "e2", "type": "message.updated", "properties": {"info": {
+        "id": "m", "role": "assistant", "sessionID": "p", "providerID": "fake", "modelID": "small",
+        "tokens": {"total": 30_100}}}}  # fmt: skip
+    for raw in (part if frame == "part" else session, message):
+        for event in opencode.parse_event(json.dumps(raw).encode()):
+            pipeline.feed(event, 2)
+    assert pipeline.drops["producer"] == 1
+    held = pipeline.producer.held.reading  # type: ignore[attr-defined]
+    assert held is not None and held.used_tokens == 30_100 and held.subagents == ()
+
+
+def test_of_subagents_started_in_one_millisecond_the_newest_sixteen_are_kept() -> None:
+    producer = codex.CodexProducer()
+    producer.feed(ThreadOpened(thread_id="p"), 0)
+    from sidecar.harnesses.codex.events import SubagentsSpawned
+
+    for n in range(40):
+        producer.feed(SubagentsSpawned(sender_thread_id="p", thread_ids=(f"c{n}",), model=None), 7)
+    reading = producer.held.reading
+    assert reading is not None
+    assert [row.id for row in reading.subagents] == [f"c{n}" for n in range(39, 39 - MAX_SUBAGENTS, -1)]

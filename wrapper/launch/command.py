@@ -4,6 +4,7 @@ recording's new file; the launch itself is wrapper.launch.launcher's (imported w
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -39,6 +40,8 @@ def _wrap(args: argparse.Namespace) -> int:
         catalog = catalog_of(args).absolute()
         identity = args.agent or free_seat(catalog, args.host, Path.cwd())
         agent = AgentDir(catalog, args.host, identity)
+        if args.record_raw and args.record is None:
+            raise UsageError("--record-raw records the whole session into --record FILE: name the file")
         record = None if args.record is None else _new_recording(args.record)
     except (ValueError, CatalogError) as exc:
         print(f"hctx wrap: {exc}", file=sys.stderr)
@@ -52,22 +55,25 @@ def _wrap(args: argparse.Namespace) -> int:
         restart_delay_s=args.restart_delay,
         restart_delay_max_s=args.restart_delay_max,
         takeover=args.takeover,
-        record=record,
+        record=None if record is None else record[0],
+        record_raw=args.record_raw,
     )
     try:
-        return run_wrap(options)
+        return run_wrap(options, None if record is None else record[1])
     except* OSError as group:
         for error in group.exceptions:
             print(f"hctx wrap: {error}", file=sys.stderr)
     finally:
-        if record is not None and record.stat().st_size == 0:  # no sidecar ran (a refused claim)
-            record.unlink()
+        if record is not None:  # no sidecar ran (a refused claim): the empty file made is removed
+            _remove_if_empty(*record)
     return 2
 
 
-def _new_recording(path: Path) -> Path:
-    """`--record`'s file, created empty here (O_CREAT|O_EXCL|O_NOFOLLOW, 0600) for the sidecars to
-    append to: a path that exists, a symlink included, or whose directory does not, is refused."""
+def _new_recording(path: Path) -> tuple[Path, int]:
+    """`--record`'s file, created empty here (O_CREAT|O_EXCL|O_NOFOLLOW, 0600), and its open
+    descriptor, which the resident holds and hands each sidecar to append to (the file is never
+    opened by name again): a path that exists, a symlink included, or whose directory does not,
+    is refused."""
     from guard.errors import UsageError
     from sidecar.recorder import create_recording
 
@@ -79,10 +85,23 @@ def _new_recording(path: Path) -> Path:
     if not path.parent.is_dir():
         raise UsageError(f"--record {path}: its directory {path.parent} does not exist")
     try:
-        create_recording(path).close()
+        with create_recording(path) as file:
+            return path, os.dup(file.fileno())  # the same open file (its O_APPEND), past this object
     except OSError as exc:
         raise UsageError(f"--record {path}: {exc.strerror}") from None
-    return path
+
+
+def _remove_if_empty(path: Path, fd: int) -> None:
+    """The recording made for a session that never started, removed: only while the path still
+    names that very file, and it is empty (a file swapped in at the path is not ours to remove)."""
+    try:
+        held, named = os.fstat(fd), os.lstat(path)
+        if (held.st_dev, held.st_ino) == (named.st_dev, named.st_ino) and held.st_size == 0:
+            path.unlink()
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -130,7 +149,14 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     wrap.add_argument(
         "--record", type=Path, metavar="FILE",
         help="record every byte the sidecar decodes, with its time and wire, into FILE, a new file "
-        "(capped at 64 MiB; see docs/recording.md); `hctx replay FILE` replays it",
+        "(capped at 64 MiB; see docs/recording.md); `hctx replay FILE` replays it. Redacted: no prompt, "
+        "message, tool input or output, file content, instruction, email, token or key is recorded, only "
+        "what hctx reads for its numbers",
+    )  # fmt: skip
+    wrap.add_argument(
+        "--record-raw", action="store_true",
+        help="with --record: record the WHOLE session unredacted (prompts, replies, file contents, tool "
+        "output, the account's email, tokens, API keys): never share such a recording",
     )  # fmt: skip
     wrap.add_argument("command_line", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]")
     wrap.set_defaults(run=with_host(_wrap))

@@ -88,7 +88,8 @@ class WrapOptions:
     restart_delay_s: float = 1.0
     restart_delay_max_s: float = 60.0
     takeover: bool = False
-    record: Path | None = None  # `--record`: a file `create_recording` made; every sidecar appends to it
+    record: Path | None = None  # `--record`: a file `create_recording` made (its path, for messages)
+    record_raw: bool = False  # `--record-raw`: every sidecar records the session unredacted
 
     def as_payload(self) -> dict[str, Any]:
         """As the resident carries them, and hands them back to a `begin` step."""
@@ -103,6 +104,7 @@ class WrapOptions:
             "restartDelayMaxS": self.restart_delay_max_s,
             "takeover": self.takeover,
             "record": None if self.record is None else os.fspath(self.record),
+            "recordRaw": self.record_raw,
         }
 
     @classmethod
@@ -118,6 +120,7 @@ class WrapOptions:
             restart_delay_max_s=data["restartDelayMaxS"],
             takeover=data["takeover"],
             record=None if data["record"] is None else Path(data["record"]),
+            record_raw=data["recordRaw"],
         )
 
 
@@ -152,8 +155,9 @@ def unrunnable(argv: tuple[str, ...], path: str | None) -> tuple[int, str] | Non
     return None
 
 
-def run_wrap(options: WrapOptions) -> int:
-    """Claim and prepare the first incarnation, then exec the resident (it returns only a refusal)."""
+def run_wrap(options: WrapOptions, record_fd: int | None = None) -> int:
+    """Claim and prepare the first incarnation, then exec the resident (it returns only a refusal).
+    `record_fd`: `--record`'s file, open: the resident holds it and hands it to each sidecar."""
     if (refused := unrunnable(options.argv, os.environ.get("PATH"))) is not None:
         not_started, why = refused
         say(f"cannot start {options.argv[0]!r}: {why}; nothing claimed, no sidecar started")
@@ -168,7 +172,10 @@ def run_wrap(options: WrapOptions) -> int:
         return CLAIM_REFUSED_STATUS
     first = begin_incarnation(options, incarnation, os.getpid())  # the resident keeps this pid
     lock_fd, lock_held = lock.across_exec()
-    _exec_resident({"options": options.as_payload(), "incarnation": first, "lockFd": lock_fd, "lockHeld": lock_held})
+    if record_fd is not None:
+        os.set_inheritable(record_fd, True)  # across the exec; the resident hands it on, to sidecars only
+    _exec_resident({"options": options.as_payload(), "incarnation": first, "lockFd": lock_fd, "lockHeld": lock_held,
+                    "recordFd": record_fd})  # fmt: skip
     raise AssertionError("unreachable: exec returned")  # pragma: no cover
 
 
@@ -322,7 +329,6 @@ def begin_incarnation(options: WrapOptions, incarnation: str, wrapper_pid: int) 
         "status": None,
         "transport": transport_json(plan),
         "account": account_json(plan),
-        "record": None if options.record is None else os.fspath(options.record),
         "channelDir": os.fspath(directory),
         "channel": os.fspath(channel),
     }

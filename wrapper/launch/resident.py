@@ -507,7 +507,8 @@ def sidecar_argv(it: dict[str, Any], lifeline_fd: int, ready_fd: int) -> list[st
         *("--lifeline-fd", str(lifeline_fd), "--ready-fd", str(ready_fd)),
         *(() if it["transport"] is None else ("--transport", it["transport"])),
         *(() if it["account"] is None else ("--account", it["account"])),
-        *(() if it["record"] is None else ("--record", it["record"])),
+        *(() if it.get("recordFd") is None else ("--record-fd", str(it["recordFd"]))),
+        *(("--record-raw",) if it.get("recordRaw") else ()),
     ]
 
 
@@ -542,8 +543,10 @@ class Sidecars:
         devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
         try:
             # Its own group: the terminal's Ctrl-C and Ctrl-Z are the harness's, not the sidecar's.
+            # `--record`'s file goes to each sidecar as this same open file, never by its name.
+            record = () if self.incarnation.get("recordFd") is None else (self.incarnation["recordFd"],)
             self.pid = spawn(sidecar_argv(self.incarnation, lifeline_read, ready_write), checkout_env(), new_group=True,
-                             keep=(lifeline_read, ready_write), stdin=devnull, stdout=devnull)  # fmt: skip
+                             keep=(lifeline_read, ready_write, *record), stdin=devnull, stdout=devnull)  # fmt: skip
         except OSError:
             os.close(ready_read)
             self._close_lifeline()
@@ -949,9 +952,15 @@ class WrapperLock:
         return True
 
 
-def supervise(options: dict[str, Any], first: dict[str, Any], lock: WrapperLock | None = None) -> int:
+def supervise(
+    options: dict[str, Any], first: dict[str, Any], lock: WrapperLock | None = None, record_fd: int | None = None
+) -> int:
     """The first incarnation (claimed before the exec), then the ones the restart policy wants. A
-    relaunch's `begin` step claims under `lock`, which this process holds: the step takes none."""
+    relaunch's `begin` step claims under `lock`, which this process holds: the step takes none.
+    `record_fd`: `--record`'s open file, handed to every sidecar of every incarnation."""
+    if record_fd is not None:
+        os.set_inheritable(record_fd, False)  # a sidecar's alone: never the harness's, never a step's
+    recording = {"recordFd": record_fd, "recordRaw": bool(options.get("recordRaw"))}
     loop = Loop()
     session = Session(loop)
     session.listen()
@@ -968,6 +977,7 @@ def supervise(options: dict[str, Any], first: dict[str, Any], lock: WrapperLock 
             steps.submit("stopped", {"agent": first["agent"], "incarnation": it["incarnation"]})
 
     while True:
+        it = it | recording
         status = it["status"] if it["plan"] is None else run_incarnation(loop, session, steps, it, stop)
         if session.stopped or not _relaunch_wanted(options, status, restarts):
             break
@@ -996,7 +1006,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     with os.fdopen(int(args[1]), "rb") as spec_file:
         spec = marshal.loads(spec_file.read())
-    return supervise(spec["options"], spec["incarnation"], WrapperLock(spec["lockFd"], spec["lockHeld"]))
+    lock = WrapperLock(spec["lockFd"], spec["lockHeld"])
+    return supervise(spec["options"], spec["incarnation"], lock, spec.get("recordFd"))
 
 
 if __name__ == "__main__":  # by hand, for a look; the wrapper runs `wrapper.launch.launcher.RESIDENT_COMMAND`

@@ -347,7 +347,7 @@ def subagent_cells(sub: SubagentReading) -> list[tuple[str, Tint]]:
     return [
         ("", None),
         (f"  {subagent_label(sub)}", None),
-        (sub.model or "", None),
+        (printable(sub.model or ""), None),
         (sub.state, None),
         (ctx_words(sub.used_percent, sub.compactions, False), None),
         (meter_text(sub), fill_tint(sub)),

@@ -58,6 +58,7 @@ __all__ = [
     "MAX_STATE_BYTES",
     "STATE_SCHEMA",
     "WATCH_DIR_NAME",
+    "Around",
     "Companion",
     "Deliver",
     "Event",
@@ -803,7 +804,16 @@ def parse_percents(text: str) -> tuple[float, ...]:
     return tuple(sorted(int(value) if value.is_integer() else value for value in values))
 
 
-def run_watch(args: argparse.Namespace, companions: Callable[[StateFile], Sequence[Companion]] = lambda _: ()) -> int:
+# What runs the watch when something stands around its delivery (`wrapper.readers.notify`): given
+# how to follow the catalog with a delivery, and --exec's (None without --exec), the whole run.
+Around = Callable[[Callable[[Deliver], Awaitable[None]], "Deliver | None"], Callable[[], Awaitable[None]]]
+
+
+def run_watch(
+    args: argparse.Namespace,
+    companions: Callable[[StateFile], Sequence[Companion]] = lambda _: (),
+    around: Around | None = None,
+) -> int:
     import trio
 
     try:
@@ -812,12 +822,17 @@ def run_watch(args: argparse.Namespace, companions: Callable[[StateFile], Sequen
     except CatalogError as exc:
         log(f"cannot read the catalog: {exc}")
         return 2
-    deliver = print_event if args.exec is None else exec_command(args.exec, args.exec_timeout)
     settings = Settings(args.at, args.headroom)
     beside = companions(state_file)
+
+    def following(deliver: Deliver) -> Awaitable[None]:
+        return follow(catalog, here=args.host, settings=settings, deliver=deliver, state_file=state_file,
+                      reread_s=args.reread, companions=beside)  # fmt: skip
+
+    command = None if args.exec is None else exec_command(args.exec, args.exec_timeout)
+    main = (lambda: following(command or print_event)) if around is None else around(following, command)
     try:
-        trio.run(lambda: follow(catalog, here=args.host, settings=settings, deliver=deliver,
-                                state_file=state_file, reread_s=args.reread, companions=beside))  # fmt: skip
+        trio.run(main)
     except CatalogError as exc:
         log(str(exc))
         return 2

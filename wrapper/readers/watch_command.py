@@ -1,6 +1,7 @@
 """`hctx watch`'s command line: every option in one place, the fill events (wrapper.readers.watch)
 and, beside them, the account rate-limit events (wrapper.readers.account_watch) and the forecast's
-(wrapper.readers.forecast_watch) as its companions."""
+(wrapper.readers.forecast_watch) as its companions, and with --notify each event also notified
+(wrapper.readers.notify)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import argparse
 import math
 
 from wrapper.arguments import add_catalog_options, positive_seconds, whole_number, with_host
+from wrapper.readers import notify
 from wrapper.readers.account_watch import AccountWatch
 from wrapper.readers.accounts import DEFAULT_RATE_LIMIT_AT
 from wrapper.readers.forecast_watch import DEFAULT_FORECAST_MARGIN_S, ForecastWatch
@@ -17,9 +19,18 @@ __all__ = ["register"]
 
 
 def _run(args: argparse.Namespace) -> int:
+    around = None
+    if notify.wanted(args):
+        targets = notify.targets_of(args)  # apprise loads here, with --notify only
+        if targets is None:
+            return 2
+        if args.notify_test:
+            return notify.notify_test(targets, args.notify_timeout, args.board_url, args.host)
+        if targets:  # the events go to the targets, and to --exec's command if there is one
+            around = notify.with_notifications(args, targets)
     return run_watch(args, lambda state_file: [
         AccountWatch(state_file, args.rate_limit_at), ForecastWatch(state_file, args.forecast_margin),
-    ])  # fmt: skip
+    ], around)  # fmt: skip
 
 
 def _minutes(text: str) -> float:
@@ -52,7 +63,8 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "--exec", metavar="CMD",
         help="a shell command run for each event, the event as JSON on its stdin; one agent's events run "
         "in order, one at a time, each in a process group of its own; whatever it leaves running "
-        "(backgrounded or setsid children) is ended when it returns (default: print each event as a JSON line)",
+        "(backgrounded or setsid children) is ended when it returns (default: print each event as a JSON "
+        "line, unless --notify sends them)",
     )  # fmt: skip
     watch.add_argument(
         "--at", type=parse_percents, default=DEFAULT_AT, metavar="PERCENTS",
@@ -92,4 +104,5 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "the last hour (the history every hctx reader keeps), the window reaches 100%% more than MINUTES "
         "before the reset the harness stated; re-armed when it no longer does or the window resets (default: 15)",
     )  # fmt: skip
+    notify.add_notify_options(watch)
     watch.set_defaults(run=with_host(_run))
