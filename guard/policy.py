@@ -35,7 +35,7 @@ __all__ = [
     "windows_at_limit",
 ]
 
-WriteReason = Literal["compaction", "bucket", "exhaustion", "rate-limits", "heartbeat"]
+WriteReason = Literal["compaction", "bucket", "exhaustion", "rate-limits", "prompt-cache", "heartbeat"]
 
 # How long a change of the subagent rows alone waits for the changes that come with it.
 SUBAGENT_QUANTUM_MS = 2_000
@@ -103,6 +103,12 @@ def subagent_buckets(fields: ContextFields) -> tuple[tuple[str, str, int | None,
     ))  # fmt: skip
 
 
+def _cache_edge(fields: ContextFields) -> tuple[bool, int | None] | None:
+    """What of a stated prompt cache makes a write: its warmth and when it goes cold."""
+    cache = fields.prompt_cache
+    return None if cache is None else (cache.warm, cache.expires_at_ms)
+
+
 def windows_at_limit(limits: RateLimits | None) -> frozenset[str]:
     """The account windows a snapshot shows at 100% or more: exhausted, for a producer whose
     harness stops there and publishes a window only while its reset is still ahead."""
@@ -149,6 +155,8 @@ class WriteGuard:
             return "exhaustion"
         if reading.rate_limits_edge and fields.rate_limits != last.rate_limits:
             return "rate-limits"  # freshness of the account's limits, never an availability edge
+        if _cache_edge(fields) != _cache_edge(last):
+            return "prompt-cache"  # issue 37: when it goes cold is news minutes before the heartbeat
         fresh = fields.observed_at_ms > last.observed_at_ms
         if fresh and now_ms - last.written_at_ms >= HARNESS_CONTEXT_HEARTBEAT_MS:
             return "heartbeat"

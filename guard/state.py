@@ -13,7 +13,14 @@ from typing import Annotated, Literal
 from pydantic import Field, ValidationError
 
 from guard.atomic import write_agent_file
-from guard.constants import AGENTS_DIR_NAME, STATE_LOCK_NAME, STATE_RECORD_NAME, STATE_SCHEMA, WRAPPER_LOCK_NAME
+from guard.constants import (
+    AGENTS_DIR_NAME,
+    MAX_STATE_BYTES,
+    STATE_LOCK_NAME,
+    STATE_RECORD_NAME,
+    STATE_SCHEMA,
+    WRAPPER_LOCK_NAME,
+)
 from guard.errors import ClaimHeld, JsonRefused, RecordRefused
 from guard.files import read_bounded
 from guard.json_rule import loads_object
@@ -48,7 +55,6 @@ __all__ = [
 DesiredState = Literal["running", "stopped"]
 # Enough recent claims to see a crash loop for what it is, bounded so the file stays small.
 CLAIM_HISTORY_LIMIT = 32
-MAX_STATE_BYTES = 256 * 1024
 # The newest stretches without a sidecar kept per claim (a sidecar that keeps dying is given up on
 # after a few quick deaths; one that dies now and then over days is replaced each time).
 UNOBSERVED_LIMIT = 16

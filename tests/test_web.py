@@ -247,7 +247,8 @@ def test_a_non_loopback_address_is_served_only_with_a_warning(tmp_path: Path) ->
                                stderr=subprocess.PIPE, text=True, env=web_env(), cwd=REPO)  # fmt: skip
     try:
         url = first_line(process).strip()
-        assert url.startswith("http://0.0.0.0:") and url.endswith("/")
+        # Not loopback: the URL carries the access token (issue 38), printed once.
+        assert url.startswith("http://0.0.0.0:") and url.split("?")[0].endswith("/") and "/?token=" in url
     finally:
         process.terminate()
         _, stderr = process.communicate(timeout=15)

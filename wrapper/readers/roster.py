@@ -41,7 +41,7 @@ from guard.procs import pid_alive
 from guard.projection import Context, decode_record, project, reading_of
 from guard.record import HarnessContext
 from guard.state import HarnessState, process_identity
-from sidecar.registry import REGISTERED, verified_versions
+from sidecar.names import REGISTERED
 
 __all__ = [
     "LAUNCH_WINDOW_MS",
@@ -342,6 +342,9 @@ def headroom_short(context: Context) -> bool:
 
 def unverified_builds(harness: str, version: str) -> tuple[str, ...] | None:
     """None when `version` is one of its producer's verified builds; else the builds that are."""
+    # Imported here: a harness's spec (its producer module) loads only when its builds are asked about.
+    from sidecar.registry import verified_versions
+
     verified = verified_versions(harness)
     return None if version in verified else verified
 

@@ -77,6 +77,12 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "where it compacts; default: no headroom events)",
     )  # fmt: skip
     watch.add_argument(
+        "--cache-warn", type=positive_seconds, metavar="SECONDS",
+        help="fire cache-expiring when an agent's warm prompt cache goes cold within SECONDS, naming when "
+        "and the tokens the next turn then writes again (only where the harness states its cache: Claude "
+        "2.1.332; checked at each read, so at least every --reread; default: no such events)",
+    )  # fmt: skip
+    watch.add_argument(
         "--exec-timeout", type=positive_seconds, default=DEFAULT_EXEC_TIMEOUT_S, metavar="S",
         help="kill a command (and its process group) still running after S seconds; logged, and the watch "
         "goes on (default: %(default)g)",
