@@ -93,12 +93,17 @@ class Context(ContextFields):
         return copied
 
     def wire(self) -> dict[str, Any]:
-        """The roster's `context` object: CONTEXT_KEYS in order, then `subagents` where there are any
-        (additive, issue 28), then `promptCache` where the harness states one (additive, issue 37)."""
+        """The roster's `context` object: CONTEXT_KEYS in order, then `rateLimitsAtMs` and `subagents`
+        where there are any (additive, issues 35 and 28), then `promptCache` where the harness states
+        one (additive, issue 37)."""
         held = self._record_wire
         if held is None:
             fields = self.model_dump(mode="json", by_alias=True)
             context = {key: fields[key] for key in CONTEXT_KEYS}
+            if fields["rateLimitsAtMs"]:
+                # Additive (issue 35), where the record carries it: when each window's figure arrived,
+                # which the account fan-in (wrapper.readers.accounts) orders and ages snapshots by.
+                context["rateLimitsAtMs"] = fields["rateLimitsAtMs"]
             if fields["subagents"]:
                 context["subagents"] = fields["subagents"]
             if fields["promptCache"] is not None:

@@ -30,6 +30,7 @@ __all__ = [
     "Printable",
     "PromptCache",
     "RateLimitResets",
+    "RateLimitTimes",
     "RateLimits",
     "Subagent",
     "SubagentState",
@@ -97,6 +98,16 @@ class RateLimits(WireModel):
 
 class RateLimitResets(WireModel):
     """When each `rateLimits` window resets, as the harness stated it, in Unix ms; null unstated."""
+
+    five_hour: Millis | None = None
+    seven_day: Millis | None = None
+
+
+class RateLimitTimes(WireModel):
+    """When each `rateLimits` window's figure arrived from the service, in Unix ms (issue 35): not
+    when the reading holding it was taken. A harness that redraws a figure it heard minutes ago
+    (Claude's status line) restates it with its old time, so an idle agent's repeat never passes
+    for the account's newest snapshot; null where the window is null."""
 
     five_hour: Millis | None = None
     seven_day: Millis | None = None
@@ -201,6 +212,11 @@ class ContextFields(WireModel):
     account: Annotated[Account | None, _tolerant(Account)] = None
     # Additive (issue 29): when each rate-limit window resets, as the harness stated it.
     rate_limit_resets_at_ms: Annotated[RateLimitResets | None, _tolerant(RateLimitResets)] = None
+    # Additive (issue 35): when each window's figure arrived from the service (RateLimitTimes); the
+    # fan-in orders and ages an account's snapshots by it. Left out when null, as `subagents` is
+    # when empty (a harness stating no limits writes the bytes it wrote before); absent, it reads as
+    # the reading's own observedAtMs.
+    rate_limits_at_ms: Annotated[RateLimitTimes | None, _tolerant(RateLimitTimes)] = None
     # Additive (issue 37): the prompt cache as the harness states it; the key is left out where it
     # states none (Claude 2.1.250, every other harness), as `subagents`, so those records keep their bytes.
     prompt_cache: Annotated[PromptCache | None, _tolerant(PromptCache)] = None
@@ -226,10 +242,10 @@ _FIELD_ORDER = (
     "schema", "agent", "harness", "usedTokens", "windowTokens", "usedPercent", "model", "costUsd",
     "sessionTotalTokens", "rateLimits", "compactions", "lastCompactionMs", "lastCompactionTrigger",
     "compactAtTokens", "autoCompaction", "harnessVersion", "sessionId", "subagents", "account",
-    "rateLimitResetsAtMs", "promptCache", "incarnation", "observedAtMs", "writtenAtMs",
+    "rateLimitResetsAtMs", "rateLimitsAtMs", "promptCache", "incarnation", "observedAtMs", "writtenAtMs",
 )  # fmt: skip
-# Additive keys written only when they hold something.
-_LEFT_OUT_EMPTY = ("subagents", "promptCache")
+# Keys left out of the bytes while they hold nothing (additive keys most records never carry).
+_LEFT_OUT_EMPTY = frozenset({"subagents", "rateLimitsAtMs", "promptCache"})
 
 
 def parse_record(data: bytes | str, *, harnesses: Container[str] | None = None) -> HarnessContext:

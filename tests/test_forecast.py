@@ -316,3 +316,16 @@ def test_an_agent_stating_no_account_keeps_no_history(tmp_path: Path) -> None:
                rateLimits={"fiveHour": 50, "sevenDay": 20}, rateLimitResetsAtMs={"fiveHour": NOW + HOUR})  # fmt: skip
     assert _read(tmp_path, NOW + 1000) == {}
     assert list((tmp_path / ".st2" / HISTORY_DIR_NAME).glob("*.json")) == []
+
+
+def test_a_snapshot_is_kept_at_the_time_its_figure_arrived(tmp_path: Path) -> None:
+    """Issue 35's dating: an idle seat redraws an old figure in fresh readings; the history keeps it at
+    its arrival, so the redraw adds no point and does not flatten the pace."""
+    resets = {"fiveHour": NOW + 8 * HOUR, "sevenDay": NOW + 100 * HOUR}
+    for minutes_ago, percent in ((40, 20), (20, 30)):
+        arrived = NOW - minutes_ago * MINUTE
+        put_record(tmp_path, "a", account={"key": K1, "label": "claude · max"}, observedAtMs=NOW - MINUTE,
+                   writtenAtMs=NOW - MINUTE, rateLimits={"fiveHour": percent, "sevenDay": 10},
+                   rateLimitResetsAtMs=resets, rateLimitsAtMs={"fiveHour": arrived, "sevenDay": arrived})  # fmt: skip
+        got = _read(tmp_path, NOW)[f"account:{K1}", "fiveHour"]
+    assert (got.points, got.span_ms) == (2, 20 * MINUTE) and got.percent_per_hour == pytest.approx(30)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from guard.account import Account
 from guard.catalog import (
     AgentFiles,
     CatalogCache,
@@ -118,6 +119,9 @@ class AgentRow:
     claim_problem: str | None = None
     # How far past this host's clock the record's observedAtMs lies, when that made it read as absent.
     ahead_ms: int | None = None
+    # The account a running agent's claim names (issue 35: known from its launch, before any
+    # reading); None otherwise. The record's own comes first.
+    claimed_account: Account | None = None
 
     @property
     def name(self) -> str:
@@ -189,15 +193,18 @@ def agent_view(
         if context is None:
             ahead = record.observed_at_ms - now
             problem = f"context record observed {ahead} ms in the future; clock untrusted, read as absent"
+    state = desired_state(decoded.claim, host, here, alive)
+    claimed = None if decoded.claim is None or state != "running" else decoded.claim.account
     row = AgentRow(
         host=host,
         identity=identity,
         harness=decoded.harness,
-        desired_state=desired_state(decoded.claim, host, here, alive),
+        desired_state=state,
         context=context,
         problem=problem,
         claim_problem=decoded.claim_problem,
         ahead_ms=ahead,
+        claimed_account=claimed,
     )
     return AgentView(decoded.files, record, decoded.claim, row)
 

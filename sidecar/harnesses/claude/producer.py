@@ -27,6 +27,13 @@ Measured on 2.1.250 and 2.1.332 (lab/claude), and followed where the spec said l
   `contextWindowSize` Claude's window function of the row's `model` (absent without one). That window
   rides the row as `windowSource: "harness"`; the model table gives one only to a row Claude states
   none for. The row's `tokenCount` is not occupancy and is not read (measured, `SubagentRows`).
+- A snapshot of the limits is dated when it arrived (issue 35, `rateLimitsAtMs`): Claude states no
+  time for them (2.1.250, 2.1.332: `rate_limits` holds `used_percentage` and `resets_at` only), and
+  with hctx's `refreshInterval` an idle seat redraws the figures its process last heard every 5 s.
+  So a window is dated by the status line where its percent or reset changed, or where a new API
+  response shows (`cost.total_api_duration_ms` grew: every request Claude makes counts it, and each
+  response restates the headers the limits come from); a repeat keeps the time it had. The first
+  status line this producer sees dates what it shows: nothing older is known.
 - `compactAtTokens` (issue 18, 37): neither the status-line payload nor a hook names the auto-compact
   point (2.1.250, 2.1.332). Where the user's settings (or CLAUDE_CODE_AUTO_COMPACT_WINDOW) state
   `autoCompactWindow`, it is Claude's own rule on that and the status line's window
@@ -53,6 +60,7 @@ from guard.record import (
     PromptCache,
     RateLimitResets,
     RateLimits,
+    RateLimitTimes,
     WindowSource,
     describe_validation_error,
 )
@@ -147,6 +155,10 @@ class _PromptCache(TolerantModel):
     misses: _Count | None = None
 
 
+class _ApiDuration(TolerantModel):
+    total_api_duration_ms: _Count
+
+
 class RateWindow(TolerantModel):
     """One account window of `rate_limits`, as Claude gave it."""
 
@@ -196,6 +208,8 @@ class StatusLine:
     seven_day: RateWindow | None
     version: str | None
     prompt_cache: PromptCache | None = None  # 2.1.332 only (issue 37); None where absent or malformed
+    # `cost.total_api_duration_ms`: grows with every API request the session made; None unstated.
+    api_duration_ms: int | None = None
 
 
 class _TaskRow(TolerantModel):
@@ -282,6 +296,7 @@ def _status_line(payload: dict[str, Any]) -> StatusLine:
         ) from None
     model: _Model | None = optional_model(_Model, payload.get("model"))
     cost: _Cost | None = optional_model(_Cost, payload.get("cost"))
+    api: _ApiDuration | None = optional_model(_ApiDuration, payload.get("cost"))
     limits = payload.get("rate_limits")
     limits = limits if isinstance(limits, dict) else {}
     return StatusLine(
@@ -295,6 +310,7 @@ def _status_line(payload: dict[str, Any]) -> StatusLine:
         seven_day=optional_model(RateWindow, limits.get("seven_day")),
         version=harness_version(payload.get("version")),
         prompt_cache=_prompt_cache(payload.get("prompt_cache")),
+        api_duration_ms=api.total_api_duration_ms if api else None,
     )
 
 
@@ -358,6 +374,7 @@ class ClaudeProducer:
         self._auto_compact: ClaudeCompaction | None = None  # what the launch read of the settings
         # The window Claude states for each subagent (its `subagentStatusLine` rows), bounded.
         self._stated: OrderedDict[str, int] = OrderedDict()
+        self._limits = _LimitTimes()
 
     def wants(self) -> frozenset[SubagentTranscript]:
         """The transcripts of the subagents the record carries: the transport follows a running
@@ -465,8 +482,9 @@ class ClaudeProducer:
                 model=line.model,
                 cost_usd=line.cost_usd,
                 session_total_tokens=None,
-                rate_limits=_rate_limits(line, now_ms),
-                rate_limit_resets_at_ms=_rate_limit_resets(line, now_ms),
+                rate_limits=(limits := _rate_limits(line, now_ms)),
+                rate_limit_resets_at_ms=(resets := _rate_limit_resets(line, now_ms)),
+                rate_limits_at_ms=self._limits.dated(limits, resets, line.api_duration_ms, now_ms),
                 harness_version=line.version,
                 compact_at_tokens=compact_point,
                 prompt_cache=line.prompt_cache,
@@ -475,7 +493,8 @@ class ClaudeProducer:
             )
         except ValidationError as exc:
             raise FrameRejected(f"status line out of range: {describe_validation_error(exc)}") from None
-        return self.held.measured(fields)
+        # Its limits are Claude's newest: a change of them is an edge (guard.policy), as a bucket is.
+        return self.held.measured(fields, rate_limits_edge=fields.rate_limits is not None)
 
     def _hook(self, hook: Hook, now_ms: int) -> list[Reading]:
         event = hook.hook_event_name
@@ -522,6 +541,37 @@ def _auto_compaction(settings: ClaudeCompaction | None, point: int | None) -> bo
     if settings is not None and not settings.enabled:
         return False
     return True if point is not None else None
+
+
+class _LimitTimes:
+    """When each window's figure arrived: the status line where its percent or reset changed, or
+    where `cost.total_api_duration_ms` grew (a response restated it); a redraw keeps the old time."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, tuple[float, int | None, int]] = {}  # window -> (percent, reset, at)
+        self._api_ms: int | None = None
+
+    def dated(
+        self, limits: RateLimits | None, resets: RateLimitResets | None, api_ms: int | None, now_ms: int
+    ) -> RateLimitTimes | None:
+        responded = api_ms is not None and (self._api_ms is None or api_ms > self._api_ms)
+        if api_ms is not None:
+            self._api_ms = api_ms
+        times: dict[str, int | None] = {}
+        for window in ("five_hour", "seven_day"):
+            used = None if limits is None else getattr(limits, window)
+            reset = None if resets is None else getattr(resets, window)
+            if used is None:
+                self._held.pop(window, None)
+                times[window] = None
+                continue
+            held = self._held.get(window)
+            at = held[2] if held is not None and held[:2] == (used, reset) and not responded else now_ms
+            self._held[window] = (used, reset, at)
+            times[window] = at
+        if all(at is None for at in times.values()):
+            return None
+        return RateLimitTimes(**times)
 
 
 def _exhausted(fields: ContextFields) -> frozenset[str]:
