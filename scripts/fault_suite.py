@@ -706,6 +706,48 @@ def metrics_bounds(work: Path, scale: Scale) -> Row:
     )  # fmt: skip
 
 
+@fault("metrics-head-bound")
+def metrics_head_bound(work: Path, scale: Scale) -> Row:
+    """Request heads around the documented 16 KiB, each sent whole in one write (so it can arrive in
+    one read): every head within the bound is answered 200, every head past it is refused (431, or
+    the connection closed) and never served."""
+    from wrapper.metrics_server import MAX_HEAD_BYTES
+
+    catalog = work / "catalog"
+    catalog.mkdir()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    argv = [sys.executable, "-m", "wrapper.cli", "metrics", "--catalog", str(catalog), "--host", "alpha",
+            "--listen", f"127.0.0.1:{port}"]  # fmt: skip
+    exporter = subprocess.Popen(argv, env=child_env(), stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    sizes = [MAX_HEAD_BYTES - 512, MAX_HEAD_BYTES, MAX_HEAD_BYTES + 1, MAX_HEAD_BYTES + 512, 20 * 1024,
+             31 * 1024, 48 * 1024, 63 * 1024]  # fmt: skip
+    wrong: list[str] = []
+    try:
+        wait_for(lambda: _connectable(port), timeout=60, what="the exporter listening")
+        for size in sizes:
+            start = b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Pad: "
+            head = start + b"a" * (size - len(start) - 4) + b"\r\n\r\n"
+            assert len(head) == size
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+                sock.sendall(head)
+                answer = b""
+                with contextlib.suppress(OSError):
+                    while chunk := sock.recv(65536):
+                        answer += chunk
+            served = answer.startswith(b"HTTP/1.1 200")
+            if served != (size <= MAX_HEAD_BYTES):
+                wrong.append(f"{size} B {'served' if served else 'refused'}")
+        alive = exporter.poll() is None
+    finally:
+        exporter.terminate()
+        exporter.wait(timeout=20)
+    return Row("metrics-head-bound", len(sizes), len(sizes) - len(wrong) if alive else 0, lost=len(wrong),
+               measured=f"heads of {min(sizes)}..{max(sizes)} B in one write; bound {MAX_HEAD_BYTES} B; "
+               + (", ".join(wrong) or "each answered as the bound says"))  # fmt: skip
+
+
 def _connectable(port: int) -> bool:
     try:
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
