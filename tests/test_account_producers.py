@@ -25,7 +25,7 @@ from wrapper.harnesses import LaunchPlan, account_json
 from wrapper.harnesses.claude import seat_account as claude_seat_account
 from wrapper.harnesses.codex import prepare as codex_prepare
 from wrapper.harnesses.codex import seat_account as codex_seat_account
-from wrapper.resident import sidecar_argv
+from wrapper.resident import AgentRef, Incarnation, sidecar_argv
 
 FIXTURES = REPO / "fixtures" / "accounts"
 
@@ -109,9 +109,7 @@ def test_the_codex_launch_reads_the_seats_auth_json(tmp_path: Path) -> None:
     assert prepared.account == account
     stated = account_json(prepared)
     assert stated is not None and "alice" not in stated  # the email never leaves auth.json
-    begun = {"agent": {"catalog": str(tmp_path), "host": "h", "identity": "a"}, "harness": "codex",
-             "incarnation": "i", "channel": str(tmp_path / "s"), "transport": None, "account": stated,
-             "record": None}  # fmt: skip
+    begun = Incarnation(AgentRef(str(tmp_path), "h", "a"), "codex", "i", channel=str(tmp_path / "s"), account=stated)
     argv = sidecar_argv(begun, 3, 4)
     assert argv[argv.index("--account") + 1] == stated  # every sidecar of the seat is started with it
     # Sessionless launches carry nothing, an API-key login no account.

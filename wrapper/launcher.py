@@ -27,7 +27,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import wrapper.resident
 from guard.constants import CHANNEL_MAX_SOCKET_PATH as MAX_SOCKET_PATH
@@ -44,7 +44,18 @@ from guard.state import (
     wrapper_lock_evidence,
 )
 from wrapper.harnesses import LaunchPlan, account_json, has_teardown, prepare, teardown, transport_json
-from wrapper.resident import HARNESS_KILL_DEADLINE_S, SIDECAR_EXIT_TIMEOUT_S, STOP_SIGNALS, exit_status, say
+from wrapper.resident import (
+    HARNESS_KILL_DEADLINE_S,
+    SIDECAR_EXIT_TIMEOUT_S,
+    STOP_SIGNALS,
+    AgentRef,
+    Incarnation,
+    Options,
+    Plan,
+    Spec,
+    exit_status,
+    say,
+)
 
 __all__ = [
     "CLAIM_REFUSED_STATUS",
@@ -89,35 +100,33 @@ class WrapOptions:
     takeover: bool = False
     record: Path | None = None  # `--record`: a file `create_recording` made; every sidecar appends to it
 
-    def as_payload(self) -> dict[str, Any]:
+    def for_resident(self) -> Options:
         """As the resident carries them, and hands them back to a `begin` step."""
-        agent = self.agent
-        return {
-            "agent": {"catalog": os.fspath(agent.catalog), "host": agent.host, "identity": agent.identity},
-            "harness": self.harness,
-            "argv": list(self.argv),
-            "restart": self.restart,
-            "maxRestarts": self.max_restarts,
-            "restartDelayS": self.restart_delay_s,
-            "restartDelayMaxS": self.restart_delay_max_s,
-            "takeover": self.takeover,
-            "record": None if self.record is None else os.fspath(self.record),
-        }
+        return Options(_agent_ref(self.agent), self.harness, self.argv, self.restart, self.max_restarts,
+                       self.restart_delay_s, self.restart_delay_max_s, self.takeover,
+                       None if self.record is None else os.fspath(self.record))  # fmt: skip
 
     @classmethod
-    def from_payload(cls, data: dict[str, Any]) -> WrapOptions:
-        agent = data["agent"]
+    def from_resident(cls, options: Options) -> WrapOptions:
         return cls(
-            agent=AgentDir(Path(agent["catalog"]), agent["host"], agent["identity"]),
-            harness=data["harness"],
-            argv=tuple(data["argv"]),
-            restart=data["restart"],
-            max_restarts=data["maxRestarts"],
-            restart_delay_s=data["restartDelayS"],
-            restart_delay_max_s=data["restartDelayMaxS"],
-            takeover=data["takeover"],
-            record=None if data["record"] is None else Path(data["record"]),
+            agent=_agent_dir(options.agent),
+            harness=options.harness,
+            argv=options.argv,
+            restart=cast(RestartPolicy, options.restart),
+            max_restarts=options.max_restarts,
+            restart_delay_s=options.restart_delay_s,
+            restart_delay_max_s=options.restart_delay_max_s,
+            takeover=options.takeover,
+            record=None if options.record is None else Path(options.record),
         )
+
+
+def _agent_ref(agent: AgentDir) -> AgentRef:
+    return AgentRef(os.fspath(agent.catalog), agent.host, agent.identity)
+
+
+def _agent_dir(agent: AgentRef) -> AgentDir:
+    return AgentDir(Path(agent.catalog), agent.host, agent.identity)
 
 
 def unrunnable(argv: tuple[str, ...], path: str | None) -> tuple[int, str] | None:
@@ -167,7 +176,7 @@ def run_wrap(options: WrapOptions) -> int:
         return CLAIM_REFUSED_STATUS
     first = begin_incarnation(options, incarnation, os.getpid())  # the resident keeps this pid
     lock_fd, lock_held = lock.across_exec()
-    _exec_resident({"options": options.as_payload(), "incarnation": first, "lockFd": lock_fd, "lockHeld": lock_held})
+    _exec_resident(Spec(options.for_resident(), first, lock_fd, lock_held))
     raise AssertionError("unreachable: exec returned")  # pragma: no cover
 
 
@@ -176,12 +185,12 @@ def run_wrap(options: WrapOptions) -> int:
 RESIDENT_COMMAND = "import sys; sys.path[0] = sys.argv.pop(1); from wrapper.resident import main; sys.exit(main())"
 
 
-def _exec_resident(spec: dict[str, Any]) -> None:
+def _exec_resident(spec: Spec) -> None:
     """Become the resident: `python -I -S` (the standard library only, not even site), its spec in an
     inherited memfd, so `ps` shows a short command. The agent's wrapper lock goes along (the same
     open file, so the same flock, under the same pid): the resident holds it for its whole life."""
     spec_fd = os.memfd_create("hctx-wrap", 0)  # no MFD_CLOEXEC: the resident reads it
-    os.write(spec_fd, marshal.dumps(spec))
+    os.write(spec_fd, spec.dumps())
     os.lseek(spec_fd, 0, os.SEEK_SET)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -285,18 +294,11 @@ def _channel_path() -> tuple[Path, Path]:
     raise ChannelPathError("no directory short enough for a unix socket path")
 
 
-def begin_incarnation(options: WrapOptions, incarnation: str, wrapper_pid: int) -> dict[str, Any]:
+def begin_incarnation(options: WrapOptions, incarnation: str, wrapper_pid: int) -> Incarnation:
     """The claimed incarnation as the resident `wrapper_pid` runs it: the prepared launch (or, when it
     cannot be prepared, the status 2 it ends with), the sidecar's transport config and the channel's
     path."""
-    agent = options.agent
-    begun: dict[str, Any] = {
-        "agent": {"catalog": os.fspath(agent.catalog), "host": agent.host, "identity": agent.identity},
-        "harness": options.harness,
-        "incarnation": incarnation,
-        "plan": None,
-        "status": 2,
-    }
+    begun = Incarnation(_agent_ref(options.agent), options.harness, incarnation, plan=None, status=2)
     try:
         plan = prepare(LaunchPlan(harness=options.harness, argv=options.argv, cwd=Path.cwd(), owner_pid=wrapper_pid))
     except (OSError, ValueError) as exc:
@@ -307,22 +309,17 @@ def begin_incarnation(options: WrapOptions, incarnation: str, wrapper_pid: int) 
     except OSError:
         teardown(plan)
         raise
-    return begun | {
-        "plan": {
-            "argv": list(plan.argv),
-            "cwd": os.fspath(plan.cwd),
-            "env": plan.env,
-            "tap": tap_frame_path(options.harness) if plan.tap_stdout else None,
-            "teardown": has_teardown(plan),
-            "owner": plan.owner_pid,
-        },
-        "status": None,
-        "transport": transport_json(plan),
-        "account": account_json(plan),
-        "record": None if options.record is None else os.fspath(options.record),
-        "channelDir": os.fspath(directory),
-        "channel": os.fspath(channel),
-    }
+    return Incarnation(
+        begun.agent, options.harness, incarnation,
+        plan=Plan(plan.argv, os.fspath(plan.cwd), dict(plan.env),
+                  tap_frame_path(options.harness) if plan.tap_stdout else None, has_teardown(plan), plan.owner_pid),
+        status=None,
+        transport=transport_json(plan),
+        account=account_json(plan),
+        record=None if options.record is None else os.fspath(options.record),
+        channel_dir=os.fspath(directory),
+        channel=os.fspath(channel),
+    )  # fmt: skip
 
 
 def tap_frame_path(harness: Harness) -> str:
@@ -365,8 +362,7 @@ def free_seat(catalog: Path, host: str, cwd: Path) -> str:
 
 
 def _agent(payload: dict[str, Any]) -> AgentDir:
-    agent = payload["agent"]
-    return AgentDir(Path(agent["catalog"]), agent["host"], agent["identity"])
+    return _agent_dir(AgentRef.from_wire(payload["agent"]))
 
 
 class _ResidentLock(AgentLock):
@@ -387,7 +383,7 @@ class _ResidentLock(AgentLock):
 def _begin_step(payload: dict[str, Any]) -> int:
     """A relaunch: claim for the resident (this step's parent), under the wrapper lock it holds, and
     prepare; the incarnation on stdout. Refused once another wrapper took the claim over."""
-    options = WrapOptions.from_payload(payload["options"])
+    options = WrapOptions.from_resident(Options.from_wire(payload["options"]))
     resident = os.getppid()
     try:
         incarnation = claim(options, _ResidentLock(options.agent, resident), relaunch_of=payload["relaunchOf"],
@@ -403,15 +399,15 @@ def _begin_step(payload: dict[str, Any]) -> int:
     except OSError as exc:
         say(f"cannot relaunch {_name(options.agent)} ({exc}); not relaunching")
         return 1
-    sys.stdout.buffer.write(marshal.dumps(begun))
+    sys.stdout.buffer.write(marshal.dumps(begun.to_wire()))
     return 0
 
 
 def _teardown_step(payload: dict[str, Any]) -> int:
     """What `prepare` left in the working directory, undone (the module reports its own failures)."""
-    plan = payload["plan"]
-    teardown(LaunchPlan(harness=payload["harness"], argv=tuple(plan["argv"]), cwd=Path(plan["cwd"]),
-                        env=plan["env"], tap_stdout=plan["tap"] is not None, owner_pid=plan["owner"]))  # fmt: skip
+    plan = Plan.from_wire(payload["plan"])
+    teardown(LaunchPlan(harness=payload["harness"], argv=plan.argv, cwd=Path(plan.cwd), env=plan.env,
+                        tap_stdout=plan.tap is not None, owner_pid=plan.owner))  # fmt: skip
     return 0
 
 

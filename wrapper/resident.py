@@ -60,9 +60,15 @@ __all__ = [
     "TAP_QUEUE_BYTES",
     "TAP_RECONNECT_S",
     "WRITE",
+    "AgentRef",
+    "Incarnation",
     "Loop",
+    "Options",
+    "Plan",
     "Session",
     "Sidecars",
+    "Spec",
+    "SpecError",
     "Steps",
     "Tap",
     "TapQueue",
@@ -104,6 +110,252 @@ STEP_TIMEOUT_S = 60.0
 STEP_NICENESS = 10
 STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# --- the launcher -> resident spec --------------------------------------------------------------
+# Typed here, beside its one reader: plain classes (dataclasses would bring inspect and re into this
+# process, a megabyte), carried in `marshal` as dicts of plain values and checked field by field on
+# read, so a spec from another hctx version is a clear refusal, never a KeyError mid-session.
+
+
+class SpecError(ValueError):
+    """A spec (or a step's answer) that is not one this resident can run; the message says which field."""
+
+
+def _field(data: object, key: str, kinds: type | tuple[type, ...], where: str) -> Any:
+    if not isinstance(data, dict) or key not in data:
+        raise SpecError(f"{where}: no {key!r}")
+    value = data[key]
+    allowed = kinds if isinstance(kinds, tuple) else (kinds,)
+    if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):  # a bool is an int
+        raise SpecError(f"{where}: {key!r} is {type(value).__name__}")
+    return value
+
+
+def _strings(value: object, where: str) -> tuple[str, ...]:
+    if not isinstance(value, (list, tuple)) or not all(isinstance(item, str) for item in value):
+        raise SpecError(f"{where}: not a list of strings")
+    return tuple(value)
+
+
+class AgentRef:
+    """The agent an incarnation runs as (`guard.catalog.AgentDir`'s three names)."""
+
+    __slots__ = ("catalog", "host", "identity")
+
+    def __init__(self, catalog: str, host: str, identity: str) -> None:
+        self.catalog, self.host, self.identity = catalog, host, identity
+
+    def to_wire(self) -> dict[str, object]:
+        return {"catalog": self.catalog, "host": self.host, "identity": self.identity}
+
+    @classmethod
+    def from_wire(cls, data: object) -> AgentRef:
+        return cls(*(_field(data, key, str, "agent") for key in ("catalog", "host", "identity")))
+
+
+class Options:
+    """`hctx wrap`'s options the resident keeps for its relaunches (`wrapper.launcher.WrapOptions`)."""
+
+    __slots__ = (
+        "agent",
+        "argv",
+        "harness",
+        "max_restarts",
+        "record",
+        "restart",
+        "restart_delay_max_s",
+        "restart_delay_s",
+        "takeover",
+    )
+
+    def __init__(
+        self,
+        agent: AgentRef,
+        harness: str,
+        argv: tuple[str, ...],
+        restart: str,
+        max_restarts: int | None,
+        restart_delay_s: float,
+        restart_delay_max_s: float,
+        takeover: bool,
+        record: str | None,
+    ) -> None:
+        self.agent, self.harness, self.argv, self.restart = agent, harness, argv, restart
+        self.max_restarts, self.restart_delay_s, self.restart_delay_max_s = (
+            max_restarts,
+            restart_delay_s,
+            restart_delay_max_s,
+        )
+        self.takeover, self.record = takeover, record
+
+    def to_wire(self) -> dict[str, object]:
+        return {
+            "agent": self.agent.to_wire(),
+            "harness": self.harness,
+            "argv": list(self.argv),
+            "restart": self.restart,
+            "maxRestarts": self.max_restarts,
+            "restartDelayS": self.restart_delay_s,
+            "restartDelayMaxS": self.restart_delay_max_s,
+            "takeover": self.takeover,
+            "record": self.record,
+        }
+
+    @classmethod
+    def from_wire(cls, data: object) -> Options:
+        where = "options"
+        restart = _field(data, "restart", str, where)
+        if restart not in ("no", "on-failure", "always"):
+            raise SpecError(f"{where}: restart {restart!r}")
+        return cls(
+            AgentRef.from_wire(_field(data, "agent", dict, where)),
+            _field(data, "harness", str, where),
+            _strings(_field(data, "argv", (list, tuple), where), where + ".argv"),
+            restart,
+            _field(data, "maxRestarts", (int, type(None)), where),
+            float(_field(data, "restartDelayS", (int, float), where)),
+            float(_field(data, "restartDelayMaxS", (int, float), where)),
+            _field(data, "takeover", bool, where),
+            _field(data, "record", (str, type(None)), where),
+        )
+
+
+class Plan:
+    """A prepared launch (`sidecar.launch.LaunchPlan`, as far as the resident runs it)."""
+
+    __slots__ = ("argv", "cwd", "env", "owner", "tap", "teardown")
+
+    def __init__(
+        self, argv: tuple[str, ...], cwd: str, env: dict[str, str], tap: str | None, teardown: bool, owner: int
+    ) -> None:
+        self.argv, self.cwd, self.env, self.tap, self.teardown, self.owner = argv, cwd, env, tap, teardown, owner
+
+    def to_wire(self) -> dict[str, object]:
+        return {
+            "argv": list(self.argv),
+            "cwd": self.cwd,
+            "env": dict(self.env),
+            "tap": self.tap,
+            "teardown": self.teardown,
+            "owner": self.owner,
+        }
+
+    @classmethod
+    def from_wire(cls, data: object) -> Plan:
+        where = "plan"
+        env = _field(data, "env", dict, where)
+        if not all(isinstance(key, str) and isinstance(value, str) for key, value in env.items()):
+            raise SpecError(f"{where}: env holds a name or value that is not a string")
+        return cls(
+            _strings(_field(data, "argv", (list, tuple), where), where + ".argv"),
+            _field(data, "cwd", str, where),
+            env,
+            _field(data, "tap", (str, type(None)), where),
+            _field(data, "teardown", bool, where),
+            _field(data, "owner", int, where),
+        )
+
+
+class Incarnation:
+    """The claimed incarnation as the resident runs it (`wrapper.launcher.begin_incarnation`): its
+    prepared launch and channel, or, when the launch could not be prepared, the status it ends with."""
+
+    __slots__ = (
+        "account",
+        "agent",
+        "channel",
+        "channel_dir",
+        "harness",
+        "incarnation",
+        "plan",
+        "record",
+        "status",
+        "transport",
+    )
+
+    def __init__(
+        self,
+        agent: AgentRef,
+        harness: str,
+        incarnation: str,
+        plan: Plan | None = None,
+        status: int | None = 2,
+        transport: str | None = None,
+        account: str | None = None,
+        record: str | None = None,
+        channel_dir: str = "",
+        channel: str = "",
+    ) -> None:
+        self.agent, self.harness, self.incarnation, self.plan, self.status = agent, harness, incarnation, plan, status
+        self.transport, self.account, self.record = transport, account, record
+        self.channel_dir, self.channel = channel_dir, channel
+
+    def to_wire(self) -> dict[str, object]:
+        return {
+            "agent": self.agent.to_wire(),
+            "harness": self.harness,
+            "incarnation": self.incarnation,
+            "plan": None if self.plan is None else self.plan.to_wire(),
+            "status": self.status,
+            "transport": self.transport,
+            "account": self.account,
+            "record": self.record,
+            "channelDir": self.channel_dir,
+            "channel": self.channel,
+        }
+
+    @classmethod
+    def from_wire(cls, data: object) -> Incarnation:
+        where = "incarnation"
+        plan = _field(data, "plan", (dict, type(None)), where)
+        status = _field(data, "status", (int, type(None)), where)
+        if (plan is None) == (status is None):
+            raise SpecError(f"{where}: a plan and a status, or neither")
+        return cls(
+            AgentRef.from_wire(_field(data, "agent", dict, where)),
+            _field(data, "harness", str, where),
+            _field(data, "incarnation", str, where),
+            None if plan is None else Plan.from_wire(plan),
+            status,
+            _field(data, "transport", (str, type(None)), where),
+            _field(data, "account", (str, type(None)), where),
+            _field(data, "record", (str, type(None)), where),
+            _field(data, "channelDir", str, where),
+            _field(data, "channel", str, where),
+        )
+
+
+class Spec:
+    """What `hctx wrap` hands the resident across its exec."""
+
+    __slots__ = ("incarnation", "lock_fd", "lock_held", "options")
+
+    def __init__(self, options: Options, incarnation: Incarnation, lock_fd: int, lock_held: bool) -> None:
+        self.options, self.incarnation, self.lock_fd, self.lock_held = options, incarnation, lock_fd, lock_held
+
+    def dumps(self) -> bytes:
+        return marshal.dumps(
+            {
+                "options": self.options.to_wire(),
+                "incarnation": self.incarnation.to_wire(),
+                "lockFd": self.lock_fd,
+                "lockHeld": self.lock_held,
+            }
+        )
+
+    @classmethod
+    def loads(cls, data: bytes) -> Spec:
+        try:
+            wire = marshal.loads(data)
+        except (EOFError, ValueError, TypeError) as exc:
+            raise SpecError(f"not a spec: {exc}") from None
+        return cls(
+            Options.from_wire(_field(wire, "options", dict, "spec")),
+            Incarnation.from_wire(_field(wire, "incarnation", dict, "spec")),
+            _field(wire, "lockFd", int, "spec"),
+            _field(wire, "lockHeld", bool, "spec"),
+        )
 
 
 READ = select.EPOLLIN
@@ -497,17 +749,17 @@ def end_group(loop: Loop, pgid: int, deadline_s: float) -> None:
     gone[0] = True  # no more looks
 
 
-def sidecar_argv(it: dict[str, Any], lifeline_fd: int, ready_fd: int) -> list[str]:
+def sidecar_argv(it: Incarnation, lifeline_fd: int, ready_fd: int) -> list[str]:
     """The command every sidecar of the incarnation `it` (`wrapper.launcher.begin_incarnation`) runs."""
-    agent = it["agent"]
+    agent = it.agent
     return [
-        *(sys.executable, "-m", "sidecar", "--harness", it["harness"]),
-        *("--catalog", agent["catalog"], "--host", agent["host"], "--agent", agent["identity"]),
-        *("--incarnation", it["incarnation"], "--channel", it["channel"]),
+        *(sys.executable, "-m", "sidecar", "--harness", it.harness),
+        *("--catalog", agent.catalog, "--host", agent.host, "--agent", agent.identity),
+        *("--incarnation", it.incarnation, "--channel", it.channel),
         *("--lifeline-fd", str(lifeline_fd), "--ready-fd", str(ready_fd)),
-        *(() if it["transport"] is None else ("--transport", it["transport"])),
-        *(() if it["account"] is None else ("--account", it["account"])),
-        *(() if it["record"] is None else ("--record", it["record"])),
+        *(() if it.transport is None else ("--transport", it.transport)),
+        *(() if it.account is None else ("--account", it.account)),
+        *(() if it.record is None else ("--record", it.record)),
     ]
 
 
@@ -521,7 +773,7 @@ class Sidecars:
     `hctx inspect`); the terminal, which is the harness's, gets one line per incarnation and one
     more on giving up (the `sidecar-died` step writes all three)."""
 
-    def __init__(self, loop: Loop, steps: Steps, incarnation: dict[str, Any]) -> None:
+    def __init__(self, loop: Loop, steps: Steps, incarnation: Incarnation) -> None:
         self.loop = loop
         self.steps = steps
         self.incarnation = incarnation
@@ -632,7 +884,7 @@ class Sidecars:
             self.loop.run_until(lambda: self.pid is None)
 
     def _names(self) -> dict[str, Any]:
-        return {"agent": self.incarnation["agent"], "incarnation": self.incarnation["incarnation"]}
+        return {"agent": self.incarnation.agent.to_wire(), "incarnation": self.incarnation.incarnation}
 
     def _order(self, line: bytes) -> None:
         if self._lifeline is not None:
@@ -859,11 +1111,12 @@ def _remove_channel_dir(directory: str) -> None:
 
 
 def run_incarnation(
-    loop: Loop, session: Session, steps: Steps, it: dict[str, Any], exited: Callable[[int], None] = lambda _: None
+    loop: Loop, session: Session, steps: Steps, it: Incarnation, exited: Callable[[int], None] = lambda _: None
 ) -> int:
     """One harness run beside its sidecar; the harness's exit status. `exited(status)` is told the
     moment the harness is gone, while the sidecar still drains (a step started then runs meanwhile)."""
-    plan = it["plan"]
+    plan = it.plan
+    assert plan is not None  # an incarnation without a plan only has a status (`supervise`)
     group = harness_group()
     sidecars = Sidecars(loop, steps, it)
     tap: Tap | None = None
@@ -875,28 +1128,28 @@ def run_incarnation(
             say(f"cannot start the sidecar ({exc.strerror or exc})")
         if not sidecars.ready and sidecars.running:  # one that died is its step's to report
             say("the sidecar did not come up; the harness runs without context telemetry")
-        env = dict(os.environ) | plan["env"] | {
-            "HCTX_CHANNEL": it["channel"],
-            "HCTX_AGENT": it["agent"]["identity"],
-            "HCTX_INCARNATION": it["incarnation"],
-            "HCTX_CATALOG": it["agent"]["catalog"],
+        env = dict(os.environ) | plan.env | {
+            "HCTX_CHANNEL": it.channel,
+            "HCTX_AGENT": it.agent.identity,
+            "HCTX_INCARNATION": it.incarnation,
+            "HCTX_CATALOG": it.agent.catalog,
         }  # fmt: skip
         stdout_read = stdout_write = None
-        if plan["tap"]:
+        if plan.tap:
             stdout_read, stdout_write = os.pipe2(os.O_CLOEXEC)
         try:
-            pid = spawn(plan["argv"], env, cwd=plan["cwd"], new_group=group == "own", stdout=stdout_write,
+            pid = spawn(plan.argv, env, cwd=plan.cwd, new_group=group == "own", stdout=stdout_write,
                         death_signal=True)  # fmt: skip
         except OSError as exc:
-            say(f"cannot start {plan['argv'][0]!r}: {exc.strerror or exc}")
+            say(f"cannot start {plan.argv[0]!r}: {exc.strerror or exc}")
             if stdout_read is not None:
                 os.close(stdout_read)
             return 127 if exc.errno == errno.ENOENT else 126
         finally:
             if stdout_write is not None:
                 os.close(stdout_write)
-        if stdout_read is not None:
-            tap = Tap(loop, stdout_read, plan["tap"], it["channel"], where=f"{it['harness']} stdout tap")
+        if stdout_read is not None and plan.tap is not None:
+            tap = Tap(loop, stdout_read, plan.tap, it.channel, where=f"{it.harness} stdout tap")
         returncode: list[int] = []
         loop.watch_exit(pid, returncode.append)
         session.started(pid, pid if group == "own" else None)
@@ -916,15 +1169,15 @@ def run_incarnation(
         if tap is not None:
             tap.close()
         sidecars.stopping = True
-        _remove_channel_dir(it["channelDir"])
-        if plan.get("teardown"):
-            steps.submit("teardown", {"plan": plan, "harness": it["harness"]})
+        _remove_channel_dir(it.channel_dir)
+        if plan.teardown:
+            steps.submit("teardown", {"plan": plan.to_wire(), "harness": it.harness})
 
 
-def _relaunch_wanted(options: dict[str, Any], status: int, restarts: int) -> bool:
-    if options["maxRestarts"] is not None and restarts >= options["maxRestarts"]:
+def _relaunch_wanted(options: Options, status: int, restarts: int) -> bool:
+    if options.max_restarts is not None and restarts >= options.max_restarts:
         return False
-    return options["restart"] == "always" or (options["restart"] == "on-failure" and status != 0)
+    return options.restart == "always" or (options.restart == "on-failure" and status != 0)
 
 
 class WrapperLock:
@@ -949,14 +1202,14 @@ class WrapperLock:
         return True
 
 
-def supervise(options: dict[str, Any], first: dict[str, Any], lock: WrapperLock | None = None) -> int:
+def supervise(options: Options, first: Incarnation, lock: WrapperLock | None = None) -> int:
     """The first incarnation (claimed before the exec), then the ones the restart policy wants. A
     relaunch's `begin` step claims under `lock`, which this process holds: the step takes none."""
     loop = Loop()
     session = Session(loop)
     session.listen()
     steps = Steps(loop)
-    it: dict[str, Any] = first
+    it = first
     restarts = 0
     stopped: list[str] = []  # the incarnation whose `stopped` step was started
 
@@ -964,14 +1217,14 @@ def supervise(options: dict[str, Any], first: dict[str, Any], lock: WrapperLock 
         """Once no relaunch will follow, the claim's `stopped` goes at once: beside the sidecar's
         drain rather than after it, so the wrapper's exit does not wait for a step's start."""
         if not stopped and (session.stopped or not _relaunch_wanted(options, status, restarts)):
-            stopped.append(it["incarnation"])
-            steps.submit("stopped", {"agent": first["agent"], "incarnation": it["incarnation"]})
+            stopped.append(it.incarnation)
+            steps.submit("stopped", {"agent": first.agent.to_wire(), "incarnation": it.incarnation})
 
     while True:
-        status = it["status"] if it["plan"] is None else run_incarnation(loop, session, steps, it, stop)
+        status = it.status if it.status is not None else run_incarnation(loop, session, steps, it, stop)
         if session.stopped or not _relaunch_wanted(options, status, restarts):
             break
-        delay = min(options["restartDelayS"] * 2**restarts, options["restartDelayMaxS"])
+        delay = min(options.restart_delay_s * 2**restarts, options.restart_delay_max_s)
         restarts += 1
         say(f"harness exited with {status}; relaunch {restarts} in {delay:.2f}s")
         loop.run_until(lambda: session.stopped, timeout=delay)
@@ -979,12 +1232,17 @@ def supervise(options: dict[str, Any], first: dict[str, Any], lock: WrapperLock 
             break
         if lock is not None:
             lock.take()
-        output, code = steps.run("begin", {"options": options, "restarts": restarts, "relaunchOf": it["incarnation"]})
+        output, code = steps.run("begin", {"options": options.to_wire(), "restarts": restarts,
+                                           "relaunchOf": it.incarnation})  # fmt: skip
         if code != 0:
             break  # the step said why
-        it = marshal.loads(output)
+        try:
+            it = Incarnation.from_wire(marshal.loads(output))
+        except (SpecError, EOFError, ValueError, TypeError) as exc:
+            say(f"the relaunch's claim step answered what this resident cannot run ({exc}); not relaunching")
+            break
     if not stopped:  # a relaunch was wanted, and a signal or a failed claim ended the session instead
-        steps.submit("stopped", {"agent": first["agent"], "incarnation": it["incarnation"]})
+        steps.submit("stopped", {"agent": first.agent.to_wire(), "incarnation": it.incarnation})
     steps.drain()
     return status
 
@@ -995,8 +1253,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("usage: resident.py --spec-fd FD (started by `hctx wrap`, not by hand)", file=sys.stderr)
         return 2
     with os.fdopen(int(args[1]), "rb") as spec_file:
-        spec = marshal.loads(spec_file.read())
-    return supervise(spec["options"], spec["incarnation"], WrapperLock(spec["lockFd"], spec["lockHeld"]))
+        try:
+            spec = Spec.loads(spec_file.read())
+        except SpecError as exc:
+            print(f"hctx wrap: the resident cannot run this spec: {exc}", file=sys.stderr)
+            return 2
+    return supervise(spec.options, spec.incarnation, WrapperLock(spec.lock_fd, spec.lock_held))
 
 
 if __name__ == "__main__":  # by hand, for a look; the wrapper runs `wrapper.launcher.RESIDENT_COMMAND`
