@@ -62,6 +62,7 @@ __all__ = [
     "WRITE",
     "AgentRef",
     "Incarnation",
+    "Keeper",
     "Loop",
     "Options",
     "Plan",
@@ -727,6 +728,62 @@ class Session:
         self.signal(signal.SIGKILL)
 
 
+class Keeper:
+    """While no sidecar runs beside the harness (its replacement's back-off, a sidecar that never came
+    up, or gave up), the group's duty is a keeper's: a fork of this process (no exec: its pages are
+    this process's until it writes them) in a group of its own, holding the read end of a pipe whose
+    write end only this process has. End of file without `done` means this process was SIGKILLed with
+    no sidecar to see to the harness: the keeper ends the harness's group (SIGTERM and SIGCONT,
+    SIGKILL after the deadline) and exits. Dismissed with `done` once a sidecar is ready again, so an
+    agent stays at two processes: this one and a sidecar, or this one and a keeper."""
+
+    def __init__(self, loop: Loop, pgid: int, deadline_s: float) -> None:
+        self.loop = loop
+        read_end, write_end = os.pipe2(os.O_CLOEXEC)
+        self._write_end: int | None = write_end
+        self.pid = os.fork()
+        if self.pid == 0:  # the keeper: nothing here may return
+            try:
+                _keep(read_end, pgid, deadline_s)
+            except BaseException:  # no terminal line from a process nobody asked for
+                pass
+            finally:
+                os._exit(0)
+        os.close(read_end)
+        loop.watch_exit(self.pid, lambda _: None)  # reaped here whenever it ends
+
+    def dismiss(self) -> None:
+        if self._write_end is not None:
+            with suppress(OSError):
+                os.write(self._write_end, b"done\n")
+            os.close(self._write_end)
+            self._write_end = None
+
+
+def _keep(read_end: int, pgid: int, deadline_s: float) -> None:
+    """The keeper's life (see Keeper): nothing of the loop, every other descriptor closed."""
+    signal.set_wakeup_fd(-1)
+    for signum in (*STOP_SIGNALS, signal.SIGPIPE):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, ())
+    os.setpgid(0, 0)  # the terminal's Ctrl-C and Ctrl-Z are the harness's
+    os.closerange(3, read_end)
+    os.closerange(read_end + 1, 1 << 20)  # the wrapper lock's descriptor among them: never held here
+    said = b""
+    while chunk := os.read(read_end, 64):
+        said += chunk
+    if said.endswith(b"done\n"):
+        return
+    from guard.groups import group_alive, signal_group, start_ending
+
+    if not start_ending(pgid):
+        return
+    deadline = time.monotonic() + deadline_s
+    while group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(GROUP_POLL_S)
+    signal_group(pgid, signal.SIGKILL)
+
+
 def end_group(loop: Loop, pgid: int, deadline_s: float) -> None:
     """SIGTERM the group (and SIGCONT), SIGKILL what is left after `deadline_s`; returns once it is gone."""
     from guard.groups import group_alive, signal_group, start_ending
@@ -786,6 +843,8 @@ class Sidecars:
         self._quick_deaths = 0
         self._told_terminal = False
         self._replacing = False
+        self._pgid: int | None = None
+        self._keeper: Keeper | None = None  # while no sidecar is ready to see to the harness's group
 
     def start(self) -> None:
         """Start a sidecar; `ready` turns True once its channel listens (False: not in time)."""
@@ -819,6 +878,8 @@ class Sidecars:
             os.close(ready_read)
             if self.ready is None:
                 self.ready = ready
+                if ready:
+                    self._dismiss_keeper()
                 if ready and self._replacing:
                     self._replacing = False
                     self.steps.submit("sidecar-back", {**self._names(), "untilMs": time.time_ns() // 1_000_000})
@@ -839,7 +900,10 @@ class Sidecars:
     def watch_group(self, pgid: int) -> None:
         """The harness's group, which each sidecar ends should the lifeline close without `done`."""
         self.group = b"group %d %g\n" % (pgid, HARNESS_KILL_DEADLINE_S)
+        self._pgid = pgid
         self._order(self.group)
+        if not self.ready:  # no sidecar up (yet) to see to it
+            self._keep()
 
     def _exited(self, returncode: int) -> None:
         pid, self.pid = self.pid, None
@@ -848,6 +912,7 @@ class Sidecars:
         self._close_lifeline()
         if self.stopping:
             return
+        self._keep()
         if time.monotonic() - self._started_at >= SIDECAR_STABLE_S:
             self._quick_deaths = 0
         delay = sidecar_restart_delay(self._quick_deaths)
@@ -872,6 +937,7 @@ class Sidecars:
         """Close the lifeline (the sidecar drains what it has and exits), saying `done` first when
         the harness's group is seen to here; kill one that lingers."""
         self.stopping = True
+        self._dismiss_keeper()
         if group_done:
             self._order(b"done\n")
         self._close_lifeline()
@@ -890,6 +956,18 @@ class Sidecars:
         if self._lifeline is not None:
             with suppress(OSError):  # a sidecar that is gone cannot be told
                 os.write(self._lifeline, line)
+
+    def _keep(self) -> None:
+        if self._pgid is not None and self._keeper is None:
+            try:
+                self._keeper = Keeper(self.loop, self._pgid, HARNESS_KILL_DEADLINE_S)
+            except OSError as exc:  # no process to spare: the harness keeps its death signal alone
+                say(f"cannot start a keeper for the harness's group ({exc.strerror or exc})")
+
+    def _dismiss_keeper(self) -> None:
+        if self._keeper is not None:
+            self._keeper.dismiss()
+            self._keeper = None
 
     def _close_lifeline(self) -> None:
         if self._lifeline is not None:
