@@ -4,7 +4,7 @@ A record names its account by an opaque `key`, a digest of the ids the harness k
 login on, and a short `label` a person recognises (plan, config directory). Never an email, a
 name or a token: the ids go into the digest and nowhere else. Where nothing states an account the
 record's `account` is null and the agent is its own group; nothing guesses one from a model name
-or a provider. Which ids a harness keys on is its launch plan's (`wrapper.harnesses.<name>`, a sans-I/O parser
+or a provider. Which ids a harness keys on is its launch plan's (`sidecar.harnesses.<name>.account`, a sans-I/O parser
 of the harness's own file, read when the launch is planned); this is what they share.
 """
 

@@ -1648,6 +1648,49 @@ def stignore_control_chars(work: Path, scale: Scale) -> Row:
     )
 
 
+# Issue 40: a recording is data. One of each harness's committed recordings, with a `fact` line
+# inserted after its header that names a class of the harness's own package pydantic builds no
+# schema for (its producer), is replayed by `hctx replay`.
+REPLAY_FACT_RECORDINGS = {
+    "claude": "claude/session-2.1.332.rec",
+    "codex": "codex/codex-0.151.0-stdio-main.rec",
+    "opencode": "opencode/v1.18.33/session.rec",
+    "pi": "pi/pi-1.6.0-w4k.rec",
+}
+
+
+@fault("replay-fact-no-schema")
+def replay_fact_no_schema(work: Path, scale: Scale) -> Row:
+    """Issue 40: `hctx replay` of a recording whose `fact` line names a class pydantic cannot build
+    a schema for must say so for that line (exit 1) and print the very writes the recording makes
+    without it: never a traceback, never a write of its own."""
+    from sidecar.registry import spec_for
+
+    tried = survived = fabricated = 0
+    said = []
+    for harness, name in REPLAY_FACT_RECORDINGS.items():
+        source = REPO / "fixtures" / "recordings" / name
+        producer = type(spec_for(harness).make_producer())
+        fact = {"at_ms": 0, "fact": f"{producer.__module__}:{producer.__qualname__}", "value": {}}
+        header, _, rest = source.read_bytes().partition(b"\n")
+        hostile = work / f"{harness}.rec"
+        hostile.write_bytes(header + b"\n" + json.dumps(fact).encode() + b"\n" + rest)
+        clean = subprocess.run(hctx_argv("replay", str(source)), env=child_env(), capture_output=True, timeout=60)
+        done = subprocess.run(hctx_argv("replay", str(hostile)), env=child_env(), capture_output=True, timeout=60)
+        err = done.stderr.decode(errors="replace")
+        tried += 1
+        survived += done.returncode == 1 and "Traceback" not in err and "line 2: fact" in err
+        fabricated += done.stdout != clean.stdout or not clean.stdout
+        said.append(f"{harness}: exit {done.returncode}")
+    return Row(
+        "replay-fact-no-schema",
+        tried,
+        survived,
+        fabricated=fabricated,
+        measured=f"{'; '.join(said)}; {fabricated} replays whose writes differ from the clean recording's",
+    )
+
+
 # --- the table ----------------------------------------------------------------------------------
 
 COLUMNS = ("FAULT", "TRIED", "SURVIVED", "LOST", "TORN", "FABRICATED", "OUTSIDE", "MEASURED")

@@ -16,15 +16,15 @@ import pytest
 from guard.account import Account, account_key, read_account_file
 from guard.policy import WriteGuard
 from sidecar.app import stated_account
+from sidecar.harnesses.claude.launch import seat_account as claude_seat_account
+from sidecar.harnesses.codex.launch import prepare as codex_prepare
+from sidecar.harnesses.codex.launch import seat_account as codex_seat_account
+from sidecar.launching import LaunchPlan, account_json
 from sidecar.pipeline import Pipeline
 from sidecar.registry import spec_for
 from sidecar.replay import replay_recording
 from tests.conformance import chunks_of, recording_of
 from tests.conftest import REPO
-from wrapper.harnesses import LaunchPlan, account_json
-from wrapper.harnesses.claude import seat_account as claude_seat_account
-from wrapper.harnesses.codex import prepare as codex_prepare
-from wrapper.harnesses.codex import seat_account as codex_seat_account
 from wrapper.resident import AgentRef, Incarnation, sidecar_argv
 
 FIXTURES = REPO / "fixtures" / "accounts"

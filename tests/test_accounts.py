@@ -13,11 +13,11 @@ from readers_catalog import HOST, HOUR, MINUTE, NOW, hctx, put_record
 
 from guard.account import Account, account_key, clean_label
 from guard.record import parse_record
+from sidecar.harnesses.claude.account import claude_account
+from sidecar.harnesses.codex.account import codex_account
 from tests.conftest import REPO
 from tests.prometheus_tools import dead, exposition, parse
 from wrapper.accounts import fan_in, groups_by_agent
-from wrapper.harnesses.claude import claude_account
-from wrapper.harnesses.codex import codex_account
 from wrapper.render import render_accounts, render_agents, render_agents_json
 from wrapper.roster import collect_roster
 

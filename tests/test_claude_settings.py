@@ -11,9 +11,7 @@ from typing import Any
 import pytest
 
 from guard.errors import SettingsError
-from tests.conftest import REPO
-from wrapper.harnesses import LaunchPlan, prepare, teardown
-from wrapper.harnesses.claude import (
+from sidecar.harnesses.claude.launch import (
     HOOK_EVENTS,
     PROJECT_DIR_ENV,
     RENDERER_ENV,
@@ -24,6 +22,9 @@ from wrapper.harnesses.claude import (
     unrender_settings,
     write_settings,
 )
+from sidecar.launching import LaunchPlan
+from sidecar.registry import prepare, teardown
+from tests.conftest import REPO
 
 PAYLOAD = (REPO / "fixtures" / "claude" / "statusline-2.1.250.jsonl").read_bytes().splitlines()[1]
 

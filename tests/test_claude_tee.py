@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from sidecar.harnesses.claude import tee as claude_tee
+from sidecar.harnesses.claude.launch import tee_command
 from tests.conftest import FIXTURE_ROOT, REPO
-from wrapper.harnesses.claude import tee_command
 
 FIXTURES = FIXTURE_ROOT / "claude"
 PAYLOAD = (FIXTURES / "statusline-2.1.250.jsonl").read_bytes().splitlines()[1] + b"\n"

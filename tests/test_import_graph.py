@@ -1,13 +1,16 @@
 """The import graph of guard/, sidecar/ and wrapper/, read with `ast` (nothing is imported): no
 cycle, and one ladder every import points down:
 
-    guard <- the kernel (framing, decoders, the JSON rule, the producer contract and its held state, HarnessSpec)
+    guard <- the kernel (framing, decoders, the JSON rule, the producer contract and its held state, HarnessSpec,
+             the LaunchPlan type)
           <- the harness packages (sidecar/harnesses/<name>/) <- the registry
           <- the sidecar's runtime (streams, writer, channel, logs, replay)
           <- the wrapper and the readers
 
 A module imports only from its own rung and the rungs below it; a harness package imports no other
-harness; the wrapper imports no harness module (it goes through the registry).
+harness; the wrapper imports no harness module (it goes through the registry). A harness's launch
+plan (`sidecar/harnesses/<name>/launch.py`) and the kernel's `sidecar.launching` are the wrapper
+process's: nothing else runs an import of them (`test_only_the_wrapper_side_imports_a_launch_plan`).
 
 Two graphs may hold no cycle: what runs at import time (module and class bodies, also inside
 `if`, `try`, `with`), and what runs at all (also inside functions: a lazy import). What
@@ -34,7 +37,7 @@ HARNESSES = "sidecar.harnesses"
 LADDER: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("guard", ("guard", "guard.*")),
     ("kernel", ("sidecar", "sidecar.framing", "sidecar.decoding", "sidecar.producer", "sidecar.held",
-                "sidecar.spec", "sidecar.transcripts")),
+                "sidecar.spec", "sidecar.transcripts", "sidecar.launching")),
     ("harnesses", (HARNESSES, f"{HARNESSES}.*")),
     ("registry", ("sidecar.registry",)),
     ("runtime", ("sidecar.streams", "sidecar.pipeline", "sidecar.app", "sidecar.channel", "sidecar.logs",
@@ -308,12 +311,51 @@ def test_a_cycle_is_found_and_named() -> None:
     assert cycles({"a": {"b": 1}, "b": {}}) == []
 
 
-def test_the_wrapper_and_guard_name_codex_only_in_its_launch_plan() -> None:
-    """What a harness is lives in its package; the wrapper and guard reach it through the registry."""
+def test_the_wrapper_and_guard_name_codex_nowhere() -> None:
+    """What a harness is lives in its package, its launch plan included; the wrapper and guard reach
+    it through the registry."""
     naming = sorted(
         path.relative_to(REPO).as_posix()
         for package in ("guard", "wrapper")
         for path in (REPO / package).rglob("*")
         if path.is_file() and path.suffix in {".py", ".json"} and "codex" in path.read_text().lower()
     )
-    assert naming == ["wrapper/harnesses/codex.py"]
+    assert naming == []
+
+
+def is_launch_side(module: str) -> bool:
+    """The kernel's `sidecar.launching` and each harness's launch plan: the wrapper process's code."""
+    return module == "sidecar.launching" or (harness_of(module) is not None and module.split(".")[3:4] == ["launch"])
+
+
+def launch_imports(graph: Graph) -> list[str]:
+    """Every run-time import of the launch side by a module that a sidecar may load: anything but
+    the wrapper and the launch side itself."""
+    return [
+        f"{module} imports {target} (line {line}): only the wrapper's side loads a launch plan"
+        for module, edges in sorted(graph.items())
+        if module.split(".")[0] != "wrapper" and not is_launch_side(module)
+        for target, line in sorted(edges.items())
+        if is_launch_side(target)
+    ]
+
+
+def test_only_the_wrapper_side_imports_a_launch_plan() -> None:
+    """A launch plan sits in its harness's package, beside the producer a sidecar loads, and stays
+    out of the sidecar: no producer, transport, registry or runtime module imports one (the registry
+    loads one, by the spec's name, only when the wrapper asks: tests/test_sidecar_imports.py)."""
+    graph = import_graph("run-time")
+    from sidecar.registry import BUILT_IN, spec_for
+
+    plans = {f"{spec_for(name).package}.{spec_for(name).launch}" for name in BUILT_IN}
+    assert {module for module in MODULES if is_launch_side(module)} == {"sidecar.launching", *plans}
+    assert "sidecar.launching" in graph["sidecar.harnesses.claude.launch"]  # the graph sees their imports
+    assert launch_imports(graph) == []
+    # Not vacuous: a producer or the runtime importing one is named.
+    bad = {**graph, "sidecar.harnesses.pi.producer": {"sidecar.harnesses.pi.launch": 9},
+           "sidecar.app": {"sidecar.launching": 4}}  # fmt: skip
+    assert launch_imports(bad) == [
+        "sidecar.app imports sidecar.launching (line 4): only the wrapper's side loads a launch plan",
+        "sidecar.harnesses.pi.producer imports sidecar.harnesses.pi.launch (line 9): only the wrapper's side "
+        "loads a launch plan",
+    ]

@@ -142,7 +142,7 @@ def _recording(tmp_path: Path, harness: str, *entries: dict[str, object]) -> Pat
 def test_a_decoder_that_raises_is_a_counted_drop_in_replay_as_live(tmp_path: Path) -> None:
     base = spec_for("claude")
     spec = HarnessSpec(name="claude", make_producer=base.make_producer, channel_frames=base.channel_frames,
-                       decoders={"boom": _Boom}, verified_versions=(), launch=base.launch)  # fmt: skip
+                       decoders={"boom": _Boom}, verified_versions=(), package=base.package)  # fmt: skip
     data = base64.b64encode(b"boom").decode()
     path = _recording(tmp_path, "claude", {"at_ms": 1001, "wire": "boom", "stream": 1, "b64": data})
     writes, summary = replay_recording(spec, path)

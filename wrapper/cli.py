@@ -88,7 +88,7 @@ def _replay(args: argparse.Namespace) -> int:
 def _wrap(args: argparse.Namespace) -> int:
     from guard.errors import CatalogError, UsageError
     from guard.layout import AgentDir
-    from wrapper.harnesses import infer_harness, programs
+    from sidecar.registry import infer_harness, programs
     from wrapper.launcher import WrapOptions, free_seat, parse_command, run_wrap
 
     try:

@@ -43,7 +43,8 @@ from guard.state import (
     update_claim,
     wrapper_lock_evidence,
 )
-from wrapper.harnesses import LaunchPlan, account_json, has_teardown, prepare, teardown, transport_json
+from sidecar.launching import LaunchPlan, account_json, transport_json
+from sidecar.registry import has_teardown, prepare, teardown
 from wrapper.resident import (
     HARNESS_KILL_DEADLINE_S,
     SIDECAR_EXIT_TIMEOUT_S,

@@ -16,39 +16,29 @@ import sys
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from guard.errors import JsonRefused, ModelTableError, TranscriptError
-from guard.json_rule import loads
-from guard.record import MAX_COUNT, ContextFields, Harness
+from guard.errors import TranscriptError
+from guard.record import ContextFields, Harness
 
 if TYPE_CHECKING:  # the registry loads only when `hctx scan` runs, not for every command
     from sidecar.registry import WindowSource
 
 __all__ = [
     "DEFAULT_SINCE",
-    "MODEL_TABLE_SCHEMA",
-    "USER_MODEL_TABLE",
     "ScanRow",
     "SessionFile",
     "add_scan_command",
     "find_sessions",
-    "model_table",
     "parse_duration",
     "read_session",
     "render_rows",
     "run_scan",
     "scan",
-    "shipped_model_table",
-    "user_model_table_path",
 ]
 
 DEFAULT_SINCE: Final = "24h"
-MODEL_TABLE_SCHEMA: Final = "hctx.model-windows.v1"
-USER_MODEL_TABLE: Final = Path("hctx") / "models.json"
-_USER_TABLE_LIMIT: Final = 1024 * 1024
 _DURATION: Final = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
 _UNIT_S: Final = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
 _SESSION_ID: Final = re.compile(r"([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})\.jsonl$")
@@ -63,69 +53,6 @@ def parse_duration(text: str) -> int:
     if not parts or "".join(value + unit for value, unit in parts) != text:
         raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 30m, 2h or 7d")
     return round(sum(float(value) * _UNIT_S[unit] for value, unit in parts) * 1000)
-
-
-# ---------------------------------------------------------------------------------------------
-# The model → window table
-
-
-def _windows(data: object, where: str) -> dict[str, int | None]:
-    if not isinstance(data, dict) or data.get("schema") != MODEL_TABLE_SCHEMA:
-        raise ModelTableError(f"{where}: not a {MODEL_TABLE_SCHEMA} object")
-    windows = data.get("windows")
-    if not isinstance(windows, dict):
-        raise ModelTableError(f"{where}: 'windows' is not an object")
-    table: dict[str, int | None] = {}
-    for model, window in windows.items():
-        valid = window is None or (isinstance(window, int) and not isinstance(window, bool) and 0 < window <= MAX_COUNT)
-        if not valid:
-            raise ModelTableError(f"{where}: window of {model!r} is not a positive integer up to 2**53, or null")
-        table[model] = window
-    return table
-
-
-def shipped_model_table() -> dict[str, int]:
-    text = resources.files("wrapper").joinpath("model_windows.json").read_text(encoding="utf-8")
-    return {model: window for model, window in _windows(loads(text), "shipped table").items() if window}
-
-
-def user_model_table_path(environ: Mapping[str, str]) -> Path:
-    config = environ.get("XDG_CONFIG_HOME") or str(Path(environ.get("HOME") or Path.home()) / ".config")
-    return Path(config) / USER_MODEL_TABLE
-
-
-def model_table(environ: Mapping[str, str], warnings: list[str]) -> dict[str, int]:
-    """The shipped table, extended and overridden by the user's file (a null there removes an id)."""
-    table = shipped_model_table()
-    path = user_model_table_path(environ)
-    try:
-        # A config file may be a dotfiles symlink; it may not be a FIFO that hangs the scan.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return table
-    except OSError as exc:
-        warnings.append(f"model table {path}: {exc.strerror or exc}; using the shipped table")
-        return table
-    with os.fdopen(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            warnings.append(f"model table {path}: not a regular file; using the shipped table")
-            return table
-        data = handle.read(_USER_TABLE_LIMIT + 1)
-    try:
-        if len(data) > _USER_TABLE_LIMIT:
-            raise ModelTableError(f"{path}: larger than {_USER_TABLE_LIMIT} bytes")
-        try:
-            parsed = loads(data)
-        except JsonRefused as exc:
-            raise ModelTableError(f"{path}: not JSON ({exc})") from None
-        for model, window in _windows(parsed, str(path)).items():
-            if window is None:
-                table.pop(model, None)
-            else:
-                table[model] = window
-    except ModelTableError as exc:
-        warnings.append(f"model table {exc}; using the shipped table")
-    return table
 
 
 # ---------------------------------------------------------------------------------------------
@@ -242,8 +169,11 @@ def read_session(session: SessionFile, table: Mapping[str, int]) -> ScanRow:
 
 
 def scan(environ: Mapping[str, str], since_ms: int, now: int, warnings: list[str]) -> list[ScanRow]:
-    table = model_table(environ, warnings)
-    rows = [read_session(session, table) for session in find_sessions(environ, since_ms, now)]
+    from sidecar.registry import model_table, transcript_readers
+
+    # Each harness's own model -> window table (its spec's; Claude's alone has one), read once.
+    tables = {harness: model_table(harness, environ, warnings) for harness in transcript_readers()}
+    rows = [read_session(session, tables[session.harness]) for session in find_sessions(environ, since_ms, now)]
     rows.sort(key=lambda row: row.modified_ms, reverse=True)
     warnings.extend(f"{row.path}: {row.problem}" for row in rows if row.problem)
     return rows

@@ -55,7 +55,6 @@ __all__ = [
     "DEFAULT_EXEC_TIMEOUT_S",
     "DEFAULT_REREAD_S",
     "MAX_STATE_BYTES",
-    "OVERRUN_HARNESSES",
     "STATE_SCHEMA",
     "WATCH_DIR_NAME",
     "Companion",
@@ -767,14 +766,6 @@ async def follow(
 # The command line
 
 
-# The harnesses whose usedPercent runs past 100 on an overrun: pi and omp publish their own float
-# (585.6 measured against a 4,000-token window), OpenCode's is usedTokens / windowTokens unclamped.
-# Every other built-in harness stops at 100 (Claude clamps its own integer, the app-server's
-# displayed percent is capped), so a threshold above 100 is reachable only by these; there is no
-# ceiling to what they publish.
-OVERRUN_HARNESSES = ("pi", "omp", "opencode")
-
-
 def _thresholds(text: str) -> tuple[float, ...]:
     """`--at`: percents above 0 (at or below 0 every reading would be past it); above 100 is allowed,
     and said once, for the harnesses that publish an overrun."""
@@ -787,8 +778,11 @@ def _thresholds(text: str) -> tuple[float, ...]:
     if bad := sorted(value for value in values if value <= 0):
         raise argparse.ArgumentTypeError(f"{bad[0]:g} is not a percent above 0 (every reading is at or above it)")
     if over := sorted(value for value in values if value > 100):
+        # Which harnesses can run past 100 is each one's spec's (`HarnessSpec.overruns`).
+        from sidecar.registry import overrun_harnesses
+
         log(f"--at {', '.join(f'{value:g}' for value in over)}: above 100% only an overrun reaches, "
-            f"which {', '.join(OVERRUN_HARNESSES)} publish; the others stop at 100")  # fmt: skip
+            f"which {', '.join(overrun_harnesses())} publish; the others stop at 100")  # fmt: skip
     # 80, not 80.0, in the event and in HCTX_THRESHOLD: what the user wrote
     return tuple(sorted(int(value) if value.is_integer() else value for value in values))
 

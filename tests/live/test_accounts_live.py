@@ -28,11 +28,11 @@ from typing import Any
 import pytest
 import trio
 
+from sidecar.harnesses.codex.account import codex_account
 from tests.fakes.chatgpt_backend import FakeChatGPT, chatgpt_config, fake_chatgpt, seat_auth_json
 from tests.fakes.codex_client import RpcError, stdio_client
 from tests.fakes.codex_model import codex_config, codex_env
 from tests.harnesses import HARNESS_VERSIONS, require_harness
-from wrapper.harnesses.codex import codex_account
 
 pytestmark = pytest.mark.live
 

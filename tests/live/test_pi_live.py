@@ -34,13 +34,13 @@ import trio
 
 from guard.projection import headroom_tokens
 from guard.record import HarnessContext, parse_record
+from sidecar.harnesses.pi.launch import channel_extension, prepare
+from sidecar.launching import LaunchPlan
 from tests.fakes.pi_channel import ChannelRecording, recording_channel
 from tests.fakes.pi_model import FakeModel, fake_model
 from tests.harnesses import HARNESS_VERSIONS, harness_env, require_harness
 from tests.wrapping import HOST, agent_dir, assert_replays_as_logged, hctx, log_events, wrap_argv
 from tests.wrapping import env as wrapping_env
-from wrapper.harnesses import LaunchPlan
-from wrapper.harnesses.pi import channel_extension, prepare
 
 pytestmark = pytest.mark.live
 

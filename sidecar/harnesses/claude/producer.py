@@ -416,9 +416,10 @@ SPEC = HarnessSpec(
     channel_frames=channel_frames,
     decoders={SUBAGENT_WIRE: SubagentDecoder},
     verified_versions=VERIFIED_VERSIONS,
-    launch="wrapper.harnesses.claude",
-    transport="sidecar.harnesses.claude.follow",
+    package=__name__.rpartition(".")[0],  # sidecar.harnesses.claude: every module below is its own
+    transport="follow",
     transport_config=ClaudeTransport,
     programs=("claude", "@anthropic-ai/claude-code"),
-    transcripts="sidecar.harnesses.claude.transcript",
+    transcripts="transcript",
+    model_windows="windows",
 )

@@ -17,7 +17,7 @@ echoing machine JSON is worse than a blank one) and says why on stderr, naming e
 `hctx-hook` (PreCompact / PostCompact / SessionStart) forwards the payload and prints nothing.
 
 Claude spawns the tee every few seconds per seat and waits for it, so the rendered settings run it
-under `python -I -S` (wrapper.harnesses.claude) and it imports only C modules the interpreter loads
+under `python -I -S` (sidecar.harnesses.claude.launch) and it imports only C modules the interpreter loads
 in microseconds: no json (it pulls in re), no socket (enum), no subprocess, not even os, nothing
 of hctx but its own frames (`sidecar.harnesses.claude.frames`; scripts/bench_statusline.py
 measures it).

@@ -33,7 +33,7 @@ own `threadId`, in the parent's shape; a reading of a thread not opened as the a
 the agent's (fixtures/codex/*-delegation.jsonl, recorded live).
 
 `compactAtTokens` (issue 18). Source: `model_auto_compact_token_limit` (and `model_context_window`)
-from the config Codex loads, read by the wrapper (`wrapper.harnesses.codex.compaction_settings`) and
+from the config Codex loads, read by the wrapper (`sidecar.harnesses.codex.launch.compaction_settings`) and
 handed over by the transport as a `CompactionConfig` event (`_Transport.compaction`) before any
 harness event. Rule (codex-rs `ModelInfo::auto_compact_token_limit`, public copies of the source,
 not pinned to a tag): the effective limit is
@@ -419,7 +419,7 @@ WsAddress = Annotated[str, Field(pattern=r"^ws://[^/\s]+:[0-9]{1,5}$", max_lengt
 class _Transport(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
 
-    # The compaction settings Codex will load (`wrapper.harnesses.codex.compaction_settings`).
+    # The compaction settings Codex will load (`sidecar.harnesses.codex.launch.compaction_settings`).
     auto_compact_token_limit: PositiveTokens | None = None
     model_context_window: PositiveTokens | None = None
 
@@ -733,10 +733,10 @@ SPEC = HarnessSpec(
         ROLLOUT: _rollout_decoder,
     },
     verified_versions=CODEX_CONTEXT_VERIFIED_VERSIONS,
-    launch="wrapper.harnesses.codex",
-    transport="sidecar.harnesses.codex.transport",
+    package=__name__.rpartition(".")[0],  # sidecar.harnesses.codex: every module below is its own
+    transport="transport",
     transport_config=CodexTransport,
     tap_frame=tap_frame,
-    transcripts="sidecar.harnesses.codex.scan",
+    transcripts="scan",
     programs=("codex", "@openai/codex"),
 )

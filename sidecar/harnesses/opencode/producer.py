@@ -749,8 +749,10 @@ SPEC = HarnessSpec(
         CONFIG_WIRE: lambda: MessageDecoder(parse_config, where=CONFIG_WIRE, max_bytes=MAX_EVENT_BYTES),
     },
     verified_versions=OPENCODE_CONTEXT_VERIFIED_VERSIONS,
-    launch="wrapper.harnesses.opencode",
-    transport="sidecar.harnesses.opencode.transport",
+    package=__name__.rpartition(".")[0],  # sidecar.harnesses.opencode: every module below is its own
+    transport="transport",
     programs=("opencode", "opencode-ai"),
     transport_config=OpenCodeTransport,
+    # usedTokens / windowTokens, unclamped: an overrun publishes past 100.
+    overruns=True,
 )

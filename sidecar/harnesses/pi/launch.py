@@ -3,7 +3,8 @@
 Both harnesses take `--extension PATH` (repeatable; explicit paths load even beside
 `--no-extensions`), so the asset rides on the command line: nothing is written into the user's
 extension directories, settings or sessions, and the user's own extensions load as before.
-The extension finds the sidecar through $HCTX_CHANNEL, which the wrapper sets.
+The extension finds the sidecar through $HCTX_CHANNEL, which the wrapper sets. It ships beside this
+module, in pi's package (`hctx-channel.ts`); both harnesses' specs name this launch plan.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import itertools
 from importlib.resources import files
 from pathlib import Path
 
-from wrapper.harnesses import LaunchPlan
+from sidecar.launching import LaunchPlan
 
 __all__ = [
     "ASSET_NAME",
@@ -30,8 +31,8 @@ END_OF_OPTIONS = "--"
 
 
 def channel_extension() -> Path:
-    """The shipped asset's path on disk (package data of `sidecar`)."""
-    return Path(str(files("sidecar").joinpath("assets", ASSET_NAME)))
+    """The shipped asset's path on disk (package data of pi's harness package, beside this module)."""
+    return Path(str(files(__package__ or __name__).joinpath(ASSET_NAME)))
 
 
 def prepare(plan: LaunchPlan) -> LaunchPlan:

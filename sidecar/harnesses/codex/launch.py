@@ -15,7 +15,8 @@ publishes no record.
 
 Every mode's transport config (the spec's `transport_config`, the model the sidecar validates it
 with) also carries the compaction settings the harness will load
-(`compaction_settings`): `model_auto_compact_token_limit` and `model_context_window` as the last
+(`compaction_settings`, the typed `CompactionConfig`): `model_auto_compact_token_limit` and
+`model_context_window` as the last
 `-c KEY=VALUE` sets them, else the selected profile (`--profile`/`-p`, else the file's `profile`),
 else `$CODEX_HOME/config.toml` (default `~/.codex`). The transport hands them to the producer as a
 typed event.
@@ -25,7 +26,6 @@ limit set only there is not published.
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import os
 import time
@@ -33,18 +33,17 @@ import tomllib
 from pathlib import Path
 from typing import Any, Final
 
-from pydantic import BaseModel
-
-from guard.account import Account, account_key, id_text, json_object, label_of, plan_text, read_account_file, shown_dir
+from guard.account import Account, read_account_file, shown_dir
 from guard.files import read_bounded
-from sidecar.registry import transport_config
-from wrapper.harnesses import LOOPBACK, LaunchPlan, free_loopback_port, program_index
+from sidecar.harnesses.codex.account import codex_account
+from sidecar.harnesses.codex.events import CompactionConfig
+from sidecar.harnesses.codex.producer import ChannelOnly, CodexTransport, Relay, Rollout
+from sidecar.launching import LOOPBACK, LaunchPlan, free_loopback_port, program_index
 
 __all__ = [
     "APP_SERVER",
     "COMPACTION_KEYS",
     "MAX_CONFIG_BYTES",
-    "codex_account",
     "compaction_settings",
     "prepare",
     "seat_account",
@@ -78,49 +77,8 @@ _SESSIONLESS_SUBCOMMANDS: Final = frozenset({
 })  # fmt: skip
 
 
-# The settings the producer needs (issue 18): Codex's config keys, as the transport's fields.
-COMPACTION_KEYS: Final = {"model_auto_compact_token_limit": "auto_compact_token_limit",
-                          "model_context_window": "model_context_window"}  # fmt: skip
-
-
-# The account the seat's own login states (issue 29).
-# The account a Codex seat's own login states (issue 29): `$CODEX_HOME/auth.json` `tokens.account_id`
-# with the id token's `chatgpt_user_id`.
-#
-# `account_id` is a ChatGPT workspace: a Team workspace holds several people, so it is keyed with the
-# user, as Codex itself compares the two. 0.171.0's `account/read` states the same pair
-# (`workspaceRouting.chatgptAccountId`, `userId`); 0.151.0's states no id at all
-# (tests/live/test_accounts_live.py, fixtures/accounts/). An API-key login states no account.
-
-
-def _jwt_claims(token: object) -> dict[str, Any]:
-    """The payload of a JWT, unverified (Codex does not verify it either); {} when it is none."""
-    if not isinstance(token, str) or token.count(".") != 2 or len(token) > 64 * 1024:
-        return {}
-    payload = token.split(".")[1]
-    try:
-        decoded = base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4))
-    except ValueError:
-        return {}
-    return json_object(decoded) or {}
-
-
-def codex_account(auth_json: bytes, where: str | None = None) -> Account | None:
-    """`$CODEX_HOME/auth.json` -> the seat's account, or None (an API key, no ChatGPT user id, or a
-    file that is not Codex's). `where` (the config directory as the user knows it) joins the label."""
-    auth = json_object(auth_json)
-    tokens = None if auth is None else auth.get("tokens")
-    if not isinstance(tokens, dict):
-        return None
-    claims = _jwt_claims(tokens.get("id_token"))
-    profile = claims.get("https://api.openai.com/auth")
-    profile = profile if isinstance(profile, dict) else {}
-    account_id = id_text(tokens.get("account_id")) or id_text(profile.get("chatgpt_account_id"))
-    user_id = id_text(profile.get("chatgpt_user_id")) or id_text(profile.get("user_id"))
-    if account_id is None or user_id is None:
-        return None  # a workspace alone would merge every seat of a Team workspace
-    plan = plan_text(profile.get("chatgpt_plan_type"))
-    return Account(key=account_key("codex", account_id, user_id), label=label_of("chatgpt", plan, where))
+# The settings the producer needs (issue 18): Codex's config keys.
+COMPACTION_KEYS: Final = ("model_auto_compact_token_limit", "model_context_window")
 
 
 def seat_account(plan: LaunchPlan) -> Account | None:
@@ -142,7 +100,8 @@ def _prepare(plan: LaunchPlan) -> LaunchPlan:
     if at is None:
         return _follow_rollout(plan, settings)
     listen = _listen_option(plan.argv, at + 1)
-    channel = _config(mode="channel", **settings)
+    channel = CodexTransport(ChannelOnly(auto_compact_token_limit=settings.auto_compact_token_limit,
+                                         model_context_window=settings.model_context_window))  # fmt: skip
     if listen is None:
         return dataclasses.replace(plan, tap_stdout=True, transport=channel)
     index, inline, url = listen
@@ -156,22 +115,19 @@ def _prepare(plan: LaunchPlan) -> LaunchPlan:
         argv[index] = f"--listen={upstream}"
     else:
         argv[index + 1] = upstream
-    relay = _config(mode="relay", listen=url, upstream=upstream, **settings)
+    relay = CodexTransport(Relay(listen=url, upstream=upstream,
+                                 auto_compact_token_limit=settings.auto_compact_token_limit,
+                                 model_context_window=settings.model_context_window))  # fmt: skip
     return dataclasses.replace(plan, argv=tuple(argv), transport=relay)
-
-
-def _config(**fields: object) -> BaseModel:
-    """The transport's config, built by the model the sidecar validates it with (the spec's)."""
-    return transport_config("codex", fields)
 
 
 def _codex_home(plan: LaunchPlan) -> str:
     return plan.env.get("CODEX_HOME") or os.environ.get("CODEX_HOME") or os.path.expanduser("~/.codex")
 
 
-def compaction_settings(plan: LaunchPlan) -> dict[str, int]:
-    """The compaction settings Codex will load, as the transport's fields; a key no layer sets,
-    or sets to anything but a positive integer, is left out."""
+def compaction_settings(plan: LaunchPlan) -> CompactionConfig:
+    """The compaction settings Codex will load; a key no layer sets, or sets to anything but a
+    positive integer, is None."""
     # The user's own file, so a symlink (a dotfiles manager's) is followed; a FIFO or a huge file
     # there must not hang or flood the launch, so it is read bounded and as a regular file only.
     raw = read_bounded(None, Path(_codex_home(plan)) / "config.toml", MAX_CONFIG_BYTES, follow=True)
@@ -195,30 +151,30 @@ def compaction_settings(plan: LaunchPlan) -> dict[str, int]:
     profiles = config.get("profiles")
     chosen = profiles.get(profile) if isinstance(profiles, dict) and isinstance(profile, str) else None
     layers = [overrides, chosen if isinstance(chosen, dict) else {}, config]
-    found: dict[str, int] = {}
-    for key, wire_name in COMPACTION_KEYS.items():
+    found: dict[str, int | None] = {}
+    for key in COMPACTION_KEYS:
         value = next((layer[key] for layer in layers if key in layer), None)
-        if type(value) is int and value > 0:
-            found[wire_name] = value
-    return found
+        found[key] = value if type(value) is int and value > 0 else None
+    return CompactionConfig(auto_compact_token_limit=found["model_auto_compact_token_limit"],
+                            model_context_window=found["model_context_window"])  # fmt: skip
 
 
-def _follow_rollout(plan: LaunchPlan, settings: dict[str, int]) -> LaunchPlan:
+def _follow_rollout(plan: LaunchPlan, settings: CompactionConfig) -> LaunchPlan:
     program = program_index(plan.argv, "codex")
     index = None if program is None else _subcommand(plan.argv, program + 1, _TOP_VALUED_OPTIONS)
     if program is None or (index is not None and plan.argv[index] in _SESSIONLESS_SUBCOMMANDS):
         return plan  # no session, nothing to read: no transport
-    rollout = _config(
-        mode="rollout",
+    rollout = Rollout(
         codex_home=_codex_home(plan),
         cwd=os.fspath(plan.cwd),
         started_at_ms=time.time_ns() // 1_000_000,
         # The wrapper (this process) is the harness's parent: the rollout its descendants hold open
         # is this seat's, whichever other seat in the same directory started later.
         root_pid=os.getpid(),
-        **settings,
+        auto_compact_token_limit=settings.auto_compact_token_limit,
+        model_context_window=settings.model_context_window,
     )
-    return dataclasses.replace(plan, transport=rollout)
+    return dataclasses.replace(plan, transport=CodexTransport(rollout))
 
 
 def _app_server_index(argv: tuple[str, ...]) -> int | None:

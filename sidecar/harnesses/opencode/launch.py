@@ -13,8 +13,8 @@ import dataclasses
 from pathlib import Path
 from typing import Final
 
-from sidecar.registry import transport_config
-from wrapper.harnesses import LOOPBACK, LaunchPlan, free_loopback_port, program_index
+from sidecar.harnesses.opencode.producer import OpenCodeTransport
+from sidecar.launching import LOOPBACK, LaunchPlan, free_loopback_port, program_index
 
 __all__ = [
     "ANY_INTERFACE",
@@ -107,7 +107,7 @@ def prepare(plan: LaunchPlan) -> LaunchPlan:
     directory = None
     if args.command is None and args.project is not None:
         directory = str((plan.cwd / Path(args.project)).resolve())
-    transport = transport_config("opencode", {"base_url": f"http://{_url_host(host)}:{port}", "directory": directory})
+    transport = OpenCodeTransport(base_url=f"http://{_url_host(host)}:{port}", directory=directory)
     return dataclasses.replace(plan, argv=tuple(argv), transport=transport)
 
 

@@ -32,13 +32,13 @@ import os
 import shlex
 import stat
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from guard.account import Account, account_key, id_text, json_object, label_of, plan_text, read_account_file, shown_dir
+from guard.account import Account, read_account_file, shown_dir
 from guard.atomic import write_json_atomic
 from guard.errors import (  # SettingsError: the file cannot be merged without loss
     CatalogError,
@@ -50,7 +50,10 @@ from guard.json_rule import loads
 from guard.procs import proc_stat
 from guard.record import describe_validation_error
 from guard.walk import open_chain
-from wrapper.harnesses import LaunchPlan
+from sidecar.harnesses.claude.account import claude_account, claude_env_account
+from sidecar.harnesses.claude.subagents import ClaudeTransport
+from sidecar.harnesses.claude.windows import model_table
+from sidecar.launching import LaunchPlan
 
 __all__ = [
     "CLAUDE_DIR",
@@ -65,8 +68,6 @@ __all__ = [
     "SETTINGS_PATH",
     "TEE_MODULE",
     "Seats",
-    "claude_account",
-    "claude_env_account",
     "leave_seat",
     "prepare",
     "render_settings",
@@ -536,41 +537,6 @@ def _status_line_command(seats: Seats) -> str | None:
     return command if isinstance(command, str) and command.strip() else None
 
 
-# The account the seat's own login states (issue 29).
-# The account a Claude seat's config states (issue 29): `$CLAUDE_CONFIG_DIR/.claude.json` (else
-# `~/.claude.json`) `oauthAccount.accountUuid` with `organizationUuid`, else Claude's own env seeding.
-#
-# 2.1.250 and 2.1.332 send that `accountUuid` with every request and keep the stored `oauthAccount`
-# (tests/live/test_accounts_live.py). An API-key seat states no account.
-
-
-def claude_account(claude_json: bytes, where: str | None = None, plan: str | None = None) -> Account | None:
-    """A Claude config dir's `.claude.json` -> the seat's account (`oauthAccount.accountUuid` with
-    `organizationUuid`), or None (an API-key seat, or a file that is not Claude's). `plan`: the
-    subscription the seat's credentials name (`subscriptionType`), when the caller read one."""
-    config = json_object(claude_json)
-    oauth = None if config is None else config.get("oauthAccount")
-    if not isinstance(oauth, dict):
-        return None
-    account_uuid, organization_uuid = id_text(oauth.get("accountUuid")), id_text(oauth.get("organizationUuid"))
-    if account_uuid is None or organization_uuid is None:
-        return None
-    key = account_key("claude", account_uuid, organization_uuid)
-    return Account(key=key, label=label_of("claude", plan_text(plan), where))
-
-
-def claude_env_account(env: Mapping[str, str], where: str | None = None, plan: str | None = None) -> Account | None:
-    """Claude's own fallback: `CLAUDE_CODE_ACCOUNT_UUID`, `CLAUDE_CODE_ORGANIZATION_UUID` and
-    `CLAUDE_CODE_USER_EMAIL` seed `oauthAccount` when the config stores none (2.1.250 and 2.1.332
-    both require all three); the email is only a condition, never read into anything."""
-    account_uuid = id_text(env.get("CLAUDE_CODE_ACCOUNT_UUID"))
-    organization_uuid = id_text(env.get("CLAUDE_CODE_ORGANIZATION_UUID"))
-    if account_uuid is None or organization_uuid is None or not env.get("CLAUDE_CODE_USER_EMAIL"):
-        return None
-    key = account_key("claude", account_uuid, organization_uuid)
-    return Account(key=key, label=label_of("claude", plan_text(plan), where))
-
-
 def seat_account(plan: LaunchPlan) -> Account | None:
     """The account the seat's config states (issue 29): `$CLAUDE_CONFIG_DIR/.claude.json`, else
     `~/.claude.json`, `oauthAccount`; else Claude's own env seeding. None for an API-key seat."""
@@ -584,22 +550,18 @@ def seat_account(plan: LaunchPlan) -> Account | None:
     return stored or claude_env_account(env, where, plan_name)
 
 
-def subagent_transport(plan: LaunchPlan) -> BaseModel:
+def subagent_transport(plan: LaunchPlan) -> ClaudeTransport:
     """The sidecar's subagent transport (issue 28): where this seat's Claude writes its projects
     (`$CLAUDE_CONFIG_DIR/projects`, else `~/.claude/projects`), the only place it reads a subagent's
-    transcript, and the model table `hctx scan` uses (shipped, extended by the user's file), which
-    gives a subagent's window by its model id."""
-    from sidecar.registry import transport_config
-    from wrapper.scan import model_table
-
+    transcript, and Claude's model table (`windows`, the one `hctx scan` uses: shipped, extended by
+    the user's file), which gives a subagent's window by its model id."""
     env = {**os.environ, **plan.env}
     config_dir = env.get("CLAUDE_CONFIG_DIR") or os.path.join(env.get("HOME") or os.path.expanduser("~"), ".claude")
     warnings: list[str] = []
     windows = model_table(env, warnings)
     for warning in warnings:
         print(f"hctx wrap: {warning}", file=sys.stderr)
-    return transport_config("claude", {"projects_dir": os.path.join(os.path.abspath(config_dir), "projects"),
-                                       "windows": windows})  # fmt: skip
+    return ClaudeTransport(projects_dir=os.path.join(os.path.abspath(config_dir), "projects"), windows=windows)
 
 
 def prepare(plan: LaunchPlan) -> LaunchPlan:

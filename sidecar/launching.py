@@ -1,39 +1,38 @@
-"""Per-harness launch preparation: how `hctx wrap` adapts the command, env and settings.
+"""What a launch plan is: the `LaunchPlan` type every harness's `launch` module takes and returns,
+and the helpers they share.
 
-The harness's launch plan is the module its spec names (`HarnessSpec.launch`, usually
-`wrapper.harnesses.<name>`). It defines `prepare(plan: LaunchPlan) -> LaunchPlan`, which returns the
-plan to launch (a changed argv, extra env, rendered settings files, a transport config for the
-sidecar), and may define `teardown(plan: LaunchPlan) -> None`, run when that launch has ended, to
-undo what `prepare` left in the working directory.
+A harness's launch plan is the module its spec names (`HarnessSpec.launch`, `launch` in its own
+package: `sidecar/harnesses/<name>/launch.py`). It defines `prepare(plan: LaunchPlan) -> LaunchPlan`,
+which returns the plan to launch (a changed argv, extra env, rendered settings files, a transport
+config for the sidecar, built by the harness's own model), and may define
+`teardown(plan: LaunchPlan) -> None`, run when that launch has ended, to undo what `prepare` left in
+the working directory. The wrapper reaches it through the registry (`sidecar.registry.prepare`).
+
+Launch plans run only in the wrapper process: a sidecar never imports this module or a launch plan
+(tests/test_sidecar_imports.py, tests/test_import_graph.py). It sits in the kernel, below the
+harness packages, so each harness's launch plan can live in its package.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
+from typing import Protocol
 
 from pydantic import BaseModel
 
 from guard.account import Account
 from guard.record import Harness
-from sidecar.registry import harness_names, spec_for
 
 __all__ = [
     "LOOPBACK",
-    "PACKAGE_RUNNERS",
+    "LaunchModule",
     "LaunchPlan",
     "account_json",
     "free_loopback_port",
-    "has_teardown",
-    "infer_harness",
-    "prepare",
     "program_index",
-    "programs",
-    "teardown",
     "transport_json",
 ]
 
@@ -58,6 +57,12 @@ class LaunchPlan:
     # given back in it by `teardown`, which runs in a short-lived step the resident starts, not in
     # the wrapper itself (its pid survives the exec into the resident).
     owner_pid: int = field(default_factory=os.getpid)
+
+
+class LaunchModule(Protocol):
+    """A harness's launch plan module (its optional `teardown` is looked up, not required)."""
+
+    def prepare(self, plan: LaunchPlan) -> LaunchPlan: ...
 
 
 def account_json(plan: LaunchPlan) -> str | None:
@@ -86,49 +91,3 @@ def free_loopback_port() -> int:
 def program_index(argv: tuple[str, ...], name: str) -> int | None:
     """Where the harness's own program is in `argv`: `opencode`, or behind `npx`, `bunx`, `node`."""
     return next((i for i, word in enumerate(argv) if Path(word).name.startswith(name)), None)
-
-
-def programs() -> dict[str, Harness]:
-    """Every harness's program names and npm packages (each spec's `programs`), to its name."""
-    return {program: name for name in harness_names() for program in spec_for(name).programs}
-
-
-PACKAGE_RUNNERS = frozenset({"npx", "bunx", "pnpx"})
-
-
-def _package_name(spec: str) -> str:
-    """`@scope/agent@1.2.3` -> `@scope/agent`; `opencode-ai@latest` -> `opencode-ai`."""
-    scope = "@" if spec.startswith("@") else ""
-    return scope + spec.removeprefix("@").partition("@")[0]
-
-
-def infer_harness(argv: tuple[str, ...]) -> Harness | None:
-    """The harness `argv` runs: its program's name, or the package behind `npx`/`bunx`; else None."""
-    if not argv:
-        return None
-    program = Path(argv[0]).name
-    if program in PACKAGE_RUNNERS:
-        program = _package_name(next((word for word in argv[1:] if not word.startswith("-")), ""))
-    return programs().get(program)
-
-
-def _module(harness: Harness) -> ModuleType:
-    return importlib.import_module(spec_for(harness).launch)
-
-
-def prepare(plan: LaunchPlan) -> LaunchPlan:
-    prepared: LaunchPlan = _module(plan.harness).prepare(plan)
-    return prepared
-
-
-def has_teardown(plan: LaunchPlan) -> bool:
-    """Whether the plan's module undoes anything after the launch (most have nothing to undo)."""
-    return hasattr(_module(plan.harness), "teardown")
-
-
-def teardown(plan: LaunchPlan) -> None:
-    """After the launch `plan` (as `prepare` returned it) has ended. A module's teardown reports its
-    own failures and never raises: the wrapper's exit status is the harness's."""
-    module = _module(plan.harness)
-    if hasattr(module, "teardown"):
-        module.teardown(plan)
