@@ -21,13 +21,13 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from guard.errors import UnknownHarness
 from sidecar.spec import (
     HarnessSpec,
     ModelWindows,
     TranscriptFile,
     TranscriptReader,
     TranscriptReading,
+    UnknownHarness,
     WindowSource,
 )
 

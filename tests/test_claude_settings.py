@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from guard.errors import SettingsError
 from sidecar.harnesses.claude.launch import (
     HOOK_EVENTS,
     PROJECT_DIR_ENV,
     RENDERER_ENV,
     SEATS_PATH,
     SETTINGS_PATH,
+    SettingsError,
     render_settings,
     tee_command,
     unrender_settings,

@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import math
 
+from guard.errors import Unusable
+
 TLS_PAIRING = "TLS needs --tls-cert with --tls-key; --tls-client-ca needs both"
 
 __all__ = [
     "TLS_PAIRING",
+    "UsageError",
     "add_tls_options",
     "harness_name",
     "non_negative",
@@ -16,6 +19,10 @@ __all__ = [
     "tls_unpaired",
     "whole_number",
 ]
+
+
+class UsageError(Unusable):
+    """What the command line asks cannot be done."""
 
 
 def whole_number(text: str) -> int:
@@ -46,8 +53,8 @@ def positive_seconds(text: str) -> float:
 
 def harness_name(text: str) -> str:
     """A harness the registry knows (the built-in table, then the registered ones)."""
-    from guard.errors import UnknownHarness
     from sidecar.registry import spec_for
+    from sidecar.spec import UnknownHarness
 
     try:
         return spec_for(text).name

@@ -54,10 +54,9 @@ def _schema(_: argparse.Namespace) -> int:
 def _replay(args: argparse.Namespace) -> int:
     """Each recording through the live driver (sidecar.replay.replay_recording), its writes printed.
     Only a recording `hctx wrap --record` made: any other file is refused, exit 2."""
-    from guard.errors import RecordingError, UnknownHarness
     from sidecar.registry import spec_for
     from sidecar.replay import header_of, replay_bytes, write_line
-    from sidecar.spec import recording_bytes
+    from sidecar.spec import RecordingError, UnknownHarness, recording_bytes
 
     harness: Harness | None = args.harness
     status = 0
@@ -86,9 +85,10 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _wrap(args: argparse.Namespace) -> int:
-    from guard.errors import CatalogError, UsageError
+    from guard.errors import CatalogError
     from guard.layout import AgentDir
     from sidecar.registry import infer_harness, programs
+    from wrapper.arguments import UsageError
     from wrapper.launcher import WrapOptions, free_seat, parse_command, run_wrap
 
     try:
@@ -130,8 +130,8 @@ def _wrap(args: argparse.Namespace) -> int:
 def _new_recording(path: Path) -> Path:
     """`--record`'s file, created empty here (O_CREAT|O_EXCL|O_NOFOLLOW, 0600) for the sidecars to
     append to: a path that exists, a symlink included, or whose directory does not, is refused."""
-    from guard.errors import UsageError
     from sidecar.recorder import create_recording
+    from wrapper.arguments import UsageError
 
     path = path.absolute()
     if path.is_symlink():

@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from guard.constants import AGENTS_DIR_NAME, CONTEXT_RECORD_NAME, STATE_RECORD_NAME
-from guard.errors import FleetFailed, RecordRefused
+from guard.errors import RecordRefused
 from guard.record import Harness, parse_record
+from sidecar.demo_standin import FleetFailed
 
 __all__ = [
     "DEMO_HOST",

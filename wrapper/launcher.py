@@ -31,11 +31,11 @@ from typing import Any, Literal, cast
 
 import wrapper.resident
 from guard.constants import CHANNEL_MAX_SOCKET_PATH as MAX_SOCKET_PATH
-from guard.errors import ChannelPathError, ClaimHeld, UnknownHarness, UsageError
 from guard.layout import AgentDir, as_name
 from guard.record import Harness
 from guard.state import (
     AgentLock,
+    ClaimHeld,
     HarnessState,
     claim_agent,
     held_by_live_wrapper,
@@ -45,6 +45,8 @@ from guard.state import (
 )
 from sidecar.launching import LaunchPlan, account_json, transport_json
 from sidecar.registry import has_teardown, prepare, teardown
+from sidecar.spec import ChannelPathError, UnknownHarness
+from wrapper.arguments import UsageError
 from wrapper.resident import (
     HARNESS_KILL_DEADLINE_S,
     SIDECAR_EXIT_TIMEOUT_S,

@@ -111,10 +111,9 @@ def with_host(run: Command) -> Command:
 
 
 def run_agents(args: argparse.Namespace) -> int:
-    from guard.errors import AgentNotFound
     from wrapper.accounts import account_of
     from wrapper.render import colour_enabled, render_agent_json, render_agents, render_agents_json
-    from wrapper.roster import collect_roster, now_ms, resolve_agent, view_agent
+    from wrapper.roster import AgentNotFound, collect_roster, now_ms, resolve_agent, view_agent
 
     quiet_guard_logs()
     here, now = args.host, now_ms()
@@ -158,9 +157,8 @@ def run_doctor(args: argparse.Namespace) -> int:
 
 
 def run_inspect(args: argparse.Namespace) -> int:
-    from guard.errors import AgentNotFound
     from wrapper.render import render_inspection
-    from wrapper.roster import collect_inspection, now_ms, resolve_agent
+    from wrapper.roster import AgentNotFound, collect_inspection, now_ms, resolve_agent
 
     quiet_guard_logs()
     here, now = args.host, now_ms()

@@ -23,7 +23,7 @@ from guard.constants import (
     HARNESS_CONTEXT_BUCKET_PERCENT,
     REPLICATED_RECORD_NAMES,
 )
-from guard.errors import UsageError
+from wrapper.arguments import UsageError
 from wrapper.reader_commands import catalog_of
 
 __all__ = [

@@ -38,6 +38,8 @@ import select
 import sys
 import time
 
+from guard.errors import Unusable  # a module that imports nothing: the resident stays the standard library
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: the typing module is not worth its import here
     import signal
@@ -119,7 +121,7 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # read, so a spec from another hctx version is a clear refusal, never a KeyError mid-session.
 
 
-class SpecError(ValueError):
+class SpecError(Unusable):
     """A spec (or a step's answer) that is not one this resident can run; the message says which field."""
 
 

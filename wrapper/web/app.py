@@ -27,10 +27,10 @@ from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from guard.errors import AgentNotFound, CatalogError
+from guard.errors import CatalogError
 from wrapper.reader_commands import quiet_guard_logs
 from wrapper.render import render_agent_json, render_agents_json
-from wrapper.roster import collect_inspection, collect_roster, now_ms, resolve_agent, view_agent
+from wrapper.roster import AgentNotFound, collect_inspection, collect_roster, now_ms, resolve_agent, view_agent
 from wrapper.web.board import agent_detail, read_fill_history
 from wrapper.web.feed import Board
 
