@@ -13,7 +13,19 @@ import pytest
 
 from tests.conftest import REPO
 from wrapper.launcher import RESIDENT_COMMAND, WrapOptions
-from wrapper.resident import AgentRef, Incarnation, Options, Plan, Spec, SpecError
+from wrapper.resident import (
+    AgentRef,
+    Begin,
+    Incarnation,
+    Options,
+    Plan,
+    SidecarBack,
+    SidecarDied,
+    Spec,
+    SpecError,
+    Stopped,
+    Teardown,
+)
 
 AGENT = AgentRef("/tmp/catalog", "host", "agent")
 OPTIONS = Options(AGENT, "pi", ("pi", "--x"), "on-failure", 3, 1.0, 60.0, False, None)
@@ -70,3 +82,20 @@ def test_the_resident_refuses_a_spec_it_cannot_run_in_one_line(tmp_path: Path) -
                               timeout=30)  # fmt: skip
     assert done.returncode == 2
     assert done.stderr == "hctx wrap: the resident cannot run this spec: options: no 'restart'\n"
+
+
+def test_each_step_payload_goes_and_comes_back_whole() -> None:
+    died = SidecarDied(AGENT, "inc", 41, -9, 0.25, True, 1_700_000_000_000)
+    steps = [Begin(OPTIONS, 2, "inc"), Teardown(PLAN, "pi"), Stopped(AGENT, "inc"), died, SidecarBack(AGENT, "inc", 1)]
+    for step in steps:
+        back = type(step).from_wire(marshal.loads(marshal.dumps(step.to_wire())))  # type: ignore[attr-defined]
+        assert back.to_wire() == step.to_wire() and back.name == step.name
+
+
+def test_a_step_refuses_a_payload_it_cannot_read_in_one_line() -> None:
+    done = subprocess.run([sys.executable, "-m", "wrapper.launcher", "sidecar-back"], cwd=REPO, capture_output=True,
+                          input=marshal.dumps({"agent": AGENT.to_wire(), "incarnation": "inc", "untilMs": "soon"}),
+                          timeout=60)  # fmt: skip
+    assert done.returncode == 2
+    assert b"the sidecar-back step's payload is not one this hctx reads (sidecar-back: 'untilMs' is str)" in done.stderr
+    assert b"Traceback" not in done.stderr

@@ -24,10 +24,10 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Literal, TypeVar, cast
 
 import wrapper.resident
 from guard.constants import CHANNEL_MAX_SOCKET_PATH as MAX_SOCKET_PATH
@@ -52,10 +52,17 @@ from wrapper.resident import (
     SIDECAR_EXIT_TIMEOUT_S,
     STOP_SIGNALS,
     AgentRef,
+    Begin,
     Incarnation,
     Options,
     Plan,
+    SidecarBack,
+    SidecarDied,
     Spec,
+    SpecError,
+    Step,
+    Stopped,
+    Teardown,
     exit_status,
     say,
 )
@@ -83,6 +90,7 @@ __all__ = [
 ]
 
 RestartPolicy = Literal["no", "on-failure", "always"]
+StepT = TypeVar("StepT", bound=Step)
 # How long a takeover waits for the wrapper it stops: its harness's deadline, its sidecar's drain.
 TAKEOVER_WAIT_S = HARNESS_KILL_DEADLINE_S + SIDECAR_EXIT_TIMEOUT_S + 2.0
 # A claim refused because a live wrapper holds it: the wrapper's own usage-error status.
@@ -364,10 +372,6 @@ def free_seat(catalog: Path, host: str, cwd: Path) -> str:
 # The resident's steps: `python -m wrapper.launcher STEP`, a child of the resident.
 
 
-def _agent(payload: dict[str, Any]) -> AgentDir:
-    return _agent_dir(AgentRef.from_wire(payload["agent"]))
-
-
 class _ResidentLock(AgentLock):
     """The wrapper lock as a step sees it: its parent, the resident, holds it (or not) for its life.
     Never taken here, never dropped: a step's own flock would go with the step."""
@@ -383,19 +387,19 @@ class _ResidentLock(AgentLock):
         pass
 
 
-def _begin_step(payload: dict[str, Any]) -> int:
+def _begin_step(step: Begin) -> int:
     """A relaunch: claim for the resident (this step's parent), under the wrapper lock it holds, and
     prepare; the incarnation on stdout. Refused once another wrapper took the claim over."""
-    options = WrapOptions.from_resident(Options.from_wire(payload["options"]))
+    options = WrapOptions.from_resident(step.options)
     resident = os.getppid()
     try:
-        incarnation = claim(options, _ResidentLock(options.agent, resident), relaunch_of=payload["relaunchOf"],
+        incarnation = claim(options, _ResidentLock(options.agent, resident), relaunch_of=step.relaunch_of,
                             pid=resident)  # fmt: skip
     except ClaimHeld as held:
         say(_held_text(options.agent, held.holder, relaunch=True))
         return 1
     except OSError as exc:
-        say(f"cannot claim {_name(options.agent)} for relaunch {payload['restarts']} ({exc}); not relaunching")
+        say(f"cannot claim {_name(options.agent)} for relaunch {step.restarts} ({exc}); not relaunching")
         return 1
     try:
         begun = begin_incarnation(options, incarnation, resident)
@@ -406,21 +410,21 @@ def _begin_step(payload: dict[str, Any]) -> int:
     return 0
 
 
-def _teardown_step(payload: dict[str, Any]) -> int:
+def _teardown_step(step: Teardown) -> int:
     """What `prepare` left in the working directory, undone (the module reports its own failures)."""
-    plan = Plan.from_wire(payload["plan"])
-    teardown(LaunchPlan(harness=payload["harness"], argv=plan.argv, cwd=Path(plan.cwd), env=plan.env,
+    plan = step.plan
+    teardown(LaunchPlan(harness=step.harness, argv=plan.argv, cwd=Path(plan.cwd), env=plan.env,
                         tap_stdout=plan.tap is not None, owner_pid=plan.owner))  # fmt: skip
     return 0
 
 
-def _stopped_step(payload: dict[str, Any]) -> int:
+def _stopped_step(step: Stopped) -> int:
     """The claim reads `stopped` once its wrapper is done, unless it was taken over meanwhile. A write
     that fails (a full disk) is retried, then reported; the exit status stays the harness's."""
-    agent = _agent(payload)
+    agent = _agent_dir(step.agent)
     for delay in (*FINAL_STATE_RETRIES_S, None):
         try:
-            update_claim(agent, payload["incarnation"],
+            update_claim(agent, step.incarnation,
                          lambda state: state.model_copy(update={"desired_state": "stopped"}))  # fmt: skip
             return 0
         except OSError as exc:
@@ -432,27 +436,32 @@ def _stopped_step(payload: dict[str, Any]) -> int:
     return 1
 
 
-def _sidecar_died_step(payload: dict[str, Any]) -> int:
+def _sidecar_died_step(step: SidecarDied) -> int:
     from wrapper.sidecars import record_death
 
-    record_death(_agent(payload), payload["incarnation"], payload["pid"], payload["returncode"], payload["retryInS"],
-                 tell_terminal=payload["tellTerminal"], died_at_ms=payload["diedAtMs"])  # fmt: skip
+    record_death(_agent_dir(step.agent), step.incarnation, step.pid, step.returncode, step.retry_in_s,
+                 tell_terminal=step.tell_terminal, died_at_ms=step.died_at_ms)  # fmt: skip
     return 0
 
 
-def _sidecar_back_step(payload: dict[str, Any]) -> int:
+def _sidecar_back_step(step: SidecarBack) -> int:
     from wrapper.sidecars import record_recovery
 
-    record_recovery(_agent(payload), payload["incarnation"], payload["untilMs"])
+    record_recovery(_agent_dir(step.agent), step.incarnation, step.until_ms)
     return 0
 
 
-STEPS = {
-    "begin": _begin_step,
-    "teardown": _teardown_step,
-    "stopped": _stopped_step,
-    "sidecar-died": _sidecar_died_step,
-    "sidecar-back": _sidecar_back_step,
+def _typed(run: Callable[[StepT], int], read: Callable[[object], StepT]) -> Callable[[object], int]:
+    return lambda payload: run(read(payload))
+
+
+# Each step: its payload read (and checked) from the resident's marshal, then run.
+STEPS: dict[str, Callable[[object], int]] = {
+    Begin.name: _typed(_begin_step, Begin.from_wire),
+    Teardown.name: _typed(_teardown_step, Teardown.from_wire),
+    Stopped.name: _typed(_stopped_step, Stopped.from_wire),
+    SidecarDied.name: _typed(_sidecar_died_step, SidecarDied.from_wire),
+    SidecarBack.name: _typed(_sidecar_back_step, SidecarBack.from_wire),
 }
 
 
@@ -465,7 +474,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The resident's signals are its own: a Ctrl-C meant for the harness must not cut a step short.
     for signum in (signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)
-    return STEPS[args[0]](marshal.loads(sys.stdin.buffer.read()))
+    try:
+        return STEPS[args[0]](marshal.loads(sys.stdin.buffer.read()))
+    except (SpecError, EOFError, ValueError, TypeError) as exc:
+        say(f"the {args[0]} step's payload is not one this hctx reads ({exc})")
+        return 2
 
 
 if __name__ == "__main__":

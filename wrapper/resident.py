@@ -63,18 +63,24 @@ __all__ = [
     "TAP_RECONNECT_S",
     "WRITE",
     "AgentRef",
+    "Begin",
     "Incarnation",
     "Keeper",
     "Loop",
     "Options",
     "Plan",
     "Session",
+    "SidecarBack",
+    "SidecarDied",
     "Sidecars",
     "Spec",
     "SpecError",
+    "Step",
     "Steps",
+    "Stopped",
     "Tap",
     "TapQueue",
+    "Teardown",
     "WrapperLock",
     "checkout_env",
     "end_group",
@@ -361,6 +367,117 @@ class Spec:
         )
 
 
+# --- the resident -> step payloads (`python -m wrapper.launcher STEP`), typed the same way ----------
+
+
+class Step:
+    """A step's payload; `name` is the step `wrapper.launcher` runs with it."""
+
+    __slots__ = ()
+    name = ""
+
+    def to_wire(self) -> dict[str, object]:
+        raise NotImplementedError
+
+
+class Begin(Step):
+    """A relaunch: claim the agent again and prepare; the answer is an `Incarnation`."""
+
+    __slots__ = ("options", "relaunch_of", "restarts")
+    name = "begin"
+
+    def __init__(self, options: Options, restarts: int, relaunch_of: str) -> None:
+        self.options, self.restarts, self.relaunch_of = options, restarts, relaunch_of
+
+    def to_wire(self) -> dict[str, object]:
+        return {"options": self.options.to_wire(), "restarts": self.restarts, "relaunchOf": self.relaunch_of}
+
+    @classmethod
+    def from_wire(cls, data: object) -> Begin:
+        return cls(Options.from_wire(_field(data, "options", dict, "begin")), _field(data, "restarts", int, "begin"),
+                   _field(data, "relaunchOf", str, "begin"))  # fmt: skip
+
+
+class Teardown(Step):
+    """What a launch's `prepare` left behind, to undo."""
+
+    __slots__ = ("harness", "plan")
+    name = "teardown"
+
+    def __init__(self, plan: Plan, harness: str) -> None:
+        self.plan, self.harness = plan, harness
+
+    def to_wire(self) -> dict[str, object]:
+        return {"plan": self.plan.to_wire(), "harness": self.harness}
+
+    @classmethod
+    def from_wire(cls, data: object) -> Teardown:
+        return cls(Plan.from_wire(_field(data, "plan", dict, "teardown")), _field(data, "harness", str, "teardown"))
+
+
+class Stopped(Step):
+    """The claim's final `stopped`."""
+
+    __slots__ = ("agent", "incarnation")
+    name = "stopped"
+
+    def __init__(self, agent: AgentRef, incarnation: str) -> None:
+        self.agent, self.incarnation = agent, incarnation
+
+    def to_wire(self) -> dict[str, object]:
+        return {"agent": self.agent.to_wire(), "incarnation": self.incarnation}
+
+    @classmethod
+    def from_wire(cls, data: object) -> Stopped:
+        return cls(AgentRef.from_wire(_field(data, "agent", dict, "stopped")),
+                   _field(data, "incarnation", str, "stopped"))  # fmt: skip
+
+
+class SidecarDied(Step):
+    """A sidecar died while its harness ran: the log line, the claim's gap, maybe a terminal line."""
+
+    __slots__ = ("agent", "died_at_ms", "incarnation", "pid", "retry_in_s", "returncode", "tell_terminal")
+    name = "sidecar-died"
+
+    def __init__(self, agent: AgentRef, incarnation: str, pid: int, returncode: int, retry_in_s: float | None,
+                 tell_terminal: bool, died_at_ms: int) -> None:  # fmt: skip
+        self.agent, self.incarnation, self.pid, self.returncode = agent, incarnation, pid, returncode
+        self.retry_in_s, self.tell_terminal, self.died_at_ms = retry_in_s, tell_terminal, died_at_ms
+
+    def to_wire(self) -> dict[str, object]:
+        return {"agent": self.agent.to_wire(), "incarnation": self.incarnation, "pid": self.pid,
+                "returncode": self.returncode, "retryInS": self.retry_in_s, "tellTerminal": self.tell_terminal,
+                "diedAtMs": self.died_at_ms}  # fmt: skip
+
+    @classmethod
+    def from_wire(cls, data: object) -> SidecarDied:
+        where = "sidecar-died"
+        retry = _field(data, "retryInS", (int, float, type(None)), where)
+        return cls(AgentRef.from_wire(_field(data, "agent", dict, where)), _field(data, "incarnation", str, where),
+                   _field(data, "pid", int, where), _field(data, "returncode", int, where),
+                   None if retry is None else float(retry), _field(data, "tellTerminal", bool, where),
+                   _field(data, "diedAtMs", int, where))  # fmt: skip
+
+
+class SidecarBack(Step):
+    """A replacement is ready: the claim's gap closes."""
+
+    __slots__ = ("agent", "incarnation", "until_ms")
+    name = "sidecar-back"
+
+    def __init__(self, agent: AgentRef, incarnation: str, until_ms: int) -> None:
+        self.agent, self.incarnation, self.until_ms = agent, incarnation, until_ms
+
+    def to_wire(self) -> dict[str, object]:
+        return {"agent": self.agent.to_wire(), "incarnation": self.incarnation, "untilMs": self.until_ms}
+
+    @classmethod
+    def from_wire(cls, data: object) -> SidecarBack:
+        where = "sidecar-back"
+        return cls(AgentRef.from_wire(_field(data, "agent", dict, where)), _field(data, "incarnation", str, where),
+                   _field(data, "untilMs", int, where))  # fmt: skip
+
+
 READ = select.EPOLLIN
 WRITE = select.EPOLLOUT
 
@@ -536,18 +653,18 @@ class Steps:
 
     def __init__(self, loop: Loop) -> None:
         self.loop = loop
-        self.queue: list[tuple[str, dict[str, Any], Callable[[bytes, int], None] | None]] = []
+        self.queue: list[tuple[Step, Callable[[bytes, int], None] | None]] = []
         self.running = False
 
-    def submit(self, step: str, payload: dict[str, Any], done: Callable[[bytes, int], None] | None = None) -> None:
-        self.queue.append((step, payload, done))
+    def submit(self, step: Step, done: Callable[[bytes, int], None] | None = None) -> None:
+        self.queue.append((step, done))
         if not self.running:
             self._next()
 
-    def run(self, step: str, payload: dict[str, Any]) -> tuple[bytes, int]:
+    def run(self, step: Step) -> tuple[bytes, int]:
         """Run `step` after those queued; its stdout and exit status once it is done."""
         result: list[tuple[bytes, int]] = []
-        self.submit(step, payload, lambda out, status: result.append((out, status)))
+        self.submit(step, lambda out, status: result.append((out, status)))
         self.loop.run_until(lambda: bool(result))
         return result[0]
 
@@ -559,18 +676,18 @@ class Steps:
             self.running = False
             return
         self.running = True
-        step, payload, done = self.queue.pop(0)
+        step, done = self.queue.pop(0)
         out_read, out_write = os.pipe2(os.O_CLOEXEC)
         payload_fd = os.memfd_create("hctx-step", os.MFD_CLOEXEC)  # the step's stdin
-        os.write(payload_fd, marshal.dumps(payload))
+        os.write(payload_fd, marshal.dumps(step.to_wire()))
         os.lseek(payload_fd, 0, os.SEEK_SET)
-        argv = [sys.executable, "-m", "wrapper.launcher", step]
+        argv = [sys.executable, "-m", "wrapper.launcher", step.name]
         try:
             pid = spawn(argv, checkout_env(), stdin=payload_fd, stdout=out_write,
-                        niceness=0 if step == "begin" else STEP_NICENESS)  # fmt: skip
+                        niceness=0 if isinstance(step, Begin) else STEP_NICENESS)  # fmt: skip
         except OSError as exc:
             os.close(out_read)
-            say(f"cannot run the {step} step ({exc.strerror or exc})")
+            say(f"cannot run the {step.name} step ({exc.strerror or exc})")
             self._finished(done, b"", 127)
             return
         finally:
@@ -593,7 +710,7 @@ class Steps:
                 output.extend(chunk)
 
         def timed_out() -> None:
-            say(f"the {step} step took over {STEP_TIMEOUT_S:g}s; killed")
+            say(f"the {step.name} step took over {STEP_TIMEOUT_S:g}s; killed")
             with suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
 
@@ -884,7 +1001,8 @@ class Sidecars:
                     self._dismiss_keeper()
                 if ready and self._replacing:
                     self._replacing = False
-                    self.steps.submit("sidecar-back", {**self._names(), "untilMs": time.time_ns() // 1_000_000})
+                    it = self.incarnation
+                    self.steps.submit(SidecarBack(it.agent, it.incarnation, time.time_ns() // 1_000_000))
 
         def readable() -> None:
             chunk = os.read(ready_read, 16)
@@ -921,8 +1039,10 @@ class Sidecars:
         self._quick_deaths += 1
         tell = delay is None or not self._told_terminal
         self._told_terminal = True  # later deaths go to the agent's log and the claim only
-        self.steps.submit("sidecar-died", {**self._names(), "pid": pid, "returncode": returncode, "retryInS": delay,
-                                           "tellTerminal": tell, "diedAtMs": time.time_ns() // 1_000_000})  # fmt: skip
+        it = self.incarnation
+        assert pid is not None  # an exit is watched only for the sidecar that runs
+        self.steps.submit(SidecarDied(it.agent, it.incarnation, pid, returncode, delay, tell,
+                                      time.time_ns() // 1_000_000))  # fmt: skip
         if delay is not None:
             self.loop.call_later(delay, self._replace)
 
@@ -950,9 +1070,6 @@ class Sidecars:
             with suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
             self.loop.run_until(lambda: self.pid is None)
-
-    def _names(self) -> dict[str, Any]:
-        return {"agent": self.incarnation.agent.to_wire(), "incarnation": self.incarnation.incarnation}
 
     def _order(self, line: bytes) -> None:
         if self._lifeline is not None:
@@ -1251,7 +1368,7 @@ def run_incarnation(
         sidecars.stopping = True
         _remove_channel_dir(it.channel_dir)
         if plan.teardown:
-            steps.submit("teardown", {"plan": plan.to_wire(), "harness": it.harness})
+            steps.submit(Teardown(plan, it.harness))
 
 
 def _relaunch_wanted(options: Options, status: int, restarts: int) -> bool:
@@ -1298,7 +1415,7 @@ def supervise(options: Options, first: Incarnation, lock: WrapperLock | None = N
         drain rather than after it, so the wrapper's exit does not wait for a step's start."""
         if not stopped and (session.stopped or not _relaunch_wanted(options, status, restarts)):
             stopped.append(it.incarnation)
-            steps.submit("stopped", {"agent": first.agent.to_wire(), "incarnation": it.incarnation})
+            steps.submit(Stopped(first.agent, it.incarnation))
 
     while True:
         status = it.status if it.status is not None else run_incarnation(loop, session, steps, it, stop)
@@ -1312,8 +1429,7 @@ def supervise(options: Options, first: Incarnation, lock: WrapperLock | None = N
             break
         if lock is not None:
             lock.take()
-        output, code = steps.run("begin", {"options": options.to_wire(), "restarts": restarts,
-                                           "relaunchOf": it.incarnation})  # fmt: skip
+        output, code = steps.run(Begin(options, restarts, it.incarnation))
         if code != 0:
             break  # the step said why
         try:
@@ -1322,7 +1438,7 @@ def supervise(options: Options, first: Incarnation, lock: WrapperLock | None = N
             say(f"the relaunch's claim step answered what this resident cannot run ({exc}); not relaunching")
             break
     if not stopped:  # a relaunch was wanted, and a signal or a failed claim ended the session instead
-        steps.submit("stopped", {"agent": first.agent.to_wire(), "incarnation": it.incarnation})
+        steps.submit(Stopped(first.agent, it.incarnation))
     steps.drain()
     return status
 
