@@ -90,7 +90,7 @@ __all__ = [
 ]
 
 RestartPolicy = Literal["no", "on-failure", "always"]
-StepT = TypeVar("StepT", bound=Step)
+_StepT = TypeVar("_StepT", bound=Step)
 # How long a takeover waits for the wrapper it stops: its harness's deadline, its sidecar's drain.
 TAKEOVER_WAIT_S = HARNESS_KILL_DEADLINE_S + SIDECAR_EXIT_TIMEOUT_S + 2.0
 # A claim refused because a live wrapper holds it: the wrapper's own usage-error status.
@@ -451,7 +451,7 @@ def _sidecar_back_step(step: SidecarBack) -> int:
     return 0
 
 
-def _typed(run: Callable[[StepT], int], read: Callable[[object], StepT]) -> Callable[[object], int]:
+def _typed(run: Callable[[_StepT], int], read: Callable[[object], _StepT]) -> Callable[[object], int]:
     return lambda payload: run(read(payload))
 
 
