@@ -291,6 +291,7 @@ def _hypercorn(app: MetricsApp, limits: Limits) -> Callable[[trio.abc.Stream], A
     config.keep_alive_timeout = limits.idle_s
     config.accesslog = None
     config.loglevel = "WARNING"
+    config.include_server_header = False  # which server software answers is nobody's business
     context, wrapped = WorkerContext(None), ASGIWrapper(app)  # type: ignore[arg-type]
 
     async def serve(stream: trio.abc.Stream) -> None:
