@@ -73,22 +73,18 @@ PROBLEM_CHARS = 200
 # Text a hostile tree supplies
 
 
-_CONTROL_ESCAPES = {0x7F: "\\x7f"}
-_BIDI = frozenset(range(0x202A, 0x202F)) | frozenset(range(0x2066, 0x206A))
-
-
 def printable(text: str) -> str:
-    """`text` with terminal controls shown escaped, so a hostile field cannot drive the terminal."""
+    """`text` with terminal controls shown escaped, so a hostile field cannot drive the terminal:
+    every character Python calls unprintable but the space (C0/C1 controls, bidi overrides, isolates
+    and marks, line and paragraph separators, which break a line as a newline does, zero-width and
+    other format characters, unassigned and private-use code points), as Python would spell it."""
     if text.isprintable():
         return text
-    out = []
-    for char in text:
-        code = ord(char)
-        if code < 0x20 or code in _CONTROL_ESCAPES or 0x80 <= code < 0xA0 or code in _BIDI:
-            out.append(_CONTROL_ESCAPES.get(code, f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"))
-        else:
-            out.append(char)
-    return "".join(out)
+    return "".join(char if char == " " or char.isprintable() else _escaped(ord(char)) for char in text)
+
+
+def _escaped(code: int) -> str:
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 def short(text: str) -> str:

@@ -15,10 +15,10 @@ catches a branch when what it does is the branch's, a leaf when it must tell one
     │   ├── CatalogError         the catalog cannot be opened or walked               guard.errors
     │   ├── RecordingError       a recording is no file of bytes, or not hctx's       sidecar.spec
     │   ├── HttpError            an HTTP request did not deliver          sidecar.harnesses.opencode.transport
-    │   └── TranscriptError      a transcript `hctx scan` reads is unreadable         wrapper.scan
+    │   └── TranscriptError      a transcript `hctx scan` reads is unreadable         wrapper.readers.scan
     ├── NotFound (LookupError)   nothing answers to the name asked: say which names do
     │   ├── UnknownHarness       no registered harness has the name                   sidecar.spec
-    │   └── AgentNotFound        no agent answers to the name                         wrapper.roster
+    │   └── AgentNotFound        no agent answers to the name                 wrapper.readers.roster
     ├── Unusable (ValueError)    what the user set or asked cannot be done: stop (status 2) with
     │   │                        the message, change nothing
     │   ├── ConfigError          a transport's address or config                      sidecar.spec
@@ -26,7 +26,7 @@ catches a branch when what it does is the branch's, a leaf when it must tell one
     │   ├── SettingsError        a harness's settings file cannot be merged    sidecar.harnesses.claude.launch
     │   ├── ModelTableError      Claude's model-window table is unreadable    sidecar.harnesses.claude.windows
     │   ├── UsageError           what the command line asks                           wrapper.arguments
-    │   ├── SpecError            a launcher -> resident spec                          wrapper.resident
+    │   ├── SpecError            a launcher -> resident spec                  wrapper.launch.resident
     │   └── FleetFailed          a demo agent failed to start or be played            sidecar.demo_standin
     └── Held                     another live process owns it: refuse, or take it over
         └── ClaimHeld            another live wrapper holds the agent's claim         guard.state

@@ -15,6 +15,7 @@ from guard.constants import AGENTS_DIR_NAME, CONTEXT_RECORD_NAME, CONTROL_DIR_NA
 from guard.errors import CatalogError
 
 __all__ = [
+    "LOG_BACKUPS",
     "LOG_NAME_BYTES",
     "SYNCTHING_CONFLICT_NAME",
     "AgentDir",
@@ -25,6 +26,7 @@ __all__ = [
     "default_catalog_origin",
     "default_host",
     "is_agent_tree_name",
+    "log_files",
     "log_name",
     "log_path",
     "staging_dir",
@@ -97,6 +99,17 @@ def control_dir(catalog: Path) -> Path:
 def log_path(catalog: Path, host: str, identity: str) -> Path:
     """The agent's JSON-lines log: host-local, outside the replicated subtree."""
     return control_dir(catalog) / LOGS_DIR_NAME / log_name(host, identity)
+
+
+# The rotations kept beside the live log (`<log>.1` the newest, `<log>.3` the oldest): the sidecar
+# rotates into them, the fill history (guard.history) reads them back.
+LOG_BACKUPS = 3
+
+
+def log_files(catalog: Path, host: str, identity: str) -> list[Path]:
+    """The agent's log and its rotations, oldest first."""
+    live = log_path(catalog, host, identity)
+    return [live.with_name(f"{live.name}.{n}") for n in range(LOG_BACKUPS, 0, -1)] + [live]
 
 
 # Longer pairs are shortened to readable prefixes and a digest of the whole pair: a name of at most

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from guard.account import Account
 from guard.atomic import sweep_staging
+from guard.history import start_fields, write_fields
 from guard.json_rule import loads
 from guard.layout import AgentDir
 from guard.policy import Write, WriteGuard, WriteReason
@@ -110,7 +111,10 @@ class SidecarConfig:
     ready_fd: int | None = None
     transport: str = ""  # the launch plan's transport config, as JSON (HarnessSpec.transport_config)
     account: str = ""  # the account the harness states, as JSON (guard.account.Account); "" none
-    record: Path | None = None  # `hctx wrap --record`: the file the wrapper created, appended to
+    # `hctx wrap --record`: the descriptor of the file the wrapper created, which it hands every
+    # sidecar of the session (never its path: whoever may rename in its directory could swap it).
+    record_fd: int | None = None
+    record_raw: bool = False  # `--record-raw`: the whole session, unredacted
     # What the channel's connections may hold of partial frames, together: this sidecar's own.
     channel_budget_bytes: int = BUFFER_BUDGET_BYTES
 
@@ -358,15 +362,7 @@ class Writer:
             "wrote %s",
             write.reason,
             extra={
-                "event": "write",
-                "reason": write.reason,
-                "usedTokens": record.used_tokens,
-                "windowTokens": record.window_tokens,
-                "usedPercent": record.used_percent,
-                "compactions": record.compactions,
-                "compactAtTokens": record.compact_at_tokens,  # the board's fill plot draws it in
-                "observedAtMs": record.observed_at_ms,
-                "writtenAtMs": record.written_at_ms,
+                **write_fields(record, write.reason),  # the fill history's line (guard.history)
                 # The whole record as it landed: what a live run is held to against its replay
                 # (every field of every write), and what a bug report shows beside the numbers.
                 "record": record.model_dump(mode="json", by_alias=True),
@@ -479,24 +475,25 @@ def transport_streams(spec: HarnessSpec, writer: Writer, recorder: Recorder | No
 
 
 def open_recorder(config: SidecarConfig) -> Recorder | None:
-    """The recorder of `--record`'s file, which the wrapper created: opened to append (never
-    created, truncated or followed through a symlink here), and None, logged, when it cannot be."""
-    if config.record is None:
+    """The recorder of `--record`'s file, which the wrapper created and hands down open (appending,
+    0600): never opened by name here. Redacted (sidecar.redaction) unless `--record-raw`."""
+    if config.record_fd is None:
         return None
     import guard
     from sidecar.recorder import FORMAT, Recorder
+    from sidecar.redaction import redactors
 
     try:
-        fd = os.open(config.record, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
-        file = os.fdopen(fd, "ab")
-        written = os.fstat(fd).st_size
+        file = os.fdopen(config.record_fd, "ab")
+        written = os.fstat(config.record_fd).st_size
     except OSError as exc:
         log.error("not recording: %s", exc, extra={"event": "recording-failed"})
         return None
     header = {"format": FORMAT, "harness": config.harness, "hctx": guard.__version__,
               "incarnation": config.incarnation, "started_ms": SystemClock().wall_ms(),
-              "config": config.settings().model_dump(mode="json")}  # fmt: skip
-    return Recorder(file, header, written=written)
+              "config": config.settings().model_dump(mode="json"), "redacted": not config.record_raw}  # fmt: skip
+    redactor = None if config.record_raw else redactors(spec_for(config.harness))
+    return Recorder(file, header, written=written, redactor=redactor)
 
 
 async def run_sidecar(config: SidecarConfig) -> None:
@@ -506,7 +503,7 @@ async def run_sidecar(config: SidecarConfig) -> None:
     submit = writer.submit
     log.info(
         "sidecar started",
-        extra={"event": "start", "harness": config.harness, "incarnation": config.incarnation,
+        extra={**start_fields(), "harness": config.harness, "incarnation": config.incarnation,
                "pid": os.getpid(), "channel": str(config.channel)},
     )  # fmt: skip
     async with trio.open_nursery() as outer:

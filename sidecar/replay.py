@@ -235,7 +235,7 @@ async def _drive(
         await _sidecar(spec, header, segment, agent, landed, summary)
 
 
-def settings_of(spec: HarnessSpec, header: dict[str, Any], agent: str | None = None) -> SidecarSettings:
+def _settings_of(spec: HarnessSpec, header: dict[str, Any], agent: str | None = None) -> SidecarSettings:
     """What the sidecar a header starts was started with (its `config`); a header without one (a
     recording made before it held it, a converted capture) the defaults, with its incarnation.
     RecordingError for a `config` that is no sidecar's."""
@@ -269,7 +269,7 @@ async def _sidecar(
     from sidecar.app import assemble
 
     summary.sidecars += 1
-    settings = settings_of(spec, header, agent)
+    settings = _settings_of(spec, header, agent)
     origin = header.get("started_ms")
     wall = _MockWall(origin if isinstance(origin, int) else 0)
     store = MemoryStore()

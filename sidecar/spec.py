@@ -191,6 +191,14 @@ class HarnessSpec:
     # The module (a `TranscriptReader`) that reads its own transcripts for `hctx scan`, loaded only
     # there; None: scan does not read this harness.
     transcripts: str | None = None
+    # A recording's redaction (sidecar.redaction, issue 40): the keys whose string values its
+    # decoders read (a type, a model, an id, a time, a version), recorded as they were; every other
+    # string is recorded as as many `x`. None of them ever holds a prompt, a message, a tool's input
+    # or output, a file's content, an instruction, an email, a token or a key.
+    recorded_strings: frozenset[str] = frozenset()
+    # Keys whose string value is JSON text itself (Codex's stdout line in a tap frame): redacted
+    # by the same keys inside.
+    recorded_json_strings: frozenset[str] = frozenset()
     # The module (a `ModelWindows`) whose `model_table(environ, warnings)` gives model id -> window
     # tokens where the harness's own records name no window (its launch plan and `hctx scan` read
     # it); None: the harness states its windows itself.

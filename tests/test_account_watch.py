@@ -15,7 +15,7 @@ from readers_catalog import HOST, HOUR, MINUTE, put_record
 from test_watch import _lines, _wait, _watch
 
 from guard.account import account_key
-from wrapper.account_watch import (
+from wrapper.readers.account_watch import (
     AccountWatch,
     RateLimitEvent,
     WindowSeen,
@@ -23,8 +23,8 @@ from wrapper.account_watch import (
     dump_account_state,
     load_account_state,
 )
-from wrapper.roster import RosterCache
-from wrapper.watch import Event, StateFile, observe
+from wrapper.readers.roster import RosterCache
+from wrapper.readers.watch import Event, StateFile, observe
 
 NOW = 1_788_000_000_000
 KEY = account_key("codex", "acct-AAA", "user-111")
@@ -229,7 +229,7 @@ def test_a_file_event_steps_only_the_accounts_of_the_agents_it_named(tmp_path: P
     """200 seats on another account and 100 agents stating none: a's event steps a's account (both
     its seats), nothing else, and an account an agent left is stepped too (issue 25: the watch's cost
     per event grew with the fleet)."""
-    import wrapper.account_watch as account_watch
+    import wrapper.readers.account_watch as account_watch
 
     seat(tmp_path, "a", 70, NOW - 3 * MINUTE)
     seat(tmp_path, "b", 85, NOW - 2 * MINUTE)
@@ -266,6 +266,6 @@ def test_a_file_event_steps_only_the_accounts_of_the_agents_it_named(tmp_path: P
 
 
 def group_key_of(watch: AccountWatch, identity: str) -> str:
-    from wrapper.accounts import group_key
+    from wrapper.readers.accounts import group_key
 
     return group_key(watch.held[f"{HOST}/{identity}"].row)

@@ -17,9 +17,9 @@ from sidecar.harnesses.claude.account import claude_account
 from sidecar.harnesses.codex.account import codex_account
 from tests.conftest import REPO
 from tests.prometheus_tools import dead, exposition, parse
-from wrapper.accounts import fan_in, groups_by_agent
-from wrapper.render import render_accounts, render_agents, render_agents_json
-from wrapper.roster import collect_roster
+from wrapper.readers.accounts import fan_in, groups_by_agent
+from wrapper.readers.render import render_accounts, render_agents, render_agents_json
+from wrapper.readers.roster import collect_roster
 
 FIXTURES = REPO / "fixtures" / "accounts"
 CODEX_VERSIONS = ("0.151.0", "0.171.0")
@@ -89,6 +89,26 @@ def test_a_label_is_printable_and_short_whatever_it_was() -> None:
     long = clean_label("x" * 10_000)
     assert long is not None and len(long) == 64 and long.endswith("…")
     assert clean_label(42) is None and clean_label("") is None
+
+
+@pytest.mark.parametrize(
+    ("where", "email"),
+    [("~/.claude-alice@example.com", "alice@example.com"), ("/srv/bob.smith@corp.example/.codex", "bob.smith@corp"),
+     ("~/x@y", "x@y")],
+)  # fmt: skip
+def test_an_email_in_the_config_directorys_name_never_reaches_the_label(where: str, email: str, tmp_path: Path) -> None:
+    """Issue 40: a config directory named after its login (`~/.claude-alice@example.com`) kept
+    the email in the label, hence in the record and every reader's output."""
+    claude = claude_account((FIXTURES / "claude-2.1.332-seat-A.claude.json").read_bytes(), where, "max")
+    codex = codex_account((FIXTURES / "codex-0.171.0-seat-A.auth.json").read_bytes(), where)
+    for account in (claude, codex):
+        assert account is not None and account.label is not None
+        assert "@" not in account.label and "(email)" in account.label, account.label
+    # A record that carries one anyway (written by another build) is listed without it.
+    put_record(tmp_path, "seat", account={"key": K1, "label": f"claude · {where}"})
+    for command in (("agents",), ("accounts",), ("agents", "--json")):
+        shown = hctx(*command, "--catalog", str(tmp_path)).stdout
+        assert "@" not in shown and email not in shown, (command, shown)
 
 
 # --- the record ---------------------------------------------------------------------------------

@@ -8,7 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from wrapper.cli import DEMO_NO_TOP_S, DEMO_TOP_S, build_parser, main, order_commands
+from wrapper.cli import build_parser, main, order_commands
+from wrapper.demo import DEMO_NO_TOP_S, DEMO_TOP_S
 
 
 def _commands(parser: argparse.ArgumentParser, prefix: str = "hctx") -> Iterator[tuple[str, argparse.ArgumentParser]]:
@@ -113,3 +114,32 @@ def test_a_bad_option_prints_its_own_commands_usage(
     err = capsys.readouterr().err
     assert err.startswith(usage), err
     assert "error: unrecognized arguments: --bogus" in err
+
+
+def test_every_command_is_registered_by_its_own_module() -> None:
+    """One style: each command module's `register(commands)` adds its commands whole (parser, options,
+    what runs); cli.py only lists the modules, and no module adds options to another's parser."""
+    import ast
+    from pathlib import Path
+
+    from wrapper.cli import COMMAND_MODULES, Parser
+
+    owners: dict[str, str] = {}
+    for module in COMMAND_MODULES:
+        commands = Parser(prog="hctx").add_subparsers()
+        module.register(commands)
+        for name, parser in commands.choices.items():
+            assert name not in owners, f"{name} registered by {owners[name]} and {module.__name__}"
+            owners[name] = module.__name__
+            # Registered alone, the command is already the one `hctx` runs: nothing grafted on later.
+            assert parser.format_help() == COMMANDS[f"hctx {name}"].format_help(), name
+    assert {f"hctx {name}" for name in owners} == {name for name in COMMANDS if name.count(" ") == 1}
+    assert owners["watch"] == "wrapper.readers.watch_command"  # --rate-limit-at included
+    root = Path(__file__).resolve().parent.parent / "wrapper"
+    cli = ast.parse((root / "cli.py").read_text())
+    called = {
+        node.func.attr for node in ast.walk(cli) if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+    }
+    assert "add_parser" not in called and "add_argument" in called  # the top's --version only
+    reaching = sorted(str(path.relative_to(root)) for path in root.rglob("*.py") if ".choices[" in path.read_text())
+    assert reaching == []  # a parser is finished by its own module, never looked up and extended

@@ -32,9 +32,9 @@ from hypothesis import strategies as st
 import guard
 from sidecar.channel import BUFFER_BUDGET_BYTES
 from sidecar.decoding import CHANNEL, MessageDecoder
-from sidecar.recorder import Chunk, create_recording
+from sidecar.recorder import Chunk, create_recording, redact_recording
 from sidecar.registry import BUILT_IN, HarnessSpec, harness_names, spec_for
-from sidecar.replay import read_header, replay_bytes, replay_recording
+from sidecar.replay import read_header, replay_bytes, replay_recording, write_line
 from sidecar.spec import RecordingError
 from tests.conformance import (
     RECORDINGS,
@@ -174,17 +174,20 @@ def lived_on_the_channel(
     STALLED_WRITE_S: the machine, not the decoder), and the recording it made of them (`--record`)."""
     catalog, channel, recording = where / "catalog", where / "ch" / "s", where / "session.rec"
     channel.parent.mkdir(mode=0o700, parents=True)
-    create_recording(recording).close()  # as `hctx wrap --record` does
+    with create_recording(recording) as made:  # as `hctx wrap --record` does: held open, handed down
+        record_fd = os.dup(made.fileno())
     read_end, write_end = os.pipe()
     ready_read, ready_write = os.pipe()
     process = subprocess.Popen(
         [sys.executable, "-m", "sidecar", "--catalog", str(catalog), "--host", HOST, "--agent", "conform",
          "--harness", harness, "--incarnation", "inc", "--channel", str(channel),
-         "--lifeline-fd", str(read_end), "--ready-fd", str(ready_write), "--record", str(recording), *extra],
-        pass_fds=(read_end, ready_write), env=env(), cwd=REPO, stderr=subprocess.PIPE,
+         "--lifeline-fd", str(read_end), "--ready-fd", str(ready_write), "--record-fd", str(record_fd),
+         "--record-raw", *extra],
+        pass_fds=(read_end, ready_write, record_fd), env=env(), cwd=REPO, stderr=subprocess.PIPE,
     )  # fmt: skip
     os.close(read_end)
     os.close(ready_write)
+    os.close(record_fd)
     try:
         with os.fdopen(ready_read, "rb") as ready:
             assert ready.readline() == b"ready\n"
@@ -226,12 +229,15 @@ def test_a_channel_recording_sent_to_the_real_sidecar_writes_what_replay_writes(
     header = {"format": "hctx.recording.v1", "harness": harness, "hctx": guard.__version__, "incarnation": "inc",
               "config": {"harness": harness, "host": HOST, "agent": "conform", "incarnation": "inc",
                          "transport": "", "account": "", "channel_budget_bytes": BUFFER_BUDGET_BYTES}}  # fmt: skip
-    assert entries[0] | {"started_ms": 0} == header | {"started_ms": 0}
+    assert entries[0] | {"started_ms": 0} == header | {"started_ms": 0, "redacted": False}  # `--record-raw`
     sent = b"".join(chunk.data for chunk in chunks)
     assert b"".join(base64.b64decode(entry["b64"]) for entry in entries if "b64" in entry) == sent
     writes, summary = replay_recording(spec, recording)
     assert_lived_as_replayed(lived, [logged(write) for write in writes if write.reason != "heartbeat"], coalesced)
     assert lived and summary.sidecars == 1 and not summary.problems
+    # Redacted, as `--record` records by default, it replays to the very same writes.
+    redacted, _ = replay_bytes(spec, redact_recording(recording.read_bytes()))
+    assert [write_line(write) for write in redacted] == [write_line(write) for write in writes]
 
 
 SEAT_ACCOUNT = {"key": "0123456789abcdef0123456789abcdef", "label": "pi · seat-a"}

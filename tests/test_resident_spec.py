@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from wrapper.launcher import RESIDENT_COMMAND, WrapOptions
-from wrapper.resident import (
+from wrapper.launch.launcher import RESIDENT_COMMAND, WrapOptions
+from wrapper.launch.resident import (
     AgentRef,
     Begin,
     Incarnation,
@@ -93,9 +93,9 @@ def test_each_step_payload_goes_and_comes_back_whole() -> None:
 
 
 def test_a_step_refuses_a_payload_it_cannot_read_in_one_line() -> None:
-    done = subprocess.run([sys.executable, "-m", "wrapper.launcher", "sidecar-back"], cwd=REPO, capture_output=True,
-                          input=marshal.dumps({"agent": AGENT.to_wire(), "incarnation": "inc", "untilMs": "soon"}),
-                          timeout=60)  # fmt: skip
+    payload = marshal.dumps({"agent": AGENT.to_wire(), "incarnation": "inc", "untilMs": "soon"})
+    step = [sys.executable, "-m", "wrapper.launch.launcher", "sidecar-back"]
+    done = subprocess.run(step, cwd=REPO, capture_output=True, input=payload, timeout=60)
     assert done.returncode == 2
     assert b"the sidecar-back step's payload is not one this hctx reads (sidecar-back: 'untilMs' is str)" in done.stderr
     assert b"Traceback" not in done.stderr

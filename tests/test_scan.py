@@ -13,7 +13,7 @@ import pytest
 
 from sidecar.harnesses.claude.windows import shipped_model_table
 from wrapper.cli import main
-from wrapper.scan import parse_duration
+from wrapper.readers.scan import parse_duration
 
 ROOT = Path(__file__).resolve().parent.parent
 TRANSCRIPTS = ROOT / "fixtures" / "transcripts"

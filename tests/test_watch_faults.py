@@ -18,8 +18,8 @@ from readers_catalog import HOST, put_record
 from wrapping import pid_gone, wait_for
 
 from tests.conftest import REPO
-from wrapper.roster import AgentRow
-from wrapper.watch import Event, exec_command
+from wrapper.readers.roster import AgentRow
+from wrapper.readers.watch import Event, exec_command
 
 
 def watch(catalog: Path, *args: str) -> subprocess.Popen[str]:

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from guard.history import FILL_HISTORY
 from tests.conftest import REPO
 from tests.web_board import (
     HERE,
@@ -32,11 +33,11 @@ from tests.web_board import (
     web_argv,
     web_env,
 )
-from wrapper.notice import agent_of
-from wrapper.roster import collect_roster
-from wrapper.web.board import FillHistory, FillPoint, fill_svg, rate_limit_panel, read_fill_history
-from wrapper.web.command import allowed_hosts, is_loopback
-from wrapper.web.feed import Board
+from wrapper.readers.notice import agent_of
+from wrapper.readers.roster import collect_roster
+from wrapper.readers.web.board import FillHistory, FillPoint, fill_svg, rate_limit_panel, read_fill_history
+from wrapper.readers.web.command import allowed_hosts, is_loopback
+from wrapper.readers.web.feed import Board
 
 
 def hctx(*args: str) -> subprocess.CompletedProcess[str]:
@@ -346,12 +347,13 @@ def _write_lines(catalog: Path, name: str, lines: list[bytes]) -> None:
 
 def test_the_fill_history_reads_writes_only_and_survives_a_hostile_log(tmp_path: Path) -> None:
     def write(at: int, used: object, **more: object) -> bytes:
-        return json.dumps({"event": "write", "reason": "bucket", "usedTokens": used, "windowTokens": 200_000,
-                           "compactions": 0, "observedAtMs": at, **more}).encode()  # fmt: skip
+        return json.dumps({"event": "write", "history": FILL_HISTORY, "reason": "bucket", "usedTokens": used,
+                           "windowTokens": 200_000, "compactions": 0, "observedAtMs": at, **more}).encode()  # fmt: skip
 
-    _write_lines(tmp_path, "box~amber.jsonl.1", [json.dumps({"event": "start"}).encode(), write(1000, 10)])
+    start = json.dumps({"event": "start", "history": FILL_HISTORY}).encode()
+    _write_lines(tmp_path, "box~amber.jsonl.1", [start, write(1000, 10)])
     _write_lines(tmp_path, "box~amber.jsonl", [
-        json.dumps({"event": "start"}).encode(), write(2000, 20), b"{not json", b"[1, 2]", b"\xff\xfe",
+        start, write(2000, 20), b"{not json", b"[1, 2]", b"\xff\xfe",
         write(3000, True), write(4000, -5), write(5000, "30"), write(6000, 40, reason="compaction", compactions=1),
         b"{" * 100_000, json.dumps({"event": "frame-dropped", "usedTokens": 99, "observedAtMs": 7000}).encode(),
     ])  # fmt: skip
@@ -398,7 +400,7 @@ def test_a_subagents_age_ticks_with_its_agents_between_reads(tmp_path: Path, mon
     put(tmp_path, "parent", harness="claude", rateLimits=None, observedAtMs=observed, subagents=[sub])
     put(tmp_path, "plain", rateLimits=None, observedAtMs=observed)
     clock = [now_ms()]
-    monkeypatch.setattr("wrapper.web.feed.now_ms", lambda: clock[0])
+    monkeypatch.setattr("wrapper.readers.web.feed.now_ms", lambda: clock[0])
     board = Board(tmp_path, HERE)
     found, warnings = board.read_whole(1.0)
     board.apply(found, whole=True, warnings=warnings)
@@ -419,7 +421,7 @@ def test_a_read_that_finds_only_older_ages_is_no_change(tmp_path: Path, monkeypa
     put(tmp_path, "red", harness="claude", account=shared, rateLimits={"fiveHour": 41.0, "sevenDay": None})
     put(tmp_path, "calm", usedPercent=10.0, rateLimits=None)
     clock = [now_ms()]
-    monkeypatch.setattr("wrapper.web.feed.now_ms", lambda: clock[0])
+    monkeypatch.setattr("wrapper.readers.web.feed.now_ms", lambda: clock[0])
     board = Board(tmp_path, HERE)
 
     def read(started: float) -> None:

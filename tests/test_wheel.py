@@ -106,7 +106,8 @@ def test_the_wheel_holds_exactly_the_package_sources(installed: Installed) -> No
     }
     assert nested <= shipped
     assert {"sidecar/harnesses/pi/hctx-channel.ts", "sidecar/harnesses/claude/model_windows.json"} <= shipped
-    assert {f"wrapper/web/assets/{name}" for name in ("index.html", "agent.html", "board.js", "board.css")} <= shipped
+    board = ("index.html", "agent.html", "board.js", "board.css")
+    assert {f"wrapper/readers/web/assets/{name}" for name in board} <= shipped
     with zipfile.ZipFile(installed.wheel) as archive:
         recording = archive.read("sidecar/assets/demo/pi-0.84.2.channel.rec")
     assert recording == (REPO / "fixtures/recordings/pi/live/pi-0.84.2.channel.rec").read_bytes()  # a file, not a link

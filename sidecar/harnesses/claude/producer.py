@@ -422,4 +422,28 @@ SPEC = HarnessSpec(
     programs=("claude", "@anthropic-ai/claude-code"),
     transcripts="transcript",
     model_windows="windows",
+    # What the status line, the hooks and a subagent's transcript lines are read by (never a
+    # path, a cwd, a prompt, a message's content or a tool's input or output).
+    recorded_strings=frozenset(
+        {
+            "type",
+            "subtype",
+            "hook_event_name",
+            "trigger",
+            "source",
+            "model",
+            "requestedModel",
+            "version",
+            "timestamp",
+            "id",
+            "session_id",
+            "sessionId",
+            "agent_id",
+            "agentId",
+            "agent_type",
+            "prompt_id",
+            "promptId",
+            "requestId",
+        }
+    ),
 )

@@ -623,6 +623,10 @@ class CodexProducer:
         if isinstance(event, SubagentsSpawned):
             if event.sender_thread_id not in self._own_threads:
                 return []  # a grandchild (depth > 1 is off by default): not this record's row
+            if any(thread in self._own_threads for thread in event.thread_ids):
+                # A child named as the agent's own thread (a broken or hostile stream) would take the
+                # agent's readings into its row: refused whole, and counted as a drop.
+                raise FrameRejected("a spawned child's thread id is the agent's own")
             readings: list[Reading] = []
             for thread in event.thread_ids:
                 # Codex states a child's compactions as items under its thread: none yet is a 0.
@@ -739,4 +743,28 @@ SPEC = HarnessSpec(
     tap_frame=tap_frame,
     transcripts="scan",
     programs=("codex", "@openai/codex"),
+    # JSON-RPC methods, thread/turn/item ids, models, builds and times; a rollout's types (never a
+    # cwd, a message, a command's output, an email, a token or an instruction).
+    recorded_strings=frozenset(
+        {
+            "method",
+            "type",
+            "tool",
+            "id",
+            "threadId",
+            "turnId",
+            "itemId",
+            "senderThreadId",
+            "receiverThreadIds",
+            "parentThreadId",
+            "model",
+            "cliVersion",
+            "userAgent",
+            "limitId",
+            "limit_id",
+            "source",
+            "timestamp",
+        }
+    ),
+    recorded_json_strings=frozenset({"payload"}),  # the stdout tap's line (tap_frame)
 )

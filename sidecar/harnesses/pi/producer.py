@@ -323,6 +323,8 @@ PI = HarnessSpec(
     programs=("pi", "@earendil-works/pi-coding-agent"),
     # pi and omp publish their own float: 585.6 measured against a 4,000-token window.
     overruns=True,
+    # The extension's frames: types and events, models, builds, reasons and states, ids and times.
+    recorded_strings=frozenset({"type", "event", "model", "version", "reason", "state", "id", "lastCompactionAt"}),
 )
 OMP = dataclasses.replace(
     PI,

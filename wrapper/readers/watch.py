@@ -40,15 +40,16 @@ from guard.files import read_bounded, set_aside
 from guard.json_rule import loads_object
 from guard.layout import check_name, control_dir
 from guard.procs import pid_alive
-from guard.projection import headroom_tokens
+from guard.projection import Context, SubagentReading
 from guard.walk import open_chain
-from wrapper.arguments import positive_seconds, whole_number
-from wrapper.reader_commands import add_catalog_options, existing_catalog, with_host
-from wrapper.render import age_text, meter_text, percent_text, subagent_label, tokens_text
-from wrapper.roster import AgentRow, PidProbe, RosterCache, now_ms
+from wrapper.arguments import existing_catalog
+from wrapper.readers.render import age_text, meter_text, percent_text, subagent_label, tokens_text
+from wrapper.readers.roster import AgentRow, PidProbe, RosterCache, now_ms
 
 if TYPE_CHECKING:  # trio loads when the command runs, not with every `hctx`
     import trio
+
+    from wrapper.readers.notice import Changes
 
 __all__ = [
     "DEFAULT_AT",
@@ -68,7 +69,6 @@ __all__ = [
     "Settings",
     "State",
     "StateFile",
-    "add_watch_command",
     "dump_state",
     "exec_command",
     "follow",
@@ -141,37 +141,37 @@ class Event:
     # The agent's state to record once this event's delivery is attempted: what was told up to and
     # including it, none of what comes after it (None: nothing to record).
     told: Seen | None = None
-    subagent: dict[str, Any] | None = None  # a subagent-fill's subagent row, as the record has it
+    subagent: SubagentReading | None = None  # a subagent-fill's subagent row, as the record has it
 
     def wire(self) -> dict[str, Any]:
-        context = self.row.context or {}
-        return self._common(context) | self._subagent_wire()
+        return self._common(self.row.context) | self._subagent_wire()
 
     def _subagent_wire(self) -> dict[str, Any]:
         """A subagent-fill names the subagent beside its agent, with the subagent's own numbers."""
         sub = self.subagent
         if sub is None:
             return {}
-        return {"subagentId": sub["id"], "subagentName": sub["name"], "subagentState": sub["state"],
-                "subagentUsedPercent": sub["usedPercent"], "subagentUsedTokens": sub["usedTokens"],
-                "subagentWindowTokens": sub["windowTokens"]}  # fmt: skip
+        return {"subagentId": sub.id, "subagentName": sub.name, "subagentState": sub.state,
+                "subagentUsedPercent": sub.used_percent, "subagentUsedTokens": sub.used_tokens,
+                "subagentWindowTokens": sub.window_tokens}  # fmt: skip
 
-    def _common(self, context: dict[str, Any]) -> dict[str, Any]:
+    def _common(self, context: Context | None) -> dict[str, Any]:
+        # An event of an agent with no reading (none is made today) carries nulls, never a guess.
         return {
             "event": self.kind,
             "host": self.row.host,
             "agent": self.row.identity,
-            "harness": self.row.harness or context.get("harness"),
+            "harness": self.row.named_harness,
             "incarnation": self.incarnation,
             "threshold": self.threshold,
-            "usedPercent": context.get("usedPercent"),
-            "usedTokens": context.get("usedTokens"),
-            "windowTokens": context.get("windowTokens"),
-            "compactAtTokens": context.get("compactAtTokens"),
-            "headroomTokens": headroom_tokens(context),
-            "compactions": context.get("compactions"),
-            "observedAtMs": context.get("observedAtMs"),
-            "ageMs": context.get("ageMs"),
+            "usedPercent": None if context is None else context.used_percent,
+            "usedTokens": None if context is None else context.used_tokens,
+            "windowTokens": None if context is None else context.window_tokens,
+            "compactAtTokens": None if context is None else context.compact_at_tokens,
+            "headroomTokens": None if context is None else context.headroom_tokens,
+            "compactions": None if context is None else context.compactions,
+            "observedAtMs": None if context is None else context.observed_at_ms,
+            "ageMs": None if context is None else context.age_ms,
             "atMs": self.at_ms,
             "message": self.message(),
         }
@@ -189,8 +189,8 @@ class Event:
         return _carried(json.dumps(self.wire(), ensure_ascii=False)) + "\n"
 
     def message(self) -> str:
-        context = self.row.context or {}
-        name, percent = self.row.name, context.get("usedPercent")
+        context = self.row.context
+        name, percent = self.row.name, None if context is None else context.used_percent
         fill = "?" if percent is None else percent_text(percent)
         if self.kind == "fill":
             meter = meter_text(context)
@@ -201,19 +201,21 @@ class Event:
             )
         if self.kind == "subagent-fill" and self.subagent is not None:
             sub = self.subagent
-            shown = "?" if sub["usedPercent"] is None else percent_text(sub["usedPercent"])
+            shown = "?" if sub.used_percent is None else percent_text(sub.used_percent)
             meter = meter_text(sub)
             return (f"{name}: subagent {subagent_label(sub).removeprefix('└ ')} context {shown} full"
                     + (f" ({meter})" if meter else "") + f", at or above {self.threshold:g}%")  # fmt: skip
         if self.kind == "headroom":
             margin = tokens_text(None if self.threshold is None else int(self.threshold))
-            return f"{name}: {tokens_text(headroom_tokens(context))} tokens left before it compacts, under {margin}"
+            headroom = None if context is None else context.headroom_tokens
+            return f"{name}: {tokens_text(headroom)} tokens left before it compacts, under {margin}"
         if self.kind == "compaction":
-            count = context.get("compactions")
+            count = None if context is None else context.compactions
             return f"{name}: compacted ({count} this session); context now {fill}"
         if self.kind == "stale":
+            age = 0 if context is None else context.age_ms
             return (
-                f"{name}: context reading {age_text(context.get('ageMs') or 0)} old while the agent runs "
+                f"{name}: context reading {age_text(age)} old while the agent runs "
                 f"(older than {age_text(HARNESS_CONTEXT_STALE_MS)})"
             )
         return f"{name}: context reading fresh again; context {fill}"
@@ -242,44 +244,44 @@ def _told_before(seen: Seen, later: list[Found], before: Seen) -> Seen:
     return seen
 
 
-def _subagents_reached(context: dict[str, Any], seen: Seen, settings: Settings) -> frozenset[tuple[str, float]]:
+def _subagents_reached(context: Context, seen: Seen, settings: Settings) -> frozenset[tuple[str, float]]:
     """Each of the record's subagents' thresholds at or under its own percent; a subagent whose
     percent is withheld keeps what it had (nothing fires, nothing re-arms); one the record no
     longer carries is forgotten."""
     reached: set[tuple[str, float]] = set()
-    for sub in context.get("subagents", []):
-        percent = sub["usedPercent"]
+    for sub in context.subagents:
+        percent = sub.used_percent
         if percent is None:
-            reached |= {(ident, t) for ident, t in seen.subagents_fired if ident == sub["id"]}
+            reached |= {(ident, t) for ident, t in seen.subagents_fired if ident == sub.id}
         else:
-            reached |= {(sub["id"], t) for t in settings.thresholds if percent >= t}
+            reached |= {(sub.id, t) for t in settings.thresholds if percent >= t}
     return frozenset(reached)
 
 
 def _agent_step(seen: Seen, row: AgentRow, settings: Settings) -> tuple[list[Found], Seen]:
     context = row.context
     assert context is not None
-    if context["stale"]:  # a stale reading fires nothing and re-arms nothing, but may be news itself
+    if context.stale:  # a stale reading fires nothing and re-arms nothing, but may be news itself
         if row.desired_state == "running" and not seen.stale:
             return [("stale", None, None)], dataclasses.replace(seen, stale=True)
         return [], seen
     found: list[Found] = [("fresh", None, None)] if seen.stale else []
-    if context["compactions"] > seen.compactions:
+    if context.compactions > seen.compactions:
         found.append(("compaction", None, None))
     fired, headroom_fired = seen.fired, seen.headroom_fired
-    percent = context["usedPercent"]
+    percent = context.used_percent
     if percent is not None:  # withheld: nothing fires, nothing re-arms
         fired = frozenset(threshold for threshold in settings.thresholds if percent >= threshold)
         found.extend(("fill", threshold, None) for threshold in sorted(fired - seen.fired))
-    headroom = headroom_tokens(context)
+    headroom = context.headroom_tokens
     if settings.headroom is not None and headroom is not None:
         headroom_fired = headroom < settings.headroom
         if headroom_fired and not seen.headroom_fired:
             found.append(("headroom", settings.headroom, None))
     subagents = _subagents_reached(context, seen, settings)
     found.extend(("subagent-fill", t, ident) for ident, t in sorted(subagents - seen.subagents_fired))
-    return found, Seen(seen.incarnation, fired, headroom_fired, context["compactions"], False,
-                       context["observedAtMs"], subagents)  # fmt: skip
+    return found, Seen(seen.incarnation, fired, headroom_fired, context.compactions, False,
+                       context.observed_at_ms, subagents)  # fmt: skip
 
 
 def _first_sight(incarnation: str, row: AgentRow, settings: Settings) -> Seen:
@@ -289,13 +291,13 @@ def _first_sight(incarnation: str, row: AgentRow, settings: Settings) -> Seen:
     fires nothing and arms nothing)."""
     context = row.context
     assert context is not None
-    if row.desired_state != "stopped" or context["stale"]:
-        return Seen(incarnation, compactions=context["compactions"])
-    percent, headroom = context["usedPercent"], headroom_tokens(context)
+    if row.desired_state != "stopped" or context.stale:
+        return Seen(incarnation, compactions=context.compactions)
+    percent, headroom = context.used_percent, context.headroom_tokens
     reached = frozenset() if percent is None else frozenset(t for t in settings.thresholds if percent >= t)
     below = settings.headroom is not None and headroom is not None and headroom < settings.headroom
     subagents = _subagents_reached(context, Seen(incarnation), settings)
-    return Seen(incarnation, reached, below, context["compactions"], observed_ms=context["observedAtMs"],
+    return Seen(incarnation, reached, below, context.compactions, observed_ms=context.observed_at_ms,
                 subagents_fired=subagents)  # fmt: skip
 
 
@@ -321,12 +323,12 @@ def step(
         if before is None:
             before = _first_sight(incarnation, row, settings)
         elif before.incarnation != incarnation:
-            if row.context["observedAtMs"] < before.observed_ms:
+            if row.context.observed_at_ms < before.observed_ms:
                 after[row.name] = before  # a straggler from an older incarnation
                 continue
             before = Seen(incarnation, stale=before.stale)
         found, after[row.name] = _agent_step(before, row, settings)
-        subs = {sub["id"]: sub for sub in row.context.get("subagents", [])}
+        subs = {sub.id: sub for sub in row.context.subagents}
         events.extend(
             Event(kind, row, incarnation, threshold, now, _told_before(after[row.name], found[n + 1 :], before),
                   None if subagent is None else subs.get(subagent))
@@ -520,7 +522,7 @@ Deliver = Callable[[Event], Awaitable[None]]
 
 
 class Companion(Protocol):
-    """Another state machine stepping on the watch's snapshots (`wrapper.account_watch`): its
+    """Another state machine stepping on the watch's snapshots (`wrapper.readers.account_watch`): its
     state loaded once the lock is held, and saved by `step` before its events go out; its events
     are delivered through the same outbox as the watch's own."""
 
@@ -540,14 +542,14 @@ def exec_command(command: str, timeout_s: float) -> Deliver:
     """Run `command` (a shell command line) per event: the event as one JSON line on its stdin and
     as HCTX_* variables, in a session and process group of its own; killed with its group past
     `timeout_s`. What it leaves behind (backgrounded or `setsid` children) is ended when it returns,
-    times out or the watch stops (wrapper.leftovers). Any failure is logged."""
+    times out or the watch stops (wrapper.readers.leftovers). Any failure is logged."""
     import itertools
     import secrets
     from functools import partial
 
     import trio
 
-    from wrapper import leftovers
+    from wrapper.readers import leftovers
 
     leftovers.become_subreaper()
     marks = (f"{os.getpid()}-{secrets.token_hex(4)}-{n}" for n in itertools.count())
@@ -689,6 +691,17 @@ class Outbox:
 # Following the catalog
 
 
+@dataclass(frozen=True, slots=True)
+class _Look:
+    """One read of the catalog: at `now`, of every agent (`full`) or of those a file event named; the
+    snapshot (None: the catalog could not be read) and the warnings."""
+
+    now: int
+    full: bool
+    snapshot: list[Observation] | None
+    warnings: list[str]
+
+
 async def follow(
     catalog: Path,
     *,
@@ -703,7 +716,7 @@ async def follow(
     Each of `companions` steps on the same snapshots, under the same lock."""
     import trio
 
-    from wrapper.notice import catalog_changes
+    from wrapper.readers.notice import follow as follow_catalog
 
     told_warnings: set[str] = set()  # each warning once while it lasts, not at every re-read
     cache = RosterCache(catalog)  # each tick reads again only the agents whose files changed
@@ -712,15 +725,20 @@ async def follow(
         for companion in companions:
             companion.load(dir_fd)
 
-        def tick(outbox: Outbox, only: frozenset[tuple[str, str]] | None = None) -> None:
-            """Every agent (the periodic re-read, for staleness), or `only` the agents a file event named."""
-            nonlocal state, told_warnings
+        def read(changes: Changes, _: float) -> _Look:
+            """Every agent (the periodic re-read, for staleness), or only the agents a file event
+            named; in a worker thread."""
             now = now_ms()
-            full = only is None
+            only = None if changes.whole else changes.agents
             try:
                 snapshot, warnings = observe(catalog, now, here=here, cache=cache, only=only)
             except CatalogError as exc:
-                warnings, snapshot = [f"cannot read the catalog: {exc}"], None
+                return _Look(now, changes.whole, None, [f"cannot read the catalog: {exc}"])
+            return _Look(now, changes.whole, snapshot, warnings)
+
+        def tick(outbox: Outbox, look: _Look) -> None:
+            nonlocal state, told_warnings
+            now, full, snapshot, warnings = look.now, look.full, look.snapshot, look.warnings
             for warning in warnings:
                 if warning not in told_warnings:
                     log(f"warning: {warning}")
@@ -740,7 +758,7 @@ async def follow(
 
         outbox: Outbox | None = None
         try:
-            async with trio.open_nursery() as nursery, catalog_changes(catalog, reread_s=reread_s, warn=log) as noticed:
+            async with trio.open_nursery() as nursery:
 
                 async def stop_on_signal() -> None:
                     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -748,15 +766,13 @@ async def follow(
                             nursery.cancel_scope.cancel()
                             return
 
-                async def say_following() -> None:
-                    await noticed.armed.wait()
+                def say_following() -> None:
                     log(f"following {catalog}, re-reading every {reread_s:g} s; state in {state_file.path}")
 
                 nursery.start_soon(stop_on_signal)
-                nursery.start_soon(say_following)
                 outbox = Outbox(nursery, deliver, record, state)
-                async for changes in noticed:
-                    tick(outbox, None if changes.whole else changes.agents)
+                await follow_catalog(catalog, read, lambda look: tick(outbox, look), reread_s=reread_s, warn=log,
+                                     armed=say_following)  # fmt: skip
         finally:
             if outbox is not None:
                 outbox.flush()  # what the last deliveries attempted, before the lock goes
@@ -766,7 +782,7 @@ async def follow(
 # The command line
 
 
-def _thresholds(text: str) -> tuple[float, ...]:
+def parse_percents(text: str) -> tuple[float, ...]:
     """`--at`: percents above 0 (at or below 0 every reading would be past it); above 100 is allowed,
     and said once, for the harnesses that publish an overrun."""
     try:
@@ -785,10 +801,6 @@ def _thresholds(text: str) -> tuple[float, ...]:
             f"which {', '.join(overrun_harnesses())} publish; the others stop at 100")  # fmt: skip
     # 80, not 80.0, in the event and in HCTX_THRESHOLD: what the user wrote
     return tuple(sorted(int(value) if value.is_integer() else value for value in values))
-
-
-# The --at parser, public for the options beside it (`wrapper.account_watch`'s --rate-limit-at).
-parse_percents = _thresholds
 
 
 def run_watch(args: argparse.Namespace, companions: Callable[[StateFile], Sequence[Companion]] = lambda _: ()) -> int:
@@ -810,53 +822,3 @@ def run_watch(args: argparse.Namespace, companions: Callable[[StateFile], Sequen
         log(str(exc))
         return 2
     return 0
-
-
-def add_watch_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    watch = commands.add_parser(
-        "watch",
-        help="run a command for every fill crossing, compaction, stale record and account rate-limit crossing",
-        description="Follows the catalog (inotify where the platform has it, and a re-read every --reread "
-        "seconds) and turns it into events: a reading at or above an --at percent after one below it (or "
-        "the first reading of an incarnation), headroom to compaction under --headroom tokens, a compaction, "
-        "a record gone stale while its agent runs, and fresh again; and per account and window, its rate limit "
-        "reaching a --rate-limit-at percent (the newest snapshot across the agents sharing it). Withheld and "
-        "stale readings fire "
-        "nothing. Each event is one JSON object with a human `message`: on the stdin of --exec's command "
-        "(also as HCTX_* variables: HCTX_EVENT, HCTX_AGENT, HCTX_USED_PERCENT, HCTX_MESSAGE, ...), or "
-        "without --exec one JSON line on stdout. What was told is kept in <catalog>/.st2/watch/NAME.json, "
-        "so a restarted watch tells nothing twice. Stops on SIGINT or SIGTERM.",
-    )
-    watch.add_argument(
-        "--exec", metavar="CMD",
-        help="a shell command run for each event, the event as JSON on its stdin; one agent's events run "
-        "in order, one at a time, each in a process group of its own; whatever it leaves running "
-        "(backgrounded or setsid children) is ended when it returns (default: print each event as a JSON line)",
-    )  # fmt: skip
-    watch.add_argument(
-        "--at", type=_thresholds, default=DEFAULT_AT, metavar="PERCENTS",
-        help="fill thresholds above 0, comma-separated; each fires once and is re-armed by a reading below "
-        "it; above 100 only an overrun reaches, which pi, omp and OpenCode publish (default: 80,95)",
-    )  # fmt: skip
-    watch.add_argument(
-        "--headroom", type=whole_number, metavar="TOKENS",
-        help="fire when compactAtTokens - usedTokens falls under TOKENS (only where the harness states "
-        "where it compacts; default: no headroom events)",
-    )  # fmt: skip
-    watch.add_argument(
-        "--exec-timeout", type=positive_seconds, default=DEFAULT_EXEC_TIMEOUT_S, metavar="S",
-        help="kill a command (and its process group) still running after S seconds; logged, and the watch "
-        "goes on (default: %(default)g)",
-    )  # fmt: skip
-    watch.add_argument(
-        "--reread", type=positive_seconds, default=DEFAULT_REREAD_S, metavar="S",
-        help="re-read the whole catalog at least every S seconds, for records going stale and for changes "
-        "a file event missed (default: %(default)g)",
-    )  # fmt: skip
-    watch.add_argument(
-        "--name", default="default",
-        help="the state file's name under <catalog>/.st2/watch/; a second watch on one catalog needs its own "
-        "(default: %(default)s)",
-    )  # fmt: skip
-    add_catalog_options(watch)
-    watch.set_defaults(run=with_host(run_watch))

@@ -1,7 +1,7 @@
 """The records of the wrapper's side of the sidecar: a death, and the replacement that came up.
 
-The resident (wrapper/resident.py) starts the sidecar, notices it die and replaces it; these are the
-steps it runs for the two moments that change the claim (`python -m wrapper.launcher sidecar-died`
+The resident (wrapper/launch/resident.py) starts the sidecar, notices it die and replaces it; these are the
+steps it runs for the two moments that change the claim (`python -m wrapper.launch.launcher sidecar-died`
 and `sidecar-back`). Each death is one line in the agent's log, and the stretch without a sidecar
 is kept in the claim (`unobserved`, shown by `hctx inspect`); the terminal, which is the harness's,
 gets one line per incarnation and one more on giving up.
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from guard.layout import AgentDir
 from guard.state import UNOBSERVED_LIMIT, HarnessState, Unobserved, update_claim
 from guard.store import append_log_line
-from wrapper.resident import (
+from wrapper.launch.resident import (
     SIDECAR_EXIT_TIMEOUT_S,
     SIDECAR_READY_TIMEOUT_S,
     SIDECAR_RESTART_DELAYS_S,

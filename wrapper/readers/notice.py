@@ -1,5 +1,5 @@
 """Noticing the catalog change: the one way `hctx top`, `hctx watch` and the board learn that an
-agent's record or claim was replaced.
+agent's record or claim was replaced, and the one loop they follow the catalog by (`follow`).
 
 File events come from watchfiles (inotify on Linux; `awatch` runs on anyio, which runs on trio);
 each batch is turned into the agents it names. Beside them, a whole re-read is asked for at the
@@ -14,10 +14,10 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import AsyncIterator, Callable, Iterable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from guard.constants import AGENTS_DIR_NAME, REPLICATED_RECORD_NAMES
 
@@ -31,6 +31,7 @@ __all__ = [
     "Noticed",
     "agent_of",
     "catalog_changes",
+    "follow",
 ]
 
 # How long one wait for file events lasts before watchfiles says "nothing yet": its first answer
@@ -38,6 +39,7 @@ __all__ = [
 ARM_PROBE_MS = 500
 
 Agent = tuple[str, str]  # (host, identity)
+_Found = TypeVar("_Found")
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,3 +178,40 @@ async def catalog_changes(
         finally:
             stop.set()  # the watching thread sees it within a step; it cannot be cancelled
             nursery.cancel_scope.cancel()
+
+
+async def follow(
+    catalog: Path,
+    read: Callable[[Changes, float], _Found],
+    then: Callable[[_Found], object],
+    *,
+    reread_s: float,
+    debounce_ms: int = 400,
+    step_ms: int = 50,
+    pace_s: float = 0.0,
+    held: AbstractAsyncContextManager[object] | None = None,
+    armed: Callable[[], object] = lambda: None,
+    warn: Callable[[str], None] = _warn,
+) -> None:
+    """Follow the catalog until cancelled: each batch of `catalog_changes` is read by `read` in a
+    worker thread (so a catalog of thousands of agents never holds up the loop), one read at a time
+    (so one RosterCache serves them all), and what it found is handed to `then` on the loop.
+    `read` is also told when its read began, on trio's clock (of two reads of one agent, the later
+    one's wins). `held`: a lock the read and `then` hold together (the top view projects its frames
+    from the cache the read fills). `pace_s`: at least this long between two reads, however busy the
+    catalog. `armed`: called once the file watching is in place."""
+    import trio
+
+    async def when_armed(noticed: Noticed) -> None:
+        await noticed.armed.wait()
+        armed()
+
+    async with catalog_changes(catalog, reread_s=reread_s, debounce_ms=debounce_ms, step_ms=step_ms,
+                               warn=warn) as noticed, trio.open_nursery() as nursery:  # fmt: skip
+        nursery.start_soon(when_armed, noticed)
+        async for changes in noticed:
+            async with held or nullcontext():
+                found = await trio.to_thread.run_sync(read, changes, trio.current_time())
+                then(found)
+            if pace_s:
+                await trio.sleep(pace_s)

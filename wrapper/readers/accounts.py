@@ -14,7 +14,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from wrapper.roster import AgentRow
+from guard.account import Account
+from wrapper.readers.roster import AgentRow
 
 __all__ = [
     "DEFAULT_RATE_LIMIT_AT",
@@ -95,34 +96,33 @@ class AccountGroup:
         }
 
 
-def account_of(row: AgentRow) -> dict[str, Any] | None:
-    """The record's `account` object on a roster row, or None."""
-    context = row.context
-    account = None if context is None else context.get("account")
-    return account if isinstance(account, dict) else None
+def account_of(row: AgentRow) -> Account | None:
+    """The record's `account` on a roster row, or None."""
+    return None if row.context is None else row.context.account
 
 
 def group_key(row: AgentRow) -> str:
     """What groups a row: its account key, else the agent itself (its own group, never merged)."""
     account = account_of(row)
-    return f"account:{account['key']}" if account is not None else f"agent:{row.name}"
+    return f"account:{account.key}" if account is not None else f"agent:{row.name}"
 
 
-def _snapshot(row: AgentRow, window: Window) -> Snapshot | None:
+def _snapshot(row: AgentRow, window: Window, attribute: str) -> Snapshot | None:
+    """`attribute`: the window's name on the record's models (WINDOWS' second column)."""
     context = row.context
-    if context is None:
+    if context is None or context.rate_limits is None:
         return None
-    percent = (context.get("rateLimits") or {}).get(window)
+    percent: float | None = getattr(context.rate_limits, attribute)
     if percent is None:
         return None
-    resets = (context.get("rateLimitResetsAtMs") or {}).get(window)
+    resets = context.rate_limit_resets_at_ms
     return Snapshot(
         window=window,
         used_percent=percent,
-        resets_at_ms=resets,
-        observed_at_ms=context["observedAtMs"],
-        age_ms=context["ageMs"],
-        stale=context["stale"],
+        resets_at_ms=None if resets is None else getattr(resets, attribute),
+        observed_at_ms=context.observed_at_ms,
+        age_ms=context.age_ms,
+        stale=context.stale,
         source=row,
     )
 
@@ -146,11 +146,11 @@ def fan_in(rows: Iterable[AgentRow], *, with_limits_only: bool = True) -> list[A
         label_from: AgentRow | None = None
         newest_ms = -1
         for row in group:
-            for window, _ in WINDOWS:
-                snapshot = _snapshot(row, window)
+            for window, attribute in WINDOWS:
+                snapshot = _snapshot(row, window, attribute)
                 if snapshot is not None and _newer(snapshot, windows.get(window)):
                     windows[window] = snapshot
-            observed = -1 if row.context is None else row.context["observedAtMs"]
+            observed = -1 if row.context is None else row.context.observed_at_ms
             if observed > newest_ms:
                 label_from, newest_ms = row, observed
         if with_limits_only and not windows:
@@ -159,7 +159,7 @@ def fan_in(rows: Iterable[AgentRow], *, with_limits_only: bool = True) -> list[A
         groups.append(
             AccountGroup(
                 key=key.removeprefix("account:") if key.startswith("account:") else None,
-                label=None if account is None else account.get("label"),
+                label=None if account is None else account.label,
                 agents=tuple(group),
                 windows=windows,
             )

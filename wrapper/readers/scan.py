@@ -30,10 +30,10 @@ __all__ = [
     "ScanRow",
     "SessionFile",
     "TranscriptError",
-    "add_scan_command",
     "find_sessions",
     "parse_duration",
     "read_session",
+    "register",
     "render_rows",
     "run_scan",
     "scan",
@@ -97,6 +97,10 @@ def find_sessions(environ: Mapping[str, str], since_ms: int, now: int) -> Iterat
 # Reading one session
 
 
+# A session nothing could be read from: every number null (its harness is said as null too).
+_NOTHING_READ = ContextFields(harness="unknown", observed_at_ms=0)
+
+
 @dataclass(frozen=True)
 class ScanRow:
     fields: ContextFields | None
@@ -109,23 +113,27 @@ class ScanRow:
     extra: dict[str, Any]
     problem: str | None = None
 
-    def wire(self, now: int) -> dict[str, Any]:
+    def observed_ms(self) -> int | None:
+        """When the reading was observed; None when it holds no count (nothing was read)."""
         fields = self.fields
-        reading = {} if fields is None else fields.model_dump(mode="json", by_alias=True)
-        observed = None if fields is None or fields.used_tokens is None else fields.observed_at_ms
+        return None if fields is None or fields.used_tokens is None else fields.observed_at_ms
+
+    def wire(self, now: int) -> dict[str, Any]:
+        got = self.fields or _NOTHING_READ
+        observed = self.observed_ms()
         return {
-            "harness": reading.get("harness"),
+            "harness": None if self.fields is None else got.harness,
             "sessionId": self.session_id,
-            "usedTokens": reading.get("usedTokens"),
-            "windowTokens": reading.get("windowTokens"),
-            "usedPercent": reading.get("usedPercent"),
+            "usedTokens": got.used_tokens,
+            "windowTokens": got.window_tokens,
+            "usedPercent": got.used_percent,
             "windowSource": self.window_source,
             "model": self.model,
-            "sessionTotalTokens": reading.get("sessionTotalTokens"),
-            "rateLimits": reading.get("rateLimits"),
+            "sessionTotalTokens": got.session_total_tokens,
+            "rateLimits": None if got.rate_limits is None else got.rate_limits.model_dump(mode="json", by_alias=True),
             "compactions": self.compactions,
-            "lastCompactionMs": reading.get("lastCompactionMs"),
-            "lastCompactionTrigger": reading.get("lastCompactionTrigger"),
+            "lastCompactionMs": got.last_compaction_ms,
+            "lastCompactionTrigger": got.last_compaction_trigger,
             **self.extra,
             "observedAtMs": observed,
             "ageMs": None if observed is None else max(now - observed, 0),
@@ -191,28 +199,29 @@ def scan(environ: Mapping[str, str], since_ms: int, now: int, warnings: list[str
 
 def render_rows(rows: list[ScanRow], now: int, *, colour: bool) -> str:
     from guard.catalog import printable
-    from wrapper.render import age_text, fill_tint, meter_text, percent_text, table
+    from wrapper.readers.render import age_text, fill_tint, meter_text, percent_text, table
 
     if not rows:
         return "no sessions\n"
     header = ["HARNESS", "SESSION", "MODEL", "CONTEXT", "TOKENS", "SOURCE", "COMPACTIONS", "AGE", "PATH"]
     body = []
     for row in rows:
-        wire = row.wire(now)
-        percent = wire["usedPercent"]
-        context = "-" if wire["usedTokens"] is None else "?" if percent is None else percent_text(percent)
-        compactions = "?" if wire["compactions"] is None else str(wire["compactions"])
-        if wire.get("compactedSinceReading"):
+        fields, observed = row.fields, row.observed_ms()
+        percent = None if fields is None else fields.used_percent
+        unread = fields is None or fields.used_tokens is None
+        context = "-" if unread else "?" if percent is None else percent_text(percent)
+        compactions = "?" if row.compactions is None else str(row.compactions)
+        if row.extra.get("compactedSinceReading"):
             compactions += " (since reading)"
         body.append([
-            (wire["harness"] or row.path.suffix, None),
+            ((None if fields is None else fields.harness) or row.path.suffix, None),
             (printable((row.session_id or "-")[:8]), None),
             (printable(row.model or "-"), None),
             (context, None),
-            (meter_text(wire), fill_tint(wire)),
+            (meter_text(fields), fill_tint(fields)),
             (row.window_source or "-", None),
             (compactions, None),
-            ("-" if wire["ageMs"] is None else age_text(wire["ageMs"]), None),
+            ("-" if observed is None else age_text(max(now - observed, 0)), None),
             (printable(str(row.path)) + (f"  ({printable(row.problem)})" if row.problem else ""), None),
         ])  # fmt: skip
     return table(body, header, colour)
@@ -220,7 +229,7 @@ def render_rows(rows: list[ScanRow], now: int, *, colour: bool) -> str:
 
 def run_scan(args: argparse.Namespace) -> int:
     from guard.catalog import printable
-    from wrapper.render import colour_enabled, render_json_array
+    from wrapper.readers.render import colour_enabled, render_json_array
 
     now = time.time_ns() // 1_000_000
     warnings: list[str] = []
@@ -234,7 +243,7 @@ def run_scan(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_scan_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     scan_parser = commands.add_parser(
         "scan",
         help="occupancy of recent sessions read from the harnesses' own transcripts (no wrapping)",

@@ -1,7 +1,7 @@
 """The readers' data (HC-R14, HC-R17): the roster, one agent's inspection, doctor's rules.
 
 Plain data only: `collect_*` take the catalog path and `now_ms` and return dataclasses; the text
-(tables, meters, advisory lines) is wrapper.render's, the command line wrapper.reader_commands'.
+(tables, meters, advisory lines) is wrapper.readers.render's, the command line wrapper.readers.reader_commands'.
 Reading goes through guard.catalog, so a hostile tree gives a row with `context: null` and a
 warning, never a traceback and never a number the record did not carry. Nothing here writes.
 """
@@ -38,7 +38,7 @@ from guard.errors import CatalogError, NotFound
 from guard.files import open_regular
 from guard.layout import check_name, log_path
 from guard.procs import pid_alive
-from guard.projection import decode_record, exposure, headroom_tokens, project
+from guard.projection import Context, decode_record, project, reading_of
 from guard.record import HarnessContext
 from guard.state import HarnessState, process_identity
 from sidecar.registry import REGISTERED, verified_versions
@@ -118,7 +118,7 @@ class AgentRow:
     identity: str
     harness: str | None
     desired_state: str | None
-    context: dict[str, Any] | None
+    context: Context | None
     # Why `context` is null although something was there; None for a plain absence.
     problem: str | None = None
     claim_problem: str | None = None
@@ -129,13 +129,18 @@ class AgentRow:
     def name(self) -> str:
         return f"{self.host}/{self.identity}"
 
+    @property
+    def named_harness(self) -> str | None:
+        """The harness the claim names, else the one the reading names; None with neither."""
+        return self.harness or (None if self.context is None else self.context.harness)
+
     def wire(self) -> dict[str, Any]:
         return {
             "host": self.host,
             "identity": self.identity,
             "harness": self.harness,
             "desiredState": self.desired_state,
-            "context": self.context,
+            "context": None if self.context is None else self.context.wire(),
         }
 
     def warnings(self) -> list[str]:
@@ -151,7 +156,7 @@ class DecodedAgent:
     problem: str | None
     claim: HarnessState | None
     claim_problem: str | None
-    fields: dict[str, Any] | None  # the record's `exposure`, computed once
+    reading: Context | None  # the record's `reading_of`, computed once
 
     @property
     def harness(self) -> str | None:
@@ -159,14 +164,14 @@ class DecodedAgent:
 
 
 def decode_agent(files: AgentFiles, *, expose: bool = True) -> DecodedAgent:
-    """`expose=False` skips the record's `exposure` (for a reader that takes the model's attributes)."""
+    """`expose=False` skips the record's `reading_of` (for a reader that takes the record's attributes)."""
     record, problem = decode_record(files.record, REGISTERED)
     claim, claim_problem = decode_claim(files.claim, REGISTERED)
     if files.problem is not None:
         claim_problem = None  # one warning for the directory, not one per file
     return DecodedAgent(
         files, record, None if problem is None else short(problem), claim, claim_problem,
-        None if record is None or not expose else exposure(record),
+        None if record is None or not expose else reading_of(record),
     )  # fmt: skip
 
 
@@ -186,7 +191,7 @@ def agent_view(
     """The view of a decoded agent at `now`: its age, staleness and whether its wrapper lives."""
     record, problem, context, ahead = decoded.record, decoded.problem, None, None
     if record is not None:
-        context = project(record, now, decoded.fields)
+        context = project(record, now, decoded.reading)
         if context is None:
             ahead = record.observed_at_ms - now
             problem = f"context record observed {ahead} ms in the future; clock untrusted, read as absent"
@@ -323,20 +328,22 @@ def resolve_agent(catalog: Path, wanted: str, *, here: str) -> tuple[str, str]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Doctor's rules (HC-R17); wrapper.render words them
+# Doctor's rules (HC-R17); wrapper.readers.render words them
 
 
-def fill_advised(context: dict[str, Any]) -> bool:
+def fill_advised(context: Context) -> bool:
     """Doctor's first case: the harness's own percent at or above HARNESS_CONTEXT_WARN_PERCENT."""
-    percent = context["usedPercent"]
+    percent = context.used_percent
     return percent is not None and percent >= HARNESS_CONTEXT_WARN_PERCENT
 
 
-def headroom_short(context: dict[str, Any]) -> bool:
+def headroom_short(context: Context) -> bool:
     """Doctor's headroom case: tokens to the harness's compaction point below
     HARNESS_CONTEXT_HEADROOM_WARN_PERCENT of the window (no window or no point: never)."""
-    headroom, window = headroom_tokens(context), context["windowTokens"]
-    return headroom is not None and bool(window) and headroom * 100 < window * HARNESS_CONTEXT_HEADROOM_WARN_PERCENT
+    headroom, window = context.headroom_tokens, context.window_tokens
+    if headroom is None or not window:
+        return False
+    return headroom * 100 < window * HARNESS_CONTEXT_HEADROOM_WARN_PERCENT
 
 
 def unverified_builds(harness: str, version: str) -> tuple[str, ...] | None:

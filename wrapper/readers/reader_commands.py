@@ -1,5 +1,5 @@
-"""The readers' command line: `hctx agents`, `doctor`, `inspect` and `top`, and the catalog options
-every command shares (`--catalog`, `--host`, the catalog's origin, the warning and failure lines).
+"""The readers' command line: `hctx agents`, `accounts`, `doctor`, `inspect` and `top` (the catalog
+options every command shares are wrapper.arguments').
 
 Only argparse and the catalog's path are loaded with every `hctx`; each command imports the
 roster, the renderer or the top view when it runs.
@@ -8,112 +8,29 @@ roster, the renderer or the top view when it runs.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-from collections.abc import Callable, Iterable
-from pathlib import Path
 
 from guard.constants import HARNESS_CONTEXT_HEADROOM_WARN_PERCENT, HARNESS_CONTEXT_WARN_PERCENT
 from guard.errors import CatalogError
-from guard.layout import default_catalog_origin, default_host
+from wrapper.arguments import add_catalog_options, existing_catalog, fail, quiet_guard_logs, warn, with_host
 
 __all__ = [
-    "Command",
-    "add_catalog_options",
-    "add_reader_commands",
-    "catalog_of",
-    "catalog_origin",
-    "existing_catalog",
-    "fail",
-    "quiet_guard_logs",
+    "register",
     "run_accounts",
     "run_agents",
     "run_doctor",
     "run_inspect",
     "run_top",
-    "warn",
-    "with_host",
 ]
-
-Command = Callable[[argparse.Namespace], int]
-
-
-# ---------------------------------------------------------------------------------------------
-# What every command shares
-
-
-def catalog_origin(args: argparse.Namespace) -> tuple[Path, str]:
-    """The catalog a command uses and where that path came from: `--catalog`, else `$HCTX_CATALOG`,
-    else the XDG default. Every command resolves it here."""
-    catalog: Path | None = args.catalog
-    return default_catalog_origin() if catalog is None else (catalog, "--catalog")
-
-
-def catalog_of(args: argparse.Namespace) -> Path:
-    return catalog_origin(args)[0]
-
-
-def existing_catalog(args: argparse.Namespace) -> Path:
-    """The catalog a reader reads. A path that does not exist is an error naming it and its origin,
-    so a typo never reads as an empty fleet; an existing empty catalog is an empty answer."""
-    catalog, origin = catalog_origin(args)
-    if not os.path.lexists(catalog):
-        raise CatalogError(f"{catalog} does not exist (from {origin})")
-    return catalog
-
-
-def quiet_guard_logs() -> None:
-    """The projection logs what it refuses; readers report it themselves, as a row's warning."""
-    import logging
-
-    guard_log = logging.getLogger("guard")
-    guard_log.addHandler(logging.NullHandler())
-    guard_log.propagate = False
-
-
-def warn(command: str, messages: Iterable[str]) -> None:
-    for message in messages:
-        print(f"hctx {command}: warning: {message}", file=sys.stderr)
-
-
-def fail(command: str, message: str, status: int) -> int:
-    print(f"hctx {command}: {message}", file=sys.stderr)
-    return status
-
-
-def add_catalog_options(parser: argparse.ArgumentParser) -> None:
-    """`--catalog` and `--host`, the same for every command; resolved when the command runs."""
-    parser.add_argument(
-        "--catalog",
-        type=Path,
-        metavar="DIR",
-        help="catalog root (default: $HCTX_CATALOG, else $XDG_STATE_HOME/hctx, else ~/.local/state/hctx)",
-    )
-    parser.add_argument(
-        "--host",
-        default=None,
-        metavar="NAME",
-        help="the host name this machine has in the catalog (default: the short hostname)",
-    )
-
-
-def with_host(run: Command) -> Command:
-    def resolved(args: argparse.Namespace) -> int:
-        if args.host is None:
-            args.host = default_host()
-        return run(args)
-
-    return resolved
-
 
 # ---------------------------------------------------------------------------------------------
 # The reader commands
 
 
 def run_agents(args: argparse.Namespace) -> int:
-    from wrapper.accounts import account_of
-    from wrapper.render import colour_enabled, render_agent_json, render_agents, render_agents_json
-    from wrapper.roster import AgentNotFound, collect_roster, now_ms, resolve_agent, view_agent
+    from wrapper.readers.accounts import account_of
+    from wrapper.readers.render import colour_enabled, render_agent_json, render_agents, render_agents_json
+    from wrapper.readers.roster import AgentNotFound, collect_roster, now_ms, resolve_agent, view_agent
 
     quiet_guard_logs()
     here, now = args.host, now_ms()
@@ -144,8 +61,8 @@ def run_agents(args: argparse.Namespace) -> int:
 
 
 def run_doctor(args: argparse.Namespace) -> int:
-    from wrapper.render import render_doctor
-    from wrapper.roster import collect_roster, now_ms
+    from wrapper.readers.render import render_doctor
+    from wrapper.readers.roster import collect_roster, now_ms
 
     quiet_guard_logs()
     try:
@@ -157,8 +74,8 @@ def run_doctor(args: argparse.Namespace) -> int:
 
 
 def run_inspect(args: argparse.Namespace) -> int:
-    from wrapper.render import render_inspection
-    from wrapper.roster import AgentNotFound, collect_inspection, now_ms, resolve_agent
+    from wrapper.readers.render import render_inspection
+    from wrapper.readers.roster import AgentNotFound, collect_inspection, now_ms, resolve_agent
 
     quiet_guard_logs()
     here, now = args.host, now_ms()
@@ -175,9 +92,9 @@ def run_inspect(args: argparse.Namespace) -> int:
 
 
 def run_accounts(args: argparse.Namespace) -> int:
-    from wrapper.accounts import fan_in
-    from wrapper.render import colour_enabled, render_accounts, render_accounts_json
-    from wrapper.roster import collect_roster, now_ms
+    from wrapper.readers.accounts import fan_in
+    from wrapper.readers.render import colour_enabled, render_accounts, render_accounts_json
+    from wrapper.readers.roster import collect_roster, now_ms
 
     quiet_guard_logs()
     now = now_ms()
@@ -195,7 +112,7 @@ def run_accounts(args: argparse.Namespace) -> int:
 
 
 def run_top(args: argparse.Namespace) -> int:
-    from wrapper.top import run
+    from wrapper.readers.top import run
 
     quiet_guard_logs()
     try:
@@ -205,7 +122,7 @@ def run_top(args: argparse.Namespace) -> int:
     return run(catalog, here=args.host, once=args.once)
 
 
-def add_reader_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     agents = commands.add_parser(
         "agents",
         help="list every agent with its context fill",

@@ -1,8 +1,8 @@
 """The web board's data: one view per roster row, the rate-limit panel, one agent's page, and the
-plot of its fill over time drawn from the per-agent log.
+plot of its fill over time drawn from the fill history (guard.history) in the per-agent log.
 
-Every number and word comes from the readers' one projection (wrapper.roster) and their one
-renderer (wrapper.render): the tint, the headroom, the age and the stale mark are theirs, so the
+Every number and word comes from the readers' one projection (wrapper.readers.roster) and their one
+renderer (wrapper.readers.render): the tint, the headroom, the age and the stale mark are theirs, so the
 board cannot tell a different story from `hctx agents`. Each view carries the row's `agent`
 object, which is exactly that row of `hctx agents --json`. Plain data in, plain data (and SVG
 text) out; nothing here serves or watches.
@@ -18,13 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from guard.catalog import printable
-from guard.errors import JsonRefused
 from guard.files import open_regular
-from guard.json_rule import loads
-from guard.layout import log_path
-from sidecar.logs import LOG_BACKUPS
-from wrapper.accounts import AccountGroup, Window, fan_in, groups_by_agent
-from wrapper.render import (
+from guard.history import StartLine, WriteLine, read_fill_line
+from guard.layout import log_files, log_path
+from guard.projection import SubagentReading
+from wrapper.readers.accounts import AccountGroup, Snapshot, Window, fan_in, groups_by_agent
+from wrapper.readers.render import (
     age_text,
     agent_wire,
     claim_section,
@@ -38,8 +37,8 @@ from wrapper.render import (
     subagent_label,
     tokens_text,
 )
-from wrapper.roster import AgentRow, Inspection
-from wrapper.top import fill_order
+from wrapper.readers.roster import AgentRow, Inspection
+from wrapper.readers.top import fill_order
 
 __all__ = [
     "HISTORY_BYTES",
@@ -70,7 +69,7 @@ def age_now(row: AgentRow, read_ms: int, now: int) -> str:
     context = row.context
     if context is None:
         return "-"
-    return age_text(context["ageMs"] + max(0, now - read_ms)) + (" stale" if context["stale"] else "")
+    return age_text(context.age_ms + max(0, now - read_ms)) + (" stale" if context.stale else "")
 
 
 def ages_now(row: AgentRow, read_ms: int, now: int) -> dict[str, str]:
@@ -80,7 +79,7 @@ def ages_now(row: AgentRow, read_ms: int, now: int) -> dict[str, str]:
     if context is None:
         return {}
     since = max(0, now - read_ms)
-    subagents = {f"{row.name}\n{sub['id']}": age_text(sub["ageMs"] + since) for sub in context.get("subagents", [])}
+    subagents = {f"{row.name}\n{sub.id}": age_text(sub.age_ms + since) for sub in context.subagents}
     return {row.name: age_now(row, read_ms, now), **subagents}
 
 
@@ -88,64 +87,64 @@ def row_view(row: AgentRow, read_ms: int, now: int, groups: Mapping[str, Account
     """What the fleet page shows of one row, every cell as the terminal readers word it. `groups`:
     the roster's account groups (`groups_by_agent`), for its account's figure; default its own."""
     context = row.context
-    percent = None if context is None else context["usedPercent"]
+    percent = None if context is None else context.used_percent
     fill_key = fill_order(row)
-    observed = None if context is None else context["observedAtMs"]
+    observed = None if context is None else context.observed_at_ms
     age_key = (1, 0, row.host, row.identity) if observed is None else (0, -observed, row.host, row.identity)
     return {
         "key": row.name,
         "agent": agent_wire(row, groups_by_agent(fan_in([row])) if groups is None else groups, read_ms),
-        "harness": row.harness or (None if context is None else context["harness"]) or "-",
-        "model": "-" if context is None or context["model"] is None else context["model"],
+        "harness": row.named_harness or "-",
+        "model": "-" if context is None or context.model is None else context.model,
         "reading": context is not None,
         "percent": None if percent is None else percent_text(percent),
         "tint": fill_tint(context),
         "meter": meter_text(context),
         "title": meter_title(context),
         "headroom": headroom_text(context),
-        "compactions": "-" if context is None else str(context["compactions"]),
+        "compactions": "-" if context is None else str(context.compactions),
         "age": age_now(row, read_ms, now),
-        "stale": bool(context is not None and context["stale"]),
-        "cost": cost_text(None if context is None else context["costUsd"]),
+        "stale": context is not None and context.stale,
+        "cost": cost_text(None if context is None else context.cost_usd),
         "state": row.desired_state or "-",
         "problem": "; ".join(problem for problem in (row.problem, row.claim_problem) if problem) or None,
         "order": {"fill": list(fill_key), "age": list(age_key)},
-        "subagents": [subagent_view(sub) for sub in (context or {}).get("subagents", [])],
+        "subagents": [subagent_view(sub) for sub in (() if context is None else context.subagents)],
     }
 
 
-def subagent_view(sub: dict[str, Any]) -> dict[str, Any]:
+def subagent_view(sub: SubagentReading) -> dict[str, Any]:
     """A subagent's line under its agent's row (issue 28), worded as `hctx agents` words it: its
     own numbers, never the agent's."""
-    percent = sub["usedPercent"]
+    percent = sub.used_percent
     return {
-        "key": sub["id"],
+        "key": sub.id,
         "label": subagent_label(sub),
-        "state": sub["state"],
-        "model": sub["model"] or "-",
+        "state": sub.state,
+        "model": sub.model or "-",
         "reading": True,
         "percent": None if percent is None else percent_text(percent),
         "tint": fill_tint(sub),
         "meter": meter_text(sub),
         "title": meter_title(sub),
-        "compactions": "-" if sub["compactions"] is None else str(sub["compactions"]),
-        "age": age_text(sub["ageMs"]),
+        "compactions": "-" if sub.compactions is None else str(sub.compactions),
+        "age": age_text(sub.age_ms),
         "problem": None,
     }
 
 
 def rate_limit_panel(rows: Iterable[tuple[AgentRow, int]], now: int) -> dict[str, Any]:
-    """The accounts' rate limits, as `hctx accounts` fans them in (wrapper.accounts.fan_in): one
+    """The accounts' rate limits, as `hctx accounts` fans them in (wrapper.readers.accounts.fan_in): one
     entry per account (an agent stating none is its own), each window the newest snapshot across
     its agents, newest account first; `key` is the agent the newest snapshot came from, whose age
     the entry shows."""
     read_at = {row.name: (row, read_ms) for row, read_ms in rows}
     groups = fan_in(row for row, _ in read_at.values())
 
-    def newest(group: AccountGroup) -> AgentRow:
-        return max(group.windows.values(), key=lambda snapshot: snapshot.observed_at_ms).source
+    def newest(group: AccountGroup) -> Snapshot:
+        return max(group.windows.values(), key=lambda snapshot: snapshot.observed_at_ms)
 
-    groups.sort(key=lambda group: (-(newest(group).context or {})["observedAtMs"], newest(group).name))
+    groups.sort(key=lambda group: (-newest(group).observed_at_ms, newest(group).source.name))
 
     def shown(group: AccountGroup, window: Window) -> str:
         snapshot = group.windows.get(window)
@@ -153,12 +152,11 @@ def rate_limit_panel(rows: Iterable[tuple[AgentRow, int]], now: int) -> dict[str
 
     entries = []
     for group in groups[:RATE_PANEL_ROWS]:
-        source = newest(group)
-        context = source.context or {}
+        source = newest(group).source
         entries.append({
             "key": source.name,
             "account": printable(group.name),
-            "harness": context["harness"],
+            "harness": None if source.context is None else source.context.harness,  # the snapshot's reading
             "fiveHour": shown(group, "fiveHour"),
             "sevenDay": shown(group, "sevenDay"),
             "agents": len(group.agents),
@@ -206,15 +204,12 @@ def _log_lines(path: Path) -> tuple[list[bytes], str | None]:
     return lines[1:] if start > 0 else lines, None  # the first line was cut by the byte window
 
 
-def _count(value: object) -> int | None:
-    return value if type(value) is int and value >= 0 else None
-
-
 def read_fill_history(catalog: Path, host: str, identity: str, *, here: str) -> FillHistory:
-    """The `write` lines of the agent's log and its rotations, oldest first; a line that is not one
-    is passed over (the log is the sidecar's diagnostics, not a record: nothing in it is trusted)."""
+    """The fill history's `write` lines (guard.history, docs/fill-history.md) in the agent's log and
+    its rotations, oldest first; every other line is passed over (the log is the sidecar's
+    diagnostics, not a record: a line is taken only as the history's typed model validates it)."""
     live = log_path(catalog, host, identity)
-    files = [live.with_name(f"{live.name}.{n}") for n in range(LOG_BACKUPS, 0, -1)] + [live]
+    files = log_files(catalog, host, identity)
     points: list[FillPoint] = []
     problems: list[str] = []
     found = False
@@ -225,21 +220,14 @@ def read_fill_history(catalog: Path, host: str, identity: str, *, here: str) -> 
         if problem:
             problems.append(problem)
         for line in lines:
-            try:
-                entry = loads(line)  # the one rule: a deep or hostile line is a skipped line, never a crash
-            except JsonRefused:
-                continue
-            if not isinstance(entry, dict):
-                continue
-            if entry.get("event") == "start":
+            entry = read_fill_line(line)  # the one rule: a deep or hostile line is a skipped line, never a crash
+            if isinstance(entry, StartLine):
                 run += 1
-            at, used = _count(entry.get("observedAtMs")), _count(entry.get("usedTokens"))
-            if entry.get("event") != "write" or at is None or used is None:
+            if not isinstance(entry, WriteLine) or entry.used_tokens is None:
                 continue
             points.append(FillPoint(
-                at_ms=at, used=used, window=_count(entry.get("windowTokens")),
-                compact_at=_count(entry.get("compactAtTokens")), compactions=_count(entry.get("compactions")) or 0,
-                reason=str(entry.get("reason")), run=run,
+                at_ms=entry.observed_at_ms, used=entry.used_tokens, window=entry.window_tokens,
+                compact_at=entry.compact_at_tokens, compactions=entry.compactions, reason=entry.reason, run=run,
             ))  # fmt: skip
     if not found:
         if host != here:
@@ -337,7 +325,7 @@ def agent_detail(inspection: Inspection, history: FillHistory, read_ms: int) -> 
     """One agent's page: its row, `inspect`'s record and claim sections, and the plot."""
     row = inspection.view.row
     context = row.context
-    compact_at = None if context is None else context["compactAtTokens"]
+    compact_at = None if context is None else context.compact_at_tokens
     return {
         "view": row_view(row, read_ms, read_ms),
         "record": record_section(inspection),

@@ -14,7 +14,7 @@ import math
 import os
 import time
 from collections.abc import Iterable, Mapping
-from typing import IO, Any, Literal
+from typing import IO, Any, Literal, Protocol
 
 from guard.catalog import printable
 from guard.constants import (
@@ -24,11 +24,11 @@ from guard.constants import (
     HARNESS_CONTEXT_WARN_PERCENT,
 )
 from guard.files import RawFile
-from guard.projection import headroom_tokens
-from guard.record import HarnessContext, round_half_up
+from guard.projection import Context, SubagentReading
+from guard.record import HarnessContext, Subagent, round_half_up
 from guard.state import Unobserved
-from wrapper.accounts import WINDOWS, AccountGroup, Snapshot, fan_in, groups_by_agent
-from wrapper.roster import (
+from wrapper.readers.accounts import WINDOWS, AccountGroup, Snapshot, fan_in, groups_by_agent
+from wrapper.readers.roster import (
     LOG_TAIL_LINES,
     AgentRow,
     Inspection,
@@ -44,6 +44,7 @@ __all__ = [
     "PERCENT_DIGITS_LIMIT",
     "RAW_SHOWN_BYTES",
     "RED_PERCENT",
+    "Fill",
     "Tint",
     "account_limits_wire",
     "age_text",
@@ -54,6 +55,7 @@ __all__ = [
     "cost_text",
     "counted",
     "ctx_text",
+    "ctx_words",
     "doctor_advisories",
     "fill_tint",
     "headroom_text",
@@ -63,6 +65,7 @@ __all__ = [
     "meter_title",
     "paint",
     "percent_text",
+    "percent_tint",
     "record_section",
     "render_accounts",
     "render_accounts_json",
@@ -91,6 +94,18 @@ PERCENT_DIGITS_LIMIT = 100_000
 RAW_SHOWN_BYTES = 4096
 
 
+class Fill(Protocol):
+    """What the fill columns read, on an agent's reading and a subagent's alike (the record's models,
+    guard.record, and the projection's, guard.projection)."""
+
+    @property
+    def used_percent(self) -> float | None: ...
+    @property
+    def used_tokens(self) -> int | None: ...
+    @property
+    def window_tokens(self) -> int | None: ...
+
+
 # ---------------------------------------------------------------------------------------------
 # Colour
 
@@ -106,11 +121,14 @@ def colour_enabled(stream: IO[str], environ: dict[str, str] | None = None) -> bo
         return False
 
 
-def fill_tint(context: dict[str, Any] | None) -> Tint:
+def fill_tint(fill: Fill | None) -> Tint:
     """Amber at >= 80%, red at >= 95% of the harness's own percent; no percent, no tint."""
-    if context is None or context["usedPercent"] is None:
+    return percent_tint(None if fill is None else fill.used_percent)
+
+
+def percent_tint(percent: float | None) -> Tint:
+    if percent is None:
         return None
-    percent = context["usedPercent"]
     if percent >= RED_PERCENT:
         return "red"
     if percent >= AMBER_PERCENT:
@@ -141,15 +159,19 @@ def percent_text(percent: float) -> str:
     return f"{round_half_up(percent)}%"
 
 
-def ctx_text(context: dict[str, Any] | None) -> str:
+def ctx_text(context: Context | None) -> str:
     """The roster's compact column: `ctx:92% ⟳1`, `ctx:-`, `ctx:?`, with ` stale`."""
     if context is None:
         return "ctx:-"
-    percent = context["usedPercent"]
+    return ctx_words(context.used_percent, context.compactions, context.stale)
+
+
+def ctx_words(percent: float | None, compactions: int | None, stale: bool) -> str:
+    """`ctx_text` of a reading's three numbers (a subagent's, whose compactions may be unstated)."""
     text = "ctx:?" if percent is None else f"ctx:{percent_text(percent)}"
-    if context["compactions"]:
-        text += f" ⟳{context['compactions']}"
-    if context["stale"]:
+    if compactions:
+        text += f" ⟳{compactions}"
+    if stale:
         text += " stale"
     return text
 
@@ -166,26 +188,26 @@ def tokens_text(tokens: int | None) -> str:
     return f"{millions:g}M"
 
 
-def headroom_text(context: dict[str, Any] | None) -> str:
+def headroom_text(context: Context | None) -> str:
     """The headroom column: `→ 12k` tokens to the harness's own compaction, `→ -3k` past it, `-`
     where the harness states no compaction point (or the reading no count)."""
-    headroom = None if context is None else headroom_tokens(context)
+    headroom = None if context is None else context.headroom_tokens
     if headroom is None:
         return "-"
     return f"→ {'-' if headroom < 0 else ''}{tokens_text(abs(headroom))}"
 
 
-def meter_title(context: dict[str, Any] | None) -> str:
+def meter_title(fill: Fill | None) -> str:
     """The meter as a sentence, the web chip's title: `170k of 200k tokens`; empty as `meter_text`."""
-    meter = meter_text(context)
+    meter = meter_text(fill)
     return meter.replace("/", " of ", 1) + " tokens" if meter else ""
 
 
-def meter_text(context: dict[str, Any] | None) -> str:
+def meter_text(fill: Fill | None) -> str:
     """The decision record's `127k/200k`; empty when neither count is known."""
-    if context is None or (context["usedTokens"] is None and context["windowTokens"] is None):
+    if fill is None or (fill.used_tokens is None and fill.window_tokens is None):
         return ""
-    return f"{tokens_text(context['usedTokens'])}/{tokens_text(context['windowTokens'])}"
+    return f"{tokens_text(fill.used_tokens)}/{tokens_text(fill.window_tokens)}"
 
 
 def age_text(age_ms: int) -> str:
@@ -298,43 +320,42 @@ def render_agents(
         body.append([
             (row.host, None),
             (row.identity, None),
-            (row.harness or (None if context is None else context["harness"]) or "-", None),
+            (row.named_harness or "-", None),
             (row.desired_state or "-", None),
             (ctx_text(context), None),
             (meter_text(context), fill_tint(context)),
             (headroom_text(context), None),
-            ("-" if context is None else age_text(context["ageMs"]), None),
-            (cost_text(None if context is None else context["costUsd"]), None),
+            ("-" if context is None else age_text(context.age_ms), None),
+            (cost_text(None if context is None else context.cost_usd), None),
             *([limit] if with_limits else []),
         ])  # fmt: skip
         below = [("", None)] if with_limits else []  # a subagent's limits are its agent's
-        body += [[*subagent_cells(sub), *below] for sub in (context or {}).get("subagents", [])]
+        body += [[*subagent_cells(sub), *below] for sub in (() if context is None else context.subagents)]
     return table(body, header, colour)
 
 
-def subagent_label(sub: dict[str, Any]) -> str:
+def subagent_label(sub: Subagent) -> str:
     """How every reader names a subagent under its agent: `└ general-purpose a91242bfc47ae887`."""
-    return f"└ {printable(sub['name'] or 'subagent')} {printable(sub['id'][:16])}"
+    return f"└ {printable(sub.name or 'subagent')} {printable(sub.id[:16])}"
 
 
-def subagent_cells(sub: dict[str, Any]) -> list[tuple[str, Tint]]:
+def subagent_cells(sub: SubagentReading) -> list[tuple[str, Tint]]:
     """One subagent's row, indented under its agent's (issue 28): its own fill, never the agent's."""
-    shown = {"compactions": sub["compactions"], "stale": False, "usedPercent": sub["usedPercent"]}
     return [
         ("", None),
         (f"  {subagent_label(sub)}", None),
-        (sub["model"] or "", None),
-        (sub["state"], None),
-        (ctx_text(shown), None),
+        (printable(sub.model or ""), None),
+        (sub.state, None),
+        (ctx_words(sub.used_percent, sub.compactions, False), None),
         (meter_text(sub), fill_tint(sub)),
         ("-", None),
-        (age_text(sub["ageMs"]), None),
+        (age_text(sub.age_ms), None),
         ("", None),
     ]
 
 
 # ---------------------------------------------------------------------------------------------
-# `hctx doctor` (HC-R17): the rules are wrapper.roster's, the words are these
+# `hctx doctor` (HC-R17): the rules are wrapper.readers.roster's, the words are these
 
 
 def doctor_advisories(roster: Roster) -> list[str]:
@@ -345,29 +366,29 @@ def doctor_advisories(roster: Roster) -> list[str]:
         context = row.context
         if context is None:
             continue
-        age = age_text(context["ageMs"])
-        if fill_advised(context):
+        age = age_text(context.age_ms)
+        if (percent := context.used_percent) is not None and fill_advised(context):
             tokens = meter_text(context)
             lines.append(
-                f"advisory: {row.name}: context fill {percent_text(context['usedPercent'])}"
+                f"advisory: {row.name}: context fill {percent_text(percent)}"
                 + (f" ({tokens} tokens)" if tokens else "")
                 + f", at or above {HARNESS_CONTEXT_WARN_PERCENT}%; reading {age} old"
             )
         if headroom_short(context):
             lines.append(
                 f"advisory: {row.name}: {headroom_text(context)} tokens"
-                f" to the harness's own compaction at {tokens_text(context['compactAtTokens'])}"
-                f", under {HARNESS_CONTEXT_HEADROOM_WARN_PERCENT}% of the {tokens_text(context['windowTokens'])}"
+                f" to the harness's own compaction at {tokens_text(context.compact_at_tokens)}"
+                f", under {HARNESS_CONTEXT_HEADROOM_WARN_PERCENT}% of the {tokens_text(context.window_tokens)}"
                 f" window; reading {age} old"
             )
         if row.desired_state != "running":
             continue
-        if context["stale"]:
+        if context.stale:
             lines.append(
                 f"advisory: {row.name}: context record stale while desired state is running; "
                 f"the numbers are {age} old, older than the {age_text(HARNESS_CONTEXT_STALE_MS)} horizon"
             )
-        harness, version = context["harness"], context.get("harnessVersion")
+        harness, version = context.harness, context.harness_version
         if version is not None and (verified := unverified_builds(harness, version)) is not None:
             lines.append(
                 f"advisory: {row.name}: {harness} {printable(version)} is not a verified build "
@@ -467,13 +488,13 @@ def subagent_lines(record: HarnessContext) -> list[str]:
     state and when it was observed; never the agent's."""
     out = []
     for sub in record.subagents:
-        row = sub.model_dump(mode="json", by_alias=True)
         window = {"harness": "stated by the harness", "model-table": "from the model table"}.get(
             sub.window_source or "", "not stated"
         )
         compactions = "not stated" if sub.compactions is None else str(sub.compactions)
-        out.append(f"  subagent      {subagent_label(row)}  {sub.state}  {ctx_text(row | {'stale': False})}"
-                   f"  {meter_text(row) or '?/?'}  model {printable(sub.model or '?')}  window {window}"
+        shown = ctx_words(sub.used_percent, sub.compactions, False)
+        out.append(f"  subagent      {subagent_label(sub)}  {sub.state}  {shown}"
+                   f"  {meter_text(sub) or '?/?'}  model {printable(sub.model or '?')}  window {window}"
                    f"  compactions {compactions}  observedAtMs {_ms_text(sub.observed_at_ms)}")  # fmt: skip
     return out
 
@@ -509,7 +530,8 @@ def render_inspection(inspection: Inspection) -> str:
     out = [f"agent {row.name}", "", *record_section(inspection), "", *claim_section(inspection), ""]
 
     out.append("== projection (the roster's context)")
-    projected = json.dumps(row.context, ensure_ascii=False, allow_nan=False, indent=2)
+    context = None if row.context is None else row.context.wire()
+    projected = json.dumps(context, ensure_ascii=False, allow_nan=False, indent=2)
     out.extend(f"  {printable(line)}" for line in projected.splitlines())
     out.append(f"  {ctx_text(row.context)}  {meter_text(row.context)}".rstrip())
     out.append("")
@@ -543,7 +565,7 @@ def limits_tint(snapshots: Iterable[Snapshot], now: int) -> Tint:
     """The meter's tints on the account's percent: amber from 80, red from 95; a snapshot past its
     reset or the hour horizon is not the account's state and is not tinted."""
     current = [snap.used_percent for snap in snapshots if not snap.stale and not snap.reset_passed(now)]
-    return fill_tint({"usedPercent": max(current)}) if current else None
+    return percent_tint(max(current)) if current else None
 
 
 def limits_text(group: AccountGroup | None, row: AgentRow, now: int) -> tuple[str, Tint]:

@@ -35,9 +35,19 @@ from guard.procs import pid_alive
 from guard.projection import headroom_tokens
 from guard.record import HarnessContext, RateLimits
 from guard.state import HarnessState
-from wrapper.arguments import TLS_PAIRING, add_tls_options, positive_seconds, tls_unpaired
-from wrapper.reader_commands import add_catalog_options, existing_catalog, fail, quiet_guard_logs, warn, with_host
-from wrapper.roster import PidProbe, decode_agent, desired_state, now_ms
+from wrapper.arguments import (
+    TLS_PAIRING,
+    add_catalog_options,
+    add_tls_options,
+    existing_catalog,
+    fail,
+    positive_seconds,
+    quiet_guard_logs,
+    tls_unpaired,
+    warn,
+    with_host,
+)
+from wrapper.readers.roster import PidProbe, decode_agent, desired_state, now_ms
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -65,10 +75,10 @@ __all__ = [
     "Exporter",
     "Family",
     "Limits",
-    "add_metrics_command",
     "exposition",
     "listen_address",
     "number_text",
+    "register",
     "run_metrics",
 ]
 
@@ -84,7 +94,7 @@ def _connections(text: str) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """The server's bounds (wrapper.metrics_server says what each one does)."""
+    """The server's bounds (wrapper.readers.metrics_server says what each one does)."""
 
     connections: int = 256
     header_s: float = 10.0
@@ -162,7 +172,7 @@ AGENT_FAMILIES: tuple[Family, ...] = (
 )  # fmt: skip
 _STATIC = len(AGENT_FAMILIES) - 2
 # Issue 29: per account and window, the newest snapshot across the agents whose records name the
-# account (wrapper.accounts.fan_in's rule), labelled by the opaque key, never the label: the
+# account (wrapper.readers.accounts.fan_in's rule), labelled by the opaque key, never the label: the
 # series stay few and free of personal data. After the agents' families, from the readable ones.
 ACCOUNT_USED = _gauge(
     "hctx_account_rate_limit_used_percent",
@@ -211,7 +221,7 @@ def _account_windows(record: HarnessContext) -> tuple[AccountWindow, ...]:
 
 
 def _headroom(record: HarnessContext) -> int | None:
-    return headroom_tokens({"compactAtTokens": record.compact_at_tokens, "usedTokens": record.used_tokens})
+    return headroom_tokens(record.compact_at_tokens, record.used_tokens)
 
 
 def number_text(value: float) -> str:
@@ -572,7 +582,7 @@ def run_metrics(args: argparse.Namespace) -> int:
                         remember=serving or args.interval is not None)  # fmt: skip
     if args.textfile is not None:
         return _write(args, exporter)
-    from wrapper.metrics_server import serve_exporter
+    from wrapper.readers.metrics_server import serve_exporter
 
     if unreadable := _unreadable_tls_files(args):
         return fail("metrics", f"cannot serve HTTPS: {'; '.join(unreadable)}", 2)
@@ -582,7 +592,7 @@ def run_metrics(args: argparse.Namespace) -> int:
                           args.tls_client_ca)  # fmt: skip
 
 
-def add_metrics_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     metrics = commands.add_parser(
         "metrics",
         help="serve the roster to Prometheus, or write it for node_exporter's textfile collector",

@@ -1,7 +1,7 @@
 """The board's live state: the roster held in memory, kept current from the catalog's file events,
 and pushed to every open page.
 
-A changed record (noticed by `wrapper.notice`, as `hctx watch` and `hctx top` notice it) re-reads
+A changed record (noticed by `wrapper.readers.notice`, as `hctx watch` and `hctx top` notice it) re-reads
 only its agent; the whole catalog is looked at again every `reread_s` (staleness is time-based, and
 an event may be missed), through a `RosterCache`, so even then only the agents whose files changed
 are read; the ages tick every second from the projection's `ageMs`. Reading runs in a worker
@@ -17,7 +17,7 @@ import contextlib
 import json
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,17 +26,19 @@ import trio
 
 from guard.errors import CatalogError
 from guard.procs import pid_alive
-from wrapper.accounts import fan_in, groups_by_agent
-from wrapper.notice import catalog_changes
-from wrapper.render import account_limits_wire
-from wrapper.roster import AgentRow, PidProbe, RosterCache, now_ms
-from wrapper.web.board import ages_now, rate_limit_panel, row_view
+from wrapper.readers.accounts import fan_in, groups_by_agent
+from wrapper.readers.notice import Changes
+from wrapper.readers.notice import follow as follow_catalog
+from wrapper.readers.render import account_limits_wire
+from wrapper.readers.roster import AgentRow, PidProbe, RosterCache, now_ms
+from wrapper.readers.web.board import ages_now, rate_limit_panel, row_view
 
 __all__ = [
     "AGE_TICK_S",
     "DEFAULT_REREAD_S",
     "Board",
     "Mailbox",
+    "Read",
     "Reading",
     "follow",
 ]
@@ -50,6 +52,18 @@ class Reading:
     row: AgentRow
     read_ms: int  # the wall clock the row was projected at
     started: float  # trio's clock when its read began: a later read's result wins
+
+
+@dataclass(frozen=True, slots=True)
+class Read:
+    """What one read of a batch of changes found: a `whole` read's readings and warnings, or why the
+    catalog could not be read (`problem`); a read of the named agents, theirs and the ones `gone`."""
+
+    whole: bool
+    found: list[Reading]
+    warnings: list[str] = field(default_factory=list)
+    gone: set[str] = field(default_factory=set)
+    problem: str | None = None
 
 
 class Mailbox:
@@ -230,6 +244,30 @@ class Board:
         found = [Reading(view.row, read_ms, started) for view in views]
         return found, {f"{host}/{identity}" for host, identity in gone}
 
+    def read(self, changes: Changes, started: float) -> Read:
+        """What `changes` names: every agent when `whole` (the named ones are read with the rest)."""
+        if not changes.whole:
+            found, gone = self.read_agents(changes.agents, started)
+            return Read(False, found, gone=gone)
+        try:
+            found, warnings = self.read_whole(started)
+        except CatalogError as exc:
+            return Read(True, [], problem=f"cannot read the catalog: {exc}")
+        return Read(True, found, warnings)
+
+    # -- on the loop, what a read found ------------------------------------------------------------
+
+    def took(self, read: Read) -> None:
+        if read.problem is not None:
+            self.failed(read.problem)
+        elif read.whole:
+            self.apply(read.found, whole=True, warnings=read.warnings)
+        else:
+            self.apply(read.found, whole=False)
+            self.gone(read.gone)
+        if read.whole:
+            self.ready.set()
+
 
 _TICKING = frozenset({"age", "ageMs"})
 
@@ -245,17 +283,8 @@ def _settled(value: Any) -> Any:
 
 
 async def follow(board: Board, stop: anyio.Event, *, reread_s: float = DEFAULT_REREAD_S) -> None:
-    """Keep `board` current until `stop` is set: the catalog's changes and the ages' tick."""
-
-    async def read_whole() -> None:
-        try:
-            started = trio.current_time()
-            found, warnings = await trio.to_thread.run_sync(board.read_whole, started)
-        except CatalogError as exc:
-            board.failed(f"cannot read the catalog: {exc}")
-        else:
-            board.apply(found, whole=True, warnings=warnings)
-        board.ready.set()
+    """Keep `board` current until `stop` is set: the catalog's changes (the readers' one loop,
+    `wrapper.readers.notice.follow`) and the ages' tick."""
 
     async def tick() -> None:
         while True:
@@ -272,12 +301,4 @@ async def follow(board: Board, stop: anyio.Event, *, reread_s: float = DEFAULT_R
     async with trio.open_nursery() as nursery:
         nursery.start_soon(tick)
         nursery.start_soon(until_stopped)
-        async with catalog_changes(board.catalog, reread_s=reread_s, debounce_ms=200, step_ms=20) as noticed:
-            async for changes in noticed:
-                if changes.whole:  # the named agents are read with the rest
-                    await read_whole()
-                    continue
-                started = trio.current_time()
-                found, gone = await trio.to_thread.run_sync(board.read_agents, changes.agents, started)
-                board.apply(found, whole=False)
-                board.gone(gone)
+        await follow_catalog(board.catalog, board.read, board.took, reread_s=reread_s, debounce_ms=200, step_ms=20)

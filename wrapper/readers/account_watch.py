@@ -1,7 +1,7 @@
 """`hctx watch`'s `rate-limit` event (issue 29): an account's window crossing a `--rate-limit-at` percent.
 
-The event logic is `account_step`, pure like `wrapper.watch.step`: per account and window the fan-in's
-newest snapshot (`wrapper.accounts.fan_in`, across every agent sharing the account), so agents on one
+The event logic is `account_step`, pure like `wrapper.readers.watch.step`: per account and window the fan-in's
+newest snapshot (`wrapper.readers.accounts.fan_in`, across every agent sharing the account), so agents on one
 account fire once per crossing, not once each. Edge-triggered: a threshold fires when the newest
 snapshot is at or above it after one below it (or the first one seen), and is re-armed by a snapshot
 below it, by a snapshot whose window has reset, or when the reset time of the window it fired in has
@@ -13,7 +13,6 @@ replaced atomically before the events go out (at most once, as the fill events).
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -25,11 +24,9 @@ from guard.atomic import write_json_atomic
 from guard.catalog import printable
 from guard.constants import HARNESS_CONTEXT_STALE_MS
 from guard.errors import RecordRefused
-from wrapper.accounts import DEFAULT_RATE_LIMIT_AT, WINDOWS, AccountGroup, Snapshot, fan_in, group_key
-from wrapper.reader_commands import with_host
-from wrapper.render import age_text, percent_text, reset_text
-from wrapper.watch import Event, Observation, StateFile, log, parse_percents, read_state, run_watch
-from wrapper.watch import add_watch_command as add_fill_watch_command
+from wrapper.readers.accounts import WINDOWS, AccountGroup, Snapshot, fan_in, group_key
+from wrapper.readers.render import age_text, percent_text, reset_text
+from wrapper.readers.watch import Event, Observation, StateFile, log, read_state
 
 __all__ = [
     "ACCOUNT_STATE_SCHEMA",
@@ -39,10 +36,8 @@ __all__ = [
     "RateLimitEvent",
     "WindowSeen",
     "account_step",
-    "add_watch_command",
     "dump_account_state",
     "load_account_state",
-    "run_watch_with_accounts",
 ]
 
 ACCOUNT_STATE_SCHEMA = "hctx.watch-accounts.v1"
@@ -79,7 +74,7 @@ class RateLimitEvent(Event):
             "event": self.kind,
             "host": self.row.host,
             "agent": self.row.identity,
-            "harness": self.row.harness or (self.row.context or {}).get("harness"),
+            "harness": self.row.named_harness,
             "incarnation": self.incarnation,
             "account": group.key,
             "accountLabel": group.label,
@@ -230,20 +225,3 @@ class AccountWatch:
                 log(f"cannot save {self.path}: {exc}; a restart may repeat these events")
             self.state = after
         return events
-
-
-def run_watch_with_accounts(args: argparse.Namespace) -> int:
-    return run_watch(args, lambda state_file: [AccountWatch(state_file, args.rate_limit_at)])
-
-
-def add_watch_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """`hctx watch` (wrapper.watch) with the account rate-limit events beside its own."""
-    add_fill_watch_command(commands)
-    watch = commands.choices["watch"]
-    watch.add_argument(
-        "--rate-limit-at", type=parse_percents, default=DEFAULT_RATE_LIMIT_AT, metavar="PERCENTS",
-        help="account rate-limit thresholds, comma-separated: a `rate-limit` event per account and window "
-        "(five-hour, seven-day) when the newest snapshot across the account's agents reaches one; re-armed "
-        "below it or once the window resets; a snapshot past the hour horizon fires nothing (default: 80,95)",
-    )  # fmt: skip
-    watch.set_defaults(run=with_host(run_watch_with_accounts))

@@ -43,7 +43,7 @@ Send = Callable[[Message], Awaitable[None]]
 
 
 class Exporter(Protocol):
-    """What the server needs of wrapper.metrics.Exporter (kept apart: no import cycle)."""
+    """What the server needs of wrapper.readers.metrics.Exporter (kept apart: no import cycle)."""
 
     def build(self) -> None: ...
 

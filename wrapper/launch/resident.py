@@ -24,7 +24,7 @@ relaunch's claim runs under it (`WrapperLock`).
 
 The rare steps that need the claim or the registry (a relaunch's claim and launch plan, a launch's
 teardown, the record of a dead sidecar, the final `stopped`) run in a short-lived
-`python -m wrapper.launcher STEP` (`Steps`), one at a time, in order.
+`python -m wrapper.launch.launcher STEP` (`Steps`), one at a time, in order.
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ TAP_QUEUE_BYTES = 4 * 1024 * 1024
 TAP_RECONNECT_S = 0.5
 # How often a group being ended is looked at until it is gone or its deadline passes.
 GROUP_POLL_S = 0.02
-# A step (`python -m wrapper.launcher STEP`) that takes longer than this is killed and reported.
+# A step (`python -m wrapper.launch.launcher STEP`) that takes longer than this is killed and reported.
 STEP_TIMEOUT_S = 60.0
 # The niceness of the bookkeeping steps (all but a relaunch's `begin`, which the session waits on):
 # they yield the CPU to the sidecar draining beside them (it has SIDECAR_EXIT_TIMEOUT_S) and to the
@@ -164,7 +164,7 @@ class AgentRef:
 
 
 class Options:
-    """`hctx wrap`'s options the resident keeps for its relaunches (`wrapper.launcher.WrapOptions`)."""
+    """`hctx wrap`'s options the resident keeps for its relaunches (`wrapper.launch.launcher.WrapOptions`)."""
 
     __slots__ = (
         "agent",
@@ -172,6 +172,7 @@ class Options:
         "harness",
         "max_restarts",
         "record",
+        "record_raw",
         "restart",
         "restart_delay_max_s",
         "restart_delay_s",
@@ -189,6 +190,7 @@ class Options:
         restart_delay_max_s: float,
         takeover: bool,
         record: str | None,
+        record_raw: bool = False,
     ) -> None:
         self.agent, self.harness, self.argv, self.restart = agent, harness, argv, restart
         self.max_restarts, self.restart_delay_s, self.restart_delay_max_s = (
@@ -196,7 +198,7 @@ class Options:
             restart_delay_s,
             restart_delay_max_s,
         )
-        self.takeover, self.record = takeover, record
+        self.takeover, self.record, self.record_raw = takeover, record, record_raw
 
     def to_wire(self) -> dict[str, object]:
         return {
@@ -209,6 +211,7 @@ class Options:
             "restartDelayMaxS": self.restart_delay_max_s,
             "takeover": self.takeover,
             "record": self.record,
+            "recordRaw": self.record_raw,
         }
 
     @classmethod
@@ -227,6 +230,7 @@ class Options:
             float(_field(data, "restartDelayMaxS", (int, float), where)),
             _field(data, "takeover", bool, where),
             _field(data, "record", (str, type(None)), where),
+            _field(data, "recordRaw", bool, where),
         )
 
 
@@ -267,8 +271,10 @@ class Plan:
 
 
 class Incarnation:
-    """The claimed incarnation as the resident runs it (`wrapper.launcher.begin_incarnation`): its
-    prepared launch and channel, or, when the launch could not be prepared, the status it ends with."""
+    """The claimed incarnation as the resident runs it (`wrapper.launch.launcher.begin_incarnation`):
+    its prepared launch and channel, or, when the launch could not be prepared, the status it ends with.
+    `record_fd` and `record_raw` (`--record`'s open file, `--record-raw`) are the resident's to set:
+    they come with the spec once, not with each incarnation."""
 
     __slots__ = (
         "account",
@@ -278,7 +284,8 @@ class Incarnation:
         "harness",
         "incarnation",
         "plan",
-        "record",
+        "record_fd",
+        "record_raw",
         "status",
         "transport",
     )
@@ -292,13 +299,14 @@ class Incarnation:
         status: int | None = 2,
         transport: str | None = None,
         account: str | None = None,
-        record: str | None = None,
         channel_dir: str = "",
         channel: str = "",
     ) -> None:
         self.agent, self.harness, self.incarnation, self.plan, self.status = agent, harness, incarnation, plan, status
-        self.transport, self.account, self.record = transport, account, record
+        self.transport, self.account = transport, account
         self.channel_dir, self.channel = channel_dir, channel
+        self.record_fd: int | None = None
+        self.record_raw = False
 
     def to_wire(self) -> dict[str, object]:
         return {
@@ -309,7 +317,6 @@ class Incarnation:
             "status": self.status,
             "transport": self.transport,
             "account": self.account,
-            "record": self.record,
             "channelDir": self.channel_dir,
             "channel": self.channel,
         }
@@ -329,7 +336,6 @@ class Incarnation:
             status,
             _field(data, "transport", (str, type(None)), where),
             _field(data, "account", (str, type(None)), where),
-            _field(data, "record", (str, type(None)), where),
             _field(data, "channelDir", str, where),
             _field(data, "channel", str, where),
         )
@@ -338,10 +344,13 @@ class Incarnation:
 class Spec:
     """What `hctx wrap` hands the resident across its exec."""
 
-    __slots__ = ("incarnation", "lock_fd", "lock_held", "options")
+    __slots__ = ("incarnation", "lock_fd", "lock_held", "options", "record_fd")
 
-    def __init__(self, options: Options, incarnation: Incarnation, lock_fd: int, lock_held: bool) -> None:
+    def __init__(
+        self, options: Options, incarnation: Incarnation, lock_fd: int, lock_held: bool, record_fd: int | None = None
+    ) -> None:
         self.options, self.incarnation, self.lock_fd, self.lock_held = options, incarnation, lock_fd, lock_held
+        self.record_fd = record_fd  # `--record`'s file, open: every sidecar of every incarnation gets it
 
     def dumps(self) -> bytes:
         return marshal.dumps(
@@ -350,6 +359,7 @@ class Spec:
                 "incarnation": self.incarnation.to_wire(),
                 "lockFd": self.lock_fd,
                 "lockHeld": self.lock_held,
+                "recordFd": self.record_fd,
             }
         )
 
@@ -364,14 +374,15 @@ class Spec:
             Incarnation.from_wire(_field(wire, "incarnation", dict, "spec")),
             _field(wire, "lockFd", int, "spec"),
             _field(wire, "lockHeld", bool, "spec"),
+            _field(wire, "recordFd", (int, type(None)), "spec"),
         )
 
 
-# --- the resident -> step payloads (`python -m wrapper.launcher STEP`), typed the same way ----------
+# --- the resident -> step payloads (`python -m wrapper.launch.launcher STEP`), typed the same way ----------
 
 
 class Step:
-    """A step's payload; `name` is the step `wrapper.launcher` runs with it."""
+    """A step's payload; `name` is the step `wrapper.launch.launcher` runs with it."""
 
     __slots__ = ()
     name = ""
@@ -646,7 +657,7 @@ def spawn(
 
 
 class Steps:
-    """`python -m wrapper.launcher STEP`, one at a time and in order: a step that needs the claim or
+    """`python -m wrapper.launch.launcher STEP`, one at a time and in order: a step that needs the claim or
     the registry (pydantic and the rest, which this process never imports). The payload goes on its
     stdin and its answer comes on its stdout, both in `marshal` (the same interpreter on both ends,
     and a module the interpreter has built in, where `json` would cost this process a megabyte)."""
@@ -681,7 +692,7 @@ class Steps:
         payload_fd = os.memfd_create("hctx-step", os.MFD_CLOEXEC)  # the step's stdin
         os.write(payload_fd, marshal.dumps(step.to_wire()))
         os.lseek(payload_fd, 0, os.SEEK_SET)
-        argv = [sys.executable, "-m", "wrapper.launcher", step.name]
+        argv = [sys.executable, "-m", "wrapper.launch.launcher", step.name]
         try:
             pid = spawn(argv, checkout_env(), stdin=payload_fd, stdout=out_write,
                         niceness=0 if isinstance(step, Begin) else STEP_NICENESS)  # fmt: skip
@@ -926,7 +937,7 @@ def end_group(loop: Loop, pgid: int, deadline_s: float) -> None:
 
 
 def sidecar_argv(it: Incarnation, lifeline_fd: int, ready_fd: int) -> list[str]:
-    """The command every sidecar of the incarnation `it` (`wrapper.launcher.begin_incarnation`) runs."""
+    """The command every sidecar of the incarnation `it` (`wrapper.launch.launcher.begin_incarnation`) runs."""
     agent = it.agent
     return [
         *(sys.executable, "-m", "sidecar", "--harness", it.harness),
@@ -935,7 +946,8 @@ def sidecar_argv(it: Incarnation, lifeline_fd: int, ready_fd: int) -> list[str]:
         *("--lifeline-fd", str(lifeline_fd), "--ready-fd", str(ready_fd)),
         *(() if it.transport is None else ("--transport", it.transport)),
         *(() if it.account is None else ("--account", it.account)),
-        *(() if it.record is None else ("--record", it.record)),
+        *(() if it.record_fd is None else ("--record-fd", str(it.record_fd))),
+        *(("--record-raw",) if it.record_raw else ()),
     ]
 
 
@@ -972,8 +984,10 @@ class Sidecars:
         devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
         try:
             # Its own group: the terminal's Ctrl-C and Ctrl-Z are the harness's, not the sidecar's.
+            # `--record`'s file goes to each sidecar as this same open file, never by its name.
+            record = () if self.incarnation.record_fd is None else (self.incarnation.record_fd,)
             self.pid = spawn(sidecar_argv(self.incarnation, lifeline_read, ready_write), checkout_env(), new_group=True,
-                             keep=(lifeline_read, ready_write), stdin=devnull, stdout=devnull)  # fmt: skip
+                             keep=(lifeline_read, ready_write, *record), stdin=devnull, stdout=devnull)  # fmt: skip
         except OSError:
             os.close(ready_read)
             self._close_lifeline()
@@ -1399,9 +1413,14 @@ class WrapperLock:
         return True
 
 
-def supervise(options: Options, first: Incarnation, lock: WrapperLock | None = None) -> int:
+def supervise(
+    options: Options, first: Incarnation, lock: WrapperLock | None = None, record_fd: int | None = None
+) -> int:
     """The first incarnation (claimed before the exec), then the ones the restart policy wants. A
-    relaunch's `begin` step claims under `lock`, which this process holds: the step takes none."""
+    relaunch's `begin` step claims under `lock`, which this process holds: the step takes none.
+    `record_fd`: `--record`'s open file, handed to every sidecar of every incarnation."""
+    if record_fd is not None:
+        os.set_inheritable(record_fd, False)  # a sidecar's alone: never the harness's, never a step's
     loop = Loop()
     session = Session(loop)
     session.listen()
@@ -1418,6 +1437,7 @@ def supervise(options: Options, first: Incarnation, lock: WrapperLock | None = N
             steps.submit(Stopped(first.agent, it.incarnation))
 
     while True:
+        it.record_fd, it.record_raw = record_fd, options.record_raw
         status = it.status if it.status is not None else run_incarnation(loop, session, steps, it, stop)
         if session.stopped or not _relaunch_wanted(options, status, restarts):
             break
@@ -1454,9 +1474,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except SpecError as exc:
             print(f"hctx wrap: the resident cannot run this spec: {exc}", file=sys.stderr)
             return 2
-    return supervise(spec.options, spec.incarnation, WrapperLock(spec.lock_fd, spec.lock_held))
+    return supervise(spec.options, spec.incarnation, WrapperLock(spec.lock_fd, spec.lock_held), spec.record_fd)
 
 
-if __name__ == "__main__":  # by hand, for a look; the wrapper runs `wrapper.launcher.RESIDENT_COMMAND`
+if __name__ == "__main__":  # by hand, for a look; the wrapper runs `wrapper.launch.launcher.RESIDENT_COMMAND`
     sys.path[0] = _ROOT
     sys.exit(main())

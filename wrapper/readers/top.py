@@ -2,7 +2,7 @@
 
 Plain ANSI on the alternate screen: no curses. The view runs under trio: keys are read when the
 terminal has them (`trio.lowlevel.wait_readable`, the tty left blocking as the shell had it), a
-changed record is noticed by `wrapper.notice` (watchfiles) and only its agent read again, the whole
+changed record is noticed by `wrapper.readers.notice` (watchfiles) and only its agent read again, the whole
 catalog is looked at every `REREAD_S` through a `RosterCache` (a `stat` per unchanged agent), and
 every `REFRESH_S` the records held are projected again for the ages, reading nothing. `q`, Ctrl-C,
 SIGTERM/SIGHUP or EOF on stdin quit and restore the terminal; SIGWINCH redraws at the new size.
@@ -25,10 +25,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from guard.errors import CatalogError
-from wrapper.accounts import fan_in, groups_by_agent
-from wrapper.render import (
+from guard.projection import SubagentReading
+from wrapper.readers.accounts import fan_in, groups_by_agent
+from wrapper.readers.render import (
     AMBER_PERCENT,
     RED_PERCENT,
+    Fill,
     Tint,
     age_text,
     colour_enabled,
@@ -42,10 +44,10 @@ from wrapper.render import (
     subagent_label,
     tokens_text,
 )
-from wrapper.roster import AgentRow, Roster, RosterCache, collect_roster, now_ms
+from wrapper.readers.roster import AgentRow, Roster, RosterCache, collect_roster, now_ms
 
 if TYPE_CHECKING:  # trio and watchfiles load when the live view runs, not with `--once`
-    from wrapper.notice import Changes
+    from wrapper.readers.notice import Changes
 
 __all__ = [
     "BAR_CELLS",
@@ -87,7 +89,7 @@ def fill_order(row: AgentRow) -> tuple[int, float, str, str]:
     context = row.context
     if context is None:
         return (2, 0.0, row.host, row.identity)
-    percent = context["usedPercent"]
+    percent = context.used_percent
     if percent is None:
         return (1, 0.0, row.host, row.identity)
     return (0, -percent, row.host, row.identity)
@@ -97,7 +99,7 @@ def age_order(row: AgentRow) -> tuple[int, int, str, str]:
     """Freshest reading first; rows with no reading last."""
     if row.context is None:
         return (1, 0, row.host, row.identity)
-    return (0, row.context["ageMs"], row.host, row.identity)
+    return (0, row.context.age_ms, row.host, row.identity)
 
 
 def name_order(row: AgentRow) -> tuple[str, str]:
@@ -125,7 +127,7 @@ class View:
     def shows(self, row: AgentRow) -> bool:
         """The filter is a substring of the row's host, harness or name, in any case."""
         needle = self.filter.casefold()
-        harness = row.harness or (row.context or {}).get("harness") or ""
+        harness = row.named_harness or ""
         return not needle or any(needle in text.casefold() for text in (row.host, harness, row.identity))
 
     def rows(self, rows: Iterable[AgentRow]) -> list[AgentRow]:
@@ -211,19 +213,19 @@ def summary(rows: list[AgentRow]) -> str:
     """Agents per host, how many at or above the amber and the red fill, how many stale."""
     hosts = Counter(row.host for row in rows)
     contexts = [row.context for row in rows if row.context is not None]
-    percents = [context["usedPercent"] for context in contexts if context["usedPercent"] is not None]
+    percents = [context.used_percent for context in contexts if context.used_percent is not None]
     per_host = "hosts: " + ", ".join(f"{host} {count}" for host, count in sorted(hosts.items()))
     amber = sum(percent >= AMBER_PERCENT for percent in percents)
     red = sum(percent >= RED_PERCENT for percent in percents)
-    stale = sum(bool(context["stale"]) for context in contexts)
+    stale = sum(context.stale for context in contexts)
     return f"{per_host} · {amber} at or above {AMBER_PERCENT}% · {red} at or above {RED_PERCENT}% · {stale} stale"
 
 
-def bar(context: dict[str, Any] | None, cells: int = BAR_CELLS) -> str:
+def bar(fill: Fill | None, cells: int = BAR_CELLS) -> str:
     """The fill bar, clamped to its cells for layout only; the percent beside it is the raw value."""
-    if context is None or context["usedPercent"] is None:
+    if fill is None or fill.used_percent is None:
         return " " * cells
-    share = min(max(context["usedPercent"], 0.0), 100.0) / 100.0
+    share = min(max(fill.used_percent, 0.0), 100.0) / 100.0
     filled = int(share * cells + 0.5)
     return "█" * filled + "░" * (cells - filled)
 
@@ -232,7 +234,7 @@ COLUMNS = ("AGENT", "HARNESS", "FILL", "PCT", "TOKENS", "WINDOW", "HEADROOM", "�
 RIGHT_ALIGNED = frozenset({"PCT", "TOKENS", "WINDOW", "HEADROOM", "⟳"})  # numbers
 # On a terminal too narrow for the table the bar narrows first, down to BAR_MIN_CELLS; then columns
 # are hidden in this order, and the frame says which. AGENT and PCT are always shown. LIMITS (the
-# account's rate limits, `wrapper.render.limits_text`) is left out unasked when no agent has any.
+# account's rate limits, `wrapper.readers.render.limits_text`) is left out unasked when no agent has any.
 HIDE_ORDER = ("LIMITS", "HARNESS", "WINDOW", "HEADROOM", "FILL", "TOKENS", "COST", "⟳", "AGE")
 
 
@@ -242,38 +244,38 @@ def _cells(row: AgentRow, limits: Segment, bar_cells: int = BAR_CELLS) -> list[S
     if context is None:
         return [(row.name, None), (row.harness or "-", None), (bar(None, bar_cells), None), ("-", None),
                 ("", None), ("", None), ("", None), ("", None), ("", None), ("", None), limits]  # fmt: skip
-    percent = context["usedPercent"]
-    age = age_text(context["ageMs"]) + (" stale" if context["stale"] else "")
+    percent = context.used_percent
+    age = age_text(context.age_ms) + (" stale" if context.stale else "")
     return [
         (row.name, None),
-        (context["harness"], None),
+        (context.harness, None),
         (bar(context, bar_cells), tint),
         ("?" if percent is None else percent_text(percent), tint),
-        (tokens_text(context["usedTokens"]), None),
-        (tokens_text(context["windowTokens"]), None),
+        (tokens_text(context.used_tokens), None),
+        (tokens_text(context.window_tokens), None),
         (headroom_text(context), None),
-        (str(context["compactions"]), None),
+        (str(context.compactions), None),
         (age, None),
-        (cost_text(context["costUsd"]), None),
+        (cost_text(context.cost_usd), None),
         limits,
     ]
 
 
-def _subagent_cells(sub: dict[str, Any], bar_cells: int = BAR_CELLS) -> list[Segment]:
+def _subagent_cells(sub: SubagentReading, bar_cells: int = BAR_CELLS) -> list[Segment]:
     """A subagent's row, indented under its agent's (issue 28): its own numbers, never the agent's;
     its state where the harness goes, its compactions where it states them."""
     tint = fill_tint(sub)
-    percent = sub["usedPercent"]
+    percent = sub.used_percent
     return [
         (f"  {subagent_label(sub)}", None),
-        (sub["state"], None),
+        (sub.state, None),
         (bar(sub, bar_cells), tint),
         ("?" if percent is None else percent_text(percent), tint),
-        (tokens_text(sub["usedTokens"]), None),
-        (tokens_text(sub["windowTokens"]), None),
+        (tokens_text(sub.used_tokens), None),
+        (tokens_text(sub.window_tokens), None),
         ("", None),
-        ("" if sub["compactions"] is None else str(sub["compactions"]), None),
-        (age_text(sub["ageMs"]), None),
+        ("" if sub.compactions is None else str(sub.compactions), None),
+        (age_text(sub.age_ms), None),
         ("", None),
         ("", None),
     ]
@@ -281,7 +283,7 @@ def _subagent_cells(sub: dict[str, Any], bar_cells: int = BAR_CELLS) -> list[Seg
 
 def _rows_cells(row: AgentRow, limits: Segment, bar_cells: int = BAR_CELLS) -> list[list[Segment]]:
     """The agent's row, then each of its subagents' rows."""
-    subagents = (row.context or {}).get("subagents", [])
+    subagents = () if row.context is None else row.context.subagents
     return [_cells(row, limits, bar_cells), *(_subagent_cells(sub, bar_cells) for sub in subagents)]
 
 
@@ -478,7 +480,7 @@ async def live(screen: Screen, fd: int, until: Until | None = None, shown: list[
     frame already on the screen."""
     import trio
 
-    from wrapper.notice import catalog_changes
+    from wrapper.readers.notice import follow as follow_catalog
 
     wanted = trio.Event()  # a frame is owed: a key, a read, a tick or a new size
     reading = trio.Lock()  # a read in its worker thread and a frame's projection never overlap
@@ -510,12 +512,9 @@ async def live(screen: Screen, fd: int, until: Until | None = None, shown: list[
             wanted.set()
 
     async def follow() -> None:
-        async with catalog_changes(screen.catalog, reread_s=REREAD_S, debounce_ms=200, step_ms=20) as noticed:
-            async for changes in noticed:
-                async with reading:
-                    await trio.to_thread.run_sync(screen.read, changes)
-                wanted.set()
-                await trio.sleep(0.05)  # at most twenty frames a second, however busy the catalog
+        # pace_s: at most twenty reads (so frames) a second, however busy the catalog
+        await follow_catalog(screen.catalog, lambda changes, _: screen.read(changes), lambda _: wanted.set(),
+                             reread_s=REREAD_S, debounce_ms=200, step_ms=20, pace_s=0.05, held=reading)  # fmt: skip
 
     async def ended(quit: trio.CancelScope) -> None:
         assert until is not None
@@ -565,7 +564,7 @@ def run(catalog: Path, *, here: str, once: bool, until: Until | None = None) -> 
     if not has_terminal():
         print("hctx top: needs a terminal on stdin and stdout (use --once for one frame)", file=sys.stderr)
         return 2
-    from wrapper.notice import Changes
+    from wrapper.readers.notice import Changes
 
     fd = sys.stdin.fileno()
     screen = Screen(catalog, here, colour_enabled(sys.stdout), View())

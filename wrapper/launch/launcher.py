@@ -3,10 +3,10 @@
 The claim and the launch plan need pydantic and the registry; holding a terminal and a harness for
 hours needs neither. So `run_wrap` takes the agent's wrapper lock and claims the agent (stopping
 the wrapper proven to hold that lock on `--takeover`), prepares the first incarnation and `exec`s
-`wrapper.resident` under `python -I -S` with it: the same process (the claim's pid and start time
+`wrapper.launch.resident` under `python -I -S` with it: the same process (the claim's pid and start time
 stay its own, and the lock's open file goes along), a few megabytes from then on. The steps
 the resident needs later (a relaunch's claim and plan, a launch's teardown, a dead sidecar's record,
-the final `stopped`) are `python -m wrapper.launcher STEP` (its payload on stdin), run by the resident (`main`).
+the final `stopped`) are `python -m wrapper.launch.launcher STEP` (its payload on stdin), run by the resident (`main`).
 
 SIGINT, SIGTERM and SIGHUP are blocked from the start of `run_wrap` to the resident's first loop:
 one that comes during the claim is kept pending across the exec and handled there (it stops the
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, TypeVar, cast
 
-import wrapper.resident
+import wrapper.launch.resident
 from guard.constants import CHANNEL_MAX_SOCKET_PATH as MAX_SOCKET_PATH
 from guard.layout import AgentDir, as_name
 from guard.record import Harness
@@ -47,7 +47,7 @@ from sidecar.launching import LaunchPlan, account_json, transport_json
 from sidecar.registry import has_teardown, prepare, teardown
 from sidecar.spec import ChannelPathError, UnknownHarness
 from wrapper.arguments import UsageError
-from wrapper.resident import (
+from wrapper.launch.resident import (
     HARNESS_KILL_DEADLINE_S,
     SIDECAR_EXIT_TIMEOUT_S,
     STOP_SIGNALS,
@@ -109,13 +109,14 @@ class WrapOptions:
     restart_delay_s: float = 1.0
     restart_delay_max_s: float = 60.0
     takeover: bool = False
-    record: Path | None = None  # `--record`: a file `create_recording` made; every sidecar appends to it
+    record: Path | None = None  # `--record`: a file `create_recording` made (its path, for messages)
+    record_raw: bool = False  # `--record-raw`: every sidecar records the session unredacted
 
     def for_resident(self) -> Options:
         """As the resident carries them, and hands them back to a `begin` step."""
         return Options(_agent_ref(self.agent), self.harness, self.argv, self.restart, self.max_restarts,
                        self.restart_delay_s, self.restart_delay_max_s, self.takeover,
-                       None if self.record is None else os.fspath(self.record))  # fmt: skip
+                       None if self.record is None else os.fspath(self.record), self.record_raw)  # fmt: skip
 
     @classmethod
     def from_resident(cls, options: Options) -> WrapOptions:
@@ -129,6 +130,7 @@ class WrapOptions:
             restart_delay_max_s=options.restart_delay_max_s,
             takeover=options.takeover,
             record=None if options.record is None else Path(options.record),
+            record_raw=options.record_raw,
         )
 
 
@@ -171,8 +173,9 @@ def unrunnable(argv: tuple[str, ...], path: str | None) -> tuple[int, str] | Non
     return None
 
 
-def run_wrap(options: WrapOptions) -> int:
-    """Claim and prepare the first incarnation, then exec the resident (it returns only a refusal)."""
+def run_wrap(options: WrapOptions, record_fd: int | None = None) -> int:
+    """Claim and prepare the first incarnation, then exec the resident (it returns only a refusal).
+    `record_fd`: `--record`'s file, open: the resident holds it and hands it to each sidecar."""
     if (refused := unrunnable(options.argv, os.environ.get("PATH"))) is not None:
         not_started, why = refused
         say(f"cannot start {options.argv[0]!r}: {why}; nothing claimed, no sidecar started")
@@ -187,13 +190,17 @@ def run_wrap(options: WrapOptions) -> int:
         return CLAIM_REFUSED_STATUS
     first = begin_incarnation(options, incarnation, os.getpid())  # the resident keeps this pid
     lock_fd, lock_held = lock.across_exec()
-    _exec_resident(Spec(options.for_resident(), first, lock_fd, lock_held))
+    if record_fd is not None:
+        os.set_inheritable(record_fd, True)  # across the exec; the resident hands it on, to sidecars only
+    _exec_resident(Spec(options.for_resident(), first, lock_fd, lock_held, record_fd))
     raise AssertionError("unreachable: exec returned")  # pragma: no cover
 
 
 # Imports the resident from its compiled module: a script (`python resident.py`) is compiled from
 # source at every start, and the compiler's garbage would stay in the heap for the session (2 MB).
-RESIDENT_COMMAND = "import sys; sys.path[0] = sys.argv.pop(1); from wrapper.resident import main; sys.exit(main())"
+RESIDENT_COMMAND = (
+    "import sys; sys.path[0] = sys.argv.pop(1); from wrapper.launch.resident import main; sys.exit(main())"
+)
 
 
 def _exec_resident(spec: Spec) -> None:
@@ -205,7 +212,7 @@ def _exec_resident(spec: Spec) -> None:
     os.lseek(spec_fd, 0, os.SEEK_SET)
     sys.stdout.flush()
     sys.stderr.flush()
-    root = os.path.dirname(os.path.dirname(wrapper.resident.__file__))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(wrapper.launch.resident.__file__)))
     os.execv(sys.executable, [sys.executable, "-I", "-S", "-c", RESIDENT_COMMAND, root, "--spec-fd", str(spec_fd)])
 
 
@@ -327,7 +334,6 @@ def begin_incarnation(options: WrapOptions, incarnation: str, wrapper_pid: int) 
         status=None,
         transport=transport_json(plan),
         account=account_json(plan),
-        record=None if options.record is None else os.fspath(options.record),
         channel_dir=os.fspath(directory),
         channel=os.fspath(channel),
     )  # fmt: skip
@@ -369,7 +375,7 @@ def free_seat(catalog: Path, host: str, cwd: Path) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# The resident's steps: `python -m wrapper.launcher STEP`, a child of the resident.
+# The resident's steps: `python -m wrapper.launch.launcher STEP`, a child of the resident.
 
 
 class _ResidentLock(AgentLock):
@@ -437,7 +443,7 @@ def _stopped_step(step: Stopped) -> int:
 
 
 def _sidecar_died_step(step: SidecarDied) -> int:
-    from wrapper.sidecars import record_death
+    from wrapper.launch.sidecars import record_death
 
     record_death(_agent_dir(step.agent), step.incarnation, step.pid, step.returncode, step.retry_in_s,
                  tell_terminal=step.tell_terminal, died_at_ms=step.died_at_ms)  # fmt: skip
@@ -445,7 +451,7 @@ def _sidecar_died_step(step: SidecarDied) -> int:
 
 
 def _sidecar_back_step(step: SidecarBack) -> int:
-    from wrapper.sidecars import record_recovery
+    from wrapper.launch.sidecars import record_recovery
 
     record_recovery(_agent_dir(step.agent), step.incarnation, step.until_ms)
     return 0
@@ -468,7 +474,7 @@ STEPS: dict[str, Callable[[object], int]] = {
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 1 or args[0] not in STEPS:
-        print(f"usage: python -m wrapper.launcher {{{','.join(STEPS)}}} < PAYLOAD (the resident's steps, "
+        print(f"usage: python -m wrapper.launch.launcher {{{','.join(STEPS)}}} < PAYLOAD (the resident's steps, "
               "their payload in marshal)", file=sys.stderr)  # fmt: skip
         return 2
     # The resident's signals are its own: a Ctrl-C meant for the harness must not cut a step short.

@@ -28,11 +28,11 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from guard.errors import CatalogError
-from wrapper.reader_commands import quiet_guard_logs
-from wrapper.render import render_agent_json, render_agents_json
-from wrapper.roster import AgentNotFound, collect_inspection, collect_roster, now_ms, resolve_agent, view_agent
-from wrapper.web.board import agent_detail, read_fill_history
-from wrapper.web.feed import Board
+from wrapper.arguments import quiet_guard_logs
+from wrapper.readers.render import render_agent_json, render_agents_json
+from wrapper.readers.roster import AgentNotFound, collect_inspection, collect_roster, now_ms, resolve_agent, view_agent
+from wrapper.readers.web.board import agent_detail, read_fill_history
+from wrapper.readers.web.feed import Board
 
 __all__ = [
     "ASSETS",
@@ -61,7 +61,7 @@ SNAPSHOT_SLOT = b"{{snapshot}}"
 
 
 def _asset(name: str) -> bytes:
-    return resources.files("wrapper.web").joinpath("assets", name).read_bytes()
+    return resources.files("wrapper.readers.web").joinpath("assets", name).read_bytes()
 
 
 class SecurityHeaders:

@@ -18,16 +18,24 @@ from functools import partial
 from pathlib import Path
 
 from guard.errors import CatalogError
-from wrapper.arguments import TLS_PAIRING, add_tls_options, positive_seconds, tls_unpaired
-from wrapper.metrics import listen_address
-from wrapper.reader_commands import add_catalog_options, existing_catalog, fail, with_host
+from wrapper.arguments import (
+    TLS_PAIRING,
+    add_catalog_options,
+    add_tls_options,
+    existing_catalog,
+    fail,
+    positive_seconds,
+    tls_unpaired,
+    with_host,
+)
+from wrapper.readers.metrics import listen_address
 
 __all__ = [
     "DEFAULT_LISTEN",
     "WILDCARDS",
-    "add_web_command",
     "allowed_hosts",
     "is_loopback",
+    "register",
     "run_web",
 ]
 
@@ -73,8 +81,8 @@ async def _serve(args: argparse.Namespace, catalog: Path, sock: socket.socket, u
     from hypercorn.config import Config
     from hypercorn.trio import serve
 
-    from wrapper.web.app import make_app
-    from wrapper.web.feed import Board, follow
+    from wrapper.readers.web.app import make_app
+    from wrapper.readers.web.feed import Board, follow
 
     board = Board(catalog, args.host)
     config = Config()
@@ -109,7 +117,7 @@ async def _serve(args: argparse.Namespace, catalog: Path, sock: socket.socket, u
 
 
 def run_web(args: argparse.Namespace) -> int:
-    from wrapper.web.feed import DEFAULT_REREAD_S
+    from wrapper.readers.web.feed import DEFAULT_REREAD_S
 
     if args.reread is None:
         args.reread = DEFAULT_REREAD_S
@@ -142,7 +150,7 @@ def run_web(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_web_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     web = commands.add_parser(
         "web",
         help="a live, read-only board of every agent in a browser",

@@ -23,14 +23,13 @@ from guard.constants import (
     HARNESS_CONTEXT_BUCKET_PERCENT,
     REPLICATED_RECORD_NAMES,
 )
-from wrapper.arguments import UsageError
-from wrapper.reader_commands import catalog_of
+from wrapper.arguments import UsageError, catalog_of
 
 __all__ = [
     "FOLDER_SETTINGS",
     "FOLDER_TYPES",
-    "add_replication_command",
     "include_patterns",
+    "register",
     "run_syncthing",
     "settings_json",
     "stignore",
@@ -116,7 +115,7 @@ def run_syncthing(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_replication_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     replication = commands.add_parser(
         "replication",
         help="what a sync engine needs to replicate the catalog across hosts",
