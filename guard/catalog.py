@@ -24,15 +24,16 @@ import time
 from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
-from guard.constants import AGENTS_DIR_NAME, CONTEXT_RECORD_NAME, STATE_RECORD_NAME
+from guard.constants import AGENTS_DIR_NAME, CONTEXT_RECORD_NAME, MAX_RECORD_BYTES, MAX_STATE_BYTES, STATE_RECORD_NAME
 from guard.errors import CatalogError, RecordRefused
 from guard.files import RawFile, read_bounded
 from guard.layout import SYNCTHING_CONFLICT_NAME, check_name, is_agent_tree_name
-from guard.projection import MAX_RECORD_BYTES
-from guard.state import MAX_STATE_BYTES, HarnessState, parse_state
 from guard.walk import open_chain
+
+if TYPE_CHECKING:
+    from guard.state import HarnessState
 
 __all__ = [
     "LEGACY_STAGING_NAME",
@@ -269,6 +270,10 @@ def read_agent_files(catalog: Path, host: str, identity: str, host_fd: int | Non
 def decode_claim(raw: RawFile, harnesses: Container[str] | None = None) -> tuple[HarnessState | None, str | None]:
     """The harness-state claim, or None and why (None, None for a plain absence); `harnesses` as
     for `guard.record.parse_record`."""
+    # Imported here: the claim's model is pydantic's, and a fast reader (`hctx status`) lists and
+    # reads the catalog through this module without decoding a claim.
+    from guard.state import parse_state
+
     if raw.data is None:
         return None, None if raw.problem is None else f"harness-state claim {raw.problem}"
     try:

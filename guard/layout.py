@@ -4,10 +4,8 @@ Pure paths: nothing here opens a file."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,7 +53,7 @@ def default_catalog_origin() -> tuple[Path, str]:
 
 def default_host() -> str:
     """This machine's short host name, made a valid catalog component."""
-    return as_name(socket.gethostname().split(".")[0], fallback="localhost")
+    return as_name(os.uname().nodename.split(".")[0], fallback="localhost")  # gethostname(2)'s own name
 
 
 def as_name(text: str, *, fallback: str, room: int = 0) -> str:
@@ -123,6 +121,8 @@ def log_name(host: str, identity: str) -> str:
     `a`+`b.c` never share a file; a pair too long for one file name keeps two `~` and a digest."""
     stem = f"{check_name('host', host)}~{check_name('identity', identity)}"
     if len(stem) + len(".jsonl") > LOG_NAME_BYTES:
+        import hashlib  # only for a name too long to be a file name
+
         digest = hashlib.sha256(f"{host}/{identity}".encode()).hexdigest()[:32]
         stem = f"{host[:_LOG_PREFIX_CHARS]}~{identity[:_LOG_PREFIX_CHARS]}~{digest}"
     return stem + ".jsonl"

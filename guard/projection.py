@@ -14,16 +14,17 @@ from typing import Any, Self
 
 from pydantic import PrivateAttr
 
-from guard.constants import HARNESS_CONTEXT_FUTURE_SKEW_MS, HARNESS_CONTEXT_STALE_MS
+from guard.constants import HARNESS_CONTEXT_FUTURE_SKEW_MS, HARNESS_CONTEXT_STALE_MS, MAX_RECORD_BYTES
 from guard.errors import RecordRefused
 from guard.files import RawFile, read_bounded
-from guard.record import ContextFields, HarnessContext, Subagent, parse_record
+from guard.record import ContextFields, HarnessContext, PromptCache, Subagent, parse_record
 
 __all__ = [
     "CONTEXT_KEYS",
     "MAX_RECORD_BYTES",
     "Context",
     "SubagentReading",
+    "cache_cold_in_ms",
     "decode_record",
     "headroom_tokens",
     "load_record",
@@ -34,8 +35,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# Records are a few hundred bytes; anything past this is not a record and is not read whole.
-MAX_RECORD_BYTES = 64 * 1024
 
 # The roster's `context` keys, in the spec's Exposure order. `incarnation` and `writtenAtMs`
 # are deliberately absent: provenance and write mechanism, not something a roster consumer uses.
@@ -57,6 +56,15 @@ def headroom_tokens(compact_at: int | None, used: int | None) -> int | None:
     if type(compact_at) is not int or type(used) is not int:  # a JSON true is not a count
         return None
     return compact_at - used
+
+
+def cache_cold_in_ms(cache: PromptCache | None, now_ms: int) -> int | None:
+    """Milliseconds until the harness's prompt cache goes cold (issue 37): `expiresAtMs - now`, 0
+    once past; None where no warm cache with an expiry is stated. The one place this lives:
+    `agents`, `inspect` and `watch` use it."""
+    if cache is None or not cache.warm or cache.expires_at_ms is None:
+        return None
+    return max(0, cache.expires_at_ms - now_ms)
 
 
 class SubagentReading(Subagent):
@@ -85,14 +93,21 @@ class Context(ContextFields):
         return copied
 
     def wire(self) -> dict[str, Any]:
-        """The roster's `context` object: CONTEXT_KEYS in order, then `subagents` where there are any
-        (additive, issue 28)."""
+        """The roster's `context` object: CONTEXT_KEYS in order, then `rateLimitsAtMs` and `subagents`
+        where there are any (additive, issues 35 and 28), then `promptCache` where the harness states
+        one (additive, issue 37)."""
         held = self._record_wire
         if held is None:
             fields = self.model_dump(mode="json", by_alias=True)
             context = {key: fields[key] for key in CONTEXT_KEYS}
+            if fields["rateLimitsAtMs"]:
+                # Additive (issue 35), where the record carries it: when each window's figure arrived,
+                # which the account fan-in (wrapper.readers.accounts) orders and ages snapshots by.
+                context["rateLimitsAtMs"] = fields["rateLimitsAtMs"]
             if fields["subagents"]:
                 context["subagents"] = fields["subagents"]
+            if fields["promptCache"] is not None:
+                context["promptCache"] = fields["promptCache"]
             return context
         context = held | {"ageMs": self.age_ms, "stale": self.stale}
         if self.subagents:

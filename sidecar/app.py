@@ -76,7 +76,7 @@ OUTBOX_WRITES = 64
 SHUTDOWN_DRAIN_S = 2.0
 # Which reason a coalesced write keeps: the most telling of the writes it stands for.
 _REASON_RANK: dict[WriteReason, int] = {
-    "heartbeat": 0, "rate-limits": 1, "bucket": 2, "exhaustion": 3, "compaction": 4,
+    "heartbeat": 0, "rate-limits": 1, "prompt-cache": 1, "bucket": 2, "exhaustion": 3, "compaction": 4,
 }  # fmt: skip
 
 

@@ -21,6 +21,7 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
+from sidecar.names import BUILT_IN, ENTRY_POINT_GROUP, REGISTERED, entry_point_paths, harness_names
 from sidecar.spec import (
     HarnessSpec,
     ModelWindows,
@@ -60,40 +61,16 @@ __all__ = [
     "verified_versions",
 ]
 
-ENTRY_POINT_GROUP = "hctx.harnesses"
-
-# name -> "module:attribute" of its HarnessSpec. pi and omp share one extension channel and module.
-BUILT_IN: Mapping[str, str] = {
-    "claude": "sidecar.harnesses.claude.producer:SPEC",
-    "codex": "sidecar.harnesses.codex.producer:SPEC",
-    "pi": "sidecar.harnesses.pi.producer:PI",
-    "omp": "sidecar.harnesses.pi.producer:OMP",
-    "opencode": "sidecar.harnesses.opencode.producer:SPEC",
-}
-
-
-@cache
-def _entry_points() -> dict[str, str]:
-    # Imported here: a built-in harness never needs it, and it costs a sidecar 1 MB.
-    from importlib.metadata import entry_points
-
-    return {point.name: point.value for point in entry_points(group=ENTRY_POINT_GROUP)}
-
 
 def rescan() -> None:
     """Forget what was found: after a harness was installed (or removed) in this process."""
-    _entry_points.cache_clear()
+    entry_point_paths.cache_clear()
     spec_for.cache_clear()
-
-
-def harness_names() -> tuple[str, ...]:
-    """Every harness hctx can run: the built-in table, then the registered ones."""
-    return (*BUILT_IN, *(name for name in sorted(_entry_points()) if name not in BUILT_IN))
 
 
 @cache
 def spec_for(name: str) -> HarnessSpec:
-    path = BUILT_IN.get(name) or _entry_points().get(name)
+    path = BUILT_IN.get(name) or entry_point_paths().get(name)
     if path is None:
         raise UnknownHarness(f"no harness {name!r}: known are {', '.join(harness_names())}")
     module_name, _, attribute = path.partition(":")
@@ -101,16 +78,6 @@ def spec_for(name: str) -> HarnessSpec:
     if not isinstance(spec, HarnessSpec) or spec.name != name:
         raise UnknownHarness(f"{path} is not the HarnessSpec of {name!r}")
     return spec
-
-
-class _Registered:
-    """The names `spec_for` answers, as a container: the readers' set of harnesses they know."""
-
-    def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and (name in BUILT_IN or name in _entry_points())
-
-
-REGISTERED = _Registered()
 
 
 def verified_versions(name: str) -> tuple[str, ...]:

@@ -255,6 +255,48 @@ def test_the_account_series_are_the_fan_in_keyed_never_labelled(tmp_path: Path) 
     assert not any("claude · max" in str(labels) for _, labels in samples)  # the key, never the label
 
 
+def test_a_snapshot_is_ordered_and_aged_by_when_its_figure_arrived(tmp_path: Path) -> None:
+    """Issue 35: a's reading is the freshest (an idle redraw a second ago) but its 80 arrived twenty
+    minutes ago; b's 85 arrived four minutes ago in an older reading. `accounts`, the figure beside
+    each agent and the account series all take b's, aged by its arrival; a Codex-style restatement
+    (limits arriving after the reading that carries them) is aged by the limits."""
+    _account_record(tmp_path, "a", K1, "claude · max", NOW - 1000, rateLimits={"fiveHour": 80, "sevenDay": 30},
+                    rateLimitsAtMs={"fiveHour": NOW - 20 * MINUTE, "sevenDay": NOW - 20 * MINUTE})  # fmt: skip
+    put_record(tmp_path, "b", account={"key": K1, "label": "claude · max"}, observedAtMs=NOW - 5 * MINUTE,
+               writtenAtMs=NOW - 4 * MINUTE, rateLimits={"fiveHour": 85, "sevenDay": None},
+               rateLimitsAtMs={"fiveHour": NOW - 4 * MINUTE, "sevenDay": None})  # limits after the reading  # fmt: skip
+    rows = collect_roster(tmp_path, NOW, here=HOST, alive=dead).rows
+    (group,) = fan_in(rows)
+    five, seven = group.windows["fiveHour"], group.windows["sevenDay"]
+    assert (five.used_percent, five.source.identity, five.observed_at_ms, five.age_ms) == (
+        85, "b", NOW - 4 * MINUTE, 4 * MINUTE,
+    )  # fmt: skip
+    assert (seven.used_percent, seven.age_ms) == (30, 20 * MINUTE)  # a's, as old as its figure
+    agents = {item["identity"]: item for item in json.loads(render_agents_json(rows, now=NOW))}
+    assert agents["a"]["accountRateLimits"]["fiveHour"]["fromAnotherAgent"] is True
+    samples = parse(exposition(tmp_path, NOW, HOST))
+    assert samples[("hctx_account_rate_limit_used_percent", (("account", K1), ("window", "five_hour")))] == 85
+    observed = ("hctx_account_rate_limit_observed_timestamp_seconds", (("account", K1), ("window", "five_hour")))
+    assert samples[observed] == (NOW - 4 * MINUTE) / 1000
+    _account_record(tmp_path, "a", K1, "claude · max", NOW - 3 * HOUR, rateLimits={"fiveHour": 90, "sevenDay": None},
+                    rateLimitsAtMs={"fiveHour": NOW - MINUTE})  # fmt: skip
+    (group,) = fan_in(collect_roster(tmp_path, NOW, here=HOST, alive=dead).rows)
+    five = group.windows["fiveHour"]
+    assert (five.used_percent, five.age_ms, five.stale) == (90, MINUTE, False)
+    # A planted arrival past the clock's skew bound would pin its figure as the newest: its reading dates it.
+    _account_record(tmp_path, "a", K1, "claude · max", NOW - 3 * HOUR, rateLimits={"fiveHour": 99, "sevenDay": None},
+                    rateLimitsAtMs={"fiveHour": NOW + 10 * HOUR})  # fmt: skip
+    (group,) = fan_in(collect_roster(tmp_path, NOW, here=HOST, alive=dead).rows)
+    five = group.windows["fiveHour"]
+    assert (five.used_percent, five.source.identity) == (85, "b")
+    assert (
+        parse(exposition(tmp_path, NOW, HOST))[
+            ("hctx_account_rate_limit_used_percent", (("account", K1), ("window", "five_hour")))
+        ]
+        == 85
+    )  # the series likewise: a figure cannot arrive after the record holding it was written
+
+
 def test_groups_by_agent_names_every_member(tmp_path: Path) -> None:
     _fleet(tmp_path)
     groups = groups_by_agent(fan_in(collect_roster(tmp_path, NOW, here=HOST, alive=dead).rows))

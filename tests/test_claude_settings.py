@@ -16,6 +16,7 @@ from sidecar.harnesses.claude.launch import (
     RENDERER_ENV,
     SEATS_PATH,
     SETTINGS_PATH,
+    SUBAGENT_RENDERER_ENV,
     SettingsError,
     render_settings,
     tee_command,
@@ -195,6 +196,23 @@ def test_a_users_own_status_line_keeps_drawing_through_the_tee_in_every_seat(
     assert prepare(plan(tmp_path)).env[RENDERER_ENV] == "my-line.sh"  # the file is ours by now: still chained
     monkeypatch.setenv(RENDERER_ENV, "exported-by-the-user")
     assert RENDERER_ENV not in prepare(plan(tmp_path)).env  # the operator's own choice wins
+
+
+def test_claude_hands_each_subagents_row_to_the_tee_and_the_users_own_rows_still_draw(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 37: the `subagentStatusLine` slot is hctx's too; the user's own command is chained."""
+    monkeypatch.delenv(SUBAGENT_RENDERER_ENV, raising=False)
+    prepare(plan(tmp_path))
+    assert load(tmp_path)["subagentStatusLine"] == {"type": "command", "command": tee_command("subagentstatusline")}
+    teardown(plan(tmp_path))
+    (tmp_path / ".claude").mkdir(exist_ok=True)
+    own = {"type": "command", "command": "my-rows.sh"}
+    (tmp_path / SETTINGS_PATH).write_text(json.dumps({"subagentStatusLine": own}))
+    assert prepare(plan(tmp_path)).env[SUBAGENT_RENDERER_ENV] == "my-rows.sh"
+    assert load(tmp_path)["subagentStatusLine"]["command"] == tee_command("subagentstatusline")
+    teardown(plan(tmp_path))
+    assert json.loads((tmp_path / SETTINGS_PATH).read_text()) == {"subagentStatusLine": own}
 
 
 # --- the working directory left as it was found -------------------------------------------------------

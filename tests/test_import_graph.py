@@ -36,7 +36,7 @@ HARNESSES = "sidecar.harnesses"
 # one rung, so a new module is placed on purpose (test_every_module_is_on_one_rung).
 LADDER: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("guard", ("guard", "guard.*")),
-    ("kernel", ("sidecar", "sidecar.framing", "sidecar.decoding", "sidecar.producer", "sidecar.held",
+    ("kernel", ("sidecar", "sidecar.names", "sidecar.framing", "sidecar.decoding", "sidecar.producer", "sidecar.held",
                 "sidecar.spec", "sidecar.transcripts", "sidecar.launching")),
     ("harnesses", (HARNESSES, f"{HARNESSES}.*")),
     ("registry", ("sidecar.registry",)),
@@ -339,8 +339,10 @@ ROOMS: dict[str, tuple[str, ...]] = {
 # The composition above the rooms and what both share; a new wrapper module is placed on purpose.
 ABOVE_ROOMS = ("wrapper.cli", "wrapper.demo")
 SHARED = ("wrapper", "wrapper.arguments", "wrapper.record")
-# The readers' one door into the sidecar: the registry (what a harness is), nothing below it.
-READERS_SIDECAR = ("sidecar.registry",)
+# The readers' one door into the sidecar: the registry (what a harness is), nothing below it, and
+# the registry's table of names alone (sidecar.names, which it re-exports) for a reader that must
+# start without loading a spec (`hctx status`).
+READERS_SIDECAR = ("sidecar.registry", "sidecar.names")
 
 
 def room_of(module: str) -> str | None:

@@ -240,7 +240,8 @@ def test_a_non_loopback_address_is_served_only_with_a_warning(tmp_path: Path) ->
                                stderr=subprocess.PIPE, text=True, env=web_env(), cwd=REPO)  # fmt: skip
     try:
         url = first_line(process).strip()
-        assert url.startswith("http://0.0.0.0:") and url.endswith("/")
+        # Not loopback: the URL carries the access token (issue 38), printed once.
+        assert url.startswith("http://0.0.0.0:") and url.split("?")[0].endswith("/") and "/?token=" in url
     finally:
         process.terminate()
         _, stderr = process.communicate(timeout=15)
@@ -337,6 +338,20 @@ def test_the_rate_limit_panel_is_the_accounts_fan_in(tmp_path: Path) -> None:
          "fiveHour": "13%", "sevenDay": "44%", "agents": 1, "age": "1m31s"},
     ], "more": 0}  # fmt: skip
     assert "81%" not in json.dumps(panel)  # the older agent's snapshot of the same account
+
+
+def test_the_rate_limit_panel_ages_a_snapshot_by_when_its_figure_arrived(tmp_path: Path) -> None:
+    """Issue 35: the idle seat's fresh reading redraws an 81 that arrived four minutes ago; the busy
+    seat's 85 arrived 21 s ago in an older reading. The panel shows the 85, aged 21 s."""
+    shared = {"key": "0" * 32, "label": "claude · max"}
+    now = now_ms()
+    put(tmp_path, "idle", harness="claude", account=shared, rateLimits={"fiveHour": 81.0, "sevenDay": None},
+        rateLimitsAtMs={"fiveHour": now - 240_000}, observedAtMs=now - 2_000)  # fmt: skip
+    put(tmp_path, "busy", harness="claude", account=shared, rateLimits={"fiveHour": 85.0, "sevenDay": None},
+        rateLimitsAtMs={"fiveHour": now - 21_000}, observedAtMs=now - 30_000)  # fmt: skip
+    rows = collect_roster(tmp_path, now, here=HERE).rows
+    (entry,) = rate_limit_panel(((row, now) for row in rows), now)["entries"]
+    assert (entry["key"], entry["fiveHour"], entry["age"]) == (f"{HERE}/busy", "85%", "21s")
 
 
 def _write_lines(catalog: Path, name: str, lines: list[bytes]) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from guard.errors import CatalogError, Unusable
 from guard.layout import default_catalog_origin, default_host
-from sidecar.registry import BUILT_IN
+from sidecar.names import BUILT_IN
 
 # Named in --help without loading a spec; a registered harness (an entry point) is accepted too.
 KNOWN = ", ".join(BUILT_IN)

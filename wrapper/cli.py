@@ -3,54 +3,76 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import re
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import guard
-import wrapper.demo
-import wrapper.launch.command
-import wrapper.readers.metrics
-import wrapper.readers.reader_commands
-import wrapper.readers.replication
-import wrapper.readers.scan
-import wrapper.readers.watch_command
-import wrapper.readers.web.command
-import wrapper.record
-from wrapper.arguments import Command
+
+if TYPE_CHECKING:
+    from wrapper.arguments import Command
 
 __all__ = [
+    "COMMAND_HOMES",
     "COMMAND_MODULES",
     "COMMAND_ORDER",
     "Parser",
     "build_parser",
+    "command_modules",
     "main",
     "order_commands",
 ]
 
 # Each command's module registers its own (`register(commands)`): its parser, options and what runs.
-# Only argparse and what a module's options need load here; each command imports its work when it runs.
+# They are named, not imported: `hctx COMMAND` imports only COMMAND's module (COMMAND_HOMES), so a
+# status bar's `hctx status` never pays for pydantic or another command's options; `hctx --help`
+# (or a word that is no command) imports them all.
 COMMAND_MODULES = (
-    wrapper.record,
-    wrapper.launch.command,
-    wrapper.demo,
-    wrapper.readers.reader_commands,
-    wrapper.readers.scan,
-    wrapper.readers.metrics,
-    wrapper.readers.replication,
-    wrapper.readers.watch_command,
-    wrapper.readers.web.command,
+    "wrapper.record",
+    "wrapper.launch.command",
+    "wrapper.demo",
+    "wrapper.readers.reader_commands",
+    "wrapper.readers.status",
+    "wrapper.readers.scan",
+    "wrapper.readers.metrics",
+    "wrapper.readers.replication",
+    "wrapper.readers.watch_command",
+    "wrapper.readers.web.command",
 )
+# Which module registers each command; tests/test_cli_help.py holds it equal to what they register.
+COMMAND_HOMES: Mapping[str, str] = {
+    "schema": "wrapper.record",
+    "replay": "wrapper.record",
+    "wrap": "wrapper.launch.command",
+    "demo": "wrapper.demo",
+    "agents": "wrapper.readers.reader_commands",
+    "accounts": "wrapper.readers.reader_commands",
+    "doctor": "wrapper.readers.reader_commands",
+    "inspect": "wrapper.readers.reader_commands",
+    "top": "wrapper.readers.reader_commands",
+    "status": "wrapper.readers.status",
+    "scan": "wrapper.readers.scan",
+    "metrics": "wrapper.readers.metrics",
+    "replication": "wrapper.readers.replication",
+    "watch": "wrapper.readers.watch_command",
+    "web": "wrapper.readers.web.command",
+}
+
+
+def command_modules(names: Sequence[str] = COMMAND_MODULES) -> list[ModuleType]:
+    return [importlib.import_module(name) for name in names]
 
 
 # `hctx --help` lists the commands in the order a user meets them; one registered later by a module
 # of its own lands in its place here, one not named here after these, and a name here that is not
 # registered is skipped.
 COMMAND_ORDER = (
-    "demo", "wrap", "agents", "accounts", "top", "doctor", "inspect", "watch", "metrics", "web", "scan", "replication",
-    "replay", "schema",
+    "demo", "wrap", "agents", "accounts", "status", "top", "doctor", "inspect", "watch", "metrics", "web", "scan",
+    "replication", "replay", "schema",
 )  # fmt: skip
 
 
@@ -83,7 +105,8 @@ def _usage_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
     return parser
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(modules: Sequence[str] = COMMAND_MODULES) -> argparse.ArgumentParser:
+    """hctx's parser with the commands `modules` register (all of them unless told)."""
     # Typed as the base class, so every add_*_command takes the subparsers as argparse's own; each
     # subcommand's parser is a Parser all the same (argparse makes them of the parent's class).
     parser: argparse.ArgumentParser = Parser(
@@ -93,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"hctx {guard.__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    for module in COMMAND_MODULES:
+    for module in command_modules(modules):
         module.register(commands)
     order_commands(commands)
     return parser
@@ -101,7 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
+    # The command's own module alone when the first word names one: its parser, help and errors are
+    # the ones the whole parser gives it (argparse names a subcommand `hctx NAME` either way).
+    home = COMMAND_HOMES.get(words[0]) if words else None
+    parser = build_parser(COMMAND_MODULES if home is None else (home,))
     args, unknown = parser.parse_known_args(words)
     if unknown:  # argparse hands a subcommand's unknown options up to the top; its own usage says more
         before_command = unknown[0] in words[: words.index(args.command)]

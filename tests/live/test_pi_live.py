@@ -651,7 +651,7 @@ async def _roster_headroom(catalog: Catalog) -> int | None:
         capture_stdout=True, env=wrapping_env(),
     )  # fmt: skip
     context = json.loads(result.stdout)["context"]
-    assert headroom_tokens(context) == context["headroomTokens"]
+    assert headroom_tokens(context["compactAtTokens"], context["usedTokens"]) == context["headroomTokens"]
     value: int | None = context["headroomTokens"]
     return value
 

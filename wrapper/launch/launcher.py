@@ -324,6 +324,10 @@ def begin_incarnation(options: WrapOptions, incarnation: str, wrapper_pid: int) 
         return begun
     try:
         directory, channel = _channel_path()
+        if plan.account is not None:
+            # The claim names the account now, before any reading: `hctx accounts` counts the seat
+            # from its launch (issue 35). A claim taken over meanwhile is left as it is.
+            update_claim(options.agent, incarnation, lambda state: state.model_copy(update={"account": plan.account}))
     except OSError:
         teardown(plan)
         raise

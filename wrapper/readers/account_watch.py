@@ -5,7 +5,9 @@ newest snapshot (`wrapper.readers.accounts.fan_in`, across every agent sharing t
 account fire once per crossing, not once each. Edge-triggered: a threshold fires when the newest
 snapshot is at or above it after one below it (or the first one seen), and is re-armed by a snapshot
 below it, by a snapshot whose window has reset, or when the reset time of the window it fired in has
-passed. A stale snapshot (past the hour horizon) fires nothing and re-arms nothing.
+passed. A stale snapshot (past the hour horizon) fires nothing and re-arms nothing, and neither does
+one older than the snapshot the state last followed (issue 35: an account's newest agent gone from
+the roster leaves an older figure newest; it says nothing new about the account).
 
 What was told is kept beside the agents' watch state, in `<catalog>/.st2/watch/NAME.accounts.json`,
 replaced atomically before the events go out (at most once, as the fill events).
@@ -55,6 +57,9 @@ class WindowSeen:
     fired: frozenset[float] = frozenset()
     resets_at_ms: int | None = None
     seen_at_ms: int = 0
+    # When the newest snapshot the state followed arrived (`Snapshot.observed_at_ms`): an older one
+    # neither fires nor re-arms. 0: none followed yet (or a state file written before it).
+    snapshot_at_ms: int = 0
 
 
 AccountState = Mapping[str, WindowSeen]  # keyed "<group key>/<window>"
@@ -131,11 +136,12 @@ def account_step(
             seen = before.seen_at_ms if now - before.seen_at_ms < SEEN_REFRESH_MS else now
             if before.resets_at_ms is not None and before.resets_at_ms <= now:
                 before = WindowSeen()  # the window it fired in has reset: armed again
-            if latest.stale:
-                after[key] = WindowSeen(before.fired, before.resets_at_ms, seen)
+            if latest.stale or latest.observed_at_ms < before.snapshot_at_ms:  # nothing new of the account
+                after[key] = WindowSeen(before.fired, before.resets_at_ms, seen, before.snapshot_at_ms)
                 continue
+            at = latest.observed_at_ms
             if latest.reset_passed(now):  # its percent no longer describes the account
-                after[key] = WindowSeen(seen_at_ms=seen)
+                after[key] = WindowSeen(seen_at_ms=seen, snapshot_at_ms=at)
                 continue
             fired = frozenset(threshold for threshold in thresholds if latest.used_percent >= threshold)
             for threshold in sorted(fired - before.fired):
@@ -143,7 +149,7 @@ def account_step(
                     "rate-limit", latest.source, incarnations.get(latest.source.name) or "", threshold, now,
                     group=group, snapshot=latest,
                 ))  # fmt: skip
-            after[key] = WindowSeen(fired, latest.resets_at_ms, seen)
+            after[key] = WindowSeen(fired, latest.resets_at_ms, seen, at)
     for key in [] if partial else [key for key, seen in after.items() if key not in present]:
         if now - after[key].seen_at_ms >= HARNESS_CONTEXT_STALE_MS:
             del after[key]
@@ -156,6 +162,7 @@ class _SeenWire(BaseModel):
     fired: list[float] = []
     resets_at_ms: int | None = Field(default=None, alias="resetsAtMs")
     seen_at_ms: int = Field(default=0, alias="seenAtMs")
+    snapshot_at_ms: int = Field(default=0, alias="snapshotAtMs")
 
 
 class _StateWire(BaseModel):
@@ -167,7 +174,12 @@ class _StateWire(BaseModel):
 
 def dump_account_state(state: AccountState) -> bytes:
     windows = {
-        key: {"fired": sorted(seen.fired), "resetsAtMs": seen.resets_at_ms, "seenAtMs": seen.seen_at_ms}
+        key: {
+            "fired": sorted(seen.fired),
+            "resetsAtMs": seen.resets_at_ms,
+            "seenAtMs": seen.seen_at_ms,
+            "snapshotAtMs": seen.snapshot_at_ms,
+        }
         for key, seen in sorted(state.items())
     }
     return (json.dumps({"schema": ACCOUNT_STATE_SCHEMA, "windows": windows}, indent=1) + "\n").encode()
@@ -180,7 +192,8 @@ def load_account_state(data: bytes) -> dict[str, WindowSeen]:
     except ValidationError as exc:
         raise RecordRefused(str(exc).splitlines()[0]) from None
     return {
-        key: WindowSeen(frozenset(seen.fired), seen.resets_at_ms, seen.seen_at_ms) for key, seen in wire.windows.items()
+        key: WindowSeen(frozenset(seen.fired), seen.resets_at_ms, seen.seen_at_ms, seen.snapshot_at_ms)
+        for key, seen in wire.windows.items()
     }
 
 

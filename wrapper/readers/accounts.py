@@ -2,10 +2,14 @@
 
 Every record carries the rate limits its harness last reported, per agent; agents on one account
 repeat one account-scoped number at different ages. `fan_in` groups the roster's rows by the
-record's `account.key` and takes, per window, the newest snapshot across the group: its percent,
-its reset time, its age and the agent it came from. A row whose record states no account is a group
-of its own (key null): nothing is merged on a guess. Plain data, nothing read or written here, so
-`hctx accounts`, `agents`, `top`, `metrics`, `watch` and the web board share it.
+record's `account.key` (else the one a running agent's claim names, known from its launch) and
+takes, per window, the newest snapshot across the group: its percent, its reset time, its age and
+the agent it came from. A snapshot is dated by when its figure arrived from the service (the
+record's `rateLimitsAtMs`, issue 35), not by the reading holding it: an idle Claude seat redraws
+limits it heard minutes ago in every fresh reading, and must not pass for the account's newest. A
+row that states no account is a group of its own (key null): nothing is merged on a guess. Plain
+data, nothing read or written here, so `hctx accounts`, `agents`, `top`, `metrics`, `watch` and
+the web board share it.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from guard.account import Account
+from guard.constants import HARNESS_CONTEXT_FUTURE_SKEW_MS, HARNESS_CONTEXT_STALE_MS
 from wrapper.readers.roster import AgentRow
 
 __all__ = [
@@ -97,8 +102,10 @@ class AccountGroup:
 
 
 def account_of(row: AgentRow) -> Account | None:
-    """The record's `account` on a roster row, or None."""
-    return None if row.context is None else row.context.account
+    """The record's `account` on a roster row, else the one its running claim names (a seat counts
+    toward its account from its launch, before its first reading: issue 35), or None."""
+    account = None if row.context is None else row.context.account
+    return row.claimed_account if account is None else account
 
 
 def group_key(row: AgentRow) -> str:
@@ -115,14 +122,24 @@ def _snapshot(row: AgentRow, window: Window, attribute: str) -> Snapshot | None:
     percent: float | None = getattr(context.rate_limits, attribute)
     if percent is None:
         return None
-    resets = context.rate_limit_resets_at_ms
+    resets, times = context.rate_limit_resets_at_ms, context.rate_limits_at_ms
+    reading_ms = context.observed_at_ms
+    # When the figure arrived; a record written before the field (or a harness that dates none) by
+    # its reading. It may be later than the reading (a producer restates its held reading with limits
+    # that came after it); a time past the clock's skew bound is no arrival (a planted record would
+    # pin the account's figure as the newest forever): dated by its reading, as the record is read.
+    arrived: int | None = None if times is None else getattr(times, attribute)
+    at_ms = reading_ms
+    if arrived is not None and arrived <= reading_ms + context.age_ms + HARNESS_CONTEXT_FUTURE_SKEW_MS:
+        at_ms = arrived
+    age = max(0, context.age_ms + reading_ms - at_ms)
     return Snapshot(
         window=window,
         used_percent=percent,
         resets_at_ms=None if resets is None else getattr(resets, attribute),
-        observed_at_ms=context.observed_at_ms,
-        age_ms=context.age_ms,
-        stale=context.stale,
+        observed_at_ms=at_ms,
+        age_ms=age,
+        stale=age >= HARNESS_CONTEXT_STALE_MS,
         source=row,
     )
 

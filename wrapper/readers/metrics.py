@@ -180,7 +180,7 @@ ACCOUNT_USED = _gauge(
 )
 ACCOUNT_OBSERVED = _gauge(
     "hctx_account_rate_limit_observed_timestamp_seconds",
-    "When that newest snapshot was taken, in Unix time; its age is time() minus this.",
+    "When that newest snapshot arrived from the service, in Unix time; its age is time() minus this.",
 )
 ACCOUNT_RESETS = _gauge(
     "hctx_account_rate_limit_resets_timestamp_seconds",
@@ -210,14 +210,22 @@ class AccountWindow:
 
 
 def _account_windows(record: HarnessContext) -> tuple[AccountWindow, ...]:
+    """Each window dated by when its figure arrived (`rateLimitsAtMs`, issue 35), else by the
+    reading: an idle seat's redrawn old figure is never the account's newest (wrapper.accounts).
+    A figure arrives before the record holding it is written: a later time is none (planted)."""
     if record.account is None or record.rate_limits is None:
         return ()
-    resets = record.rate_limit_resets_at_ms
+    resets, times = record.rate_limit_resets_at_ms, record.rate_limits_at_ms
+
+    def arrived(attribute: str) -> int:
+        at: int | None = None if times is None else getattr(times, attribute)
+        return record.observed_at_ms if at is None or at > record.written_at_ms else at
+
     return tuple(
-        AccountWindow(window, value, None if resets is None else getattr(resets, attribute), record.observed_at_ms)
+        AccountWindow(window, value, None if resets is None else getattr(resets, attribute), arrived(attribute))
         for attribute, window in _RATE_ATTRIBUTES
         if (value := getattr(record.rate_limits, attribute)) is not None
-    )
+    )  # fmt: skip
 
 
 def _headroom(record: HarnessContext) -> int | None:
@@ -261,6 +269,7 @@ class ExportedAgent:
     claim_problem: str | None
     account: str | None = None  # the key of the account the record names (issue 29)
     account_windows: tuple[AccountWindow, ...] = ()
+    claimed_account: str | None = None  # the key the claim names, known from the launch (issue 35)
 
     @classmethod
     def of(cls, host: str, identity: str, files: AgentFiles) -> ExportedAgent:
@@ -293,6 +302,7 @@ class ExportedAgent:
             None if decoded.record is None else decoded.record.observed_at_ms, decoded.claim, decoded.problem,
             decoded.claim_problem, None if record is None or record.account is None else record.account.key,
             () if record is None else _account_windows(record),
+            None if decoded.claim is None or decoded.claim.account is None else decoded.claim.account.key,
         )  # fmt: skip
 
     def flags(self, now: int, host: str, here: str, alive: PidProbe) -> int:
@@ -446,25 +456,30 @@ def _join(build: _Build, openmetrics: bool) -> str:
     parts.append(RUNNING.header(openmetrics))
     parts.extend(agent.running_line + ("1.0\n" if flag & 8 else "0.0\n")
                  for (_, _, agent), flag in zip(agents, build.flags, strict=True) if flag & 4)  # fmt: skip
-    parts.extend(_account_lines([agent for (_, _, agent), flag in zip(agents, build.flags, strict=True) if flag & 1],
-                                openmetrics))  # fmt: skip
+    parts.extend(_account_lines([(agent, flag) for (_, _, agent), flag in zip(agents, build.flags, strict=True)
+                                 if flag & 9], openmetrics))  # fmt: skip
     return "".join(parts)
 
 
-def _account_lines(readable: list[ExportedAgent], openmetrics: bool) -> list[str]:
+def _account_lines(members: list[tuple[ExportedAgent, int]], openmetrics: bool) -> list[str]:
     """The account families: per account and window the newest snapshot (the first agent in the
-    catalog's order keeps a tie), and how many agents name the account; an account none of whose
-    agents reports a window exports nothing, as `hctx accounts` lists nothing for it."""
+    catalog's order keeps a tie), and how many agents name the account (a readable record's, else a
+    running agent's claim's: counted from its launch, as `hctx accounts` counts it); an account none
+    of whose agents reports a window exports nothing, as `hctx accounts` lists nothing for it.
+    `members`: the readable or running agents with their `flags`."""
     newest: dict[tuple[str, str], AccountWindow] = {}
     agents: dict[str, int] = {}
-    for agent in readable:
-        if agent.account is None:
+    for agent, flag in members:
+        account = agent.account if flag & 1 else None
+        if account is None and flag & 8:
+            account = agent.claimed_account
+        if account is None:
             continue  # an agent that states no account: its own hctx_rate_limit_used_percent says it
-        agents[agent.account] = agents.get(agent.account, 0) + 1
-        for window in agent.account_windows:
-            held = newest.get((agent.account, window.window))
+        agents[account] = agents.get(account, 0) + 1
+        for window in agent.account_windows if flag & 1 else ():
+            held = newest.get((account, window.window))
             if held is None or window.observed_at_ms > held.observed_at_ms:
-                newest[agent.account, window.window] = window
+                newest[account, window.window] = window
     series = sorted(newest.items())
     parts = [ACCOUNT_USED.header(openmetrics)]
     parts += [f'{ACCOUNT_USED.sample}{{account="{key}",window="{name}"}} {number_text(window.used_percent)}\n'

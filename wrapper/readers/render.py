@@ -11,10 +11,9 @@ from __future__ import annotations
 import datetime
 import json
 import math
-import os
 import time
 from collections.abc import Iterable, Mapping
-from typing import IO, Any, Literal, Protocol
+from typing import Any, Protocol
 
 from guard.catalog import printable
 from guard.constants import (
@@ -24,7 +23,7 @@ from guard.constants import (
     HARNESS_CONTEXT_WARN_PERCENT,
 )
 from guard.files import RawFile
-from guard.projection import Context, SubagentReading
+from guard.projection import Context, SubagentReading, cache_cold_in_ms
 from guard.record import HarnessContext, Subagent, round_half_up
 from guard.state import Unobserved
 from wrapper.readers.accounts import WINDOWS, AccountGroup, Snapshot, fan_in, groups_by_agent
@@ -38,6 +37,16 @@ from wrapper.readers.roster import (
     headroom_short,
     unverified_builds,
 )
+from wrapper.readers.tint import (
+    AMBER_PERCENT,
+    PERCENT_DIGITS_LIMIT,
+    RED_PERCENT,
+    Tint,
+    colour_enabled,
+    paint,
+    percent_text,
+    percent_tint,
+)
 
 __all__ = [
     "AMBER_PERCENT",
@@ -49,6 +58,7 @@ __all__ = [
     "account_limits_wire",
     "age_text",
     "agent_wire",
+    "cache_text",
     "claim_section",
     "colour_enabled",
     "compaction_text",
@@ -66,6 +76,7 @@ __all__ = [
     "paint",
     "percent_text",
     "percent_tint",
+    "prompt_cache_text",
     "record_section",
     "render_accounts",
     "render_accounts_json",
@@ -84,12 +95,6 @@ __all__ = [
     "version_text",
 ]
 
-Tint = Literal["amber", "red"] | None
-AMBER_PERCENT = 80
-RED_PERCENT = 95
-_SGR = {"amber": "\x1b[33m", "red": "\x1b[31m"}
-_RESET = "\x1b[0m"
-PERCENT_DIGITS_LIMIT = 100_000
 # A refused record is shown in `inspect` so its damage can be seen, but not megabytes of it.
 RAW_SHOWN_BYTES = 4096
 
@@ -110,36 +115,9 @@ class Fill(Protocol):
 # Colour
 
 
-def colour_enabled(stream: IO[str], environ: dict[str, str] | None = None) -> bool:
-    """Colour on a terminal only, and never when NO_COLOR is set (https://no-color.org) or TERM=dumb."""
-    env = os.environ if environ is None else environ
-    if env.get("NO_COLOR") or env.get("TERM") == "dumb":
-        return False
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError):
-        return False
-
-
 def fill_tint(fill: Fill | None) -> Tint:
     """Amber at >= 80%, red at >= 95% of the harness's own percent; no percent, no tint."""
     return percent_tint(None if fill is None else fill.used_percent)
-
-
-def percent_tint(percent: float | None) -> Tint:
-    if percent is None:
-        return None
-    if percent >= RED_PERCENT:
-        return "red"
-    if percent >= AMBER_PERCENT:
-        return "amber"
-    return None
-
-
-def paint(text: str, tint: Tint, colour: bool) -> str:
-    if not colour or tint is None or not text:
-        return text
-    return f"{_SGR[tint]}{text}{_RESET}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -149,14 +127,6 @@ def paint(text: str, tint: Tint, colour: bool) -> str:
 def counted(count: int, noun: str) -> str:
     """`1 agent`, `3 agents`."""
     return f"{count} {noun}{'' if count == 1 else 's'}"
-
-
-def percent_text(percent: float) -> str:
-    """Rounded for width, never clamped: 585.6 is 586%; past five digits in exponent form (1e+308%),
-    so a planted number cannot print hundreds of digits."""
-    if not -PERCENT_DIGITS_LIMIT < percent < PERCENT_DIGITS_LIMIT:
-        return f"{percent:.0e}%"
-    return f"{round_half_up(percent)}%"
 
 
 def ctx_text(context: Context | None) -> str:
@@ -195,6 +165,19 @@ def headroom_text(context: Context | None) -> str:
     if headroom is None:
         return "-"
     return f"→ {'-' if headroom < 0 else ''}{tokens_text(abs(headroom))}"
+
+
+def cache_text(context: Context | None, now: int) -> str:
+    """The prompt cache column (issue 37): `warm 3m12s` until it goes cold, `cold ↻750k` (the tokens
+    the next turn writes again), `-` where the harness states no cache."""
+    cache = None if context is None else context.prompt_cache
+    if cache is None:
+        return "-"
+    left = cache_cold_in_ms(cache, now)
+    if left:
+        return f"warm {age_text(left)}"
+    recache = cache.recache_tokens_if_cold
+    return "cold" + ("" if recache is None else f" ↻{tokens_text(recache)}")
 
 
 def meter_title(fill: Fill | None) -> str:
@@ -312,10 +295,13 @@ def render_agents(
     groups = groups_by_agent(fan_in(rows if roster is None else roster))
     limits = [limits_text(groups.get(row.name), row, now) for row in rows]
     with_limits = any(text != "-" for text, _ in limits)
+    caches = [cache_text(row.context, now) for row in rows]
+    with_cache = any(text != "-" for text in caches)  # only a harness that states its cache has one
     header = ["HOST", "AGENT", "HARNESS", "DESIRED", "CONTEXT", "TOKENS", "HEADROOM", "AGE", "COST"]
     header += ["LIMITS"] if with_limits else []
+    header += ["CACHE"] if with_cache else []
     body = []
-    for row, limit in zip(rows, limits, strict=True):
+    for row, limit, cache in zip(rows, limits, caches, strict=True):
         context = row.context
         body.append([
             (row.host, None),
@@ -328,8 +314,10 @@ def render_agents(
             ("-" if context is None else age_text(context.age_ms), None),
             (cost_text(None if context is None else context.cost_usd), None),
             *([limit] if with_limits else []),
+            *([(cache, None)] if with_cache else []),
         ])  # fmt: skip
-        below = [("", None)] if with_limits else []  # a subagent's limits are its agent's
+        # A subagent's limits and cache are its agent's.
+        below = [("", None)] * (int(with_limits) + int(with_cache))
         body += [[*subagent_cells(sub), *below] for sub in (() if context is None else context.subagents)]
     return table(body, header, colour)
 
@@ -476,11 +464,30 @@ def record_section(inspection: Inspection) -> list[str]:
         out.append(f"  harness build {version_text(view.record)}")
         if view.record.session_id is not None:
             out.append(f"  session       {printable(view.record.session_id)}")
+        if view.record.prompt_cache is not None:
+            out.append(f"  prompt cache  {prompt_cache_text(view.record)}")
         out.extend(subagent_lines(view.record))
     if row.problem:
         out.append(f"  ! {row.problem}")
     out.append(f"  incarnation check: {inspection.incarnation}")
     return out
+
+
+def prompt_cache_text(record: HarnessContext) -> str:
+    """`inspect`'s prompt cache (issue 37), each figure as the harness stated it."""
+    cache = record.prompt_cache
+    if cache is None:
+        return "not stated"
+    expiry = "not stated" if cache.expires_at_ms is None else _ms_text(cache.expires_at_ms)
+    figures = {
+        "ttl": cache.ttl,
+        "hit ratio": None if cache.hit_ratio is None else f"{cache.hit_ratio:.3f}",
+        "re-cache if cold": None if cache.recache_tokens_if_cold is None else f"{cache.recache_tokens_if_cold} tokens",
+        "requests": cache.requests,
+        "misses": cache.misses,
+    }
+    stated = "  ".join(f"{name} {value}" for name, value in figures.items() if value is not None)
+    return f"{'warm' if cache.warm else 'cold'}  goes cold at {expiry}  {stated}".rstrip()
 
 
 def subagent_lines(record: HarnessContext) -> list[str]:

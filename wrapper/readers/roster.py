@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from guard.account import Account
 from guard.catalog import (
     AgentFiles,
     CatalogCache,
@@ -41,7 +42,7 @@ from guard.procs import pid_alive
 from guard.projection import Context, decode_record, project, reading_of
 from guard.record import HarnessContext
 from guard.state import HarnessState, process_identity
-from sidecar.registry import REGISTERED, verified_versions
+from sidecar.names import REGISTERED
 
 __all__ = [
     "LAUNCH_WINDOW_MS",
@@ -124,6 +125,9 @@ class AgentRow:
     claim_problem: str | None = None
     # How far past this host's clock the record's observedAtMs lies, when that made it read as absent.
     ahead_ms: int | None = None
+    # The account a running agent's claim names (issue 35: known from its launch, before any
+    # reading); None otherwise. The record's own comes first.
+    claimed_account: Account | None = None
 
     @property
     def name(self) -> str:
@@ -195,15 +199,18 @@ def agent_view(
         if context is None:
             ahead = record.observed_at_ms - now
             problem = f"context record observed {ahead} ms in the future; clock untrusted, read as absent"
+    state = desired_state(decoded.claim, host, here, alive)
+    claimed = None if decoded.claim is None or state != "running" else decoded.claim.account
     row = AgentRow(
         host=host,
         identity=identity,
         harness=decoded.harness,
-        desired_state=desired_state(decoded.claim, host, here, alive),
+        desired_state=state,
         context=context,
         problem=problem,
         claim_problem=decoded.claim_problem,
         ahead_ms=ahead,
+        claimed_account=claimed,
     )
     return AgentView(decoded.files, record, decoded.claim, row)
 
@@ -348,6 +355,9 @@ def headroom_short(context: Context) -> bool:
 
 def unverified_builds(harness: str, version: str) -> tuple[str, ...] | None:
     """None when `version` is one of its producer's verified builds; else the builds that are."""
+    # Imported here: a harness's spec (its producer module) loads only when its builds are asked about.
+    from sidecar.registry import verified_versions
+
     verified = verified_versions(harness)
     return None if version in verified else verified
 

@@ -40,7 +40,7 @@ from guard.files import read_bounded, set_aside
 from guard.json_rule import loads_object
 from guard.layout import check_name, control_dir
 from guard.procs import pid_alive
-from guard.projection import Context, SubagentReading
+from guard.projection import Context, SubagentReading, cache_cold_in_ms
 from guard.walk import open_chain
 from wrapper.arguments import existing_catalog
 from wrapper.readers.render import age_text, meter_text, percent_text, subagent_label, tokens_text
@@ -58,6 +58,7 @@ __all__ = [
     "MAX_STATE_BYTES",
     "STATE_SCHEMA",
     "WATCH_DIR_NAME",
+    "Around",
     "Companion",
     "Deliver",
     "Event",
@@ -81,7 +82,7 @@ __all__ = [
     "step",
 ]
 
-Kind = Literal["fresh", "compaction", "fill", "headroom", "stale", "rate-limit", "subagent-fill"]
+Kind = Literal["fresh", "compaction", "fill", "headroom", "stale", "rate-limit", "subagent-fill", "cache-expiring"]
 
 DEFAULT_AT: tuple[float, ...] = (80, 95)
 DEFAULT_EXEC_TIMEOUT_S = 10.0
@@ -99,6 +100,7 @@ STATE_SCHEMA = "hctx.watch-state.v1"
 class Settings:
     thresholds: tuple[float, ...] = DEFAULT_AT
     headroom: int | None = None  # tokens; None: no headroom events
+    cache_warn_ms: int | None = None  # issue 37: a warm prompt cache going cold within it; None: no such events
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +118,9 @@ class Seen:
     # (subagent id, threshold) fired and not yet re-armed (issue 28): only the record's own subagents
     # (at most MAX_SUBAGENTS), so a runaway delegation cannot grow the state.
     subagents_fired: frozenset[tuple[str, float]] = frozenset()
+    # The prompt cache expiry (`promptCache.expiresAtMs`) a cache-expiring event was told for (issue
+    # 37): each turn moves it, and each new one is news once.
+    cache_warned: int | None = None
 
 
 State = Mapping[str, Seen]
@@ -144,7 +149,15 @@ class Event:
     subagent: SubagentReading | None = None  # a subagent-fill's subagent row, as the record has it
 
     def wire(self) -> dict[str, Any]:
-        return self._common(self.row.context) | self._subagent_wire()
+        return self._common(self.row.context) | self._subagent_wire() | self._cache_wire()
+
+    def _cache_wire(self) -> dict[str, Any]:
+        """A cache-expiring event says when the cache goes cold and what a re-cache costs, as stated."""
+        cache = None if self.row.context is None else self.row.context.prompt_cache
+        if self.kind != "cache-expiring" or cache is None:
+            return {}
+        return {"cacheExpiresAtMs": cache.expires_at_ms, "cacheColdInMs": cache_cold_in_ms(cache, self.at_ms),
+                "recacheTokensIfCold": cache.recache_tokens_if_cold}  # fmt: skip
 
     def _subagent_wire(self) -> dict[str, Any]:
         """A subagent-fill names the subagent beside its agent, with the subagent's own numbers."""
@@ -209,6 +222,12 @@ class Event:
             margin = tokens_text(None if self.threshold is None else int(self.threshold))
             headroom = None if context is None else context.headroom_tokens
             return f"{name}: {tokens_text(headroom)} tokens left before it compacts, under {margin}"
+        if self.kind == "cache-expiring":
+            cache = None if context is None else context.prompt_cache
+            left = cache_cold_in_ms(cache, self.at_ms) or 0
+            recache = None if cache is None else cache.recache_tokens_if_cold
+            cost = "" if recache is None else f"; the turn after writes {tokens_text(recache)} tokens again"
+            return f"{name}: prompt cache goes cold in {age_text(left)}{cost}"
         if self.kind == "compaction":
             count = None if context is None else context.compactions
             return f"{name}: compacted ({count} this session); context now {fill}"
@@ -237,6 +256,8 @@ def _told_before(seen: Seen, later: list[Found], before: Seen) -> Seen:
             seen = dataclasses.replace(seen, headroom_fired=before.headroom_fired)
         elif kind == "compaction":
             seen = dataclasses.replace(seen, compactions=before.compactions)
+        elif kind == "cache-expiring":
+            seen = dataclasses.replace(seen, cache_warned=before.cache_warned)
         elif kind == "fresh":
             seen = dataclasses.replace(seen, stale=True)
         else:  # stale
@@ -258,7 +279,16 @@ def _subagents_reached(context: Context, seen: Seen, settings: Settings) -> froz
     return frozenset(reached)
 
 
-def _agent_step(seen: Seen, row: AgentRow, settings: Settings) -> tuple[list[Found], Seen]:
+def _cache_expiring(context: Context, settings: Settings, now: int) -> int | None:
+    """The expiry of a warm prompt cache going cold within --cache-warn of `now`, else None."""
+    cache = context.prompt_cache
+    left = cache_cold_in_ms(cache, now)
+    if cache is None or settings.cache_warn_ms is None or left is None or not 0 < left <= settings.cache_warn_ms:
+        return None
+    return cache.expires_at_ms
+
+
+def _agent_step(seen: Seen, row: AgentRow, settings: Settings, now: int = 0) -> tuple[list[Found], Seen]:
     context = row.context
     assert context is not None
     if context.stale:  # a stale reading fires nothing and re-arms nothing, but may be news itself
@@ -280,8 +310,12 @@ def _agent_step(seen: Seen, row: AgentRow, settings: Settings) -> tuple[list[Fou
             found.append(("headroom", settings.headroom, None))
     subagents = _subagents_reached(context, seen, settings)
     found.extend(("subagent-fill", t, ident) for ident, t in sorted(subagents - seen.subagents_fired))
+    warned, expiring = seen.cache_warned, _cache_expiring(context, settings, now)
+    if expiring is not None and expiring != warned:
+        found.append(("cache-expiring", None, None))
+        warned = expiring
     return found, Seen(seen.incarnation, fired, headroom_fired, context.compactions, False,
-                       context.observed_at_ms, subagents)  # fmt: skip
+                       context.observed_at_ms, subagents, warned)  # fmt: skip
 
 
 def _first_sight(incarnation: str, row: AgentRow, settings: Settings) -> Seen:
@@ -327,7 +361,7 @@ def step(
                 after[row.name] = before  # a straggler from an older incarnation
                 continue
             before = Seen(incarnation, stale=before.stale)
-        found, after[row.name] = _agent_step(before, row, settings)
+        found, after[row.name] = _agent_step(before, row, settings, now)
         subs = {sub.id: sub for sub in row.context.subagents}
         events.extend(
             Event(kind, row, incarnation, threshold, now, _told_before(after[row.name], found[n + 1 :], before),
@@ -375,6 +409,7 @@ class _SeenWire(BaseModel):
     stale: bool = False
     observed_ms: int = Field(default=0, alias="observedMs")
     subagents_fired: list[tuple[str, float]] = Field(default=[], alias="subagentsFired", max_length=4096)
+    cache_warned: int | None = Field(default=None, alias="cacheWarned")
 
 
 class _StateWire(BaseModel):
@@ -389,6 +424,8 @@ def _seen_wire(seen: Seen) -> dict[str, Any]:
             "compactions": seen.compactions, "stale": seen.stale, "observedMs": seen.observed_ms}  # fmt: skip
     if seen.subagents_fired:  # issue 28: left out when none, so a watch without subagents saves what it did
         wire["subagentsFired"] = sorted(seen.subagents_fired)
+    if seen.cache_warned is not None:  # issue 37: likewise
+        wire["cacheWarned"] = seen.cache_warned
     return wire
 
 
@@ -425,6 +462,7 @@ def load_state(data: bytes) -> dict[str, Seen]:
             seen.stale,
             seen.observed_ms,
             frozenset(seen.subagents_fired),
+            seen.cache_warned,
         )
         for key, seen in wire.agents.items()
     }
@@ -803,7 +841,16 @@ def parse_percents(text: str) -> tuple[float, ...]:
     return tuple(sorted(int(value) if value.is_integer() else value for value in values))
 
 
-def run_watch(args: argparse.Namespace, companions: Callable[[StateFile], Sequence[Companion]] = lambda _: ()) -> int:
+# What runs the watch when something stands around its delivery (`wrapper.readers.notify`): given
+# how to follow the catalog with a delivery, and --exec's (None without --exec), the whole run.
+Around = Callable[[Callable[[Deliver], Awaitable[None]], "Deliver | None"], Callable[[], Awaitable[None]]]
+
+
+def run_watch(
+    args: argparse.Namespace,
+    companions: Callable[[StateFile], Sequence[Companion]] = lambda _: (),
+    around: Around | None = None,
+) -> int:
     import trio
 
     try:
@@ -812,12 +859,17 @@ def run_watch(args: argparse.Namespace, companions: Callable[[StateFile], Sequen
     except CatalogError as exc:
         log(f"cannot read the catalog: {exc}")
         return 2
-    deliver = print_event if args.exec is None else exec_command(args.exec, args.exec_timeout)
-    settings = Settings(args.at, args.headroom)
+    settings = Settings(args.at, args.headroom, None if args.cache_warn is None else round(args.cache_warn * 1000))
     beside = companions(state_file)
+
+    def following(deliver: Deliver) -> Awaitable[None]:
+        return follow(catalog, here=args.host, settings=settings, deliver=deliver, state_file=state_file,
+                      reread_s=args.reread, companions=beside)  # fmt: skip
+
+    command = None if args.exec is None else exec_command(args.exec, args.exec_timeout)
+    main = (lambda: following(command or print_event)) if around is None else around(following, command)
     try:
-        trio.run(lambda: follow(catalog, here=args.host, settings=settings, deliver=deliver,
-                                state_file=state_file, reread_s=args.reread, companions=beside))  # fmt: skip
+        trio.run(main)
     except CatalogError as exc:
         log(str(exc))
         return 2

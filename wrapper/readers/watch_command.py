@@ -1,11 +1,13 @@
 """`hctx watch`'s command line: every option in one place, the fill events (wrapper.readers.watch)
-and, beside them, the account rate-limit events (wrapper.readers.account_watch) as its companion."""
+and, beside them, the account rate-limit events (wrapper.readers.account_watch) as its companion,
+and with --notify each event also notified (wrapper.readers.notify)."""
 
 from __future__ import annotations
 
 import argparse
 
 from wrapper.arguments import add_catalog_options, positive_seconds, whole_number, with_host
+from wrapper.readers import notify
 from wrapper.readers.account_watch import AccountWatch
 from wrapper.readers.accounts import DEFAULT_RATE_LIMIT_AT
 from wrapper.readers.watch import DEFAULT_AT, DEFAULT_EXEC_TIMEOUT_S, DEFAULT_REREAD_S, parse_percents, run_watch
@@ -14,7 +16,16 @@ __all__ = ["register"]
 
 
 def _run(args: argparse.Namespace) -> int:
-    return run_watch(args, lambda state_file: [AccountWatch(state_file, args.rate_limit_at)])
+    around = None
+    if notify.wanted(args):
+        targets = notify.targets_of(args)  # apprise loads here, with --notify only
+        if targets is None:
+            return 2
+        if args.notify_test:
+            return notify.notify_test(targets, args.notify_timeout, args.board_url, args.host)
+        if targets:  # the events go to the targets, and to --exec's command if there is one
+            around = notify.with_notifications(args, targets)
+    return run_watch(args, lambda state_file: [AccountWatch(state_file, args.rate_limit_at)], around)
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -36,7 +47,8 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "--exec", metavar="CMD",
         help="a shell command run for each event, the event as JSON on its stdin; one agent's events run "
         "in order, one at a time, each in a process group of its own; whatever it leaves running "
-        "(backgrounded or setsid children) is ended when it returns (default: print each event as a JSON line)",
+        "(backgrounded or setsid children) is ended when it returns (default: print each event as a JSON "
+        "line, unless --notify sends them)",
     )  # fmt: skip
     watch.add_argument(
         "--at", type=parse_percents, default=DEFAULT_AT, metavar="PERCENTS",
@@ -47,6 +59,12 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "--headroom", type=whole_number, metavar="TOKENS",
         help="fire when compactAtTokens - usedTokens falls under TOKENS (only where the harness states "
         "where it compacts; default: no headroom events)",
+    )  # fmt: skip
+    watch.add_argument(
+        "--cache-warn", type=positive_seconds, metavar="SECONDS",
+        help="fire cache-expiring when an agent's warm prompt cache goes cold within SECONDS, naming when "
+        "and the tokens the next turn then writes again (only where the harness states its cache: Claude "
+        "2.1.332; checked at each read, so at least every --reread; default: no such events)",
     )  # fmt: skip
     watch.add_argument(
         "--exec-timeout", type=positive_seconds, default=DEFAULT_EXEC_TIMEOUT_S, metavar="S",
@@ -70,4 +88,5 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "(five-hour, seven-day) when the newest snapshot across the account's agents reaches one; re-armed "
         "below it or once the window resets; a snapshot past the hour horizon fires nothing (default: 80,95)",
     )  # fmt: skip
+    notify.add_notify_options(watch)
     watch.set_defaults(run=with_host(_run))

@@ -29,6 +29,7 @@ import fcntl
 import importlib.util
 import json
 import os
+import re
 import shlex
 import stat
 import sys
@@ -47,6 +48,7 @@ from guard.procs import proc_stat
 from guard.record import describe_validation_error
 from guard.walk import open_chain
 from sidecar.harnesses.claude.account import claude_account, claude_env_account
+from sidecar.harnesses.claude.compaction import MAX_CONFIGURED, MIN_CONFIGURED, ClaudeCompaction
 from sidecar.harnesses.claude.subagents import ClaudeTransport
 from sidecar.harnesses.claude.windows import model_table
 from sidecar.launching import LaunchPlan
@@ -62,14 +64,17 @@ __all__ = [
     "RENDERER_ENV",
     "SEATS_PATH",
     "SETTINGS_PATH",
+    "SUBAGENT_RENDERER_ENV",
     "TEE_MODULE",
     "Seats",
     "SettingsError",
+    "compaction_settings",
     "leave_seat",
     "prepare",
     "render_settings",
     "seat_account",
     "status_line",
+    "subagent_status_line",
     "subagent_transport",
     "take_seat",
     "teardown",
@@ -88,6 +93,8 @@ SETTINGS_PATH = Path(CLAUDE_DIR) / "settings.local.json"
 # Who runs here and what the settings file was before the first of them (see the module doc).
 SEATS_PATH = Path(CLAUDE_DIR) / "hctx-seats.json"
 RENDERER_ENV = "ST_CLAUDE_STATUSLINE_RENDERER"
+# Issue 37: the user's own `subagentStatusLine`, which the subagent tee runs for the rows Claude draws.
+SUBAGENT_RENDERER_ENV = "ST_CLAUDE_SUBAGENT_STATUSLINE_RENDERER"
 # Tells the tee where this project's `.claude/settings.json` is (it chains that file's statusLine).
 PROJECT_DIR_ENV = "HCTX_CLAUDE_PROJECT_DIR"
 # SubagentStart/SubagentStop (issue 28): a subagent's id, type and finish; they carry no usage.
@@ -125,6 +132,12 @@ def status_line() -> dict[str, Any]:
     }
 
 
+def subagent_status_line() -> dict[str, Any]:
+    """Claude runs it with each Task subagent's row as Claude states it (issue 37): recorded, and
+    the user's own `subagentStatusLine` answers for the rows drawn."""
+    return {"type": "command", "command": tee_command("subagentstatusline")}
+
+
 def _is_ours(hook: object) -> bool:
     command = str(hook.get("command", "")) if isinstance(hook, dict) else ""
     return any(module in command for module in (TEE_MODULE, *EARLIER_TEE_MODULES))
@@ -147,6 +160,7 @@ def render_settings(settings: dict[str, Any]) -> dict[str, Any]:
     """`settings` with hctx's status line and hooks, every other key and hook left as it was."""
     rendered = dict(settings)
     rendered["statusLine"] = status_line()
+    rendered["subagentStatusLine"] = subagent_status_line()
     hooks = rendered.get("hooks", {})
     if not isinstance(hooks, dict):
         raise SettingsError(f'"hooks" is a {type(hooks).__name__}, not an object')
@@ -170,11 +184,12 @@ def unrender_settings(settings: dict[str, Any], original: dict[str, Any]) -> dic
     that `s` holds nothing of hctx's; and `unrender_settings(render_settings(o), o) == o`.
     """
     restored = dict(settings)
-    if _is_ours(restored.get("statusLine")):
-        if "statusLine" in original:
-            restored["statusLine"] = original["statusLine"]
-        else:
-            del restored["statusLine"]
+    for key in ("statusLine", "subagentStatusLine"):
+        if _is_ours(restored.get(key)):
+            if key in original:
+                restored[key] = original[key]
+            else:
+                del restored[key]
     hooks = restored.get("hooks")
     if not isinstance(hooks, dict):
         return restored
@@ -532,9 +547,9 @@ def _leave(claude: _ClaudeDir, seats: Seats, pid: int) -> None:
         _restore(claude, seats)
 
 
-def _status_line_command(seats: Seats) -> str | None:
-    """The command of the status line the user had in the file hctx renders, if any."""
-    status = _parse(SETTINGS_PATH, seats.original or "").get("statusLine")
+def _status_line_command(seats: Seats, key: str = "statusLine") -> str | None:
+    """The command of the status line (`key`) the user had in the file hctx renders, if any."""
+    status = _parse(SETTINGS_PATH, seats.original or "").get(key)
     command = status.get("command") if isinstance(status, dict) else None
     return command if isinstance(command, str) and command.strip() else None
 
@@ -552,7 +567,78 @@ def seat_account(plan: LaunchPlan) -> Account | None:
     return stored or claude_env_account(env, where, plan_name)
 
 
-def subagent_transport(plan: LaunchPlan) -> ClaudeTransport:
+_DIGITS = re.compile(r"[0-9]{1,12}")
+_DECIMAL = re.compile(r"[0-9]{1,12}(\.[0-9]{1,12})?")
+_TRUE = ("1", "true", "yes", "on")  # Claude's truthy environment words (2.1.250 `Pe`)
+
+
+def _settings_chain(plan: LaunchPlan, seats: Seats, env: dict[str, str]) -> list[dict[str, Any]]:
+    """The settings objects Claude merges for this seat, the winning one first: the user's own
+    `.claude/settings.local.json` (as it was before hctx), the project's, the user's. A file that is
+    absent, unreadable or no JSON object says nothing."""
+    config_dir = env.get("CLAUDE_CONFIG_DIR") or os.path.join(env.get("HOME") or os.path.expanduser("~"), ".claude")
+    texts = [seats.original or ""]
+    for path in (plan.cwd / CLAUDE_DIR / "settings.json", Path(config_dir) / "settings.json"):
+        data = read_bounded(None, path, MAX_SETTINGS_BYTES).data
+        texts.append(data.decode("utf-8", "replace") if data is not None else "")
+    chain: list[dict[str, Any]] = []
+    for text in texts:
+        with contextlib.suppress(JsonRefused):
+            value = loads(text) if text.strip() else None
+            if isinstance(value, dict):
+                chain.append(value)
+    return chain
+
+
+def compaction_settings(plan: LaunchPlan, seats: Seats) -> ClaudeCompaction | None:
+    """Claude's auto-compaction as this seat's Claude will read it (issue 37,
+    `sidecar.harnesses.claude.compaction` quotes the rule): None where hctx cannot read an input as
+    Claude would (then no point is published)."""
+    env = {**os.environ, **plan.env}
+    chain = _settings_chain(plan, seats, env)
+    home = env.get("HOME") or os.path.expanduser("~")
+    config_dir = env.get("CLAUDE_CONFIG_DIR")
+    legacy = read_account_file(os.path.join(config_dir or home, ".claude.json"))
+    with contextlib.suppress(JsonRefused, UnicodeDecodeError):
+        parsed = loads(legacy.decode("utf-8")) if legacy else None
+        if isinstance(parsed, dict):
+            chain.append(parsed)  # the global config: where `autoCompactEnabled` was kept before settings
+    switch = next((s["autoCompactEnabled"] for s in chain if isinstance(s.get("autoCompactEnabled"), bool)), True)
+    if not switch or (env.get("DISABLE_COMPACT") or "").strip().lower() in _TRUE:
+        return ClaudeCompaction(enabled=False)
+    pct = (env.get("CLAUDE_AUTOCOMPACT_PCT_OVERRIDE") or "").strip()
+    output = (env.get("CLAUDE_CODE_MAX_OUTPUT_TOKENS") or "").strip()
+    if (pct and not _DECIMAL.fullmatch(pct)) or (output and not _DIGITS.fullmatch(output)):
+        return None  # a value Claude parses leniently (parseFloat, parseInt): not read as a guess
+    configured = _configured_window(env, chain)
+    if configured is None:
+        return None
+    percent = float(pct) if pct and 0 < float(pct) <= 100 else None
+    return ClaudeCompaction(enabled=True, configured_window=configured, pct_override=percent,
+                            max_output_tokens=int(output) if output and int(output) > 0 else None)  # fmt: skip
+
+
+def _configured_window(env: dict[str, str], chain: list[dict[str, Any]]) -> int | None:
+    """CLAUDE_CODE_AUTO_COMPACT_WINDOW (a positive integer, capped at 1,000,000, raised to
+    100,000), else the first settings file whose `autoCompactWindow` is an integer in
+    100,000..1,000,000 (Claude drops any other value of it file by file); None for the 2.1.332
+    per-model object, or where nothing states one."""
+    raw = (env.get("CLAUDE_CODE_AUTO_COMPACT_WINDOW") or "").strip()
+    if raw:
+        if not _DIGITS.fullmatch(raw):
+            return None
+        if int(raw) > 0:
+            return max(MIN_CONFIGURED, min(int(raw), MAX_CONFIGURED))
+    for settings in chain:
+        value = settings.get("autoCompactWindow")
+        if isinstance(value, dict):
+            return None
+        if isinstance(value, int) and not isinstance(value, bool) and MIN_CONFIGURED <= value <= MAX_CONFIGURED:
+            return value
+    return None
+
+
+def subagent_transport(plan: LaunchPlan, compaction: ClaudeCompaction | None = None) -> ClaudeTransport:
     """The sidecar's subagent transport (issue 28): where this seat's Claude writes its projects
     (`$CLAUDE_CONFIG_DIR/projects`, else `~/.claude/projects`), the only place it reads a subagent's
     transcript, and Claude's model table (`windows`, the one `hctx scan` uses: shipped, extended by
@@ -563,7 +649,8 @@ def subagent_transport(plan: LaunchPlan) -> ClaudeTransport:
     windows = model_table(env, warnings)
     for warning in warnings:
         print(f"hctx wrap: {warning}", file=sys.stderr)
-    return ClaudeTransport(projects_dir=os.path.join(os.path.abspath(config_dir), "projects"), windows=windows)
+    return ClaudeTransport(projects_dir=os.path.join(os.path.abspath(config_dir), "projects"), windows=windows,
+                           compaction=compaction)  # fmt: skip
 
 
 def prepare(plan: LaunchPlan) -> LaunchPlan:
@@ -573,8 +660,11 @@ def prepare(plan: LaunchPlan) -> LaunchPlan:
     renderer = _status_line_command(seats)
     if renderer is not None and not os.environ.get(RENDERER_ENV):
         env[RENDERER_ENV] = renderer
+    rows = _status_line_command(seats, "subagentStatusLine")
+    if rows is not None and not os.environ.get(SUBAGENT_RENDERER_ENV):
+        env[SUBAGENT_RENDERER_ENV] = rows
     return dataclasses.replace(plan, env={**plan.env, **env}, account=seat_account(plan),
-                               transport=subagent_transport(plan))  # fmt: skip
+                               transport=subagent_transport(plan, compaction_settings(plan, seats)))  # fmt: skip
 
 
 def teardown(plan: LaunchPlan) -> None:

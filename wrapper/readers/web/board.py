@@ -142,6 +142,7 @@ def rate_limit_panel(rows: Iterable[tuple[AgentRow, int]], now: int) -> dict[str
     groups = fan_in(row for row, _ in read_at.values())
 
     def newest(group: AccountGroup) -> Snapshot:
+        """Its newest snapshot, by when the figure arrived (issue 35), not by the reading holding it."""
         return max(group.windows.values(), key=lambda snapshot: snapshot.observed_at_ms)
 
     groups.sort(key=lambda group: (-newest(group).observed_at_ms, newest(group).source.name))
@@ -152,7 +153,8 @@ def rate_limit_panel(rows: Iterable[tuple[AgentRow, int]], now: int) -> dict[str
 
     entries = []
     for group in groups[:RATE_PANEL_ROWS]:
-        source = newest(group).source
+        snapshot = newest(group)
+        source = snapshot.source
         entries.append({
             "key": source.name,
             "account": printable(group.name),
@@ -160,7 +162,8 @@ def rate_limit_panel(rows: Iterable[tuple[AgentRow, int]], now: int) -> dict[str
             "fiveHour": shown(group, "fiveHour"),
             "sevenDay": shown(group, "sevenDay"),
             "agents": len(group.agents),
-            "age": age_now(source, read_at[source.name][1], now),
+            "age": age_text(snapshot.age_ms + max(0, now - read_at[source.name][1]))
+            + (" stale" if snapshot.stale else ""),  # the snapshot's own age, ticking as age_now's
         })  # fmt: skip
     return {"entries": entries, "more": max(0, len(groups) - RATE_PANEL_ROWS)}
 

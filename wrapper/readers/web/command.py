@@ -14,6 +14,7 @@ import ipaddress
 import signal
 import socket
 import sys
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 
@@ -35,6 +36,7 @@ __all__ = [
     "WILDCARDS",
     "allowed_hosts",
     "is_loopback",
+    "needs_token",
     "register",
     "run_web",
 ]
@@ -52,10 +54,10 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def allowed_hosts(host: str) -> list[str]:
+def allowed_hosts(host: str, extra: Sequence[str] = ()) -> list[str]:
     """The Host headers the board answers: the address it listens on and localhost; on every
-    interface (0.0.0.0, ::) also this machine's own names."""
-    names = {f"[{host}]" if ":" in host else host, "localhost"}
+    interface (0.0.0.0, ::) also this machine's own names; and the names given (`--allow-host`)."""
+    names = {f"[{host}]" if ":" in host else host, "localhost", *extra}
     if host in WILDCARDS:
         names |= {socket.gethostname(), socket.getfqdn()}
     return sorted(name.lower() for name in names)
@@ -74,7 +76,13 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-async def _serve(args: argparse.Namespace, catalog: Path, sock: socket.socket, url: str) -> None:
+def needs_token(host: str, args: argparse.Namespace) -> bool:
+    """A board others can reach answers only its token: on an address that is not loopback, or when
+    asked (`--require-token`, for a loopback board a tunnel or a proxy exposes)."""
+    return bool(args.require_token) or not is_loopback(host)
+
+
+async def _serve(args: argparse.Namespace, catalog: Path, sock: socket.socket, url: str, token: str | None) -> None:
     """Until SIGINT or SIGTERM: the board kept current, and hypercorn serving it on `sock`."""
     import anyio
     import trio
@@ -97,7 +105,12 @@ async def _serve(args: argparse.Namespace, catalog: Path, sock: socket.socket, u
             import ssl
 
             config.ca_certs, config.verify_mode = args.tls_client_ca, ssl.CERT_REQUIRED
-    app = make_app(board, allowed_hosts(host))
+    app = make_app(board, allowed_hosts(host, args.allow_host))
+    if token is not None:
+        from wrapper.readers.web.app import SecurityHeaders
+        from wrapper.readers.web.token import TokenGate
+
+        app = TokenGate(app, token, secure=bool(args.tls_cert), headers=SecurityHeaders.HEADERS)  # type: ignore[assignment]
     stop = anyio.Event()
 
     async def stop_on_signal() -> None:
@@ -133,10 +146,16 @@ def run_web(args: argparse.Namespace) -> int:
     except OSError as exc:
         why = "the port is in use (another hctx web?)" if exc.errno == errno.EADDRINUSE else exc.strerror or str(exc)
         return fail("web", f"cannot listen on {host}:{port}: {why}", 2)
+    token = None
+    if needs_token(host, args):
+        from wrapper.readers.web.token import QUERY, new_token
+
+        token = new_token()
     if not is_loopback(host):
         print(
             f"hctx web: warning: listening on {host}, not loopback: the board shows every agent's data to "
-            "whoever reaches this address" + ("" if args.tls_cert else ", unencrypted (no --tls-cert)"),
+            "whoever holds the URL below (its access token)"
+            + ("" if args.tls_cert else ", unencrypted (no --tls-cert): anyone on the path can read both"),
             file=sys.stderr,
             flush=True,
         )
@@ -145,8 +164,10 @@ def run_web(args: argparse.Namespace) -> int:
     scheme = "https" if args.tls_cert else "http"
     bound_host, bound_port = sock.getsockname()[:2]
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+    # The token is printed once, here, on stdout: never in argv (ps) or a log.
+    url = f"{scheme}://{shown}:{bound_port}/" + ("" if token is None else f"?{QUERY}={token}")
     with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C during the graceful end
-        trio.run(_serve, args, catalog, sock, f"{scheme}://{shown}:{bound_port}/")
+        trio.run(_serve, args, catalog, sock, url, token)
     return 0
 
 
@@ -163,7 +184,17 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     web.add_argument(
         "--listen", type=listen_address, metavar="HOST:PORT",
         help=f"where to serve (default: {DEFAULT_LISTEN[0]}:{DEFAULT_LISTEN[1]}; port 0 picks a free one; "
-        "an address that is not loopback is warned about)",
+        "an address that is not loopback answers only its access token: the first line on stdout is then "
+        "the URL carrying it, which sets a cookie once opened)",
+    )  # fmt: skip
+    web.add_argument(
+        "--allow-host", action="append", default=[], metavar="NAME",
+        help="also answer requests for this Host name (the address or DNS name a phone or a proxy uses; "
+        "repeatable); any other Host is refused",
+    )  # fmt: skip
+    web.add_argument(
+        "--require-token", action="store_true",
+        help="require the access token on a loopback address too (one a tunnel or a proxy exposes)",
     )  # fmt: skip
     add_tls_options(web)
     web.add_argument(

@@ -6,6 +6,9 @@
   const body = document.querySelector("#fleet .rows");
   const limitsBody = document.querySelector("#limits tbody");
   const sortSelect = document.getElementById("sort");
+  const filterBox = document.getElementById("filter");
+  // A phone reads the fleet as cards, fullest first (board.css's narrow layout).
+  if (window.matchMedia("(max-width: 640px)").matches) sortSelect.value = "fill";
   const shown = new Map(); // key -> {view, element, cells}
   let updates = 0;
 
@@ -49,6 +52,19 @@
     c.state.textContent = view.state;
     subagents(entry.element, view.subagents || []);
     entry.view = view;
+    entry.element.hidden = !matches(view);
+  }
+
+  // `hctx top`'s filter: a substring of the host, harness or name, in any case.
+  function matches(view) {
+    const needle = filterBox.value.trim().toLowerCase();
+    if (!needle) return true;
+    return [view.agent.host, view.harness, view.agent.identity].some((text) => text.toLowerCase().includes(needle));
+  }
+
+  function filter() {
+    for (const entry of shown.values()) entry.element.hidden = !matches(entry.view);
+    summary();
   }
 
   // Each subagent a line under its agent's row (issue 28), its own chip and numbers; its cells are
@@ -143,9 +159,27 @@
     more.textContent = `and ${data.more} more accounts`;
   }
 
+  // `hctx top`'s summary, of the whole fleet: how many at or above 80% and 95% (the server's tints
+  // are those thresholds), how many stale, agents per host; and how many the filter shows.
   function summary() {
     const count = shown.size;
-    document.getElementById("summary").textContent = `${count} agent${count === 1 ? "" : "s"}`;
+    const hosts = new Map();
+    let amber = 0, red = 0, stale = 0, hidden = 0;
+    for (const entry of shown.values()) {
+      const view = entry.view;
+      hosts.set(view.agent.host, (hosts.get(view.agent.host) || 0) + 1);
+      if (view.tint === "amber" || view.tint === "red") amber += 1;
+      if (view.tint === "red") red += 1;
+      if (view.stale) stale += 1;
+      if (entry.element.hidden) hidden += 1;
+    }
+    const filtered = hidden ? ` · ${count - hidden} shown` : "";
+    document.getElementById("summary").textContent = `${count} agent${count === 1 ? "" : "s"}${filtered}`;
+    document.getElementById("count-amber").textContent = String(amber);
+    document.getElementById("count-red").textContent = String(red);
+    document.getElementById("count-stale").textContent = String(stale);
+    document.getElementById("count-hosts").textContent = hosts.size === 0 ? "no hosts" : "hosts: "
+      + [...hosts].sort((a, b) => compare([a[0]], [b[0]])).map(([host, n]) => `${host} ${n}`).join(", ");
     document.getElementById("empty").hidden = count > 0;
     main.dataset.updates = String(updates);
   }
@@ -211,6 +245,7 @@
   }
 
   sortSelect.addEventListener("change", order);
+  filterBox.addEventListener("input", filter);
   const first = JSON.parse(document.getElementById("snapshot").textContent);
   snapshot(first);
   // The stream sends a snapshot only if the board changed since the one the page came with.
