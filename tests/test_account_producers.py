@@ -145,7 +145,7 @@ def test_a_seat_counts_toward_its_account_from_its_launch(tmp_path: Path, monkey
     key = account_key("codex", "acct-AAA", "user-111")
     stated = read_state(agent)
     assert stated is not None and stated.account is not None and stated.account.key == key
-    assert begun["account"] == stated.account.model_dump_json()  # the one the sidecar is given
+    assert begun.account == stated.account.model_dump_json()  # the one the sidecar is given
     put_record(catalog, "codex-b", host="box", account={"key": key, "label": "chatgpt · pro"},
                rateLimits={"fiveHour": 23, "sevenDay": 61}, observedAtMs=NOW, writtenAtMs=NOW)  # fmt: skip
     (group,) = fan_in(collect_roster(catalog, NOW, here="box").rows)
