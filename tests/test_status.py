@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from guard import glance as glance_module
 from guard.account import ACCOUNT_KEY_PATTERN, Account
 from guard.record import HarnessContext, RateLimitResets, RateLimits
 from tests.conftest import REPO
 from tests.web_board import HERE, REPLICA, now_ms, put, put_claim
 from wrapper.cli import main
-from wrapper.readers import glance as glance_module
 from wrapper.readers.accounts import fan_in
 from wrapper.readers.roster import collect_roster
 from wrapper.readers.status import DEFAULT_FORMAT, Fleet, line_of, read_fleet
@@ -94,6 +94,29 @@ def test_the_counts_are_tops_and_the_window_is_the_accounts_fan_in(tmp_path: Pat
     assert (fleet.tightest.window, fleet.tightest.used_percent, fleet.tightest.agent) == (
         tightest.window, tightest.used_percent, tightest.source.name,
     ) == ("fiveHour", 72.0, f"{HERE}/busy")  # fmt: skip
+
+
+def test_a_snapshot_is_the_one_whose_figure_arrived_last_as_the_fan_in_takes_it(tmp_path: Path) -> None:
+    """Issue 35: an idle seat redraws the limits it heard minutes ago in a fresh reading. Its figure's
+    arrival (`rateLimitsAtMs`), not the reading's time, decides which snapshot is the account's, in
+    the status line as in `hctx accounts`; a planted arrival past the skew bound is dated by its reading."""
+    now = now_ms()
+    put(tmp_path, "idle", usedPercent=10.0, rateLimits={"fiveHour": 78.0}, account={"key": KEY_A},
+        observedAtMs=now - 1_000, rateLimitsAtMs={"fiveHour": now - 300_000})  # fmt: skip
+    put(tmp_path, "busy", usedPercent=20.0, rateLimits={"fiveHour": 81.0}, account={"key": KEY_A},
+        observedAtMs=now - 60_000, rateLimitsAtMs={"fiveHour": now - 60_000})  # fmt: skip
+    fleet = read_fleet(tmp_path, now)
+    rows = collect_roster(tmp_path, now, here=HERE).rows
+    (group,) = fan_in(rows)
+    assert group.windows["fiveHour"].used_percent == 81.0  # the fan-in's newest: busy's, by arrival
+    assert fleet.tightest is not None and (fleet.tightest.used_percent, fleet.tightest.agent) == (
+        81.0,
+        f"{HERE}/busy",
+    )  # fmt: skip  (by the reading's time it would be idle's 78%)
+    put(tmp_path, "idle", usedPercent=10.0, rateLimits={"fiveHour": 78.0}, account={"key": KEY_A},
+        observedAtMs=now - 1_000, rateLimitsAtMs={"fiveHour": now + 86_400_000})  # fmt: skip
+    planted = read_fleet(tmp_path, now).tightest
+    assert planted is not None and (planted.used_percent, planted.agent) == (78.0, f"{HERE}/idle")
 
 
 def test_the_line_and_its_named_fields(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from guard.account import Account
-from guard.constants import HARNESS_CONTEXT_FUTURE_SKEW_MS, HARNESS_CONTEXT_STALE_MS
+from guard.constants import HARNESS_CONTEXT_STALE_MS
+from guard.glance import snapshot_at_ms
 from wrapper.readers.roster import AgentRow
 
 __all__ = [
@@ -124,14 +125,8 @@ def _snapshot(row: AgentRow, window: Window, attribute: str) -> Snapshot | None:
         return None
     resets, times = context.rate_limit_resets_at_ms, context.rate_limits_at_ms
     reading_ms = context.observed_at_ms
-    # When the figure arrived; a record written before the field (or a harness that dates none) by
-    # its reading. It may be later than the reading (a producer restates its held reading with limits
-    # that came after it); a time past the clock's skew bound is no arrival (a planted record would
-    # pin the account's figure as the newest forever): dated by its reading, as the record is read.
     arrived: int | None = None if times is None else getattr(times, attribute)
-    at_ms = reading_ms
-    if arrived is not None and arrived <= reading_ms + context.age_ms + HARNESS_CONTEXT_FUTURE_SKEW_MS:
-        at_ms = arrived
+    at_ms = snapshot_at_ms(arrived, reading_ms, reading_ms + context.age_ms)
     age = max(0, context.age_ms + reading_ms - at_ms)
     return Snapshot(
         window=window,

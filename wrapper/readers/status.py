@@ -1,7 +1,7 @@
 """`hctx status`: the whole fleet in one line, for a tmux status line, waybar or polybar.
 
 Refreshed every few seconds by a status bar, so it starts fast: the catalog is listed and read by
-guard.catalog (the same walker as every reader), each record read at a glance (wrapper.readers.glance,
+guard.catalog (the same walker as every reader), each record read at a glance (guard.glance,
 the stdlib's json) and nothing else loads, pydantic least of all. The counts are `hctx top`'s summary
 (wrapper.readers.top.summary) and the tightest window is `hctx accounts`' fan-in (the newest snapshot
 per account and window); tests/test_status.py holds both equal to those readers' on one catalog.
@@ -22,9 +22,9 @@ from pathlib import Path
 
 from guard.catalog import list_agents, open_host_dir, read_agent_files
 from guard.errors import CatalogError
+from guard.glance import Glance, glance
 from sidecar.names import REGISTERED
 from wrapper.arguments import add_catalog_options, existing_catalog, fail, with_host
-from wrapper.readers.glance import Glance, glance
 from wrapper.readers.tint import AMBER_PERCENT, RED_PERCENT, colour_enabled, paint, percent_text, percent_tint
 
 __all__ = [
@@ -120,10 +120,10 @@ def _tightest(read: list[tuple[str, Glance]], now: int) -> Tightest | None:
         group = f"account:{seen.account_key}" if seen.account_key is not None else f"agent:{name}"
         for reading in seen.windows:
             held = newest.get((group, reading.window))
-            if held is None or seen.observed_at_ms > held[0]:  # ties: the first in roster order
+            if held is None or reading.at_ms > held[0]:  # ties: the first in roster order
                 passed = reading.resets_at_ms is not None and reading.resets_at_ms <= now
                 snapshot = Tightest(reading.window, reading.used_percent, name)
-                newest[(group, reading.window)] = (seen.observed_at_ms, snapshot, seen.stale or passed)
+                newest[(group, reading.window)] = (reading.at_ms, snapshot, reading.stale or passed)
     current = [snapshot for _, snapshot, out in newest.values() if not out]
     return max(current, key=lambda snapshot: snapshot.used_percent, default=None)
 

@@ -28,11 +28,15 @@ __all__ = [
     "Glance",
     "WindowReading",
     "glance",
+    "snapshot_at_ms",
 ]
 
 # The record's keys this view reads (guard.record.HarnessContext's aliases), the windows' keys
 # (guard.record.RateLimits and RateLimitResets) and the account's (guard.account.Account).
-RECORD_FIELDS = ("schema", "harness", "usedPercent", "rateLimits", "account", "rateLimitResetsAtMs", "observedAtMs")
+RECORD_FIELDS = (
+    "schema", "harness", "usedPercent", "rateLimits", "account", "rateLimitResetsAtMs", "rateLimitsAtMs",
+    "observedAtMs",
+)  # fmt: skip
 WINDOW_FIELDS = ("fiveHour", "sevenDay")
 ACCOUNT_FIELDS = ("key",)
 _ACCOUNT_KEY = re.compile(r"[0-9a-f]{32}")  # guard.account.ACCOUNT_KEY_PATTERN
@@ -49,6 +53,8 @@ class WindowReading:
     window: str  # WINDOW_FIELDS
     used_percent: float
     resets_at_ms: int | None
+    at_ms: int  # when its figure arrived (snapshot_at_ms)
+    stale: bool  # by the age of its figure, not of the reading that carries it
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,20 +87,37 @@ def _millis(value: object) -> int:
     return value
 
 
-def _windows(limits: object, resets: object) -> tuple[WindowReading, ...]:
+def snapshot_at_ms(arrived: int | None, reading_ms: int, now_ms: int) -> int:
+    """When a window's figure arrived (issue 35): the record's `rateLimitsAtMs` for it, else (a record
+    written before the field, a harness that dates none) its reading's time. An arrival may be later
+    than the reading (a producer restates its held reading with limits that came after it); one past
+    the clock's skew bound is no arrival (a planted record would pin the account's figure as the
+    newest forever), so it is dated by its reading. The one rule for every reader's fan-in."""
+    if arrived is not None and arrived <= now_ms + HARNESS_CONTEXT_FUTURE_SKEW_MS:
+        return arrived
+    return reading_ms
+
+
+def _millis_or_none(value: object) -> int | None:
+    """Read tolerantly, as the record reads its additive keys: malformed is unstated."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _windows(limits: object, resets: object, times: object, observed: int, now_ms: int) -> tuple[WindowReading, ...]:
     if limits is None:
         return ()
     if not isinstance(limits, dict):
         raise _Refused
-    # rateLimitResetsAtMs is read tolerantly, as the record does: malformed is unstated.
+    # rateLimitResetsAtMs and rateLimitsAtMs are read tolerantly, as the record does.
     stated = resets if isinstance(resets, dict) else {}
+    arrivals = times if isinstance(times, dict) else {}
     readings = []
     for window in WINDOW_FIELDS:
         percent = _number(limits.get(window))
         if percent is not None:
-            reset = stated.get(window)
-            valid = isinstance(reset, int) and not isinstance(reset, bool) and reset >= 0
-            readings.append(WindowReading(window, percent, reset if valid else None))
+            at = snapshot_at_ms(_millis_or_none(arrivals.get(window)), observed, now_ms)
+            stale = at <= now_ms - HARNESS_CONTEXT_STALE_MS
+            readings.append(WindowReading(window, percent, _millis_or_none(stated.get(window)), at, stale))
     return tuple(readings)
 
 
@@ -112,7 +135,8 @@ def glance(data: bytes, now_ms: int, harnesses: Container[str]) -> Glance | None
             raise _Refused
         observed = _millis(raw.get("observedAtMs"))
         percent = _number(raw.get("usedPercent"))
-        windows = _windows(raw.get("rateLimits"), raw.get("rateLimitResetsAtMs"))
+        times = raw.get("rateLimitsAtMs")
+        windows = _windows(raw.get("rateLimits"), raw.get("rateLimitResetsAtMs"), times, observed, now_ms)
     except _Refused:
         return None
     if observed > now_ms + HARNESS_CONTEXT_FUTURE_SKEW_MS:
