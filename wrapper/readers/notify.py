@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import quote, unquote, urlsplit
 
-from guard.errors import UsageError
+from wrapper.arguments import UsageError
 from wrapper.readers.account_watch import RateLimitEvent
 from wrapper.readers.forecast_watch import ForecastEvent
 from wrapper.readers.render import meter_text, percent_text

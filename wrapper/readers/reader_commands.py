@@ -28,10 +28,9 @@ __all__ = [
 
 
 def run_agents(args: argparse.Namespace) -> int:
-    from guard.errors import AgentNotFound
     from wrapper.readers.accounts import account_of
     from wrapper.readers.render import colour_enabled, render_agent_json, render_agents, render_agents_json
-    from wrapper.readers.roster import collect_roster, now_ms, resolve_agent, view_agent
+    from wrapper.readers.roster import AgentNotFound, collect_roster, now_ms, resolve_agent, view_agent
 
     quiet_guard_logs()
     here, now = args.host, now_ms()
@@ -75,9 +74,8 @@ def run_doctor(args: argparse.Namespace) -> int:
 
 
 def run_inspect(args: argparse.Namespace) -> int:
-    from guard.errors import AgentNotFound
     from wrapper.readers.render import render_inspection
-    from wrapper.readers.roster import collect_inspection, now_ms, resolve_agent
+    from wrapper.readers.roster import AgentNotFound, collect_inspection, now_ms, resolve_agent
 
     quiet_guard_logs()
     here, now = args.host, now_ms()
