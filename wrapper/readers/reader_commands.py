@@ -28,10 +28,9 @@ __all__ = [
 
 
 def run_agents(args: argparse.Namespace) -> int:
-    from guard.errors import AgentNotFound
     from wrapper.readers.accounts import account_of
     from wrapper.readers.render import colour_enabled, render_agent_json, render_agents, render_agents_json
-    from wrapper.readers.roster import collect_roster, now_ms, resolve_agent, view_agent
+    from wrapper.readers.roster import AgentNotFound, collect_roster, now_ms, resolve_agent, view_agent
 
     quiet_guard_logs()
     here, now = args.host, now_ms()
@@ -75,9 +74,8 @@ def run_doctor(args: argparse.Namespace) -> int:
 
 
 def run_inspect(args: argparse.Namespace) -> int:
-    from guard.errors import AgentNotFound
     from wrapper.readers.render import render_inspection
-    from wrapper.readers.roster import collect_inspection, now_ms, resolve_agent
+    from wrapper.readers.roster import AgentNotFound, collect_inspection, now_ms, resolve_agent
 
     quiet_guard_logs()
     here, now = args.host, now_ms()
@@ -95,21 +93,26 @@ def run_inspect(args: argparse.Namespace) -> int:
 
 def run_accounts(args: argparse.Namespace) -> int:
     from wrapper.readers.accounts import fan_in
+    from wrapper.readers.rate_history import keep_groups
     from wrapper.readers.render import colour_enabled, render_accounts, render_accounts_json
     from wrapper.readers.roster import collect_roster, now_ms
 
     quiet_guard_logs()
     now = now_ms()
     try:
-        roster = collect_roster(existing_catalog(args), now, here=args.host)
+        catalog = existing_catalog(args)
+        roster = collect_roster(catalog, now, here=args.host)
     except CatalogError as exc:
         return fail("accounts", f"cannot read the catalog: {exc}", 2)
     warn("accounts", roster.all_warnings())
     groups = fan_in(roster.rows)
+    # Issue 39: every agent's snapshot kept in the host-local history, each window forecast from it.
+    _, forecasts, problem = keep_groups(catalog, groups, now)
+    warn("accounts", [] if problem is None else [problem])
     if args.json:
-        sys.stdout.write(render_accounts_json(groups, now))
+        sys.stdout.write(render_accounts_json(groups, now, forecasts))
     else:
-        sys.stdout.write(render_accounts(groups, now, colour=colour_enabled(sys.stdout)))
+        sys.stdout.write(render_accounts(groups, now, colour=colour_enabled(sys.stdout), forecasts=forecasts))
     return 0
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,9 +30,10 @@ from guard.procs import pid_alive
 from wrapper.readers.accounts import fan_in, groups_by_agent
 from wrapper.readers.notice import Changes
 from wrapper.readers.notice import follow as follow_catalog
+from wrapper.readers.rate_history import keep, sightings_of
 from wrapper.readers.render import account_limits_wire
 from wrapper.readers.roster import AgentRow, PidProbe, RosterCache, now_ms
-from wrapper.readers.web.board import ages_now, rate_limit_panel, row_view
+from wrapper.readers.web.board import Drawn, ages_now, draw_accounts, rate_limit_panel, row_view
 
 __all__ = [
     "AGE_TICK_S",
@@ -64,6 +66,7 @@ class Read:
     warnings: list[str] = field(default_factory=list)
     gone: set[str] = field(default_factory=set)
     problem: str | None = None
+    drawn: dict[str, Drawn] = field(default_factory=dict)  # the found agents' accounts' histories, drawn
 
 
 class Mailbox:
@@ -116,6 +119,7 @@ class Board:
         self.ready = trio.Event()
         self.version = 0  # counts the changes: a page holding this version's snapshot is current
         self._encoded: str | None = None
+        self.drawn: dict[str, Drawn] = {}  # each account's history as last kept and drawn (issue 39)
         self._cache = RosterCache(catalog)  # read by one worker thread at a time (`follow`)
 
     # -- what a page is sent -------------------------------------------------------------------
@@ -146,7 +150,20 @@ class Board:
 
     # -- what reading finds ----------------------------------------------------------------------
 
-    def apply(self, found: list[Reading], *, whole: bool, warnings: list[str] | None = None) -> None:
+    def apply(
+        self,
+        found: list[Reading],
+        *,
+        whole: bool,
+        warnings: list[str] | None = None,
+        drawn: dict[str, Drawn] | None = None,
+    ) -> None:
+        """`drawn`: the found agents' accounts, their histories kept and drawn (`keep_history`); a whole
+        read's are every account's, so an account gone is dropped."""
+        if whole:
+            self.drawn = dict(drawn or {})
+        else:
+            self.drawn.update(drawn or {})
         changed: dict[str, dict[str, Any] | None] = {}
         updated: list[str] = []
         news = False  # the warnings or the catalog's problem changed
@@ -175,7 +192,7 @@ class Board:
                     box.post_problem()
         self._view(updated, changed)
         self.views = dict(sorted(self.views.items()))
-        panel = rate_limit_panel(((r.row, r.read_ms) for r in self.readings.values()), now_ms())
+        panel = rate_limit_panel(((r.row, r.read_ms) for r in self.readings.values()), now_ms(), self.drawn)
         panel_changed = _settled(panel) != _settled(self.panel)
         self.panel = panel
         # A read that found nothing new keeps the version: a page holding it is sent no snapshot,
@@ -244,16 +261,27 @@ class Board:
         found = [Reading(view.row, read_ms, started) for view in views]
         return found, {f"{host}/{identity}" for host, identity in gone}
 
+    def keep_history(self, found: list[Reading]) -> dict[str, Drawn]:
+        """The found agents' rate-limit snapshots kept in the host-local history, as every reader
+        keeps them (wrapper.readers.rate_history), and their accounts drawn from it; a history that
+        cannot be kept is a warning on stderr, and the board goes on with what it saw."""
+        now = now_ms()
+        series, problem = keep(self.catalog, sightings_of(fan_in(r.row for r in found)), now)
+        if problem is not None:
+            print(f"hctx web: warning: {problem}", file=sys.stderr)
+        return draw_accounts(series, now)
+
     def read(self, changes: Changes, started: float) -> Read:
-        """What `changes` names: every agent when `whole` (the named ones are read with the rest)."""
+        """What `changes` names: every agent when `whole` (the named ones are read with the rest),
+        and their accounts' histories, kept (issue 39)."""
         if not changes.whole:
             found, gone = self.read_agents(changes.agents, started)
-            return Read(False, found, gone=gone)
+            return Read(False, found, gone=gone, drawn=self.keep_history(found))
         try:
             found, warnings = self.read_whole(started)
         except CatalogError as exc:
             return Read(True, [], problem=f"cannot read the catalog: {exc}")
-        return Read(True, found, warnings)
+        return Read(True, found, warnings, drawn=self.keep_history(found))
 
     # -- on the loop, what a read found ------------------------------------------------------------
 
@@ -261,9 +289,9 @@ class Board:
         if read.problem is not None:
             self.failed(read.problem)
         elif read.whole:
-            self.apply(read.found, whole=True, warnings=read.warnings)
+            self.apply(read.found, whole=True, warnings=read.warnings, drawn=read.drawn)
         else:
-            self.apply(read.found, whole=False)
+            self.apply(read.found, whole=False, drawn=read.drawn)
             self.gone(read.gone)
         if read.whole:
             self.ready.set()

@@ -144,11 +144,21 @@
     if (!data) return;
     const rows = data.entries.map((item) => {
       const tr = document.createElement("tr");
-      for (const value of [item.account, item.key, item.harness, item.fiveHour, item.sevenDay, item.agents, item.age]) {
+      for (const value of [item.account, item.key, item.harness, item.fiveHour, item.sevenDay, item.agents, item.age,
+                           item.runsOutFiveHour ?? "-", item.runsOutSevenDay ?? "-"]) {
         const td = document.createElement("td");
         td.textContent = value;
         tr.append(td);
       }
+      // Each window over the kept hours (wrapper.readers.web.board.limits_svg: numbers only, built by the server).
+      const plot = document.createElement("td");
+      plot.className = "limits-plot";
+      if (item.plot) {
+        // An HTML fragment: the HTML parser puts <svg> in the SVG namespace; a parsed document runs nothing.
+        const svg = new DOMParser().parseFromString(item.plot, "text/html").body.firstElementChild;
+        if (svg) plot.append(document.importNode(svg, true));
+      }
+      tr.append(plot);
       tr.dataset.key = item.key;
       return tr;
     });
