@@ -73,6 +73,25 @@ def test_the_compaction_point_and_its_headroom_are_gauges_only_where_the_harness
     assert "hctx_context_headroom_tokens" not in of(scrape(tmp_path), "alice")
 
 
+def test_the_prompt_cache_is_its_gauges_each_only_where_the_harness_states_it(tmp_path: Path) -> None:
+    """Issue 37: warm 0/1, when it goes cold, what a re-cache writes; no sample for a figure not stated,
+    and none at all for a harness that states no cache (the spec example)."""
+    cache = {"warm": True, "ttl": "5m", "expiresAtMs": NOW + 192_500, "recacheTokensIfCold": 754_995}
+    put_record(tmp_path, "alice", harness="claude", promptCache=cache)
+    put_claim(tmp_path, "alice", desiredState="running")
+    put_record(tmp_path, "cold", harness="claude", promptCache={"warm": False, "expiresAtMs": None})
+    put_record(tmp_path, "bob")
+    samples = scrape(tmp_path)
+    assert of(samples, "alice") == {
+        **SPEC_SERIES, "hctx_prompt_cache_warm": 1, "hctx_prompt_cache_recache_tokens": 754_995,
+        "hctx_prompt_cache_expires_timestamp_seconds": (NOW + 192_500) / 1000,
+    }  # fmt: skip
+    cold = of(samples, "cold")
+    assert cold["hctx_prompt_cache_warm"] == 0
+    assert "hctx_prompt_cache_expires_timestamp_seconds" not in cold and "hctx_prompt_cache_recache_tokens" not in cold
+    assert not any(name.startswith("hctx_prompt_cache") for name in of(samples, "bob"))
+
+
 NULLABLE = {
     "compactAtTokens": ["hctx_context_compact_at_tokens"],
     "usedTokens": ["hctx_context_used_tokens"],

@@ -35,7 +35,14 @@ from tests.web_board import (
 )
 from wrapper.readers.notice import agent_of
 from wrapper.readers.roster import collect_roster
-from wrapper.readers.web.board import FillHistory, FillPoint, fill_svg, rate_limit_panel, read_fill_history
+from wrapper.readers.web.board import (
+    CACHE_TICK,
+    FillHistory,
+    FillPoint,
+    fill_svg,
+    rate_limit_panel,
+    read_fill_history,
+)
 from wrapper.readers.web.command import allowed_hosts, is_loopback
 from wrapper.readers.web.feed import Board
 
@@ -462,3 +469,35 @@ def test_a_read_that_finds_only_older_ages_is_no_change(tmp_path: Path, monkeypa
         read(3.0)
         assert board.version == version + 1
         assert list(box.rows) == [f"{HERE}/calm"] and box.panel is None
+
+
+def test_the_prompt_cache_is_agents_cell_and_counts_down_between_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 37: a row's `cache` is `hctx agents`' CACHE cell; it counts down with the ages (under
+    the agent's key and CACHE_TICK, for the fleet page and the agent's own), turns cold when the
+    expiry passes, and a read again of the unchanged record is no change of the board."""
+    clock = [now_ms()]
+    cache = {"warm": True, "ttl": "5m", "expiresAtMs": clock[0] + 192_000, "recacheTokensIfCold": 754_995}
+    put(tmp_path, "cached", harness="claude", rateLimits=None, observedAtMs=clock[0] - 1_000, promptCache=cache)
+    put(tmp_path, "plain", rateLimits=None, observedAtMs=clock[0] - 1_000)
+    monkeypatch.setattr("wrapper.readers.web.feed.now_ms", lambda: clock[0])
+    board = Board(tmp_path, HERE)
+    found, warnings = board.read_whole(1.0)
+    board.apply(found, whole=True, warnings=warnings)
+    cached, plain = f"{HERE}/cached", f"{HERE}/plain"
+    assert board.views[cached]["cache"] == "warm 3m12s" and board.views[plain]["cache"] == "-"
+    table = hctx("agents", "--catalog", str(tmp_path), "--host", HERE).stdout
+    assert "warm 3m" in table  # the same cell, `agents`' clock a moment later
+    assert set(board.ages()) == {cached, cached + CACHE_TICK, plain}
+    version = board.version
+    clock[0] += 60_000
+    assert board.ages()[cached + CACHE_TICK] == "warm 2m12s"
+    clock[0] += 200_000
+    assert board.ages()[cached + CACHE_TICK] == "cold ↻755k"
+    found, warnings = board.read_whole(2.0)
+    board.apply(found, whole=True, warnings=warnings)
+    assert board.version == version  # the countdown is the clock's, not a change of the record
+    with board.subscribe(cached) as box:
+        box.post_ages(board.ages())
+        assert box.ages == {cached: board.ages()[cached], cached + CACHE_TICK: "cold ↻755k"}

@@ -168,8 +168,21 @@ SUBAGENT_FILL = _gauge(
     "hctx_subagent_max_used_percent",
     "The highest fill among the agent's subagents, in percent, each its harness's own number.",
 )
+# Issue 37: the prompt cache as the harness states it (Claude 2.1.332's status line); each family has
+# no sample where the harness does not state that figure, so a harness with no cache has none.
+CACHE_WARM = _gauge("hctx_prompt_cache_warm", "1 while the harness states its prompt cache warm, 0 once it is cold.")
+CACHE_EXPIRES = _gauge(
+    "hctx_prompt_cache_expires_timestamp_seconds",
+    "When the warm prompt cache goes cold, as the harness stated it, in Unix time.",
+)
+CACHE_RECACHE = _gauge(
+    "hctx_prompt_cache_recache_tokens",
+    "Tokens the next turn writes to the cache again if it has gone cold, as the harness stated it.",
+)
+CACHE_FAMILIES = (CACHE_WARM, CACHE_EXPIRES, CACHE_RECACHE)
 AGENT_FAMILIES: tuple[Family, ...] = (
-    *(family for family, _, _ in READINGS), RATE, MODEL, SUBAGENTS_RUNNING, SUBAGENT_FILL, STALE, RUNNING,
+    *(family for family, _, _ in READINGS), RATE, MODEL, SUBAGENTS_RUNNING, SUBAGENT_FILL, *CACHE_FAMILIES, STALE,
+    RUNNING,
 )  # fmt: skip
 _STATIC = len(AGENT_FAMILIES) - 2
 # Issue 29: per account and window, the newest snapshot across the agents whose records name the
@@ -205,6 +218,7 @@ _RATE_ATTRIBUTES = tuple((_RATE_ALIASES[key], window) for key, window in RATE_WI
 # The per-agent samples' names, spelled once rather than per agent.
 _RATE_SAMPLE, _MODEL_SAMPLE, _STALE_SAMPLE, _RUNNING_SAMPLE = RATE.sample, MODEL.sample, STALE.sample, RUNNING.sample
 _SUBAGENTS_SAMPLE, _SUBAGENT_FILL_SAMPLE = SUBAGENTS_RUNNING.sample, SUBAGENT_FILL.sample
+_CACHE_AT = AGENT_FAMILIES.index(CACHE_WARM)  # the first cache family's place among an agent's lines
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,6 +319,13 @@ class ExportedAgent:
                 fills = [sub.used_percent for sub in record.subagents if sub.used_percent is not None]
                 if fills:
                     lines[len(READINGS) + 3] = f"{_SUBAGENT_FILL_SAMPLE}{{{labels}}} {number_text(max(fills))}\n"
+            cache = record.prompt_cache
+            if cache is not None:
+                expires = None if cache.expires_at_ms is None else cache.expires_at_ms / MS
+                figures = (int(cache.warm), expires, cache.recache_tokens_if_cold)
+                for offset, (family, value) in enumerate(zip(CACHE_FAMILIES, figures, strict=True)):
+                    if value is not None:
+                        lines[_CACHE_AT + offset] = f"{family.sample}{{{labels}}} {number_text(value)}\n"
         return cls(
             tuple(lines), f"{_STALE_SAMPLE}{{{labels}}} ", f"{_RUNNING_SAMPLE}{{{labels}}} ",
             None if decoded.record is None else decoded.record.observed_at_ms, decoded.claim, decoded.problem,

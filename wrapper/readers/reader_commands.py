@@ -18,6 +18,7 @@ __all__ = [
     "register",
     "run_accounts",
     "run_agents",
+    "run_cache",
     "run_doctor",
     "run_inspect",
     "run_top",
@@ -116,6 +117,24 @@ def run_accounts(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_cache(args: argparse.Namespace) -> int:
+    from wrapper.readers.render import colour_enabled, render_caches, render_caches_json
+    from wrapper.readers.roster import collect_roster, now_ms
+
+    quiet_guard_logs()
+    now = now_ms()
+    try:
+        roster = collect_roster(existing_catalog(args), now, here=args.host)
+    except CatalogError as exc:
+        return fail("cache", f"cannot read the catalog: {exc}", 2)
+    warn("cache", roster.all_warnings())
+    if args.json:
+        sys.stdout.write(render_caches_json(roster.rows, now))
+    else:
+        sys.stdout.write(render_caches(roster.rows, now, colour=colour_enabled(sys.stdout)))
+    return 0
+
+
 def run_top(args: argparse.Namespace) -> int:
     from wrapper.readers.top import run
 
@@ -158,6 +177,22 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )  # fmt: skip
     add_catalog_options(accounts)
     accounts.set_defaults(run=with_host(run_accounts))
+
+    cache = commands.add_parser(
+        "cache",
+        help="the fleet's warm prompt caches, the soonest to go cold first",
+        description="One line per agent whose harness states a warm prompt cache (Claude 2.1.332's status "
+        "line; issue 37), the soonest to go cold first: in how long and at what time (UTC) it goes cold, the "
+        "tokens the turn after a cold cache writes again, its ttl and hit ratio, each as the harness stated "
+        "it. An agent whose harness states no cache, or a cold one, is not listed (`hctx agents` shows it).",
+    )
+    cache.add_argument(
+        "--json", action="store_true",
+        help="one JSON array in the same order, an object per agent: `cacheExpiresAtMs`, `cacheColdInMs`, "
+        "`recacheTokensIfCold` and the `promptCache` as stated (jq '.[]')",
+    )  # fmt: skip
+    add_catalog_options(cache)
+    cache.set_defaults(run=with_host(run_cache))
 
     doctor = commands.add_parser(
         "doctor",

@@ -24,7 +24,7 @@ from guard.constants import (
 )
 from guard.files import RawFile
 from guard.projection import Context, SubagentReading, cache_cold_in_ms
-from guard.record import HarnessContext, Subagent, round_half_up
+from guard.record import HarnessContext, PromptCache, Subagent, round_half_up
 from guard.state import Unobserved
 from wrapper.readers.accounts import WINDOWS, AccountGroup, Snapshot, Window, fan_in, group_key, groups_by_agent
 from wrapper.readers.forecast import Forecast
@@ -86,6 +86,8 @@ __all__ = [
     "render_agent_json",
     "render_agents",
     "render_agents_json",
+    "render_caches",
+    "render_caches_json",
     "render_doctor",
     "render_inspection",
     "render_json_array",
@@ -96,6 +98,7 @@ __all__ = [
     "table",
     "tokens_text",
     "version_text",
+    "warm_caches",
 ]
 
 # A refused record is shown in `inspect` so its damage can be seen, but not megabytes of it.
@@ -616,6 +619,61 @@ def account_limits_wire(group: AccountGroup | None, row: AgentRow, now: int) -> 
 
 
 Forecasts = Mapping[tuple[str, Window], Forecast]  # wrapper.rate_history.forecasts, keyed (group key, window)
+
+
+# ---------------------------------------------------------------------------------------------
+# `hctx cache`: the fleet's prompt caches by expiry (issue 37)
+
+
+def warm_caches(rows: Iterable[AgentRow], now: int) -> list[tuple[AgentRow, PromptCache, int]]:
+    """Each agent whose harness states a warm prompt cache with an expiry, its cache and the
+    milliseconds until it goes cold (`cache_cold_in_ms`), soonest first; then by host and name."""
+    found = []
+    for row in rows:
+        cache = None if row.context is None else row.context.prompt_cache
+        left = cache_cold_in_ms(cache, now)
+        if cache is not None and left is not None:
+            found.append((row, cache, left))
+    return sorted(found, key=lambda item: (item[2], item[0].host, item[0].identity))
+
+
+def _utc_clock(ms: int) -> str:
+    try:
+        return datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC).strftime("%H:%M:%SZ")
+    except (OverflowError, OSError, ValueError):
+        return str(ms)
+
+
+def render_caches(rows: Iterable[AgentRow], now: int, *, colour: bool) -> str:
+    """One line per warm cache, soonest to go cold first: when (in and at, UTC), the tokens the turn
+    after writes again if it does, and the ttl and hit ratio where the harness stated them."""
+    caches = warm_caches(rows, now)
+    if not caches:
+        return "no warm prompt cache stated\n"
+    header = ["HOST", "AGENT", "HARNESS", "COLD IN", "AT", "RE-CACHE", "TTL", "HIT"]
+    body: list[list[tuple[str, Tint]]] = [[
+        (row.host, None),
+        (row.identity, None),
+        (row.named_harness or "-", None),
+        ("now" if left == 0 else age_text(left), None),
+        (_utc_clock(cache.expires_at_ms or now), None),
+        ("-" if cache.recache_tokens_if_cold is None else tokens_text(cache.recache_tokens_if_cold), None),
+        (cache.ttl or "-", None),
+        ("-" if cache.hit_ratio is None else f"{cache.hit_ratio:.0%}", None),
+    ] for row, cache, left in caches]  # fmt: skip
+    return table(body, header, colour)
+
+
+def render_caches_json(rows: Iterable[AgentRow], now: int) -> str:
+    """`hctx cache --json`: the same order, each agent's cache as stated and what `watch`'s
+    `cache-expiring` event says of it (`cacheExpiresAtMs`, `cacheColdInMs`, `recacheTokensIfCold`)."""
+    return render_json_array([
+        {"host": row.host, "identity": row.identity, "harness": row.named_harness,
+         "cacheExpiresAtMs": cache.expires_at_ms, "cacheColdInMs": left,
+         "recacheTokensIfCold": cache.recache_tokens_if_cold,
+         "promptCache": cache.model_dump(mode="json", by_alias=True)}
+        for row, cache, left in warm_caches(rows, now)
+    ])  # fmt: skip
 
 
 def forecast_text(forecast: Forecast | None, now: int) -> str:

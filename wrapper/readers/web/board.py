@@ -28,6 +28,7 @@ from wrapper.readers.rate_history import KEEP_MS, WINDOW_MS, Series
 from wrapper.readers.render import (
     age_text,
     agent_wire,
+    cache_text,
     claim_section,
     cost_text,
     fill_tint,
@@ -44,6 +45,7 @@ from wrapper.readers.roster import AgentRow, Inspection
 from wrapper.readers.top import fill_order
 
 __all__ = [
+    "CACHE_TICK",
     "HISTORY_BYTES",
     "HISTORY_POINTS",
     "RATE_PANEL_ROWS",
@@ -67,6 +69,9 @@ RATE_PANEL_ROWS = 20
 # Of each log file (the live one and its rotations) only this much of its end is read.
 HISTORY_BYTES = 2 * 1024 * 1024
 HISTORY_POINTS = 5000
+# The prompt cache's cell (issue 37) counts down with the ages, under its agent's key and this: a line
+# break as a subagent's key has, then a tab, which no subagent id holds (ids are printable).
+CACHE_TICK = "\n\tcache"
 
 
 def age_now(row: AgentRow, read_ms: int, now: int) -> str:
@@ -80,13 +85,15 @@ def age_now(row: AgentRow, read_ms: int, now: int) -> str:
 
 def ages_now(row: AgentRow, read_ms: int, now: int) -> dict[str, str]:
     """The ages of a row with a reading that tick on the page: its own under its name, and each
-    subagent's under the name, a line break and the subagent's id (neither holds a line break)."""
+    subagent's under the name, a line break and the subagent's id (neither holds a line break); a
+    stated prompt cache's countdown under the name and CACHE_TICK."""
     context = row.context
     if context is None:
         return {}
     since = max(0, now - read_ms)
     subagents = {f"{row.name}\n{sub.id}": age_text(sub.age_ms + since) for sub in context.subagents}
-    return {row.name: age_now(row, read_ms, now), **subagents}
+    cache = {} if context.prompt_cache is None else {row.name + CACHE_TICK: cache_text(context, now)}
+    return {row.name: age_now(row, read_ms, now), **subagents, **cache}
 
 
 def row_view(row: AgentRow, read_ms: int, now: int, groups: Mapping[str, AccountGroup] | None = None) -> dict[str, Any]:
@@ -112,6 +119,7 @@ def row_view(row: AgentRow, read_ms: int, now: int, groups: Mapping[str, Account
         "age": age_now(row, read_ms, now),
         "stale": context is not None and context.stale,
         "cost": cost_text(None if context is None else context.cost_usd),
+        "cache": cache_text(context, now),  # `agents`' CACHE cell; it ticks with the ages (CACHE_TICK)
         "state": row.desired_state or "-",
         "problem": "; ".join(problem for problem in (row.problem, row.claim_problem) if problem) or None,
         "order": {"fill": list(fill_key), "age": list(age_key)},

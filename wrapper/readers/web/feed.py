@@ -33,7 +33,7 @@ from wrapper.readers.notice import follow as follow_catalog
 from wrapper.readers.rate_history import keep, sightings_of
 from wrapper.readers.render import account_limits_wire
 from wrapper.readers.roster import AgentRow, PidProbe, RosterCache, now_ms
-from wrapper.readers.web.board import Drawn, ages_now, draw_accounts, rate_limit_panel, row_view
+from wrapper.readers.web.board import CACHE_TICK, Drawn, ages_now, draw_accounts, rate_limit_panel, row_view
 
 __all__ = [
     "AGE_TICK_S",
@@ -94,7 +94,9 @@ class Mailbox:
         self._news.set()
 
     def post_ages(self, ages: dict[str, str]) -> None:
-        self.ages = ages if self.only is None else {k: v for k, v in ages.items() if k == self.only}
+        if self.only is not None:
+            ages = {k: v for k, v in ages.items() if k in (self.only, self.only + CACHE_TICK)}
+        self.ages = ages
         self._news.set()
 
     async def take(self) -> tuple[dict[str, dict[str, Any] | None], dict[str, Any] | None, dict[str, str] | None, bool]:
@@ -297,7 +299,7 @@ class Board:
             self.ready.set()
 
 
-_TICKING = frozenset({"age", "ageMs"})
+_TICKING = frozenset({"age", "ageMs", "cache"})
 
 
 def _settled(value: Any) -> Any:

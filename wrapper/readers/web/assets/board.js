@@ -13,7 +13,9 @@
   let updates = 0;
 
   const COLUMNS = ["host", "agent", "harness", "model", "context", "tokens", "headroom", "compactions", "age",
-    "cost", "state"];
+    "cost", "cache", "state"];
+  // The prompt cache's countdown rides the ages under its agent's key and this (board.CACHE_TICK).
+  const CACHE_TICK = "\tcache";
 
   // One row built by hand, then cloned: a thousand rows cost a thousand clones, not 13,000 calls.
   const template = document.createElement("div");
@@ -49,6 +51,7 @@
     c.compactions.textContent = view.compactions;
     hctx.age(c.age, view.age, view.stale);
     c.cost.textContent = view.cost;
+    c.cache.textContent = view.cache;
     c.state.textContent = view.state;
     subagents(entry.element, view.subagents || []);
     entry.view = view;
@@ -70,7 +73,7 @@
   // Each subagent a line under its agent's row (issue 28), its own chip and numbers; its cells are
   // `sub-*` so nothing selecting the agent's own cells ever finds a subagent's.
   const SUB_COLUMNS = ["host", "agent", "harness", "model", "context", "tokens", "headroom", "compactions", "age",
-    "cost", "state"];
+    "cost", "cache", "state"];
 
   function subagents(element, subs) {
     let box = element.querySelector(".subagents");
@@ -243,6 +246,10 @@
       if (!entry) continue;
       if (sub === undefined) {
         hctx.age(entry.cells.age, text, entry.view.stale);
+        continue;
+      }
+      if (sub === CACHE_TICK) {
+        entry.cells.cache.textContent = text;
         continue;
       }
       for (const line of entry.element.querySelectorAll(".subagent")) {
