@@ -31,6 +31,8 @@ from guard.constants import (
 from guard.record import ContextFields, HarnessContext, RateLimits
 
 __all__ = [
+    "HEARTBEAT_MAX_S",
+    "HEARTBEAT_MIN_S",
     "SUBAGENT_QUANTUM_MS",
     "Bucket",
     "RateLimitBucket",
@@ -39,6 +41,7 @@ __all__ = [
     "WriteGuard",
     "WriteReason",
     "bucket",
+    "heartbeat_seconds",
     "rate_limit_bucket",
     "subagent_buckets",
     "windows_at_limit",
@@ -48,6 +51,24 @@ WriteReason = Literal["compaction", "bucket", "exhaustion", "rate-limits", "prom
 
 # How long a change of the subagent rows alone waits for the changes that come with it.
 SUBAGENT_QUANTUM_MS = 2_000
+
+# The heartbeat a test or a diagnosis may ask for (`HCTX_HEARTBEAT_S`, the sidecar's
+# `--heartbeat-s`): whole seconds, never longer than the spec's, whose readers take a record older
+# than a few heartbeats as stale.
+HEARTBEAT_MIN_S = 1
+HEARTBEAT_MAX_S = HARNESS_CONTEXT_HEARTBEAT_MS // 1000
+
+
+def heartbeat_seconds(text: str) -> int:
+    """A heartbeat asked for in whole seconds; ValueError saying what is allowed otherwise."""
+    allowed = f"whole seconds from {HEARTBEAT_MIN_S} to {HEARTBEAT_MAX_S} (the spec's, the default)"
+    try:
+        seconds = int(text.strip(), 10)
+    except ValueError:
+        raise ValueError(f"the heartbeat {text!r} is not {allowed}") from None
+    if not HEARTBEAT_MIN_S <= seconds <= HEARTBEAT_MAX_S:
+        raise ValueError(f"the heartbeat {seconds}s is outside {allowed}")
+    return seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,10 +175,18 @@ def windows_at_limit(limits: RateLimits | None) -> frozenset[str]:
 class WriteGuard:
     """Per-record write policy state: the last written record and the newest reading held back."""
 
-    def __init__(self, agent: str, incarnation: str, last: HarnessContext | None = None) -> None:
+    def __init__(
+        self,
+        agent: str,
+        incarnation: str,
+        last: HarnessContext | None = None,
+        heartbeat_ms: int = HARNESS_CONTEXT_HEARTBEAT_MS,
+    ) -> None:
         self.agent = agent
         self.incarnation = incarnation
         self.last = last
+        # The spec's 5 minutes; shorter only where a test or a diagnosis asks (HCTX_HEARTBEAT_S).
+        self.heartbeat_ms = heartbeat_ms
         self.held: ContextFields | None = None
         self.exhausted: frozenset[str] = frozenset()  # as the newest reading offered proved it
         # While a change of the subagent rows alone is held: when its quantum ends.
@@ -191,7 +220,7 @@ class WriteGuard:
         if _cache_edge(fields) != _cache_edge(last):
             return "prompt-cache"  # issue 37: when it goes cold is news minutes before the heartbeat
         fresh = fields.observed_at_ms > last.observed_at_ms
-        if fresh and now_ms - last.written_at_ms >= HARNESS_CONTEXT_HEARTBEAT_MS:
+        if fresh and now_ms - last.written_at_ms >= self.heartbeat_ms:
             return "heartbeat"
         return None
 
@@ -200,7 +229,7 @@ class WriteGuard:
         heartbeat; None while nothing is held."""
         if self.held is None or self.last is None:
             return None
-        beat = self.last.written_at_ms + HARNESS_CONTEXT_HEARTBEAT_MS
+        beat = self.last.written_at_ms + self.heartbeat_ms
         return beat if self.subagents_due_ms is None else min(beat, self.subagents_due_ms)
 
     def tick(self, now_ms: int) -> Write | None:

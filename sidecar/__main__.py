@@ -24,6 +24,15 @@ def _harness(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _heartbeat(text: str) -> int:
+    from guard.policy import heartbeat_seconds
+
+    try:
+        return heartbeat_seconds(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def parse_args(argv: Sequence[str] | None) -> SidecarConfig:
     parser = argparse.ArgumentParser(prog="python -m sidecar", description=__doc__)
     parser.add_argument("--catalog", type=Path, required=True)
@@ -39,6 +48,8 @@ def parse_args(argv: Sequence[str] | None) -> SidecarConfig:
     parser.add_argument("--record-fd", type=int, help="append every byte decoded, redacted, to this inherited file "
                         "(hctx wrap --record hands it to each sidecar)")  # fmt: skip
     parser.add_argument("--record-raw", action="store_true", help="with --record-fd: record it unredacted")
+    parser.add_argument("--heartbeat-s", type=_heartbeat, help="the write guard's heartbeat in seconds "
+                        "(default: the spec's 300; shorter for tests, hctx wrap's HCTX_HEARTBEAT_S)")  # fmt: skip
     args = parser.parse_args(argv)
     return SidecarConfig(
         catalog=args.catalog,
@@ -53,6 +64,7 @@ def parse_args(argv: Sequence[str] | None) -> SidecarConfig:
         account=args.account,
         record_fd=args.record_fd,
         record_raw=args.record_raw,
+        **({} if args.heartbeat_s is None else {"heartbeat_ms": args.heartbeat_s * 1000}),
     )
 
 

@@ -19,10 +19,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from guard.account import Account
 from guard.atomic import sweep_staging
+from guard.constants import HARNESS_CONTEXT_HEARTBEAT_MS
 from guard.history import start_fields, write_fields
 from guard.json_rule import loads
 from guard.layout import AgentDir
-from guard.policy import Write, WriteGuard, WriteReason
+from guard.policy import HEARTBEAT_MAX_S, HEARTBEAT_MIN_S, Write, WriteGuard, WriteReason
 from guard.record import Harness, HarnessContext, describe_validation_error
 from guard.store import write_context
 from sidecar import channel, lifeline
@@ -97,6 +98,10 @@ class SidecarSettings(BaseModel):
     transport: str = ""  # the launch plan's transport config, as JSON (HarnessSpec.transport_config)
     account: str = ""  # the account the harness states, as JSON (guard.account.Account); "" none
     channel_budget_bytes: int = Field(default=BUFFER_BUDGET_BYTES, ge=0)
+    # The write guard's heartbeat: the spec's unless `hctx wrap` was asked for a shorter one
+    # (HCTX_HEARTBEAT_S, a testing knob); a replay beats as its live run did.
+    heartbeat_ms: int = Field(default=HARNESS_CONTEXT_HEARTBEAT_MS, ge=HEARTBEAT_MIN_S * 1000,
+                              le=HEARTBEAT_MAX_S * 1000)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -117,11 +122,13 @@ class SidecarConfig:
     record_raw: bool = False  # `--record-raw`: the whole session, unredacted
     # What the channel's connections may hold of partial frames, together: this sidecar's own.
     channel_budget_bytes: int = BUFFER_BUDGET_BYTES
+    heartbeat_ms: int = HARNESS_CONTEXT_HEARTBEAT_MS  # `--heartbeat-s`
 
     def settings(self) -> SidecarSettings:
         return SidecarSettings(
             harness=self.harness, host=self.host, agent=self.agent, incarnation=self.incarnation,
             transport=self.transport, account=self.account, channel_budget_bytes=self.channel_budget_bytes,
+            heartbeat_ms=self.heartbeat_ms,
         )  # fmt: skip
 
 
@@ -431,7 +438,7 @@ def assemble(
     """Streams -> writer -> pipeline -> write guard for `settings`: the one setup of the live sidecar
     (`run_sidecar`, into the catalog on the wall clock) and of each sidecar a replay plays
     (sidecar.replay, into memory on its recording's schedule)."""
-    guard = WriteGuard(settings.agent, settings.incarnation)
+    guard = WriteGuard(settings.agent, settings.incarnation, heartbeat_ms=settings.heartbeat_ms)
     pipeline = Pipeline(spec.make_producer(), guard, stated_account(settings.account))
     writer = Writer(pipeline, store, schedule)
     return Sidecar(spec, writer, transport_streams(spec, writer, recorder))

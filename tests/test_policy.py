@@ -13,12 +13,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 from guard_factory import fields
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from guard.constants import HARNESS_CONTEXT_BUCKET_PERCENT, HARNESS_CONTEXT_HEARTBEAT_MS
-from guard.policy import Reading, Write, WriteGuard, windows_at_limit
+from guard.policy import Reading, Write, WriteGuard, heartbeat_seconds, windows_at_limit
 from guard.record import MAX_COUNT, ContextFields, HarnessContext, RateLimits
 
 HEARTBEAT = HARNESS_CONTEXT_HEARTBEAT_MS
@@ -408,6 +409,40 @@ def test_heartbeat_republishes_a_held_fresh_reading_once_due() -> None:
     assert write.record.written_at_ms == START_MS + HEARTBEAT
     guard.committed(write)
     assert guard.tick(START_MS + 10 * HEARTBEAT) is None  # nothing new since: the record ages
+
+
+@pytest.mark.parametrize("interval_ms", [None, 20_000, 1_000, HEARTBEAT])
+def test_heartbeat_beats_at_the_configured_interval_and_the_spec_s_by_default(interval_ms: int | None) -> None:
+    """HCTX_HEARTBEAT_S reaches the guard as `heartbeat_ms`: the held reading is due, by tick and by
+    offer, exactly one interval after the last write, never earlier; unset, the spec's 5 minutes."""
+    beat = HEARTBEAT if interval_ms is None else interval_ms
+    for by_offer in (False, True):
+        guard = WriteGuard("alice", "inc-1") if interval_ms is None else WriteGuard("alice", "inc-1", heartbeat_ms=beat)
+        first = fields(harness="codex", window_tokens=1000, used_tokens=500, observed_at_ms=START_MS)
+        assert _offer_all(guard, [first])
+        for n in (1, 2):  # two beats in a row, each one interval after the write before it
+            last = guard.last
+            assert last is not None
+            redraw = first.model_copy(update={"observed_at_ms": last.written_at_ms + 500})
+            assert guard.offer(Reading(redraw), last.written_at_ms + 500) is None
+            assert guard.heartbeat_due_ms() == last.written_at_ms + beat
+            assert guard.tick(last.written_at_ms + beat - 1) is None
+            if by_offer:
+                again = redraw.model_copy(update={"observed_at_ms": last.written_at_ms + beat})
+                write = guard.offer(Reading(again), last.written_at_ms + beat)
+            else:
+                write = guard.tick(last.written_at_ms + beat)
+            assert write is not None and write.reason == "heartbeat", n
+            assert write.record.written_at_ms == START_MS + n * beat
+            guard.committed(write)
+
+
+def test_a_heartbeat_is_asked_for_in_whole_seconds_within_the_spec_s() -> None:
+    assert [heartbeat_seconds(text) for text in ("1", "20", " 300\n")] == [1, 20, 300]
+    for bad, why in [("0", "outside"), ("301", "outside"), ("-5", "outside"), ("2.5", "not"), ("", "not"),
+                     ("20s", "not"), ("1e3", "not")]:  # fmt: skip
+        with pytest.raises(ValueError, match=f"{why} whole seconds from 1 to 300"):
+            heartbeat_seconds(bad)
 
 
 def test_heartbeat_never_fires_without_a_new_reading() -> None:

@@ -4,6 +4,7 @@ running a recording through the live driver (sidecar.replay.replay_recording).""
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import guard
-from sidecar import recorder
+from sidecar import app, recorder
 from sidecar.decoding import MessageDecoder
 from sidecar.recorder import FORMAT, Recorder, create_recording
 from sidecar.redaction import Redactor
@@ -213,6 +214,28 @@ def test_a_replayed_write_is_taken_when_the_live_one_was_so_it_carries_the_same_
     assert _replayed_tokens(tmp_path, *sent, {"at_ms": 1002, "write": "taken"}, landed) == [100105]
     taken_at_once = (sent[0], {"at_ms": 1000, "write": "taken"}, sent[1])
     assert _replayed_tokens(tmp_path, *taken_at_once, landed) == [100005]
+
+
+def test_a_recording_made_with_a_short_heartbeat_replays_its_heartbeat_writes(tmp_path: Path) -> None:
+    """An idle Claude seat redrawing one status line every 5 s for a minute, recorded by a sidecar
+    started with `--heartbeat-s 20` (HCTX_HEARTBEAT_S): its header's `config` holds the heartbeat,
+    so the replay beats every 20 s as the live sidecar did; the same bytes under a header without
+    it (a recording made before the knob) beat at the spec's 5 minutes: none in that minute."""
+    frame = read_chunks(CLAUDE_FRAMES.read_bytes())[1].data
+    redraws = [_channel_chunk(1000 + 5000 * i, frame) for i in range(14)]  # 1 s .. 66 s
+    config = app.SidecarConfig(tmp_path, "h", "seat", "claude", "inc", tmp_path / "ch", heartbeat_ms=20_000)
+    path = tmp_path / "short.rec"
+    header = {"format": FORMAT, "harness": "claude", "hctx": guard.__version__, "started_ms": 1000,
+              "config": config.settings().model_dump(mode="json")}  # fmt: skip
+    path.write_text("".join(json.dumps(entry) + "\n" for entry in (header, *redraws)))
+    writes, summary = replay_recording(spec_for("claude"), path)
+    assert not summary.problems
+    assert [w.reason for w in writes] == ["bucket", "heartbeat", "heartbeat", "heartbeat"]
+    times = [w.record.written_at_ms for w in writes]
+    assert times[0] == 1000 and all(20_000 <= b - a < 20_005 for a, b in itertools.pairwise(times)), times
+    assert {w.record.agent for w in writes} == {"seat"}
+    spec_s, summary = replay_recording(spec_for("claude"), _recording(tmp_path, "claude", *redraws))
+    assert not summary.problems and [w.reason for w in spec_s] == ["bucket"]
 
 
 def test_replay_of_a_damaged_recording_says_which_lines_and_exits_1(tmp_path: Path) -> None:

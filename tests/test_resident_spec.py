@@ -28,7 +28,7 @@ from wrapper.launch.resident import (
 )
 
 AGENT = AgentRef("/tmp/catalog", "host", "agent")
-OPTIONS = Options(AGENT, "pi", ("pi", "--x"), "on-failure", 3, 1.0, 60.0, False, None)
+OPTIONS = Options(AGENT, "pi", ("pi", "--x"), "on-failure", 3, 1.0, 60.0, False, None, heartbeat_s=20)
 PLAN = Plan(("pi",), "/tmp", {"A": "1"}, None, True, 1234)
 BEGUN = Incarnation(AGENT, "pi", "inc", plan=PLAN, status=None, channel_dir="/tmp/d", channel="/tmp/d/s")
 
@@ -45,6 +45,7 @@ def test_a_spec_goes_and_comes_back_whole() -> None:
     assert spec.options.argv == ("pi", "--x") and spec.lock_fd == 7 and spec.lock_held is True
     options = WrapOptions.from_resident(spec.options)
     assert options.for_resident().to_wire() == OPTIONS.to_wire() and options.restart == "on-failure"
+    assert options.heartbeat_s == 20  # HCTX_HEARTBEAT_S, for every incarnation's sidecar
 
 
 @pytest.mark.parametrize(
@@ -55,6 +56,7 @@ def test_a_spec_goes_and_comes_back_whole() -> None:
         (("options", "restart"), "sometimes", "restart 'sometimes'"),
         (("options", "maxRestarts"), True, "'maxRestarts' is bool"),
         (("options", "argv"), ["pi", 3], "options.argv: not a list of strings"),
+        (("options", "heartbeatS"), "20", "'heartbeatS' is str"),
         (("incarnation", "plan", "env"), {"A": 1}, "env holds a name or value that is not a string"),
         (("incarnation", "status"), 2, "a plan and a status, or neither"),
         (("incarnation", "agent"), None, "'agent' is NoneType"),

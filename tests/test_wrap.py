@@ -130,6 +130,49 @@ def test_bad_arguments_are_refused_with_a_clear_message(tmp_path: Path, args: li
     assert not (tmp_path / "agents").exists()
 
 
+@pytest.mark.parametrize("value", ["0", "301", "-1", "2.5", "20s", "soon"])
+def test_a_bad_hctx_heartbeat_s_is_refused_before_the_claim(tmp_path: Path, value: str) -> None:
+    argv = wrap_argv(tmp_path, "a", "pi", sys.executable, "-c", STANDIN)
+    result = subprocess.run(argv, env=env() | {"HCTX_HEARTBEAT_S": value}, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert "hctx wrap: HCTX_HEARTBEAT_S: the heartbeat " in result.stderr, result.stderr
+    assert "whole seconds from 1 to 300" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "agents").exists()  # nothing claimed, no sidecar started
+
+
+# A stand-in idle harness: the same pi reading, redrawn every 0.4 s for 3.2 s, as an idle seat's
+# status line is redrawn; each a fresh reading in the same bucket, which only the heartbeat writes.
+REDRAWS = r"""
+import os, socket, sys, time
+for _ in range(9):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(os.environ["HCTX_CHANNEL"])
+    s.sendall(sys.argv[1].encode() + b"\n")
+    s.close()
+    time.sleep(0.4)
+"""
+
+
+async def test_hctx_heartbeat_s_sets_the_sidecar_s_heartbeat_and_its_recording_replays_it(tmp_path: Path) -> None:
+    """HCTX_HEARTBEAT_S=1 reaches the sidecar (the wrapper's launch -> its `--heartbeat-s`): an idle
+    harness redrawing one reading is written each second, not each 5 minutes; the recording's
+    header holds it, and `hctx replay` of the recording makes the very writes the sidecar logged."""
+    import trio
+
+    from tests.wrapping import assert_replays_as_logged
+
+    catalog, recording = tmp_path / "catalog", tmp_path / "idle.rec"
+    argv = wrap_argv(catalog, "idle", "pi", sys.executable, "-c", REDRAWS, context_frame(2500, 10000, 25.0),
+                     extra=("--record", str(recording)))  # fmt: skip
+    result = await trio.run_process(argv, env=env() | {"HCTX_HEARTBEAT_S": "1"}, capture_stderr=True, check=False)
+    assert result.returncode == 0, result.stderr
+    reasons = [event["reason"] for event in log_events(catalog, "idle") if event.get("event") == "write"]
+    assert reasons[0] == "bucket" and reasons.count("heartbeat") >= 2, reasons
+    header = json.loads(recording.read_text().splitlines()[0])
+    assert header["config"]["heartbeat_ms"] == 1000
+    await assert_replays_as_logged(catalog, "idle", recording)
+
+
 CRASHER = r"""
 import json, os, socket, sys, time
 catalog, agent = os.environ["HCTX_CATALOG"], os.environ["HCTX_AGENT"]

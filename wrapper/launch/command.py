@@ -43,6 +43,7 @@ def _wrap(args: argparse.Namespace) -> int:
         agent = AgentDir(catalog, args.host, identity)
         if args.record_raw and args.record is None:
             raise UsageError("--record-raw records the whole session into --record FILE: name the file")
+        heartbeat_s = _heartbeat_of(os.environ.get("HCTX_HEARTBEAT_S"))
         record = None if args.record is None else _new_recording(args.record)
     except (ValueError, CatalogError) as exc:
         print(f"hctx wrap: {exc}", file=sys.stderr)
@@ -58,6 +59,7 @@ def _wrap(args: argparse.Namespace) -> int:
         takeover=args.takeover,
         record=None if record is None else record[0],
         record_raw=args.record_raw,
+        heartbeat_s=heartbeat_s,
     )
     try:
         return run_wrap(options, None if record is None else record[1])
@@ -68,6 +70,20 @@ def _wrap(args: argparse.Namespace) -> int:
         if record is not None:  # no sidecar ran (a refused claim): the empty file made is removed
             _remove_if_empty(*record)
     return 2
+
+
+def _heartbeat_of(text: str | None) -> int | None:
+    """`HCTX_HEARTBEAT_S`, a testing and diagnostic knob: every sidecar's heartbeat in seconds
+    (unset or empty: the spec's); refused, before anything is claimed, when it is not one."""
+    from guard.policy import heartbeat_seconds
+    from wrapper.arguments import UsageError
+
+    if not text:
+        return None
+    try:
+        return heartbeat_seconds(text)
+    except ValueError as exc:
+        raise UsageError(f"HCTX_HEARTBEAT_S: {exc}") from None
 
 
 def _new_recording(path: Path) -> tuple[Path, int]:

@@ -111,12 +111,14 @@ class WrapOptions:
     takeover: bool = False
     record: Path | None = None  # `--record`: a file `create_recording` made (its path, for messages)
     record_raw: bool = False  # `--record-raw`: every sidecar records the session unredacted
+    heartbeat_s: int | None = None  # HCTX_HEARTBEAT_S: every sidecar's heartbeat; None the spec's
 
     def for_resident(self) -> Options:
         """As the resident carries them, and hands them back to a `begin` step."""
         return Options(_agent_ref(self.agent), self.harness, self.argv, self.restart, self.max_restarts,
                        self.restart_delay_s, self.restart_delay_max_s, self.takeover,
-                       None if self.record is None else os.fspath(self.record), self.record_raw)  # fmt: skip
+                       None if self.record is None else os.fspath(self.record), self.record_raw,
+                       self.heartbeat_s)  # fmt: skip
 
     @classmethod
     def from_resident(cls, options: Options) -> WrapOptions:
@@ -131,6 +133,7 @@ class WrapOptions:
             takeover=options.takeover,
             record=None if options.record is None else Path(options.record),
             record_raw=options.record_raw,
+            heartbeat_s=options.heartbeat_s,
         )
 
 

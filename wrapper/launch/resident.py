@@ -170,6 +170,7 @@ class Options:
         "agent",
         "argv",
         "harness",
+        "heartbeat_s",
         "max_restarts",
         "record",
         "record_raw",
@@ -191,6 +192,7 @@ class Options:
         takeover: bool,
         record: str | None,
         record_raw: bool = False,
+        heartbeat_s: int | None = None,
     ) -> None:
         self.agent, self.harness, self.argv, self.restart = agent, harness, argv, restart
         self.max_restarts, self.restart_delay_s, self.restart_delay_max_s = (
@@ -199,6 +201,7 @@ class Options:
             restart_delay_max_s,
         )
         self.takeover, self.record, self.record_raw = takeover, record, record_raw
+        self.heartbeat_s = heartbeat_s  # HCTX_HEARTBEAT_S, checked by `hctx wrap`: each sidecar's heartbeat
 
     def to_wire(self) -> dict[str, object]:
         return {
@@ -212,6 +215,7 @@ class Options:
             "takeover": self.takeover,
             "record": self.record,
             "recordRaw": self.record_raw,
+            "heartbeatS": self.heartbeat_s,
         }
 
     @classmethod
@@ -231,6 +235,7 @@ class Options:
             _field(data, "takeover", bool, where),
             _field(data, "record", (str, type(None)), where),
             _field(data, "recordRaw", bool, where),
+            _field(data, "heartbeatS", (int, type(None)), where),
         )
 
 
@@ -273,8 +278,9 @@ class Plan:
 class Incarnation:
     """The claimed incarnation as the resident runs it (`wrapper.launch.launcher.begin_incarnation`):
     its prepared launch and channel, or, when the launch could not be prepared, the status it ends with.
-    `record_fd` and `record_raw` (`--record`'s open file, `--record-raw`) are the resident's to set:
-    they come with the spec once, not with each incarnation."""
+    `record_fd`, `record_raw` and `heartbeat_s` (`--record`'s open file, `--record-raw`,
+    HCTX_HEARTBEAT_S) are the resident's to set: they come with the spec once, not with each
+    incarnation."""
 
     __slots__ = (
         "account",
@@ -282,6 +288,7 @@ class Incarnation:
         "channel",
         "channel_dir",
         "harness",
+        "heartbeat_s",
         "incarnation",
         "plan",
         "record_fd",
@@ -307,6 +314,7 @@ class Incarnation:
         self.channel_dir, self.channel = channel_dir, channel
         self.record_fd: int | None = None
         self.record_raw = False
+        self.heartbeat_s: int | None = None
 
     def to_wire(self) -> dict[str, object]:
         return {
@@ -948,6 +956,7 @@ def sidecar_argv(it: Incarnation, lifeline_fd: int, ready_fd: int) -> list[str]:
         *(() if it.account is None else ("--account", it.account)),
         *(() if it.record_fd is None else ("--record-fd", str(it.record_fd))),
         *(("--record-raw",) if it.record_raw else ()),
+        *(() if it.heartbeat_s is None else ("--heartbeat-s", str(it.heartbeat_s))),
     ]
 
 
@@ -1437,7 +1446,7 @@ def supervise(
             steps.submit(Stopped(first.agent, it.incarnation))
 
     while True:
-        it.record_fd, it.record_raw = record_fd, options.record_raw
+        it.record_fd, it.record_raw, it.heartbeat_s = record_fd, options.record_raw, options.heartbeat_s
         status = it.status if it.status is not None else run_incarnation(loop, session, steps, it, stop)
         if session.stopped or not _relaunch_wanted(options, status, restarts):
             break
