@@ -438,3 +438,149 @@ def test_a_read_that_finds_only_older_ages_is_no_change(tmp_path: Path, monkeypa
         read(3.0)
         assert board.version == version + 1
         assert list(box.rows) == [f"{HERE}/calm"] and box.panel is None
+
+
+# ---------------------------------------------------------------------------------------------
+# A board that cannot be exhausted (issue 40)
+
+
+def _open_stream(port: int, path: str = "/api/events", receive_buffer: int | None = None) -> socket.socket:
+    sock = socket.socket()
+    if receive_buffer is not None:  # set before connecting: the window the server may fill
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+    sock.connect(("127.0.0.1", port))
+    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+    return sock
+
+
+def _status_line(sock: socket.socket) -> bytes:
+    sock.settimeout(10)
+    return sock.recv(64).split(b"\r\n", 1)[0]
+
+
+def _streams(board: Any, wanted: int, timeout: float = 10) -> int:
+    deadline = time.monotonic() + timeout
+    while (found := board.json("/api/status")["streams"]) != wanted and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return int(found)
+
+
+def test_streams_past_the_cap_are_refused_with_a_503_and_one_line_on_stderr(tmp_path: Path) -> None:
+    fleet(tmp_path)
+    with serving(tmp_path, "--max-streams", "3") as board:
+        served = [_open_stream(board.port) for _ in range(3)]
+        assert [_status_line(sock) for sock in served] == [b"HTTP/1.1 200 "] * 3
+        refused = [_open_stream(board.port) for _ in range(5)]
+        for sock in refused:
+            sock.settimeout(10)
+            answer = b""
+            while chunk := sock.recv(4096):  # the refusal closes the connection
+                answer += chunk
+            head, _, body = answer.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 503 ") and b"retry-after: 10" in head.lower()
+            assert json.loads(body) == {"error": "too many event streams open (the most is 3); try again later"}
+        assert _streams(board, 3) == 3
+        status, _, page = board.get("/")  # the pages and the API are served on
+        assert status == 200 and b"amber" in page
+        served.pop().close()
+        assert _streams(board, 2) == 2
+        again = _open_stream(board.port)
+        assert _status_line(again) == b"HTTP/1.1 200 "
+        for sock in [*served, *refused, again]:
+            sock.close()
+        board.process.terminate()
+        _, stderr = board.process.communicate(timeout=15)
+    assert stderr.splitlines() == ["hctx web: refused 1 event stream(s): 3 open, the most --max-streams allows"]
+
+
+def test_a_page_that_stops_reading_is_dropped_and_holds_no_snapshot(tmp_path: Path) -> None:
+    """A page that never reads: the kernel's write timeout ends its connection (hypercorn's writes
+    cannot be cancelled), and until then it holds one piece of the snapshot, not a copy of it."""
+    many(tmp_path, 1000)  # a snapshot of about 1.7 MB
+    with serving(tmp_path, "--write-timeout", "1", "--reread", "600") as board:
+        assert len(board.json("/api/board")["rows"]) == 1000
+        before = board.rss_kib()
+        silent = [_open_stream(board.port, receive_buffer=4096) for _ in range(30)]
+        assert _streams(board, 30) == 30
+        time.sleep(0.5)  # each has been sent what its connection takes
+        held_kib = board.rss_kib() - before
+        dropped_in = time.monotonic()
+        remaining = _streams(board, 0, timeout=30)
+        dropped_in = time.monotonic() - dropped_in
+        for sock in silent:
+            sock.close()
+        assert remaining == 0, f"{remaining} silent pages still served after 30 s"
+        # 30 copies of the snapshot would be 50 MB; one piece each is 2 MB.
+        assert held_kib < 16 * 1024, f"30 silent pages cost {held_kib} KiB"
+        assert board.process.poll() is None
+        assert len(board.json("/api/agents")) == 1000
+    print(f"30 silent pages: {held_kib} KiB held, dropped within {dropped_in:.1f} s")
+
+
+def test_api_agents_is_served_from_the_boards_cache_not_the_catalog(tmp_path: Path) -> None:
+    """`/api/agents` reads no record per request: the board's cache (the exporter's CatalogCache)
+    holds them; 30 requests cost the server no more file reading than their own sockets."""
+    paths = many(tmp_path, 500)
+    record_bytes = sum(path.stat().st_size for path in paths)
+    with serving(tmp_path, "--reread", "600") as board:
+        first = board.json("/api/agents")
+        assert len(first) == 500
+
+        def read_bytes() -> int:
+            for line in Path(f"/proc/{board.process.pid}/io").read_text().splitlines():
+                if line.startswith("rchar:"):
+                    return int(line.split()[1])
+            raise AssertionError("no rchar")
+
+        before = read_bytes()
+        for _ in range(30):
+            assert len(board.json("/api/agents")) == 500
+        read = read_bytes() - before
+        assert read < record_bytes, f"30 requests read {read} bytes; the records are {record_bytes}"
+        put(tmp_path, "agent-00007", "delta", usedTokens=4242, usedPercent=42.0)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:  # the change, noticed as the page notices it
+            row = {(r["host"], r["identity"]): r for r in board.json("/api/agents")}[("delta", "agent-00007")]
+            if row["context"]["usedTokens"] == 4242:
+                break
+            time.sleep(0.1)
+        assert row["context"]["usedTokens"] == 4242
+
+
+def test_a_stream_further_behind_than_the_journal_keeps_is_sent_the_snapshot() -> None:
+    from wrapper.web.feed import Journal
+
+    journal = Journal(limit=100)
+    events = [bytes([65 + index]) * 40 for index in range(4)]
+    journal.add(events[0])
+    journal.add(events[1])
+    assert journal.since(0) == events[:2] and journal.since(1) == events[1:2] and journal.since(2) == []
+    journal.add(events[2])  # 120 bytes: the oldest goes
+    journal.add(events[3])
+    assert journal.since(0) is None and journal.since(1) is None
+    assert journal.since(2) == events[2:] and all(
+        a is b for a, b in zip(journal.since(2) or [], events[2:], strict=True)
+    )
+
+
+def test_every_change_is_encoded_once_for_every_fleet_stream(tmp_path: Path) -> None:
+    fleet(tmp_path)
+    board = Board(tmp_path, HERE)
+    found, warnings = board.read_whole(1.0)
+    board.apply(found, whole=True, warnings=warnings)
+    snapshot = board.snapshot_event()
+    assert board.snapshot_event() is snapshot and snapshot.startswith(b"event: snapshot\ndata: {")
+    put(tmp_path, "calm", usedPercent=44.0, rateLimits=None)
+    events = board.journal.next
+    found, _ = board.read_agents(frozenset({(HERE, "calm")}), 2.0)
+    board.apply(found, whole=False)
+    assert board.journal.next == events + 1 and board.snapshot_event() is not snapshot
+    (rows,) = board.journal.since(events) or []
+    assert rows.startswith(b"event: rows\ndata: ") and b'"44%"' in rows
+
+
+def test_the_stream_cap_follows_the_open_file_limit() -> None:
+    from wrapper.web.command import FD_RESERVE, STREAMS_CEILING, default_max_streams
+
+    assert default_max_streams(1024) == (1024 - FD_RESERVE) * 3 // 4 == 672
+    assert default_max_streams(FD_RESERVE) == 1 and default_max_streams(1 << 20) == STREAMS_CEILING

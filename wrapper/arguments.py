@@ -12,6 +12,7 @@ __all__ = [
     "add_tls_options",
     "harness_name",
     "non_negative",
+    "positive_int",
     "positive_seconds",
     "tls_unpaired",
     "whole_number",
@@ -21,6 +22,12 @@ __all__ = [
 def whole_number(text: str) -> int:
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"{text} is not a whole number >= 0")
+    return int(text)
+
+
+def positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a whole number >= 1")
     return int(text)
 
 

@@ -7,8 +7,11 @@ an event may be missed), through a `RosterCache`, so even then only the agents w
 are read; the ages tick every second from the projection's `ageMs`. Reading runs in a worker
 thread, one read at a time, so a catalog of thousands of agents never holds up a push.
 
-Each open stream has a `Mailbox` that coalesces: what it holds is the newest view of each changed
-agent, so a slow page costs at most one view per agent, never a queue of every update.
+Every fleet page's stream reads one `Journal`: each change is encoded once, as the event's bytes,
+and every stream sends those same bytes; the journal keeps the newest events up to a byte bound, and
+a stream that fell further behind is sent the snapshot again (itself encoded once per change). The
+ages are sent as what moved since the last tick. An agent page's stream has a `Mailbox` that
+coalesces: the newest view of its one agent.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,21 +32,26 @@ from guard.errors import CatalogError
 from guard.procs import pid_alive
 from wrapper.accounts import fan_in, groups_by_agent
 from wrapper.notice import catalog_changes
-from wrapper.render import account_limits_wire
+from wrapper.render import account_limits_wire, render_agents_json
 from wrapper.roster import AgentRow, PidProbe, RosterCache, now_ms
 from wrapper.web.board import ages_now, rate_limit_panel, row_view
 
 __all__ = [
     "AGE_TICK_S",
     "DEFAULT_REREAD_S",
+    "JOURNAL_BYTES",
     "Board",
+    "Journal",
     "Mailbox",
     "Reading",
     "follow",
+    "sse_event",
 ]
 
 AGE_TICK_S = 1.0
 DEFAULT_REREAD_S = 30.0
+# The fleet pages' undelivered events kept, in bytes: a stream further behind is sent a snapshot.
+JOURNAL_BYTES = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,8 +73,8 @@ class Mailbox:
         self._news = trio.Event()
 
     def post(self, rows: dict[str, dict[str, Any] | None], panel: dict[str, Any] | None) -> None:
-        if self.only is not None:
-            rows = {key: view for key, view in rows.items() if key == self.only}
+        if self.only is not None:  # one look-up, however many agents changed
+            rows = {self.only: rows[self.only]} if self.only in rows else {}
             panel = None
         if rows or panel is not None:
             self.rows.update(rows)
@@ -77,7 +86,12 @@ class Mailbox:
         self._news.set()
 
     def post_ages(self, ages: dict[str, str]) -> None:
-        self.ages = ages if self.only is None else {k: v for k, v in ages.items() if k == self.only}
+        if self.only is None:
+            self.ages = ages
+        elif self.only in ages:
+            self.ages = {self.only: ages[self.only]}
+        else:
+            return
         self._news.set()
 
     async def take(self) -> tuple[dict[str, dict[str, Any] | None], dict[str, Any] | None, dict[str, str] | None, bool]:
@@ -86,6 +100,40 @@ class Mailbox:
         taken = self.rows, self.panel, self.ages, self.problem_changed
         self.rows, self.panel, self.ages, self.problem_changed = {}, None, None, False
         return taken
+
+
+class Journal:
+    """The fleet pages' events, each encoded once and kept while they fit in `limit` bytes: every
+    stream sends the same bytes objects. Event `n` is the journal's `n`th (`next` counts them)."""
+
+    def __init__(self, limit: int = JOURNAL_BYTES) -> None:
+        self.limit = limit
+        self.events: deque[bytes] = deque()
+        self.first = 0  # the number of the oldest event kept
+        self.next = 0
+        self.size = 0
+        self._news = trio.Event()
+
+    def add(self, data: bytes) -> None:
+        self.events.append(data)
+        self.next += 1
+        self.size += len(data)
+        while self.size > self.limit and len(self.events) > 1:
+            self.size -= len(self.events.popleft())
+            self.first += 1
+        self._news.set()
+        self._news = trio.Event()
+
+    def since(self, cursor: int) -> list[bytes] | None:
+        """The events from `cursor` on; None when some of them are no longer kept."""
+        if cursor < self.first:
+            return None
+        return list(self.events)[cursor - self.first :]
+
+    async def wait(self, cursor: int) -> None:
+        """Until there is an event at `cursor` or after."""
+        while cursor >= self.next:
+            await self._news.wait()
 
 
 class Board:
@@ -98,11 +146,22 @@ class Board:
         self.panel: dict[str, Any] = {"entries": [], "more": 0}
         self.warnings: list[str] = []
         self.problem: str | None = None  # the catalog itself cannot be read
-        self.mailboxes: set[Mailbox] = set()
+        self.mailboxes: set[Mailbox] = set()  # the agent pages' streams
+        self.journal = Journal()  # the fleet pages' streams read this
+        self.streams = 0  # event streams open, of both pages
         self.ready = trio.Event()
         self.version = 0  # counts the changes: a page holding this version's snapshot is current
         self._encoded: str | None = None
-        self._cache = RosterCache(catalog)  # read by one worker thread at a time (`follow`)
+        self._snapshot_event: bytes | None = None
+        self._page_data: bytes | None = None
+        self._ages: dict[str, str] = {}  # the last tick's, for the fleet pages (what moved is sent)
+        self._ages_event: bytes | None = None
+        self.ticked = -math.inf  # trio's clock at the last tick
+        # Read by one worker thread at a time: `follow`'s reads and `/api/agents` hold `reading`.
+        self._cache = RosterCache(catalog)
+        self.reading = trio.Lock()
+        self._agents: tuple[float, bytes] | None = None  # `/api/agents`: when it was built, and the body
+        self._agents_lock = trio.Lock()
 
     # -- what a page is sent -------------------------------------------------------------------
 
@@ -117,9 +176,52 @@ class Board:
             self._encoded = json.dumps(self.snapshot(), ensure_ascii=False, allow_nan=False)
         return self._encoded
 
+    def snapshot_event(self) -> bytes:
+        """The snapshot as an event of the fleet page's stream, encoded once per change."""
+        if self._snapshot_event is None:
+            self._snapshot_event = b"event: snapshot\ndata: " + self.encoded().encode() + b"\n\n"
+        return self._snapshot_event
+
+    def page_data(self) -> bytes:
+        """The snapshot as the fleet page's JSON data block (no `<`, so no `</script>`), once per change."""
+        if self._page_data is None:
+            self._page_data = self.encoded().replace("<", "\\u003c").encode()
+        return self._page_data
+
+    def ages_event(self) -> bytes:
+        """Every age at the last tick, as an event: what follows a snapshot (the journal's ages
+        events say only what moved since the tick before). Ticked first if no stream was open."""
+        if trio.current_time() - self.ticked > AGE_TICK_S:
+            self.tick()
+        if self._ages_event is None:
+            self._ages_event = sse_event("ages", self._ages)
+        return self._ages_event
+
     def _changed(self) -> None:
         self.version += 1
-        self._encoded = None
+        self._encoded = self._snapshot_event = self._page_data = None
+
+    def _publish(self, rows: dict[str, dict[str, Any] | None], panel: dict[str, Any] | None) -> None:
+        self.journal.add(sse_event("rows", {"rows": rows, "panel": panel}))
+        for name in rows:  # its age as the view words it may not be the last tick's: sent again
+            self._ages.pop(name, None)
+        for box in self.mailboxes:
+            box.post(rows, panel)
+
+    def _publish_problem(self) -> None:
+        self.journal.add(sse_event("problem", {"problem": self.problem}))
+        for box in self.mailboxes:
+            box.post_problem()
+
+    def tick(self) -> None:
+        """The ages now: to the fleet pages what moved since the last tick, to each agent page its own."""
+        ages = self.ages()
+        moved = {key: text for key, text in ages.items() if self._ages.get(key) != text}
+        self._ages, self._ages_event, self.ticked = ages, None, trio.current_time()
+        if moved:
+            self.journal.add(sse_event("ages", moved))
+        for box in self.mailboxes:
+            box.post_ages(ages)
 
     @contextlib.contextmanager
     def subscribe(self, only: str | None = None) -> Iterator[Mailbox]:
@@ -129,6 +231,15 @@ class Board:
             yield box
         finally:
             self.mailboxes.discard(box)
+
+    @contextlib.contextmanager
+    def stream(self) -> Iterator[None]:
+        """One open event stream, counted (`/api/status`, the cap on streams)."""
+        self.streams += 1
+        try:
+            yield
+        finally:
+            self.streams -= 1
 
     # -- what reading finds ----------------------------------------------------------------------
 
@@ -157,8 +268,7 @@ class Board:
             if self.problem is not None:
                 self.problem = None
                 news = True
-                for box in self.mailboxes:
-                    box.post_problem()
+                self._publish_problem()
         self._view(updated, changed)
         self.views = dict(sorted(self.views.items()))
         panel = rate_limit_panel(((r.row, r.read_ms) for r in self.readings.values()), now_ms())
@@ -169,8 +279,7 @@ class Board:
         if changed or panel_changed or news:
             self._changed()
         if changed or panel_changed:
-            for box in self.mailboxes:
-                box.post(changed, panel if panel_changed else None)
+            self._publish(changed, panel if panel_changed else None)
 
     def _view(self, updated: list[str], changed: dict[str, dict[str, Any] | None]) -> None:
         """The views of the `updated` agents, and of every agent whose account's figure (fanned in
@@ -199,20 +308,36 @@ class Board:
         self._view([], changed)
         if changed:
             self._changed()
-            for box in self.mailboxes:
-                box.post(changed, None)
+            self._publish(changed, None)
 
     def failed(self, problem: str) -> None:
         """The whole catalog could not be read: every open page is told, and keeps its last rows."""
         if problem != self.problem:
             self.problem = problem
             self._changed()
-            for box in self.mailboxes:
-                box.post_problem()
+            self._publish_problem()
 
     def ages(self) -> dict[str, str]:
         now = now_ms()
         return {key: age for r in self.readings.values() for key, age in ages_now(r.row, r.read_ms, now).items()}
+
+    async def agents_json(self) -> bytes:
+        """`hctx agents --json` of the catalog as the board holds it: the records the board's cache
+        (a `CatalogCache`, the exporter's) last read, projected now; no file is read. Built once for
+        every request that arrives while it is built, and kept for requests within a tick of it."""
+        await self.ready.wait()
+        arrived = trio.current_time()
+        async with self._agents_lock:
+            if self._agents is not None and self._agents[0] >= arrived - AGE_TICK_S:
+                return self._agents[1]
+            started = trio.current_time()
+            async with self.reading:
+                body = await trio.to_thread.run_sync(self._agents_document)
+            self._agents = started, body
+            return body
+
+    def _agents_document(self) -> bytes:
+        return render_agents_json(self._cache.held(now_ms(), here=self.here, alive=self.alive).rows).encode()
 
     # -- reading (in a worker thread) -------------------------------------------------------------
 
@@ -229,6 +354,11 @@ class Board:
         views, gone = self._cache.changed(agents, read_ms, here=self.here, alive=self.alive)
         found = [Reading(view.row, read_ms, started) for view in views]
         return found, {f"{host}/{identity}" for host, identity in gone}
+
+
+def sse_event(kind: str, data: object) -> bytes:
+    """One Server-Sent Event, encoded."""
+    return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False, allow_nan=False)}\n\n".encode()
 
 
 _TICKING = frozenset({"age", "ageMs"})
@@ -250,7 +380,8 @@ async def follow(board: Board, stop: anyio.Event, *, reread_s: float = DEFAULT_R
     async def read_whole() -> None:
         try:
             started = trio.current_time()
-            found, warnings = await trio.to_thread.run_sync(board.read_whole, started)
+            async with board.reading:
+                found, warnings = await trio.to_thread.run_sync(board.read_whole, started)
         except CatalogError as exc:
             board.failed(f"cannot read the catalog: {exc}")
         else:
@@ -260,10 +391,8 @@ async def follow(board: Board, stop: anyio.Event, *, reread_s: float = DEFAULT_R
     async def tick() -> None:
         while True:
             await trio.sleep(AGE_TICK_S)
-            if board.mailboxes:
-                ages = board.ages()
-                for box in board.mailboxes:
-                    box.post_ages(ages)
+            if board.streams:
+                board.tick()
 
     async def until_stopped() -> None:
         await stop.wait()
@@ -278,6 +407,7 @@ async def follow(board: Board, stop: anyio.Event, *, reread_s: float = DEFAULT_R
                     await read_whole()
                     continue
                 started = trio.current_time()
-                found, gone = await trio.to_thread.run_sync(board.read_agents, changes.agents, started)
+                async with board.reading:
+                    found, gone = await trio.to_thread.run_sync(board.read_agents, changes.agents, started)
                 board.apply(found, whole=False)
                 board.gone(gone)
