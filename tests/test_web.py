@@ -32,6 +32,7 @@ from tests.web_board import (
     web_argv,
     web_env,
 )
+from wrapper.accounts import fan_in
 from wrapper.notice import agent_of
 from wrapper.roster import collect_roster
 from wrapper.web.board import FillHistory, FillPoint, fill_svg, rate_limit_panel, read_fill_history
@@ -584,3 +585,59 @@ def test_the_stream_cap_follows_the_open_file_limit() -> None:
 
     assert default_max_streams(1024) == (1024 - FD_RESERVE) * 3 // 4 == 672
     assert default_max_streams(FD_RESERVE) == 1 and default_max_streams(1 << 20) == STREAMS_CEILING
+
+
+def test_a_read_of_a_few_agents_fans_in_only_their_accounts_and_agrees_with_a_whole_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An agent that moves to another account, one that leaves, one that arrives: the board read a
+    few agents at a time holds the views and panel a whole read makes, and fans in only the rows of
+    the accounts those agents left or joined (every row on every write held the loop ~1 s at 10,000)."""
+    work = {"key": "a" * 32, "label": "claude · max · ~/.claude-work"}
+    home = {"key": "b" * 32, "label": "claude · pro · ~/.claude"}
+    now = now_ms()
+    for index in range(40):
+        put(tmp_path, f"solo-{index:02d}", rateLimits={"fiveHour": float(index), "sevenDay": 1.0},
+            observedAtMs=now - 60_000 - index)  # fmt: skip
+    put(tmp_path, "builder", harness="claude", account=work, rateLimits={"fiveHour": 85.0, "sevenDay": 31.0},
+        observedAtMs=now - 21_000)  # fmt: skip
+    put(tmp_path, "reviewer", harness="claude", account=work, rateLimits={"fiveHour": 81.0, "sevenDay": 30.0},
+        observedAtMs=now - 24_000)  # fmt: skip
+    put(tmp_path, "planner", harness="claude", account=home, rateLimits={"fiveHour": 13.0, "sevenDay": 44.0},
+        observedAtMs=now - 91_000)  # fmt: skip
+    monkeypatch.setattr("wrapper.web.feed.now_ms", lambda: now)
+    board = Board(tmp_path, HERE)
+    found, warnings = board.read_whole(1.0)
+    board.apply(found, whole=True, warnings=warnings)
+
+    fanned: list[int] = []
+    real_fan_in = fan_in
+
+    def counting(rows: Any, **kwargs: Any) -> Any:
+        rows = list(rows)
+        fanned.append(len(rows))
+        return real_fan_in(rows, **kwargs)
+
+    monkeypatch.setattr("wrapper.web.feed.fan_in", counting)
+    time.sleep(1.1)  # past the racy second of the files written above
+    put(tmp_path, "reviewer", harness="claude", account=home, rateLimits={"fiveHour": 90.0, "sevenDay": 35.0},
+        observedAtMs=now - 1_000)  # fmt: skip
+    put(tmp_path, "newcomer", harness="claude", account=work, rateLimits={"fiveHour": 5.0, "sevenDay": 5.0},
+        observedAtMs=now - 2_000)  # fmt: skip
+    found, _ = board.read_agents(frozenset({(HERE, "reviewer"), (HERE, "newcomer")}), 2.0)
+    board.apply(found, whole=False)
+    (tmp_path / "agents" / HERE / "builder" / "harness-context").unlink()
+    (tmp_path / "agents" / HERE / "builder" / "harness-state").unlink(missing_ok=True)
+    (tmp_path / "agents" / HERE / "builder").rmdir()
+    _, gone = board.read_agents(frozenset({(HERE, "builder")}), 3.0)
+    board.gone(gone)
+    assert sum(fanned) <= 6, fanned  # the two accounts' rows, never the 40 others
+
+    monkeypatch.setattr("wrapper.web.feed.fan_in", real_fan_in)
+    fresh = Board(tmp_path, HERE)
+    found, warnings = fresh.read_whole(4.0)
+    fresh.apply(found, whole=True, warnings=warnings)
+    assert without_ages(board.views) == without_ages(fresh.views) and list(board.views) == list(fresh.views)
+    assert board.panel == fresh.panel
+    shared = board.views[f"{HERE}/planner"]["agent"]["accountRateLimits"]
+    assert shared["agentCount"] == 2 and shared["fiveHour"]["usedPercent"] == 90.0

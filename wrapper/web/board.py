@@ -10,8 +10,9 @@ text) out; nothing here serves or watches.
 
 from __future__ import annotations
 
+import heapq
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from html import escape
 from pathlib import Path
@@ -52,6 +53,7 @@ __all__ = [
     "ages_now",
     "fill_svg",
     "rate_limit_panel",
+    "rate_limit_panel_of",
     "read_fill_history",
     "row_view",
     "subagent_view",
@@ -140,19 +142,29 @@ def rate_limit_panel(rows: Iterable[tuple[AgentRow, int]], now: int) -> dict[str
     its agents, newest account first; `key` is the agent the newest snapshot came from, whose age
     the entry shows."""
     read_at = {row.name: (row, read_ms) for row, read_ms in rows}
-    groups = fan_in(row for row, _ in read_at.values())
+    return rate_limit_panel_of(fan_in(row for row, _ in read_at.values()), lambda name: read_at[name][1], now)
+
+
+def rate_limit_panel_of(groups: Iterable[AccountGroup], read_ms: Callable[[str], int], now: int) -> dict[str, Any]:
+    """`rate_limit_panel` of account groups already fanned in (the board keeps them between reads):
+    only the newest RATE_PANEL_ROWS are put in order. `read_ms`: when an agent's row was read."""
 
     def newest(group: AccountGroup) -> AgentRow:
         return max(group.windows.values(), key=lambda snapshot: snapshot.observed_at_ms).source
 
-    groups.sort(key=lambda group: (-(newest(group).context or {})["observedAtMs"], newest(group).name))
+    def order(group: AccountGroup) -> tuple[int, str]:
+        source = newest(group)
+        return -(source.context or {})["observedAtMs"], source.name
+
+    every = list(groups)
+    shown_groups = heapq.nsmallest(RATE_PANEL_ROWS, every, key=order)
 
     def shown(group: AccountGroup, window: Window) -> str:
         snapshot = group.windows.get(window)
         return "-" if snapshot is None else percent_text(snapshot.used_percent)
 
     entries = []
-    for group in groups[:RATE_PANEL_ROWS]:
+    for group in shown_groups:
         source = newest(group)
         context = source.context or {}
         entries.append({
@@ -162,9 +174,9 @@ def rate_limit_panel(rows: Iterable[tuple[AgentRow, int]], now: int) -> dict[str
             "fiveHour": shown(group, "fiveHour"),
             "sevenDay": shown(group, "sevenDay"),
             "agents": len(group.agents),
-            "age": age_now(source, read_at[source.name][1], now),
+            "age": age_now(source, read_ms(source.name), now),
         })  # fmt: skip
-    return {"entries": entries, "more": max(0, len(groups) - RATE_PANEL_ROWS)}
+    return {"entries": entries, "more": max(0, len(every) - RATE_PANEL_ROWS)}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -30,11 +30,11 @@ import trio
 
 from guard.errors import CatalogError
 from guard.procs import pid_alive
-from wrapper.accounts import fan_in, groups_by_agent
+from wrapper.accounts import AccountGroup, fan_in, group_key
 from wrapper.notice import catalog_changes
 from wrapper.render import account_limits_wire, render_agents_json
 from wrapper.roster import AgentRow, PidProbe, RosterCache, now_ms
-from wrapper.web.board import ages_now, rate_limit_panel, row_view
+from wrapper.web.board import ages_now, rate_limit_panel_of, row_view
 
 __all__ = [
     "AGE_TICK_S",
@@ -160,6 +160,12 @@ class Board:
         # Read by one worker thread at a time: `follow`'s reads and `/api/agents` hold `reading`.
         self._cache = RosterCache(catalog)
         self.reading = trio.Lock()
+        # The account groups as `fan_in` makes them, kept between reads (`_view`): each agent's group
+        # key, the agents under each key, the groups with a rate limit to show, each agent's group.
+        self._key_of: dict[str, str] = {}
+        self._members: dict[str, set[str]] = {}
+        self._fanned: dict[str, AccountGroup] = {}
+        self._group_of: dict[str, AccountGroup] = {}
         self._agents: tuple[float, bytes] | None = None  # `/api/agents`: when it was built, and the body
         self._agents_lock = trio.Lock()
 
@@ -269,11 +275,12 @@ class Board:
                 self.problem = None
                 news = True
                 self._publish_problem()
-        self._view(updated, changed)
-        self.views = dict(sorted(self.views.items()))
-        panel = rate_limit_panel(((r.row, r.read_ms) for r in self.readings.values()), now_ms())
-        panel_changed = _settled(panel) != _settled(self.panel)
-        self.panel = panel
+        added = any(name not in self.views for name in updated)
+        self._view(updated, changed, whole=whole)
+        if added:  # the snapshot lists the agents sorted
+            self.views = dict(sorted(self.views.items()))
+        panel_changed = self._repanel()
+        panel = self.panel
         # A read that found nothing new keeps the version: a page holding it is sent no snapshot,
         # so its rows are not laid out again for nothing.
         if changed or panel_changed or news:
@@ -281,10 +288,50 @@ class Board:
         if changed or panel_changed:
             self._publish(changed, panel if panel_changed else None)
 
-    def _view(self, updated: list[str], changed: dict[str, dict[str, Any] | None]) -> None:
+    def _view(self, updated: list[str], changed: dict[str, dict[str, Any] | None], *, whole: bool = False) -> None:
         """The views of the `updated` agents, and of every agent whose account's figure (fanned in
-        across the agents sharing it, as `hctx agents --json` shows it) another agent moved."""
-        groups = groups_by_agent(fan_in(reading.row for reading in self.readings.values()))
+        across the agents sharing it, as `hctx agents --json` shows it) another agent moved.
+
+        The account groups are kept between reads: a read of a few agents fans in again only the
+        groups they left or joined (at 10,000 agents, fanning in all of them on every write
+        held the event loop for most of a second); a whole read fans in everything."""
+        if whole:
+            self._members.clear()
+            self._key_of.clear()
+            affected = set()
+            for name, reading in self.readings.items():
+                key = group_key(reading.row)
+                self._key_of[name] = key
+                self._members.setdefault(key, set()).add(name)
+                affected.add(key)
+            self._fanned.clear()
+            self._group_of.clear()
+        else:
+            affected = set()
+            for name in [*updated, *(name for name, view in changed.items() if view is None)]:
+                old = self._key_of.pop(name, None)
+                if old is not None:
+                    affected.add(old)
+                    self._members[old].discard(name)
+                current = self.readings.get(name)
+                if current is not None:
+                    key = group_key(current.row)
+                    self._key_of[name] = key
+                    self._members.setdefault(key, set()).add(name)
+                    affected.add(key)
+        for key in affected:
+            names = self._members.get(key, set())
+            for name in names:
+                self._group_of.pop(name, None)
+            self._fanned.pop(key, None)
+            if not names:
+                self._members.pop(key, None)
+                continue
+            for group in fan_in(self.readings[name].row for name in names):  # one group: they share `key`
+                self._fanned[key] = group
+                for row in group.agents:
+                    self._group_of[row.name] = group
+        groups = self._group_of
         for name in updated:
             reading = self.readings[name]
             view = row_view(reading.row, reading.read_ms, reading.read_ms, groups)
@@ -292,8 +339,10 @@ class Board:
             self.views[name] = view
             if held is None or _settled(held) != _settled(view):
                 changed[name] = view
-        for name, view in list(self.views.items()):
+        others = self.views if whole else (name for key in affected for name in self._members.get(key, ()))
+        for name in list(others):
             reading = self.readings[name]
+            view = self.views[name]
             if name not in changed and _settled(view["agent"]["accountRateLimits"]) != _settled(
                 account_limits_wire(groups.get(name), reading.row, reading.read_ms)
             ):
@@ -306,9 +355,17 @@ class Board:
                 self.views.pop(name, None)
                 changed[name] = None
         self._view([], changed)
-        if changed:
+        panel_changed = self._repanel()  # a gone agent's account may have been in it
+        if changed or panel_changed:
             self._changed()
-            self._publish(changed, None)
+            self._publish(changed, self.panel if panel_changed else None)
+
+    def _repanel(self) -> bool:
+        """The rate-limit panel again, from the account groups held; whether it changed."""
+        panel = rate_limit_panel_of(self._fanned.values(), lambda name: self.readings[name].read_ms, now_ms())
+        changed = _settled(panel) != _settled(self.panel)
+        self.panel = panel
+        return changed
 
     def failed(self, problem: str) -> None:
         """The whole catalog could not be read: every open page is told, and keeps its last rows."""
