@@ -363,7 +363,7 @@ class Board:
     def _repanel(self) -> bool:
         """The rate-limit panel again, from the account groups held; whether it changed."""
         panel = rate_limit_panel_of(self._fanned.values(), lambda name: self.readings[name].read_ms, now_ms())
-        changed = _settled(panel) != _settled(self.panel)
+        changed: bool = _settled(panel) != _settled(self.panel)
         self.panel = panel
         return changed
 
