@@ -68,7 +68,10 @@ ASSETS = {
 }
 _PAGES = ("index.html", "agent.html")
 SNAPSHOT_SLOT = b"{{snapshot}}"
-PIECE_BYTES = 64 * 1024  # the most one stream's write holds of an event (a snapshot is megabytes)
+PIECE_BYTES = 128 * 1024  # the most one stream's write holds of an event (a snapshot is megabytes)
+# A fleet stream sends what arrived within this of its first news in one write: a thousand pages
+# are a thousand writes per batch, not one per event (the ages' tick and each read's rows).
+BATCH_S = 0.1
 KEEPALIVE = b": keep-alive\n\n"
 REFUSALS_SAID_EVERY_S = 10.0
 
@@ -265,11 +268,12 @@ def make_app(board: Board, allowed_hosts: Sequence[str], *, max_streams: int) ->
             if not waited:
                 yield KEEPALIVE
                 continue
+            await trio.sleep(BATCH_S)  # what else arrives meanwhile goes in the same write
             pending = journal.since(cursor)
-            if pending is None:
-                pending = [board.snapshot_event(), board.ages_event()]
+            # Further behind than the journal keeps: the snapshot again (never joined: megabytes).
+            sent = [board.snapshot_event(), board.ages_event()] if pending is None else [b"".join(pending)]
             cursor = journal.next
-            for data in pending:
+            for data in sent:
                 for piece in _pieces(data):
                     yield piece
 

@@ -166,7 +166,7 @@ class Board:
         self._members: dict[str, set[str]] = {}
         self._fanned: dict[str, AccountGroup] = {}
         self._group_of: dict[str, AccountGroup] = {}
-        self._agents: tuple[float, bytes] | None = None  # `/api/agents`: when it was built, and the body
+        self._agents: tuple[float, float, bytes] | None = None  # `/api/agents`: built from, until; the body
         self._agents_lock = trio.Lock()
 
     # -- what a page is sent -------------------------------------------------------------------
@@ -259,6 +259,8 @@ class Board:
             held = self.readings.get(name)
             if held is not None and held.started > reading.started:
                 continue  # a later read of this agent already landed
+            if whole and held is not None and _same_but_the_clock(held.row, reading.row):
+                continue  # the held reading stands (its ages tick from its own read): nothing to lay out
             self.readings[name] = reading
             updated.append(name)
         if whole:
@@ -276,7 +278,7 @@ class Board:
                 news = True
                 self._publish_problem()
         added = any(name not in self.views for name in updated)
-        self._view(updated, changed, whole=whole)
+        self._view(updated, changed)
         if added:  # the snapshot lists the agents sorted
             self.views = dict(sorted(self.views.items()))
         panel_changed = self._repanel()
@@ -288,37 +290,25 @@ class Board:
         if changed or panel_changed:
             self._publish(changed, panel if panel_changed else None)
 
-    def _view(self, updated: list[str], changed: dict[str, dict[str, Any] | None], *, whole: bool = False) -> None:
+    def _view(self, updated: list[str], changed: dict[str, dict[str, Any] | None]) -> None:
         """The views of the `updated` agents, and of every agent whose account's figure (fanned in
         across the agents sharing it, as `hctx agents --json` shows it) another agent moved.
 
-        The account groups are kept between reads: a read of a few agents fans in again only the
-        groups they left or joined (at 10,000 agents, fanning in all of them on every write
-        held the event loop for most of a second); a whole read fans in everything."""
-        if whole:
-            self._members.clear()
-            self._key_of.clear()
-            affected = set()
-            for name, reading in self.readings.items():
-                key = group_key(reading.row)
+        The account groups are kept between reads: a read fans in again only the groups its agents
+        left or joined (at 10,000 agents, fanning in every row on every write held the event loop
+        for most of a second)."""
+        affected = set()
+        for name in [*updated, *(name for name, view in changed.items() if view is None)]:
+            old = self._key_of.pop(name, None)
+            if old is not None:
+                affected.add(old)
+                self._members[old].discard(name)
+            current = self.readings.get(name)
+            if current is not None:
+                key = group_key(current.row)
                 self._key_of[name] = key
                 self._members.setdefault(key, set()).add(name)
                 affected.add(key)
-            self._fanned.clear()
-            self._group_of.clear()
-        else:
-            affected = set()
-            for name in [*updated, *(name for name, view in changed.items() if view is None)]:
-                old = self._key_of.pop(name, None)
-                if old is not None:
-                    affected.add(old)
-                    self._members[old].discard(name)
-                current = self.readings.get(name)
-                if current is not None:
-                    key = group_key(current.row)
-                    self._key_of[name] = key
-                    self._members.setdefault(key, set()).add(name)
-                    affected.add(key)
         for key in affected:
             names = self._members.get(key, set())
             for name in names:
@@ -339,8 +329,7 @@ class Board:
             self.views[name] = view
             if held is None or _settled(held) != _settled(view):
                 changed[name] = view
-        others = self.views if whole else (name for key in affected for name in self._members.get(key, ()))
-        for name in list(others):
+        for name in [name for key in affected for name in self._members.get(key, ())]:
             reading = self.readings[name]
             view = self.views[name]
             if name not in changed and _settled(view["agent"]["accountRateLimits"]) != _settled(
@@ -349,6 +338,8 @@ class Board:
                 self.views[name] = changed[name] = row_view(reading.row, reading.read_ms, reading.read_ms, groups)
 
     def gone(self, names: set[str]) -> None:
+        if not names:
+            return
         changed: dict[str, dict[str, Any] | None] = {}
         for name in names:
             if self.readings.pop(name, None) is not None:
@@ -385,12 +376,13 @@ class Board:
         await self.ready.wait()
         arrived = trio.current_time()
         async with self._agents_lock:
-            if self._agents is not None and self._agents[0] >= arrived - AGE_TICK_S:
-                return self._agents[1]
+            # Built within a tick before this request, or while it waited: one build serves a burst.
+            if self._agents is not None and max(self._agents[0] + AGE_TICK_S, self._agents[1]) >= arrived:
+                return self._agents[2]
             started = trio.current_time()
             async with self.reading:
                 body = await trio.to_thread.run_sync(self._agents_document)
-            self._agents = started, body
+            self._agents = started, trio.current_time(), body
             return body
 
     def _agents_document(self) -> bytes:
@@ -419,6 +411,18 @@ def sse_event(kind: str, data: object) -> bytes:
 
 
 _TICKING = frozenset({"age", "ageMs"})
+
+
+def _same_but_the_clock(held: AgentRow, read: AgentRow) -> bool:
+    """The same row but for what the clock alone moves (a whole read over unchanged files)."""
+    return (
+        held.harness == read.harness
+        and held.desired_state == read.desired_state
+        and held.problem == read.problem
+        and held.claim_problem == read.claim_problem
+        and held.ahead_ms == read.ahead_ms
+        and _settled(held.context) == _settled(read.context)
+    )
 
 
 def _settled(value: Any) -> Any:
