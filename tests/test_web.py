@@ -641,3 +641,40 @@ def test_a_read_of_a_few_agents_fans_in_only_their_accounts_and_agrees_with_a_wh
     assert board.panel == fresh.panel
     shared = board.views[f"{HERE}/planner"]["agent"]["accountRateLimits"]
     assert shared["agentCount"] == 2 and shared["fiveHour"]["usedPercent"] == 90.0
+
+
+def test_the_ages_tick_slows_down_rather_than_flood_the_pages(tmp_path: Path) -> None:
+    """Each tick sends every age the clock moved (under an hour old: all of them) to every fleet
+    page: past AGES_BYTES_PER_S across the pages, the ticks come further apart instead."""
+    import trio
+
+    from wrapper.web.feed import AGE_TICK_S, AGES_BYTES_PER_S
+
+    many(tmp_path, 200)
+    board = Board(tmp_path, HERE)
+    found, warnings = board.read_whole(1.0)
+    board.apply(found, whole=True, warnings=warnings)
+
+    async def ticks() -> None:
+        board.streams = 3
+        board.tick()
+        assert board.tick_s == AGE_TICK_S and b"agent-00199" in board.journal.events[-1]
+        board.streams = 100_000
+        board._ages.clear()  # every age moves again
+        board.tick()
+        sent = len(board.journal.events[-1])
+        assert board.tick_s == sent * 100_000 / AGES_BYTES_PER_S > 10 * AGE_TICK_S
+
+    trio.run(ticks)
+
+
+def test_a_streams_writes_are_bounded_pieces_of_the_shared_events() -> None:
+    """What a stream writes at once is at most PIECE_BYTES: small events joined, a large one (a
+    snapshot) in pieces of the shared bytes; in order, nothing lost."""
+    from wrapper.web.app import PIECE_BYTES, batched
+
+    events = [b"a" * 10, b"b" * 20, b"s" * (3 * PIECE_BYTES + 5), b"c" * 30, b"d" * (PIECE_BYTES - 10)]
+    writes = list(batched(events))
+    assert all(len(write) <= PIECE_BYTES for write in writes)
+    assert b"".join(bytes(write) for write in writes) == b"".join(events)
+    assert len(writes) == 1 + 4 + 2  # a+b; the snapshot's four pieces; c; d (c+d would pass the bound)

@@ -50,6 +50,7 @@ __all__ = [
     "SNAPSHOT_SLOT",
     "Refusals",
     "SecurityHeaders",
+    "batched",
     "make_app",
 ]
 
@@ -68,7 +69,7 @@ ASSETS = {
 }
 _PAGES = ("index.html", "agent.html")
 SNAPSHOT_SLOT = b"{{snapshot}}"
-PIECE_BYTES = 128 * 1024  # the most one stream's write holds of an event (a snapshot is megabytes)
+PIECE_BYTES = 64 * 1024  # the most one stream's write holds of an event (a snapshot is megabytes)
 # A fleet stream sends what arrived within this of its first news in one write: a thousand pages
 # are a thousand writes per batch, not one per event (the ages' tick and each read's rows).
 BATCH_S = 0.1
@@ -154,6 +155,24 @@ class _Asgi:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.app(scope, receive, send)
+
+
+def batched(events: list[bytes]) -> Iterator[bytes | memoryview]:
+    """`events` as writes of at most PIECE_BYTES: small ones joined (a stream's only copy, bounded
+    by PIECE_BYTES), a large one in pieces of its own bytes."""
+    batch: list[bytes] = []
+    size = 0
+    for data in events:
+        if batch and size + len(data) > PIECE_BYTES:
+            yield b"".join(batch)
+            batch, size = [], 0
+        if len(data) > PIECE_BYTES:
+            yield from _pieces(data)
+        else:
+            batch.append(data)
+            size += len(data)
+    if batch:
+        yield b"".join(batch)
 
 
 def _pieces(data: bytes) -> Iterator[bytes | memoryview]:
@@ -271,11 +290,10 @@ def make_app(board: Board, allowed_hosts: Sequence[str], *, max_streams: int) ->
             await trio.sleep(BATCH_S)  # what else arrives meanwhile goes in the same write
             pending = journal.since(cursor)
             # Further behind than the journal keeps: the snapshot again (never joined: megabytes).
-            sent = [board.snapshot_event(), board.ages_event()] if pending is None else [b"".join(pending)]
+            sent = [board.snapshot_event(), board.ages_event()] if pending is None else pending
             cursor = journal.next
-            for data in sent:
-                for piece in _pieces(data):
-                    yield piece
+            for piece in batched(sent):
+                yield piece
 
     async def agent_stream(only: str) -> AsyncIterator[bytes]:
         with board.subscribe(only) as box:

@@ -49,6 +49,10 @@ __all__ = [
 ]
 
 AGE_TICK_S = 1.0
+# The ages the fleet pages are sent, bytes a second across all of them: a tick's news is each age the
+# clock moved (under an hour old, every one of them), so 10,000 agents to 1,000 pages would be
+# 300 MB a second; past this the ticks come further apart than AGE_TICK_S.
+AGES_BYTES_PER_S = 32 * 1024 * 1024
 DEFAULT_REREAD_S = 30.0
 # The fleet pages' undelivered events kept, in bytes: a stream further behind is sent a snapshot.
 JOURNAL_BYTES = 8 * 1024 * 1024
@@ -157,6 +161,7 @@ class Board:
         self._ages: dict[str, str] = {}  # the last tick's, for the fleet pages (what moved is sent)
         self._ages_event: bytes | None = None
         self.ticked = -math.inf  # trio's clock at the last tick
+        self.tick_s = AGE_TICK_S  # until the next: longer when the ages sent would pass AGES_BYTES_PER_S
         # Read by one worker thread at a time: `follow`'s reads and `/api/agents` hold `reading`.
         self._cache = RosterCache(catalog)
         self.reading = trio.Lock()
@@ -197,7 +202,7 @@ class Board:
     def ages_event(self) -> bytes:
         """Every age at the last tick, as an event: what follows a snapshot (the journal's ages
         events say only what moved since the tick before). Ticked first if no stream was open."""
-        if trio.current_time() - self.ticked > AGE_TICK_S:
+        if trio.current_time() - self.ticked > self.tick_s:
             self.tick()
         if self._ages_event is None:
             self._ages_event = sse_event("ages", self._ages)
@@ -225,7 +230,9 @@ class Board:
         moved = {key: text for key, text in ages.items() if self._ages.get(key) != text}
         self._ages, self._ages_event, self.ticked = ages, None, trio.current_time()
         if moved:
-            self.journal.add(sse_event("ages", moved))
+            event = sse_event("ages", moved)
+            self.journal.add(event)
+            self.tick_s = max(AGE_TICK_S, len(event) * self.streams / AGES_BYTES_PER_S)
         for box in self.mailboxes:
             box.post_ages(ages)
 
@@ -451,7 +458,7 @@ async def follow(board: Board, stop: anyio.Event, *, reread_s: float = DEFAULT_R
 
     async def tick() -> None:
         while True:
-            await trio.sleep(AGE_TICK_S)
+            await trio.sleep(board.tick_s)
             if board.streams:
                 board.tick()
 
