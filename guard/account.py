@@ -4,7 +4,7 @@ A record names its account by an opaque `key`, a digest of the ids the harness k
 login on, and a short `label` a person recognises (plan, config directory). Never an email, a
 name or a token: the ids go into the digest and nowhere else. Where nothing states an account the
 record's `account` is null and the agent is its own group; nothing guesses one from a model name
-or a provider. Which ids a harness keys on is its launch plan's (`wrapper.harnesses.<name>`, a sans-I/O parser
+or a provider. Which ids a harness keys on is its launch plan's (`sidecar.harnesses.<name>.account`, a sans-I/O parser
 of the harness's own file, read when the launch is planned); this is what they share.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from typing import Annotated, Any, Final
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
@@ -23,6 +24,7 @@ from guard.json_rule import loads_object
 __all__ = [
     "ACCOUNT_FILE_MAX_BYTES",
     "ACCOUNT_KEY_PATTERN",
+    "EMAIL_SHOWN",
     "LABEL_MAX_CHARS",
     "Account",
     "Label",
@@ -53,11 +55,20 @@ def account_key(kind: str, *ids: str) -> str:
     return digest.hexdigest()[:32]
 
 
+# A path component (or word) holding an `@`: an email, whole or in part (`~/.claude-alice@example.com`).
+_EMAILISH: Final = re.compile(r"[^\s/\\·]*@[^\s/\\·]*")
+EMAIL_SHOWN: Final = "(email)"
+
+
 def clean_label(value: object) -> str | None:
-    """A label as it may be shown: text only, control characters replaced by `?`, at most
-    LABEL_MAX_CHARS (cut with `…`); anything but a non-empty string is no label."""
+    """A label as it may be shown: text only, control characters replaced by `?`, any word or path
+    component holding an `@` replaced by `(email)` (a config directory named after its login is
+    never an email in a record), at most LABEL_MAX_CHARS (cut with `…`); anything but a non-empty
+    string is no label."""
     if not isinstance(value, str):
         return None
+    # Whole, before cutting: an email cut in half by the length bound would still be half an email.
+    value = _EMAILISH.sub(EMAIL_SHOWN, value[: LABEL_MAX_CHARS * 4 + 256])
     text = "".join(char if char.isprintable() else "?" for char in value[: LABEL_MAX_CHARS * 4])
     text = " ".join(text.split())
     if len(text) > LABEL_MAX_CHARS:

@@ -24,15 +24,16 @@ import time
 from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
-from guard.constants import AGENTS_DIR_NAME, CONTEXT_RECORD_NAME, STATE_RECORD_NAME
+from guard.constants import AGENTS_DIR_NAME, CONTEXT_RECORD_NAME, MAX_RECORD_BYTES, MAX_STATE_BYTES, STATE_RECORD_NAME
 from guard.errors import CatalogError, RecordRefused
 from guard.files import RawFile, read_bounded
 from guard.layout import SYNCTHING_CONFLICT_NAME, check_name, is_agent_tree_name
-from guard.projection import MAX_RECORD_BYTES
-from guard.state import MAX_STATE_BYTES, HarnessState, parse_state
 from guard.walk import open_chain
+
+if TYPE_CHECKING:
+    from guard.state import HarnessState
 
 __all__ = [
     "LEGACY_STAGING_NAME",
@@ -73,22 +74,18 @@ PROBLEM_CHARS = 200
 # Text a hostile tree supplies
 
 
-_CONTROL_ESCAPES = {0x7F: "\\x7f"}
-_BIDI = frozenset(range(0x202A, 0x202F)) | frozenset(range(0x2066, 0x206A))
-
-
 def printable(text: str) -> str:
-    """`text` with terminal controls shown escaped, so a hostile field cannot drive the terminal."""
+    """`text` with terminal controls shown escaped, so a hostile field cannot drive the terminal:
+    every character Python calls unprintable but the space (C0/C1 controls, bidi overrides, isolates
+    and marks, line and paragraph separators, which break a line as a newline does, zero-width and
+    other format characters, unassigned and private-use code points), as Python would spell it."""
     if text.isprintable():
         return text
-    out = []
-    for char in text:
-        code = ord(char)
-        if code < 0x20 or code in _CONTROL_ESCAPES or 0x80 <= code < 0xA0 or code in _BIDI:
-            out.append(_CONTROL_ESCAPES.get(code, f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"))
-        else:
-            out.append(char)
-    return "".join(out)
+    return "".join(char if char == " " or char.isprintable() else _escaped(ord(char)) for char in text)
+
+
+def _escaped(code: int) -> str:
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 def short(text: str) -> str:
@@ -273,6 +270,10 @@ def read_agent_files(catalog: Path, host: str, identity: str, host_fd: int | Non
 def decode_claim(raw: RawFile, harnesses: Container[str] | None = None) -> tuple[HarnessState | None, str | None]:
     """The harness-state claim, or None and why (None, None for a plain absence); `harnesses` as
     for `guard.record.parse_record`."""
+    # Imported here: the claim's model is pydantic's, and a fast reader (`hctx status`) lists and
+    # reads the catalog through this module without decoding a claim.
+    from guard.state import parse_state
+
     if raw.data is None:
         return None, None if raw.problem is None else f"harness-state claim {raw.problem}"
     try:

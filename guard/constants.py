@@ -18,6 +18,8 @@ __all__ = [
     "HARNESS_CONTEXT_STALE_MS",
     "HARNESS_CONTEXT_WARN_PERCENT",
     "LOGS_DIR_NAME",
+    "MAX_RECORD_BYTES",
+    "MAX_STATE_BYTES",
     "OWN_FRAME_PREFIX",
     "REPLICATED_RECORD_NAMES",
     "SCHEMA_V1",
@@ -35,6 +37,10 @@ ACCEPTED_SCHEMAS: Final = frozenset({SCHEMA_V1, SCHEMA_V2})
 STATE_SCHEMA: Final = "st2.harness-state.v1"
 
 HARNESS_CONTEXT_STALE_MS: Final = 60 * 60 * 1000
+# Records are a few hundred bytes; anything past this is not a record and is not read whole.
+MAX_RECORD_BYTES: Final = 64 * 1024
+# A harness-state claim's bound, with its history.
+MAX_STATE_BYTES: Final = 256 * 1024
 HARNESS_CONTEXT_FUTURE_SKEW_MS: Final = 60 * 1000
 HARNESS_CONTEXT_BUCKET_PERCENT: Final = 1
 HARNESS_CONTEXT_WARN_PERCENT: Final = 80

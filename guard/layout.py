@@ -4,10 +4,8 @@ Pure paths: nothing here opens a file."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +13,7 @@ from guard.constants import AGENTS_DIR_NAME, CONTEXT_RECORD_NAME, CONTROL_DIR_NA
 from guard.errors import CatalogError
 
 __all__ = [
+    "LOG_BACKUPS",
     "LOG_NAME_BYTES",
     "SYNCTHING_CONFLICT_NAME",
     "AgentDir",
@@ -25,6 +24,7 @@ __all__ = [
     "default_catalog_origin",
     "default_host",
     "is_agent_tree_name",
+    "log_files",
     "log_name",
     "log_path",
     "staging_dir",
@@ -53,7 +53,7 @@ def default_catalog_origin() -> tuple[Path, str]:
 
 def default_host() -> str:
     """This machine's short host name, made a valid catalog component."""
-    return as_name(socket.gethostname().split(".")[0], fallback="localhost")
+    return as_name(os.uname().nodename.split(".")[0], fallback="localhost")  # gethostname(2)'s own name
 
 
 def as_name(text: str, *, fallback: str, room: int = 0) -> str:
@@ -99,6 +99,17 @@ def log_path(catalog: Path, host: str, identity: str) -> Path:
     return control_dir(catalog) / LOGS_DIR_NAME / log_name(host, identity)
 
 
+# The rotations kept beside the live log (`<log>.1` the newest, `<log>.3` the oldest): the sidecar
+# rotates into them, the fill history (guard.history) reads them back.
+LOG_BACKUPS = 3
+
+
+def log_files(catalog: Path, host: str, identity: str) -> list[Path]:
+    """The agent's log and its rotations, oldest first."""
+    live = log_path(catalog, host, identity)
+    return [live.with_name(f"{live.name}.{n}") for n in range(LOG_BACKUPS, 0, -1)] + [live]
+
+
 # Longer pairs are shortened to readable prefixes and a digest of the whole pair: a name of at most
 # LOG_NAME_BYTES leaves a file system's 255 bytes room for the rotation suffix (`.3`).
 LOG_NAME_BYTES = 200
@@ -110,6 +121,8 @@ def log_name(host: str, identity: str) -> str:
     `a`+`b.c` never share a file; a pair too long for one file name keeps two `~` and a digest."""
     stem = f"{check_name('host', host)}~{check_name('identity', identity)}"
     if len(stem) + len(".jsonl") > LOG_NAME_BYTES:
+        import hashlib  # only for a name too long to be a file name
+
         digest = hashlib.sha256(f"{host}/{identity}".encode()).hexdigest()[:32]
         stem = f"{host[:_LOG_PREFIX_CHARS]}~{identity[:_LOG_PREFIX_CHARS]}~{digest}"
     return stem + ".jsonl"

@@ -1,4 +1,11 @@
-"""The write policy (HC-R09, HC-R10): bucket, compaction edge, exhaustion edge, heartbeat.
+"""The write policy (HC-R09, HC-R10): bucket, compaction edge, exhaustion edge, rate-limit edge,
+heartbeat.
+
+The rate-limit edge (issue 35): a reading carrying the harness's newest account limits
+(`Reading.rate_limits_edge`) that entered another 1% bucket of either window, or state another
+reset, than the record's is written, whatever its context bucket. It is
+bounded as the context bucket is: at most one write per window per percent, plus one per reset, so
+a harness restating a float (Claude 2.1.250's 42.370000000000005) never writes on its noise.
 
 A producer hands the guard `Reading`s; the guard decides which become records. It never stamps
 `observedAtMs` itself, so a record can only age, never look refreshed without a new reading.
@@ -26,16 +33,18 @@ from guard.record import ContextFields, HarnessContext, RateLimits
 __all__ = [
     "SUBAGENT_QUANTUM_MS",
     "Bucket",
+    "RateLimitBucket",
     "Reading",
     "Write",
     "WriteGuard",
     "WriteReason",
     "bucket",
+    "rate_limit_bucket",
     "subagent_buckets",
     "windows_at_limit",
 ]
 
-WriteReason = Literal["compaction", "bucket", "exhaustion", "rate-limits", "heartbeat"]
+WriteReason = Literal["compaction", "bucket", "exhaustion", "rate-limits", "prompt-cache", "heartbeat"]
 
 # How long a change of the subagent rows alone waits for the changes that come with it.
 SUBAGENT_QUANTUM_MS = 2_000
@@ -45,9 +54,11 @@ SUBAGENT_QUANTUM_MS = 2_000
 class Reading:
     """What a producer measured: the record's reading fields, plus whether this is a compaction edge.
 
-    `rate_limits_edge`: the producer's held reading (its own observedAtMs kept) restated with an
-    account rate-limit snapshot that arrived after it (a harness may send a request's limits after
-    its usage). Written when the limits differ from the record's, so the record's are the latest.
+    `rate_limits_edge`: the reading carries the account rate-limit snapshot the harness stated last:
+    a status line stating it (Claude), or the producer's held reading (its own observedAtMs kept)
+    restated with a snapshot that arrived after it (a harness may send a request's limits after
+    its usage). Written when its limits' bucket (`rate_limit_bucket`) differs from the record's, so the
+    record's are the latest.
 
     `exhausted`: the account windows (`fiveHour`, `sevenDay`) the harness itself proves exhausted
     now; a change of the set is an edge. Only the producer can say: one harness stops at 100%,
@@ -103,6 +114,34 @@ def subagent_buckets(fields: ContextFields) -> tuple[tuple[str, str, int | None,
     ))  # fmt: skip
 
 
+RateLimitBucket = tuple[int | None, int | None, int | None, int | None]
+
+
+def rate_limit_bucket(fields: ContextFields) -> RateLimitBucket | None:
+    """(five-hour bucket, seven-day bucket, five-hour reset, seven-day reset) of a reading's account
+    limits; None when it states none (a producer that has not heard them yet says nothing new)."""
+    limits = fields.rate_limits
+    if limits is None:
+        return None
+    resets = fields.rate_limit_resets_at_ms
+
+    def quantum(used: float | None) -> int | None:
+        return None if used is None else math.floor(used / HARNESS_CONTEXT_BUCKET_PERCENT)
+
+    return (
+        quantum(limits.five_hour),
+        quantum(limits.seven_day),
+        None if resets is None else resets.five_hour,
+        None if resets is None else resets.seven_day,
+    )
+
+
+def _cache_edge(fields: ContextFields) -> tuple[bool, int | None] | None:
+    """What of a stated prompt cache makes a write: its warmth and when it goes cold."""
+    cache = fields.prompt_cache
+    return None if cache is None else (cache.warm, cache.expires_at_ms)
+
+
 def windows_at_limit(limits: RateLimits | None) -> frozenset[str]:
     """The account windows a snapshot shows at 100% or more: exhausted, for a producer whose
     harness stops there and publishes a window only while its reset is still ahead."""
@@ -147,8 +186,10 @@ class WriteGuard:
             return "bucket"
         if reading.exhausted != self.exhausted:
             return "exhaustion"
-        if reading.rate_limits_edge and fields.rate_limits != last.rate_limits:
-            return "rate-limits"  # freshness of the account's limits, never an availability edge
+        if reading.rate_limits_edge and rate_limit_bucket(fields) not in (None, rate_limit_bucket(last)):
+            return "rate-limits"  # the account's limits moved: never left behind a heartbeat
+        if _cache_edge(fields) != _cache_edge(last):
+            return "prompt-cache"  # issue 37: when it goes cold is news minutes before the heartbeat
         fresh = fields.observed_at_ms > last.observed_at_ms
         if fresh and now_ms - last.written_at_ms >= HARNESS_CONTEXT_HEARTBEAT_MS:
             return "heartbeat"

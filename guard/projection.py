@@ -1,32 +1,40 @@
-"""What a reader projects from a record (HC-R06, HC-R07): the evaluation-order table, nothing else."""
+"""What a reader projects from a record (HC-R06, HC-R07): the evaluation-order table, nothing else.
+
+The projection is typed: `Context` is the record's reading (guard.record.ContextFields, the very
+field definitions the writer validates and the JSON Schema is built from) with the reader's three
+derived fields, so a reader reads attributes the type checker follows, never string keys; its
+`wire()` is the roster's `context` object, byte for byte what `hctx agents --json` always printed."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Container
+from collections.abc import Container, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
-from guard.constants import HARNESS_CONTEXT_FUTURE_SKEW_MS, HARNESS_CONTEXT_STALE_MS
+from pydantic import PrivateAttr
+
+from guard.constants import HARNESS_CONTEXT_FUTURE_SKEW_MS, HARNESS_CONTEXT_STALE_MS, MAX_RECORD_BYTES
 from guard.errors import RecordRefused
 from guard.files import RawFile, read_bounded
-from guard.record import HarnessContext, parse_record
+from guard.record import ContextFields, HarnessContext, PromptCache, Subagent, parse_record
 
 __all__ = [
     "CONTEXT_KEYS",
     "MAX_RECORD_BYTES",
+    "Context",
+    "SubagentReading",
+    "cache_cold_in_ms",
     "decode_record",
-    "exposure",
     "headroom_tokens",
     "load_record",
     "project",
     "read_context",
+    "reading_of",
 ]
 
 log = logging.getLogger(__name__)
 
-# Records are a few hundred bytes; anything past this is not a record and is not read whole.
-MAX_RECORD_BYTES = 64 * 1024
 
 # The roster's `context` keys, in the spec's Exposure order. `incarnation` and `writtenAtMs`
 # are deliberately absent: provenance and write mechanism, not something a roster consumer uses.
@@ -36,47 +44,114 @@ CONTEXT_KEYS = (
     "lastCompactionTrigger", "compactAtTokens", "autoCompaction", "harnessVersion", "sessionId",
     "account", "rateLimitResetsAtMs", "observedAtMs", "ageMs", "stale", "headroomTokens",
 )  # fmt: skip
+# The record's reading as the projection carries it over: every field of ContextFields.
+_READING = tuple(ContextFields.model_fields)
 
 
-def headroom_tokens(context: dict[str, Any]) -> int | None:
-    """Tokens left before the harness compacts on its own: `compactAtTokens - usedTokens`, from a
-    record or a roster `context` (camelCase keys); None when either is null. Negative when the
-    reading is already past the point (the harness compacts at its next check), never clamped.
-    The one place this arithmetic lives: `agents`, `top`, `doctor`, `metrics` and `watch` use it."""
-    compact_at, used = context.get("compactAtTokens"), context.get("usedTokens")
+def headroom_tokens(compact_at: int | None, used: int | None) -> int | None:
+    """Tokens left before the harness compacts on its own: `compact_at - used`; None when either
+    is null. Negative when the reading is already past the point (the harness compacts at its next
+    check), never clamped. The one place this arithmetic lives: the projection's `headroom_tokens`
+    and `metrics` use it."""
     if type(compact_at) is not int or type(used) is not int:  # a JSON true is not a count
         return None
     return compact_at - used
 
 
-def exposure(record: HarnessContext) -> dict[str, Any]:
-    """The record's fields as the roster shows them, before the clock: `project` adds the age.
-    A reader that keeps records between readings (guard.catalog.CatalogCache) keeps this too."""
-    fields = record.model_dump(mode="json", by_alias=True)
-    fields["headroomTokens"] = headroom_tokens(fields)
-    return fields
+def cache_cold_in_ms(cache: PromptCache | None, now_ms: int) -> int | None:
+    """Milliseconds until the harness's prompt cache goes cold (issue 37): `expiresAtMs - now`, 0
+    once past; None where no warm cache with an expiry is stated. The one place this lives:
+    `agents`, `inspect` and `watch` use it."""
+    if cache is None or not cache.warm or cache.expires_at_ms is None:
+        return None
+    return max(0, cache.expires_at_ms - now_ms)
 
 
-def project(record: HarnessContext, now_ms: int, fields: dict[str, Any] | None = None) -> dict[str, Any] | None:
-    """The roster's `context` object for a decoded record, or None past the future-skew bound;
-    `fields` is the record's `exposure`, when the caller already has it."""
+class SubagentReading(Subagent):
+    """One subagent as a reader sees it (issue 28): the record's row and its own age."""
+
+    age_ms: int
+
+
+class Context(ContextFields):
+    """The roster's `context` for one agent: the record's reading and what the reader derives from it
+    at its clock (the age, staleness, the headroom to the harness's own compaction point)."""
+
+    subagents: tuple[SubagentReading, ...] = ()
+    age_ms: int
+    stale: bool
+    headroom_tokens: int | None
+    # The record's part of `wire()`, serialized once per record (`reading_of`) rather than once per
+    # projection: a board or `top` projects every agent again each second. Carried by a copy that
+    # changes the clock's fields only (`project`), dropped by any other.
+    _record_wire: dict[str, Any] | None = PrivateAttr(default=None)
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        copied = super().model_copy(update=update, deep=deep)
+        if update and not _TIMED.issuperset(update):
+            copied._record_wire = None
+        return copied
+
+    def wire(self) -> dict[str, Any]:
+        """The roster's `context` object: CONTEXT_KEYS in order, then `rateLimitsAtMs` and `subagents`
+        where there are any (additive, issues 35 and 28), then `promptCache` where the harness states
+        one (additive, issue 37)."""
+        held = self._record_wire
+        if held is None:
+            fields = self.model_dump(mode="json", by_alias=True)
+            context = {key: fields[key] for key in CONTEXT_KEYS}
+            if fields["rateLimitsAtMs"]:
+                # Additive (issue 35), where the record carries it: when each window's figure arrived,
+                # which the account fan-in (wrapper.readers.accounts) orders and ages snapshots by.
+                context["rateLimitsAtMs"] = fields["rateLimitsAtMs"]
+            if fields["subagents"]:
+                context["subagents"] = fields["subagents"]
+            if fields["promptCache"] is not None:
+                context["promptCache"] = fields["promptCache"]
+            return context
+        context = held | {"ageMs": self.age_ms, "stale": self.stale}
+        if self.subagents:
+            context["subagents"] = [
+                row | {"ageMs": sub.age_ms} for row, sub in zip(held["subagents"], self.subagents, strict=True)
+            ]
+        return context
+
+
+# What `project` changes of a reading: the clock's fields (a subagent's age, with its row unchanged).
+_TIMED = frozenset({"age_ms", "stale", "subagents"})
+
+
+def reading_of(record: HarnessContext) -> Context:
+    """The record's reading as the projection carries it, before the clock: `project` adds the ages.
+    A reader that keeps records between readings (guard.catalog.CatalogCache) keeps this too.
+    Constructed, not validated again: every value comes from a record the reader already validated."""
+    reading = {name: getattr(record, name) for name in _READING}
+    reading["subagents"] = tuple(SubagentReading.model_construct(**dict(sub), age_ms=0) for sub in record.subagents)
+    headroom = headroom_tokens(record.compact_at_tokens, record.used_tokens)
+    context = Context.model_construct(**reading, age_ms=0, stale=False, headroom_tokens=headroom)
+    context._record_wire = context.wire()  # ages and staleness are set again by each `project`
+    return context
+
+
+def project(record: HarnessContext, now_ms: int, reading: Context | None = None) -> Context | None:
+    """The roster's `context` for a decoded record, or None past the future-skew bound; `reading` is
+    the record's `reading_of`, when the caller already has it."""
     if record.observed_at_ms > now_ms + HARNESS_CONTEXT_FUTURE_SKEW_MS:
         log.warning(
             "context record observed %d ms in the future; clock untrusted, reading as absent",
             record.observed_at_ms - now_ms,
         )
         return None
-    fields = exposure(record) if fields is None else fields
-    timed = {
-        "ageMs": max(0, now_ms - record.observed_at_ms),
+    reading = reading_of(record) if reading is None else reading
+    timed: dict[str, Any] = {
+        "age_ms": max(0, now_ms - record.observed_at_ms),
         "stale": record.observed_at_ms <= now_ms - HARNESS_CONTEXT_STALE_MS,
     }
-    context = {key: timed[key] if key in timed else fields[key] for key in CONTEXT_KEYS}
-    if fields.get("subagents"):
-        # Additive (issue 28), present only where the record names some: each row the harness's own
-        # numbers with its own age, as the parent's.
-        context["subagents"] = [row | {"ageMs": max(0, now_ms - row["observedAtMs"])} for row in fields["subagents"]]
-    return context
+    if reading.subagents:  # each row the harness's own numbers with its own age, as the parent's
+        timed["subagents"] = tuple(
+            sub.model_copy(update={"age_ms": max(0, now_ms - sub.observed_at_ms)}) for sub in reading.subagents
+        )
+    return reading.model_copy(update=timed)
 
 
 def decode_record(raw: RawFile, harnesses: Container[str] | None = None) -> tuple[HarnessContext | None, str | None]:
@@ -98,7 +173,7 @@ def load_record(path: str | Path, harnesses: Container[str] | None = None) -> Ha
     return record
 
 
-def read_context(path: str | Path, now_ms: int, harnesses: Container[str] | None = None) -> dict[str, Any] | None:
+def read_context(path: str | Path, now_ms: int, harnesses: Container[str] | None = None) -> Context | None:
     """The whole table: no file, refused (a harness outside `harnesses`, the ones the reader knows,
     included), future-skewed -> None; else the reading with its age."""
     record = load_record(path, harnesses)

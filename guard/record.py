@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Container, Sequence
 from typing import Annotated, Any, Literal, TypeVar, get_args
 
@@ -14,6 +13,7 @@ from guard.account import Account
 from guard.constants import ACCEPTED_SCHEMAS, SCHEMA_V1
 from guard.errors import RecordRefused
 from guard.json_rule import loads_object, strings_of
+from guard.numbers import round_half_up
 
 __all__ = [
     "COMPACTION_TRIGGERS",
@@ -28,7 +28,9 @@ __all__ = [
     "HarnessContext",
     "Millis",
     "Printable",
+    "PromptCache",
     "RateLimitResets",
+    "RateLimitTimes",
     "RateLimits",
     "Subagent",
     "SubagentState",
@@ -101,6 +103,16 @@ class RateLimitResets(WireModel):
     seven_day: Millis | None = None
 
 
+class RateLimitTimes(WireModel):
+    """When each `rateLimits` window's figure arrived from the service, in Unix ms (issue 35): not
+    when the reading holding it was taken. A harness that redraws a figure it heard minutes ago
+    (Claude's status line) restates it with its old time, so an idle agent's repeat never passes
+    for the account's newest snapshot; null where the window is null."""
+
+    five_hour: Millis | None = None
+    seven_day: Millis | None = None
+
+
 _Model = TypeVar("_Model", bound=BaseModel)
 
 
@@ -148,6 +160,21 @@ class Subagent(WireModel):
     observed_at_ms: Millis
 
 
+class PromptCache(WireModel):
+    """The harness's prompt cache as it states it (issue 37; Claude 2.1.332's status-line
+    `prompt_cache`): whether it is warm, when it goes cold, and what the next turn re-sends if it
+    does. Each field null where the harness did not state it."""
+
+    warm: StrictBool
+    ttl: Annotated[str, Field(max_length=16, pattern=r"^[0-9]{1,6}[smh]$")] | None = None
+    expires_at_ms: Millis | None = None  # when it goes cold (Claude's `expires_at`, epoch s), null when cold
+    hit_ratio: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] | None = None
+    recache_tokens_if_cold: Count | None = None  # what a cold cache makes the next turn write again
+    cache_write_tokens: Count | None = None
+    requests: Count | None = None
+    misses: Count | None = None
+
+
 class ContextFields(WireModel):
     """The reading a producer publishes: every record field except provenance and stamps."""
 
@@ -185,6 +212,14 @@ class ContextFields(WireModel):
     account: Annotated[Account | None, _tolerant(Account)] = None
     # Additive (issue 29): when each rate-limit window resets, as the harness stated it.
     rate_limit_resets_at_ms: Annotated[RateLimitResets | None, _tolerant(RateLimitResets)] = None
+    # Additive (issue 35): when each window's figure arrived from the service (RateLimitTimes); the
+    # fan-in orders and ages an account's snapshots by it. Left out when null, as `subagents` is
+    # when empty (a harness stating no limits writes the bytes it wrote before); absent, it reads as
+    # the reading's own observedAtMs.
+    rate_limits_at_ms: Annotated[RateLimitTimes | None, _tolerant(RateLimitTimes)] = None
+    # Additive (issue 37): the prompt cache as the harness states it; the key is left out where it
+    # states none (Claude 2.1.250, every other harness), as `subagents`, so those records keep their bytes.
+    prompt_cache: Annotated[PromptCache | None, _tolerant(PromptCache)] = None
     observed_at_ms: Millis
 
 
@@ -199,7 +234,7 @@ class HarnessContext(ContextFields):
     def to_json(self) -> str:
         """The exact bytes written: the spec's key order, newline-terminated."""
         fields = self.model_dump(mode="json", by_alias=True)
-        ordered = {name: fields[name] for name in _FIELD_ORDER if name != "subagents" or fields[name]}
+        ordered = {name: fields[name] for name in _FIELD_ORDER if name not in _LEFT_OUT_EMPTY or fields[name]}
         return json.dumps(ordered, ensure_ascii=False, allow_nan=False) + "\n"
 
 
@@ -207,8 +242,10 @@ _FIELD_ORDER = (
     "schema", "agent", "harness", "usedTokens", "windowTokens", "usedPercent", "model", "costUsd",
     "sessionTotalTokens", "rateLimits", "compactions", "lastCompactionMs", "lastCompactionTrigger",
     "compactAtTokens", "autoCompaction", "harnessVersion", "sessionId", "subagents", "account",
-    "rateLimitResetsAtMs", "incarnation", "observedAtMs", "writtenAtMs",
+    "rateLimitResetsAtMs", "rateLimitsAtMs", "promptCache", "incarnation", "observedAtMs", "writtenAtMs",
 )  # fmt: skip
+# Keys left out of the bytes while they hold nothing (additive keys most records never carry).
+_LEFT_OUT_EMPTY = frozenset({"subagents", "rateLimitsAtMs", "promptCache"})
 
 
 def parse_record(data: bytes | str, *, harnesses: Container[str] | None = None) -> HarnessContext:
@@ -245,15 +282,6 @@ def describe_validation_error(exc: ValidationError) -> str:
         return str(exc)[:200]
     where = ".".join(str(part) for part in errors[0]["loc"]) or "value"
     return f"{where}: {errors[0]['msg']}"
-
-
-def round_half_up(value: float) -> int:
-    """Rust's `f64::round` for a non-negative value, which is how the harnesses round a percent.
-
-    Python's `round` rounds halves to even, and `floor(x + 0.5)` is wrong just below a half.
-    """
-    whole = math.floor(value)
-    return whole + 1 if value - whole >= 0.5 else whole
 
 
 def record_json_schema(harnesses: Sequence[str] = ()) -> dict[str, Any]:

@@ -10,17 +10,25 @@ from collections.abc import Callable, Container, Iterator
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import BeforeValidator, Field, ValidationError
 
+from guard.account import Account
 from guard.atomic import write_agent_file
-from guard.constants import AGENTS_DIR_NAME, STATE_LOCK_NAME, STATE_RECORD_NAME, STATE_SCHEMA, WRAPPER_LOCK_NAME
+from guard.constants import (
+    AGENTS_DIR_NAME,
+    MAX_STATE_BYTES,
+    STATE_LOCK_NAME,
+    STATE_RECORD_NAME,
+    STATE_SCHEMA,
+    WRAPPER_LOCK_NAME,
+)
 from guard.errors import ClaimHeld, JsonRefused, RecordRefused
 from guard.files import read_bounded
 from guard.json_rule import loads_object
 from guard.layout import AgentDir
 from guard.locks import agent_locked
 from guard.procs import pid_alive, proc_stat
-from guard.record import Count, Harness, Millis, WireModel, refuse_nul_characters
+from guard.record import Count, Harness, Millis, WireModel, optional_model, refuse_nul_characters
 from guard.store import remove_context
 from guard.walk import open_append, open_chain
 
@@ -48,7 +56,6 @@ __all__ = [
 DesiredState = Literal["running", "stopped"]
 # Enough recent claims to see a crash loop for what it is, bounded so the file stays small.
 CLAIM_HISTORY_LIMIT = 32
-MAX_STATE_BYTES = 256 * 1024
 # The newest stretches without a sidecar kept per claim (a sidecar that keeps dying is given up on
 # after a few quick deaths; one that dies now and then over days is replaced each time).
 UNOBSERVED_LIMIT = 16
@@ -94,6 +101,11 @@ class HarnessState(WireModel):
     # is not taken for a live wrapper. Null in claims written before it existed.
     wrapper_identity: str | None = None
     unobserved: list[Unobserved] = Field(default_factory=list, max_length=UNOBSERVED_LIMIT)
+    # Additive (issue 35): the account the harness's own login states (guard.account), as the
+    # wrapper read it when it planned the launch: the agent counts toward its account before its
+    # first reading (a harness may write none until its first token usage). Null where none is stated;
+    # one that does not read is null too, never a reason to refuse the claim.
+    account: Annotated[Account | None, BeforeValidator(lambda value: optional_model(Account, value))] = None
 
     def to_json(self) -> str:
         return self.model_dump_json(by_alias=True) + "\n"

@@ -65,8 +65,8 @@ def in_process_cpu_ms(catalog: Path, now_ms: int) -> float:
     without process start-up, and steadier than wall time on a busy machine."""
     sys.path.insert(0, str(REPO))
     from guard.layout import default_host
-    from wrapper.render import render_agents_json
-    from wrapper.roster import collect_roster
+    from wrapper.readers.render import render_agents_json
+    from wrapper.readers.roster import collect_roster
 
     best = float("inf")
     for _ in range(3):

@@ -167,7 +167,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def transport_config(case: Case, work: Path, upstream_port: int) -> dict[str, Any]:
+def transport_wire(case: Case, work: Path, upstream_port: int) -> dict[str, Any]:
     if case.name == "codex-relay":
         return {
             "mode": "relay",
@@ -277,7 +277,7 @@ def measure_sidecar(case: Case, work: Path, env: dict[str, str], frames: list[by
     run = Path(tempfile.mkdtemp(prefix=f"{case.name}-", dir=work))
     catalog, channel = run / "catalog", run / "ch"
     with silent_listener() as upstream_port:
-        config = transport_config(case, run, upstream_port)
+        config = transport_wire(case, run, upstream_port)
         ready_read, ready_write = os.pipe()
         argv = [sys.executable, "-m", "sidecar", "--harness", case.harness, "--catalog", str(catalog),
                 "--host", "bench", "--agent", "a", "--incarnation", "bench", "--channel", str(channel),

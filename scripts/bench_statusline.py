@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from wrapper.harnesses.claude import tee_command
+from sidecar.harnesses.claude.launch import tee_command
 
 REPO = Path(__file__).resolve().parent.parent
 PAYLOAD = (REPO / "fixtures" / "claude" / "statusline-2.1.250.jsonl").read_bytes().splitlines()[1]
@@ -37,7 +37,7 @@ def variants() -> dict[str, tuple[list[str], bytes]]:
         "python -S -c pass (bare)": ([python, "-S", "-c", "pass"], b""),
         "python -c pass": ([python, "-c", "pass"], b""),
         "sh -c python -S -c pass": (["/bin/sh", "-c", f"{python} -S -c pass"], b""),
-        # What wrapper.harnesses.claude renders into .claude/settings.local.json.
+        # What sidecar.harnesses.claude.launch renders into .claude/settings.local.json.
         "tee: rendered statusLine command": (["/bin/sh", "-c", tee_command("statusline")], PAYLOAD),
         "hook: rendered hook command": (["/bin/sh", "-c", tee_command("hook")], PRE_COMPACT),
         "tee: python -m sidecar.harnesses.claude.tee": (

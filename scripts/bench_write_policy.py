@@ -44,6 +44,7 @@ from guard.record import ContextFields, round_half_up
 from scripts.capture_readers.codex import read_recording as read_codex_capture
 from sidecar.decoding import Dropped
 from sidecar.harnesses.claude.transcript import claude_compaction, claude_usage
+from sidecar.harnesses.claude.windows import shipped_model_table
 from sidecar.harnesses.codex.events import ThreadOpened
 from sidecar.harnesses.codex.producer import SPEC as CODEX
 from sidecar.harnesses.codex.producer import CodexProducer
@@ -52,7 +53,6 @@ from sidecar.registry import spec_for
 from sidecar.replay import replay_recording
 from sidecar.spec import HarnessSpec
 from sidecar.transcripts import forward_lines
-from wrapper.scan import shipped_model_table
 
 ROOT = Path(__file__).resolve().parent.parent
 LAB = ROOT.parent / "shared" / "lab"

@@ -21,7 +21,8 @@ Adding a row: a function `(work: Path, scale: Scale) -> Row` (or a list of rows)
 `@fault("name")`. The wrapper's rows (points 3, 7, 8, 9) are the `wrapper-*`, `two-wrappers-*`,
 `sigkill-wrapper-*` and `full-disk-exit-status` rows below; issue 26's (the newer surfaces: Claude's
 project files, watch, takeover, the Codex seat, hostile local files, --exec's children, the
-.stignore) are the rows after them.
+.stignore) are the rows after them; issue 40's (a recording redacted, held by descriptor, on a full
+disk; a subagent that is the agent; labels, readers' unprintables, the newest subagents) the last.
 Usage: python scripts/fault_suite.py [--scale ci|full] [--only NAME ...]
 """
 
@@ -111,14 +112,18 @@ class Sidecar:
     """`python -m sidecar` for a pi agent, its channel in a private directory, its lifeline held.
     `start` again after `kill` is the restart the wrapper makes: the same arguments, the same channel."""
 
-    def __init__(self, catalog: Path, agent: str, *, host: str = HOST, **popen: Any) -> None:
+    def __init__(
+        self, catalog: Path, agent: str, *, host: str = HOST, record_fd: int | None = None, **popen: Any
+    ) -> None:
         self.catalog, self.agent, self.host = catalog, agent, host
         self.directory = Path(tempfile.mkdtemp(prefix="hctx-fault-"))
         self.channel = self.directory / "ch"
         self.argv = [
             *(sys.executable, "-m", "sidecar", "--harness", "pi", "--catalog", str(catalog), "--host", host),
             *("--agent", agent, "--incarnation", "inc", "--channel", str(self.channel)),
+            *(() if record_fd is None else ("--record-fd", str(record_fd))),
         ]
+        self.keep = () if record_fd is None else (record_fd,)
         self.popen = popen
         self.process: subprocess.Popen[bytes] | None = None
         self.lifeline: int | None = None
@@ -126,7 +131,7 @@ class Sidecar:
     def start(self) -> Sidecar:
         read, self.lifeline = os.pipe()
         self.process = subprocess.Popen(
-            [*self.argv, "--lifeline-fd", str(read)], env=child_env(), pass_fds=(read,), **self.popen
+            [*self.argv, "--lifeline-fd", str(read)], env=child_env(), pass_fds=(read, *self.keep), **self.popen
         )
         os.close(read)
         wait_for(self.listening, what="the channel")
@@ -450,11 +455,11 @@ class Burst(trio.abc.ReceiveStream):
 
 
 async def tap_stream(stdout: trio.abc.ReceiveStream, harness: str, channel: Path) -> None:
-    """The wrapper's real stdout tap (`wrapper.resident.Tap`, on its own loop in a worker thread,
+    """The wrapper's real stdout tap (`wrapper.launch.resident.Tap`, on its own loop in a worker thread,
     framing with the harness's spec's `tap_frame`), fed from `stdout` through a pipe as a harness's
     stdout would be; returns once the tap is done."""
-    from wrapper.launcher import tap_frame_path
-    from wrapper.resident import run_tap
+    from wrapper.launch.launcher import tap_frame_path
+    from wrapper.launch.resident import run_tap
 
     read_fd, write_fd = os.pipe()
     frame, where = tap_frame_path(harness), f"{harness} stdout tap"
@@ -834,7 +839,7 @@ def dead_sidecar(work: Path, scale: Scale) -> Row:
 def crash_looping_sidecar(work: Path, scale: Scale) -> Row:
     """Every sidecar SIGKILLed as it starts: the wrapper backs off, gives up after a bounded number,
     says so in at most two lines, and still exits with the harness's status."""
-    from wrapper.sidecars import SIDECAR_RESTART_DELAYS_S
+    from wrapper.launch.sidecars import SIDECAR_RESTART_DELAYS_S
 
     trials = pick(scale, ci=1, full=3)
     bound = 1 + len(SIDECAR_RESTART_DELAYS_S)
@@ -910,7 +915,7 @@ def stubborn_harness(kind: str, pids: Path) -> tuple[list[str], int]:
 def sigkill_wrapper(work: Path, scale: Scale) -> Row:
     """SIGKILL the wrapper (no terminal) of a harness that ignores SIGTERM and SIGHUP, alone, behind
     `sh`, or as `sh`'s background child: nothing of the harness is left past the deadline."""
-    from wrapper.launcher import HARNESS_KILL_DEADLINE_S
+    from wrapper.launch.launcher import HARNESS_KILL_DEADLINE_S
 
     trials = pick(scale, ci=1, full=3)
     kinds = ("ignoring SIGTERM", "behind sh", "sh's background child")
@@ -1745,9 +1750,295 @@ def board_api_agents_burst(work: Path, scale: Scale) -> Row:
     )  # fmt: skip
 
 
+# Issue 40: a recording is data. One of each harness's committed recordings, with a `fact` line
+# inserted after its header that names a class of the harness's own package pydantic builds no
+# schema for (its producer), is replayed by `hctx replay`.
+REPLAY_FACT_RECORDINGS = {
+    "claude": "claude/session-2.1.332.rec",
+    "codex": "codex/codex-0.151.0-stdio-main.rec",
+    "opencode": "opencode/v1.18.33/session.rec",
+    "pi": "pi/pi-1.6.0-w4k.rec",
+}
+
+
+@fault("replay-fact-no-schema")
+def replay_fact_no_schema(work: Path, scale: Scale) -> Row:
+    """Issue 40: `hctx replay` of a recording whose `fact` line names a class pydantic cannot build
+    a schema for must say so for that line (exit 1) and print the very writes the recording makes
+    without it: never a traceback, never a write of its own."""
+    from sidecar.registry import spec_for
+
+    tried = survived = fabricated = 0
+    said = []
+    for harness, name in REPLAY_FACT_RECORDINGS.items():
+        source = REPO / "fixtures" / "recordings" / name
+        producer = type(spec_for(harness).make_producer())
+        fact = {"at_ms": 0, "fact": f"{producer.__module__}:{producer.__qualname__}", "value": {}}
+        header, _, rest = source.read_bytes().partition(b"\n")
+        hostile = work / f"{harness}.rec"
+        hostile.write_bytes(header + b"\n" + json.dumps(fact).encode() + b"\n" + rest)
+        clean = subprocess.run(hctx_argv("replay", str(source)), env=child_env(), capture_output=True, timeout=60)
+        done = subprocess.run(hctx_argv("replay", str(hostile)), env=child_env(), capture_output=True, timeout=60)
+        err = done.stderr.decode(errors="replace")
+        tried += 1
+        survived += done.returncode == 1 and "Traceback" not in err and "line 2: fact" in err
+        fabricated += done.stdout != clean.stdout or not clean.stdout
+        said.append(f"{harness}: exit {done.returncode}")
+    return Row(
+        "replay-fact-no-schema",
+        tried,
+        survived,
+        fabricated=fabricated,
+        measured=f"{'; '.join(said)}; {fabricated} replays whose writes differ from the clean recording's",
+    )
+
+
 # --- the table ----------------------------------------------------------------------------------
 
 COLUMNS = ("FAULT", "TRIED", "SURVIVED", "LOST", "TORN", "FABRICATED", "OUTSIDE", "MEASURED")
+
+
+# --- issue 40: recordings safe to share and to keep; a subagent never the agent; readers' text ----------
+
+
+def _recording_streams(data: bytes) -> bytes:
+    """Every chunk's bytes a recording holds, decoded, one after the other."""
+    from sidecar.replay import read_chunks
+
+    return b"".join(chunk.data for chunk in read_chunks(data))
+
+
+PLANTED = {"email": "alice.planted@example.com", "token": "eyJPLANTEDtoken42", "apiKey": "sk-PLANTED-key",
+           "prompt": "PLANTED prompt: my password is hunter2"}  # fmt: skip
+
+
+@fault("recording-redacted")
+def recording_redacted(work: Path, scale: Scale) -> list[Row]:
+    """A recording is redacted by default: every capture under fixtures/ redacted replays to the
+    very writes (and drops) of the whole; a real `hctx wrap --record` session whose harness sends
+    an email, a token, an apiKey and a prompt on its channel records none of them, and replays to
+    the writes its sidecar logged."""
+    from sidecar.recorder import redact_recording
+    from sidecar.registry import spec_for
+    from sidecar.replay import header_of, replay_bytes, write_line
+
+    def replayed(data: bytes) -> tuple[list[str], dict[str, int]]:
+        writes, summary = replay_bytes(spec_for(header_of(data)["harness"]), data)
+        return [write_line(write) for write in writes], dict(summary.drops)
+
+    captures = sorted((REPO / "fixtures").rglob("*.rec"))
+    same = sum(1 for path in captures if replayed(redact_recording(path.read_bytes())) == replayed(path.read_bytes()))
+    fixtures = Row("recording-redacted-captures", len(captures), same, len(captures) - same,
+                   measured=f"{same} of {len(captures)} captures replay to the same writes redacted")  # fmt: skip
+
+    trials = pick(scale, ci=2, full=10)
+    survived = leaked = lost = 0
+    for trial in range(trials):
+        catalog, recording = work / f"redacted-{trial}", work / f"redacted-{trial}.rec"
+        secrets = [json.dumps({"type": "message_end", **PLANTED, "nested": {"text": PLANTED["prompt"]}})]
+        percents = [float(n) for n in range(1, 11)]
+        frames = secrets + [frame(percent).decode() for percent in percents]
+        record = AgentDir(catalog, HOST, "a").context_path
+        argv = wrap_argv(catalog, "a", sys.executable, "-c", STREAMER, str(record), json.dumps(frames))
+        argv[argv.index("--") : argv.index("--")] = ["--record", str(recording)]
+        status = subprocess.run(argv, env=child_env(), stdin=subprocess.DEVNULL, capture_output=True, timeout=90)
+        data = recording.read_bytes()
+        found = [name for name, secret in PLANTED.items() if secret.encode() in data + _recording_streams(data)]
+        leaked += len(found)
+        lived = [e["usedPercent"] for e in log_events(catalog, "a") if e.get("event") == "write"]
+        writes, _ = replay_bytes(spec_for("pi"), data)
+        replay_ok = [w.record.used_percent for w in writes] == lived and lived and lived[-1] == percents[-1]
+        survived += int(status.returncode == 0 and not found and bool(replay_ok))
+        lost += int(not replay_ok)
+    live = Row("recording-redacted-session", trials, survived, lost,
+               measured=f"{leaked} of {trials * len(PLANTED)} planted secrets in the recordings",
+               failed=f"{leaked} secrets recorded" if leaked else None)  # fmt: skip
+    return [fixtures, live]
+
+
+@fault("recording-swapped-path")
+def recording_swapped_path(work: Path, scale: Scale) -> Row:
+    """The recording renamed away and a FIFO put at its path, then the sidecar SIGKILLed: the
+    replacement never opens the path (it blocked in open() on the FIFO for good): it comes up, the
+    newest reading lands, and the rest of the session goes to the file the wrapper created."""
+    trials = pick(scale, ci=2, full=10)
+    survived = lost = torn = fake = 0
+    waited: list[int] = []
+    for trial in range(trials):
+        catalog, recording, moved = work / f"swap-{trial}", work / f"swap-{trial}.rec", work / f"swap-{trial}.moved"
+        argv, sent = streamer(catalog, "a", 60)
+        argv[argv.index("--") : argv.index("--")] = ["--record", str(recording)]
+        wrapper = subprocess.Popen(argv, env=child_env(), stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            first = wait_for(lambda c=catalog: starts(c, "a"), timeout=30, what="a sidecar")[0]  # type: ignore[misc]
+            recording.rename(moved)
+            os.mkfifo(recording)
+            killed = time.monotonic()
+            os.kill(int(first["pid"]), signal.SIGKILL)
+            with contextlib.suppress(TimeoutError):
+                wait_for(lambda c=catalog: len(starts(c, "a")) == 2, timeout=30, what="the replacement")  # type: ignore[misc]
+            waited.append(int((time.monotonic() - killed) * 1000))
+            status = wrapper.wait(timeout=60)
+        finally:
+            if wrapper.poll() is None:
+                wrapper.kill()
+                wrapper.wait()
+        record, was_torn = read_record(catalog, "a")
+        torn += was_torn
+        fake += fabricated(record, sent)
+        headers = moved.read_bytes().count(b'"format"')
+        ok = status == 0 and record is not None and record.used_percent == max(sent)
+        if ok and recording.is_fifo() and headers == 2:
+            survived += 1
+        else:
+            lost += 1
+    return Row("recording-swapped-path", trials, survived, lost, torn, fake,
+               f"replacement up {max(waited, default=0)} ms after the kill at worst; 0 bytes to the path")  # fmt: skip
+
+
+@fault("recording-full-disk")
+def recording_full_disk(work: Path, scale: Scale) -> Row:
+    """The recording on a full disk (/dev/full: every write ENOSPC, the close again): each sidecar,
+    the first and its replacement, logs `recording-failed` once and goes on; every reading lands."""
+    trials = pick(scale, ci=2, full=10)
+    survived = lost = torn = fake = 0
+    failures: list[int] = []
+    for trial in range(trials):
+        catalog = work / f"full-{trial}"
+        full = os.open("/dev/full", os.O_WRONLY | os.O_APPEND)
+        sidecar = Sidecar(catalog, "a", record_fd=full)
+        sent: set[float] = set()
+        try:
+            for incarnation in range(2):  # the first, then the one the wrapper would start after a crash
+                sidecar.start()
+                for n in range(1, 6):
+                    percent = float(10 * incarnation + n)
+                    sent.add(percent)
+                    send(sidecar.channel, frame(percent))
+                landed = sidecar.wait_percent(max(sent), timeout=15) is not None
+                alive = sidecar.alive()
+                if incarnation == 0:
+                    sidecar.kill()
+                else:
+                    alive = alive and sidecar.stop() == 0
+                survived += int(landed and alive)
+                lost += int(not landed)
+            record, was_torn = read_record(catalog, "a")
+            torn += was_torn
+            fake += fabricated(record, sent)
+        finally:
+            sidecar.close()
+            os.close(full)
+        failures.append(sum(1 for e in log_events(catalog, "a") if e.get("event") == "recording-failed"))
+    said_once = all(count == 2 for count in failures)  # two sidecars a trial
+    return Row("recording-full-disk", 2 * trials, survived, lost, torn, fake,
+               f"recording-failed logged {failures} times (once per sidecar)",
+               failed=None if said_once else "recording-failed not logged once a sidecar")  # fmt: skip
+
+
+@fault("subagent-is-the-agent")
+def subagent_is_the_agent(work: Path, scale: Scale) -> Row:
+    """A Codex child spawned as the agent's own thread, an OpenCode child that is its own parent
+    (a task part, a session): refused and counted, the agent's reading stays the agent's."""
+    from guard.policy import WriteGuard
+    from sidecar.harnesses.codex import producer as codex
+    from sidecar.harnesses.codex.events import SubagentsSpawned, ThreadOpened, TokenUsage
+    from sidecar.harnesses.opencode import producer as opencode
+    from sidecar.pipeline import Pipeline
+
+    outcomes: list[bool] = []
+    pipeline = Pipeline(codex.CodexProducer(), WriteGuard("a", "i"))
+    pipeline.feed(ThreadOpened(thread_id="p"), 1)
+    usage = TokenUsage(thread_id="p", tokens_in_window=32_066, session_total_tokens=32_066, context_window=190_000)
+    pipeline.feed(SubagentsSpawned(sender_thread_id="p", thread_ids=("p",), model=None), 2)
+    pipeline.feed(usage, 3)
+    held = pipeline.producer.held.reading  # type: ignore[attr-defined]
+    outcomes.append(pipeline.drops["producer"] == 1 and held.used_tokens == 32_066 and held.subagents == ())
+    part = {
+        "id": "e1",
+        "type": "message.part.updated",
+        "properties": {
+            "part": {
+                "type": "tool",
+                "tool": "task",
+                "sessionID": "p",
+                "state": {"status": "running", "metadata": {"sessionId": "p", "parentSessionId": "p"}},
+            }
+        },
+    }
+    session = {"id": "e1", "type": "session.updated", "properties": {"info": {"id": "p", "parentID": "p"}}}
+    message = {"id": "e2", "type": "message.updated", "properties": {"info": {"id": "m", "role": "assistant",
+               "sessionID": "p", "providerID": "fake", "modelID": "small", "tokens": {"total": 30_100}}}}  # fmt: skip
+    for hostile in (part, session):
+        pipeline = Pipeline(opencode.OpenCodeProducer(), WriteGuard("a", "i"))
+        for raw in (hostile, message):
+            for event in opencode.parse_event(json.dumps(raw).encode()):
+                pipeline.feed(event, 2)
+        held = pipeline.producer.held.reading  # type: ignore[attr-defined]
+        outcomes.append(pipeline.drops["producer"] == 1 and held is not None and held.used_tokens == 30_100
+                        and held.subagents == ())  # fmt: skip
+    ok = sum(outcomes)
+    return Row("subagent-is-the-agent", len(outcomes), ok, len(outcomes) - ok,
+               measured="codex spawn of its own thread; opencode task part and session naming themselves")  # fmt: skip
+
+
+@fault("subagents-one-millisecond")
+def subagents_one_millisecond(work: Path, scale: Scale) -> Row:
+    """40 subagents started in one millisecond: the record keeps the newest 16, newest first."""
+    from guard.record import MAX_SUBAGENTS
+    from sidecar.harnesses.codex import producer as codex
+    from sidecar.harnesses.codex.events import SubagentsSpawned, ThreadOpened
+
+    producer = codex.CodexProducer()
+    producer.feed(ThreadOpened(thread_id="p"), 0)
+    for n in range(40):
+        producer.feed(SubagentsSpawned(sender_thread_id="p", thread_ids=(f"c{n}",), model=None), 7)
+    held = producer.held.reading
+    kept = [] if held is None else [row.id for row in held.subagents]
+    ok = kept == [f"c{n}" for n in range(39, 39 - MAX_SUBAGENTS, -1)]
+    return Row("subagents-one-millisecond", 1, int(ok), int(not ok), measured=f"kept {kept[:2]}…{kept[-1:]}")
+
+
+@fault("label-carries-no-email")
+def label_carries_no_email(work: Path, scale: Scale) -> Row:
+    """A config directory named after its login: the account label never carries the email."""
+    from sidecar.harnesses.claude.account import claude_account
+    from sidecar.harnesses.codex.account import codex_account
+
+    accounts = REPO / "fixtures" / "accounts"
+    claude_json = (accounts / "claude-2.1.332-seat-A.claude.json").read_bytes()
+    codex_json = (accounts / "codex-0.171.0-seat-A.auth.json").read_bytes()
+    wheres = ["~/.claude-alice@example.com", "/srv/bob.smith@corp.example/.codex", "~/x@y", "~/a b@c d"]
+    labels = [account.label for where in wheres
+              for account in (claude_account(claude_json, where, "max"), codex_account(codex_json, where))
+              if account is not None]  # fmt: skip
+    clean = sum(1 for label in labels if label is not None and "@" not in label)
+    return Row("label-carries-no-email", 2 * len(wheres), clean, 2 * len(wheres) - clean,
+               measured=f"e.g. {labels[0]!r}")  # fmt: skip
+
+
+@fault("reader-bidi-and-separators")
+def reader_bidi_and_separators(work: Path, scale: Scale) -> Row:
+    """A bidi override, a line separator and other unprintables in a subagent's model and the
+    agent's own: `agents`, `top` and `inspect` print every one escaped."""
+    unseen = "\u202e\u2028\u2029\u200e\u200f\u061c\u2066\u200b\ufeff"
+    catalog = work / "bidi"
+    put_watch_record(catalog, HOST, "evil", 1.0)
+    path = catalog / "agents" / HOST / "evil" / "harness-context"
+    record = json.loads(path.read_text())
+    sub = {"id": "a91242bfc47ae887e", "name": "general-purpose", "model": f"evil{unseen}", "usedTokens": 9_000,
+           "windowTokens": 150_000, "usedPercent": 6.0, "windowSource": "model-table", "compactions": 0,
+           "state": "running", "observedAtMs": record["observedAtMs"]}  # fmt: skip
+    path.write_text(json.dumps(record | {"model": f"m{unseen}", "subagents": [sub]}) + "\n")
+    shown = []
+    for command in (("agents",), ("top", "--once"), ("inspect", "evil")):
+        argv = [sys.executable, "-m", "wrapper.cli", *command, "--catalog", str(catalog), "--host", HOST]
+        shown.append(subprocess.run(argv, env=child_env(), capture_output=True, text=True, timeout=60).stdout)
+    raw = [output for output in shown if set(unseen) & set(output)]
+    escaped = sum(1 for output in shown if "\\u202e" in output)
+    return Row("reader-bidi-and-separators", len(shown), len(shown) - len(raw), len(raw),
+               measured=f"{escaped} of 3 readers showed the model (escaped)",
+               failed=None if escaped >= 2 else "the hostile model was not shown escaped")  # fmt: skip
 
 
 def render(rows: list[Row]) -> str:

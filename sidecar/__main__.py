@@ -36,7 +36,9 @@ def parse_args(argv: Sequence[str] | None) -> SidecarConfig:
     parser.add_argument("--ready-fd", type=int, help="write 'ready' here once the channel listens")
     parser.add_argument("--transport", default="", help="the transport's config, JSON of its harness's model")
     parser.add_argument("--account", default="", help="the account the harness states, JSON {key, label}")
-    parser.add_argument("--record", type=Path, help="append every byte decoded to this file (hctx wrap --record)")
+    parser.add_argument("--record-fd", type=int, help="append every byte decoded, redacted, to this inherited file "
+                        "(hctx wrap --record hands it to each sidecar)")  # fmt: skip
+    parser.add_argument("--record-raw", action="store_true", help="with --record-fd: record it unredacted")
     args = parser.parse_args(argv)
     return SidecarConfig(
         catalog=args.catalog,
@@ -49,7 +51,8 @@ def parse_args(argv: Sequence[str] | None) -> SidecarConfig:
         ready_fd=args.ready_fd,
         transport=args.transport,
         account=args.account,
-        record=args.record,
+        record_fd=args.record_fd,
+        record_raw=args.record_raw,
     )
 
 

@@ -8,18 +8,19 @@ import os
 import signal
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import trio
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from guard.account import Account
 from guard.atomic import sweep_staging
 from guard.errors import ConfigError
+from guard.history import start_fields, write_fields
 from guard.json_rule import loads
 from guard.layout import AgentDir
 from guard.policy import Write, WriteGuard, WriteReason
@@ -43,12 +44,19 @@ __all__ = [
     "WRITE_RETRY_S",
     "CatalogStore",
     "Clock",
+    "LiveSchedule",
     "Outbox",
+    "Outcome",
+    "Schedule",
+    "Sidecar",
     "SidecarConfig",
+    "SidecarSettings",
     "Store",
     "SystemClock",
     "Writer",
+    "assemble",
     "open_recorder",
+    "open_sidecar",
     "open_writer",
     "run_sidecar",
     "run_transport",
@@ -69,8 +77,27 @@ OUTBOX_WRITES = 64
 SHUTDOWN_DRAIN_S = 2.0
 # Which reason a coalesced write keeps: the most telling of the writes it stands for.
 _REASON_RANK: dict[WriteReason, int] = {
-    "heartbeat": 0, "rate-limits": 1, "bucket": 2, "exhaustion": 3, "compaction": 4,
+    "heartbeat": 0, "rate-limits": 1, "prompt-cache": 1, "bucket": 2, "exhaustion": 3, "compaction": 4,
 }  # fmt: skip
+
+
+class SidecarSettings(BaseModel):
+    """Everything a sidecar was started with that decides what it writes: the header of each of its
+    recordings holds it (`config`), and a replay sets its sidecar up from it, so a replay publishes
+    every field the live run did. What is the process's own (the catalog's path, the channel's,
+    inherited descriptors, the recording's) is not here: a replay has none of them. A recording
+    made before the header held it replays with these defaults (the agent `replay`, no account,
+    no transport config)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    harness: str
+    host: str = ""
+    agent: str = "replay"
+    incarnation: str = "replay"
+    transport: str = ""  # the launch plan's transport config, as JSON (HarnessSpec.transport_config)
+    account: str = ""  # the account the harness states, as JSON (guard.account.Account); "" none
+    channel_budget_bytes: int = Field(default=BUFFER_BUDGET_BYTES, ge=0)
 
 
 @dataclass(frozen=True)
@@ -85,9 +112,18 @@ class SidecarConfig:
     ready_fd: int | None = None
     transport: str = ""  # the launch plan's transport config, as JSON (HarnessSpec.transport_config)
     account: str = ""  # the account the harness states, as JSON (guard.account.Account); "" none
-    record: Path | None = None  # `hctx wrap --record`: the file the wrapper created, appended to
+    # `hctx wrap --record`: the descriptor of the file the wrapper created, which it hands every
+    # sidecar of the session (never its path: whoever may rename in its directory could swap it).
+    record_fd: int | None = None
+    record_raw: bool = False  # `--record-raw`: the whole session, unredacted
     # What the channel's connections may hold of partial frames, together: this sidecar's own.
     channel_budget_bytes: int = BUFFER_BUDGET_BYTES
+
+    def settings(self) -> SidecarSettings:
+        return SidecarSettings(
+            harness=self.harness, host=self.host, agent=self.agent, incarnation=self.incarnation,
+            transport=self.transport, account=self.account, channel_budget_bytes=self.channel_budget_bytes,
+        )  # fmt: skip
 
 
 class Clock(Protocol):
@@ -101,6 +137,53 @@ class SystemClock:
         """Now; for an event of a chunk, when the chunk arrived (sidecar.streams.CHUNK_MS)."""
         arrived = CHUNK_MS.get()
         return time.time_ns() // 1_000_000 if arrived is None else arrived
+
+
+# What became of a write, as the writer says it to its schedule (and a recording holds it).
+Outcome = Literal["taken", "late", "landed", "failed"]
+
+
+class Schedule(Protocol):
+    """When the writer acts, and the clock it stamps records by: live, the wall clock and trio's
+    (`LiveSchedule`); a replay, what its recording says the live writer did (sidecar.replay)."""
+
+    def wall_ms(self) -> int: ...
+
+    async def take(self) -> None:
+        """Until the writer may take the next write owed (refresh it with the newest reading, send it)."""
+        ...
+
+    def late(self, in_flight_s: float) -> bool:
+        """Whether the write in flight this long (trio's clock) is late: from then, until it lands,
+        only the newest write is owed."""
+        ...
+
+    def said(self, outcome: Outcome, write: Write) -> None:
+        """What became of `write` (for `landed`, the record as it landed)."""
+        ...
+
+
+class LiveSchedule:
+    """The live sidecar's: a write is taken at once and late past `STALLED_WRITE_S`, records are
+    stamped by `clock`, and with `--record` each outcome is a line of the recording, so a replay
+    takes, folds and lands its writes where the live writer did."""
+
+    def __init__(self, clock: Clock | None = None, recorder: Recorder | None = None) -> None:
+        self.clock = SystemClock() if clock is None else clock
+        self.recorder = recorder
+
+    def wall_ms(self) -> int:
+        return self.clock.wall_ms()
+
+    async def take(self) -> None:
+        return  # at once: no checkpoint, so nothing else runs between deciding and taking
+
+    def late(self, in_flight_s: float) -> bool:
+        return in_flight_s >= STALLED_WRITE_S
+
+    def said(self, outcome: Outcome, write: Write) -> None:
+        if self.recorder is not None:
+            self.recorder.line({"at_ms": self.clock.wall_ms(), "write": outcome})
 
 
 class Store(Protocol):
@@ -132,33 +215,32 @@ class Outbox:
     one instead: every write carries the whole reading, so only the newest is owed, and it keeps the
     reason of a compaction (or exhaustion) edge it stands for. Memory: at most `OUTBOX_WRITES` records."""
 
-    def __init__(self) -> None:
+    def __init__(self, schedule: Schedule | None = None) -> None:
+        self.schedule: Schedule = LiveSchedule() if schedule is None else schedule
         self.pending: deque[Write] = deque()
         self.coalesced = 0
         self.closed = False
         self.failing = False
+        self.in_flight: Write | None = None
         self.in_flight_since: float | None = None  # trio's clock, while a write is landing
-        # The write in flight was found late. Live it is found by the clock, and `on_late` told
-        # (the recording says so); a replay is told instead (`judge_by_clock` off), so it folds
-        # exactly the writes the live outbox folded, however near the bound the recorded times fell.
+        # The write in flight was found late, as the schedule judges (live by the clock; a replay
+        # where its recording says the live one was), and said once.
         self.late = False
-        self.judge_by_clock = True
-        self.on_late: Callable[[], None] | None = None
         self._changed = trio.Event()
 
     def stalled(self) -> bool:
-        since = self.in_flight_since
-        if self.judge_by_clock and not self.late and since is not None:
-            self.late = trio.current_time() - since >= STALLED_WRITE_S
-            if self.late and self.on_late is not None:
-                self.on_late()
+        since, write = self.in_flight_since, self.in_flight
+        if not self.late and since is not None and write is not None:
+            self.late = self.schedule.late(trio.current_time() - since)
+            if self.late:
+                self.schedule.said("late", write)
         return self.failing or self.late or len(self.pending) >= OUTBOX_WRITES
 
-    def landing(self) -> None:
-        self.in_flight_since = trio.current_time()
+    def landing(self, write: Write) -> None:
+        self.in_flight, self.in_flight_since = write, trio.current_time()
 
     def landed(self) -> None:
-        self.in_flight_since = None
+        self.in_flight = self.in_flight_since = None
         self.late = False
 
     def put(self, write: Write) -> None:
@@ -211,24 +293,19 @@ def _keep_reason(newer: Write, older: Write) -> Write:
 
 class Writer:
     """Decoded events in, records out: the pipeline's writes landed in order in `store`, with the
-    heartbeat and the retry of failed writes on trio's clock and record times from `clock`."""
+    heartbeat and the retry of failed writes on trio's clock, taken, found late and stamped as
+    `schedule` says (live: `LiveSchedule`; a replay: its recording)."""
 
-    def __init__(self, pipeline: Pipeline, store: Store, clock: Clock | None = None) -> None:
+    def __init__(self, pipeline: Pipeline, store: Store, schedule: Schedule | None = None) -> None:
         self.pipeline = pipeline
         self.store = store
-        self.clock = SystemClock() if clock is None else clock
-        self.outbox = Outbox()
-        self.outbox.on_late = partial(self._recorded, "late")
+        self.schedule: Schedule = LiveSchedule() if schedule is None else schedule
+        self.outbox = Outbox(self.schedule)
         # While writes fail (a full disk, a catalog turned hostile) the newest is retried on this
         # schedule, not once per frame; the first failure is logged, the recovery says how many.
         self.failures = 0
         self.retry_at = math.inf
-        self.on_landed: Callable[[Write], None] | None = None  # each write as it landed (replay prints them)
         self.on_fed: Callable[[], None] | None = None  # after each event: a transport pulling what it wants
-        # `--record`: when each write landed or failed, so a replay's writes overlap its frames as live
-        self.recorder: Recorder | None = None
-        # A replay's writer takes each write when its recording says the live one did (sidecar.replay).
-        self.taking: Callable[[], Awaitable[object]] | None = None
 
     def submit(self, event: object) -> None:
         """Fold one decoded event in at once (a producer is a small state machine): none is ever
@@ -236,7 +313,7 @@ class Writer:
         Called from the channel's and the transports' tasks: whatever goes wrong costs this event."""
         due = self.pipeline.guard.heartbeat_due_ms()
         try:
-            writes = self.pipeline.feed(event, self.clock.wall_ms())
+            writes = self.pipeline.feed(event, self.schedule.wall_ms())
         except Exception:
             self.pipeline.count_drop("pipeline")
             log.exception("frame dropped: the write guard failed on it", extra={"event": "frame-dropped"})
@@ -253,17 +330,16 @@ class Writer:
         self.outbox.close()
 
     async def _write(self, write: Write) -> None:
-        if self.taking is not None:
-            await self.taking()
+        await self.schedule.take()
         guard = self.pipeline.guard
         if not self.outbox.pending:  # the newest decided write: it lands with the newest reading held
-            write = guard.refresh(write, self.clock.wall_ms())
-        self._recorded("taken")
-        self.outbox.landing()
+            write = guard.refresh(write, self.schedule.wall_ms())
+        self.schedule.said("taken", write)
+        self.outbox.landing(write)
         try:
             record = await self.store.write(write.record)
         except OSError as exc:
-            self._recorded("failed")
+            self.schedule.said("failed", write)
             self.outbox.failing = True
             self.outbox.restore(write)
             self.retry_at = trio.current_time() + WRITE_RETRY_S
@@ -274,39 +350,29 @@ class Writer:
             return
         finally:
             self.outbox.landed()
-        self._recorded("landed")
+        landed = Write(record, write.reason)
+        self.schedule.said("landed", landed)
         if self.failures:
             log.warning("write recovered after %d failed attempts", self.failures,
                         extra={"event": "write-recovered", "failures": self.failures})  # fmt: skip
         self.failures, self.retry_at = 0, math.inf
         self.outbox.failing = False
         if guard.last is write.record:  # nothing newer decided meanwhile: take writtenAtMs as it landed
-            guard.committed(Write(record, write.reason))
-        if self.on_landed is not None:
-            self.on_landed(Write(record, write.reason))
+            guard.committed(landed)
         log.info(
             "wrote %s",
             write.reason,
             extra={
-                "event": "write",
-                "reason": write.reason,
-                "usedTokens": record.used_tokens,
-                "windowTokens": record.window_tokens,
-                "usedPercent": record.used_percent,
-                "compactions": record.compactions,
-                "compactAtTokens": record.compact_at_tokens,  # the board's fill plot draws it in
-                "observedAtMs": record.observed_at_ms,
-                "writtenAtMs": record.written_at_ms,
+                **write_fields(record, write.reason),  # the fill history's line (guard.history)
+                # The whole record as it landed: what a live run is held to against its replay
+                # (every field of every write), and what a bug report shows beside the numbers.
+                "record": record.model_dump(mode="json", by_alias=True),
             },
         )
 
-    def _recorded(self, outcome: str) -> None:
-        if self.recorder is not None:
-            self.recorder.line({"at_ms": self.clock.wall_ms(), "write": outcome})
-
     def _deadline(self) -> float:
         due = self.pipeline.guard.heartbeat_due_ms()
-        heartbeat = math.inf if due is None else trio.current_time() + (due - self.clock.wall_ms()) / 1000
+        heartbeat = math.inf if due is None else trio.current_time() + (due - self.schedule.wall_ms()) / 1000
         return min(heartbeat, self.retry_at)
 
     def _write_due(self) -> bool:
@@ -318,7 +384,7 @@ class Writer:
             if not self._write_due():
                 with trio.move_on_at(self._deadline()):
                     await self.outbox.changed()
-            for beat in self.pipeline.tick(self.clock.wall_ms()):
+            for beat in self.pipeline.tick(self.schedule.wall_ms()):
                 self.outbox.put(beat)
             if self._write_due() and (owed := self.outbox.take()) is not None:
                 await self._write(owed)
@@ -350,14 +416,41 @@ async def run_transport(transport: Transport, config: BaseModel | None, streams:
         log.exception("transport failed; the channel keeps serving", extra={"event": "transport-failed"})
 
 
-def open_writer(config: SidecarConfig) -> tuple[HarnessSpec, Writer]:
-    """The harness's spec, and a writer of its producer's records into the agent's directory."""
+@dataclass(frozen=True)
+class Sidecar:
+    """One sidecar's path: its harness's spec, its writer (the pipeline and the write guard
+    inside), and the streams its transport opens (a replay opens its recorded ones there)."""
+
+    spec: HarnessSpec
+    writer: Writer
+    streams: Streams
+
+
+def assemble(
+    spec: HarnessSpec, settings: SidecarSettings, store: Store, schedule: Schedule, recorder: Recorder | None = None
+) -> Sidecar:
+    """Streams -> writer -> pipeline -> write guard for `settings`: the one setup of the live sidecar
+    (`run_sidecar`, into the catalog on the wall clock) and of each sidecar a replay plays
+    (sidecar.replay, into memory on its recording's schedule)."""
+    guard = WriteGuard(settings.agent, settings.incarnation)
+    pipeline = Pipeline(spec.make_producer(), guard, stated_account(settings.account))
+    writer = Writer(pipeline, store, schedule)
+    return Sidecar(spec, writer, transport_streams(spec, writer, recorder))
+
+
+def open_sidecar(config: SidecarConfig, recorder: Recorder | None = None) -> Sidecar:
+    """The live sidecar's path: its writes into the agent's directory, on the wall clock, each
+    outcome recorded with `--record`."""
     if swept := sweep_staging(config.catalog):
         log.info("removed %d staging files of dead writers", swept, extra={"event": "staging-swept"})
-    spec = spec_for(config.harness)
-    guard = WriteGuard(config.agent, config.incarnation)
-    pipeline = Pipeline(spec.make_producer(), guard, stated_account(config.account))
-    return spec, Writer(pipeline, CatalogStore(AgentDir(config.catalog, config.host, config.agent)))
+    store = CatalogStore(AgentDir(config.catalog, config.host, config.agent))
+    return assemble(spec_for(config.harness), config.settings(), store, LiveSchedule(recorder=recorder), recorder)
+
+
+def open_writer(config: SidecarConfig) -> tuple[HarnessSpec, Writer]:
+    """The harness's spec, and a writer of its producer's records into the agent's directory."""
+    sidecar = open_sidecar(config)
+    return sidecar.spec, sidecar.writer
 
 
 def stated_account(text: str) -> Account | None:
@@ -383,32 +476,35 @@ def transport_streams(spec: HarnessSpec, writer: Writer, recorder: Recorder | No
 
 
 def open_recorder(config: SidecarConfig) -> Recorder | None:
-    """The recorder of `--record`'s file, which the wrapper created: opened to append (never
-    created, truncated or followed through a symlink here), and None, logged, when it cannot be."""
-    if config.record is None:
+    """The recorder of `--record`'s file, which the wrapper created and hands down open (appending,
+    0600): never opened by name here. Redacted (sidecar.redaction) unless `--record-raw`."""
+    if config.record_fd is None:
         return None
     import guard
     from sidecar.recorder import FORMAT, Recorder
+    from sidecar.redaction import redactors
 
     try:
-        fd = os.open(config.record, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
-        file = os.fdopen(fd, "ab")
-        written = os.fstat(fd).st_size
+        file = os.fdopen(config.record_fd, "ab")
+        written = os.fstat(config.record_fd).st_size
     except OSError as exc:
         log.error("not recording: %s", exc, extra={"event": "recording-failed"})
         return None
     header = {"format": FORMAT, "harness": config.harness, "hctx": guard.__version__,
-              "incarnation": config.incarnation, "started_ms": SystemClock().wall_ms()}  # fmt: skip
-    return Recorder(file, header, written=written)
+              "incarnation": config.incarnation, "started_ms": SystemClock().wall_ms(),
+              "config": config.settings().model_dump(mode="json"), "redacted": not config.record_raw}  # fmt: skip
+    redactor = None if config.record_raw else redactors(spec_for(config.harness))
+    return Recorder(file, header, written=written, redactor=redactor)
 
 
 async def run_sidecar(config: SidecarConfig) -> None:
-    spec, writer = open_writer(config)
+    recorder = open_recorder(config)
+    sidecar = open_sidecar(config, recorder)
+    spec, writer = sidecar.spec, sidecar.writer
     submit = writer.submit
-    recorder = writer.recorder = open_recorder(config)
     log.info(
         "sidecar started",
-        extra={"event": "start", "harness": config.harness, "incarnation": config.incarnation,
+        extra={**start_fields(), "harness": config.harness, "incarnation": config.incarnation,
                "pid": os.getpid(), "channel": str(config.channel)},
     )  # fmt: skip
     async with trio.open_nursery() as outer:
@@ -419,7 +515,7 @@ async def run_sidecar(config: SidecarConfig) -> None:
             transport = transport_for(spec)
             settings = None if transport is None else transport_settings(spec, config.transport)
             if transport is not None and (settings is not None or spec.transport_config is None):
-                inputs.start_soon(run_transport, transport, settings, transport_streams(spec, writer, recorder))
+                inputs.start_soon(run_transport, transport, settings, sidecar.streams)
             session_over = trio.Event()
             async with trio.open_nursery() as channel_nursery:
                 open_decoder = partial(channel_decoder, spec.channel_frames)

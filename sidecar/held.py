@@ -165,10 +165,11 @@ class Held:
         self.reading = fields.model_copy(update={**self.compactions.fields(), "subagents": self.subagents.rows()})
         return self.reading
 
-    def measured(self, fields: ContextFields) -> Reading:
-        """A reading just made, held and published; it is the compaction edge if one is owed."""
+    def measured(self, fields: ContextFields, *, rate_limits_edge: bool = False) -> Reading:
+        """A reading just made, held and published; it is the compaction edge if one is owed.
+        `rate_limits_edge`: it states the harness's newest account limits (guard.policy.Reading)."""
         edge, self.compactions.owed = self.compactions.owed, False
-        return self.publish(self.hold(fields), compaction_edge=edge)
+        return self.publish(self.hold(fields), compaction_edge=edge, rate_limits_edge=rate_limits_edge)
 
     def compacted(
         self,

@@ -17,7 +17,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from guard.layout import log_name, log_path
+from guard.layout import LOG_BACKUPS, log_name, log_path
 from guard.walk import open_append, open_logs_dir
 
 __all__ = [
@@ -33,7 +33,6 @@ __all__ = [
 ]
 
 LOG_BYTES = 1024 * 1024
-LOG_BACKUPS = 3
 # A log that cannot be opened or written (full disk, hostile tree) is tried again this often.
 REOPEN_S = 5.0
 # The same warning (one logger, one message template) at most once per window.

@@ -170,5 +170,7 @@ class SubagentRoster:
         return base.model_copy(update={"subagents": self.rows()})
 
     def rows(self) -> tuple[Subagent, ...]:
-        newest = sorted(self._rows.values(), key=lambda row: row.observed_at_ms, reverse=True)
+        # Newest first; rows of one millisecond by their order of arrival, the newest first too (a
+        # stable sort of the rows oldest first, reversed, kept the first 16 to arrive in a tie).
+        newest = sorted(reversed(self._rows.values()), key=lambda row: row.observed_at_ms, reverse=True)
         return tuple(newest[:MAX_SUBAGENTS])

@@ -16,10 +16,14 @@ import json
 import logging
 import os
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import trio
+
+if TYPE_CHECKING:
+    from sidecar.redaction import Redactor
 
 __all__ = [
     "DEFAULT_CAP_BYTES",
@@ -30,6 +34,7 @@ __all__ = [
     "create_recording",
     "encode_line",
     "fact_line",
+    "redact_recording",
 ]
 
 log = logging.getLogger(__name__)
@@ -53,9 +58,11 @@ class Chunk:
 
 def create_recording(path: str | os.PathLike[str]) -> BinaryIO:
     """A new file at `path`, refused if anything is there already (a symlink included: O_EXCL
-    with O_CREAT never follows one), 0600: a session's bytes are the user's."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    return os.fdopen(fd, "wb")
+    with O_CREAT never follows one), 0600: a session's bytes are the user's. Appended to only: each
+    sidecar of the session writes through this one open file (`hctx wrap` hands it down by
+    descriptor), never through the path, which whoever may rename in its directory could swap."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    return os.fdopen(os.open(path, flags, 0o600), "ab")
 
 
 def fact_line(at_ms: int, event: object) -> dict[str, Any] | None:
@@ -71,9 +78,16 @@ def fact_line(at_ms: int, event: object) -> dict[str, Any] | None:
     return {"at_ms": at_ms, "fact": f"{kind.__module__}:{kind.__qualname__}", "value": value}
 
 
+# A chunk queued: its time, wire, stream and bytes, and whether bytes of its stream were dropped
+# before it (its redactor must not trust where it thought it was).
+_Queued = tuple[int, str, int, bytes, bool]
+
+
 @dataclass
 class Recorder:
-    """Offered chunks queued for `run` to write to `file`, first the `header`."""
+    """Offered chunks queued for `run` to write to `file`, first the `header`. With `redactor`
+    (a fresh `sidecar.redaction.Redactor` for a wire), each stream's chunks are redacted on their
+    way to the file, in the worker thread (the default; `hctx wrap --record-raw` records none)."""
 
     file: BinaryIO
     header: dict[str, Any]
@@ -83,11 +97,15 @@ class Recorder:
     lost_bytes: int = 0
     truncated: bool = False
     last_at_ms: int = 0  # the newest chunk's time: a gap said at the end is dated by it
-    _queue: deque[dict[str, Any] | tuple[int, str, int, bytes]] = field(default_factory=deque)
+    redactor: Callable[[str], Redactor] | None = None
+    _queue: deque[dict[str, Any] | _Queued] = field(default_factory=deque)
     _queued_bytes: int = 0
     _streams: int = 0
+    _lost_streams: set[int] = field(default_factory=set)
+    _redactors: dict[int, Redactor] = field(default_factory=dict)  # the worker thread's alone
     _wake: trio.Event = field(default_factory=trio.Event)
     _closed: bool = False
+    _broken: bool = False
 
     def new_stream(self) -> int:
         self._streams += 1
@@ -100,9 +118,12 @@ class Recorder:
         if self._queued_bytes + len(data) > QUEUE_BYTES:
             self.lost_chunks += 1
             self.lost_bytes += len(data)
+            self._lost_streams.add(stream)
             return
         self._gap_if_lost(at_ms)
-        self._queue.append((at_ms, wire, stream, data))
+        after_loss = stream in self._lost_streams
+        self._lost_streams.discard(stream)
+        self._queue.append((at_ms, wire, stream, data, after_loss))
         self._queued_bytes += len(data)
         self._wake.set()
 
@@ -124,9 +145,12 @@ class Recorder:
         self._wake.set()
 
     async def run(self) -> None:
-        """Write the header, then each batch queued, in a worker thread, until closed and drained."""
+        """Write the header, then each batch queued, in a worker thread, until closed and drained.
+        A file that cannot be written (a full disk, an I/O error) ends the recording, logged, and
+        never the sidecar: closing it again is not allowed to raise either."""
         try:
-            await trio.to_thread.run_sync(self._write, [encode_line(self.header)])
+            header: list[dict[str, Any] | _Queued] = [self.header]
+            await trio.to_thread.run_sync(self._write, header)
             while True:
                 if not self._queue:
                     if self._closed:
@@ -134,34 +158,62 @@ class Recorder:
                     await self._wake.wait()
                     self._wake = trio.Event()
                     continue
-                batch = [encode_line(entry) for entry in self._drain()]
-                await trio.to_thread.run_sync(self._write, batch)
+                await trio.to_thread.run_sync(self._write, self._drain())
             if self.lost_chunks:
                 self._gap_if_lost(self.last_at_ms)
-                await trio.to_thread.run_sync(self._write, [encode_line(entry) for entry in self._drain()])
-        except OSError as exc:  # a full disk costs the recording, never the session
-            log.error("recording stopped: %s", exc, extra={"event": "recording-failed"})
-            self.truncated = True
+                await trio.to_thread.run_sync(self._write, self._drain())
+        except OSError as exc:
+            self._failed(exc)
         finally:
             self._queue.clear()
-            self.file.close()
+            try:
+                self.file.close()  # a buffered file flushes on close: the disk-full error again
+            except OSError as exc:
+                self._failed(exc)
 
-    def _drain(self) -> list[dict[str, Any] | tuple[int, str, int, bytes]]:
+    def _failed(self, exc: OSError) -> None:
+        if not self._broken:  # once: a close after a failed write fails again the same way
+            log.error("recording stopped: %s", exc, extra={"event": "recording-failed"})
+        self._broken = self.truncated = True
+
+    def _drain(self) -> list[dict[str, Any] | _Queued]:
         batch = list(self._queue)
         self._queue.clear()
         self._queued_bytes = 0
         return batch
 
-    def _write(self, lines: list[bytes]) -> None:
-        for line in lines:
+    def _write(self, entries: list[dict[str, Any] | _Queued]) -> None:
+        for entry in entries:
             if self.truncated:
                 return
+            line = self._line(entry)
+            if line is None:
+                continue
             if self.written + len(line) > self.cap_bytes:
                 self.truncated = True
                 line = encode_line({"truncated": {"cap_bytes": self.cap_bytes, "written_bytes": self.written}})
             self.file.write(line)
             self.written += len(line)
         self.file.flush()
+
+    def _line(self, entry: dict[str, Any] | _Queued) -> bytes | None:
+        """The entry's line, its chunk redacted when the recorder redacts (None: nothing to write
+        yet, the redactor holds the chunk's bytes for a later one of its stream)."""
+        if not isinstance(entry, tuple):
+            if entry.get("end") is True:
+                self._redactors.pop(entry.get("stream", 0), None)
+            return encode_line(entry)
+        at_ms, wire, stream, data, after_loss = entry
+        if self.redactor is not None:
+            redactor = self._redactors.get(stream)
+            if redactor is None:
+                redactor = self._redactors[stream] = self.redactor(wire)
+            if after_loss:
+                redactor.lost()
+            data = redactor.redact(data)
+            if not data:
+                return None
+        return encode_line((at_ms, wire, stream, data))
 
 
 def encode_line(entry: dict[str, Any] | tuple[int, str, int, bytes]) -> bytes:
@@ -170,3 +222,34 @@ def encode_line(entry: dict[str, Any] | tuple[int, str, int, bytes]) -> bytes:
         at_ms, wire, stream, data = entry
         entry = {"at_ms": at_ms, "wire": wire, "stream": stream, "b64": base64.b64encode(data).decode("ascii")}
     return json.dumps(entry, separators=(",", ":"), allow_nan=False).encode() + b"\n"
+
+
+def redact_recording(data: bytes) -> bytes:
+    """A whole recording (`--record-raw`'s, or one made before redaction) as `hctx wrap --record`
+    would have recorded it: each header's harness redacts its sidecar's streams; a gap leaves every
+    stream's redactor unsure where it was. Lines that are not chunks are kept as they were."""
+    from sidecar.redaction import redactors
+    from sidecar.registry import spec_for
+
+    out: list[bytes] = []
+    make: Callable[[str], Redactor] | None = None
+    streams: dict[int, Redactor] = {}
+    for line in data.splitlines():
+        entry = json.loads(line)
+        if "format" in entry:
+            make, streams = redactors(spec_for(entry["harness"])), {}
+            entry["redacted"] = True
+        elif "gap" in entry:
+            for redactor in streams.values():
+                redactor.lost()
+        elif "b64" in entry and make is not None:
+            stream = entry["stream"]
+            redactor = streams.get(stream) or streams.setdefault(stream, make(entry["wire"]))
+            redacted = redactor.redact(base64.b64decode(entry["b64"], validate=True))
+            if not redacted:
+                continue  # held for a later chunk of its stream (a string of JSON text, cut)
+            entry["b64"] = base64.b64encode(redacted).decode("ascii")
+        elif entry.get("end") is True:
+            streams.pop(entry.get("stream", 0), None)
+        out.append(encode_line(entry))
+    return b"".join(out)

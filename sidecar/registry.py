@@ -2,7 +2,9 @@
 
 A spec (`sidecar.spec.HarnessSpec`, re-exported here) is everything the sidecar, `hctx replay`,
 `hctx scan` and the wrapper need to know about one harness. The registry is the one door to them:
-the wrapper and the readers import this module, never a harness package.
+the wrapper and the readers import this module, never a harness package. A harness's launch plan
+(`prepare`, `teardown`), its model-window table and whether its percent can run past 100 are reached
+here through its spec; a launch plan loads only when the wrapper asks for one, never in a sidecar.
 
 Specs load lazily, by module path, so a sidecar imports only its own harness: its HTTP client
 (httpx) only for OpenCode, trio-websocket only for Codex's relay. A harness outside
@@ -16,11 +18,14 @@ from __future__ import annotations
 import importlib
 from collections.abc import Mapping
 from functools import cache
+from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from guard.errors import UnknownHarness
+from sidecar.names import BUILT_IN, ENTRY_POINT_GROUP, REGISTERED, entry_point_paths, harness_names
 from sidecar.spec import (
     HarnessSpec,
+    ModelWindows,
     TranscriptFile,
     TranscriptReader,
     TranscriptReading,
@@ -28,11 +33,13 @@ from sidecar.spec import (
 )
 
 if TYPE_CHECKING:
-    from pydantic import BaseModel
+    from guard.record import Harness
+    from sidecar.launching import LaunchModule, LaunchPlan
 
 __all__ = [
     "BUILT_IN",
     "ENTRY_POINT_GROUP",
+    "PACKAGE_RUNNERS",
     "REGISTERED",
     "HarnessSpec",
     "TranscriptFile",
@@ -40,47 +47,30 @@ __all__ = [
     "TranscriptReading",
     "WindowSource",
     "harness_names",
+    "has_teardown",
+    "infer_harness",
+    "launch_plan",
+    "model_table",
+    "overrun_harnesses",
+    "prepare",
+    "programs",
     "rescan",
     "spec_for",
+    "teardown",
     "transcript_readers",
-    "transport_config",
     "verified_versions",
 ]
-
-ENTRY_POINT_GROUP = "hctx.harnesses"
-
-# name -> "module:attribute" of its HarnessSpec. pi and omp share one extension channel and module.
-BUILT_IN: Mapping[str, str] = {
-    "claude": "sidecar.harnesses.claude.producer:SPEC",
-    "codex": "sidecar.harnesses.codex.producer:SPEC",
-    "pi": "sidecar.harnesses.pi.producer:PI",
-    "omp": "sidecar.harnesses.pi.producer:OMP",
-    "opencode": "sidecar.harnesses.opencode.producer:SPEC",
-}
-
-
-@cache
-def _entry_points() -> dict[str, str]:
-    # Imported here: a built-in harness never needs it, and it costs a sidecar 1 MB.
-    from importlib.metadata import entry_points
-
-    return {point.name: point.value for point in entry_points(group=ENTRY_POINT_GROUP)}
 
 
 def rescan() -> None:
     """Forget what was found: after a harness was installed (or removed) in this process."""
-    _entry_points.cache_clear()
+    entry_point_paths.cache_clear()
     spec_for.cache_clear()
-
-
-def harness_names() -> tuple[str, ...]:
-    """Every harness hctx can run: the built-in table, then the registered ones."""
-    return (*BUILT_IN, *(name for name in sorted(_entry_points()) if name not in BUILT_IN))
 
 
 @cache
 def spec_for(name: str) -> HarnessSpec:
-    path = BUILT_IN.get(name) or _entry_points().get(name)
+    path = BUILT_IN.get(name) or entry_point_paths().get(name)
     if path is None:
         raise UnknownHarness(f"no harness {name!r}: known are {', '.join(harness_names())}")
     module_name, _, attribute = path.partition(":")
@@ -90,27 +80,8 @@ def spec_for(name: str) -> HarnessSpec:
     return spec
 
 
-class _Registered:
-    """The names `spec_for` answers, as a container: the readers' set of harnesses they know."""
-
-    def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and (name in BUILT_IN or name in _entry_points())
-
-
-REGISTERED = _Registered()
-
-
 def verified_versions(name: str) -> tuple[str, ...]:
     return spec_for(name).verified_versions
-
-
-def transport_config(name: str, fields: Mapping[str, object]) -> BaseModel:
-    """The config a launch plan hands the harness's transport: `fields` validated by the harness's
-    own `transport_config` model, the one the sidecar validates `--transport` with."""
-    model = spec_for(name).transport_config
-    if model is None:
-        raise UnknownHarness(f"the {name} harness has no transport config")
-    return model.model_validate(fields)
 
 
 def transcript_readers() -> dict[str, TranscriptReader]:
@@ -119,5 +90,69 @@ def transcript_readers() -> dict[str, TranscriptReader]:
     for name in harness_names():
         module = spec_for(name).transcripts
         if module is not None:
-            readers[name] = cast("TranscriptReader", importlib.import_module(module))
+            readers[name] = cast("TranscriptReader", spec_for(name).module(module))
     return readers
+
+
+def model_table(name: str, environ: Mapping[str, str], warnings: list[str]) -> dict[str, int]:
+    """The harness's model id -> window table (`HarnessSpec.model_windows`); {} when it has none."""
+    spec = spec_for(name)
+    if spec.model_windows is None:
+        return {}
+    return cast("ModelWindows", spec.module(spec.model_windows)).model_table(environ, warnings)
+
+
+def overrun_harnesses() -> tuple[str, ...]:
+    """The harnesses whose usedPercent can run past 100 (`HarnessSpec.overruns`)."""
+    return tuple(name for name in harness_names() if spec_for(name).overruns)
+
+
+# ---------------------------------------------------------------------------------------------
+# Launching: the wrapper's door to each harness's launch plan (`sidecar.launching`)
+
+
+def launch_plan(name: str) -> LaunchModule:
+    """The harness's launch plan module (`HarnessSpec.launch`, in its own package)."""
+    spec = spec_for(name)
+    return cast("LaunchModule", spec.module(spec.launch))
+
+
+def prepare(plan: LaunchPlan) -> LaunchPlan:
+    return launch_plan(plan.harness).prepare(plan)
+
+
+def has_teardown(plan: LaunchPlan) -> bool:
+    """Whether the plan's module undoes anything after the launch (most have nothing to undo)."""
+    return hasattr(launch_plan(plan.harness), "teardown")
+
+
+def teardown(plan: LaunchPlan) -> None:
+    """After the launch `plan` (as `prepare` returned it) has ended. A module's teardown reports its
+    own failures and never raises: the wrapper's exit status is the harness's."""
+    undo = getattr(launch_plan(plan.harness), "teardown", None)
+    if undo is not None:
+        undo(plan)
+
+
+def programs() -> dict[str, Harness]:
+    """Every harness's program names and npm packages (each spec's `programs`), to its name."""
+    return {program: name for name in harness_names() for program in spec_for(name).programs}
+
+
+PACKAGE_RUNNERS = frozenset({"npx", "bunx", "pnpx"})
+
+
+def _package_name(spec: str) -> str:
+    """`@scope/agent@1.2.3` -> `@scope/agent`; `opencode-ai@latest` -> `opencode-ai`."""
+    scope = "@" if spec.startswith("@") else ""
+    return scope + spec.removeprefix("@").partition("@")[0]
+
+
+def infer_harness(argv: tuple[str, ...]) -> Harness | None:
+    """The harness `argv` runs: its program's name, or the package behind `npx`/`bunx`; else None."""
+    if not argv:
+        return None
+    program = Path(argv[0]).name
+    if program in PACKAGE_RUNNERS:
+        program = _package_name(next((word for word in argv[1:] if not word.startswith("-")), ""))
+    return programs().get(program)

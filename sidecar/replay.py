@@ -20,19 +20,19 @@ from trio.testing import MockClock, wait_all_tasks_blocked
 
 from guard.errors import CatalogError, MalformedFrame, RecordingError
 from guard.json_rule import loads_object
-from guard.policy import Write, WriteGuard
-from guard.record import HarnessContext
-from sidecar.pipeline import Pipeline
+from guard.policy import Write
+from guard.record import HarnessContext, describe_validation_error
 from sidecar.recorder import FORMAT, Chunk
 from sidecar.spec import HarnessSpec, recording_bytes
 
 if TYPE_CHECKING:
-    from sidecar.app import Writer
+    from sidecar.app import Outcome, Sidecar, SidecarSettings, Writer
     from sidecar.streams import Stream
 
 __all__ = [
     "MemoryStore",
     "Recorded",
+    "RecordedSchedule",
     "Summary",
     "header_of",
     "read_chunks",
@@ -99,18 +99,20 @@ def read_chunks(data: bytes) -> list[Chunk]:
     return chunks
 
 
-def replay_recording(spec: HarnessSpec, path: Path, *, agent: str = "replay") -> tuple[list[Write], Summary]:
+def replay_recording(spec: HarnessSpec, path: Path, *, agent: str | None = None) -> tuple[list[Write], Summary]:
     """`replay_bytes` of the file at `path` (a FIFO, a device or a huge file refused, OSError)."""
     return replay_bytes(spec, recording_bytes(path), agent=agent, name=path)
 
 
 def replay_bytes(
-    spec: HarnessSpec, data: bytes, *, agent: str = "replay", name: object = "the recording"
+    spec: HarnessSpec, data: bytes, *, agent: str | None = None, name: object = "the recording"
 ) -> tuple[list[Write], Summary]:
-    """The writes a recording makes through the live sidecar's `Stream`s, `Writer` and write
-    guard, on trio's MockClock (autojump: a recorded hour takes no time) and an in-memory store,
-    so the outbox, the refresh of the newest write and a decoder's failure all run as they ran live.
-    RecordingError for bytes that are no recording (no header first)."""
+    """The writes a recording makes through the live sidecar's own setup (`sidecar.app.assemble`:
+    its `Stream`s, `Writer` and write guard, configured as each header says the live sidecar was),
+    on trio's MockClock (autojump: a recorded hour takes no time) and an in-memory store, so the
+    outbox, the refresh of the newest write and a decoder's failure all run as they ran live.
+    `agent`, given, replaces the recorded one. RecordingError for bytes that are no recording (no
+    header first, or a header whose `config` is no sidecar's)."""
     header_of(data, name)
     summary = Summary()
     landed: list[Write] = []
@@ -167,6 +169,35 @@ class MemoryStore(Recorded):
         return record
 
 
+class RecordedSchedule:
+    """The live writer's schedule, as its recording says (sidecar.app.Schedule): records stamped by
+    the recorded wall clock; a write taken at its `taken` line (`taken`); late where a `late` line
+    says the live one was found late (`found_late`, set by the driver), never by the replay's own
+    clock, so it folds exactly the writes the live outbox folded however near the bound the recorded
+    times fell; each write that landed kept, in order (`landed`)."""
+
+    def __init__(self, wall: _MockWall, taken: Recorded) -> None:
+        self.wall = wall
+        self.taken = taken
+        self.found_late = False
+        self.landed: list[Write] = []
+
+    def wall_ms(self) -> int:
+        return self.wall.wall_ms()
+
+    async def take(self) -> None:
+        await self.taken.next()
+
+    def late(self, in_flight_s: float) -> bool:
+        return self.found_late
+
+    def said(self, outcome: Outcome, write: Write) -> None:
+        if outcome == "landed":
+            self.landed.append(write)
+        if outcome in ("landed", "failed"):
+            self.found_late = False
+
+
 class _MockWall:
     """The recorded wall clock, on trio's (mock) clock: `origin_ms` at the start of the replay."""
 
@@ -181,7 +212,9 @@ class _MockWall:
         return self.start + max(0, at_ms - self.origin_ms) / 1000
 
 
-async def _drive(spec: HarnessSpec, lines: list[bytes], agent: str, landed: list[Write], summary: Summary) -> None:
+async def _drive(
+    spec: HarnessSpec, lines: list[bytes], agent: str | None, landed: list[Write], summary: Summary
+) -> None:
     segment: list[tuple[int, dict[str, Any]]] = []
     header: dict[str, Any] | None = None
     for number, line in enumerate(lines, 1):
@@ -202,35 +235,55 @@ async def _drive(spec: HarnessSpec, lines: list[bytes], agent: str, landed: list
         await _sidecar(spec, header, segment, agent, landed, summary)
 
 
+def _settings_of(spec: HarnessSpec, header: dict[str, Any], agent: str | None = None) -> SidecarSettings:
+    """What the sidecar a header starts was started with (its `config`); a header without one (a
+    recording made before it held it, a converted capture) the defaults, with its incarnation.
+    RecordingError for a `config` that is no sidecar's."""
+    from pydantic import ValidationError
+
+    from sidecar.app import SidecarSettings
+
+    config, incarnation = header.get("config"), header.get("incarnation")
+    try:
+        if config is None:
+            settings = SidecarSettings(
+                harness=spec.name, incarnation=incarnation if isinstance(incarnation, str) else "replay"
+            )
+        else:
+            settings = SidecarSettings.model_validate(config)
+    except ValidationError as exc:
+        raise RecordingError(f"its header's config is no sidecar's: {describe_validation_error(exc)}") from None
+    return settings if agent is None else settings.model_copy(update={"agent": agent})
+
+
 async def _sidecar(
     spec: HarnessSpec,
     header: dict[str, Any],
     entries: list[tuple[int, dict[str, Any]]],
-    agent: str,
+    agent: str | None,
     landed: list[Write],
     summary: Summary,
 ) -> None:
     """One sidecar's lines: its writer runs beside them, and lands what is owed once they end
     (a stream still open then was cut, as live, with no end of its data)."""
-    from sidecar.app import Writer
+    from sidecar.app import assemble
 
     summary.sidecars += 1
-    origin, incarnation = header.get("started_ms"), header.get("incarnation")
+    settings = _settings_of(spec, header, agent)
+    origin = header.get("started_ms")
     wall = _MockWall(origin if isinstance(origin, int) else 0)
-    guard = WriteGuard(agent, incarnation if isinstance(incarnation, str) else "replay")
     store = MemoryStore()
     # A recording that says when no write landed (a capture converted into one) lands each at once.
     # The writer's own lines the recording holds (a hostile one's non-string `write` is none of them).
     said = {said for _, entry in entries if isinstance(said := entry.get("write"), str)}
     store.unbounded = not said & {"landed", "failed"}
-    writer = Writer(Pipeline(spec.make_producer(), guard), store, wall)
-    writer.on_landed = landed.append
     # A write is taken (refreshed with the newest reading held, and sent) when its `taken` line
     # says: live, the frames the channel read before the writer got to it decided what it carried.
     taken = Recorded()
     taken.unbounded = "taken" not in said
-    writer.taking = taken.next
-    writer.outbox.judge_by_clock = False  # the recording's `late` lines say when a write was late
+    schedule = RecordedSchedule(wall, taken)
+    sidecar = assemble(spec, settings, store, schedule)
+    writer = sidecar.writer
     streams: dict[int, Stream] = {}
     async with trio.open_nursery() as nursery:
         nursery.start_soon(writer.run)
@@ -242,15 +295,15 @@ async def _sidecar(
             # Live, the outbox found the write in flight late while it took this line's event in, and
             # said so right after this line: the event is taken in as it was, folded.
             found_late = at + 1 < len(entries) and entries[at + 1][1].get("write") == "late"
-            if found_late and writer.outbox.in_flight_since is not None:
-                writer.outbox.late = True
+            if found_late and writer.outbox.in_flight is not None:
+                schedule.found_late = True
             if (outcome := entry.get("write")) in ("landed", "failed"):
                 store.release(outcome)
             elif outcome == "taken":
                 taken.release(outcome)
             elif outcome == "late":
                 pass  # taken with the line before it
-            elif isinstance(problem := _play(spec, entry, writer, streams), str):
+            elif isinstance(problem := _play(sidecar, entry, streams), str):
                 summary.problems.append(f"line {number}: {problem}")
             else:
                 quiet = problem == 0
@@ -262,24 +315,24 @@ async def _sidecar(
         store.release_all()
         taken.release_all()
         writer.close()
+    landed += schedule.landed
     summary.drops.update(writer.pipeline.drops)
 
 
-def _play(spec: HarnessSpec, entry: dict[str, Any], writer: Writer, streams: dict[int, Stream]) -> str | int | None:
+def _play(sidecar: Sidecar, entry: dict[str, Any], streams: dict[int, Stream]) -> str | int | None:
     """One line into the live path: what is wrong with it, if anything, else how many events a
     chunk completed (None for any other line)."""
+    spec = sidecar.spec
     if "gap" in entry or "truncated" in entry:
         return None
     if "fact" in entry:
-        return _fact(spec, entry, writer)
+        return _fact(spec, entry, sidecar.writer)
     wire, stream_id = entry.get("wire"), entry.get("stream")
     if not isinstance(wire, str) or not isinstance(stream_id, int) or wire not in spec.wires():
         return f"no wire of the {spec.name} harness: {wire!r}"
     stream = streams.get(stream_id)
     if stream is None:
-        from sidecar.app import transport_streams
-
-        stream = streams[stream_id] = transport_streams(spec, writer).open(wire)
+        stream = streams[stream_id] = sidecar.streams.open(wire)
     if entry.get("end") is True:
         del streams[stream_id]
         return stream.end_of_data()
@@ -301,9 +354,14 @@ def _fact(spec: HarnessSpec, entry: dict[str, Any], writer: Writer) -> str | Non
         return f"a fact of no type of the {spec.name} harness: {name!r}"
     try:
         kind = getattr(importlib.import_module(module_name), qualname)
-        writer.submit(TypeAdapter(kind).validate_python(entry.get("value")))
-    except (ImportError, AttributeError, ValidationError, TypeError) as exc:
+        fact = TypeAdapter(kind).validate_python(entry.get("value"))
+    except ValidationError as exc:
         return f"fact {name!r} not rebuilt: {str(exc)[:120]}"
+    except Exception as exc:  # hostile input: a name of no fact's type is a refused line
+        # A class pydantic builds no schema for (a producer, a transport), a name that is no class,
+        # a constructor that raises: the recording names it, so it costs the line, never the replay.
+        return f"fact {name!r} not rebuilt: it names no type a fact is ({type(exc).__name__})"
+    writer.submit(fact)
     return None
 
 

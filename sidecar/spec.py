@@ -3,8 +3,9 @@
 A spec is everything the sidecar, `hctx replay`, `hctx scan` and the wrapper need to know about one
 harness: its producer, one decoder per wire it is read from, the transport that moves those bytes
 (if the unix-socket channel is not the only one) and the model of its config, how the wrapper taps
-its stdout, the wrapper's launch plan, how its own transcripts read, and the builds its arithmetic
-was verified against.
+its stdout, its launch plan, how its own transcripts read, its model-window table, whether its
+percent can run past 100, and the builds its arithmetic was verified against. It names modules only
+inside its own package.
 
 This module sits below the harness packages (`sidecar.harnesses.<name>`), which define their specs
 with it, and below `sidecar.registry`, which finds them by name: it imports no harness.
@@ -13,9 +14,11 @@ with it, and below `sidecar.registry`, which finds them by name: it imports no h
 from __future__ import annotations
 
 import errno
+import importlib
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from guard.errors import RecordingError, UnknownHarness
@@ -32,6 +35,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MAX_RECORDING_BYTES",
     "HarnessSpec",
+    "ModelWindows",
     "Stream",
     "Streams",
     "Submit",
@@ -128,6 +132,15 @@ class TranscriptReader(Protocol):
         ...
 
 
+class ModelWindows(Protocol):
+    """The module `HarnessSpec.model_windows` names: a table of model id -> window tokens."""
+
+    def model_table(self, environ: Mapping[str, str], warnings: list[str]) -> dict[str, int]:
+        """The shipped table, extended by the user's file; what is wrong with that file goes in
+        `warnings` (the shipped table is used)."""
+        ...
+
+
 @dataclass(frozen=True)
 class HarnessSpec:
     name: str
@@ -137,15 +150,20 @@ class HarnessSpec:
     # Every other wire -> a fresh decoder for one stream of it (a connection, a file).
     decoders: Mapping[str, Callable[[], Decoder]]
     verified_versions: tuple[str, ...]
-    # The wrapper module whose `prepare` launches the harness, and the sidecar transport module
-    # whose `run(config, streams)` moves its native stream's bytes (None: the channel is the only wire).
-    launch: str
+    # The harness's own package (`sidecar.harnesses.<name>`). Every module the spec names below is
+    # one of that package's, by its name inside it (`launch`, never a dotted path): a harness is one
+    # folder, and its spec reaches nothing outside it (`module`).
+    package: str
+    # The module whose `prepare` launches the harness (`sidecar.launching`; loaded only in the
+    # wrapper process), and the transport module whose `run(config, streams)` moves its native
+    # stream's bytes (None: the channel is the only wire).
+    launch: str = "launch"
     transport: str | None = None
     # How its program is called, and its npm package as `npx` or `bunx` runs it (`hctx wrap`'s
     # inference of the harness from a command line).
     programs: tuple[str, ...] = ()
-    # The model of the transport's config: the wrapper's launch plan builds one (through
-    # `sidecar.registry.transport_config`), the sidecar validates its JSON (`--transport`) with it.
+    # The model of the transport's config: the launch plan builds an instance of it, the sidecar
+    # validates its JSON (`--transport`) with it.
     transport_config: type[BaseModel] | None = None
     # One line of the harness's stdout (without its newline) -> the channel frame the wrapper sends
     # for it, when a launch plan asks for the stdout tap (`LaunchPlan.tap_stdout`); None: no tap.
@@ -153,6 +171,32 @@ class HarnessSpec:
     # The module (a `TranscriptReader`) that reads its own transcripts for `hctx scan`, loaded only
     # there; None: scan does not read this harness.
     transcripts: str | None = None
+    # A recording's redaction (sidecar.redaction, issue 40): the keys whose string values its
+    # decoders read (a type, a model, an id, a time, a version), recorded as they were; every other
+    # string is recorded as as many `x`. None of them ever holds a prompt, a message, a tool's input
+    # or output, a file's content, an instruction, an email, a token or a key.
+    recorded_strings: frozenset[str] = frozenset()
+    # Keys whose string value is JSON text itself (Codex's stdout line in a tap frame): redacted
+    # by the same keys inside.
+    recorded_json_strings: frozenset[str] = frozenset()
+    # The module (a `ModelWindows`) whose `model_table(environ, warnings)` gives model id -> window
+    # tokens where the harness's own records name no window (its launch plan and `hctx scan` read
+    # it); None: the harness states its windows itself.
+    model_windows: str | None = None
+    # Whether its usedPercent can run past 100 on an overrun (`hctx watch --at` above 100 says which).
+    overruns: bool = False
+
+    def __post_init__(self) -> None:
+        for module in (self.launch, self.transport, self.transcripts, self.model_windows):
+            if module is not None and not module.isidentifier():
+                raise UnknownHarness(
+                    f"the {self.name} harness's spec names {module!r}: a spec names only modules of its own "
+                    f"package {self.package}, by their name inside it"
+                )
+
+    def module(self, name: str) -> ModuleType:
+        """The module `name` of the harness's own package (one the spec names), imported."""
+        return importlib.import_module(f"{self.package}.{name}")
 
     def wires(self) -> tuple[str, ...]:
         return (CHANNEL, *self.decoders)

@@ -13,7 +13,6 @@ imports.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import math
 import time
@@ -140,5 +139,5 @@ def transport_for(spec: HarnessSpec) -> Transport | None:
     """The `run` of the spec's transport module; None for a harness the channel alone carries."""
     if spec.transport is None:
         return None
-    run: Transport = importlib.import_module(spec.transport).run
+    run: Transport = spec.module(spec.transport).run
     return run

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import json
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,9 +31,9 @@ UNTIMED_STEP_MS = 1000
 
 # The fields that depend on when, not what: the replay clock and the live one differ.
 CLOCK_FIELDS = frozenset({"observedAtMs", "writtenAtMs", "lastCompactionMs", "incarnation", "agent"})
-# What a sidecar's `write` log line carries of each write: all a live run can be compared on (the
-# compaction point too: the web board plots it from the log).
-LOGGED_FIELDS = ("reason", "usedTokens", "windowTokens", "usedPercent", "compactions", "compactAtTokens")
+# What a live write and its replay may differ in: when it landed (stamped under the catalog's
+# lock live, by the in-memory store in a replay). Every other field of every write is compared.
+LANDED_FIELD = "writtenAtMs"
 
 
 def outcome(write: Write) -> dict[str, Any]:
@@ -40,9 +41,22 @@ def outcome(write: Write) -> dict[str, Any]:
     return {"reason": write.reason} | {key: value for key, value in record.items() if key not in CLOCK_FIELDS}
 
 
+def whole(reason: object, record: object) -> tuple[Any, ...]:
+    """A write as the live-against-replay check holds it: its reason, then the whole record (every
+    field but when it landed), as one canonical JSON text."""
+    assert isinstance(record, dict), record
+    fields = {key: value for key, value in record.items() if key != LANDED_FIELD}
+    return (reason, json.dumps(fields, sort_keys=True))
+
+
 def logged(write: Write) -> tuple[Any, ...]:
-    """The write as the sidecar's log line states it."""
-    return tuple(outcome(write).get(key) for key in LOGGED_FIELDS)
+    """A replayed write as `whole` holds it (the record as the sidecar's `write` log line states it)."""
+    return whole(write.reason, write.record.model_dump(mode="json", by_alias=True))
+
+
+def lived(event: dict[str, Any]) -> tuple[Any, ...]:
+    """A live write, from the sidecar's `write` log line (its `record`), as `whole` holds it."""
+    return whole(event.get("reason"), event.get("record"))
 
 
 def assert_lived_as_replayed(lived: list[tuple[Any, ...]], replayed: list[tuple[Any, ...]], coalesced: int) -> None:
@@ -66,6 +80,17 @@ def assert_lived_as_replayed(lived: list[tuple[Any, ...]], replayed: list[tuple[
     assert lived and replayed and lived[-1][1:] == numbers[-1]
     # None missing: the replay folded them too.
     assert 0 <= len(replayed) - len(lived) <= coalesced, (len(replayed), len(lived), coalesced)
+
+
+# Where the live tests keep the recordings `hctx wrap --record` made of real sessions (one folder
+# per harness, `HCTX_KEEP_RECORDINGS`, tests/wrapping.py): not conversions of the lab's captures.
+WRAPPED = "wrapped"
+
+
+def converted_recordings() -> list[Path]:
+    """Every recording under fixtures/recordings/ converted from the lab's captures (the wrapped
+    sessions' recordings aside: tests/test_wrapped_recordings.py holds those)."""
+    return [path for path in sorted(RECORDINGS.rglob("*.rec")) if WRAPPED not in path.relative_to(RECORDINGS).parts]
 
 
 def recording_path(name: str) -> Path:

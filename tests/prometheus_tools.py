@@ -18,8 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import REPO
 from tests.wrapping import env
-from wrapper.metrics import Exporter
-from wrapper.metrics import exposition as render
+from wrapper.readers.metrics import Exporter
+from wrapper.readers.metrics import exposition as render
 
 RULES = REPO / "monitoring" / "hctx-alerts.yml"
 RULES_TESTS = REPO / "monitoring" / "hctx-alerts.test.yml"

@@ -16,16 +16,16 @@ import pytest
 from guard.account import Account, account_key, read_account_file
 from guard.policy import WriteGuard
 from sidecar.app import stated_account
+from sidecar.harnesses.claude.launch import seat_account as claude_seat_account
+from sidecar.harnesses.codex.launch import prepare as codex_prepare
+from sidecar.harnesses.codex.launch import seat_account as codex_seat_account
+from sidecar.launching import LaunchPlan, account_json
 from sidecar.pipeline import Pipeline
 from sidecar.registry import spec_for
 from sidecar.replay import replay_recording
 from tests.conformance import chunks_of, recording_of
 from tests.conftest import REPO
-from wrapper.harnesses import LaunchPlan, account_json
-from wrapper.harnesses.claude import seat_account as claude_seat_account
-from wrapper.harnesses.codex import prepare as codex_prepare
-from wrapper.harnesses.codex import seat_account as codex_seat_account
-from wrapper.resident import sidecar_argv
+from wrapper.launch.resident import sidecar_argv
 
 FIXTURES = REPO / "fixtures" / "accounts"
 
@@ -119,6 +119,41 @@ def test_the_codex_launch_reads_the_seats_auth_json(tmp_path: Path) -> None:
                                     env={"CODEX_HOME": str(home)})).account is None  # fmt: skip
     (home / "auth.json").write_text('{"auth_mode": "apikey", "OPENAI_API_KEY": "sk-fake"}')
     assert codex_seat_account(plan) is None
+
+
+def test_a_seat_counts_toward_its_account_from_its_launch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 35: a Codex seat writes no record until its first token usage, yet the wrapper knows its
+    account when it plans the launch. The claim names it then, so `hctx accounts` counts the seat
+    with the one of the same login that already reported: two agents, not one."""
+    from readers_catalog import NOW, put_record
+
+    from guard.layout import AgentDir
+    from guard.state import AgentLock, read_state
+    from tests.prometheus_tools import exposition, parse
+    from wrapper.launch.launcher import WrapOptions, begin_incarnation, claim
+    from wrapper.readers.accounts import fan_in
+    from wrapper.readers.roster import collect_roster
+
+    home = tmp_path / "codex-a"
+    home.mkdir()
+    shutil.copy(FIXTURES / "codex-0.171.0-seat-A.auth.json", home / "auth.json")
+    monkeypatch.setenv("CODEX_HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    catalog = tmp_path / "catalog"
+    agent = AgentDir(catalog, "box", "codex-a")
+    options = WrapOptions(agent=agent, harness="codex", argv=("codex", "app-server"))
+    incarnation = claim(options, AgentLock(agent))
+    begun = begin_incarnation(options, incarnation, os.getpid())
+    key = account_key("codex", "acct-AAA", "user-111")
+    stated = read_state(agent)
+    assert stated is not None and stated.account is not None and stated.account.key == key
+    assert begun["account"] == stated.account.model_dump_json()  # the one the sidecar is given
+    put_record(catalog, "codex-b", host="box", account={"key": key, "label": "chatgpt · pro"},
+               rateLimits={"fiveHour": 23, "sevenDay": 61}, observedAtMs=NOW, writtenAtMs=NOW)  # fmt: skip
+    (group,) = fan_in(collect_roster(catalog, NOW, here="box").rows)
+    assert (group.key, [row.identity for row in group.agents]) == (key, ["codex-a", "codex-b"])
+    samples = parse(exposition(catalog, NOW, "box"))
+    assert samples[("hctx_account_agents", (("account", key),))] == 2  # the account series count it too
 
 
 def test_the_claude_launch_reads_the_config_dir_then_the_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -15,7 +15,7 @@ from readers_catalog import HOST, HOUR, MINUTE, put_record
 from test_watch import _lines, _wait, _watch
 
 from guard.account import account_key
-from wrapper.account_watch import (
+from wrapper.readers.account_watch import (
     AccountWatch,
     RateLimitEvent,
     WindowSeen,
@@ -23,8 +23,8 @@ from wrapper.account_watch import (
     dump_account_state,
     load_account_state,
 )
-from wrapper.roster import RosterCache
-from wrapper.watch import Event, StateFile, observe
+from wrapper.readers.roster import RosterCache
+from wrapper.readers.watch import Event, StateFile, observe
 
 NOW = 1_788_000_000_000
 KEY = account_key("codex", "acct-AAA", "user-111")
@@ -229,7 +229,7 @@ def test_a_file_event_steps_only_the_accounts_of_the_agents_it_named(tmp_path: P
     """200 seats on another account and 100 agents stating none: a's event steps a's account (both
     its seats), nothing else, and an account an agent left is stepped too (issue 25: the watch's cost
     per event grew with the fleet)."""
-    import wrapper.account_watch as account_watch
+    import wrapper.readers.account_watch as account_watch
 
     seat(tmp_path, "a", 70, NOW - 3 * MINUTE)
     seat(tmp_path, "b", 85, NOW - 2 * MINUTE)
@@ -266,6 +266,76 @@ def test_a_file_event_steps_only_the_accounts_of_the_agents_it_named(tmp_path: P
 
 
 def group_key_of(watch: AccountWatch, identity: str) -> str:
-    from wrapper.accounts import group_key
+    from wrapper.readers.accounts import group_key
 
     return group_key(watch.held[f"{HOST}/{identity}"].row)
+
+
+# --- issue 35: idle Claude seats beside a busy one, through the real producer ------------------------
+
+
+def test_idle_seats_redrawing_old_limits_never_retell_a_crossing(tmp_path: Path) -> None:
+    """The issue's run, on the captured 2.1.332 status line: seats a and b of one claude.ai account
+    both heard 78% at T0; b's turn then moved it to 81%, while a idled, redrawing its 78% every 5 s
+    (hctx's refreshInterval), its heartbeat writing that fresh reading every five minutes. Each
+    record, as the sidecar writes it, is read as `hctx watch` and `hctx accounts` read it, every
+    5 s: the account's figure is b's 81 from its turn on, and the 80% crossing is told once."""
+    import copy
+
+    from guard.account import Account
+    from guard.policy import WriteGuard
+    from sidecar.harnesses.claude.producer import ClaudeProducer
+    from sidecar.pipeline import Pipeline
+    from tests.test_claude_producer import T0, payloads, statusline
+    from wrapper.readers.accounts import fan_in
+
+    key = account_key("claude", "uuid-1", "org-1")
+    turn = payloads("statusline-2.1.332-sonnet45-oauth.jsonl")[2]
+
+    def limited(percent: float, api_ms: int) -> dict[str, Any]:
+        payload = copy.deepcopy(turn)
+        payload["rate_limits"]["five_hour"]["used_percentage"] = percent
+        payload["cost"]["total_api_duration_ms"] = api_ms
+        return payload
+
+    account = Account(key=key, label="claude · max")
+    seats = {name: Pipeline(ClaudeProducer(), WriteGuard(name, f"inc-{name}"), account) for name in "ab"}
+    shown = {"a": limited(78, 100), "b": limited(78, 100)}
+    watch, told, figures = Watch(tmp_path), [], set()
+    beats = 0
+    for step in range(0, 13 * MINUTE // 1000, 5):  # past two heartbeats of each seat
+        now = T0 + step * 1000
+        if step == 60:
+            shown["b"] = limited(81, 900)  # b's turn: a new response, the account at 81%
+        for name, pipeline in seats.items():
+            for write in pipeline.feed(statusline(shown[name]), now):
+                beats += write.reason == "heartbeat"
+                put_record(tmp_path, name, raw=write.record.to_json().encode())
+        told += watch.read(now)
+        snapshot, _ = observe(tmp_path, now, here=HOST)
+        (group,) = fan_in(observation.row for observation in snapshot)
+        figures.add((step >= 60, group.windows["fiveHour"].used_percent))
+    assert beats >= 4  # each seat's heartbeat wrote its redrawn reading at least twice
+    assert told == [(key, "fiveHour", 80, "b")]
+    assert figures == {(False, 78), (True, 81)}  # from b's turn on, always the figure the service gave last
+
+
+def test_an_older_snapshot_left_newest_neither_rearms_nor_fires(tmp_path: Path) -> None:
+    """The account's newest seat's record goes (a relaunch removes it until the first reading): the
+    older seat's figure, newest now, says nothing new of the account; it must not re-arm the
+    crossing, so the newest figure coming back is not told again."""
+    watch = Watch(tmp_path)
+    seat(tmp_path, "a", 78, NOW - 2 * MINUTE)
+    path = put_record(tmp_path, "b", incarnation="inc-b", observedAtMs=NOW - MINUTE, writtenAtMs=NOW - MINUTE,
+                      compactions=0, rateLimits={"fiveHour": 81, "sevenDay": None}, rateLimitResetsAtMs=None,
+                      account={"key": KEY, "label": "chatgpt · pro"})  # fmt: skip
+    assert watch.read(NOW) == [(KEY, "fiveHour", 80, "b")]
+    kept = path.read_bytes()
+    path.unlink()
+    assert watch.read(NOW + 1000) == []
+    path.write_bytes(kept)
+    assert watch.read(NOW + 2000) == []
+    seat(tmp_path, "a", 70, NOW + 3000)  # a newer figure below 80 re-arms, as before
+    assert watch.read(NOW + 3000) == []
+    seat(tmp_path, "a", 82, NOW + 4000)
+    assert watch.read(NOW + 4000) == [(KEY, "fiveHour", 80, "a")]

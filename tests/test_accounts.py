@@ -13,13 +13,13 @@ from readers_catalog import HOST, HOUR, MINUTE, NOW, hctx, put_record
 
 from guard.account import Account, account_key, clean_label
 from guard.record import parse_record
+from sidecar.harnesses.claude.account import claude_account
+from sidecar.harnesses.codex.account import codex_account
 from tests.conftest import REPO
 from tests.prometheus_tools import dead, exposition, parse
-from wrapper.accounts import fan_in, groups_by_agent
-from wrapper.harnesses.claude import claude_account
-from wrapper.harnesses.codex import codex_account
-from wrapper.render import render_accounts, render_agents, render_agents_json
-from wrapper.roster import collect_roster
+from wrapper.readers.accounts import fan_in, groups_by_agent
+from wrapper.readers.render import render_accounts, render_agents, render_agents_json
+from wrapper.readers.roster import collect_roster
 
 FIXTURES = REPO / "fixtures" / "accounts"
 CODEX_VERSIONS = ("0.151.0", "0.171.0")
@@ -89,6 +89,26 @@ def test_a_label_is_printable_and_short_whatever_it_was() -> None:
     long = clean_label("x" * 10_000)
     assert long is not None and len(long) == 64 and long.endswith("…")
     assert clean_label(42) is None and clean_label("") is None
+
+
+@pytest.mark.parametrize(
+    ("where", "email"),
+    [("~/.claude-alice@example.com", "alice@example.com"), ("/srv/bob.smith@corp.example/.codex", "bob.smith@corp"),
+     ("~/x@y", "x@y")],
+)  # fmt: skip
+def test_an_email_in_the_config_directorys_name_never_reaches_the_label(where: str, email: str, tmp_path: Path) -> None:
+    """Issue 40: a config directory named after its login (`~/.claude-alice@example.com`) kept
+    the email in the label, hence in the record and every reader's output."""
+    claude = claude_account((FIXTURES / "claude-2.1.332-seat-A.claude.json").read_bytes(), where, "max")
+    codex = codex_account((FIXTURES / "codex-0.171.0-seat-A.auth.json").read_bytes(), where)
+    for account in (claude, codex):
+        assert account is not None and account.label is not None
+        assert "@" not in account.label and "(email)" in account.label, account.label
+    # A record that carries one anyway (written by another build) is listed without it.
+    put_record(tmp_path, "seat", account={"key": K1, "label": f"claude · {where}"})
+    for command in (("agents",), ("accounts",), ("agents", "--json")):
+        shown = hctx(*command, "--catalog", str(tmp_path)).stdout
+        assert "@" not in shown and email not in shown, (command, shown)
 
 
 # --- the record ---------------------------------------------------------------------------------
@@ -233,6 +253,48 @@ def test_the_account_series_are_the_fan_in_keyed_never_labelled(tmp_path: Path) 
     assert account[("hctx_account_agents", K1, None)] == 2
     assert {key for _, key, _ in account} == {K1, K2}  # an agent stating no account has no account series
     assert not any("claude · max" in str(labels) for _, labels in samples)  # the key, never the label
+
+
+def test_a_snapshot_is_ordered_and_aged_by_when_its_figure_arrived(tmp_path: Path) -> None:
+    """Issue 35: a's reading is the freshest (an idle redraw a second ago) but its 80 arrived twenty
+    minutes ago; b's 85 arrived four minutes ago in an older reading. `accounts`, the figure beside
+    each agent and the account series all take b's, aged by its arrival; a Codex-style restatement
+    (limits arriving after the reading that carries them) is aged by the limits."""
+    _account_record(tmp_path, "a", K1, "claude · max", NOW - 1000, rateLimits={"fiveHour": 80, "sevenDay": 30},
+                    rateLimitsAtMs={"fiveHour": NOW - 20 * MINUTE, "sevenDay": NOW - 20 * MINUTE})  # fmt: skip
+    put_record(tmp_path, "b", account={"key": K1, "label": "claude · max"}, observedAtMs=NOW - 5 * MINUTE,
+               writtenAtMs=NOW - 4 * MINUTE, rateLimits={"fiveHour": 85, "sevenDay": None},
+               rateLimitsAtMs={"fiveHour": NOW - 4 * MINUTE, "sevenDay": None})  # limits after the reading  # fmt: skip
+    rows = collect_roster(tmp_path, NOW, here=HOST, alive=dead).rows
+    (group,) = fan_in(rows)
+    five, seven = group.windows["fiveHour"], group.windows["sevenDay"]
+    assert (five.used_percent, five.source.identity, five.observed_at_ms, five.age_ms) == (
+        85, "b", NOW - 4 * MINUTE, 4 * MINUTE,
+    )  # fmt: skip
+    assert (seven.used_percent, seven.age_ms) == (30, 20 * MINUTE)  # a's, as old as its figure
+    agents = {item["identity"]: item for item in json.loads(render_agents_json(rows, now=NOW))}
+    assert agents["a"]["accountRateLimits"]["fiveHour"]["fromAnotherAgent"] is True
+    samples = parse(exposition(tmp_path, NOW, HOST))
+    assert samples[("hctx_account_rate_limit_used_percent", (("account", K1), ("window", "five_hour")))] == 85
+    observed = ("hctx_account_rate_limit_observed_timestamp_seconds", (("account", K1), ("window", "five_hour")))
+    assert samples[observed] == (NOW - 4 * MINUTE) / 1000
+    _account_record(tmp_path, "a", K1, "claude · max", NOW - 3 * HOUR, rateLimits={"fiveHour": 90, "sevenDay": None},
+                    rateLimitsAtMs={"fiveHour": NOW - MINUTE})  # fmt: skip
+    (group,) = fan_in(collect_roster(tmp_path, NOW, here=HOST, alive=dead).rows)
+    five = group.windows["fiveHour"]
+    assert (five.used_percent, five.age_ms, five.stale) == (90, MINUTE, False)
+    # A planted arrival past the clock's skew bound would pin its figure as the newest: its reading dates it.
+    _account_record(tmp_path, "a", K1, "claude · max", NOW - 3 * HOUR, rateLimits={"fiveHour": 99, "sevenDay": None},
+                    rateLimitsAtMs={"fiveHour": NOW + 10 * HOUR})  # fmt: skip
+    (group,) = fan_in(collect_roster(tmp_path, NOW, here=HOST, alive=dead).rows)
+    five = group.windows["fiveHour"]
+    assert (five.used_percent, five.source.identity) == (85, "b")
+    assert (
+        parse(exposition(tmp_path, NOW, HOST))[
+            ("hctx_account_rate_limit_used_percent", (("account", K1), ("window", "five_hour")))
+        ]
+        == 85
+    )  # the series likewise: a figure cannot arrive after the record holding it was written
 
 
 def test_groups_by_agent_names_every_member(tmp_path: Path) -> None:

@@ -96,7 +96,7 @@ def test_the_producer_refuses_what_is_not_its_event(thing: Any) -> None:
         ClaudeProducer().feed(thing, NOW)
 
 
-@given(payload=json_values, kind=st.sampled_from(["claude.statusline", "claude.hook"]))
+@given(payload=json_values, kind=st.sampled_from(["claude.statusline", "claude.subagentstatusline", "claude.hook"]))
 def test_arbitrary_payloads(payload: Any, kind: str) -> None:
     assert_only_carried_numbers(ClaudeProducer(), {"type": kind, "payload": payload})
 

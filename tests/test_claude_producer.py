@@ -233,6 +233,95 @@ def test_a_captured_120_percent_window_is_an_exhaustion() -> None:
     assert result[-1].record.rate_limits is not None and result[-1].record.rate_limits.seven_day == 120
 
 
+# --- the snapshot's own time and the rate-limit edge (issue 35) ------------------------------------
+
+
+def _limits_at(reading: Reading) -> tuple[int | None, int | None]:
+    times = reading.fields.rate_limits_at_ms
+    assert times is not None
+    return times.five_hour, times.seven_day
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_an_idle_redraw_keeps_the_time_its_limits_arrived(version: str) -> None:
+    """hctx renders the status line every 5 s: an idle seat redraws the very payload of its last
+    turn (the refresh capture: cost and usage unchanged between redraws). Its limits are as old as
+    that turn, however fresh the reading holding them."""
+    turn = next(p for p in payloads(f"statusline-{version}-sonnet45-oauth.jsonl") if "rate_limits" in p)
+    producer = ClaudeProducer()
+    first = read(producer, turn, T0)
+    redrawn = read(producer, copy.deepcopy(turn), T0 + 300_000)
+    assert _limits_at(first) == (T0, T0)
+    assert redrawn.fields.observed_at_ms == T0 + 300_000  # a fresh reading (the heartbeat's to write)
+    assert _limits_at(redrawn) == (T0, T0)  # not its observedAtMs: the figures are five minutes old
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_each_turn_dates_its_limits_anew(version: str) -> None:
+    """Every captured turn after the first: a new response (`total_api_duration_ms` grew), so the
+    limits arrived again, dated by the status line that shows them; and a response restating the
+    very figures (the duration alone grew) dates them anew too."""
+    limited = [p for p in payloads(f"statusline-{version}-sonnet45-oauth.jsonl") if "rate_limits" in p]
+    producer = ClaudeProducer()
+    for index, payload in enumerate(limited):
+        assert _limits_at(read(producer, payload, T0 + index * 1000)) == (T0 + index * 1000,) * 2
+    again = copy.deepcopy(limited[-1])
+    again["cost"]["total_api_duration_ms"] += 50  # one more request, the same headers
+    later = T0 + len(limited) * 1000
+    assert _limits_at(read(producer, again, later)) == (later, later)
+    assert _limits_at(read(producer, copy.deepcopy(again), later + 5000)) == (later, later)  # a redraw
+
+
+def test_a_changed_limit_alone_dates_its_window_and_leaves_the_other() -> None:
+    """Claude states no time for its limits (2.1.250, 2.1.332): a window whose percent moved is dated
+    by the status line that shows it; the window that did not keeps its own time."""
+    base = payloads("statusline-2.1.332-sonnet45-oauth.jsonl")[2]
+    producer = ClaudeProducer()
+    read(producer, base, T0)
+    moved = copy.deepcopy(base)
+    moved["rate_limits"]["five_hour"]["used_percentage"] = 96
+    assert _limits_at(read(producer, moved, T0 + 7000)) == (T0 + 7000, T0)
+
+
+def test_a_rate_limit_move_alone_is_written_bounded_by_its_bucket() -> None:
+    """A turn that moves the account's five-hour window past 95% while the context stays in its
+    bucket is written at once (issue 35); a move inside the same 1% is not (bounded as the context
+    bucket is), nor is a redraw; a new reset is."""
+    base = payloads("statusline-2.1.332-sonnet45-oauth.jsonl")[2]
+
+    def limited(five_hour: float, resets_at: int | None = None) -> dict[str, Any]:
+        payload = copy.deepcopy(base)
+        payload["rate_limits"]["five_hour"]["used_percentage"] = five_hour
+        if resets_at is not None:
+            payload["rate_limits"]["five_hour"]["resets_at"] = resets_at
+        return payload
+
+    reset = base["rate_limits"]["five_hour"]["resets_at"]
+    stream = [(base, T0), (limited(95.2), T0 + 5000), (limited(95.9), T0 + 10_000), (limited(95.9), T0 + 15_000),
+              (limited(95.9, reset + 18_000), T0 + 20_000)]  # fmt: skip
+    result = _exhaustion_writes(stream)
+    assert [(w.reason, w.record.rate_limits.five_hour if w.record.rate_limits else None) for w in result] == [
+        ("bucket", 42.4), ("rate-limits", 95.2), ("rate-limits", 95.9),
+    ]  # fmt: skip
+    assert result[1].record.used_tokens == result[0].record.used_tokens  # the context did not move
+    assert result[2].record.rate_limit_resets_at_ms is not None
+    assert result[2].record.rate_limit_resets_at_ms.five_hour == (reset + 18_000) * 1000
+
+
+def test_a_redrawing_idle_seat_writes_nothing_before_the_heartbeat() -> None:
+    """The refresh cadence's redraws carry the same limits: no rate-limit edge, the heartbeat only,
+    and the heartbeat's record keeps the limits' own time."""
+    from guard.constants import HARNESS_CONTEXT_HEARTBEAT_MS
+
+    turn = payloads("statusline-2.1.250-sonnet45-oauth.jsonl")[1]
+    frames = [(copy.deepcopy(turn), T0 + i * 5000) for i in range(HARNESS_CONTEXT_HEARTBEAT_MS // 5000 + 1)]
+    result = _exhaustion_writes(frames)
+    assert [w.reason for w in result] == ["bucket", "heartbeat"]
+    beat = result[1].record
+    assert beat.written_at_ms == T0 + HARNESS_CONTEXT_HEARTBEAT_MS and beat.observed_at_ms > T0  # a redraw
+    assert beat.rate_limits_at_ms is not None and beat.rate_limits_at_ms.five_hour == T0
+
+
 # --- compaction accounting ---------------------------------------------------------------------------
 
 

@@ -15,8 +15,8 @@ from typing import ClassVar
 
 import pytest
 
+from sidecar.harnesses.claude.launch import RENDERER_ENV, SEATS_PATH, SETTINGS_PATH, tee_command
 from tests.wrapping import env, pid_gone, wait_for, wrap_argv
-from wrapper.harnesses.claude import RENDERER_ENV, SEATS_PATH, SETTINGS_PATH, tee_command
 
 # Says it runs (with the renderer hctx chained for it), then waits for its stop file.
 STANDIN = r"""

@@ -11,19 +11,21 @@ from typing import Any
 import pytest
 
 from guard.errors import SettingsError
-from tests.conftest import REPO
-from wrapper.harnesses import LaunchPlan, prepare, teardown
-from wrapper.harnesses.claude import (
+from sidecar.harnesses.claude.launch import (
     HOOK_EVENTS,
     PROJECT_DIR_ENV,
     RENDERER_ENV,
     SEATS_PATH,
     SETTINGS_PATH,
+    SUBAGENT_RENDERER_ENV,
     render_settings,
     tee_command,
     unrender_settings,
     write_settings,
 )
+from sidecar.launching import LaunchPlan
+from sidecar.registry import prepare, teardown
+from tests.conftest import REPO
 
 PAYLOAD = (REPO / "fixtures" / "claude" / "statusline-2.1.250.jsonl").read_bytes().splitlines()[1]
 
@@ -194,6 +196,23 @@ def test_a_users_own_status_line_keeps_drawing_through_the_tee_in_every_seat(
     assert prepare(plan(tmp_path)).env[RENDERER_ENV] == "my-line.sh"  # the file is ours by now: still chained
     monkeypatch.setenv(RENDERER_ENV, "exported-by-the-user")
     assert RENDERER_ENV not in prepare(plan(tmp_path)).env  # the operator's own choice wins
+
+
+def test_claude_hands_each_subagents_row_to_the_tee_and_the_users_own_rows_still_draw(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 37: the `subagentStatusLine` slot is hctx's too; the user's own command is chained."""
+    monkeypatch.delenv(SUBAGENT_RENDERER_ENV, raising=False)
+    prepare(plan(tmp_path))
+    assert load(tmp_path)["subagentStatusLine"] == {"type": "command", "command": tee_command("subagentstatusline")}
+    teardown(plan(tmp_path))
+    (tmp_path / ".claude").mkdir(exist_ok=True)
+    own = {"type": "command", "command": "my-rows.sh"}
+    (tmp_path / SETTINGS_PATH).write_text(json.dumps({"subagentStatusLine": own}))
+    assert prepare(plan(tmp_path)).env[SUBAGENT_RENDERER_ENV] == "my-rows.sh"
+    assert load(tmp_path)["subagentStatusLine"]["command"] == tee_command("subagentstatusline")
+    teardown(plan(tmp_path))
+    assert json.loads((tmp_path / SETTINGS_PATH).read_text()) == {"subagentStatusLine": own}
 
 
 # --- the working directory left as it was found -------------------------------------------------------

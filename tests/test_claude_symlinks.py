@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from guard.errors import SettingsError
-from wrapper.harnesses import LaunchPlan, prepare, teardown
-from wrapper.harnesses.claude import SEATS_PATH, SETTINGS_PATH
+from sidecar.harnesses.claude.launch import SEATS_PATH, SETTINGS_PATH
+from sidecar.launching import LaunchPlan
+from sidecar.registry import prepare, teardown
 
 VICTIM_BYTES = b'{"victim": true}\n'
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -19,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from sidecar.harnesses.claude import tee as claude_tee
+from sidecar.harnesses.claude.launch import tee_command
 from tests.conftest import FIXTURE_ROOT, REPO
-from wrapper.harnesses.claude import tee_command
 
 FIXTURES = FIXTURE_ROOT / "claude"
 PAYLOAD = (FIXTURES / "statusline-2.1.250.jsonl").read_bytes().splitlines()[1] + b"\n"
@@ -254,6 +255,40 @@ def test_a_renderer_that_is_the_tee_itself_does_not_recurse(home: Path, channel:
     done = run_tee("statusline", PAYLOAD, home, renderer=tee_command("statusline"), channel=channel[0])
     assert done.stdout == b"" and b"the renderer is the tee itself" in done.stderr
     assert len(received(channel[1])) == 1  # recorded once, by the outer tee
+
+
+# --- the subagent rows (issue 37) ----------------------------------------------------------------------
+
+ROWS = (FIXTURES / "delegation-rows" / "2.1.332" / "subagent-statusline.jsonl").read_bytes().splitlines()[0] + b"\n"
+# The user's own `subagentStatusLine`: one `{"id","content"}` line a task, Claude's row protocol.
+USER_ROWS = f"{sys.executable} -S -c " + shlex.quote(
+    "import json,sys; [print(json.dumps({'id': t['id'], 'content': 'mine'})) for t in json.load(sys.stdin)['tasks']]"
+)
+
+
+def test_subagent_rows_are_recorded_and_the_users_own_rows_answer_claude(
+    home: Path, channel: tuple[Path, socket.socket]
+) -> None:
+    settings = {"subagentStatusLine": {"type": "command", "command": USER_ROWS}}
+    (home / ".claude" / "settings.json").write_text(json.dumps(settings))
+    done = run_tee("subagentstatusline", ROWS, home, channel=channel[0])
+    ids = [task["id"] for task in json.loads(ROWS)["tasks"]]
+    assert ids and done.returncode == 0
+    assert done.stdout == b"".join(json.dumps({"id": i, "content": "mine"}).encode() + b"\n" for i in ids)
+    assert received(channel[1]) == [{"type": "claude.subagentstatusline", "payload": json.loads(ROWS)}]
+    # The one wrap found in the user's .claude/settings.local.json wins, as the status line's does.
+    env = {"ST_CLAUDE_SUBAGENT_STATUSLINE_RENDERER": "printf wrapped"}
+    assert run_tee("subagentstatusline", ROWS, home, env_extra=env).stdout == b"wrapped"
+
+
+def test_without_a_users_subagent_rows_the_tee_answers_nothing_and_claude_draws_its_own(
+    home: Path, channel: tuple[Path, socket.socket]
+) -> None:
+    # The main status line's renderer is no subagent row renderer.
+    write_renderer_file(home, "printf status-line")
+    done = run_tee("subagentstatusline", ROWS, home, renderer="printf status-line", channel=channel[0])
+    assert (done.returncode, done.stdout, done.stderr) == (0, b"", b"")
+    assert len(received(channel[1])) == 1
 
 
 # --- the hook forwarder ------------------------------------------------------------------------------

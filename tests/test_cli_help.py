@@ -8,7 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from wrapper.cli import DEMO_NO_TOP_S, DEMO_TOP_S, build_parser, main, order_commands
+from wrapper.cli import build_parser, main, order_commands
+from wrapper.demo import DEMO_NO_TOP_S, DEMO_TOP_S
 
 
 def _commands(parser: argparse.ArgumentParser, prefix: str = "hctx") -> Iterator[tuple[str, argparse.ArgumentParser]]:
@@ -58,8 +59,8 @@ def test_schema_help_describes_the_record(capsys: pytest.CaptureFixture[str]) ->
 
 
 # The order a user meets the commands in (issue 27): `web` lands here once it is registered.
-MET_IN_ORDER = ["demo", "wrap", "agents", "accounts", "top", "doctor", "inspect", "watch", "metrics", "web", "scan",
-                "replication", "replay", "schema"]  # fmt: skip
+MET_IN_ORDER = ["demo", "wrap", "agents", "accounts", "status", "top", "doctor", "inspect", "watch", "metrics", "web",
+                "scan", "replication", "replay", "schema"]  # fmt: skip
 
 
 def _listed(help_text: str) -> list[str]:
@@ -113,3 +114,68 @@ def test_a_bad_option_prints_its_own_commands_usage(
     err = capsys.readouterr().err
     assert err.startswith(usage), err
     assert "error: unrecognized arguments: --bogus" in err
+
+
+def test_every_command_is_registered_by_its_own_module() -> None:
+    """One style: each command module's `register(commands)` adds its commands whole (parser, options,
+    what runs); cli.py only lists the modules, and no module adds options to another's parser."""
+    import ast
+    from pathlib import Path
+
+    from wrapper.cli import COMMAND_HOMES, Parser, command_modules
+
+    owners: dict[str, str] = {}
+    for module in command_modules():
+        commands = Parser(prog="hctx").add_subparsers()
+        module.register(commands)
+        for name, parser in commands.choices.items():
+            assert name not in owners, f"{name} registered by {owners[name]} and {module.__name__}"
+            owners[name] = module.__name__
+            # Registered alone, the command is already the one `hctx` runs: nothing grafted on later.
+            assert parser.format_help() == COMMANDS[f"hctx {name}"].format_help(), name
+    assert {f"hctx {name}" for name in owners} == {name for name in COMMANDS if name.count(" ") == 1}
+    assert owners["watch"] == "wrapper.readers.watch_command"  # --rate-limit-at included
+    assert owners == COMMAND_HOMES  # what `hctx COMMAND` imports alone is the module that registers it
+    root = Path(__file__).resolve().parent.parent / "wrapper"
+    cli = ast.parse((root / "cli.py").read_text())
+    called = {
+        node.func.attr for node in ast.walk(cli) if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+    }
+    assert "add_parser" not in called and "add_argument" in called  # the top's --version only
+    reaching = sorted(str(path.relative_to(root)) for path in root.rglob("*.py") if ".choices[" in path.read_text())
+    assert reaching == []  # a parser is finished by its own module, never looked up and extended
+
+
+@pytest.mark.parametrize("name", sorted(name.split()[1] for name in COMMANDS if name.count(" ") == 1))
+def test_a_command_run_alone_has_the_help_and_usage_of_the_whole_parser(
+    name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`hctx COMMAND` builds only COMMAND's parser (its module alone is imported): the same help, and
+    the same usage in its errors, as the parser with every command."""
+    with pytest.raises(SystemExit):
+        main([name, "--help"])
+    assert capsys.readouterr().out == COMMANDS[f"hctx {name}"].format_help()
+    with pytest.raises(SystemExit):
+        main([name, "--no-such-option"])
+    assert capsys.readouterr().err.startswith(COMMANDS[f"hctx {name}"].format_usage())
+
+
+def test_a_command_imports_only_its_own_module() -> None:
+    """`hctx agents` loads the readers' commands, never the board's, the launcher's or the watch's."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    probe = (
+        "import sys; from wrapper.cli import main\n"
+        "try:\n    main(['agents', '--help'])\nexcept SystemExit:\n    pass\n"
+        "import json; loaded = [m for m in sys.modules if m.startswith(('wrapper.', 'starlette', 'hypercorn'))]\n"
+        "print(json.dumps(sorted(loaded)))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, check=True)
+    loaded = json.loads(done.stdout.splitlines()[-1])
+    assert "wrapper.readers.reader_commands" in loaded
+    assert not [name for name in loaded if name.startswith(("wrapper.readers.web", "wrapper.launch", "starlette",
+                                                            "hypercorn", "wrapper.readers.watch"))]  # fmt: skip

@@ -512,6 +512,31 @@ def test_the_record_carries_codexs_latest_rate_limits_without_restamping(version
     assert observed == sorted(observed)  # never a reading older than the one written before it
 
 
+@pytest.mark.parametrize("version", VERSIONS)
+def test_each_snapshot_is_dated_by_its_own_notification(version: str) -> None:
+    """Issue 35: a window's `rateLimitsAtMs` is the time its `account/rateLimits/updated` arrived
+    (the captured frame's), never the time of the reading that carries it: the next turn's usage
+    reading, taken later, still says when its limits came."""
+    pipeline_producer = own_producer()
+    notified: int | None = None
+    checked = 0
+    for at_ms, event in recorded(capture(version, "stdio-main")):
+        assert at_ms is not None
+        readings = pipeline_producer.feed(event, at_ms)
+        if isinstance(event, RateLimitsUpdated):
+            notified = at_ms
+        for reading in readings:
+            times = reading.fields.rate_limits_at_ms
+            if notified is None:
+                assert times is None
+                continue
+            assert times is not None and (times.five_hour, times.seven_day) == (notified, notified)
+            if isinstance(event, TokenUsage):
+                assert reading.fields.observed_at_ms > notified  # a later reading, the snapshot's own time
+                checked += 1
+    assert checked >= 4
+
+
 def test_a_repeated_snapshot_writes_nothing_and_the_heartbeat_never_restamps() -> None:
     from guard.constants import HARNESS_CONTEXT_HEARTBEAT_MS
     from guard.policy import WriteGuard

@@ -22,12 +22,13 @@ import pytest
 import trio
 
 from guard.record import HarnessContext, parse_record
+from sidecar.harnesses.codex.launch import MAX_CONFIG_BYTES
+from sidecar.launching import LaunchPlan, transport_json
+from sidecar.registry import prepare
 from tests.conformance import fixture_writes
 from tests.conftest import FIXTURE_ROOT
 from tests.fakes.codex_client import ws_client
 from tests.wrapping import agent_dir, env, wrap_argv
-from wrapper.harnesses import LaunchPlan, prepare, transport_json
-from wrapper.harnesses.codex import MAX_CONFIG_BYTES
 
 FIXTURES = FIXTURE_ROOT / "codex"
 CAPTURE = FIXTURES / "codex-0.171.0-stdio-main.jsonl"

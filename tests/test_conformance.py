@@ -30,22 +30,25 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import guard
+from guard.errors import RecordingError
+from sidecar.channel import BUFFER_BUDGET_BYTES
 from sidecar.decoding import CHANNEL, MessageDecoder
-from sidecar.recorder import Chunk, create_recording
+from sidecar.recorder import Chunk, create_recording, redact_recording
 from sidecar.registry import BUILT_IN, HarnessSpec, harness_names, spec_for
-from sidecar.replay import read_header, replay_recording
+from sidecar.replay import read_header, replay_bytes, replay_recording, write_line
 from tests.conformance import (
-    LOGGED_FIELDS,
     RECORDINGS,
     assert_lived_as_replayed,
     bytewise,
     chunks_of,
+    converted_recordings,
     joined,
     logged,
     outcome,
     replayed,
     split_at,
 )
+from tests.conformance import lived as lived_write
 from tests.conftest import REPO
 from tests.wrapping import HOST, env, log_events
 
@@ -53,7 +56,7 @@ from tests.wrapping import HOST, env, log_events
 def _by_harness() -> dict[str, list[str]]:
     """Every converted fixture (fixtures/recordings/), by the harness its header names."""
     found: dict[str, list[str]] = {harness: [] for harness in BUILT_IN}
-    for path in sorted(RECORDINGS.rglob("*.rec")):
+    for path in converted_recordings():
         found.setdefault(str(read_header(path)["harness"]), []).append(path.relative_to(RECORDINGS).as_posix())
     return found
 
@@ -163,23 +166,28 @@ def _lives_on_the_channel(harness: str, name: str) -> bool:
 CHANNEL_CASES = [case for case in CASES if _lives_on_the_channel(*case.values)]  # type: ignore[arg-type]
 
 
-def lived_on_the_channel(harness: str, chunks: list[Chunk], where: Path) -> tuple[list[tuple[Any, ...]], int, Path]:
-    """The writes a real sidecar process logged for `chunks` sent on its channel, how many it
-    coalesced (a write stalled past STALLED_WRITE_S: the machine, not the decoder), and the
-    recording it made of them (`--record`)."""
+def lived_on_the_channel(
+    harness: str, chunks: list[Chunk], where: Path, *extra: str
+) -> tuple[list[tuple[Any, ...]], int, Path]:
+    """The writes a real sidecar process (started with `extra` arguments besides) logged for
+    `chunks` sent on its channel, whole records, how many it coalesced (a write stalled past
+    STALLED_WRITE_S: the machine, not the decoder), and the recording it made of them (`--record`)."""
     catalog, channel, recording = where / "catalog", where / "ch" / "s", where / "session.rec"
     channel.parent.mkdir(mode=0o700, parents=True)
-    create_recording(recording).close()  # as `hctx wrap --record` does
+    with create_recording(recording) as made:  # as `hctx wrap --record` does: held open, handed down
+        record_fd = os.dup(made.fileno())
     read_end, write_end = os.pipe()
     ready_read, ready_write = os.pipe()
     process = subprocess.Popen(
         [sys.executable, "-m", "sidecar", "--catalog", str(catalog), "--host", HOST, "--agent", "conform",
          "--harness", harness, "--incarnation", "inc", "--channel", str(channel),
-         "--lifeline-fd", str(read_end), "--ready-fd", str(ready_write), "--record", str(recording)],
-        pass_fds=(read_end, ready_write), env=env(), cwd=REPO, stderr=subprocess.PIPE,
+         "--lifeline-fd", str(read_end), "--ready-fd", str(ready_write), "--record-fd", str(record_fd),
+         "--record-raw", *extra],
+        pass_fds=(read_end, ready_write, record_fd), env=env(), cwd=REPO, stderr=subprocess.PIPE,
     )  # fmt: skip
     os.close(read_end)
     os.close(ready_write)
+    os.close(record_fd)
     try:
         with os.fdopen(ready_read, "rb") as ready:
             assert ready.readline() == b"ready\n"
@@ -201,7 +209,7 @@ def lived_on_the_channel(harness: str, chunks: list[Chunk], where: Path) -> tupl
             raise
     assert process.returncode == 0, process.stderr.read() if process.stderr else ""
     events = log_events(catalog, "conform")
-    lived = [tuple(event.get(key) for key in LOGGED_FIELDS)
+    lived = [lived_write(event)
              for event in events if event.get("event") == "write" and event.get("reason") != "heartbeat"]  # fmt: skip
     [exit_line] = [event for event in events if event.get("event") == "exit"]
     return lived, exit_line["coalesced"], recording
@@ -218,13 +226,46 @@ def test_a_channel_recording_sent_to_the_real_sidecar_writes_what_replay_writes(
     chunks = chunks_of(name)
     lived, coalesced, recording = lived_on_the_channel(harness, chunks, tmp_path)
     entries = [json.loads(line) for line in recording.read_bytes().splitlines()]
-    header = {"format": "hctx.recording.v1", "harness": harness, "hctx": guard.__version__, "incarnation": "inc"}
-    assert entries[0] | {"started_ms": 0} == header | {"started_ms": 0}
+    header = {"format": "hctx.recording.v1", "harness": harness, "hctx": guard.__version__, "incarnation": "inc",
+              "config": {"harness": harness, "host": HOST, "agent": "conform", "incarnation": "inc",
+                         "transport": "", "account": "", "channel_budget_bytes": BUFFER_BUDGET_BYTES}}  # fmt: skip
+    assert entries[0] | {"started_ms": 0} == header | {"started_ms": 0, "redacted": False}  # `--record-raw`
     sent = b"".join(chunk.data for chunk in chunks)
     assert b"".join(base64.b64decode(entry["b64"]) for entry in entries if "b64" in entry) == sent
     writes, summary = replay_recording(spec, recording)
     assert_lived_as_replayed(lived, [logged(write) for write in writes if write.reason != "heartbeat"], coalesced)
     assert lived and summary.sidecars == 1 and not summary.problems
+    # Redacted, as `--record` records by default, it replays to the very same writes.
+    redacted, _ = replay_bytes(spec, redact_recording(recording.read_bytes()))
+    assert [write_line(write) for write in redacted] == [write_line(write) for write in writes]
+
+
+SEAT_ACCOUNT = {"key": "0123456789abcdef0123456789abcdef", "label": "pi · seat-a"}
+
+
+def test_a_seat_launched_with_an_account_replays_to_records_that_carry_it(tmp_path: Path) -> None:
+    """Issue 34.2: the sidecar of a seat launched with an account (`--account`) writes it into every
+    record; the recording's header holds the sidecar's whole configuration, so its replay's writes
+    carry the account too, and are the live ones whole (every field but writtenAtMs)."""
+    chunks = chunks_of("pi/live/pi-1.6.0.channel.rec")
+    account = json.dumps(SEAT_ACCOUNT)
+    lived, coalesced, recording = lived_on_the_channel("pi", chunks, tmp_path, "--account", account)
+    header = json.loads(recording.read_bytes().split(b"\n", 1)[0])
+    assert header["config"]["account"] == account and header["config"]["agent"] == "conform"
+    writes, summary = replay_recording(spec_for("pi"), recording)
+    carried = [None if write.record.account is None else write.record.account.model_dump() for write in writes]
+    assert writes and carried == [SEAT_ACCOUNT] * len(writes), "a replayed write without the seat's account"
+    assert_lived_as_replayed(lived, [logged(write) for write in writes if write.reason != "heartbeat"], coalesced)
+    assert lived and not summary.problems
+
+
+def test_a_recording_whose_header_config_is_no_sidecars_is_refused_with_a_message(tmp_path: Path) -> None:
+    """A header's `config` is data: one that is no sidecar's configuration is refused, said."""
+    data = (RECORDINGS / "pi/live/pi-1.6.0.channel.rec").read_bytes()
+    header, _, rest = data.partition(b"\n")
+    hostile = json.loads(header) | {"config": {"harness": "pi", "account": 7, "shell": "rm -rf"}}
+    with pytest.raises(RecordingError, match="config is no sidecar's"):
+        replay_bytes(spec_for("pi"), json.dumps(hostile).encode() + b"\n" + rest)
 
 
 def test_a_live_run_that_coalesced_is_its_replay_with_writes_folded_away_and_nothing_else() -> None:

@@ -29,7 +29,7 @@ from scripts.convert_fixtures import (
 from sidecar.harnesses.claude.frames import unwrap
 from sidecar.registry import spec_for
 from sidecar.replay import read_chunks, read_header, replay_recording
-from tests.conformance import RECORDINGS
+from tests.conformance import RECORDINGS, converted_recordings
 from tests.conftest import FIXTURE_ROOT
 
 CONVERSIONS = conversions()
@@ -44,7 +44,7 @@ def _by_wire(chunks: list[tuple[str, bytes]]) -> dict[str, bytes]:
 
 
 def test_every_recording_under_fixtures_is_converted_by_the_script_and_names_its_captures() -> None:
-    on_disk = {path.relative_to(RECORDINGS).as_posix() for path in RECORDINGS.rglob("*.rec")}
+    on_disk = {path.relative_to(RECORDINGS).as_posix() for path in converted_recordings()}
     assert on_disk == {conversion.target for conversion in CONVERSIONS}
     assert len(CONVERSIONS) >= 100  # every capture the tests replayed, and the sessions they replayed whole
     for conversion in CONVERSIONS:

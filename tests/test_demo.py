@@ -23,8 +23,7 @@ from sidecar.decoding import Dropped
 from sidecar.demo_standin import DEMO_RECORDINGS, paced
 from sidecar.registry import spec_for
 from tests.wrapping import env, pid_gone, run, wait_for
-from wrapper.cli import DEMO_NO_TOP_S, DEMO_TOP_S
-from wrapper.demo import DEMO_HOST, FLEET
+from wrapper.demo import DEMO_HOST, DEMO_NO_TOP_S, DEMO_TOP_S, FLEET
 
 HELP = "q quits · ↑↓ jk PgUp PgDn Home End · s sort: fill · / filter"
 

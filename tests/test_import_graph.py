@@ -1,13 +1,16 @@
 """The import graph of guard/, sidecar/ and wrapper/, read with `ast` (nothing is imported): no
 cycle, and one ladder every import points down:
 
-    guard <- the kernel (framing, decoders, the JSON rule, the producer contract and its held state, HarnessSpec)
+    guard <- the kernel (framing, decoders, the JSON rule, the producer contract and its held state, HarnessSpec,
+             the LaunchPlan type)
           <- the harness packages (sidecar/harnesses/<name>/) <- the registry
           <- the sidecar's runtime (streams, writer, channel, logs, replay)
           <- the wrapper and the readers
 
 A module imports only from its own rung and the rungs below it; a harness package imports no other
-harness; the wrapper imports no harness module (it goes through the registry).
+harness; the wrapper imports no harness module (it goes through the registry). A harness's launch
+plan (`sidecar/harnesses/<name>/launch.py`) and the kernel's `sidecar.launching` are the wrapper
+process's: nothing else runs an import of them (`test_only_the_wrapper_side_imports_a_launch_plan`).
 
 Two graphs may hold no cycle: what runs at import time (module and class bodies, also inside
 `if`, `try`, `with`), and what runs at all (also inside functions: a lazy import). What
@@ -33,12 +36,13 @@ HARNESSES = "sidecar.harnesses"
 # one rung, so a new module is placed on purpose (test_every_module_is_on_one_rung).
 LADDER: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("guard", ("guard", "guard.*")),
-    ("kernel", ("sidecar", "sidecar.framing", "sidecar.decoding", "sidecar.producer", "sidecar.held",
-                "sidecar.spec", "sidecar.transcripts")),
+    ("kernel", ("sidecar", "sidecar.names", "sidecar.framing", "sidecar.decoding", "sidecar.producer", "sidecar.held",
+                "sidecar.spec", "sidecar.transcripts", "sidecar.launching")),
     ("harnesses", (HARNESSES, f"{HARNESSES}.*")),
     ("registry", ("sidecar.registry",)),
     ("runtime", ("sidecar.streams", "sidecar.pipeline", "sidecar.app", "sidecar.channel", "sidecar.logs",
-                 "sidecar.lifeline", "sidecar.replay", "sidecar.recorder", "sidecar.__main__", "sidecar.demo_standin")),
+                 "sidecar.lifeline", "sidecar.replay", "sidecar.recorder", "sidecar.redaction", "sidecar.__main__",
+                 "sidecar.demo_standin")),
     ("wrapper", ("wrapper", "wrapper.*")),
 )  # fmt: skip
 
@@ -118,7 +122,7 @@ def _targets(module: str, node: ast.stmt) -> Iterator[str]:
         for alias in node.names:
             submodule = f"{base}.{alias.name}"
             if submodule in MODULES:
-                yield submodule  # `from wrapper import roster`
+                yield submodule  # `from wrapper.readers import roster`
             elif base in MODULES:
                 yield base
 
@@ -237,7 +241,7 @@ def test_a_crossing_is_found_and_named() -> None:
     """Not vacuous: each rule catches the import it forbids, type-only ones included."""
     graph = {module: {} for module in MODULES} | {
         "sidecar.harnesses.codex.producer": {"sidecar.registry": 3, "sidecar.harnesses.claude.frames": 4},
-        "wrapper.scan": {"sidecar.harnesses.codex.producer": 5, "sidecar.registry": 6},
+        "wrapper.readers.scan": {"sidecar.harnesses.codex.producer": 5, "sidecar.registry": 6},
         "sidecar.decoding": {"sidecar.streams": 7},
     }
     assert crossings(graph) == [
@@ -245,7 +249,7 @@ def test_a_crossing_is_found_and_named() -> None:
         "sidecar.harnesses.codex.producer imports sidecar.harnesses.claude.frames (line 4): "
         "one harness package imports another",
         "sidecar.harnesses.codex.producer imports sidecar.registry (line 3): harnesses may not import registry",
-        "wrapper.scan imports sidecar.harnesses.codex.producer (line 5): "
+        "wrapper.readers.scan imports sidecar.harnesses.codex.producer (line 5): "
         "the wrapper reaches a harness through the registry only",
     ]
     source = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import sidecar.app\n"
@@ -266,29 +270,33 @@ import guard.store
 from guard import catalog
 from . import render
 if TYPE_CHECKING:
-    from wrapper.top import Screen
+    from wrapper.readers.top import Screen
 else:
     import wrapper.cli
 try:
-    from wrapper.metrics import families
+    from wrapper.readers.metrics import families
 except ImportError:
-    from wrapper.watch import observe
+    from wrapper.readers.watch import observe
 class Lazy:
-    from wrapper.scan import scan
+    from wrapper.readers.scan import scan
 def later():
-    from wrapper.roster import collect_roster
+    from wrapper.readers.roster import collect_roster
     if TYPE_CHECKING:
         import wrapper.demo
 """
 
 
 def test_each_scope_holds_the_imports_it_should() -> None:
-    import_time = {"guard.store": 2, "guard.catalog": 3, "wrapper.render": 4, "wrapper.cli": 8,
-                   "wrapper.metrics": 10, "wrapper.watch": 12, "wrapper.scan": 14}  # fmt: skip
-    assert imports_of("wrapper.reader_commands", SAMPLE, "import-time") == import_time
-    run_time = {**import_time, "wrapper.roster": 16}
-    assert imports_of("wrapper.reader_commands", SAMPLE, "run-time") == run_time
-    assert imports_of("wrapper.reader_commands", SAMPLE, "any") == {**run_time, "wrapper.top": 6, "wrapper.demo": 18}
+    import_time = {"guard.store": 2, "guard.catalog": 3, "wrapper.readers.render": 4, "wrapper.cli": 8,
+                   "wrapper.readers.metrics": 10, "wrapper.readers.watch": 12, "wrapper.readers.scan": 14}  # fmt: skip
+    assert imports_of("wrapper.readers.reader_commands", SAMPLE, "import-time") == import_time
+    run_time = {**import_time, "wrapper.readers.roster": 16}
+    assert imports_of("wrapper.readers.reader_commands", SAMPLE, "run-time") == run_time
+    assert imports_of("wrapper.readers.reader_commands", SAMPLE, "any") == {
+        **run_time,
+        "wrapper.readers.top": 6,
+        "wrapper.demo": 18,
+    }
 
 
 def test_the_graph_is_the_projects() -> None:
@@ -296,9 +304,9 @@ def test_the_graph_is_the_projects() -> None:
     assert {module.split(".")[0] for module in MODULES} == set(PACKAGES)
     import_time, run_time = import_graph("import-time"), import_graph("run-time")
     assert "guard.walk" in import_time["guard.catalog"]
-    assert "wrapper.roster" in import_time["wrapper.render"]
-    assert "wrapper.top" not in import_time["wrapper.reader_commands"]  # imported when `top` runs
-    assert "wrapper.top" in run_time["wrapper.reader_commands"]
+    assert "wrapper.readers.roster" in import_time["wrapper.readers.render"]
+    assert "wrapper.readers.top" not in import_time["wrapper.readers.reader_commands"]  # imported when `top` runs
+    assert "wrapper.readers.top" in run_time["wrapper.readers.reader_commands"]
 
 
 def test_a_cycle_is_found_and_named() -> None:
@@ -308,12 +316,134 @@ def test_a_cycle_is_found_and_named() -> None:
     assert cycles({"a": {"b": 1}, "b": {}}) == []
 
 
-def test_the_wrapper_and_guard_name_codex_only_in_its_launch_plan() -> None:
-    """What a harness is lives in its package; the wrapper and guard reach it through the registry."""
+def test_the_wrapper_and_guard_name_codex_nowhere() -> None:
+    """What a harness is lives in its package, its launch plan included; the wrapper and guard reach
+    it through the registry."""
     naming = sorted(
         path.relative_to(REPO).as_posix()
         for package in ("guard", "wrapper")
         for path in (REPO / package).rglob("*")
         if path.is_file() and path.suffix in {".py", ".json"} and "codex" in path.read_text().lower()
     )
-    assert naming == ["wrapper/harnesses/codex.py"]
+    assert naming == []
+
+
+# The wrapper's two rooms: launch and supervision (`hctx wrap`, its resident, the sidecars it keeps;
+# the launch plans it loads sit in their harness packages) and the readers (every command that reads
+# the catalog). Neither reaches the other, not even through a module of neither (the shared argument
+# types, wrapper.arguments); only the command line and the demo, which run both, import both.
+ROOMS: dict[str, tuple[str, ...]] = {
+    "launch": ("wrapper.launch", "wrapper.launch.*"),
+    "readers": ("wrapper.readers", "wrapper.readers.*"),
+}
+# The composition above the rooms and what both share; a new wrapper module is placed on purpose.
+ABOVE_ROOMS = ("wrapper.cli", "wrapper.demo")
+SHARED = ("wrapper", "wrapper.arguments", "wrapper.record")
+# The readers' one door into the sidecar: the registry (what a harness is), nothing below it, and
+# the registry's table of names alone (sidecar.names, which it re-exports) for a reader that must
+# start without loading a spec (`hctx status`).
+READERS_SIDECAR = ("sidecar.registry", "sidecar.names")
+
+
+def room_of(module: str) -> str | None:
+    return next((room for room, patterns in ROOMS.items() if any(_matches(module, p) for p in patterns)), None)
+
+
+def room_crossings(graph: Graph) -> list[str]:
+    """Each module of a room that reaches the other room (directly or through any module), and each
+    reader importing the sidecar anywhere but the registry; each named with its path."""
+    found = []
+    for module in sorted(graph):
+        room = room_of(module)
+        if room is None:
+            continue
+        via: dict[str, list[str]] = {module: [module]}
+        frontier = [module]
+        while frontier:
+            following = []
+            for current in frontier:
+                for target in sorted(graph.get(current, {})):
+                    if target in via:
+                        continue
+                    via[target] = [*via[current], target]
+                    if room_of(target) not in (None, room):
+                        path = " -> ".join(via[target])
+                        found.append(f"{path}: {room} may not import {room_of(target)}")
+                    else:
+                        following.append(target)
+            frontier = following
+        if room == "readers":
+            for target, line in sorted(graph[module].items()):
+                if target.split(".")[0] == "sidecar" and target not in READERS_SIDECAR:
+                    found.append(
+                        f"{module} imports {target} (line {line}): a reader reaches the sidecar by its registry"
+                    )
+    return found
+
+
+def test_every_wrapper_module_is_in_a_room_or_above_them() -> None:
+    unplaced = [
+        m for m in MODULES if m.split(".")[0] == "wrapper" and room_of(m) is None and m not in ABOVE_ROOMS + SHARED
+    ]
+    assert unplaced == []
+    assert {room_of(m) for m in MODULES} == {None, "launch", "readers"}  # not vacuous: both rooms hold modules
+
+
+def test_the_rooms_import_neither_each_other_nor_the_sidecar_below_the_registry() -> None:
+    found = room_crossings(import_graph("any"))  # lazy and type-only imports count too
+    assert not found, "imports across the wrapper's rooms:\n  " + "\n  ".join(found)
+
+
+def test_a_room_crossing_is_found_and_named() -> None:
+    """Not vacuous: a reader into launch code (directly, and through a shared module), launch code into
+    a reader, a reader into the sidecar's runtime; the registry is allowed."""
+    graph: Graph = {module: {} for module in MODULES} | {
+        "wrapper.readers.watch": {"wrapper.launch.sidecars": 3, "sidecar.logs": 4, "sidecar.registry": 5},
+        "wrapper.readers.top": {"wrapper.arguments": 6},
+        "wrapper.arguments": {"wrapper.launch.resident": 7},
+        "wrapper.launch.launcher": {"wrapper.readers.render": 8},
+    }
+    assert room_crossings(graph) == [
+        "wrapper.launch.launcher -> wrapper.readers.render: launch may not import readers",
+        "wrapper.readers.top -> wrapper.arguments -> wrapper.launch.resident: readers may not import launch",
+        "wrapper.readers.watch -> wrapper.launch.sidecars: readers may not import launch",
+        "wrapper.readers.watch imports sidecar.logs (line 4): a reader reaches the sidecar by its registry",
+    ]
+
+
+def is_launch_side(module: str) -> bool:
+    """The kernel's `sidecar.launching` and each harness's launch plan: the wrapper process's code."""
+    return module == "sidecar.launching" or (harness_of(module) is not None and module.split(".")[3:4] == ["launch"])
+
+
+def launch_imports(graph: Graph) -> list[str]:
+    """Every run-time import of the launch side by a module that a sidecar may load: anything but
+    the wrapper and the launch side itself."""
+    return [
+        f"{module} imports {target} (line {line}): only the wrapper's side loads a launch plan"
+        for module, edges in sorted(graph.items())
+        if module.split(".")[0] != "wrapper" and not is_launch_side(module)
+        for target, line in sorted(edges.items())
+        if is_launch_side(target)
+    ]
+
+
+def test_only_the_wrapper_side_imports_a_launch_plan() -> None:
+    """A launch plan sits in its harness's package, beside the producer a sidecar loads, and stays
+    out of the sidecar: no producer, transport, registry or runtime module imports one (the registry
+    loads one, by the spec's name, only when the wrapper asks: tests/test_sidecar_imports.py)."""
+    graph = import_graph("run-time")
+    from sidecar.registry import BUILT_IN, spec_for
+
+    plans = {f"{spec_for(name).package}.{spec_for(name).launch}" for name in BUILT_IN}
+    assert {module for module in MODULES if is_launch_side(module)} == {"sidecar.launching", *plans}
+    assert "sidecar.launching" in graph["sidecar.harnesses.claude.launch"]  # the graph sees their imports
+    assert launch_imports(graph) == []
+    # Not vacuous: a producer or the runtime importing one is named.
+    bad = {**graph, "sidecar.harnesses.pi.producer": {"sidecar.harnesses.pi.launch": 9},
+           "sidecar.app": {"sidecar.launching": 4}}  # fmt: skip
+    assert launch_imports(bad) == [
+        "sidecar.app imports sidecar.launching (line 4): only the wrapper's side loads a launch plan",
+        "sidecar.harnesses.pi.producer imports sidecar.harnesses.pi.launch (line 9): only the wrapper's side "
+        "loads a launch plan",
+    ]

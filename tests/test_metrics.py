@@ -27,9 +27,9 @@ from test_readers_hostile import BAD_RECORDS, JUNK_CATALOG_NAMES, junk_catalog
 from guard.projection import headroom_tokens
 from tests.prometheus_tools import dead, exporter_of, exposition, get, of, parse, start_exporter, stop
 from tests.wrapping import wait_for
-from wrapper.metrics import DEFAULT_LISTEN, READINGS, listen_address
-from wrapper.metrics import exposition as render
-from wrapper.roster import collect_roster
+from wrapper.readers.metrics import DEFAULT_LISTEN, READINGS, listen_address
+from wrapper.readers.metrics import exposition as render
+from wrapper.readers.roster import collect_roster
 
 
 def scrape(catalog: Path, now: int = NOW) -> dict[str, Any]:
@@ -163,7 +163,9 @@ def test_no_series_value_is_other_than_the_records_own(tmp_path: Path, fields: d
         assert series == {}
         return
     for family, key, divisor in READINGS:
-        value = headroom_tokens(raw) if key == "headroomTokens" else raw[key]  # derived, as the reader does
+        value = (
+            headroom_tokens(raw["compactAtTokens"], raw["usedTokens"]) if key == "headroomTokens" else raw[key]
+        )  # derived, as the reader does
         assert series.get(family.sample) == (None if value is None else value / divisor), family.sample
     for window in ("fiveHour", "sevenDay"):
         published = (raw["rateLimits"] or {}).get(window)
@@ -463,6 +465,6 @@ def test_a_scrape_reads_only_the_agents_whose_files_changed(tmp_path: Path) -> N
 def test_values_are_spelled_as_prometheus_client_spells_them(value: float) -> None:
     from prometheus_client.utils import floatToGoString
 
-    from wrapper.metrics import number_text
+    from wrapper.readers.metrics import number_text
 
     assert number_text(value) == floatToGoString(value)

@@ -28,7 +28,7 @@ from guard.record import HarnessContext, parse_record
 from tests.prometheus_tools import README, REPO, RULES, get, require_tool, start_exporter, stop, yaml_blocks
 from tests.wrapping import env, wait_for
 from wrapper.demo import DEMO_HOST, FLEET
-from wrapper.metrics import DEFAULT_LISTEN
+from wrapper.readers.metrics import DEFAULT_LISTEN
 
 IN_NAMESPACE = "HCTX_TEST_NETNS"
 SECOND_HOST = "bravo"

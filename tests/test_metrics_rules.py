@@ -14,7 +14,7 @@ from readers_catalog import HOST, NOW, put_claim, put_record
 from tests.conftest import REPO
 from tests.prometheus_tools import README, RULES, RULES_TESTS, exposition, parse, require_tool, yaml_blocks
 from wrapper.cli import build_parser
-from wrapper.metrics import DEFAULT_LISTEN
+from wrapper.readers.metrics import DEFAULT_LISTEN
 
 ALERTS = re.findall(r"^ {6}- alert: (\w+)$", RULES.read_text(), re.M)
 

@@ -1,4 +1,4 @@
-"""wrapper.notice, the one way `hctx top`, `hctx watch` and the board notice the catalog change; and
+"""wrapper.readers.notice, the one way `hctx top`, `hctx watch` and the board notice the catalog change; and
 the readers it drives reading only what changed (the board's and top's RosterCache)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 import trio
 from readers_catalog import HOST, put_record
 
-from wrapper.notice import Changes, Noticed, catalog_changes
-from wrapper.roster import now_ms
+from wrapper.readers.notice import Changes, Noticed, catalog_changes
+from wrapper.readers.roster import now_ms
 
 DEADLINE_S = 20  # generous: the machine may be loaded; nothing here asserts a duration but the stop
 
@@ -133,7 +133,7 @@ async def test_a_catalog_that_cannot_be_watched_is_said_and_still_reread(tmp_pat
 
 
 def test_the_board_reads_only_the_agents_whose_files_changed(tmp_path: Path) -> None:
-    from wrapper.web.feed import Board
+    from wrapper.readers.web.feed import Board
 
     stamp = now_ms() - 5000
     for agent in ("a", "b", "c"):
@@ -145,7 +145,7 @@ def test_the_board_reads_only_the_agents_whose_files_changed(tmp_path: Path) -> 
     reads = board._cache.cache.reads
     put_record(tmp_path, "b", usedPercent=91.0, observedAtMs=stamp + 1, writtenAtMs=stamp + 1)
     changed, gone = board.read_agents(frozenset({(HOST, "b"), (HOST, "nobody")}), 1.0)
-    assert [(r.row.identity, r.row.context and r.row.context["usedPercent"]) for r in changed] == [("b", 91.0)]
+    assert [(r.row.identity, r.row.context and r.row.context.used_percent) for r in changed] == [("b", 91.0)]
     assert gone == {f"{HOST}/nobody"} and board._cache.cache.reads == reads + 1
     time.sleep(1.1)
     again, _ = board.read_whole(2.0)  # the periodic re-read: every row, and `a` and `c` not read again
@@ -153,7 +153,7 @@ def test_the_board_reads_only_the_agents_whose_files_changed(tmp_path: Path) -> 
 
 
 def test_top_reads_only_what_changed_and_ticks_the_ages_reading_nothing(tmp_path: Path) -> None:
-    from wrapper.top import Screen, View
+    from wrapper.readers.top import Screen, View
 
     stamp = now_ms() - 5000
     for agent in ("a", "b"):
@@ -169,3 +169,62 @@ def test_top_reads_only_what_changed_and_ticks_the_ages_reading_nothing(tmp_path
     time.sleep(1.1)
     later = "\n".join(screen.frame(132, 30))  # the ages' tick: projected again, nothing read
     assert " 6s " in later and screen.cache.cache.reads == reads + 1
+
+
+async def test_follow_reads_each_batch_in_a_worker_thread_one_at_a_time_and_hands_it_on_the_loop(
+    tmp_path: Path,
+) -> None:
+    """The readers' one loop: `read` off the loop (a big catalog never holds it up), never two at
+    once (one RosterCache serves them), told when it began; `then` on the loop, in order; `armed`
+    once the watching is in place."""
+    from wrapper.readers.notice import follow
+
+    put_record(tmp_path, "a")
+    loop_thread = threading.get_ident()
+    reading, overlapped = threading.Lock(), []
+    began: list[float] = []
+    took: list[tuple[Changes, int]] = []
+    armed, named_b = trio.Event(), trio.Event()
+
+    def read(changes: Changes, started: float) -> tuple[Changes, int]:
+        if not reading.acquire(blocking=False):
+            overlapped.append(changes)
+        began.append(started)
+        time.sleep(0.05)
+        reading.release()
+        return changes, threading.get_ident()
+
+    def then(found: tuple[Changes, int]) -> None:
+        assert threading.get_ident() == loop_thread
+        took.append(found)
+        if (HOST, "b") in found[0].agents:
+            named_b.set()
+
+    with trio.fail_after(DEADLINE_S):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lambda: follow(tmp_path, read, then, reread_s=0.1, debounce_ms=200, step_ms=20,
+                                              armed=armed.set))  # fmt: skip
+            await armed.wait()
+            put_record(tmp_path, "b")
+            await named_b.wait()
+            nursery.cancel_scope.cancel()
+    assert took[0][0].whole  # the first read is whole
+    assert all(thread != loop_thread for _, thread in took)
+    assert overlapped == [] and began == sorted(began) and len(began) >= len(took) >= 3
+
+
+def test_top_watch_and_the_board_follow_the_catalog_by_the_one_loop() -> None:
+    """Each reader hands `follow` its read; none opens the catalog's changes or watches files itself."""
+    import ast
+
+    root = Path(__file__).resolve().parent.parent / "wrapper" / "readers"
+    for name in ("top.py", "watch.py", "web/feed.py"):
+        nodes = list(ast.walk(ast.parse((root / name).read_text())))
+        imported = {
+            (node.module, alias.name) for node in nodes if isinstance(node, ast.ImportFrom) for alias in node.names
+        }
+        modules = {module for module, _ in imported} | {
+            alias.name for node in nodes if isinstance(node, ast.Import) for alias in node.names
+        }
+        assert ("wrapper.readers.notice", "follow") in imported, name
+        assert ("wrapper.readers.notice", "catalog_changes") not in imported and "watchfiles" not in modules, name

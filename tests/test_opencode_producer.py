@@ -143,7 +143,7 @@ def test_registry_selects_this_producer_and_decoder() -> None:
     assert spec_for("opencode") is SPEC
     assert isinstance(SPEC.make_producer(), OpenCodeProducer)
     assert SPEC.wires() == ("channel", "sse", "providers", "config")
-    assert SPEC.transport == "sidecar.harnesses.opencode.transport"
+    assert SPEC.module(SPEC.transport).__name__ == "sidecar.harnesses.opencode.transport"
 
 
 def test_the_turns_publish_the_assistant_total_over_the_providers_window(capture: Capture) -> None:

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from wrapper.harnesses import LaunchPlan, prepare, transport_json
+from sidecar.launching import LaunchPlan, transport_json
+from sidecar.registry import prepare
 
 
 def wire(prepared: LaunchPlan) -> dict[str, Any]:

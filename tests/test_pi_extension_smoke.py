@@ -1,7 +1,7 @@
 """Extension asset runtime smoke: the shipped TypeScript, run by the real loaders, read back off a socket.
 
 pi loads extensions with jiti on node 22, omp with bun's own TypeScript loader. Each run loads
-`sidecar/assets/hctx-channel.ts` exactly as shipped, drives every handler it registers with one of
+`sidecar/harnesses/pi/hctx-channel.ts` exactly as shipped, drives every handler it registers with one of
 three contexts (bare, populated with the lab's shapes, every getter throwing), and the frames it wrote
 to $HCTX_CHANNEL are read back from a recording socket and asserted: the envelope and its five reading
 keys, each harness's own numerator, the unclamped percent, pi's withheld reading riding the edge, and
@@ -30,7 +30,7 @@ from tests.conftest import REPO
 from tests.fakes.pi_channel import channel_lines, recording_channel
 from tests.harnesses import harness_prefix, require_harness
 
-ASSET = REPO / "sidecar" / "assets" / "hctx-channel.ts"
+ASSET = REPO / "sidecar" / "harnesses" / "pi" / "hctx-channel.ts"
 DRIVER = REPO / "tests" / "fakes" / "pi_extension_driver.mjs"
 READING_KEYS = {"tokens", "contextWindow", "percent", "model", "costUsd"}
 RUN_TIMEOUT_S = 30

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from sidecar.harnesses.pi.launch import channel_extension
+from sidecar.launching import LaunchPlan
+from sidecar.registry import prepare
 from tests.conftest import REPO
-from wrapper.harnesses import LaunchPlan, prepare
-from wrapper.harnesses.pi import channel_extension
 
 
 def plan(harness: str, *argv: str) -> LaunchPlan:
@@ -19,7 +20,7 @@ def plan(harness: str, *argv: str) -> LaunchPlan:
 def test_the_extension_is_the_shipped_package_asset() -> None:
     asset = channel_extension()
     assert asset.is_file() and asset.name == "hctx-channel.ts"
-    assert asset.resolve() == (REPO / "sidecar" / "assets" / "hctx-channel.ts").resolve()
+    assert asset.resolve() == (REPO / "sidecar" / "harnesses" / "pi" / "hctx-channel.ts").resolve()
 
 
 def test_the_asset_imports_nothing_from_either_harness() -> None:

@@ -34,6 +34,12 @@ def _place(tmp_path: Path, data: bytes) -> str:
     return str(path)
 
 
+def read_wire(path: str, now: int, **options: Any) -> dict[str, Any] | None:
+    """The projection as a roster consumer reads it: the typed `Context`'s wire object."""
+    context = read_context(path, now, **options)
+    return None if context is None else context.wire()
+
+
 def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == LOGGER and r.levelno == logging.WARNING]
 
@@ -121,7 +127,7 @@ def test_foreign_schema_reads_null_with_a_warning(
 
 def test_v2_schema_reads_as_a_reading(tmp_path: Path) -> None:
     data = wire_bytes(schema="st2.harness-context.v2", observedAtMs=NOW - 5)
-    context = read_context(_place(tmp_path, data), NOW)
+    context = read_wire(_place(tmp_path, data), NOW)
     assert context is not None and context["ageMs"] == 5
 
 
@@ -158,7 +164,7 @@ def test_reading_far_in_the_future_reads_null(tmp_path: Path) -> None:
 
 def test_reading_exactly_at_the_skew_bound_is_a_reading_aged_zero(tmp_path: Path) -> None:
     data = wire_bytes(observedAtMs=NOW + HARNESS_CONTEXT_FUTURE_SKEW_MS)
-    context = read_context(_place(tmp_path, data), NOW)
+    context = read_wire(_place(tmp_path, data), NOW)
     assert context is not None
     assert context["ageMs"] == 0
     assert context["stale"] is False
@@ -175,7 +181,7 @@ def test_foreign_schema_wins_over_future_skew(tmp_path: Path, caplog: pytest.Log
 
 def test_reading_at_the_stale_horizon_is_returned_stale_with_its_age(tmp_path: Path) -> None:
     data = wire_bytes(observedAtMs=NOW - HARNESS_CONTEXT_STALE_MS)
-    context = read_context(_place(tmp_path, data), NOW)
+    context = read_wire(_place(tmp_path, data), NOW)
     assert context is not None
     assert context["stale"] is True
     assert context["ageMs"] == HARNESS_CONTEXT_STALE_MS
@@ -184,7 +190,7 @@ def test_reading_at_the_stale_horizon_is_returned_stale_with_its_age(tmp_path: P
 
 def test_very_old_reading_is_still_returned(tmp_path: Path) -> None:
     age = 30 * 24 * HARNESS_CONTEXT_STALE_MS
-    context = read_context(_place(tmp_path, wire_bytes(observedAtMs=NOW - age)), NOW)
+    context = read_wire(_place(tmp_path, wire_bytes(observedAtMs=NOW - age)), NOW)
     assert context is not None
     assert (context["stale"], context["ageMs"], context["usedPercent"]) == (True, age, 33)
 
@@ -194,7 +200,7 @@ def test_very_old_reading_is_still_returned(tmp_path: Path) -> None:
 
 def test_reading_just_inside_the_horizon_is_fresh(tmp_path: Path) -> None:
     data = wire_bytes(observedAtMs=NOW - HARNESS_CONTEXT_STALE_MS + 1)
-    context = read_context(_place(tmp_path, data), NOW)
+    context = read_wire(_place(tmp_path, data), NOW)
     assert context is not None
     assert context["stale"] is False
     assert context["ageMs"] == HARNESS_CONTEXT_STALE_MS - 1
@@ -202,7 +208,7 @@ def test_reading_just_inside_the_horizon_is_fresh(tmp_path: Path) -> None:
 
 def test_fresh_reading_projects_every_exposed_key_unaltered(tmp_path: Path) -> None:
     data = wire_bytes(harness="pi", usedPercent=585.6, observedAtMs=NOW - 1234, writtenAtMs=NOW - 10)
-    context = read_context(_place(tmp_path, data), NOW)
+    context = read_wire(_place(tmp_path, data), NOW)
     assert context is not None
     assert tuple(context) == EXPOSED_KEYS == CONTEXT_KEYS
     source = json.loads(data)
@@ -221,7 +227,7 @@ def test_fresh_reading_projects_every_exposed_key_unaltered(tmp_path: Path) -> N
 def test_age_comes_from_observed_at_never_from_mtime(tmp_path: Path, mtime_s: float) -> None:
     path = _place(tmp_path, wire_bytes(observedAtMs=NOW - 42_000))
     os.utime(path, (mtime_s, mtime_s))
-    context = read_context(path, NOW)
+    context = read_wire(path, NOW)
     assert context is not None
     assert context["ageMs"] == 42_000
     assert context["stale"] is False
@@ -230,7 +236,7 @@ def test_age_comes_from_observed_at_never_from_mtime(tmp_path: Path, mtime_s: fl
 def test_fresh_mtime_does_not_freshen_a_stale_reading(tmp_path: Path) -> None:
     path = _place(tmp_path, wire_bytes(observedAtMs=NOW - 2 * HARNESS_CONTEXT_STALE_MS, writtenAtMs=NOW))
     os.utime(path, (NOW / 1000, NOW / 1000))
-    context = read_context(path, NOW)
+    context = read_wire(path, NOW)
     assert context is not None
     assert context["stale"] is True
     assert context["ageMs"] == 2 * HARNESS_CONTEXT_STALE_MS
@@ -239,13 +245,13 @@ def test_fresh_mtime_does_not_freshen_a_stale_reading(tmp_path: Path) -> None:
 def test_age_ignores_written_at(tmp_path: Path) -> None:
     # A reading taken 4 minutes before it was written is 4 minutes old, not 0.
     data = wire_bytes(observedAtMs=NOW - 240_000, writtenAtMs=NOW)
-    context = read_context(_place(tmp_path, data), NOW)
+    context = read_wire(_place(tmp_path, data), NOW)
     assert context is not None and context["ageMs"] == 240_000
 
 
 def test_projection_ignores_the_state_record_beside_it(tmp_path: Path) -> None:
     (tmp_path / "harness-state").write_bytes(b"garbage that a state reader would refuse")
-    context = read_context(_place(tmp_path, wire_bytes(observedAtMs=NOW - 1)), NOW)
+    context = read_wire(_place(tmp_path, wire_bytes(observedAtMs=NOW - 1)), NOW)
     assert context is not None and context["ageMs"] == 1
 
 
@@ -254,19 +260,19 @@ def test_projection_ignores_the_state_record_beside_it(tmp_path: Path) -> None:
 
 def test_headroom_is_compact_at_minus_used_and_null_when_either_is_null(tmp_path: Path) -> None:
     data = wire_bytes(usedTokens=150_000, compactAtTokens=160_000, observedAtMs=NOW)
-    context = read_context(_place(tmp_path, data), NOW)
+    context = read_wire(_place(tmp_path, data), NOW)
     assert context is not None and context["compactAtTokens"] == 160_000
-    assert context["headroomTokens"] == headroom_tokens(context) == 10_000
-    assert headroom_tokens({"compactAtTokens": 160_000, "usedTokens": 175_900}) == -15_900  # past it: not clamped
-    assert headroom_tokens({"compactAtTokens": None, "usedTokens": 1}) is None
-    assert headroom_tokens({"compactAtTokens": 160_000, "usedTokens": None}) is None
-    assert headroom_tokens({"compactAtTokens": True, "usedTokens": 0}) is None  # a JSON true is no count
-    assert headroom_tokens({}) is None
+    assert context["headroomTokens"] == headroom_tokens(context["compactAtTokens"], context["usedTokens"]) == 10_000
+    assert headroom_tokens(160_000, 175_900) == -15_900  # past it: not clamped
+    assert headroom_tokens(None, 1) is None
+    assert headroom_tokens(160_000, None) is None
+    assert headroom_tokens(True, 0) is None  # a JSON true is no count
+    assert headroom_tokens(None, None) is None
 
 
 def test_a_record_from_before_compact_at_reads_as_not_stated(tmp_path: Path) -> None:
     source = json.loads(wire_bytes(observedAtMs=NOW))
     del source["compactAtTokens"], source["autoCompaction"]
-    context = read_context(_place(tmp_path, json.dumps(source).encode()), NOW)
+    context = read_wire(_place(tmp_path, json.dumps(source).encode()), NOW)
     assert context is not None
     assert (context["compactAtTokens"], context["autoCompaction"], context["headroomTokens"]) == (None, None, None)

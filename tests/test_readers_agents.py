@@ -18,10 +18,10 @@ from readers_catalog import HOST, HOUR, NOW, REPO, claim, hctx, put_claim, put_r
 
 from guard.layout import default_host
 from guard.procs import pid_alive
-from guard.projection import CONTEXT_KEYS
-from wrapper import roster as roster_module
+from guard.projection import CONTEXT_KEYS, Context
 from wrapper.cli import main
-from wrapper.render import (
+from wrapper.readers import roster as roster_module
+from wrapper.readers.render import (
     colour_enabled,
     ctx_text,
     fill_tint,
@@ -31,7 +31,7 @@ from wrapper.render import (
     render_agents_json,
     tokens_text,
 )
-from wrapper.roster import AgentNotFound, collect_roster, resolve_agent
+from wrapper.readers.roster import AgentNotFound, collect_roster, resolve_agent
 
 
 def dead(pid: int) -> bool:
@@ -46,11 +46,11 @@ def roster(catalog: Path, now: int = NOW, *, here: str = HOST, probe: Any = dead
     return collect_roster(catalog, now, here=here, alive=probe)
 
 
-def context(**fields: Any) -> dict[str, Any]:
+def context(**fields: Any) -> Context:
     base: dict[str, Any] = dict.fromkeys(CONTEXT_KEYS)
     base.update({"harness": "codex", "compactions": 0, "observedAtMs": NOW, "ageMs": 0, "stale": False})
     base.update(fields)
-    return base
+    return Context.model_validate(base)
 
 
 # --- the wire --------------------------------------------------------------------------------------
@@ -88,13 +88,13 @@ def test_context_keys_are_exactly_the_spec_exposure_keys_in_order(tmp_path: Path
     put_record(tmp_path, "alpha")
     (row,) = roster(tmp_path).rows
     assert row.context is not None
-    assert list(row.context) == [
+    assert list(row.context.wire()) == [
         "harness", "usedTokens", "windowTokens", "usedPercent", "model", "costUsd",
         "sessionTotalTokens", "rateLimits", "compactions", "lastCompactionMs",
         "lastCompactionTrigger", "compactAtTokens", "autoCompaction", "harnessVersion", "sessionId",
         "account", "rateLimitResetsAtMs", "observedAtMs", "ageMs", "stale", "headroomTokens",
     ]  # fmt: skip
-    assert "incarnation" not in row.context and "writtenAtMs" not in row.context
+    assert "incarnation" not in row.context.wire() and "writtenAtMs" not in row.context.wire()
     assert list(row.wire()) == ["host", "identity", "harness", "desiredState", "context"]
 
 
@@ -138,8 +138,8 @@ def test_stale_reading_keeps_its_numbers_and_age(tmp_path: Path) -> None:
     put_record(tmp_path, "old", observedAtMs=NOW - HOUR)
     (row,) = roster(tmp_path).rows
     assert row.context is not None
-    assert row.context["stale"] is True and row.context["ageMs"] == HOUR
-    assert row.context["usedTokens"] == 92283
+    assert row.context.stale is True and row.context.age_ms == HOUR
+    assert row.context.used_tokens == 92283
 
 
 def test_empty_catalog_is_an_empty_roster(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -464,7 +464,7 @@ def test_agents_json_imports_only_what_it_needs(tmp_path: Path) -> None:
     )  # fmt: skip
     imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import")}
     assert "guard.projection" in imported
-    for heavy in ("trio", "httpx", "wrapper.top", "termios", "pythonjsonlogger", "sidecar.pipeline"):
+    for heavy in ("trio", "httpx", "wrapper.readers.top", "termios", "pythonjsonlogger", "sidecar.pipeline"):
         assert heavy not in imported, heavy
 
 

@@ -12,8 +12,8 @@ from guard import catalog as guard_catalog
 from guard.constants import HARNESS_CONTEXT_STALE_MS, HARNESS_CONTEXT_WARN_PERCENT
 from guard.layout import default_host
 from wrapper.cli import main
-from wrapper.render import doctor_advisories
-from wrapper.roster import collect_roster, now_ms
+from wrapper.readers.render import doctor_advisories
+from wrapper.readers.roster import collect_roster, now_ms
 
 
 def advisories(catalog: Path, *, alive: bool = False, now: int = NOW) -> list[str]:

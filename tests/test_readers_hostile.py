@@ -18,9 +18,9 @@ from readers_catalog import HOST, MINUTE, NOW, agent_path, claim, hctx, put_clai
 from guard import catalog as guard_catalog
 from guard.catalog import printable
 from guard.projection import MAX_RECORD_BYTES, decode_record
-from wrapper import roster as roster_module
-from wrapper.render import render_agents, render_inspection
-from wrapper.roster import collect_inspection, collect_roster, now_ms
+from wrapper.readers import roster as roster_module
+from wrapper.readers.render import render_agents, render_inspection
+from wrapper.readers.roster import collect_inspection, collect_roster, now_ms
 
 
 def dead(pid: int) -> bool:
@@ -70,19 +70,19 @@ def test_bad_record_is_null_with_a_warning_beside_a_good_row(tmp_path: Path, nam
     bad, good = roster(tmp_path).rows
     assert bad.context is None and bad.problem, name
     assert any(warning.startswith("box/bad: context record") for warning in bad.warnings())
-    assert good.context is not None and good.context["usedTokens"] == 92283 and good.problem is None
+    assert good.context is not None and good.context.used_tokens == 92283 and good.problem is None
 
 
 def test_additive_fields_and_v2_schema_are_read(tmp_path: Path) -> None:
     put_record(tmp_path, "additive", futureField={"nested": [1, 2]}, schema="st2.harness-context.v2")
     row = one(tmp_path, "additive")
-    assert row.context is not None and row.context["usedTokens"] == 92283
+    assert row.context is not None and row.context.used_tokens == 92283
 
 
 def test_unknown_compaction_trigger_reads_as_unknown_not_as_a_guess(tmp_path: Path) -> None:
     put_record(tmp_path, "trig", lastCompactionTrigger="memory-pressure")
     context = one(tmp_path, "trig").context
-    assert context is not None and context["lastCompactionTrigger"] == "unknown"
+    assert context is not None and context.last_compaction_trigger == "unknown"
 
 
 def test_future_skewed_record_is_null_with_a_warning(tmp_path: Path) -> None:
@@ -90,7 +90,7 @@ def test_future_skewed_record_is_null_with_a_warning(tmp_path: Path) -> None:
     put_record(tmp_path, "within", observedAtMs=NOW + MINUTE)
     ahead, within = roster(tmp_path).rows
     assert ahead.context is None and ahead.problem is not None and "future" in ahead.problem
-    assert within.context is not None and within.context["ageMs"] == 0 and not within.context["stale"]
+    assert within.context is not None and within.context.age_ms == 0 and not within.context.stale
 
 
 def test_huge_sparse_record_is_refused_without_reading_it(tmp_path: Path) -> None:
@@ -224,7 +224,7 @@ def test_hostile_claims_never_crash(tmp_path: Path) -> None:
 def test_terminal_controls_in_fields_are_escaped_in_human_output(tmp_path: Path) -> None:
     put_record(tmp_path, "evil", model="\x1b]0;pwned\x07\x1b[2J", incarnation="\x1b[31mred")
     rows = roster(tmp_path).rows
-    assert rows[0].context is not None and rows[0].context["model"].startswith("\x1b")  # JSON keeps it
+    assert rows[0].context is not None and rows[0].context.model.startswith("\x1b")  # JSON keeps it
     inspection = render_inspection(collect_inspection(tmp_path, HOST, "evil", NOW, here=HOST, alive=dead))
     assert "\x1b" not in inspection and "\x07" not in inspection
     assert "\\u001b]0;pwned" in inspection  # the raw record, as JSON spells it
@@ -234,6 +234,29 @@ def test_terminal_controls_in_fields_are_escaped_in_human_output(tmp_path: Path)
     assert "\x1b" not in raw and "\\x1b[2J\\x1b]0;x\\x07" in raw
     assert "\x1b" not in render_agents(rows, colour=False)
     assert printable("a\u202eb\x9bc") == "a\\u202eb\\x9bc"
+
+
+# Bidi overrides and isolates, marks, line and paragraph separators, zero-width and BOM: each drives how
+# a terminal lays the line out (or breaks it) without being a C0/C1 control.
+UNSEEN = "\u202e\u2028\u2029\u200e\u200f\u061c\u2066\u200b\ufeff"
+
+
+def test_bidi_and_line_separators_in_every_printed_string_are_escaped(tmp_path: Path) -> None:
+    """Issue 40: a bidi override (U+202E) and a line separator (U+2028) in a subagent's model
+    reached `agents`, `top` and `inspect` raw; the agent's own model too (`inspect`)."""
+    sub = {"id": "a91242bfc47ae887e", "name": "general-purpose", "model": f"evil{UNSEEN}model", "usedTokens": 9_000,
+           "windowTokens": 150_000, "usedPercent": 6.0, "windowSource": "model-table", "compactions": 0,
+           "state": "running", "observedAtMs": NOW}  # fmt: skip
+    put_record(tmp_path, "evil", model=f"m{UNSEEN}", subagents=[sub])
+    outputs = {
+        "agents": hctx("agents", "--catalog", str(tmp_path)).stdout,
+        "top": hctx("top", "--once", "--catalog", str(tmp_path)).stdout,
+        "inspect": hctx("inspect", "evil", "--catalog", str(tmp_path)).stdout,
+    }
+    for command, shown in outputs.items():
+        assert not set(UNSEEN) & set(shown), (command, [hex(ord(c)) for c in set(UNSEEN) & set(shown)])
+    assert "evil\\u202e\\u2028" in outputs["agents"] and "evil\\u202e\\u2028" in outputs["inspect"]
+    assert printable("a\u2028b c\u00a0") == "a\\u2028b c\\xa0"
 
 
 JUNK_CATALOG_NAMES = ("binary", "empty", "foreign-schema", "nan", "negative-tokens", "over-the-bound")
@@ -302,13 +325,13 @@ def test_fuzzed_fields_are_published_verbatim_or_not_at_all(tmp_path_factory: An
     if row.context is None:
         return
     for key in NUMERIC:
-        published = row.context[key]
+        published = row.context.wire()[key]
         given_value = raw.get(key)
         if given_value is None:
             assert published in (None, 0) if key == "compactions" else published is None, key
         else:
             assert published == given_value and type(given_value) is not bool, key
-    assert row.context["ageMs"] == max(0, NOW - raw["observedAtMs"])
+    assert row.context.age_ms == max(0, NOW - raw["observedAtMs"])
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -318,6 +341,6 @@ def test_arbitrary_bytes_never_raise(tmp_path_factory: Any, data: bytes) -> None
     put_record(catalog, "noise", raw=data)
     put_claim(catalog, "noise", raw=data)
     row = one(catalog, "noise")
-    assert row.context is None or row.context["harness"] in ("claude", "codex", "pi", "omp", "opencode")
+    assert row.context is None or row.context.harness in ("claude", "codex", "pi", "omp", "opencode")
     render_agents([row], colour=True)
     render_inspection(collect_inspection(catalog, HOST, "noise", NOW, here=HOST, alive=dead))

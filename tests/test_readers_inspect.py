@@ -12,9 +12,9 @@ import pytest
 from readers_catalog import HOST, HOUR, MINUTE, NOW, agent_path, hctx, put_claim, put_record
 
 from guard.layout import log_path
-from wrapper import render
-from wrapper.render import render_inspection
-from wrapper.roster import collect_inspection, incarnation_verdict, launches_within
+from wrapper.readers import render
+from wrapper.readers.render import render_inspection
+from wrapper.readers.roster import collect_inspection, incarnation_verdict, launches_within
 
 
 def dead(pid: int) -> bool:

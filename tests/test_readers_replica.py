@@ -16,8 +16,8 @@ from readers_catalog import HOST, MINUTE, NOW, agent_path, hctx, put_claim, put_
 
 from guard.catalog import iter_hosts, iter_identities
 from guard.errors import CatalogError
-from wrapper.render import doctor_advisories
-from wrapper.roster import collect_roster
+from wrapper.readers.render import doctor_advisories
+from wrapper.readers.roster import collect_roster
 
 CONFLICT = "harness-context.sync-conflict-20261201-091500-WBMBBOK"
 
@@ -87,7 +87,7 @@ def test_syncthings_own_files_give_no_warning_no_row_and_no_refusal(tmp_path: Pa
     SYNCTHING_ENTRIES[entry](agents)
     result = collect_roster(tmp_path, NOW, here=HOST, alive=dead)
     assert result.all_warnings() == []
-    assert [(row.host, row.identity, row.context and row.context["usedPercent"]) for row in result.rows] == [
+    assert [(row.host, row.identity, row.context and row.context.used_percent) for row in result.rows] == [
         (HOST, "alice", 40), ("far", "bob", 90),
     ]  # fmt: skip
     # The store's walkers, strict by design, are not refused by them either.
@@ -116,7 +116,7 @@ def test_a_conflict_copy_is_never_the_record(tmp_path: Path) -> None:
     only_copy = agent_path(tmp_path, "lost")
     (only_copy / CONFLICT).write_bytes((agent_path(tmp_path, "kept") / CONFLICT).read_bytes())
     rows = {row.identity: row for row in collect_roster(tmp_path, NOW, here=HOST, alive=dead).rows}
-    assert rows["kept"].context is not None and rows["kept"].context["usedPercent"] == 12
+    assert rows["kept"].context is not None and rows["kept"].context.used_percent == 12
     assert (rows["lost"].context, rows["lost"].problem) == (None, None)  # no record: "never observed"
 
 
@@ -239,7 +239,7 @@ def test_a_host_whose_clock_runs_ahead_is_named_by_doctor_with_how_far(tmp_path:
     result = collect_roster(tmp_path, NOW, here=HOST, alive=dead)
     rows = {row.name: row for row in result.rows}
     assert (rows["fast/x"].context, rows["fast/y"].context) == (None, None)  # the spec: null
-    assert rows["fast/z"].context is not None and rows["fast/z"].context["ageMs"] == 0
+    assert rows["fast/z"].context is not None and rows["fast/z"].context.age_ms == 0
     assert doctor_advisories(result) == [
         "advisory: host fast: clock ahead of this host's by at least 3m05s (185000 ms), past the 1m00s skew "
         "bound; context read as absent for fast/x, fast/y"

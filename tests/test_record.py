@@ -306,9 +306,15 @@ def test_hctx_schema_prints_the_record_schema(tmp_path: Path) -> None:
     schema = _hctx_schema(tmp_path)
     assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
     assert schema["title"] == "st2.harness-context.v1"
-    # The spec's keys in its order, and issue 28's additive `subagents` after `sessionId`.
-    assert tuple(k for k in schema["properties"] if k != "subagents") == SPEC_KEY_ORDER
+    # The spec's keys in its order, and issue 28's additive `subagents` after `sessionId`; issue 35's
+    # `rateLimitsAtMs` and issue 37's `promptCache` after `rateLimitResetsAtMs` (each key left out of a
+    # record when empty).
+    additive = ("subagents", "rateLimitsAtMs", "promptCache")
+    assert tuple(k for k in schema["properties"] if k not in additive) == SPEC_KEY_ORDER
     assert list(schema["properties"]).index("subagents") == SPEC_KEY_ORDER.index("sessionId") + 1
+    order = list(schema["properties"])
+    assert order.index("rateLimitsAtMs") == order.index("rateLimitResetsAtMs") + 1
+    assert order.index("promptCache") == order.index("rateLimitsAtMs") + 1
     assert set(schema["required"]) >= {"harness", "agent", "incarnation", "observedAtMs", "writtenAtMs"}
     assert schema["properties"]["harness"]["enum"] == list(BUILT_IN)
 

@@ -11,10 +11,14 @@ from pathlib import Path
 import pytest
 import trio
 import trio.lowlevel
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import guard
 from sidecar import recorder
+from sidecar.decoding import MessageDecoder
 from sidecar.recorder import FORMAT, Recorder, create_recording
+from sidecar.redaction import Redactor
 from sidecar.registry import HarnessSpec, spec_for
 from sidecar.replay import read_chunks, replay_recording
 from tests.conftest import REPO
@@ -95,14 +99,17 @@ def test_wrap_refuses_a_record_path_it_cannot_own(tmp_path: Path) -> None:
     assert (tmp_path / "exists").read_bytes() == b"mine" and not (tmp_path / "target").exists()
 
 
-def test_a_wrapped_session_recorded_replays_to_the_writes_its_sidecar_logged(tmp_path: Path) -> None:
+@pytest.mark.parametrize("raw", [True, False], ids=["record-raw", "redacted"])
+def test_a_wrapped_session_recorded_replays_to_the_writes_its_sidecar_logged(tmp_path: Path, raw: bool) -> None:
     """The demo's stand-in plays a real Claude session (its converted recording) through the real
     tee under `hctx wrap --record`; what the product recorded holds the very channel bytes of the
-    converted recording, and `hctx replay FILE` of it prints the writes the sidecar logged."""
+    converted recording (`--record-raw`; redacted by default: the same bytes with every string no
+    decoder reads replaced), and `hctx replay FILE` of it prints the writes the sidecar logged."""
     catalog, recording = tmp_path / "cat", tmp_path / "session.rec"
     played = DEMO / "claude-session-2.1.332.rec"
     standin = [sys.executable, "-m", "sidecar.demo_standin", "--harness", "claude", "--duration", "2", played.name]
-    result = run(wrap_argv(catalog, "rec", "claude", *standin, extra=("--record", str(recording))), cwd=tmp_path)
+    extra = ("--record", str(recording), *(("--record-raw",) if raw else ()))
+    result = run(wrap_argv(catalog, "rec", "claude", *standin, extra=extra), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     lived = [event for event in log_events(catalog, "rec") if event.get("event") == "write"]
     replayed = run([sys.executable, "-m", "wrapper.cli", "replay", str(recording)])
@@ -114,7 +121,13 @@ def test_a_wrapped_session_recorded_replays_to_the_writes_its_sidecar_logged(tmp
     header = _lines(recording)[0]
     assert (header["format"], header["harness"], header["hctx"]) == (FORMAT, "claude", guard.__version__)
     # The tee rebuilt every line the converted recording holds, byte for byte (each its own connection).
-    assert sorted(_channel_lines(recording)) == sorted(_channel_lines(played))
+    expected = _channel_lines(played)
+    if not raw:
+        expected = [Redactor(spec_for("claude").recorded_strings, "lines").redact(line) for line in expected]
+        assert any(b"/home/" in line for line in _channel_lines(played))  # the session's paths: not recorded
+        assert not any(b"/home/" in line for line in _channel_lines(recording))
+    assert header["redacted"] is not raw
+    assert sorted(_channel_lines(recording)) == sorted(expected)
 
 
 def _channel_lines(path: Path) -> list[bytes]:
@@ -142,7 +155,7 @@ def _recording(tmp_path: Path, harness: str, *entries: dict[str, object]) -> Pat
 def test_a_decoder_that_raises_is_a_counted_drop_in_replay_as_live(tmp_path: Path) -> None:
     base = spec_for("claude")
     spec = HarnessSpec(name="claude", make_producer=base.make_producer, channel_frames=base.channel_frames,
-                       decoders={"boom": _Boom}, verified_versions=(), launch=base.launch)  # fmt: skip
+                       decoders={"boom": _Boom}, verified_versions=(), package=base.package)  # fmt: skip
     data = base64.b64encode(b"boom").decode()
     path = _recording(tmp_path, "claude", {"at_ms": 1001, "wire": "boom", "stream": 1, "b64": data})
     writes, summary = replay_recording(spec, path)
@@ -232,3 +245,299 @@ def test_replay_refuses_a_file_that_is_no_recording_and_says_what_it_is(tmp_path
     good = REPO / "fixtures" / "recordings" / "claude" / "statusline-2.1.332.rec"
     result = run([sys.executable, "-m", "wrapper.cli", "replay", str(good), str(capture)])
     assert result.returncode == 2 and result.stdout.count('"reason": ') >= 2 and str(capture) in result.stderr
+
+
+# ---- issue 40: a recording is redacted by default; a full disk ends the recording, never the sidecar ----
+
+ALL_RECORDINGS = sorted((REPO / "fixtures").rglob("*.rec"))
+
+
+def _replayed(data: bytes) -> tuple[list[str], dict[str, int]]:
+    from sidecar.replay import header_of, replay_bytes, write_line
+
+    writes, summary = replay_bytes(spec_for(header_of(data)["harness"]), data)
+    return [write_line(write) for write in writes], dict(summary.drops)
+
+
+def _streams(data: bytes) -> dict[tuple[int, int], tuple[str, str, bytes]]:
+    """Each stream's bytes, keyed by (sidecar, stream), with its harness and wire (a wire of whole
+    messages, one a chunk: each on a line of its own)."""
+    streams: dict[tuple[int, int], tuple[str, str, bytes]] = {}
+    sidecar, harness = 0, ""
+    for line in data.splitlines():
+        entry = json.loads(line)
+        if "format" in entry:
+            sidecar, harness = sidecar + 1, entry["harness"]
+        elif "b64" in entry:
+            _, wire, held = streams.get((sidecar, entry["stream"]), (harness, entry["wire"], b""))
+            chunk = base64.b64decode(entry["b64"])
+            if isinstance(spec_for(harness).decoder(wire), MessageDecoder):
+                chunk = json.dumps(json.loads(chunk)).encode() + b"\n" if chunk.strip() else b""
+            streams[sidecar, entry["stream"]] = (harness, wire, held + chunk)
+    return streams
+
+
+def _strings(value: object, key: str | None = None) -> list[tuple[str | None, str]]:
+    if isinstance(value, dict):
+        return [found for k, v in value.items() for found in _strings(v, k)]
+    if isinstance(value, list):
+        return [found for v in value for found in _strings(v, key)]
+    return [(key, value)] if isinstance(value, str) else []
+
+
+def _frames(wire_bytes: bytes) -> list[object]:
+    """The JSON a stream's bytes hold, line by line (an SSE `data:` line's too, a tap's line too)."""
+    frames: list[object] = []
+    for line in wire_bytes.splitlines():
+        try:
+            frame = json.loads(line.strip().removeprefix(b"data:"))
+        except ValueError:
+            continue
+        frames.append(frame)
+        if isinstance(frame, dict) and isinstance(frame.get("payload"), str):
+            frames.append(json.loads(frame["payload"]))
+    return frames
+
+
+@pytest.mark.parametrize("path", ALL_RECORDINGS, ids=lambda path: str(path.relative_to(REPO / "fixtures")))
+def test_every_capture_redacted_replays_to_the_same_records_and_keeps_no_other_string(path: Path) -> None:
+    """Each real capture under fixtures/, redacted as `hctx wrap --record` records by default:
+    the same writes and drops as the whole session, and no string but those its decoders read."""
+    from sidecar.recorder import redact_recording
+
+    data = path.read_bytes()
+    redacted = redact_recording(data)
+    assert _replayed(redacted) == _replayed(data)
+    for harness, wire, held in _streams(redacted).values():
+        kept, embedded = spec_for(harness).recorded_strings, spec_for(harness).recorded_json_strings
+        for frame in _frames(held):  # a string of JSON text is read as its own frame (_frames)
+            strings = _strings(frame)
+            leaked = [(key, text) for key, text in strings if key not in kept | embedded and text.strip("x ")]
+            assert not leaked, (wire, leaked[:3])
+    assert b"/home/" not in b"".join(held for _, _, held in _streams(redacted).values())
+
+
+def test_the_projects_own_delegation_recordings_are_redacted() -> None:
+    """fixtures/claude/delegation/*/sidecar.rec held the children's prompts and replies (issue 40):
+    now their redacted form, which replays to the same records (the test above)."""
+    from sidecar.recorder import redact_recording
+
+    for path in sorted((REPO / "fixtures" / "claude" / "delegation").glob("*/sidecar.rec")):
+        data = path.read_bytes()
+        assert redact_recording(data) == data  # redacting it again changes nothing: it is redacted
+        assert b"Fake reply to" not in b"".join(held for _, _, held in _streams(data).values())
+
+
+EMAIL, TOKEN, API_KEY, PROMPT = "alice.planted@example.com", "eyJPLANTEDtoken42", "sk-PLANTED-key", "PLANTED prompt"
+SECRETS = (EMAIL, TOKEN, API_KEY, PROMPT, "PLANTED output", "PLANTED instructions", "PLANTED file")
+
+
+def _planted() -> dict[str, list[tuple[str, bytes]]]:
+    """Real-shaped frames of each harness's wires carrying a secret where the issue found one."""
+    from sidecar.harnesses.codex.producer import tap_frame
+
+    def line(value: object) -> bytes:
+        return json.dumps(value).encode() + b"\n"
+
+    account = {"id": 3, "result": {"account": {"type": "chatgpt", "email": EMAIL, "planType": "plus"}}}
+    auth = {"id": 4, "result": {"authMethod": "chatgpt", "authToken": TOKEN, "requiresOpenaiAuth": True}}
+    turn = {"method": "turn/start", "id": 5, "params": {"threadId": "t", "input": [{"type": "text", "text": PROMPT}]}}
+    item = {"type": "commandExecution", "id": "i", "command": "cat .env", "aggregatedOutput": "PLANTED output"}
+    output = {"method": "item/completed", "params": {"threadId": "t", "item": item}}
+    said = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "PLANTED instructions"}]}
+    rollout = {"timestamp": "2026-12-01T22:00:00.000Z", "type": "response_item", "payload": said}
+    codex = [line(account), line(auth), line(turn), line(output)]
+    mcp = {"type": "remote", "url": "https://x", "headers": {"Authorization": f"Bearer {TOKEN}"}}
+    config = {"provider": {"anthropic": {"options": {"apiKey": API_KEY}}}, "mcp": {"search": mcp}}
+    part = {"type": "message.part.updated", "properties": {"part": {"type": "text", "sessionID": "s", "text": PROMPT}}}
+    hook = {"type": "claude.hook", "payload": {"session_id": "s", "hook_event_name": "UserPromptSubmit",
+            "prompt": PROMPT, "cwd": "/home/alice", "transcript_path": f"/home/{EMAIL}/t.jsonl"}}  # fmt: skip
+    result = {"role": "user", "content": [{"type": "tool_result", "content": "PLANTED file"}]}
+    transcript = {"type": "user", "isSidechain": True, "agentId": "a1", "timestamp": "2026-12-01T22:00:00.000Z",
+                  "message": result}  # fmt: skip
+    return {
+        "codex": [*(("stdout", frame) for frame in codex), *(("websocket", frame.strip()) for frame in codex),
+                  ("channel", tap_frame(line(account).strip()) + b"\n"), ("rollout", line(rollout))],
+        "opencode": [("config", json.dumps(config).encode()), ("sse", b"data: " + json.dumps(part).encode() + b"\n\n")],
+        "claude": [("channel", line(hook)), ("subagent", line(transcript))],
+        "pi": [("channel", line({"type": "pi.event", "event": "message_end", "text": PROMPT, "email": EMAIL}))],
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("harness", ["codex", "opencode", "claude", "pi"])
+async def test_planted_secrets_never_reach_a_recording(tmp_path: Path, harness: str) -> None:
+    """An email (Codex's `account/read`), a token (`getAuthStatus`, an MCP server's header), an
+    apiKey (OpenCode's `/config`), a prompt, a command's output, instructions and a file's content,
+    each cut across chunks as a socket would: none reaches the file, in any encoding; --record-raw's
+    recording holds them all."""
+    from sidecar.redaction import redactors
+
+    spec = spec_for(harness)
+    for raw in (False, True):
+        path = tmp_path / f"{harness}-{raw}.rec"
+        rec = Recorder(create_recording(path), {"format": FORMAT, "harness": harness},
+                       redactor=None if raw else redactors(spec))  # fmt: skip
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(rec.run)
+            for wire, frame in _planted()[harness]:
+                stream = rec.new_stream()
+                cuts = [frame] if wire in ("websocket", "config") else _cuts(frame, 7)
+                for at, cut in enumerate(cuts):
+                    rec.chunk(at, wire, stream, cut)
+            rec.close()
+        recorded = b"".join(held for _, _, held in _streams(path.read_bytes()).values()) + path.read_bytes()
+        planted = {secret for secret in SECRETS if secret.encode() in b"".join(f for _, f in _planted()[harness])}
+        found = {secret for secret in planted if secret.encode() in recorded or secret.encode() in recorded.lower()}
+        assert found == (planted if raw else set()), (raw, found)
+        assert b"@example.com" not in recorded or raw
+
+
+def test_a_stream_redacted_in_any_cuts_is_the_stream_redacted_whole() -> None:
+    """A string, an escape, a number, a literal or an SSE field name cut by a chunk's end is
+    redacted as it is whole (a tap's line of JSON text is held until it ends: the same bytes)."""
+    from sidecar.redaction import redactors
+
+    for harness, frames in _planted().items():
+        make = redactors(spec_for(harness))
+        for wire, frame in frames:
+            if wire in ("websocket", "config"):
+                continue
+            whole = make(wire).redact(frame * 3)
+            assert len(whole) == len(frame * 3)
+            for size in (1, 2, 3, 5, 11):
+                redactor = make(wire)
+                assert b"".join(redactor.redact(cut) for cut in _cuts(frame * 3, size)) == whole, (wire, size)
+
+
+def _cuts(data: bytes, size: int) -> list[bytes]:
+    return [data[i : i + size] for i in range(0, len(data), size)]
+
+
+class _Failing:
+    """A file on a disk that fails: every write and every close raise (a close flushes again)."""
+
+    def __init__(self, error: int) -> None:
+        self.error = error
+        self.closed = 0
+
+    def write(self, data: bytes) -> int:
+        raise OSError(self.error, "planted")
+
+    def flush(self) -> None:
+        raise OSError(self.error, "planted")
+
+    def close(self) -> None:
+        self.closed += 1
+        raise OSError(self.error, "planted")
+
+
+@pytest.mark.parametrize("error", [28, 5], ids=["ENOSPC", "EIO"])
+async def test_a_file_that_cannot_be_written_ends_the_recording_never_the_sidecar(
+    error: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A full disk (or an I/O error) raised again by the close: the sidecar crashed on it, and so did
+    each replacement (issue 40). Now the recording stops, said once, and `run` returns."""
+    file = _Failing(error)
+    rec = Recorder(file, {"format": FORMAT})  # type: ignore[arg-type]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(rec.run)
+        rec.chunk(1, "channel", rec.new_stream(), b"{}\n")
+        await trio.sleep(0.05)
+        rec.chunk(2, "channel", 1, b"{}\n")  # after the failure: nothing queued, nothing raised
+        rec.close()
+    assert rec.truncated and file.closed == 1
+    failed = [record for record in caplog.records if getattr(record, "event", None) == "recording-failed"]
+    assert len(failed) == 1 and "planted" in failed[0].getMessage()
+
+
+async def test_dev_full_as_the_recording_stops_it_and_the_recorder_returns(caplog: pytest.LogCaptureFixture) -> None:
+    rec = Recorder(open("/dev/full", "ab"), {"format": FORMAT})  # noqa: SIM115 (the recorder closes it)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(rec.run)
+        rec.chunk(1, "channel", rec.new_stream(), b"x" * 100_000)
+        rec.close()
+    assert rec.truncated
+    assert any(getattr(record, "event", None) == "recording-failed" for record in caplog.records)
+
+
+def test_the_recording_is_held_open_across_a_sidecar_replacement_never_reopened_by_name(tmp_path: Path) -> None:
+    """Issue 40: each sidecar re-opened the recording by its name, so whoever may rename in its
+    directory swapped the file between two sidecars and received the rest of the session; a FIFO
+    put there blocked the replacement in open() for good. Now the resident holds the file and hands
+    it down: the replacement comes up at once, and the rest of the session goes to the same file."""
+    import os
+    import signal
+    import subprocess
+
+    from tests.test_wrap_faults import AFTER_THE_KILL
+    from tests.wrapping import context_frame, env, log_events, wait_for
+
+    catalog, go, recording, moved = tmp_path / "c", tmp_path / "go", tmp_path / "session.rec", tmp_path / "moved.rec"
+    harness = (sys.executable, "-c", AFTER_THE_KILL, str(go), context_frame(10, 100, 10.0))
+    argv = wrap_argv(catalog, "a", "pi", *harness, extra=("--record", str(recording)))
+    wrapper = subprocess.Popen(argv, env=env(), stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(Path(f"{go}.harness").exists, what="the harness")  # so the first sidecar was ready
+        recording.rename(moved)
+        os.mkfifo(recording)  # what a reader of the rest of the session would put there
+        first = next(e for e in log_events(catalog, "a") if e["event"] == "start")
+        os.kill(int(first["pid"]), signal.SIGKILL)  # type: ignore[call-overload]
+        go.touch()
+        _, err = wrapper.communicate(timeout=60)
+    finally:
+        if wrapper.poll() is None:
+            wrapper.kill()
+    assert wrapper.returncode == 0, err  # the frame landed through the replacement
+    assert recording.is_fifo()
+    lines = _lines(moved)
+    assert sum(1 for line in lines if "format" in line) == 2  # both sidecars wrote to the one file
+    assert any(b'"contextWindow"' in chunk.data for chunk in read_chunks(moved.read_bytes()))  # the frame
+
+
+def test_every_incarnation_of_a_restarted_session_records_into_the_one_file(tmp_path: Path) -> None:
+    """`--restart`: a relaunch's sidecar gets the same open file as the first (the resident holds it),
+    each starting with its own header."""
+    catalog, recording = tmp_path / "cat", tmp_path / "session.rec"
+    extra = ("--record", str(recording), "--restart", "on-failure", "--max-restarts", "1", "--restart-delay", "0")
+    result = run(wrap_argv(catalog, "rec", "pi", "false", extra=extra))
+    assert result.returncode == 1, result.stderr
+    headers = [line for line in _lines(recording) if "format" in line]
+    assert len(headers) == 2 and headers[0]["incarnation"] != headers[1]["incarnation"]
+    assert all(header["redacted"] is True for header in headers)
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**60), 2**60) | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=12),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(["type", "text", "id", "k"]), inner,
+                                                                max_size=4),
+    max_leaves=20,
+)  # fmt: skip
+
+
+def _expected(value: object, key: str | None, kept: frozenset[str]) -> object:
+    """`value` as its redaction reads back: each string not under a kept key, as many `x` as bytes."""
+    if isinstance(value, dict):
+        return {k: _expected(v, k, kept) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expected(v, key, kept) for v in value]
+    if isinstance(value, str) and key not in kept:
+        return "x" * len(json.dumps(value, ensure_ascii=False).encode()[1:-1])
+    return value
+
+
+@settings(max_examples=300, deadline=None)
+@given(frames=st.lists(_JSON, min_size=1, max_size=4), cut=st.integers(1, 64), data=st.binary(max_size=200))
+def test_any_json_lines_cut_anywhere_are_redacted_string_by_string(frames: list[object], cut: int, data: bytes) -> None:
+    """Any JSON, cut at any size: each string under a key not kept reads back as that many `x`, every
+    other value as it was, every line as long; and any bytes at all never raise nor change length."""
+    from sidecar.redaction import Redactor
+
+    kept = frozenset({"type", "id"})
+    lines = b"".join(json.dumps(frame, ensure_ascii=False).encode() + b"\n" for frame in frames)
+    redactor = Redactor(kept, "lines")
+    redacted = b"".join(redactor.redact(part) for part in _cuts(lines, cut))
+    assert [len(line) for line in redacted.split(b"\n")] == [len(line) for line in lines.split(b"\n")]
+    assert [json.loads(line) for line in redacted.splitlines()] == [_expected(frame, None, kept) for frame in frames]
+    for framing in ("lines", "messages", "sse"):
+        assert len(Redactor(kept, framing).redact(data)) == len(data)  # type: ignore[arg-type]

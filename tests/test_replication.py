@@ -10,7 +10,7 @@ from pathlib import Path
 from readers_catalog import REPO, hctx
 
 from guard.constants import CONTEXT_LOCK_NAME, REPLICATED_RECORD_NAMES
-from wrapper.replication import include_patterns, stignore
+from wrapper.readers.replication import include_patterns, stignore
 
 
 def patterns(text: str) -> list[str]:

@@ -123,7 +123,8 @@ def comparable(fields: ContextFields | None) -> dict[str, Any]:
     assert fields is not None
     # harnessVersion: the app-server names its build in `initialize`; these rollout extracts kept the
     # token events only, not the `session_meta` line that names it (tests/test_versions_and_sessions.py).
-    return fields.model_dump(exclude={"observed_at_ms", "last_compaction_ms", "harness_version"})
+    # rateLimitsAtMs is a time like observedAtMs: each path's own (the follower here is fed byte offsets).
+    return fields.model_dump(exclude={"observed_at_ms", "last_compaction_ms", "harness_version", "rate_limits_at_ms"})
 
 
 @pytest.mark.parametrize("version", CODEX_VERSIONS)

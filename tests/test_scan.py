@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
+from sidecar.harnesses.claude.windows import shipped_model_table
 from wrapper.cli import main
-from wrapper.scan import parse_duration, shipped_model_table
+from wrapper.readers.scan import parse_duration
 
 ROOT = Path(__file__).resolve().parent.parent
 TRANSCRIPTS = ROOT / "fixtures" / "transcripts"
@@ -305,7 +306,7 @@ def test_bad_durations(text: str) -> None:
 
 
 def test_a_fifo_where_the_model_table_belongs_never_hangs_the_scan(tmp_path: Path) -> None:
-    from wrapper.scan import model_table
+    from sidecar.harnesses.claude.windows import model_table
 
     (tmp_path / "hctx").mkdir()
     os.mkfifo(tmp_path / "hctx" / "models.json")

@@ -15,8 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from guard.record import MAX_COUNT
+from sidecar.harnesses.claude.windows import shipped_model_table
 from tests.hostile import json_values, numbers
-from wrapper.scan import SessionFile, read_session, shipped_model_table
+from wrapper.readers.scan import SessionFile, read_session
 
 NOW = 1_795_992_227_928
 TABLE = shipped_model_table()

@@ -20,7 +20,7 @@ from sidecar.registry import spec_for
 from sidecar.streams import Streams
 from tests.conftest import failing_writer, submit_channel_bytes
 from tests.wrapping import HOST, agent_dir, context_frame, env, log_events, pid_gone, wait_for
-from wrapper.launcher import WrapOptions, claim
+from wrapper.launch.launcher import WrapOptions, claim
 
 
 @contextmanager

@@ -582,14 +582,14 @@ def test_a_bom_prefixed_record_is_refused_with_a_warning(tmp_path: Path, caplog:
 
 
 def test_a_huge_percent_prints_short() -> None:
-    from wrapper.render import percent_text
+    from wrapper.readers.render import percent_text
 
     assert len(percent_text(1e308)) <= 8
     assert percent_text(585.6) == "586%"
 
 
 def test_a_full_tap_queue_gives_way_oldest_first_and_reports_how_many(monkeypatch: pytest.MonkeyPatch) -> None:
-    from wrapper import resident
+    from wrapper.launch import resident
 
     monkeypatch.setattr(resident, "TAP_QUEUE_BYTES", 1000)
     queue = resident.TapQueue("codex stdout tap")

@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +57,17 @@ CASES: dict[str, tuple[str, str, tuple[str, ...], tuple[str, ...]]] = {
 }
 
 
-def transport_config(kind: str, tmp_path: Path, port: int) -> dict[str, Any]:
+def launch_modules(modules: Iterable[str]) -> list[str]:
+    """The launch side among `modules`: the kernel's `sidecar.launching` and every harness's launch
+    plan (`sidecar.harnesses.<name>.launch`), which run in the wrapper process only."""
+    return sorted(
+        name
+        for name in modules
+        if name == "sidecar.launching" or (name.startswith("sidecar.harnesses.") and name.split(".")[3:4] == ["launch"])
+    )
+
+
+def transport_wire(kind: str, tmp_path: Path, port: int) -> dict[str, Any]:
     if kind == "relay":
         return {"mode": "relay", "listen": f"ws://127.0.0.1:{free_port()}", "upstream": f"ws://127.0.0.1:{port}"}
     if kind == "rollout":
@@ -100,7 +111,7 @@ def connect_once(url: str, deadline: float) -> None:
 
 def modules_of_a_sidecar(harness: str, kind: str, tmp_path: Path) -> set[str]:
     with silent_listener() as port:
-        config = transport_config(kind, tmp_path, port)
+        config = transport_wire(kind, tmp_path, port)
         lifeline_read, lifeline_write = os.pipe()
         ready_read, ready_write = os.pipe()
         modules_read, modules_write = os.pipe()
@@ -141,6 +152,19 @@ def test_a_sidecar_loads_only_its_harness_libraries(case: str, tmp_path: Path) -
     loaded = {name.split(".")[0] for name in modules}
     wrong = sorted(loaded & {*unneeded, *NEVER})
     assert not wrong, f"{case} sidecar loaded {', '.join(wrong)}"
+    # A harness's launch plan lives in its package, beside what the sidecar loads, and stays out of it.
+    assert launch_modules(modules) == [], f"{case} sidecar loaded its launch side"
+
+
+def test_the_launch_side_is_found_by_name() -> None:
+    """Not vacuous: every built-in harness's launch plan and the kernel's launch module are what
+    `launch_modules` finds, and nothing else of a harness package."""
+    from sidecar.registry import BUILT_IN, spec_for
+
+    named = {f"{spec_for(name).package}.{spec_for(name).launch}" for name in BUILT_IN}
+    assert all((REPO / name.replace(".", "/")).with_suffix(".py").is_file() for name in named)
+    others = {"sidecar.harnesses.claude.producer", "sidecar.harnesses.codex.transport", "sidecar.app", "wrapper.cli"}
+    assert launch_modules({*named, "sidecar.launching", *others}) == sorted({*named, "sidecar.launching"})
 
 
 def test_the_log_line_keeps_its_shape() -> None:

@@ -1,7 +1,8 @@
-"""A sixth harness is one module, one launch plan and one line in the registry.
+"""A sixth harness is one folder, its launch plan included, and one line in the registry.
 
 `tests/sixth_harness/` defines one entirely outside the product (docs/sixth-harness.md is the
-recipe it follows): its spec module, its launch plan, and its registry line, an entry point in the
+recipe it follows): its spec module and its launch plan, side by side in its package (the spec names
+`launch` inside it), and its registry line, an entry point in the
 `hctx.harnesses` group (a dist-info under `registered/`, as an installed plugin would have). Nothing
 under guard/, sidecar/ or wrapper/ names it, and yet `hctx replay`, `hctx wrap` with its real
 sidecar, the readers and the conformance properties all take it.
@@ -58,7 +59,7 @@ def test_nothing_in_the_product_names_the_sixth_harness() -> None:
 def test_the_registry_finds_it_by_its_entry_point_and_the_built_ins_first(installed: None) -> None:
     assert harness_names() == (*registry.BUILT_IN, "sixth")
     spec = spec_for("sixth")
-    assert spec.name == "sixth" and spec.launch == "tests.sixth_harness.launch"
+    assert spec.name == "sixth" and f"{spec.package}.{spec.launch}" == "tests.sixth_harness.launch"
 
 
 def test_its_session_replays_through_the_shared_decoder_and_guard(installed: None) -> None:
@@ -145,3 +146,32 @@ def test_hctx_wrap_runs_its_agent_with_a_real_sidecar_and_the_readers_show_it(tm
     assert listed.returncode == 0, listed.stderr
     [row] = json.loads(listed.stdout)
     assert row["context"]["harness"] == "sixth" and row["context"]["usedPercent"] == 12.0
+
+
+def test_a_spec_names_modules_only_inside_its_own_package() -> None:
+    """A harness is one folder: its spec names its launch plan, transport, transcript reader and
+    model table by their names inside its package, and a path out of it is refused."""
+    from guard.errors import UnknownHarness
+    from sidecar.spec import HarnessSpec
+
+    base = spec_for("pi")
+    for field in ("launch", "transport", "transcripts", "model_windows"):
+        with pytest.raises(UnknownHarness, match="names only modules of its own package"):
+            HarnessSpec(name="pi", make_producer=base.make_producer, channel_frames=base.channel_frames, decoders={},
+                        verified_versions=(), package=base.package, **{field: "wrapper.harnesses.pi"})  # fmt: skip
+    for name in registry.BUILT_IN:
+        spec = spec_for(name)
+        named = [spec.launch, spec.transport, spec.transcripts, spec.model_windows]
+        assert spec.package.startswith("sidecar.harnesses.") and spec.module(spec.launch).__file__
+        assert all(module is None or spec.module(module).__name__ == f"{spec.package}.{module}" for module in named)
+
+
+def test_what_was_a_wrapper_literal_is_each_harness_spec(installed: None) -> None:
+    """Whether a percent can run past 100 and the model-window table are the harness's own, reached
+    through its spec: the sixth states neither, and is in neither."""
+    from sidecar.harnesses.claude.windows import shipped_model_table
+
+    overrun = registry.overrun_harnesses()
+    assert overrun[:3] == ("pi", "omp", "opencode") and not {"claude", "codex", "sixth"} & set(overrun)
+    assert registry.model_table("claude", {"HOME": "/nonexistent"}, []) == shipped_model_table()
+    assert registry.model_table("codex", {}, []) == registry.model_table("sixth", {}, []) == {}

@@ -750,8 +750,8 @@ READER_ROWS = [
 def test_hctx_top_indents_each_subagent_under_its_agent_with_its_own_fill(tmp_path: Path) -> None:
     from readers_catalog import HOST, NOW, put_record
 
-    from wrapper.roster import collect_roster
-    from wrapper.top import render_frame
+    from wrapper.readers.roster import collect_roster
+    from wrapper.readers.top import render_frame
 
     put_record(tmp_path, "parent", harness="claude", usedTokens=23_000, windowTokens=200_000, usedPercent=12.0,
                subagents=READER_ROWS)  # fmt: skip
@@ -805,8 +805,9 @@ def test_a_hostile_subagent_row_never_reaches_a_terminal(tmp_path: Path) -> None
 def watched(sub_percent: float | None, *, state: str = "running", parent: float = 12.0) -> Any:
     from readers_catalog import HOST
 
-    from wrapper.roster import AgentRow
-    from wrapper.watch import Observation
+    from guard.projection import Context
+    from wrapper.readers.roster import AgentRow
+    from wrapper.readers.watch import Observation
 
     sub = {"id": "a91242bfc47ae887e", "name": "general-purpose", "model": "claude-subagent-test-1",
            "usedTokens": None if sub_percent is None else int(sub_percent * 1500), "windowTokens": 150_000,
@@ -814,12 +815,12 @@ def watched(sub_percent: float | None, *, state: str = "running", parent: float 
            "observedAtMs": 1_795_000_000_000, "ageMs": 1000}  # fmt: skip
     context = {"harness": "claude", "usedTokens": 24_000, "windowTokens": 200_000, "usedPercent": parent,
                "compactions": 0, "compactAtTokens": None, "observedAtMs": 1_795_000_000_000, "ageMs": 1000,
-               "stale": False, "subagents": [sub]}  # fmt: skip
-    return Observation(AgentRow(HOST, "parent", "claude", "running", context), "inc-1")
+               "stale": False, "headroomTokens": None, "subagents": [sub]}  # fmt: skip
+    return Observation(AgentRow(HOST, "parent", "claude", "running", Context.model_validate(context)), "inc-1")
 
 
 def test_a_subagent_crossing_a_threshold_is_an_event_naming_parent_and_subagent_once() -> None:
-    from wrapper.watch import Settings, dump_state, load_state, step
+    from wrapper.readers.watch import Settings, dump_state, load_state, step
 
     state: Any = {}
     told: list[Any] = []
@@ -842,7 +843,7 @@ def test_a_subagent_crossing_a_threshold_is_an_event_naming_parent_and_subagent_
 
 
 def test_a_restarted_watch_tells_a_subagent_crossing_it_already_told_never_again() -> None:
-    from wrapper.watch import Settings, dump_state, load_state, step
+    from wrapper.readers.watch import Settings, dump_state, load_state, step
 
     events, state = step({}, [watched(85.0)], 1_795_000_001_000, Settings())
     assert [e.kind for e in events] == ["subagent-fill"]
@@ -1030,3 +1031,58 @@ def test_thousands_of_omp_subagents_stay_bounded_and_under_the_record_limit() ->
     assert len(reading.subagents) == MAX_SUBAGENTS
     record = HarnessContext(**dict(reading), agent="a", incarnation="i", written_at_ms=3_000)
     assert len(record.to_json().encode()) < MAX_RECORD_BYTES
+
+
+# ---- issue 40: a subagent is never the agent; the newest of one millisecond are kept -------------
+
+
+def test_a_codex_child_whose_id_is_the_parents_own_is_refused_and_counted() -> None:
+    """A hostile stream spawning the agent's own thread as its child: the agent's readings stay the
+    agent's (without the refusal, the parent's next reading became a subagent row) and the frame is
+    a counted drop."""
+    from guard.policy import WriteGuard
+    from sidecar.harnesses.codex.events import SubagentsSpawned
+    from sidecar.pipeline import Pipeline
+
+    pipeline = Pipeline(codex.CodexProducer(), WriteGuard("a", "i"))
+    pipeline.feed(ThreadOpened(thread_id="p"), 1)
+    usage = TokenUsage(thread_id="p", tokens_in_window=32_066, session_total_tokens=32_066, context_window=190_000)
+    pipeline.feed(usage, 2)
+    assert pipeline.feed(SubagentsSpawned(sender_thread_id="p", thread_ids=("c", "p"), model=None), 3) == []
+    assert pipeline.drops["producer"] == 1
+    pipeline.feed(usage.model_copy(update={"tokens_in_window": 34_100}), 4)
+    held = pipeline.producer.held.reading  # type: ignore[attr-defined]
+    assert held.used_tokens == 34_100 and held.subagents == ()
+
+
+@pytest.mark.parametrize("frame", ["part", "session"])
+def test_an_opencode_child_whose_id_is_its_parents_own_is_refused_and_counted(frame: str) -> None:
+    from guard.policy import WriteGuard
+    from sidecar.pipeline import Pipeline
+
+    pipeline = Pipeline(opencode.OpenCodeProducer(), WriteGuard("a", "i"))
+    part = {"id": "e1", "type": "message.part.updated", "properties": {"part": {
+        "type": "tool", "tool": "task", "sessionID": "p",
+        "state": {"status": "running", "metadata": {"sessionId": "p", "parentSessionId": "p"}}}}}  # fmt: skip
+    session = {"id": "e1", "type": "session.updated", "properties": {"info": {"id": "p", "parentID": "p"}}}
+    message = {"id": "e2", "type": "message.updated", "properties": {"info": {
+        "id": "m", "role": "assistant", "sessionID": "p", "providerID": "fake", "modelID": "small",
+        "tokens": {"total": 30_100}}}}  # fmt: skip
+    for raw in (part if frame == "part" else session, message):
+        for event in opencode.parse_event(json.dumps(raw).encode()):
+            pipeline.feed(event, 2)
+    assert pipeline.drops["producer"] == 1
+    held = pipeline.producer.held.reading  # type: ignore[attr-defined]
+    assert held is not None and held.used_tokens == 30_100 and held.subagents == ()
+
+
+def test_of_subagents_started_in_one_millisecond_the_newest_sixteen_are_kept() -> None:
+    producer = codex.CodexProducer()
+    producer.feed(ThreadOpened(thread_id="p"), 0)
+    from sidecar.harnesses.codex.events import SubagentsSpawned
+
+    for n in range(40):
+        producer.feed(SubagentsSpawned(sender_thread_id="p", thread_ids=(f"c{n}",), model=None), 7)
+    reading = producer.held.reading
+    assert reading is not None
+    assert [row.id for row in reading.subagents] == [f"c{n}" for n in range(39, 39 - MAX_SUBAGENTS, -1)]

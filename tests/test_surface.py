@@ -90,7 +90,7 @@ def public_definitions(module: ast.Module) -> set[str]:
             names |= {target.id for target in node.targets if isinstance(target, ast.Name)}
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             names.add(node.target.id)
-    # TYPE_CHECKING = False: a stdlib-only module's annotations without importing typing (wrapper.resident)
+    # TYPE_CHECKING = False: a stdlib-only module's annotations without importing typing (wrapper.launch.resident)
     return {name for name in names if not name.startswith("_") and name not in ("log", "logger", "TYPE_CHECKING")}
 
 

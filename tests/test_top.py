@@ -21,8 +21,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from readers_catalog import HOST, HOUR, NOW, REPO, agent_path, hctx, put_claim, put_record
 
-from wrapper.roster import collect_roster, now_ms
-from wrapper.top import BAR_CELLS, BAR_MIN_CELLS, COLUMNS, View, bar, decode_keys, render_frame
+from guard.record import Subagent
+from wrapper.readers.roster import collect_roster, now_ms
+from wrapper.readers.top import BAR_CELLS, BAR_MIN_CELLS, COLUMNS, View, bar, decode_keys, render_frame
 
 HELP = "q quits · ↑↓ jk PgUp PgDn Home End · s sort: fill · / filter"
 FLEET_SUMMARY = "hosts: box 5 · 2 at or above 80% · 1 at or above 95% · 1 stale"
@@ -66,8 +67,8 @@ def test_frame_is_sorted_by_fill_with_every_column(tmp_path: Path) -> None:
 
 
 def test_bar_clamps_for_layout_only_and_is_blank_without_a_percent() -> None:
-    def context(percent: float | None) -> dict[str, object]:
-        return {"usedPercent": percent}
+    def context(percent: float | None) -> Subagent:  # any reading: the bar reads its percent alone
+        return Subagent(id="s", state="running", observed_at_ms=0, used_percent=percent)
 
     assert bar(context(585.6)) == "█" * BAR_CELLS
     assert bar(context(-3.0)) == "░" * BAR_CELLS

@@ -22,8 +22,8 @@ from sidecar.recorder import Chunk
 from sidecar.registry import verified_versions
 from tests.conformance import chunks_of, fixture_writes, replayed
 from tests.conftest import FIXTURE_ROOT
-from wrapper.render import doctor_advisories
-from wrapper.roster import collect_roster
+from wrapper.readers.render import doctor_advisories
+from wrapper.readers.roster import collect_roster
 
 FIXTURES = FIXTURE_ROOT
 

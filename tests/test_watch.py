@@ -24,9 +24,10 @@ from readers_catalog import HOST, put_claim, put_record
 from wrapping import pid_gone
 
 from guard.constants import HARNESS_CONTEXT_STALE_MS
+from guard.projection import Context, headroom_tokens
 from tests.conftest import REPO
-from wrapper.roster import AgentRow
-from wrapper.watch import (
+from wrapper.readers.roster import AgentRow
+from wrapper.readers.watch import (
     Event,
     Observation,
     Seen,
@@ -49,17 +50,16 @@ def context(
     compactions: int = 0,
     used: int | None = 1000,
     compact_at: int | None = None,
-) -> dict[str, Any]:
-    return {
+) -> Context:
+    return Context.model_validate({
         "harness": "pi", "usedTokens": used, "windowTokens": 200_000, "usedPercent": percent,
         "compactions": compactions, "compactAtTokens": compact_at, "observedAtMs": NOW - 1000,
         "ageMs": HARNESS_CONTEXT_STALE_MS + 1 if stale else 1000, "stale": stale,
-    }  # fmt: skip
+        "headroomTokens": headroom_tokens(compact_at, used),
+    })  # fmt: skip
 
 
-def seen_row(
-    identity: str, incarnation: str | None, ctx: dict[str, Any] | None, *, running: bool = True
-) -> Observation:
+def seen_row(identity: str, incarnation: str | None, ctx: Context | None, *, running: bool = True) -> Observation:
     row = AgentRow(HOST, identity, "pi", "running" if running else "stopped", ctx)
     return Observation(row, incarnation if ctx is not None else None)
 
@@ -149,7 +149,10 @@ def test_a_straggler_from_an_older_incarnation_repeats_nothing() -> None:
     """The relaunched agent's readings are told; a late record of the old incarnation (observed
     before them) changes nothing, and the new one's next reading is not told again either."""
     old, new = context(90, compactions=1), context(90)
-    old["observedAtMs"], new["observedAtMs"] = NOW - 60_000, NOW - 1000
+    old, new = (
+        old.model_copy(update={"observed_at_ms": NOW - 60_000}),
+        new.model_copy(update={"observed_at_ms": NOW - 1000}),
+    )
     snapshots = [
         [seen_row("a", "i1", old)],
         [seen_row("a", "i2", new)],
@@ -172,7 +175,7 @@ def test_observe_reads_a_record_of_a_past_incarnation_as_no_reading(tmp_path: Pa
 
 def test_observe_through_a_cache_reads_only_the_records_that_changed(tmp_path: Path) -> None:
     from guard.catalog import RACY_NS
-    from wrapper.roster import RosterCache
+    from wrapper.readers.roster import RosterCache
 
     old = NOW - 1000
     for agent in ("a", "b", "c"):
@@ -184,11 +187,11 @@ def test_observe_through_a_cache_reads_only_the_records_that_changed(tmp_path: P
     observe(tmp_path, NOW, here=HOST, cache=cache)
     assert cache.cache.reads == 3
     again, _ = observe(tmp_path, NOW + 5, here=HOST, cache=cache)
-    assert cache.cache.reads == 3 and [o.row.context["ageMs"] for o in again if o.row.context] == [1005] * 3
+    assert cache.cache.reads == 3 and [o.row.context.age_ms for o in again if o.row.context] == [1005] * 3
     put_record(tmp_path, "b", usedPercent=77.0, observedAtMs=old + 1, writtenAtMs=old + 1)
     changed, _ = observe(tmp_path, NOW + 10, here=HOST, cache=cache)
     assert cache.cache.reads == 4
-    assert [o.row.context["usedPercent"] for o in changed if o.row.context] == [33, 77.0, 33]
+    assert [o.row.context.used_percent for o in changed if o.row.context] == [33, 77.0, 33]
 
 
 def test_headroom_fires_below_the_margin_once_and_rearms_at_or_above_it() -> None:
@@ -537,7 +540,9 @@ def test_a_missing_catalog_is_an_error_naming_it(tmp_path: Path) -> None:
 def _readme_watch_lines() -> list[str]:
     text = (REPO / "README.md").read_text()
     section = text.split("## Being told before a window fills", 1)[1].split("\n## ", 1)[0]
-    block = section.split("```sh\n", 1)[1].split("```", 1)[0]
+    # the --exec block (the section's first, issue 38's, is --notify's: tests/test_notify.py)
+    blocks = [block.split("```", 1)[0] for block in section.split("```sh\n")[1:]]
+    block = next(block for block in blocks if "--exec" in block)
     return [line for line in block.splitlines() if line.startswith("hctx watch")]
 
 
@@ -611,8 +616,8 @@ def test_a_partial_step_keeps_the_agents_it_did_not_see() -> None:
 
 
 def test_a_file_event_reads_only_the_agents_it_names(tmp_path: Path) -> None:
-    from wrapper.notice import agent_of
-    from wrapper.roster import RosterCache
+    from wrapper.readers.notice import agent_of
+    from wrapper.readers.roster import RosterCache
 
     for agent in ("a", "b"):
         put_record(tmp_path, agent, observedAtMs=NOW - 1000, writtenAtMs=NOW - 1000)
@@ -623,7 +628,7 @@ def test_a_file_event_reads_only_the_agents_it_names(tmp_path: Path) -> None:
     named = agent_of(tmp_path, str(tmp_path / "agents" / HOST / "b" / "harness-context"))
     assert named == (HOST, "b")
     seen, _ = observe(tmp_path, NOW, here=HOST, cache=cache, only={named})
-    assert [(o.row.identity, o.row.context and o.row.context["usedPercent"]) for o in seen] == [("b", 90.0)]
+    assert [(o.row.identity, o.row.context and o.row.context.used_percent) for o in seen] == [("b", 90.0)]
     assert cache.cache.reads == reads + 1  # `a` was not looked at
 
 
@@ -634,7 +639,7 @@ async def test_a_step_with_events_saves_once_per_attempt_and_the_save_holds_the_
     """1,000 agents re-armed (a state change, no event) and one crossing 80 and 95: each attempt
     finds on disk what it tells and every other agent's latest state, in one save per attempt (a
     save for the step itself, then one per attempt, was a cost that grew with the fleet: issue 25)."""
-    from wrapper.watch import Outbox
+    from wrapper.readers.watch import Outbox
 
     _, state = step({}, [seen_row(f"q{n:04d}", "i", context(85)) for n in range(1000)], NOW, Settings())
     quiet = [seen_row(f"q{n:04d}", "i", context(10)) for n in range(1000)]

@@ -17,9 +17,10 @@ import trio
 from readers_catalog import HOST, put_record
 from wrapping import pid_gone, wait_for
 
+from guard.projection import Context
 from tests.conftest import REPO
-from wrapper.roster import AgentRow
-from wrapper.watch import Event, exec_command
+from wrapper.readers.roster import AgentRow
+from wrapper.readers.watch import Event, exec_command
 
 
 def watch(catalog: Path, *args: str) -> subprocess.Popen[str]:
@@ -85,8 +86,11 @@ def test_a_nul_in_one_records_incarnation_costs_no_other_agent_an_event(tmp_path
 
 def _event(incarnation: str, model: str = "m") -> Event:
     context = {"harness": "pi", "usedTokens": 1, "windowTokens": 100, "usedPercent": 96.0, "compactions": 0,
-               "compactAtTokens": None, "observedAtMs": 1, "ageMs": 1, "stale": False, "model": model}  # fmt: skip
-    return Event("fill", AgentRow(HOST, "builder", "pi", "running", context), incarnation, 95, 1)
+               "compactAtTokens": None, "observedAtMs": 1, "ageMs": 1, "stale": False, "model": model,
+               "headroomTokens": None}  # fmt: skip
+    return Event(
+        "fill", AgentRow(HOST, "builder", "pi", "running", Context.model_validate(context)), incarnation, 95, 1
+    )
 
 
 async def test_a_value_no_environment_carries_is_delivered_escaped(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from guard.history import FILL_HISTORY
 from tests.conftest import REPO
 from tests.web_board import (
     HERE,
@@ -32,12 +33,12 @@ from tests.web_board import (
     web_argv,
     web_env,
 )
-from wrapper.accounts import fan_in
-from wrapper.notice import agent_of
-from wrapper.roster import collect_roster
-from wrapper.web.board import FillHistory, FillPoint, fill_svg, rate_limit_panel, read_fill_history
-from wrapper.web.command import allowed_hosts, is_loopback
-from wrapper.web.feed import Board
+from wrapper.readers.accounts import fan_in
+from wrapper.readers.notice import agent_of
+from wrapper.readers.roster import collect_roster
+from wrapper.readers.web.board import FillHistory, FillPoint, fill_svg, rate_limit_panel, read_fill_history
+from wrapper.readers.web.command import allowed_hosts, is_loopback
+from wrapper.readers.web.feed import Board
 
 
 def hctx(*args: str) -> subprocess.CompletedProcess[str]:
@@ -240,7 +241,8 @@ def test_a_non_loopback_address_is_served_only_with_a_warning(tmp_path: Path) ->
                                stderr=subprocess.PIPE, text=True, env=web_env(), cwd=REPO)  # fmt: skip
     try:
         url = first_line(process).strip()
-        assert url.startswith("http://0.0.0.0:") and url.endswith("/")
+        # Not loopback: the URL carries the access token (issue 38), printed once.
+        assert url.startswith("http://0.0.0.0:") and url.split("?")[0].endswith("/") and "/?token=" in url
     finally:
         process.terminate()
         _, stderr = process.communicate(timeout=15)
@@ -339,6 +341,20 @@ def test_the_rate_limit_panel_is_the_accounts_fan_in(tmp_path: Path) -> None:
     assert "81%" not in json.dumps(panel)  # the older agent's snapshot of the same account
 
 
+def test_the_rate_limit_panel_ages_a_snapshot_by_when_its_figure_arrived(tmp_path: Path) -> None:
+    """Issue 35: the idle seat's fresh reading redraws an 81 that arrived four minutes ago; the busy
+    seat's 85 arrived 21 s ago in an older reading. The panel shows the 85, aged 21 s."""
+    shared = {"key": "0" * 32, "label": "claude · max"}
+    now = now_ms()
+    put(tmp_path, "idle", harness="claude", account=shared, rateLimits={"fiveHour": 81.0, "sevenDay": None},
+        rateLimitsAtMs={"fiveHour": now - 240_000}, observedAtMs=now - 2_000)  # fmt: skip
+    put(tmp_path, "busy", harness="claude", account=shared, rateLimits={"fiveHour": 85.0, "sevenDay": None},
+        rateLimitsAtMs={"fiveHour": now - 21_000}, observedAtMs=now - 30_000)  # fmt: skip
+    rows = collect_roster(tmp_path, now, here=HERE).rows
+    (entry,) = rate_limit_panel(((row, now) for row in rows), now)["entries"]
+    assert (entry["key"], entry["fiveHour"], entry["age"]) == (f"{HERE}/busy", "85%", "21s")
+
+
 def _write_lines(catalog: Path, name: str, lines: list[bytes]) -> None:
     logs = catalog / ".st2" / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -347,12 +363,13 @@ def _write_lines(catalog: Path, name: str, lines: list[bytes]) -> None:
 
 def test_the_fill_history_reads_writes_only_and_survives_a_hostile_log(tmp_path: Path) -> None:
     def write(at: int, used: object, **more: object) -> bytes:
-        return json.dumps({"event": "write", "reason": "bucket", "usedTokens": used, "windowTokens": 200_000,
-                           "compactions": 0, "observedAtMs": at, **more}).encode()  # fmt: skip
+        return json.dumps({"event": "write", "history": FILL_HISTORY, "reason": "bucket", "usedTokens": used,
+                           "windowTokens": 200_000, "compactions": 0, "observedAtMs": at, **more}).encode()  # fmt: skip
 
-    _write_lines(tmp_path, "box~amber.jsonl.1", [json.dumps({"event": "start"}).encode(), write(1000, 10)])
+    start = json.dumps({"event": "start", "history": FILL_HISTORY}).encode()
+    _write_lines(tmp_path, "box~amber.jsonl.1", [start, write(1000, 10)])
     _write_lines(tmp_path, "box~amber.jsonl", [
-        json.dumps({"event": "start"}).encode(), write(2000, 20), b"{not json", b"[1, 2]", b"\xff\xfe",
+        start, write(2000, 20), b"{not json", b"[1, 2]", b"\xff\xfe",
         write(3000, True), write(4000, -5), write(5000, "30"), write(6000, 40, reason="compaction", compactions=1),
         b"{" * 100_000, json.dumps({"event": "frame-dropped", "usedTokens": 99, "observedAtMs": 7000}).encode(),
     ])  # fmt: skip
@@ -399,7 +416,7 @@ def test_a_subagents_age_ticks_with_its_agents_between_reads(tmp_path: Path, mon
     put(tmp_path, "parent", harness="claude", rateLimits=None, observedAtMs=observed, subagents=[sub])
     put(tmp_path, "plain", rateLimits=None, observedAtMs=observed)
     clock = [now_ms()]
-    monkeypatch.setattr("wrapper.web.feed.now_ms", lambda: clock[0])
+    monkeypatch.setattr("wrapper.readers.web.feed.now_ms", lambda: clock[0])
     board = Board(tmp_path, HERE)
     found, warnings = board.read_whole(1.0)
     board.apply(found, whole=True, warnings=warnings)
@@ -420,7 +437,7 @@ def test_a_read_that_finds_only_older_ages_is_no_change(tmp_path: Path, monkeypa
     put(tmp_path, "red", harness="claude", account=shared, rateLimits={"fiveHour": 41.0, "sevenDay": None})
     put(tmp_path, "calm", usedPercent=10.0, rateLimits=None)
     clock = [now_ms()]
-    monkeypatch.setattr("wrapper.web.feed.now_ms", lambda: clock[0])
+    monkeypatch.setattr("wrapper.readers.web.feed.now_ms", lambda: clock[0])
     board = Board(tmp_path, HERE)
 
     def read(started: float) -> None:
@@ -549,7 +566,7 @@ def test_api_agents_is_served_from_the_boards_cache_not_the_catalog(tmp_path: Pa
 
 
 def test_a_stream_further_behind_than_the_journal_keeps_is_sent_the_snapshot() -> None:
-    from wrapper.web.feed import Journal
+    from wrapper.readers.web.feed import Journal
 
     journal = Journal(limit=100)
     events = [bytes([65 + index]) * 40 for index in range(4)]
@@ -581,7 +598,7 @@ def test_every_change_is_encoded_once_for_every_fleet_stream(tmp_path: Path) -> 
 
 
 def test_the_stream_cap_follows_the_open_file_limit() -> None:
-    from wrapper.web.command import FD_RESERVE, STREAMS_CEILING, default_max_streams
+    from wrapper.readers.web.command import FD_RESERVE, STREAMS_CEILING, default_max_streams
 
     assert default_max_streams(1024) == (1024 - FD_RESERVE) * 3 // 4 == 672
     assert default_max_streams(FD_RESERVE) == 1 and default_max_streams(1 << 20) == STREAMS_CEILING
@@ -605,7 +622,7 @@ def test_a_read_of_a_few_agents_fans_in_only_their_accounts_and_agrees_with_a_wh
         observedAtMs=now - 24_000)  # fmt: skip
     put(tmp_path, "planner", harness="claude", account=home, rateLimits={"fiveHour": 13.0, "sevenDay": 44.0},
         observedAtMs=now - 91_000)  # fmt: skip
-    monkeypatch.setattr("wrapper.web.feed.now_ms", lambda: now)
+    monkeypatch.setattr("wrapper.readers.web.feed.now_ms", lambda: now)
     board = Board(tmp_path, HERE)
     found, warnings = board.read_whole(1.0)
     board.apply(found, whole=True, warnings=warnings)
@@ -618,7 +635,7 @@ def test_a_read_of_a_few_agents_fans_in_only_their_accounts_and_agrees_with_a_wh
         fanned.append(len(rows))
         return real_fan_in(rows, **kwargs)
 
-    monkeypatch.setattr("wrapper.web.feed.fan_in", counting)
+    monkeypatch.setattr("wrapper.readers.web.feed.fan_in", counting)
     time.sleep(1.1)  # past the racy second of the files written above
     put(tmp_path, "reviewer", harness="claude", account=home, rateLimits={"fiveHour": 90.0, "sevenDay": 35.0},
         observedAtMs=now - 1_000)  # fmt: skip
@@ -633,7 +650,7 @@ def test_a_read_of_a_few_agents_fans_in_only_their_accounts_and_agrees_with_a_wh
     board.gone(gone)
     assert sum(fanned) <= 6, fanned  # the two accounts' rows, never the 40 others
 
-    monkeypatch.setattr("wrapper.web.feed.fan_in", real_fan_in)
+    monkeypatch.setattr("wrapper.readers.web.feed.fan_in", real_fan_in)
     fresh = Board(tmp_path, HERE)
     found, warnings = fresh.read_whole(4.0)
     fresh.apply(found, whole=True, warnings=warnings)
@@ -648,7 +665,7 @@ def test_the_ages_tick_slows_down_rather_than_flood_the_pages(tmp_path: Path) ->
     page: past AGES_BYTES_PER_S across the pages, the ticks come further apart instead."""
     import trio
 
-    from wrapper.web.feed import AGE_TICK_S, AGES_BYTES_PER_S
+    from wrapper.readers.web.feed import AGE_TICK_S, AGES_BYTES_PER_S
 
     many(tmp_path, 200)
     board = Board(tmp_path, HERE)
@@ -671,7 +688,7 @@ def test_the_ages_tick_slows_down_rather_than_flood_the_pages(tmp_path: Path) ->
 def test_a_streams_writes_are_bounded_pieces_of_the_shared_events() -> None:
     """What a stream writes at once is at most PIECE_BYTES: small events joined, a large one (a
     snapshot) in pieces of the shared bytes; in order, nothing lost."""
-    from wrapper.web.app import PIECE_BYTES, batched
+    from wrapper.readers.web.app import PIECE_BYTES, batched
 
     events = [b"a" * 10, b"b" * 20, b"s" * (3 * PIECE_BYTES + 5), b"c" * 30, b"d" * (PIECE_BYTES - 10)]
     writes = list(batched(events))

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import expect
 
+from guard.history import FILL_HISTORY
 from tests.conftest import REPO
 from tests.web_board import (
     HERE,
@@ -167,7 +168,7 @@ def test_the_rate_limit_panel_lists_the_windows_newest_first_with_their_age(page
     open_fleet(page, served, rows=7)
     rows = page.locator("#limits tbody tr")
     assert rows.count() == 2
-    # No record states an account: each agent is its own (wrapper.accounts.fan_in).
+    # No record states an account: each agent is its own (wrapper.readers.accounts.fan_in).
     amber, far = f"{HERE}/amber", f"{REPLICA}/far"
     assert rows.nth(0).locator("td").all_inner_texts()[:6] == [amber, amber, "codex", "31%", "55%", "1"]
     assert rows.nth(1).locator("td").all_inner_texts()[:6] == [far, far, "codex", "70%", "20%", "1"]
@@ -349,12 +350,13 @@ def test_the_agent_page_plots_its_fill_with_the_compactions_and_the_compaction_p
     page: Any, served: Served, catalog: Path
 ) -> None:
     start = now_ms() - 600_000
-    lines: list[dict[str, Any]] = [{"event": "start", "incarnation": "inc-7f3a"}]
+    lines: list[dict[str, Any]] = [{"event": "start", "history": FILL_HISTORY, "incarnation": "inc-7f3a"}]
     for step in range(20):
         used = 20_000 + step * 9_000 if step < 12 else 30_000 + (step - 12) * 9_000
-        lines.append({"event": "write", "reason": "compaction" if step == 12 else "bucket", "usedTokens": used,
-                      "windowTokens": 200_000, "usedPercent": used / 2000, "compactions": 1 if step >= 12 else 0,
-                      "compactAtTokens": 182_000, "observedAtMs": start + step * 30_000})  # fmt: skip
+        lines.append({"event": "write", "history": FILL_HISTORY, "reason": "compaction" if step == 12 else "bucket",
+                      "usedTokens": used, "windowTokens": 200_000, "usedPercent": used / 2000,
+                      "compactions": 1 if step >= 12 else 0, "compactAtTokens": 182_000,
+                      "observedAtMs": start + step * 30_000})  # fmt: skip
     lines.insert(5, {"event": "frame-dropped", "why": "not json"})
     write_log(catalog, HERE, "amber", lines)
     put_claim(catalog, "amber", wrapperPid=os.getpid(), desiredState="running", history=[

@@ -99,10 +99,15 @@ def test_the_wheel_holds_exactly_the_package_sources(installed: Installed) -> No
     }
     assert shipped == expected
     # The guard must have teeth where the bug was: subpackages and the assets beside the modules.
-    nested = {"wrapper/harnesses/claude.py", "sidecar/harnesses/pi/producer.py", "sidecar/harnesses/codex/transport.py"}
+    nested = {
+        "sidecar/harnesses/claude/launch.py",
+        "sidecar/harnesses/pi/producer.py",
+        "sidecar/harnesses/codex/transport.py",
+    }
     assert nested <= shipped
-    assert {"sidecar/assets/hctx-channel.ts", "wrapper/model_windows.json"} <= shipped
-    assert {f"wrapper/web/assets/{name}" for name in ("index.html", "agent.html", "board.js", "board.css")} <= shipped
+    assert {"sidecar/harnesses/pi/hctx-channel.ts", "sidecar/harnesses/claude/model_windows.json"} <= shipped
+    board = ("index.html", "agent.html", "board.js", "board.css")
+    assert {f"wrapper/readers/web/assets/{name}" for name in board} <= shipped
     with zipfile.ZipFile(installed.wheel) as archive:
         recording = archive.read("sidecar/assets/demo/pi-0.84.2.channel.rec")
     assert recording == (REPO / "fixtures/recordings/pi/live/pi-0.84.2.channel.rec").read_bytes()  # a file, not a link
@@ -111,8 +116,8 @@ def test_the_wheel_holds_exactly_the_package_sources(installed: Installed) -> No
 def test_the_venv_imports_nothing_from_the_checkout(installed: Installed) -> None:
     probe = installed.run(
         installed.bin("python"), "-c",
-        "import json, sys, guard, sidecar.harnesses, wrapper.harnesses;"
-        "print(json.dumps([sys.path, [m.__file__ for m in (guard, sidecar.harnesses, wrapper.harnesses)]]))",
+        "import json, sys, guard, sidecar.harnesses, sidecar.launching;"
+        "print(json.dumps([sys.path, [m.__file__ for m in (guard, sidecar.harnesses, sidecar.launching)]]))",
     )  # fmt: skip
     assert probe.returncode == 0, probe.stderr
     path, files = json.loads(probe.stdout)

@@ -29,8 +29,8 @@ from tests.wrapping import (
     wait_for,
     wrap_argv,
 )
-from wrapper.launcher import HARNESS_KILL_DEADLINE_S
-from wrapper.sidecars import sidecar_restart_delay
+from wrapper.launch.launcher import HARNESS_KILL_DEADLINE_S
+from wrapper.launch.sidecars import sidecar_restart_delay
 
 # ---------------------------------------------------------------------------------------------
 # 3. A dead sidecar is noticed, logged, replaced for the same incarnation, and the gap recorded
@@ -358,14 +358,14 @@ def _children(pid: int) -> set[int]:
     """The children of `pid` past their exec: a fork of the resident holds its descriptors until then."""
     tasks = Path(f"/proc/{pid}/task").iterdir()
     children = {int(child) for task in tasks for child in (task / "children").read_text().split()}
-    return {child for child in children if "wrapper.resident" not in _cmdline(child)}
+    return {child for child in children if "wrapper.launch.resident" not in _cmdline(child)}
 
 
 def _cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_text()
     except OSError:
-        return "wrapper.resident"  # gone meanwhile: not a child to look at
+        return "wrapper.launch.resident"  # gone meanwhile: not a child to look at
 
 
 def test_the_resident_holds_the_wrapper_lock_across_its_exec_and_a_relaunch(tmp_path: Path) -> None:
@@ -386,7 +386,7 @@ def test_the_resident_holds_the_wrapper_lock_across_its_exec_and_a_relaunch(tmp_
                  what="the relaunched incarnation's sidecar")  # fmt: skip
         state = read_json(agent_dir(catalog, "a") / "harness-state")
         assert state["wrapperPid"] == first.pid and len(state["history"]) == 1  # relaunched under the same pid
-        assert "wrapper.resident" in Path(f"/proc/{first.pid}/cmdline").read_text()  # past its exec
+        assert "wrapper.launch.resident" in Path(f"/proc/{first.pid}/cmdline").read_text()  # past its exec
         assert wrapper_lock_evidence(agent, first.pid) is None
         for child in _children(first.pid):  # the harness and the sidecar
             evidence = wrapper_lock_evidence(agent, child)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from sidecar.registry import infer_harness
 from tests.wrapping import HOST, STANDIN, context_frame, env, wait_for
-from wrapper.harnesses import infer_harness
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,8 @@ and nothing is lost, with the store and the clock handed in (no disk, no sleepin
 from __future__ import annotations
 
 import errno
+from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -13,7 +15,7 @@ from guard.constants import HARNESS_CONTEXT_HEARTBEAT_MS
 from guard.policy import Reading, WriteGuard
 from guard.record import ContextFields, HarnessContext
 from sidecar import app
-from sidecar.app import Writer
+from sidecar.app import LiveSchedule, Writer
 from sidecar.pipeline import Pipeline
 
 EPOCH_MS = 1_780_000_000_000
@@ -55,8 +57,9 @@ class Fills:
         return [Reading(fields)]
 
 
-def writer(store: Landed) -> Writer:
-    return Writer(Pipeline(Fills(), WriteGuard("a", "inc")), store, MockWallClock())
+def writer(store: Landed, recorder: object = None) -> Writer:
+    schedule = LiveSchedule(MockWallClock(), recorder)  # type: ignore[arg-type]
+    return Writer(Pipeline(Fills(), WriteGuard("a", "inc")), store, schedule)
 
 
 async def test_the_heartbeat_writes_the_held_reading_exactly_when_it_is_due(
@@ -137,8 +140,8 @@ async def test_a_write_found_late_is_recorded_once_and_folds_what_comes_after(
     """The outbox finds the write in flight late by the clock live, and the recording says so once,
     when it did: a replay folds by that line, not by its own clock (tests/test_recording.py)."""
     store = SlowStore(0.2)
-    subject = writer(store)
-    recording = subject.recorder = Lines()  # type: ignore[assignment]
+    recording = Lines()
+    subject = writer(store, recording)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(subject.run)
         subject.submit(100)  # in flight for 0.2 s
@@ -185,7 +188,37 @@ def test_the_events_of_one_chunk_are_taken_at_the_time_it_arrived(monkeypatch: p
             seen.append(now_ms)
             return super().feed(event, now_ms)
 
-    subject = Writer(Pipeline(Seen(), WriteGuard("a", "inc")), Landed(), SystemClock())
+    subject = Writer(Pipeline(Seen(), WriteGuard("a", "inc")), Landed(), LiveSchedule(SystemClock()))
     streams.Stream(TwoFills(), subject.submit, "channel").receive_data(b"two frames")
     assert seen == [1_780_000_000_000, 1_780_000_000_000]
     assert SystemClock().wall_ms() > seen[0]  # outside a chunk, the clock itself
+
+
+def test_the_live_sidecar_and_a_replay_set_up_through_one_function(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Issue 34.2: streams -> writer -> pipeline -> guard are set up by one function for the live
+    sidecar and for each sidecar a replay plays; only the store and the schedule handed in differ,
+    and the writer holds no control of a replay's own."""
+    from sidecar.registry import spec_for
+    from sidecar.replay import replay_recording
+    from tests.conformance import RECORDINGS
+
+    built: list[app.Sidecar] = []
+    one_setup = app.assemble
+
+    def assemble(*args: Any, **kwargs: Any) -> app.Sidecar:
+        built.append(one_setup(*args, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr(app, "assemble", assemble)
+    app.open_sidecar(app.SidecarConfig(tmp_path, "h", "a", "pi", "inc", tmp_path / "channel"))
+    writes, _ = replay_recording(spec_for("pi"), RECORDINGS / "pi" / "wrapped" / "pi-1.6.0.rec")
+    assert writes and [type(sidecar.writer.schedule).__name__ for sidecar in built] == [
+        "LiveSchedule",
+        "RecordedSchedule",
+    ]
+    assert [type(sidecar.writer.store).__name__ for sidecar in built] == ["CatalogStore", "MemoryStore"]
+    for sidecar in built:
+        assert not {"taking", "on_landed", "recorder"} & set(vars(sidecar.writer))
+        assert not {"judge_by_clock", "on_late"} & set(vars(sidecar.writer.outbox))

@@ -93,26 +93,50 @@ def context_frame(tokens: int, window: int, percent: float) -> str:
 
 async def assert_replays_as_logged(catalog: Path, agent: str, recording: Path, *, since: int = 0) -> None:
     """The recording `hctx wrap --record` made replays (through the live driver, in a thread: it
-    runs a trio loop of its own) to the writes the sidecar logged, from the `since`-th write of the
-    agent's log on (an earlier wrap's are before)."""
+    runs a trio loop of its own) to the writes the sidecar logged, whole records (every field but
+    `writtenAtMs`), from the `since`-th write of the agent's log on (an earlier wrap's are before)."""
     import trio
 
     from sidecar.registry import spec_for
     from sidecar.replay import read_header, replay_recording
-    from tests.conformance import LOGGED_FIELDS, assert_lived_as_replayed, logged
+    from tests.conformance import assert_lived_as_replayed, logged
+    from tests.conformance import lived as lived_write
 
     lived: list[tuple[Any, ...]] = []
     coalesced = 0  # by the sidecars that exited after the `since`-th write
     for event in log_events(catalog, agent):
         if event.get("event") == "write":
-            lived.append(tuple(event.get(key) for key in LOGGED_FIELDS))
+            lived.append(lived_write(event))
         elif event.get("event") == "exit" and len(lived) > since:
             coalesced += int(event.get("coalesced") or 0)
     lived = lived[since:]
-    spec = spec_for(str(read_header(recording)["harness"]))
-    writes, summary = await trio.to_thread.run_sync(replay_recording, spec, recording)
+    harness = str(read_header(recording)["harness"])
+    writes, summary = await trio.to_thread.run_sync(replay_recording, spec_for(harness), recording)
     assert_lived_as_replayed(lived, [logged(write) for write in writes], coalesced)
     assert lived and not summary.problems and not summary.lost_chunks and not summary.truncated
+    keep_recording(recording, harness)
+
+
+# `HCTX_KEEP_RECORDINGS=1` (or a directory): each recording a live test made with `hctx wrap
+# --record`, and held to its live writes, is kept as a fixture (docs/recording.md).
+KEEP_RECORDINGS_ENV = "HCTX_KEEP_RECORDINGS"
+
+
+def keep_recording(recording: Path, harness: str) -> Path | None:
+    """With $HCTX_KEEP_RECORDINGS set, `recording` copied to <it>/<harness>/wrapped/<test>.rec
+    (`1`: fixtures/recordings/), named by the test that made it; the path, or None unset."""
+    import re
+    import shutil
+
+    keep = os.environ.get(KEEP_RECORDINGS_ENV)
+    if not keep:
+        return None
+    root = REPO / "fixtures" / "recordings" if keep == "1" else Path(keep)
+    test = os.environ.get("PYTEST_CURRENT_TEST", "session").split("::")[-1].removesuffix(" (call)")
+    destination = root / harness / "wrapped" / f"{re.sub(r'[^A-Za-z0-9._-]+', '-', test).strip('-')}.rec"
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(recording, destination)
+    return destination
 
 
 def logged_writes(catalog: Path, agent: str) -> int:

@@ -6,6 +6,7 @@ Every agent is launched by `hctx wrap` like a real one; its harness is a stand-i
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import subprocess
@@ -18,9 +19,12 @@ from pathlib import Path
 from guard.constants import AGENTS_DIR_NAME, CONTEXT_RECORD_NAME, STATE_RECORD_NAME
 from guard.errors import FleetFailed, RecordRefused
 from guard.record import Harness, parse_record
+from wrapper.arguments import non_negative
 
 __all__ = [
     "DEMO_HOST",
+    "DEMO_NO_TOP_S",
+    "DEMO_TOP_S",
     "FINISH_SLACK_S",
     "FLEET",
     "LOG_TAIL_LINES",
@@ -32,6 +36,7 @@ __all__ = [
     "failures",
     "launch",
     "record_path",
+    "register",
     "run_demo",
     "stop",
     "workdir",
@@ -46,6 +51,10 @@ WRAPPER_LOG = "wrapper.stderr"
 LOG_TAIL_LINES = 8
 # How often `--no-top` looks for records that landed.
 PROGRESS_POLL_S = 0.2
+
+# How long each demo session plays by default: watchable in the top view, brief without it.
+DEMO_TOP_S = 60.0
+DEMO_NO_TOP_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -107,7 +116,7 @@ class Progress:
         return f"{time.monotonic() - self.started:5.1f}s"
 
     def lines(self) -> list[str]:
-        from wrapper.render import meter_text, percent_text
+        from wrapper.readers.render import meter_text, percent_text
 
         found = []
         width = max(len(agent.identity) for agent in FLEET) + len(DEMO_HOST) + 1
@@ -126,7 +135,7 @@ class Progress:
                 continue
             self.shown[agent.identity] = (record.written_at_ms, record.compactions)
             percent = "?" if record.used_percent is None else percent_text(record.used_percent)
-            meter = meter_text({"usedTokens": record.used_tokens, "windowTokens": record.window_tokens})
+            meter = meter_text(record)
             found.append(f"{self._clock()}  {name:<{width}}  {record.harness:<7} "
                          f"{percent:>4}  {meter:<10}  ⟳{record.compactions}"
                          f"{'  compacted' if record.compactions > compactions else ''}")  # fmt: skip
@@ -213,7 +222,7 @@ def run_demo(catalog: Path | None, show_top: bool, duration_s: float) -> int:
         fleet.extend((agent, launch(agent, catalog, duration_s, linger=show_top)) for agent in FLEET)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
         if show_top:
-            from wrapper.top import run as run_top
+            from wrapper.readers.top import run as run_top
 
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # until_a_session_fails watches from here
             status = run_top(catalog, here=DEMO_HOST, once=False, until=until_a_session_fails)
@@ -242,8 +251,8 @@ def run_demo(catalog: Path | None, show_top: bool, duration_s: float) -> int:
             print(f"  {problem}", file=sys.stderr)
         status = status if status == 130 else 1
     if not show_top and status != 130:
-        from wrapper.render import colour_enabled, render_agents
-        from wrapper.roster import collect_roster, now_ms
+        from wrapper.readers.render import colour_enabled, render_agents
+        from wrapper.readers.roster import collect_roster, now_ms
 
         roster = collect_roster(catalog, now_ms(), here=DEMO_HOST)
         print(f"\n{render_agents(roster.rows, colour=colour_enabled(sys.stdout))}", end="")
@@ -263,3 +272,42 @@ def _play(fleet: list[tuple[DemoAgent, subprocess.Popen[bytes]]], catalog: Path,
         time.sleep(PROGRESS_POLL_S)
     for line in progress.lines():
         print(line, flush=True)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from wrapper.readers.top import has_terminal
+
+    no_top: bool = args.no_top
+    if not no_top and not has_terminal():  # piped or in CI: the run is still worth watching, as text
+        print("hctx demo: no terminal on stdin and stdout for `hctx top`; playing as --no-top", file=sys.stderr)
+        no_top = True
+    default = DEMO_NO_TOP_S if no_top else DEMO_TOP_S
+    duration: float = args.duration if args.duration is not None else default
+    return run_demo(args.catalog, show_top=not no_top, duration_s=duration)
+
+
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    demo = commands.add_parser(
+        "demo",
+        help="a small fleet of recorded real sessions through the real wrapper, sidecar and top view",
+        description="Starts four agents (Claude Code, pi, omp) through `hctx wrap`, each a stand-in "
+        "that plays back a capture of a real session (turns, a compaction, one agent past 80%), and "
+        f"opens `hctx top` on them: each session plays for {DEMO_TOP_S:g} s, then its agent stays "
+        "up with its last reading. q or Ctrl-C stops everything.",
+    )
+    demo.add_argument(
+        "--catalog", type=Path, metavar="DIR", help="where the records go (default: a new temporary directory)"
+    )
+    demo.add_argument(
+        "--no-top",
+        action="store_true",
+        help=f"play every session to its end ({DEMO_NO_TOP_S:g} s), printing each record as it lands, then the "
+        "roster, and exit (what the demo does without a terminal)",
+    )
+    demo.add_argument(
+        "--duration",
+        type=non_negative,
+        metavar="S",
+        help=f"seconds each session takes (default: {DEMO_TOP_S:g}, or {DEMO_NO_TOP_S:g} with --no-top)",
+    )
+    demo.set_defaults(run=_demo)

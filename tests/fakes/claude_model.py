@@ -63,6 +63,7 @@ AGENT_MARKER = re.compile(r"agent(?:@(\w+))?=(\d+,\d+,\d+,\d+)")
 AFTER_MARKER = re.compile(r"after=(\d+),(\d+),(\d+),(\d+)")
 NOTIFICATION_PREFIX = "<task-notification>"
 AGENT_TOOL = "Agent"
+CHILD_TASK = "child task"
 COMPACTION_PROMPT = "create a detailed summary of the conversation"
 SIDE_CALL_USAGE = (120, 0, 0, 7)
 COMPACTION_USAGE = (30000, 0, 0, 1500)
@@ -91,6 +92,9 @@ class FakeMessages:
     # account_uuid -> the (five-hour, seven-day) utilizations (fractions) its turns are told, in order
     unified: dict[str, list[tuple[float, float]]] | None = None
     account_uuids: list[str | None] = field(default_factory=list)
+    # Seconds a subagent's own request (`child task K ...`) waits before its reply: the subagent is
+    # running that long, so Claude's `subagentStatusLine` ticks (every 5 s) see it (issue 37).
+    child_hold_s: float = 0.0
     _turns_of: dict[str, int] = field(default_factory=dict)
     _index: itertools.count[int] = field(default_factory=itertools.count)
 
@@ -145,7 +149,7 @@ class FakeMessages:
             kind, usage = "delegate", _marker(USAGE_MARKER, newest) or SIDE_CALL_USAGE
             calls = tuple(
                 {"description": f"child {number}", "subagent_type": "general-purpose",
-                 "prompt": f"child task {number} usage={found}"} | ({"model": model} if model else {})
+                 "prompt": f"{CHILD_TASK} {number} usage={found}"} | ({"model": model} if model else {})
                 for number, (model, found) in enumerate(AGENT_MARKER.findall(newest), 1)
             )  # fmt: skip
             text = "Delegating."
@@ -287,6 +291,8 @@ async def _serve_one(
         await reply_json(conn, stream, 200, {"input_tokens": 1000})
         return
     served, text = server.answer(parsed)
+    if server.child_hold_s and served.kind == "turn" and CHILD_TASK in text:
+        await trio.sleep(server.child_hold_s)
     limits = server.rate_limit_headers(parsed, served.kind)
     if not served.stream:
         payload = json.dumps(_message(served, text)).encode()

@@ -43,7 +43,7 @@ from guard.layout import log_path  # noqa: E402
 from guard.record import parse_record  # noqa: E402
 from guard.state import parse_state  # noqa: E402
 from wrapper.demo import FLEET, stop  # noqa: E402
-from wrapper.roster import collect_roster, now_ms  # noqa: E402
+from wrapper.readers.roster import collect_roster, now_ms  # noqa: E402
 
 HOST_A, HOST_B = "host-a", "host-b"
 FOLDER_ID = "hctx-agents"

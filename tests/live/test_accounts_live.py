@@ -14,6 +14,8 @@ states: A = B, C apart, D none.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import os
 import shlex
@@ -28,11 +30,11 @@ from typing import Any
 import pytest
 import trio
 
+from sidecar.harnesses.codex.account import codex_account
 from tests.fakes.chatgpt_backend import FakeChatGPT, chatgpt_config, fake_chatgpt, seat_auth_json
 from tests.fakes.codex_client import RpcError, stdio_client
 from tests.fakes.codex_model import codex_config, codex_env
 from tests.harnesses import HARNESS_VERSIONS, require_harness
-from wrapper.harnesses.codex import codex_account
 
 pytestmark = pytest.mark.live
 
@@ -351,3 +353,192 @@ async def test_wrapped_codex_seats_fan_in_and_warn_once(version: str, tmp_path: 
     assert found["group"]["label"].startswith("chatgpt · pro · /")  # CODEX_HOME, cut to 64 characters
     # Seven-day is 40 + n: A 40, B 41, C 42; nothing crosses 80, so nothing is told.
     assert found["told"] == []
+
+
+# --- issue 35: idle and busy seats of one account, through the heartbeat --------------------------
+
+
+class _Watch:
+    """`hctx watch` (fills off) following a catalog in the background; `stop` ends it and returns
+    the rate-limit events it printed."""
+
+    def __init__(self, catalog: Path) -> None:
+        from tests.wrapping import HOST
+        from tests.wrapping import env as suite_env
+
+        argv = [sys.executable, "-m", "wrapper.cli", "watch", "--catalog", str(catalog), "--host", HOST, "--at", "1000"]
+        self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                        env=suite_env())  # fmt: skip
+        assert self.process.stderr is not None
+        started = [self.process.stderr.readline()]
+        while "following" not in started[-1] and started[-1] and len(started) < 10:
+            started.append(self.process.stderr.readline())
+        assert "following" in started[-1], started
+
+    def stop(self) -> list[dict[str, Any]]:
+        self.process.send_signal(signal.SIGTERM)
+        out, err = self.process.communicate(timeout=30)
+        assert self.process.returncode == 0, err
+        return [event for event in map(json.loads, out.splitlines()) if event["event"] == "rate-limit"]
+
+
+def _writes(catalog: Path, agent: str) -> list[dict[str, Any]]:
+    """The sidecar's `write` log lines of an agent, oldest first."""
+    path = catalog / ".st2" / "logs" / f"testhost~{agent}.jsonl"
+    if not path.exists():
+        return []
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [line for line in lines if line.get("event") == "write"]
+
+
+def _account_figure(catalog: Path) -> tuple[float, str, int] | None:
+    """The shared account's five-hour figure as `hctx accounts` fans it in: (percent, agent, ms)."""
+    from tests.wrapping import HOST
+    from wrapper.readers.accounts import fan_in
+    from wrapper.readers.roster import collect_roster
+
+    groups = [group for group in fan_in(collect_roster(catalog, int(time.time() * 1000), here=HOST).rows)
+              if group.key is not None]  # fmt: skip
+    if not groups:
+        return None
+    (group,) = groups
+    snapshot = group.windows["fiveHour"]
+    return snapshot.used_percent, snapshot.source.identity, snapshot.observed_at_ms
+
+
+# Two heartbeats of each seat, and the margin a loaded machine needs to draw them.
+HEARTBEATS_S = 2 * 300 + 45
+
+
+@pytest.mark.parametrize("version", HARNESS_VERSIONS["claude"])
+async def test_idle_claude_seats_beside_a_busy_one_never_retell(version: str, tmp_path: Path) -> None:
+    """Issue 35, as a user ran it: seats A and B on one claude.ai account, hctx's 5 s status-line
+    refresh. A's turn hears 78%, B's 81% (the 80% crossing); then both idle through two heartbeats
+    each, A redrawing its 78% all along in fresh readings the heartbeat writes. The account's figure
+    stays B's 81 throughout, and `hctx watch` tells 80 once. B's next turn moves the limit to 96%
+    with the context in the same bucket: written at once (`rate-limits`), 95 told once."""
+    from tests.fakes.claude_model import fake_messages
+    from tests.live.test_claude_live import live_env, require_tmux, tmux_session, wait_record
+    from tests.wrapping import agent_dir, wrap_argv
+
+    claude = require_harness("claude", version)
+    require_tmux()
+    catalog = tmp_path / "catalog"
+    uuid = CLAUDE_SEATS["A"][0]
+    async with fake_messages() as server:
+        server.unified = {uuid: [(0.78, 0.3), (0.81, 0.3), (0.96, 0.31)]}
+        catalog.mkdir()
+        watch = _Watch(catalog)
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                panes, paths, drawn = {}, {}, {}
+                for seat in "AB":
+                    home, work = tmp_path / seat / "home", tmp_path / seat / "work"
+                    work.mkdir(parents=True)
+                    config = claude_config_dir(home, seat, work)
+                    drawn[seat] = tmp_path / seat / "drawn.times"  # when Claude drew its status line
+                    keep = (f"import sys, time; sys.stdin.read(); "
+                            f"open({str(drawn[seat])!r}, 'a').write(str(time.time()) + chr(10))")  # fmt: skip
+                    renderer = {"command": f"{shlex.quote(sys.executable)} -S -c {shlex.quote(keep)}"}
+                    (home / ".claude" / "statusline-renderer.json").write_text(json.dumps(renderer))
+                    env = live_env(home, server, version)
+                    del env["ANTHROPIC_API_KEY"]
+                    env |= {"CLAUDE_CONFIG_DIR": str(config), "CLAUDE_CODE_OAUTH_TOKEN": "sk-ant-oat01-hctx-fake-token",
+                            "CLAUDE_CODE_SUBSCRIPTION_TYPE": "max"}  # fmt: skip
+                    agent = f"claude-seat-{seat}"
+                    command = wrap_argv(catalog, agent, "claude", *claude, "--model", CLAUDE_MODEL)
+                    paths[seat] = agent_dir(catalog, agent) / "harness-context"
+                    panes[seat] = pane = await stack.enter_async_context(tmux_session(command, work, env))
+                    await wait_record(paths[seat], pane, "the pre-turn window", lambda r: r["windowTokens"] == 200_000)
+                    await pane.type(f"seat {seat} turn usage=2001,8000,10000,111")
+                    expected = {"A": 78, "B": 81}[seat]
+                    await wait_record(paths[seat], pane, f"{expected}%",
+                                      lambda r, e=expected: (r["rateLimits"] or {}).get("fiveHour") == e)  # fmt: skip
+                turn_b = json.loads(paths["B"].read_text())
+                figures: set[tuple[float, str]] = set()
+                deadline = time.monotonic() + HEARTBEATS_S
+                while time.monotonic() < deadline:
+                    figure = _account_figure(catalog)
+                    assert figure is not None
+                    figures.add(figure[:2])
+                    beats = {seat: sum(w["reason"] == "heartbeat" for w in _writes(catalog, f"claude-seat-{seat}"))
+                             for seat in "AB"}  # fmt: skip
+                    if min(beats.values()) >= 2:
+                        break
+                    await trio.sleep(2)
+                assert min(beats.values()) >= 2, beats
+                assert figures == {(81, "claude-seat-B")}  # never A's redrawn 78
+                idle = json.loads(paths["A"].read_text())
+                assert idle["observedAtMs"] > idle["rateLimitsAtMs"]["fiveHour"] + 5 * 60_000  # fresh, its limits not
+                # B's next turn: the same usage, so the same context bucket, the limit at 96%.
+                written = len(_writes(catalog, "claude-seat-B"))
+                await panes["B"].type("seat B again usage=2001,8000,10000,111")
+                moved = await wait_record(paths["B"], panes["B"], "96%",
+                                          lambda r: (r["rateLimits"] or {}).get("fiveHour") == 96)  # fmt: skip
+                assert moved["usedPercent"] == turn_b["usedPercent"]  # the context did not move
+                assert "rate-limits" in [w["reason"] for w in _writes(catalog, "claude-seat-B")[written:]]
+                figure = _account_figure(catalog)
+                assert figure is not None and figure[:2] == (96, "claude-seat-B")
+                for seat in "AB":
+                    await panes[seat].type("/exit")
+            await trio.sleep(3)  # watch's next tick reads the 96
+        finally:
+            told = watch.stop()
+    assert [(e["agent"], e["window"], e["threshold"], e["agents"]) for e in told] == [
+        ("claude-seat-B", "fiveHour", 80, 2), ("claude-seat-B", "fiveHour", 95, 2),
+    ]  # fmt: skip
+    redraws = [float(line) for line in drawn["A"].read_text().split()]
+    gaps = sorted(b - a for a, b in itertools.pairwise(redraws[-20:]))
+    median = gaps[len(gaps) // 2]
+    print(f"claude {version}: idle seat A drew its status line {len(redraws)} times, median gap {median:.2f}s")
+
+
+async def test_a_codex_seat_counts_from_its_launch_and_a_limit_move_is_written(tmp_path: Path) -> None:
+    """Issue 35 on Codex 0.151.0 (whose ChatGPT turns reach the loopback fake): seats A and B on one
+    login, B launched and idle. Right after A's first turn the account counts both (B's claim names
+    it; B has no record until a token usage). A's second turn stays inside the same context bucket
+    while the fake's five-hour window rises 7.5 points: the record takes the new limit at once
+    (`rate-limits`), dated by the notification's arrival, after the reading that carries it."""
+    from tests.wrapping import agent_dir, wrap_argv
+
+    version = "0.151.0"
+    codex = require_harness("codex", version)
+    catalog = tmp_path / "catalog"
+    async with fake_chatgpt() as fake, contextlib.AsyncExitStack() as stack:
+        clients = {}
+        for seat in "AB":
+            env, _, work = _codex_home(version, seat, fake, tmp_path)
+            argv = wrap_argv(catalog, f"codex-seat-{seat}", "codex", *codex, "app-server")
+            client, _, _ = await stack.enter_async_context(
+                stdio_client(argv, env=env, cwd=work, stderr=tmp_path / f"{seat}.stderr")
+            )
+            await client.initialize()
+            clients[seat] = (client, work)
+        client, work = clients["A"]
+        path = agent_dir(catalog, "codex-seat-A") / "harness-context"
+        thread = await client.start_thread(work)
+        await client.turn(thread, "seat A [[u:1200:20]]")
+        first = await _record_where(path, lambda r: (r["rateLimits"] or {}).get("fiveHour") == 10)
+        assert not (agent_dir(catalog, "codex-seat-B") / "harness-context").exists()  # B: no reading yet
+        done = _hctx("accounts", "--json", "--catalog", str(catalog))
+        assert done.returncode == 0, done.stderr
+        (listed,) = json.loads(done.stdout)
+        assert listed["agentCount"] == 2 and listed["agents"] == ["testhost/codex-seat-A", "testhost/codex-seat-B"]
+        written = len(_writes(catalog, "codex-seat-A"))
+        await client.turn(thread, "seat A again [[u:1300:20]]")
+        moved = await _record_where(path, lambda r: (r["rateLimits"] or {}).get("fiveHour") == 18)  # 17.5, rounded
+        assert (moved["usedPercent"], moved["windowTokens"]) == (first["usedPercent"], first["windowTokens"])
+        reasons = [w["reason"] for w in _writes(catalog, "codex-seat-A")[written:]]
+        assert reasons == ["rate-limits"], reasons  # the context stayed in its bucket
+        arrived = moved["rateLimitsAtMs"]
+        assert arrived["fiveHour"] == arrived["sevenDay"] >= moved["observedAtMs"]  # after the usage it rides
+        assert arrived["fiveHour"] > first["rateLimitsAtMs"]["fiveHour"]
+
+
+async def _record_where(path: Path, check: Any, limit_s: float = 30) -> dict[str, Any]:
+    with trio.move_on_after(limit_s):
+        while True:
+            if path.exists() and check(record := json.loads(path.read_text())):
+                return record  # type: ignore[no-any-return]
+            await trio.sleep(0.05)
+    raise AssertionError(f"{path}: no record as wanted after {limit_s}s: {path.read_text() if path.exists() else None}")

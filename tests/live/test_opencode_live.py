@@ -28,12 +28,13 @@ from guard.errors import RecordRefused
 from guard.layout import log_path
 from guard.record import HarnessContext, parse_record
 from sidecar.harnesses.opencode.producer import OpenCodeTransport
+from sidecar.launching import LaunchPlan, transport_json
+from sidecar.registry import prepare
 from tests.conformance import assert_lived_as_replayed
 from tests.conftest import REPO
 from tests.fakes.opencode_model import SUMMARY_USAGE, OpenCodeFakeModel, opencode_fake_model
 from tests.harnesses import HARNESS_VERSIONS, harness_env, require_harness
 from tests.wrapping import assert_replays_as_logged
-from wrapper.harnesses import LaunchPlan, prepare, transport_json
 
 pytestmark = pytest.mark.live
 

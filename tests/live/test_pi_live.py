@@ -34,13 +34,13 @@ import trio
 
 from guard.projection import headroom_tokens
 from guard.record import HarnessContext, parse_record
+from sidecar.harnesses.pi.launch import channel_extension, prepare
+from sidecar.launching import LaunchPlan
 from tests.fakes.pi_channel import ChannelRecording, recording_channel
 from tests.fakes.pi_model import FakeModel, fake_model
 from tests.harnesses import HARNESS_VERSIONS, harness_env, require_harness
 from tests.wrapping import HOST, agent_dir, assert_replays_as_logged, hctx, log_events, wrap_argv
 from tests.wrapping import env as wrapping_env
-from wrapper.harnesses import LaunchPlan
-from wrapper.harnesses.pi import channel_extension, prepare
 
 pytestmark = pytest.mark.live
 
@@ -651,7 +651,7 @@ async def _roster_headroom(catalog: Catalog) -> int | None:
         capture_stdout=True, env=wrapping_env(),
     )  # fmt: skip
     context = json.loads(result.stdout)["context"]
-    assert headroom_tokens(context) == context["headroomTokens"]
+    assert headroom_tokens(context["compactAtTokens"], context["usedTokens"]) == context["headroomTokens"]
     value: int | None = context["headroomTokens"]
     return value
 

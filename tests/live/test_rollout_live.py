@@ -115,7 +115,8 @@ async def test_a_cli_session_is_followed_through_its_rollout(version: str, tmp_p
 
 
 def _tui_plan_follows_rollouts() -> bool:
-    from wrapper.harnesses import LaunchPlan, prepare
+    from sidecar.launching import LaunchPlan
+    from sidecar.registry import prepare
 
     plan = prepare(LaunchPlan(harness="codex", argv=("codex", "exec", "hi"), cwd=Path.cwd()))
     return isinstance(plan.transport, CodexTransport) and isinstance(plan.transport.root, Rollout)

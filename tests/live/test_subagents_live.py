@@ -281,12 +281,30 @@ HOOK_RECORDER = f"{sys.executable} -S -c " + shlex.quote(
 )
 
 
+# The user's own `subagentStatusLine` (issue 37): keeps every payload Claude hands it, one a line, and
+# answers Claude's row protocol, a `{"id", "content"}` line a row, so its rows draw under hctx.
+ROW_RECORDER = f"{sys.executable} -S -c " + shlex.quote(
+    "import json,sys; d=sys.stdin.buffer.read(); open(sys.argv[1], 'ab').write(d.strip() + b'\\n'); "
+    "[print(json.dumps({'id': t['id'], 'content': 'USER-ROW ' + t['id']})) for t in json.loads(d)['tasks']]"
+)
+# A subagent's request is held this long: it runs across a tick of Claude's 5 s row refresh.
+CHILD_HOLD_S = 6.0
+
+
 def subagent_hooks(log: Path) -> dict[str, Any]:
     """User-level hooks that keep every SubagentStart/SubagentStop payload verbatim, one a line."""
     command = f"{HOOK_RECORDER} {shlex.quote(str(log))}"
     return {
         event: [{"hooks": [{"type": "command", "command": command}]}] for event in ("SubagentStart", "SubagentStop")
     }
+
+
+def stated_windows(log: Path) -> dict[str, int]:
+    """The `contextWindowSize` Claude last stated for each `tasks[]` row id in the user's row log."""
+    if not log.exists():
+        return {}
+    lines = [json.loads(line) for line in log.read_bytes().splitlines() if line.strip()]
+    return {t["id"]: t["contextWindowSize"] for p in lines for t in p["tasks"] if t.get("contextWindowSize")}
 
 
 def hook_payloads(log: Path) -> list[dict[str, Any]]:
@@ -320,7 +338,10 @@ async def test_claude_subagents_rows_are_their_own_transcripts_numbers(version: 
     require_tmux()
     home, work, catalog = claude_seat(tmp_path)
     hooks_log = tmp_path / "subagent-hooks.jsonl"
-    (home / ".claude" / "settings.json").write_text(json.dumps({"hooks": subagent_hooks(hooks_log)}))
+    rows_log = tmp_path / "subagent-statusline.jsonl"
+    rows_command = {"type": "command", "command": f"{ROW_RECORDER} {shlex.quote(str(rows_log))}"}
+    settings = {"hooks": subagent_hooks(hooks_log), "subagentStatusLine": rows_command}
+    (home / ".claude" / "settings.json").write_text(json.dumps(settings))
     (home / ".claude" / "statusline-renderer.json").write_text(json.dumps({"command": RENDERER}))
     table = home / ".config" / "hctx" / "models.json"
     table.parent.mkdir(parents=True, exist_ok=True)
@@ -330,6 +351,7 @@ async def test_claude_subagents_rows_are_their_own_transcripts_numbers(version: 
     recording = tmp_path / "delegation.rec"
     server: FakeMessages
     async with fake_messages() as server:
+        server.child_hold_s = CHILD_HOLD_S
         command = wrap_argv(catalog, agent, "claude", *claude, "--model", CLAUDE_MODEL,
                             extra=("--record", str(recording)))  # fmt: skip
         env = live_env(home, server, version) | {"CLAUDE_CODE_SUBAGENT_MODEL": SUBAGENT_MODEL}
@@ -343,10 +365,14 @@ async def test_claude_subagents_rows_are_their_own_transcripts_numbers(version: 
             done = await wait_record(
                 record_path,
                 pane,
-                "every subagent's own numbers",
+                "every subagent's own numbers, and the window Claude states for each",
                 lambda r: (
                     len([s for s in r.get("subagents", []) if s["usedTokens"] is not None and s["state"] == "finished"])
                     == 3
+                    and all(
+                        s["windowTokens"] == stated_windows(rows_log).get(s["id"], s["windowTokens"])
+                        for s in r["subagents"]
+                    )
                 ),
             )
             await pane.type("/exit")
@@ -355,10 +381,13 @@ async def test_claude_subagents_rows_are_their_own_transcripts_numbers(version: 
     projects = home / ".claude" / "projects"
     [transcript] = [path for path in projects.rglob("*.jsonl") if "subagents" not in path.parts]
     subagent_files = sorted((transcript.parent / transcript.stem / "subagents").iterdir())
-    destination = f"claude/delegation/{version}"
+    # Recorded with hctx's `subagentStatusLine` (issue 37); claude/delegation/ holds the recordings
+    # from before it, in which Claude states no subagent's window.
+    destination = f"claude/delegation-rows/{version}"
     keep_recording(hooks_log.read_bytes(), f"{destination}/subagent-hooks.jsonl")
     keep_recording(transcript.read_bytes(), f"{destination}/session.jsonl")
     keep_recording(recording.read_bytes(), f"{destination}/sidecar.rec")
+    keep_recording(rows_log.read_bytes() if rows_log.exists() else b"", f"{destination}/subagent-statusline.jsonl")
     for path in subagent_files:
         keep_recording(path.read_bytes(), f"{destination}/subagents/{path.name}")
     # What the real binary did: three subagents, started and stopped, each with its own transcript.
@@ -366,6 +395,7 @@ async def test_claude_subagents_rows_are_their_own_transcripts_numbers(version: 
     stops = [p for p in payloads if p["hook_event_name"] == "SubagentStop"]
     assert len(starts) == len(stops) == 3 and {p["agent_id"] for p in starts} == {p["agent_id"] for p in stops}
     own: dict[str, tuple[int, str]] = {}  # agent id -> (its newest context, its model), read here
+    outputs: dict[str, int] = {}  # agent id -> its newest reply's output tokens
     for stop in stops:
         path = Path(stop["agent_transcript_path"])
         assert path.is_relative_to(projects) and path.name == f"agent-{stop['agent_id']}.jsonl"
@@ -374,25 +404,43 @@ async def test_claude_subagents_rows_are_their_own_transcripts_numbers(version: 
             if isinstance(message, dict) and isinstance(usage := message.get("usage"), dict):
                 used = usage["input_tokens"] + usage["cache_read_input_tokens"] + usage["cache_creation_input_tokens"]
                 own[stop["agent_id"]] = (used, message["model"])
+                outputs[stop["agent_id"]] = usage["output_tokens"]
     assert {used for used, _ in own.values()} == CLAUDE_CHILD_TOKENS
+    # Issue 37, measured: Claude handed its `subagentStatusLine` (the user's, chained by hctx's tee)
+    # a row per Task subagent, its `id` the hooks' `agent_id`, its `contextWindowSize` stated for the
+    # row's model; its `tokenCount` 0 until the subagent's first reply, then that reply's prompt plus
+    # an output: on 2.1.332 the reply's (40), on 2.1.250 the 1 its stream opened with (`message_start`),
+    # summed over replies (the bundled code). Never the prompt the record counts as occupancy.
+    rows_payloads = [json.loads(line) for line in rows_log.read_bytes().splitlines()]
+    tasks = [task for payload in rows_payloads for task in payload["tasks"]]
+    assert tasks and {task["id"] for task in tasks} == set(own)
+    stated = stated_windows(rows_log)
+    assert set(stated) == set(own) and all(window > 0 for window in stated.values())
+    for task in tasks:
+        used, _ = own[task["id"]]
+        output = outputs[task["id"]] if version == "2.1.332" else 1
+        assert task["tokenCount"] in (0, used + output) and task["tokenCount"] != used
     # The parent's record: the main agent's numbers only (the status line never names a subagent).
     writes = [e for e in log_events(catalog, agent) if e["event"] == "write" and e["usedTokens"] is not None]
     assert writes and {w["usedTokens"] for w in writes} <= CLAUDE_PARENT_TOKENS, writes
     assert final["windowTokens"] == CLAUDE_WINDOW and final["model"] == CLAUDE_MODEL
-    # Each subagent's row: its own transcript's numbers, finished; its window the model table's for
-    # its own model, named so, or null, never the parent's 200,000.
+    # Each subagent's row: its own transcript's numbers, finished; its window the one Claude stated
+    # for it (issue 37: `windowSource: "harness"`), where Claude stated one; else the model table's
+    # for its own model, named so, or null; never the parent's.
     rows = {row["id"]: row for row in done["subagents"]}
     assert set(rows) == set(own)
     for agent_id, (used, model) in own.items():
         row = rows[agent_id]
         assert (row["usedTokens"], row["model"], row["state"]) == (used, model, "finished")
         assert row["name"] == "general-purpose"
-        if model == SUBAGENT_MODEL:
+        if agent_id in stated:
+            assert (row["windowTokens"], row["windowSource"]) == (stated[agent_id], "harness")
+            assert row["usedPercent"] == used * 100 / stated[agent_id]
+        elif model == SUBAGENT_MODEL:
             assert (row["windowTokens"], row["windowSource"]) == (SUBAGENT_WINDOW, "model-table")
             assert row["usedPercent"] == used * 100 / SUBAGENT_WINDOW
         else:  # `haiku`, which no table lists
             assert (row["windowTokens"], row["windowSource"], row["usedPercent"]) == (None, None, None)
-        assert row["windowTokens"] != CLAUDE_WINDOW
     # The parallel two ran on CLAUDE_CODE_SUBAGENT_MODEL; the third's `model: haiku` wins over it
     # on 2.1.332 and not on 2.1.250 (measured): on either, each row is its own model's.
     on_table = sorted(model == SUBAGENT_MODEL for _, model in own.values())

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from wrapper.harnesses import LaunchPlan
+from sidecar.launching import LaunchPlan
 
 
 def prepare(plan: LaunchPlan) -> LaunchPlan:

@@ -76,6 +76,6 @@ SPEC = HarnessSpec(
     channel_frames=channel_frames,
     decoders={},
     verified_versions=("1.0",),
-    launch="tests.sixth_harness.launch",
+    package=__name__.rpartition(".")[0],  # tests.sixth_harness: its launch plan is `launch.py` beside this
     programs=("sixth-agent",),
 )

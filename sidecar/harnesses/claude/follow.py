@@ -173,6 +173,8 @@ class SubagentFollower:
 
 async def run(config: ClaudeTransport, streams: Streams) -> None:
     streams.submit(ModelWindows(dict(config.windows)))
+    if config.compaction is not None:
+        streams.submit(config.compaction)
     follower = SubagentFollower(config, streams)
     while True:
         busy = follower.poll(trio.current_time())

@@ -12,6 +12,8 @@ __all__ = [
     "MAX_RECORDED_BYTES",
     "STATUSLINE_FRAME",
     "STATUSLINE_TYPE",
+    "SUBAGENT_STATUSLINE_FRAME",
+    "SUBAGENT_STATUSLINE_TYPE",
     "channel_line",
     "load_json",
     "unwrap",
@@ -20,8 +22,11 @@ __all__ = [
 # The channel frames' types, defined here only, and the envelope each is sent in.
 STATUSLINE_TYPE = "claude.statusline"
 HOOK_TYPE = "claude.hook"
+# Issue 37: the payload Claude hands its `subagentStatusLine` command (`tasks[]`, one row a subagent).
+SUBAGENT_STATUSLINE_TYPE = "claude.subagentstatusline"
 STATUSLINE_FRAME = b'{"type":"' + STATUSLINE_TYPE.encode() + b'","payload":'
 HOOK_FRAME = b'{"type":"' + HOOK_TYPE.encode() + b'","payload":'
+SUBAGENT_STATUSLINE_FRAME = b'{"type":"' + SUBAGENT_STATUSLINE_TYPE.encode() + b'","payload":'
 _FRAME_END = b"}\n"
 # The sidecar's channel drops lines over 1 MiB; a payload that large is not Claude's anyway.
 MAX_RECORDED_BYTES = 1024 * 1024 - 64
@@ -109,7 +114,7 @@ def _object_bytes(data: bytes) -> bytes | None:
 
 def channel_line(prefix: bytes, data: bytes) -> bytes:
     """The one channel line the tee sends for stdin `data` in the envelope `prefix` opens
-    (STATUSLINE_FRAME or HOOK_FRAME); ValueError says why `data` is not sent at all.
+    (STATUSLINE_FRAME, SUBAGENT_STATUSLINE_FRAME or HOOK_FRAME); ValueError says why `data` is not sent at all.
 
     `hctx replay` builds a Claude capture's channel bytes with this very function, so a recorded
     payload reaches the sidecar's decoder exactly as the tee would have sent it.
@@ -126,7 +131,8 @@ def unwrap(line: bytes) -> tuple[str, bytes] | None:
     """The inverse of `channel_line`: (entry point, the payload it was sent for) of one of the
     tee's lines, or None for a line it did not build. The payload sent again builds the same line
     (its normalisation is idempotent): `hctx demo` plays a recording back through the real tee."""
-    for entry, prefix in (("statusline", STATUSLINE_FRAME), ("hook", HOOK_FRAME)):
+    frames = (("statusline", STATUSLINE_FRAME), ("subagentstatusline", SUBAGENT_STATUSLINE_FRAME), ("hook", HOOK_FRAME))
+    for entry, prefix in frames:
         if line.startswith(prefix) and line.endswith(_FRAME_END):
             return entry, line[len(prefix) : -len(_FRAME_END)]
     return None

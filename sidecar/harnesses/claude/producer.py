@@ -22,9 +22,24 @@ Measured on 2.1.250 and 2.1.332 (lab/claude), and followed where the spec said l
   a lost PreCompact is also recovered for the second and later compactions of a session.)
 - `rate_limits` exist only for a claude.ai login, as a raw float on 2.1.250 (42.370000000000005,
   120) and rounded, clamped at 100 on 2.1.332 (42.4, 100); both are published as given.
-- `compactAtTokens` (issue 18) stays null: neither the status-line payload nor a hook names the
-  auto-compact point (2.1.250, 2.1.332), which Claude computes itself, lets an environment variable
-  move and can change server-side without a release; a number from hctx would be a guess.
+- Each Task subagent's window is Claude's own (issue 37): the `subagentStatusLine` command (hctx's
+  subagent tee) is handed `tasks[]`, a row a subagent, its `id` the `agent_id` the subagent hooks name,
+  `contextWindowSize` Claude's window function of the row's `model` (absent without one). That window
+  rides the row as `windowSource: "harness"`; the model table gives one only to a row Claude states
+  none for. The row's `tokenCount` is not occupancy and is not read (measured, `SubagentRows`).
+- A snapshot of the limits is dated when it arrived (issue 35, `rateLimitsAtMs`): Claude states no
+  time for them (2.1.250, 2.1.332: `rate_limits` holds `used_percentage` and `resets_at` only), and
+  with hctx's `refreshInterval` an idle seat redraws the figures its process last heard every 5 s.
+  So a window is dated by the status line where its percent or reset changed, or where a new API
+  response shows (`cost.total_api_duration_ms` grew: every request Claude makes counts it, and each
+  response restates the headers the limits come from); a repeat keeps the time it had. The first
+  status line this producer sees dates what it shows: nothing older is known.
+- `compactAtTokens` (issue 18, 37): neither the status-line payload nor a hook names the auto-compact
+  point (2.1.250, 2.1.332). Where the user's settings (or CLAUDE_CODE_AUTO_COMPACT_WINDOW) state
+  `autoCompactWindow`, it is Claude's own rule on that and the status line's window
+  (`sidecar.harnesses.claude.compaction`, which quotes the rule); elsewhere Claude picks the window
+  itself (server data, experiments) and it stays null. `autoCompaction` is false where Claude's
+  switch (`autoCompactEnabled`, DISABLE_COMPACT) turns it off.
 """
 
 from __future__ import annotations
@@ -42,11 +57,15 @@ from guard.record import (
     ContextFields,
     Count,
     Harness,
+    PromptCache,
     RateLimitResets,
     RateLimits,
+    RateLimitTimes,
+    WindowSource,
     describe_validation_error,
 )
-from sidecar.harnesses.claude.frames import HOOK_TYPE, STATUSLINE_TYPE
+from sidecar.harnesses.claude.compaction import ClaudeCompaction, compact_at
+from sidecar.harnesses.claude.frames import HOOK_TYPE, STATUSLINE_TYPE, SUBAGENT_STATUSLINE_TYPE
 from sidecar.harnesses.claude.subagents import (
     SUBAGENT_WIRE,
     ClaudeTransport,
@@ -55,6 +74,7 @@ from sidecar.harnesses.claude.subagents import (
     SubagentDecoder,
     SubagentTranscript,
     SubagentUsage,
+    is_agent_id,
     subagent_transcript,
 )
 from sidecar.held import Held
@@ -70,6 +90,7 @@ from sidecar.producer import (
 from sidecar.spec import HarnessSpec
 
 __all__ = [
+    "MAX_TASK_ROWS",
     "SPEC",
     "SUBAGENT_START",
     "SUBAGENT_STOP",
@@ -80,6 +101,8 @@ __all__ = [
     "RateWindow",
     "StatusLine",
     "SubagentHook",
+    "SubagentRow",
+    "SubagentRows",
     "channel_frames",
 ]
 
@@ -117,6 +140,23 @@ class _Model(TolerantModel):
 
 class _Cost(TolerantModel):
     total_cost_usd: Usd
+
+
+class _PromptCache(TolerantModel):
+    """2.1.332's `prompt_cache` (lab/claude): the fields the record carries, as Claude gave them."""
+
+    warm: Annotated[bool, Field(strict=True)]
+    ttl: Annotated[str, Field(strict=True, pattern=r"^[0-9]{1,6}[smh]$")] | None = None
+    expires_at: _Number | None = None  # epoch seconds
+    hit_ratio: Annotated[float, Field(strict=False, ge=0, le=1, allow_inf_nan=False)] | None = None
+    recache_tokens_if_cold: _Count | None = None
+    cache_write_tokens: _Count | None = None
+    requests: _Count | None = None
+    misses: _Count | None = None
+
+
+class _ApiDuration(TolerantModel):
+    total_api_duration_ms: _Count
 
 
 class RateWindow(TolerantModel):
@@ -167,22 +207,84 @@ class StatusLine:
     five_hour: RateWindow | None
     seven_day: RateWindow | None
     version: str | None
+    prompt_cache: PromptCache | None = None  # 2.1.332 only (issue 37); None where absent or malformed
+    # `cost.total_api_duration_ms`: grows with every API request the session made; None unstated.
+    api_duration_ms: int | None = None
 
 
-ClaudeEvent = StatusLine | Hook | SubagentHook | ModelWindows | SubagentUsage | SubagentCompacted
+class _TaskRow(TolerantModel):
+    """One `tasks[]` row as Claude hands it to `subagentStatusLine` (2.1.250, 2.1.332)."""
+
+    id: Annotated[str, Field(strict=True, min_length=1, max_length=128)]
+    model: Annotated[str, Field(strict=True, min_length=1, max_length=_MAX_MODEL_ID)] | None = None
+    contextWindowSize: _Count | None = None  # Claude's key
+
+
+@dataclass(frozen=True, slots=True)
+class SubagentRow:
+    """A Task subagent as Claude states it to its `subagentStatusLine`: its id (the hooks'
+    `agent_id`), the model Claude runs it on, and the window Claude computes for that model."""
+
+    agent_id: str
+    model: str | None
+    window_tokens: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class SubagentRows:
+    """One `subagentStatusLine` payload: the rows that were readable, in Claude's order.
+
+    `tokenCount` is read into nothing. Measured (issue 37, the bundled code and live): it is the
+    subagent's last prompt plus its last output on 2.1.332, and its last prompt plus every output it
+    has produced on 2.1.250; neither is its occupancy as the record counts it (the prompt, as
+    Claude's own status line counts the main agent's), and on 2.1.250 it only grows."""
+
+    rows: tuple[SubagentRow, ...]
+
+
+# A `tasks[]` this long is no panel Claude draws; the rest is dropped, never read.
+MAX_TASK_ROWS: Final = 256
+
+ClaudeEvent = (
+    StatusLine
+    | Hook
+    | SubagentHook
+    | SubagentRows
+    | ModelWindows
+    | ClaudeCompaction
+    | SubagentUsage
+    | SubagentCompacted
+)
 
 
 def channel_frames(kind: str, frame: dict[str, Any]) -> list[object]:
-    """A `claude.statusline` or `claude.hook` envelope as its typed event; FrameRejected otherwise."""
-    if kind not in (STATUSLINE_TYPE, HOOK_TYPE):
+    """A `claude.statusline`, `claude.subagentstatusline` or `claude.hook` envelope as its typed
+    event; FrameRejected otherwise."""
+    if kind not in (STATUSLINE_TYPE, SUBAGENT_STATUSLINE_TYPE, HOOK_TYPE):
         raise FrameRejected(f"not a claude frame: type {kind[:40]!r}")
     payload = frame.get("payload")
     if not isinstance(payload, dict):
         raise FrameRejected(f"not a claude frame: payload is {type(payload).__name__}, not an object")
     try:
+        if kind == SUBAGENT_STATUSLINE_TYPE:
+            return [_subagent_rows(payload)]
         return [_status_line(payload) if kind == STATUSLINE_TYPE else _hook(payload)]
     except RecursionError:
         raise FrameRejected("claude frame nested too deeply") from None
+
+
+def _subagent_rows(payload: dict[str, Any]) -> SubagentRows:
+    """The readable rows of `tasks`: a row whose id could not be an agent id, or whose numbers are
+    not counts, is left out whole (no row is a cleaned-up guess); past MAX_TASK_ROWS, none."""
+    tasks = payload.get("tasks")
+    if not isinstance(tasks, list):
+        raise FrameRejected("subagent status line without a tasks list")
+    rows = []
+    for raw in tasks[:MAX_TASK_ROWS]:
+        row: _TaskRow | None = optional_model(_TaskRow, raw)
+        if row is not None and is_agent_id(row.id):
+            rows.append(SubagentRow(row.id, row.model, row.contextWindowSize or None))
+    return SubagentRows(tuple(rows))
 
 
 def _status_line(payload: dict[str, Any]) -> StatusLine:
@@ -194,6 +296,7 @@ def _status_line(payload: dict[str, Any]) -> StatusLine:
         ) from None
     model: _Model | None = optional_model(_Model, payload.get("model"))
     cost: _Cost | None = optional_model(_Cost, payload.get("cost"))
+    api: _ApiDuration | None = optional_model(_ApiDuration, payload.get("cost"))
     limits = payload.get("rate_limits")
     limits = limits if isinstance(limits, dict) else {}
     return StatusLine(
@@ -206,6 +309,30 @@ def _status_line(payload: dict[str, Any]) -> StatusLine:
         five_hour=optional_model(RateWindow, limits.get("five_hour")),
         seven_day=optional_model(RateWindow, limits.get("seven_day")),
         version=harness_version(payload.get("version")),
+        prompt_cache=_prompt_cache(payload.get("prompt_cache")),
+        api_duration_ms=api.total_api_duration_ms if api else None,
+    )
+
+
+def _prompt_cache(value: object) -> PromptCache | None:
+    """Claude's `prompt_cache` in the record's words; None where absent or not Claude's shape (never
+    a half-read cache). `expires_at` is epoch seconds; past the year 2286 it is no time Claude stated."""
+    cache: _PromptCache | None = optional_model(_PromptCache, value)
+    if cache is None:
+        return None
+    expires = cache.expires_at
+    expires_ms = round(expires * 1000) if expires is not None and 0 < expires * 1000 < _MAX_RESET_MS else None
+    if expires is not None and expires_ms is None:
+        return None
+    return PromptCache(
+        warm=cache.warm,
+        ttl=cache.ttl,
+        expires_at_ms=expires_ms,
+        hit_ratio=cache.hit_ratio,
+        recache_tokens_if_cold=cache.recache_tokens_if_cold,
+        cache_write_tokens=cache.cache_write_tokens,
+        requests=cache.requests,
+        misses=cache.misses,
     )
 
 
@@ -244,6 +371,10 @@ class ClaudeProducer:
         # Each subagent's transcript, as its hooks name it (bounded as the roster is).
         self._transcripts: OrderedDict[str, str] = OrderedDict()
         self._windows: dict[str, int] = {}  # the model table the launch read
+        self._auto_compact: ClaudeCompaction | None = None  # what the launch read of the settings
+        # The window Claude states for each subagent (its `subagentStatusLine` rows), bounded.
+        self._stated: OrderedDict[str, int] = OrderedDict()
+        self._limits = _LimitTimes()
 
     def wants(self) -> frozenset[SubagentTranscript]:
         """The transcripts of the subagents the record carries: the transport follows a running
@@ -266,22 +397,52 @@ class ClaudeProducer:
             fields["name"] = hook.agent_type
         return self.held.subagent(hook.agent_id, now_ms, **fields)
 
+    def _window(self, agent_id: str, model: str | None) -> tuple[int | None, WindowSource | None]:
+        """A subagent's window and its source: Claude's own where its rows stated one, else the
+        model table's for its model, else none (never the parent's)."""
+        stated = self._stated.get(agent_id)
+        if stated is not None:
+            return stated, "harness"
+        table = self._windows.get(model) if model is not None else None
+        return table, None if table is None else "model-table"
+
     def _subagent_usage(self, usage: SubagentUsage, now_ms: int) -> list[Reading]:
-        """A subagent's own context, from its transcript; its window from the model table, named
-        as the source, or null (never the parent's)."""
+        """A subagent's own context, from its transcript; its window as `_window` gives it."""
         row = self.held.subagents.get(usage.agent_id)
         if row is None:
             return []  # no hook named it: a transcript is read only for a subagent this agent started
-        window = self._windows.get(usage.model) if usage.model is not None else None
+        window, source = self._window(usage.agent_id, usage.model)
         return self.held.subagent(
             usage.agent_id, now_ms,
             used_tokens=usage.used_tokens,
             model=usage.model,
             window_tokens=window,
-            window_source=None if window is None else "model-table",
+            window_source=source,
             used_percent=None if window is None else usage.used_tokens * 100 / window,
             compactions=row.compactions or 0,  # the transcript is read from its start: exact
         )  # fmt: skip
+
+    def _subagent_rows(self, rows: SubagentRows, now_ms: int) -> list[Reading]:
+        """Claude's window for each subagent a hook already named (a row for any other id makes no
+        row: `tasks[]` also lists teammates and workflows, and a hostile payload anything). Claude
+        calls the command every few seconds: a row changes only when the window it states does."""
+        readings: list[Reading] = []
+        for stated in rows.rows:
+            row = self.held.subagents.get(stated.agent_id)
+            if row is None or stated.window_tokens is None:
+                continue
+            remember(self._stated, stated.agent_id, stated.window_tokens, SUBAGENTS_REMEMBERED)
+            if (row.window_tokens, row.window_source) == (stated.window_tokens, "harness"):
+                continue
+            used = row.used_tokens
+            readings += self.held.subagent(
+                stated.agent_id, now_ms,
+                window_tokens=stated.window_tokens,
+                window_source="harness",
+                used_percent=None if used is None else used * 100 / stated.window_tokens,
+                **({} if row.model is not None or stated.model is None else {"model": stated.model}),
+            )  # fmt: skip
+        return readings
 
     def _subagent_compacted(self, compacted: SubagentCompacted, now_ms: int) -> list[Reading]:
         if self.held.subagents.get(compacted.agent_id) is None:
@@ -295,10 +456,15 @@ class ClaudeProducer:
             return self._hook(event, now_ms)
         if isinstance(event, SubagentHook):
             return self._subagent(event, now_ms)
+        if isinstance(event, SubagentRows):
+            return self._subagent_rows(event, now_ms)
         if isinstance(event, SubagentUsage):
             return self._subagent_usage(event, now_ms)
         if isinstance(event, SubagentCompacted):
             return self._subagent_compacted(event, now_ms)
+        if isinstance(event, ClaudeCompaction):
+            self._auto_compact = event
+            return []
         if isinstance(event, ModelWindows):
             self._windows = dict(event.windows)
             return []
@@ -306,6 +472,7 @@ class ClaudeProducer:
 
     def _statusline(self, line: StatusLine, now_ms: int) -> Reading:
         measured = line.measured
+        compact_point = compact_at(self._auto_compact, line.context_window_size)
         try:
             fields = ContextFields(
                 harness="claude",
@@ -315,14 +482,19 @@ class ClaudeProducer:
                 model=line.model,
                 cost_usd=line.cost_usd,
                 session_total_tokens=None,
-                rate_limits=_rate_limits(line, now_ms),
-                rate_limit_resets_at_ms=_rate_limit_resets(line, now_ms),
+                rate_limits=(limits := _rate_limits(line, now_ms)),
+                rate_limit_resets_at_ms=(resets := _rate_limit_resets(line, now_ms)),
+                rate_limits_at_ms=self._limits.dated(limits, resets, line.api_duration_ms, now_ms),
                 harness_version=line.version,
+                compact_at_tokens=compact_point,
+                prompt_cache=line.prompt_cache,
+                auto_compaction=_auto_compaction(self._auto_compact, compact_point),
                 observed_at_ms=now_ms,
             )
         except ValidationError as exc:
             raise FrameRejected(f"status line out of range: {describe_validation_error(exc)}") from None
-        return self.held.measured(fields)
+        # Its limits are Claude's newest: a change of them is an edge (guard.policy), as a bucket is.
+        return self.held.measured(fields, rate_limits_edge=fields.rate_limits is not None)
 
     def _hook(self, hook: Hook, now_ms: int) -> list[Reading]:
         event = hook.hook_event_name
@@ -362,6 +534,44 @@ class ClaudeProducer:
             return []
         self._episode_open = True
         return self.held.compacted(now_ms, _TRIGGERS.get(hook.trigger or "", "unknown"))
+
+
+def _auto_compaction(settings: ClaudeCompaction | None, point: int | None) -> bool | None:
+    """False where Claude's switch is off, true where its point is published, else unknown."""
+    if settings is not None and not settings.enabled:
+        return False
+    return True if point is not None else None
+
+
+class _LimitTimes:
+    """When each window's figure arrived: the status line where its percent or reset changed, or
+    where `cost.total_api_duration_ms` grew (a response restated it); a redraw keeps the old time."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, tuple[float, int | None, int]] = {}  # window -> (percent, reset, at)
+        self._api_ms: int | None = None
+
+    def dated(
+        self, limits: RateLimits | None, resets: RateLimitResets | None, api_ms: int | None, now_ms: int
+    ) -> RateLimitTimes | None:
+        responded = api_ms is not None and (self._api_ms is None or api_ms > self._api_ms)
+        if api_ms is not None:
+            self._api_ms = api_ms
+        times: dict[str, int | None] = {}
+        for window in ("five_hour", "seven_day"):
+            used = None if limits is None else getattr(limits, window)
+            reset = None if resets is None else getattr(resets, window)
+            if used is None:
+                self._held.pop(window, None)
+                times[window] = None
+                continue
+            held = self._held.get(window)
+            at = held[2] if held is not None and held[:2] == (used, reset) and not responded else now_ms
+            self._held[window] = (used, reset, at)
+            times[window] = at
+        if all(at is None for at in times.values()):
+            return None
+        return RateLimitTimes(**times)
 
 
 def _exhausted(fields: ContextFields) -> frozenset[str]:
@@ -416,9 +626,35 @@ SPEC = HarnessSpec(
     channel_frames=channel_frames,
     decoders={SUBAGENT_WIRE: SubagentDecoder},
     verified_versions=VERIFIED_VERSIONS,
-    launch="wrapper.harnesses.claude",
-    transport="sidecar.harnesses.claude.follow",
+    package=__name__.rpartition(".")[0],  # sidecar.harnesses.claude: every module below is its own
+    transport="follow",
     transport_config=ClaudeTransport,
     programs=("claude", "@anthropic-ai/claude-code"),
-    transcripts="sidecar.harnesses.claude.transcript",
+    transcripts="transcript",
+    model_windows="windows",
+    # What the status line, the hooks and a subagent's transcript lines are read by (never a
+    # path, a cwd, a prompt, a message's content or a tool's input or output).
+    recorded_strings=frozenset(
+        {
+            "type",
+            "subtype",
+            "hook_event_name",
+            "trigger",
+            "source",
+            "model",
+            "requestedModel",
+            "version",
+            "timestamp",
+            "id",
+            "session_id",
+            "sessionId",
+            "agent_id",
+            "agentId",
+            "agent_type",
+            "prompt_id",
+            "promptId",
+            "requestId",
+            "ttl",  # prompt_cache.ttl (issue 37)
+        }
+    ),
 )

@@ -4,10 +4,12 @@ Measured on 2.1.250 and 2.1.332 (tests/live/test_subagents_live.py): every subag
 tool starts writes `<projects>/<project>/<session>/subagents/agent-<agent_id>.jsonl`, each line
 `isSidechain` and naming its `agentId`; `SubagentStop` names that file as `agent_transcript_path`.
 Its context is its newest assistant message's usage, input + cache_read + cache_creation, as for
-the main agent (`sidecar.harnesses.claude.transcript.claude_usage`). Its window is stated nowhere
-(the model is): the model table `hctx scan` uses gives it, named as the source, or it stays null;
-never the parent's. The `<subagent_tokens>` a `<task-notification>` carries is no context (last
-context + last output on 2.1.332, + turns on 2.1.250) and is never read.
+the main agent (`sidecar.harnesses.claude.transcript.claude_usage`). Its window is not in its
+transcript (the model is): Claude states it to the `subagentStatusLine` command (issue 37, the
+producer's `SubagentRows`); where Claude states none, the model table `hctx scan` uses gives it,
+named as the source, or it stays null; never the parent's. The `<subagent_tokens>` a
+`<task-notification>` carries is no context (last context + last output on 2.1.332, + turns on
+2.1.250) and is never read.
 
 The `subagent` wire is one subagent transcript's bytes from its start, as the transport
 (`sidecar.harnesses.claude.follow`) reads them where the harness writes; `SubagentDecoder` makes its
@@ -29,6 +31,7 @@ from guard.json_rule import loads_object
 from guard.record import MAX_COUNT
 from sidecar.decoding import Dropped, LineByLine
 from sidecar.framing import Line, LineFramer, Oversized
+from sidecar.harnesses.claude.compaction import ClaudeCompaction
 from sidecar.harnesses.claude.transcript import claude_compaction, claude_usage
 from sidecar.transcripts import HEAD_BYTES, MAX_LINE_BYTES
 
@@ -41,6 +44,7 @@ __all__ = [
     "SubagentDecoder",
     "SubagentTranscript",
     "SubagentUsage",
+    "is_agent_id",
     "subagent_transcript",
 ]
 
@@ -65,6 +69,8 @@ class ClaudeTransport(BaseModel):
     projects_dir: Annotated[str, Field(min_length=1, max_length=4096)]
     windows: dict[_Model, Annotated[int, Field(gt=0, le=MAX_COUNT)]] = {}
     poll_seconds: Annotated[float, Field(gt=0, le=60)] = 0.5
+    # Issue 37: Claude's auto-compaction as the launch read it (a fact submitted once, as `windows`).
+    compaction: ClaudeCompaction | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +105,11 @@ class SubagentTranscript:
     agent_id: str
     path: str
     finished: bool
+
+
+def is_agent_id(text: str) -> bool:
+    """Whether `text` is as plain as Claude's agent ids: nothing a path or a terminal reads."""
+    return _AGENT_ID.match(text) is not None
 
 
 def subagent_transcript(

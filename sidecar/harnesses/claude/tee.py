@@ -14,10 +14,19 @@ own renderer on the same bytes and prints exactly what it printed (HC-R18, DQ-C2
 None resolving, or a renderer that cannot start or exits non-zero, leaves stdout empty (a slot
 echoing machine JSON is worse than a blank one) and says why on stderr, naming every source.
 
+`hctx-subagent-statusline` (the settings' `subagentStatusLine` command, issue 37) records the payload
+Claude hands it (`tasks[]`, one row a Task subagent: `id`, `model`, `contextWindowSize`, `tokenCount`,
+...) and answers Claude's row protocol with the operator's own `subagentStatusLine`: its stdout, one
+`{"id", "content"}` JSON object a line, passed through byte for byte, the first of
+$ST_CLAUDE_SUBAGENT_STATUSLINE_RENDERER (hctx wrap sets it to the one the user had in
+.claude/settings.local.json), then "subagentStatusLine" -> "command" in the project's
+.claude/settings.json and in $CLAUDE_CONFIG_DIR/settings.json (else ~/.claude/settings.json). None,
+or one that fails, prints nothing: Claude then draws its own rows (an empty answer decorates none).
+
 `hctx-hook` (PreCompact / PostCompact / SessionStart) forwards the payload and prints nothing.
 
 Claude spawns the tee every few seconds per seat and waits for it, so the rendered settings run it
-under `python -I -S` (wrapper.harnesses.claude) and it imports only C modules the interpreter loads
+under `python -I -S` (sidecar.harnesses.claude.launch) and it imports only C modules the interpreter loads
 in microseconds: no json (it pulls in re), no socket (enum), no subprocess, not even os, nothing
 of hctx but its own frames (`sidecar.harnesses.claude.frames`; scripts/bench_statusline.py
 measures it).
@@ -30,7 +39,13 @@ import select
 import sys
 import time
 
-from sidecar.harnesses.claude.frames import HOOK_FRAME, STATUSLINE_FRAME, channel_line, load_json
+from sidecar.harnesses.claude.frames import (
+    HOOK_FRAME,
+    STATUSLINE_FRAME,
+    SUBAGENT_STATUSLINE_FRAME,
+    channel_line,
+    load_json,
+)
 
 __all__ = [
     "CHANNEL_ENV",
@@ -43,12 +58,15 @@ __all__ = [
     "RENDERER_FILE",
     "RENDER_TIMEOUT_S",
     "SOURCES",
+    "SUBAGENT_RENDERER_ENV",
+    "SUBAGENT_SOURCES",
     "TEE_MODULE",
     "hook_main",
     "main",
     "render",
     "resolve_renderer",
     "statusline_main",
+    "subagent_statusline_main",
 ]
 
 RENDERER_ENV = "ST_CLAUDE_STATUSLINE_RENDERER"
@@ -61,6 +79,8 @@ _EARLIER_TEE_MODULE = "sidecar.claude_tee"  # what an earlier install rendered
 # Set for the renderer: a renderer that is (or calls) the tee again must not recurse without end.
 INSIDE_RENDERER_ENV = "HCTX_INSIDE_STATUSLINE_RENDERER"
 SOURCES = f"${RENDERER_ENV}, {RENDERER_FILE}, .claude/settings.json and ~/.claude/settings.json"
+SUBAGENT_RENDERER_ENV = "ST_CLAUDE_SUBAGENT_STATUSLINE_RENDERER"
+SUBAGENT_SOURCES = f"${SUBAGENT_RENDERER_ENV}, .claude/settings.json and ~/.claude/settings.json"
 
 # Kept for the renderer beyond that; past it stdin is drained and dropped.
 MAX_STDIN_BYTES = 4 * 1024 * 1024
@@ -132,25 +152,27 @@ def _send(prefix: bytes, data: bytes) -> str | None:
 # --- the renderer -------------------------------------------------------------------------------
 
 
-def resolve_renderer() -> tuple[str | None, str]:
-    """(command, where it came from), or (None, why no source gave one)."""
-    command = (_env(RENDERER_ENV) or "").strip()
+def resolve_renderer(key: str = "statusLine") -> tuple[str | None, str]:
+    """(command, where it came from), or (None, why no source gave one): the status line's
+    renderer, or with `key` "subagentStatusLine" the subagent rows' (which has no renderer file)."""
+    variable = RENDERER_ENV if key == "statusLine" else SUBAGENT_RENDERER_ENV
+    command = (_env(variable) or "").strip()
     if command:
-        return command, f"${RENDERER_ENV}"
-    reasons = [f"${RENDERER_ENV} is unset"]
+        return command, f"${variable}"
+    reasons = [f"${variable} is unset"]
     home = (_env("HOME") or "").rstrip("/")
-    if not home:
+    if not home and key == "statusLine":
         reasons.append(f"$HOME is unset, so {RENDERER_FILE} cannot be read")
     config = (_env("CLAUDE_CONFIG_DIR") or "").rstrip("/") or (home and home + "/.claude")
     project = (_env(PROJECT_DIR_ENV) or "").rstrip("/") or "."  # else the cwd, even a removed one
-    sources = (
-        (home and home + "/.claude/statusline-renderer.json", None),
-        (project + "/.claude/settings.json", "statusLine"),
-        (config and config + "/settings.json", "statusLine"),
+    sources: tuple[tuple[str, str | None], ...] = (
+        (home + "/.claude/statusline-renderer.json" if home and key == "statusLine" else "", None),
+        (project + "/.claude/settings.json", key),
+        (config and config + "/settings.json", key),
     )
-    for path, key in sources:
+    for path, section in sources:
         if path:
-            found, why = _file_command(path, key)
+            found, why = _file_command(path, section)
             if found is not None:
                 return found, path
             reasons.append(why)
@@ -314,6 +336,29 @@ def statusline_main() -> int:
     return 0
 
 
+def subagent_statusline_main() -> int:
+    prog = "hctx-subagent-statusline"
+    data, fits = _drain_stdin()
+    if not fits:
+        _say(prog, f"stdin over {MAX_STDIN_BYTES} bytes: not recorded, no rows drawn")
+        return 0
+    if _env(INSIDE_RENDERER_ENV):
+        _say(prog, f"the renderer is the tee itself; point {SUBAGENT_SOURCES} at the operator's own")
+        return 0
+    problem = _send(SUBAGENT_STATUSLINE_FRAME, data)
+    if problem:
+        _say(prog, problem)
+    command, origin = resolve_renderer("subagentStatusLine")
+    if command is None:
+        return 0  # the user has none: Claude draws its own rows, as without hctx
+    output, why = render(command, data)
+    if output is None:
+        _say(prog, f"subagentStatusLine {command!r} from {origin} {why}; Claude draws its own rows")
+        return 0
+    _write_stdout(output)  # its `{"id","content"}` lines, verbatim: Claude parses them, not hctx
+    return 0
+
+
 def hook_main() -> int:
     data, fits = _drain_stdin()
     problem = _send(HOOK_FRAME, data) if fits else "stdin too large: not recorded"
@@ -322,7 +367,7 @@ def hook_main() -> int:
     return 0
 
 
-_ENTRY_POINTS = {"statusline": statusline_main, "hook": hook_main}
+_ENTRY_POINTS = {"statusline": statusline_main, "subagentstatusline": subagent_statusline_main, "hook": hook_main}
 
 
 def main(argv: list[str]) -> int:

@@ -16,7 +16,10 @@ calls too:
   reports is already its effective window (95% of the configured one), so it is used as-is.
 - `account/rateLimits/updated` is merged and restates the held reading (its own observedAtMs kept)
   when it changes the limits: Codex sends a request's snapshot after its usage, so riding only the
-  next reading would leave the record one snapshot behind and never publish the last one.
+  next reading would leave the record one snapshot behind and never publish the last one. Each
+  window it carries is dated by the notification's own time (`rateLimitsAtMs`, issue 35: the
+  notification states none, so the time it arrived; a rollout's, its line's), which later readings
+  carry unchanged.
 - a `contextCompaction` thread item is a compaction, counted once per item id however many
   `item/started` / `item/completed` frames (or relay connections) carry it.
 - the build: the initialize response's `userAgent` (`<originator>/<version> (...)`), the app-server
@@ -33,7 +36,7 @@ own `threadId`, in the parent's shape; a reading of a thread not opened as the a
 the agent's (fixtures/codex/*-delegation.jsonl, recorded live).
 
 `compactAtTokens` (issue 18). Source: `model_auto_compact_token_limit` (and `model_context_window`)
-from the config Codex loads, read by the wrapper (`wrapper.harnesses.codex.compaction_settings`) and
+from the config Codex loads, read by the wrapper (`sidecar.harnesses.codex.launch.compaction_settings`) and
 handed over by the transport as a `CompactionConfig` event (`_Transport.compaction`) before any
 harness event. Rule (codex-rs `ModelInfo::auto_compact_token_limit`, public copies of the source,
 not pinned to a tag): the effective limit is
@@ -69,6 +72,7 @@ from guard.record import (
     Harness,
     RateLimitResets,
     RateLimits,
+    RateLimitTimes,
     describe_validation_error,
     round_half_up,
 )
@@ -116,6 +120,7 @@ __all__ = [
     "CodexTransport",
     "HeldLimits",
     "HeldResets",
+    "HeldTimes",
     "PositiveTokens",
     "Relay",
     "Rollout",
@@ -124,9 +129,11 @@ __all__ = [
     "compact_at",
     "merged_rate_limits",
     "merged_resets",
+    "merged_times",
     "parse_message",
     "percent_of_context_window_remaining",
     "rate_limit_resets",
+    "rate_limit_times",
     "rate_limits",
     "tap_frame",
     "tapped_line",
@@ -419,7 +426,7 @@ WsAddress = Annotated[str, Field(pattern=r"^ws://[^/\s]+:[0-9]{1,5}$", max_lengt
 class _Transport(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
 
-    # The compaction settings Codex will load (`wrapper.harnesses.codex.compaction_settings`).
+    # The compaction settings Codex will load (`sidecar.harnesses.codex.launch.compaction_settings`).
     auto_compact_token_limit: PositiveTokens | None = None
     model_context_window: PositiveTokens | None = None
 
@@ -500,6 +507,8 @@ def compact_at(config: CompactionConfig | None, reported_window: int | None) -> 
 HeldLimits = tuple[float | None, float | None]
 # Their reset times, unix ms, as Codex stated them with each window (issue 29).
 HeldResets = tuple[int | None, int | None]
+# When each arrived, unix ms: the notification's own time (issue 35).
+HeldTimes = tuple[int | None, int | None]
 
 
 def merged_rate_limits(held: HeldLimits, update: RateLimitsUpdated) -> HeldLimits:
@@ -528,6 +537,26 @@ def merged_resets(held: HeldResets, update: RateLimitsUpdated) -> HeldResets:
         elif window.window_minutes == SEVEN_DAY_MINUTES:
             seven_day = resets
     return five_hour, seven_day
+
+
+def merged_times(held: HeldTimes, update: RateLimitsUpdated, at_ms: int) -> HeldTimes:
+    """Each window the update carries arrived at `at_ms`; one it leaves out keeps its own time."""
+    five_hour, seven_day = held
+    for window in (update.primary, update.secondary):
+        if window is None:
+            continue
+        if window.window_minutes == FIVE_HOUR_MINUTES:
+            five_hour = at_ms
+        elif window.window_minutes == SEVEN_DAY_MINUTES:
+            seven_day = at_ms
+    return five_hour, seven_day
+
+
+def rate_limit_times(held: HeldTimes) -> RateLimitTimes | None:
+    five_hour, seven_day = held
+    if five_hour is None and seven_day is None:
+        return None
+    return RateLimitTimes(five_hour=five_hour, seven_day=seven_day)
 
 
 def rate_limits(held: HeldLimits) -> RateLimits | None:
@@ -563,6 +592,7 @@ def usage_fields(
     harness: Harness = "codex",
     held_limits: HeldLimits = (None, None),
     held_resets: HeldResets = (None, None),
+    held_times: HeldTimes = (None, None),
     version: str | None = None,
     config: CompactionConfig | None = None,
 ) -> ContextFields:
@@ -580,6 +610,7 @@ def usage_fields(
         session_total_tokens=usage.session_total_tokens,
         rate_limits=rate_limits(held_limits),
         rate_limit_resets_at_ms=rate_limit_resets(held_resets),
+        rate_limits_at_ms=rate_limit_times(held_times),
         harness_version=version,
         compact_at_tokens=compact_at(config, window),
         auto_compaction=True if config is not None and config.auto_compact_token_limit is not None else None,
@@ -600,6 +631,7 @@ class CodexProducer:
         self.held = Held(harness)
         self.held_limits: HeldLimits = (None, None)
         self.held_resets: HeldResets = (None, None)
+        self.held_times: HeldTimes = (None, None)
         self.config: CompactionConfig | None = None
         self.version: str | None = None
         self._version_from_user_agent = False
@@ -623,6 +655,10 @@ class CodexProducer:
         if isinstance(event, SubagentsSpawned):
             if event.sender_thread_id not in self._own_threads:
                 return []  # a grandchild (depth > 1 is off by default): not this record's row
+            if any(thread in self._own_threads for thread in event.thread_ids):
+                # A child named as the agent's own thread (a broken or hostile stream) would take the
+                # agent's readings into its row: refused whole, and counted as a drop.
+                raise FrameRejected("a spawned child's thread id is the agent's own")
             readings: list[Reading] = []
             for thread in event.thread_ids:
                 # Codex states a child's compactions as items under its thread: none yet is a 0.
@@ -639,6 +675,7 @@ class CodexProducer:
         if isinstance(event, RateLimitsUpdated):
             self.held_limits = merged_rate_limits(self.held_limits, event)
             self.held_resets = merged_resets(self.held_resets, event)
+            self.held_times = merged_times(self.held_times, event, now_ms)
             return self._restated_with_rate_limits()
         if isinstance(event, CompactionItem):
             return self._item(event, now_ms)
@@ -659,6 +696,7 @@ class CodexProducer:
             harness=self.harness,
             held_limits=self.held_limits,
             held_resets=self.held_resets,
+            held_times=self.held_times,
             version=self.version,
             config=self.config,
         )
@@ -676,9 +714,17 @@ class CodexProducer:
         """The held reading with the merged limits, when they changed it; nothing was re-measured,
         so its observedAtMs stays. Before any reading the limits wait for the first one."""
         held, limits, resets = self.held.reading, rate_limits(self.held_limits), rate_limit_resets(self.held_resets)
-        if held is None or (held.rate_limits, held.rate_limit_resets_at_ms) == (limits, resets):
+        times = rate_limit_times(self.held_times)
+        if held is None:
             return []
-        restated = held.model_copy(update={"rate_limits": limits, "rate_limit_resets_at_ms": resets})
+        if (held.rate_limits, held.rate_limit_resets_at_ms) == (limits, resets):
+            # The same figures, arrived again: newer, so the held reading carries their time (and a
+            # write it rides dates them right), but nothing moved that warrants one.
+            self.held.reading = held.model_copy(update={"rate_limits_at_ms": times})
+            return []
+        restated = held.model_copy(
+            update={"rate_limits": limits, "rate_limit_resets_at_ms": resets, "rate_limits_at_ms": times}
+        )
         return [self.held.publish(restated, rate_limits_edge=True)]
 
     def _item(self, item: CompactionItem, now_ms: int) -> list[Reading]:
@@ -708,6 +754,7 @@ class CodexProducer:
             now_ms,
             rate_limits=rate_limits(self.held_limits),
             rate_limit_resets_at_ms=rate_limit_resets(self.held_resets),
+            rate_limits_at_ms=rate_limit_times(self.held_times),
             harness_version=self.version,
         )
 
@@ -733,10 +780,34 @@ SPEC = HarnessSpec(
         ROLLOUT: _rollout_decoder,
     },
     verified_versions=CODEX_CONTEXT_VERIFIED_VERSIONS,
-    launch="wrapper.harnesses.codex",
-    transport="sidecar.harnesses.codex.transport",
+    package=__name__.rpartition(".")[0],  # sidecar.harnesses.codex: every module below is its own
+    transport="transport",
     transport_config=CodexTransport,
     tap_frame=tap_frame,
-    transcripts="sidecar.harnesses.codex.scan",
+    transcripts="scan",
     programs=("codex", "@openai/codex"),
+    # JSON-RPC methods, thread/turn/item ids, models, builds and times; a rollout's types (never a
+    # cwd, a message, a command's output, an email, a token or an instruction).
+    recorded_strings=frozenset(
+        {
+            "method",
+            "type",
+            "tool",
+            "id",
+            "threadId",
+            "turnId",
+            "itemId",
+            "senderThreadId",
+            "receiverThreadIds",
+            "parentThreadId",
+            "model",
+            "cliVersion",
+            "userAgent",
+            "limitId",
+            "limit_id",
+            "source",
+            "timestamp",
+        }
+    ),
+    recorded_json_strings=frozenset({"payload"}),  # the stdout tap's line (tap_frame)
 )

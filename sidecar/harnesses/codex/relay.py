@@ -1,7 +1,7 @@
 """The Codex app-server websocket relay: listen where the client asked, tap, forward.
 
 `hctx wrap -- codex app-server --listen ws://IP:PORT` starts the real app-server on a private
-loopback port (`wrapper.harnesses.codex`) and hands the transport both addresses
+loopback port (`sidecar.harnesses.codex.launch`) and hands the transport both addresses
 (`sidecar.harnesses.codex.producer.Relay`: `listen`, the client's; `upstream`, 127.0.0.1:PRIVATE).
 
 Every client connection gets its own upstream connection; every message is forwarded unchanged in

@@ -14,7 +14,7 @@ from pathlib import Path
 from guard.record import ContextFields
 from sidecar.decoding import Dropped
 from sidecar.harnesses.codex.events import RateLimitsUpdated, TokenUsage
-from sidecar.harnesses.codex.producer import merged_rate_limits, usage_fields
+from sidecar.harnesses.codex.producer import HeldTimes, merged_rate_limits, merged_times, usage_fields
 from sidecar.harnesses.codex.transcript import read_codex_tail, session_build
 from sidecar.spec import TranscriptFile, TranscriptReading, WindowSource
 from sidecar.transcripts import BackwardLines, ReadAt
@@ -55,7 +55,13 @@ def read(file: TranscriptFile, read_at: ReadAt, size: int, windows: Mapping[str,
         held = merged_rate_limits((None, None), limits) if isinstance(limits, RateLimitsUpdated) else (None, None)
         build = None if tail.session is None else session_build(tail.session)
         at_ms = file.modified_ms if tail.usage.at_ms is None else tail.usage.at_ms
-        reading = usage_fields(usage, at_ms, held_limits=held, version=None if build is None else build.version)
+        times: HeldTimes = (None, None)
+        if isinstance(limits, RateLimitsUpdated) and tail.rate_limits is not None:  # dated by its own line
+            times = merged_times(
+                times, limits, file.modified_ms if tail.rate_limits.at_ms is None else tail.rate_limits.at_ms
+            )
+        reading = usage_fields(usage, at_ms, held_limits=held, held_times=times,
+                               version=None if build is None else build.version)  # fmt: skip
     compactions = tail.compactions
     reading = reading.model_copy(
         update={

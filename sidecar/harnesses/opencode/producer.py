@@ -584,6 +584,10 @@ class OpenCodeProducer:
             self._session(event.info)
             return []
         if isinstance(event, ChildSession):
+            if event.session_id == event.parent_session_id:
+                # A child that is its own parent (a broken or hostile stream) would take the agent's
+                # turns into a subagent row: refused, and counted as a drop.
+                raise FrameRejected("a task child's session id is its parent's own")
             remember(self._children, event.session_id, event.parent_session_id, SESSIONS_REMEMBERED)
             return self._subagent(event.session_id, now_ms, state="finished" if event.finished else "running")
         if isinstance(event, SessionCompacted):
@@ -698,6 +702,8 @@ class OpenCodeProducer:
             total = tokens.input + tokens.output + tokens.reasoning + tokens.cache.read + tokens.cache.write
         facts = _SessionFacts(info.cost, total, harness_version(info.version))
         remember(self._sessions, info.id, facts, SESSIONS_REMEMBERED)
+        if info.parent_id == info.id:
+            raise FrameRejected("a session whose parent id is its own")  # see ChildSession in `feed`
         if info.parent_id is not None and info.id not in self._children:
             remember(self._children, info.id, info.parent_id, SESSIONS_REMEMBERED)
 
@@ -749,8 +755,30 @@ SPEC = HarnessSpec(
         CONFIG_WIRE: lambda: MessageDecoder(parse_config, where=CONFIG_WIRE, max_bytes=MAX_EVENT_BYTES),
     },
     verified_versions=OPENCODE_CONTEXT_VERIFIED_VERSIONS,
-    launch="wrapper.harnesses.opencode",
-    transport="sidecar.harnesses.opencode.transport",
+    package=__name__.rpartition(".")[0],  # sidecar.harnesses.opencode: every module below is its own
+    transport="transport",
     programs=("opencode", "opencode-ai"),
     transport_config=OpenCodeTransport,
+    # usedTokens / windowTokens, unclamped: an overrun publishes past 100.
+    overruns=True,
+    # Event types, ids (a task child's and its parent's), roles, models and providers, builds (never a
+    # part's text, a tool's input or output, a prompt, a directory, an apiKey or an MCP token).
+    recorded_strings=frozenset(
+        {
+            "type",
+            "id",
+            "sessionID",
+            "sessionId",
+            "parentID",
+            "parentSessionId",
+            "role",
+            "modelID",
+            "providerID",
+            "model",
+            "agent",
+            "tool",
+            "status",
+            "version",
+        }
+    ),
 )

@@ -5,7 +5,7 @@ and different meanings: pi's `tokens` is built on the last assistant message's t
 its prompt tokens alone (output excluded). The record carries each as given and `harness` says
 which; nothing here converts one into the other.
 
-The frame (sidecar/assets/hctx-channel.ts writes it, one JSON object a line):
+The frame (hctx-channel.ts beside this module writes it, one JSON object a line):
 
     {"type": "context", "event": "turn_end",
      "reading": {"tokens", "contextWindow", "percent", "model", "costUsd"} | null,
@@ -319,8 +319,12 @@ PI = HarnessSpec(
     channel_frames=channel_frames,
     decoders={},
     verified_versions=PI_VERIFIED_VERSIONS,
-    launch="wrapper.harnesses.pi",
+    package=__name__.rpartition(".")[0],  # sidecar.harnesses.pi: its launch plan loads the extension beside it
     programs=("pi", "@earendil-works/pi-coding-agent"),
+    # pi and omp publish their own float: 585.6 measured against a 4,000-token window.
+    overruns=True,
+    # The extension's frames: types and events, models, builds, reasons and states, ids and times.
+    recorded_strings=frozenset({"type", "event", "model", "version", "reason", "state", "id", "lastCompactionAt"}),
 )
 OMP = dataclasses.replace(
     PI,

@@ -1,0 +1,1 @@
+"""Launch and supervision: `hctx wrap`'s launcher, its resident and the sidecars it keeps."""

@@ -1,0 +1,1015 @@
+"""The part of `hctx wrap` that stays: the standard library only, run as `python -I -S` (see below).
+
+`hctx wrap` claims the agent and prepares the launch with everything it needs (pydantic, the
+registry), then replaces itself with this module (`exec`: the same pid, so the claim's wrapper pid
+and start time stay true). What holds the terminal and the harness for hours is a plain selector
+loop with nothing else loaded: a few megabytes, where a trio process costs three times that.
+
+It runs the incarnation the claim named, and the ones a restart policy asks for:
+
+- the harness, in the group `harness_group` picks, with a death signal should this process vanish;
+- signals: SIGINT, SIGTERM and SIGHUP go to the harness (its whole group when it has its own), stop
+  further relaunches, and after a SIGTERM or SIGHUP the harness has HARNESS_KILL_DEADLINE_S before
+  SIGKILL. A signal that comes while no harness runs is owed to the next one, so it is never lost;
+- the sidecar (`python -m sidecar`), in a group of its own, replaced while the harness runs if it
+  dies, with a back-off that ends in giving up (SIDECAR_RESTART_DELAYS_S);
+- the harness's stdout tap, for a harness that speaks on stdout (`Tap`);
+- the reaper's duty is the sidecar's: it holds this process's lifeline, is told the harness's group
+  (`group PGID DEADLINE`) and, when the lifeline ends without `done` (this process was SIGKILLed),
+  ends that group. When this process ends a harness's own group itself (at its exit), it says `done`.
+
+The agent's wrapper lock (`guard.state.AgentLock`, what `--takeover` proves a wrapper by) comes
+across the exec as the same open file, so the claim's pid holds it until this process ends; a
+relaunch's claim runs under it (`WrapperLock`).
+
+The rare steps that need the claim or the registry (a relaunch's claim and launch plan, a launch's
+teardown, the record of a dead sidecar, the final `stopped`) run in a short-lived
+`python -m wrapper.launch.launcher STEP` (`Steps`), one at a time, in order.
+"""
+
+from __future__ import annotations
+
+import errno
+import heapq
+import itertools
+import marshal
+import os
+import select
+import sys
+import time
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: the typing module is not worth its import here
+    import signal
+    from collections.abc import Callable, Sequence
+    from typing import Any
+else:
+    import _signal as signal  # `signal` without its enum module: the same functions, plain int constants
+
+__all__ = [
+    "GROUP_POLL_S",
+    "HARNESS_KILL_DEADLINE_S",
+    "READ",
+    "SIDECAR_EXIT_TIMEOUT_S",
+    "SIDECAR_READY_TIMEOUT_S",
+    "SIDECAR_RESTART_DELAYS_S",
+    "SIDECAR_STABLE_S",
+    "STEP_NICENESS",
+    "STEP_TIMEOUT_S",
+    "STOP_SIGNALS",
+    "TAP_QUEUE_BYTES",
+    "TAP_RECONNECT_S",
+    "WRITE",
+    "Loop",
+    "Session",
+    "Sidecars",
+    "Steps",
+    "Tap",
+    "TapQueue",
+    "WrapperLock",
+    "checkout_env",
+    "end_group",
+    "exit_status",
+    "harness_group",
+    "main",
+    "run_incarnation",
+    "run_tap",
+    "say",
+    "sidecar_argv",
+    "sidecar_restart_delay",
+    "spawn",
+    "supervise",
+    "suppress",
+    "terminal_delivers_sigint",
+]
+
+# From the SIGTERM (or SIGHUP) a harness is sent to the SIGKILL of whatever of its group is left.
+HARNESS_KILL_DEADLINE_S = 3.0
+SIDECAR_READY_TIMEOUT_S = 10.0
+SIDECAR_EXIT_TIMEOUT_S = 5.0
+# The wait before each replacement while the sidecar keeps dying soon after its start; past the last
+# the session runs unobserved. A sidecar that lived SIDECAR_STABLE_S starts the count afresh.
+SIDECAR_RESTART_DELAYS_S = (0.25, 1.0, 4.0, 16.0)
+SIDECAR_STABLE_S = 60.0
+TAP_QUEUE_BYTES = 4 * 1024 * 1024
+TAP_RECONNECT_S = 0.5
+# How often a group being ended is looked at until it is gone or its deadline passes.
+GROUP_POLL_S = 0.02
+# A step (`python -m wrapper.launch.launcher STEP`) that takes longer than this is killed and reported.
+STEP_TIMEOUT_S = 60.0
+# The niceness of the bookkeeping steps (all but a relaunch's `begin`, which the session waits on):
+# they yield the CPU to the sidecar draining beside them (it has SIDECAR_EXIT_TIMEOUT_S) and to the
+# harness. A step's interpreter with pydantic costs three times a sidecar's exit, and a fleet
+# stopped at once would otherwise spend the sidecars' deadline starting them.
+STEP_NICENESS = 10
+STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+READ = select.EPOLLIN
+WRITE = select.EPOLLOUT
+
+
+class suppress:
+    """contextlib.suppress, which would bring collections, functools and types along (a megabyte)."""
+
+    def __init__(self, *kinds: type[BaseException]) -> None:
+        self.kinds = kinds
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> bool:
+        return kind is not None and issubclass(kind, self.kinds)
+
+
+def say(message: str) -> None:
+    """One line on the terminal; one it cannot take now (a full pipe, output suspended) is lost, never
+    the session."""
+    with suppress(OSError):
+        print(f"hctx wrap: {message}", file=sys.stderr, flush=True)
+
+
+def exit_status(returncode: int) -> int:
+    """The shell's convention: a harness killed by signal N exits the wrapper with 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def sidecar_restart_delay(quick_deaths: int) -> float | None:
+    """The back-off before the next sidecar after `quick_deaths` quick deaths; None: give up."""
+    return SIDECAR_RESTART_DELAYS_S[quick_deaths] if quick_deaths < len(SIDECAR_RESTART_DELAYS_S) else None
+
+
+def checkout_env() -> dict[str, str]:
+    """A child Python imports this checkout's packages even when hctx runs from a source tree."""
+    path = os.environ.get("PYTHONPATH")
+    return dict(os.environ) | {"PYTHONPATH": _ROOT if not path else f"{_ROOT}{os.pathsep}{path}"}
+
+
+class Loop:
+    """Readiness callbacks on file descriptors and timers, and nothing else: `run_until` sleeps in
+    one `select` until a descriptor is ready or the next timer is due, so an idle session costs no
+    wake-ups at all."""
+
+    def __init__(self) -> None:
+        self.epoll = select.epoll()  # selectors' own choice here, without its imports
+        self._callbacks: dict[int, Callable[[], None]] = {}
+        self._timers: list[tuple[float, int, list[Any]]] = []
+        self._order = itertools.count()
+
+    def watch(self, fd: int, events: int, callback: Callable[[], None]) -> None:
+        self.epoll.register(fd, events)
+        self._callbacks[fd] = callback
+
+    def unwatch(self, fd: int) -> None:
+        if self._callbacks.pop(fd, None) is not None:
+            with suppress(OSError):
+                self.epoll.unregister(fd)
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> list[Any]:
+        """A timer; `cancel` it with the handle returned."""
+        handle: list[Any] = [callback]
+        heapq.heappush(self._timers, (time.monotonic() + delay, next(self._order), handle))
+        return handle
+
+    @staticmethod
+    def cancel(handle: list[Any] | None) -> None:
+        if handle is not None:
+            handle[0] = None
+
+    def run_until(self, done: Callable[[], bool], timeout: float | None = None) -> bool:
+        """Serve callbacks until `done()`; False if `timeout` seconds passed first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not done():
+            now = time.monotonic()
+            while self._timers and self._timers[0][0] <= now:
+                callback = heapq.heappop(self._timers)[2][0]
+                if callback is not None:
+                    callback()
+            if done():
+                break
+            if deadline is not None and now >= deadline:
+                return False
+            wakes = [when for when, _, handle in self._timers[:1] if handle[0] is not None]
+            if deadline is not None:
+                wakes.append(deadline)
+            wait = max(0.0, min(wakes) - now) if wakes else -1
+            for fd, _ in self.epoll.poll(wait):
+                callback = self._callbacks.get(fd)
+                if callback is not None:  # an earlier callback of this batch may have unwatched it
+                    callback()
+        return True
+
+    def watch_exit(self, pid: int, exited: Callable[[int], None]) -> None:
+        """`exited(returncode)` once the child `pid` ends (reaped here), as subprocess reports it."""
+        pidfd = os.pidfd_open(pid)
+
+        def readable() -> None:
+            self.unwatch(pidfd)
+            os.close(pidfd)
+            _, status = os.waitpid(pid, 0)
+            exited(os.waitstatus_to_exitcode(status))
+
+        self.watch(pidfd, READ, readable)
+
+
+def spawn(
+    argv: Sequence[str],
+    env: dict[str, str],
+    *,
+    cwd: str | None = None,
+    new_group: bool = False,
+    keep: Sequence[int] = (),
+    stdin: int | None = None,
+    stdout: int | None = None,
+    death_signal: bool = False,
+    niceness: int = 0,
+) -> int:
+    """Fork and exec `argv` (found on PATH), as subprocess would: default signal dispositions, only
+    0-2 and `keep` inherited; an OSError here when the exec fails. `death_signal`: the child gets
+    SIGTERM should this process die first (the death signal follows the forking thread, and this
+    process has only the one)."""
+    error_read, error_write = os.pipe2(os.O_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:  # the child: nothing here may return
+        try:
+            signal.set_wakeup_fd(-1)
+            for signum in (*STOP_SIGNALS, signal.SIGPIPE, signal.SIGXFSZ):
+                signal.signal(signum, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_SETMASK, ())
+            if new_group:
+                os.setpgid(0, 0)
+            if niceness:
+                os.nice(niceness)
+            if death_signal:
+                import ctypes  # in the child alone: the resident never pays for it
+
+                ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+            for source, target in ((stdin, 0), (stdout, 1)):
+                if source is not None:
+                    os.dup2(source, target)
+            for fd in keep:
+                os.set_inheritable(fd, True)
+            low = 3
+            for fd in sorted({*keep, error_write}):
+                os.closerange(low, fd)
+                low = fd + 1
+            os.closerange(low, 1 << 20)
+            if cwd is not None:
+                os.chdir(cwd)
+            os.execvpe(argv[0], list(argv), env)
+        except OSError as exc:
+            os.write(error_write, f"{exc.errno}:{exc.strerror}".encode())
+        finally:
+            os._exit(127)
+    os.close(error_write)
+    with os.fdopen(error_read, "rb") as errors:
+        failure = errors.read()
+    if failure:
+        os.waitpid(pid, 0)
+        number, _, text = failure.decode().partition(":")
+        failed = OSError(int(number), text)  # the child's own exec error, as subprocess re-raises it
+        raise failed
+    return pid
+
+
+class Steps:
+    """`python -m wrapper.launch.launcher STEP`, one at a time and in order: a step that needs the claim or
+    the registry (pydantic and the rest, which this process never imports). The payload goes on its
+    stdin and its answer comes on its stdout, both in `marshal` (the same interpreter on both ends,
+    and a module the interpreter has built in, where `json` would cost this process a megabyte)."""
+
+    def __init__(self, loop: Loop) -> None:
+        self.loop = loop
+        self.queue: list[tuple[str, dict[str, Any], Callable[[bytes, int], None] | None]] = []
+        self.running = False
+
+    def submit(self, step: str, payload: dict[str, Any], done: Callable[[bytes, int], None] | None = None) -> None:
+        self.queue.append((step, payload, done))
+        if not self.running:
+            self._next()
+
+    def run(self, step: str, payload: dict[str, Any]) -> tuple[bytes, int]:
+        """Run `step` after those queued; its stdout and exit status once it is done."""
+        result: list[tuple[bytes, int]] = []
+        self.submit(step, payload, lambda out, status: result.append((out, status)))
+        self.loop.run_until(lambda: bool(result))
+        return result[0]
+
+    def drain(self) -> None:
+        self.loop.run_until(lambda: not self.running)
+
+    def _next(self) -> None:
+        if not self.queue:
+            self.running = False
+            return
+        self.running = True
+        step, payload, done = self.queue.pop(0)
+        out_read, out_write = os.pipe2(os.O_CLOEXEC)
+        payload_fd = os.memfd_create("hctx-step", os.MFD_CLOEXEC)  # the step's stdin
+        os.write(payload_fd, marshal.dumps(payload))
+        os.lseek(payload_fd, 0, os.SEEK_SET)
+        argv = [sys.executable, "-m", "wrapper.launch.launcher", step]
+        try:
+            pid = spawn(argv, checkout_env(), stdin=payload_fd, stdout=out_write,
+                        niceness=0 if step == "begin" else STEP_NICENESS)  # fmt: skip
+        except OSError as exc:
+            os.close(out_read)
+            say(f"cannot run the {step} step ({exc.strerror or exc})")
+            self._finished(done, b"", 127)
+            return
+        finally:
+            os.close(out_write)
+            os.close(payload_fd)
+        output = bytearray()
+        open_fds = [out_read]
+        os.set_blocking(out_read, False)
+
+        def readable() -> None:
+            while open_fds:
+                try:
+                    chunk = os.read(out_read, 65536)
+                except BlockingIOError:
+                    return
+                if not chunk:
+                    self.loop.unwatch(out_read)
+                    os.close(open_fds.pop())
+                    return
+                output.extend(chunk)
+
+        def timed_out() -> None:
+            say(f"the {step} step took over {STEP_TIMEOUT_S:g}s; killed")
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+        timer = self.loop.call_later(STEP_TIMEOUT_S, timed_out)
+
+        def exited(status: int) -> None:
+            Loop.cancel(timer)
+            readable()  # what is left in the pipe (a child of the step may hold it open: not waited for)
+            if open_fds:
+                self.loop.unwatch(out_read)
+                os.close(open_fds.pop())
+            self._finished(done, bytes(output), status)
+
+        self.loop.watch(out_read, READ, readable)
+        self.loop.watch_exit(pid, exited)
+
+    def _finished(self, done: Callable[[bytes, int], None] | None, output: bytes, status: int) -> None:
+        if done is not None:
+            done(output, status)
+        self._next()
+
+
+def _open_terminal() -> int | None:
+    try:
+        return os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        return None
+
+
+def terminal_delivers_sigint() -> bool:
+    """True when Ctrl-C on our terminal reaches the harness directly (we share its foreground group).
+
+    Asked of the controlling terminal itself: stdin may be a pipe (a client driving an app-server)
+    while the terminal still delivers Ctrl-C to the whole foreground group.
+    """
+    tty = _open_terminal()
+    if tty is None:
+        return False  # no controlling terminal: whoever sent SIGINT sent it to us alone
+    try:
+        return os.tcgetpgrp(tty) == os.getpgrp()
+    except OSError:
+        return False
+    finally:
+        os.close(tty)
+
+
+def harness_group() -> str:
+    """Which process group the harness runs in, and so which group goes with its session.
+
+    - "own": no controlling terminal. A group of its own: every signal and the final kill reach all
+      of it (a harness behind `sh`, its children) and nothing else.
+    - "wrapper's": a terminal, and the wrapper leads its group (the shell's job). The harness stays
+      in it, the terminal's foreground, so Ctrl-C, Ctrl-Z and reads work as for any job; the group
+      is ended once the wrapper is gone without finishing (SIGKILLed), never under a live wrapper.
+    - "shared": a terminal, and the group is someone else's (a script's): left alone.
+    """
+    tty = _open_terminal()
+    if tty is None:
+        return "own"
+    os.close(tty)
+    return "wrapper's" if os.getpgrp() == os.getpid() else "shared"
+
+
+class Session:
+    """Signals that arrive while the wrapper supervises; any of them stops further relaunches."""
+
+    def __init__(self, loop: Loop) -> None:
+        self.loop = loop
+        self.stopped = False
+        self.pid: int | None = None  # the harness, while it runs
+        # The harness's own process group, when it has one: signals go to all of it.
+        self.group: int | None = None
+        # A signal that came while no harness ran (during a claim, a back-off or a slow sidecar):
+        # the harness about to start gets it, so it is neither lost nor outlived.
+        self.unforwarded: int | None = None
+        # A SIGTERM or SIGHUP came: the harness has HARNESS_KILL_DEADLINE_S to go, then SIGKILL.
+        self.terminating = False
+        self._kill_timer: list[Any] | None = None
+
+    def listen(self) -> None:
+        """Take SIGINT, SIGTERM and SIGHUP from here on (they were blocked across the exec, so one
+        that came meanwhile is delivered now)."""
+        wake_read, wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, lambda *_: None)  # the wake-up byte carries it to the loop
+        signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
+
+        def readable() -> None:
+            with suppress(BlockingIOError):
+                for signum in os.read(wake_read, 64):
+                    self.on_signal(signum)
+
+        self.loop.watch(wake_read, READ, readable)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+    def on_signal(self, signum: int) -> None:
+        self.stopped = True
+        if signum != signal.SIGINT and not self.terminating:
+            self.terminating = True
+            self._arm_kill()
+        if self.pid is None:
+            self.unforwarded = signum
+            return
+        if signum == signal.SIGINT and self.group is None and terminal_delivers_sigint():
+            return  # the terminal already sent it to the harness: a second would double it
+        self.signal(signum)
+
+    def signal(self, signum: int) -> None:
+        """To the harness's whole group when it has its own, else to the harness."""
+        with suppress(ProcessLookupError):
+            if self.group is not None:
+                os.killpg(self.group, signum)
+            elif self.pid is not None:
+                os.kill(self.pid, signum)
+
+    def started(self, pid: int, group: int | None) -> None:
+        self.pid, self.group = pid, group
+        if self.unforwarded is not None:
+            self.signal(self.unforwarded)
+        self._arm_kill()
+
+    def ended(self) -> None:
+        self.pid = self.group = None
+        Loop.cancel(self._kill_timer)
+        self._kill_timer = None
+
+    def _arm_kill(self) -> None:
+        """Beside a running harness: once it is told to terminate, SIGKILL it if it outlives the deadline."""
+        if self.terminating and self.pid is not None and self._kill_timer is None:
+            self._kill_timer = self.loop.call_later(HARNESS_KILL_DEADLINE_S, self._kill)
+
+    def _kill(self) -> None:
+        say(f"the harness outlived its SIGTERM by {HARNESS_KILL_DEADLINE_S:g}s; killing it")
+        self.signal(signal.SIGKILL)
+
+
+def end_group(loop: Loop, pgid: int, deadline_s: float) -> None:
+    """SIGTERM the group (and SIGCONT), SIGKILL what is left after `deadline_s`; returns once it is gone."""
+    from guard.groups import group_alive, signal_group, start_ending
+
+    if not start_ending(pgid):
+        return
+    gone = [False]
+
+    def look() -> None:
+        if gone[0]:
+            return
+        if group_alive(pgid):
+            loop.call_later(GROUP_POLL_S, look)
+        else:
+            gone[0] = True
+
+    loop.call_later(GROUP_POLL_S, look)
+    if not loop.run_until(lambda: gone[0], timeout=deadline_s):
+        signal_group(pgid, signal.SIGKILL)
+    gone[0] = True  # no more looks
+
+
+def sidecar_argv(it: dict[str, Any], lifeline_fd: int, ready_fd: int) -> list[str]:
+    """The command every sidecar of the incarnation `it` (`wrapper.launch.launcher.begin_incarnation`) runs."""
+    agent = it["agent"]
+    return [
+        *(sys.executable, "-m", "sidecar", "--harness", it["harness"]),
+        *("--catalog", agent["catalog"], "--host", agent["host"], "--agent", agent["identity"]),
+        *("--incarnation", it["incarnation"], "--channel", it["channel"]),
+        *("--lifeline-fd", str(lifeline_fd), "--ready-fd", str(ready_fd)),
+        *(() if it["transport"] is None else ("--transport", it["transport"])),
+        *(() if it["account"] is None else ("--account", it["account"])),
+        *(() if it.get("recordFd") is None else ("--record-fd", str(it["recordFd"]))),
+        *(("--record-raw",) if it.get("recordRaw") else ()),
+    ]
+
+
+class Sidecars:
+    """The incarnation's sidecar: one at a time, replaced while the harness runs.
+
+    A sidecar that dies while the harness runs is replaced for the same incarnation and channel (the
+    new one rebinds the socket path), after a back-off that grows while deaths come soon after starts
+    and ends in giving up, so a crash-looping sidecar cannot spin. Each death is one line in the
+    agent's log, and the stretch without a sidecar is kept in the claim (`unobserved`, shown by
+    `hctx inspect`); the terminal, which is the harness's, gets one line per incarnation and one
+    more on giving up (the `sidecar-died` step writes all three)."""
+
+    def __init__(self, loop: Loop, steps: Steps, incarnation: dict[str, Any]) -> None:
+        self.loop = loop
+        self.steps = steps
+        self.incarnation = incarnation
+        self.pid: int | None = None
+        self.ready: bool | None = None  # None while a started sidecar has not said
+        self.group: bytes | None = None  # the order naming the harness's group, for each sidecar
+        self.stopping = False
+        self._lifeline: int | None = None  # the write end: closing it ends the sidecar
+        self._started_at = 0.0
+        self._quick_deaths = 0
+        self._told_terminal = False
+        self._replacing = False
+
+    def start(self) -> None:
+        """Start a sidecar; `ready` turns True once its channel listens (False: not in time)."""
+        lifeline_read, self._lifeline = os.pipe2(os.O_CLOEXEC)
+        ready_read, ready_write = os.pipe2(os.O_CLOEXEC)
+        devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            # Its own group: the terminal's Ctrl-C and Ctrl-Z are the harness's, not the sidecar's.
+            # `--record`'s file goes to each sidecar as this same open file, never by its name.
+            record = () if self.incarnation.get("recordFd") is None else (self.incarnation["recordFd"],)
+            self.pid = spawn(sidecar_argv(self.incarnation, lifeline_read, ready_write), checkout_env(), new_group=True,
+                             keep=(lifeline_read, ready_write, *record), stdin=devnull, stdout=devnull)  # fmt: skip
+        except OSError:
+            os.close(ready_read)
+            self._close_lifeline()
+            raise
+        finally:
+            for fd in (lifeline_read, ready_write, devnull):
+                os.close(fd)
+        self.ready = None
+        self._started_at = time.monotonic()
+        if self.group is not None:
+            self._order(self.group)
+        self._wait_ready(ready_read)
+        self.loop.watch_exit(self.pid, self._exited)
+
+    def _wait_ready(self, ready_read: int) -> None:
+        said = bytearray()
+
+        def finish(ready: bool) -> None:
+            Loop.cancel(timer)
+            self.loop.unwatch(ready_read)
+            os.close(ready_read)
+            if self.ready is None:
+                self.ready = ready
+                if ready and self._replacing:
+                    self._replacing = False
+                    self.steps.submit("sidecar-back", {**self._names(), "untilMs": time.time_ns() // 1_000_000})
+
+        def readable() -> None:
+            chunk = os.read(ready_read, 16)
+            said.extend(chunk)
+            if said == b"ready\n" or not chunk or len(said) >= 6:
+                finish(said == b"ready\n")
+
+        timer = self.loop.call_later(SIDECAR_READY_TIMEOUT_S, lambda: finish(False))
+        self.loop.watch(ready_read, READ, readable)
+
+    @property
+    def running(self) -> bool:
+        return self.pid is not None
+
+    def watch_group(self, pgid: int) -> None:
+        """The harness's group, which each sidecar ends should the lifeline close without `done`."""
+        self.group = b"group %d %g\n" % (pgid, HARNESS_KILL_DEADLINE_S)
+        self._order(self.group)
+
+    def _exited(self, returncode: int) -> None:
+        pid, self.pid = self.pid, None
+        if self.ready is None:
+            self.ready = False
+        self._close_lifeline()
+        if self.stopping:
+            return
+        if time.monotonic() - self._started_at >= SIDECAR_STABLE_S:
+            self._quick_deaths = 0
+        delay = sidecar_restart_delay(self._quick_deaths)
+        self._quick_deaths += 1
+        tell = delay is None or not self._told_terminal
+        self._told_terminal = True  # later deaths go to the agent's log and the claim only
+        self.steps.submit("sidecar-died", {**self._names(), "pid": pid, "returncode": returncode, "retryInS": delay,
+                                           "tellTerminal": tell, "diedAtMs": time.time_ns() // 1_000_000})  # fmt: skip
+        if delay is not None:
+            self.loop.call_later(delay, self._replace)
+
+    def _replace(self) -> None:
+        if self.stopping:
+            return
+        self._replacing = True
+        try:
+            self.start()
+        except OSError as exc:
+            say(f"cannot start another sidecar ({exc.strerror or exc}); the session runs unobserved from here")
+
+    def stop(self, *, group_done: bool) -> None:
+        """Close the lifeline (the sidecar drains what it has and exits), saying `done` first when
+        the harness's group is seen to here; kill one that lingers."""
+        self.stopping = True
+        if group_done:
+            self._order(b"done\n")
+        self._close_lifeline()
+        if self.pid is None:
+            return
+        if not self.loop.run_until(lambda: self.pid is None, timeout=SIDECAR_EXIT_TIMEOUT_S):
+            say("the sidecar did not exit in time; killed")
+            with suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+            self.loop.run_until(lambda: self.pid is None)
+
+    def _names(self) -> dict[str, Any]:
+        return {"agent": self.incarnation["agent"], "incarnation": self.incarnation["incarnation"]}
+
+    def _order(self, line: bytes) -> None:
+        if self._lifeline is not None:
+            with suppress(OSError):  # a sidecar that is gone cannot be told
+                os.write(self._lifeline, line)
+
+    def _close_lifeline(self) -> None:
+        if self._lifeline is not None:
+            os.close(self._lifeline)
+            self._lifeline = None
+
+
+class TapQueue:
+    """Tapped lines owed to the sidecar, bounded in bytes; when full, the oldest give way."""
+
+    def __init__(self, where: str) -> None:
+        import collections  # a tapped harness only
+
+        self.where = where  # the drop report's `where`
+        self.lines: collections.deque[bytes] = collections.deque()
+        self.size = 0
+        self.dropped = 0  # lines that gave way (or were lost with the sidecar) since the last report
+
+    def put(self, line: bytes) -> None:
+        self.lines.append(line)
+        self.size += len(line)
+        while self.size > TAP_QUEUE_BYTES:
+            self.size -= len(self.lines.popleft())
+            self.dropped += 1
+
+    def __bool__(self) -> bool:
+        return bool(self.lines or self.dropped)
+
+    def take(self) -> tuple[bytes, int]:
+        """Everything queued in one batch, led by a drop report when lines gave way; and how many
+        lines the batch carries, to count them if it is lost."""
+        import json  # a tapped harness only
+
+        from guard.constants import CHANNEL_DROP_REPORT
+
+        report = b""
+        if self.dropped:
+            frame = {"type": CHANNEL_DROP_REPORT, "where": self.where, "count": self.dropped}
+            report = json.dumps(frame).encode() + b"\n"
+        batch, count = report + b"".join(self.lines), len(self.lines) + self.dropped
+        self.lines.clear()
+        self.size = self.dropped = 0
+        return batch, count
+
+
+class Tap:
+    """Copy the harness's stdout to ours untouched; send each line to the sidecar on the side.
+
+    Lines are framed by the sidecar's own `LineFramer` at the channel's limit, and each goes as the
+    harness's tap frame (its spec's `tap_frame`, named `module:name` by the launch: the line's very
+    bytes; that harness's module brings its decoding along, so a tapped resident costs more), so
+    the sidecar decodes exactly the bytes a replay of the same stdout does. The copy never waits on
+    the sidecar: tapped lines queue up to TAP_QUEUE_BYTES, and past that the oldest give way, so
+    after a burst (thousands of deltas) the newest lines, the usage update among them, still go.
+    What gave way is counted and reported to the sidecar, which logs it. A line over the limit, or
+    one whose frame would be (the sidecar refuses those on every wire), is not sent.
+
+    When the sidecar is gone, its channel is tried again (a sidecar started again listens on the
+    same path) while the queue keeps the newest lines. Nothing is printed here: a write to a stderr
+    nobody drains would stall the copy, and the wrapper already says when its sidecar died; the
+    lines lost meanwhile reach the sidecar's log as a drop report.
+    """
+
+    def __init__(
+        self, loop: Loop, source: int, frame: str, channel: str, out: int = 1, where: str = "stdout tap"
+    ) -> None:
+        import socket
+
+        from guard.constants import CHANNEL_MAX_FRAME_BYTES
+        from sidecar.framing import LineFramer
+
+        self._socket_module = socket
+        self.loop, self.source, self.out = loop, source, out
+        from sidecar.framing import tap_frame
+
+        self.tap_frame: Callable[[bytes], bytes] = lambda line: tap_frame(line, frame)
+        self.channel = channel
+        self.max_frame = CHANNEL_MAX_FRAME_BYTES
+        self.framer = LineFramer(CHANNEL_MAX_FRAME_BYTES)
+        self.queue = TapQueue(where)
+        self.copy = bytearray()  # owed to `out`
+        self.ended = False  # the harness's stdout reached its end
+        self.sock: Any = None
+        self.batch = b""
+        self.batch_count = 0
+        self._retry: list[Any] | None = None
+        self._out_was_blocking = os.get_blocking(out)
+        os.set_blocking(source, False)
+        os.set_blocking(out, False)
+        loop.watch(source, READ, self._read)
+
+    @property
+    def done(self) -> bool:
+        """The copy is complete and every line sent, or given up with the sidecar."""
+        return self.ended and not self.copy and not self.batch and (not self.queue or self._given_up)
+
+    _given_up = False
+
+    def close(self) -> None:
+        for fd in (self.source, self.out):
+            self.loop.unwatch(fd)
+        with suppress(OSError):
+            os.close(self.source)
+        with suppress(OSError):
+            os.set_blocking(self.out, self._out_was_blocking)
+        Loop.cancel(self._retry)
+        if self.sock is not None:
+            self.loop.unwatch(self.sock.fileno())
+            self.sock.close()
+            self.sock = None
+
+    def _read(self) -> None:
+        from sidecar.framing import Line
+
+        try:
+            chunk = os.read(self.source, 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self.ended = True
+            self.loop.unwatch(self.source)
+            self._send()
+            return
+        self.copy.extend(chunk)
+        for line in self.framer.receive_data(chunk):
+            if isinstance(line, Line) and line.data.strip():
+                frame = self.tap_frame(line.data)
+                if len(frame) <= self.max_frame:
+                    self.queue.put(frame + b"\n")
+        self.loop.unwatch(self.source)  # read on once the copy is out: the harness waits on us, not on the sidecar
+        self._write()
+        self._send()
+
+    def _write(self) -> None:
+        try:
+            while self.copy:
+                del self.copy[: os.write(self.out, self.copy)]
+        except BlockingIOError:
+            self.loop.unwatch(self.out)
+            self.loop.watch(self.out, WRITE, self._write)
+            return
+        except OSError:
+            self.copy.clear()  # our stdout is gone: the harness's output has nowhere to go
+        self.loop.unwatch(self.out)
+        if not self.ended:
+            self.loop.unwatch(self.source)
+            self.loop.watch(self.source, READ, self._read)
+
+    def _send(self) -> None:
+        socket = self._socket_module
+        if not self.batch and self.queue:
+            self.batch, self.batch_count = self.queue.take()
+        if not self.batch or self._retry is not None:
+            return
+        if self.sock is None:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
+            try:
+                sock.connect(self.channel)
+            except OSError:
+                sock.close()
+                if self.ended:  # no sidecar to take what is left, and nothing more to come
+                    self._lose()
+                    self._given_up = True
+                    return
+                self._retry = self.loop.call_later(TAP_RECONNECT_S, self._retried)
+                return
+            self.sock = sock
+        try:
+            while self.batch:
+                self.batch = self.batch[self.sock.send(self.batch) :]
+        except BlockingIOError:
+            self.loop.unwatch(self.sock.fileno())
+            self.loop.watch(self.sock.fileno(), WRITE, self._send)
+            return
+        except OSError:
+            self._lose()
+            self.loop.unwatch(self.sock.fileno())
+            self.sock.close()
+            self.sock = None
+            if not self.ended:
+                self._retry = self.loop.call_later(TAP_RECONNECT_S, self._retried)
+            else:
+                self._given_up = True
+            return
+        self.batch_count = 0
+        self.loop.unwatch(self.sock.fileno())
+        if self.queue:
+            self._send()
+
+    def _lose(self) -> None:
+        self.queue.dropped += self.batch_count
+        self.batch, self.batch_count = b"", 0
+
+    def _retried(self) -> None:
+        self._retry = None
+        self._send()
+
+
+def run_tap(
+    source: int, frame: str, channel: str, out: int = 1, where: str = "stdout tap", timeout: float = 30.0
+) -> None:
+    """The tap on its own loop until `source` ends and its lines are sent (a test drives it so)."""
+    loop = Loop()
+    tap = Tap(loop, source, frame, channel, out, where)
+    try:
+        loop.run_until(lambda: tap.done, timeout=timeout)
+    finally:
+        tap.close()
+
+
+def _remove_channel_dir(directory: str) -> None:
+    with suppress(OSError):
+        for name in os.listdir(directory):
+            with suppress(OSError):
+                os.unlink(os.path.join(directory, name))
+        os.rmdir(directory)
+
+
+def run_incarnation(
+    loop: Loop, session: Session, steps: Steps, it: dict[str, Any], exited: Callable[[int], None] = lambda _: None
+) -> int:
+    """One harness run beside its sidecar; the harness's exit status. `exited(status)` is told the
+    moment the harness is gone, while the sidecar still drains (a step started then runs meanwhile)."""
+    plan = it["plan"]
+    group = harness_group()
+    sidecars = Sidecars(loop, steps, it)
+    tap: Tap | None = None
+    try:
+        try:
+            sidecars.start()
+            loop.run_until(lambda: sidecars.ready is not None)
+        except OSError as exc:
+            say(f"cannot start the sidecar ({exc.strerror or exc})")
+        if not sidecars.ready and sidecars.running:  # one that died is its step's to report
+            say("the sidecar did not come up; the harness runs without context telemetry")
+        env = dict(os.environ) | plan["env"] | {
+            "HCTX_CHANNEL": it["channel"],
+            "HCTX_AGENT": it["agent"]["identity"],
+            "HCTX_INCARNATION": it["incarnation"],
+            "HCTX_CATALOG": it["agent"]["catalog"],
+        }  # fmt: skip
+        stdout_read = stdout_write = None
+        if plan["tap"]:
+            stdout_read, stdout_write = os.pipe2(os.O_CLOEXEC)
+        try:
+            pid = spawn(plan["argv"], env, cwd=plan["cwd"], new_group=group == "own", stdout=stdout_write,
+                        death_signal=True)  # fmt: skip
+        except OSError as exc:
+            say(f"cannot start {plan['argv'][0]!r}: {exc.strerror or exc}")
+            if stdout_read is not None:
+                os.close(stdout_read)
+            return 127 if exc.errno == errno.ENOENT else 126
+        finally:
+            if stdout_write is not None:
+                os.close(stdout_write)
+        if stdout_read is not None:
+            tap = Tap(loop, stdout_read, plan["tap"], it["channel"], where=f"{it['harness']} stdout tap")
+        returncode: list[int] = []
+        loop.watch_exit(pid, returncode.append)
+        session.started(pid, pid if group == "own" else None)
+        if group != "shared":
+            sidecars.watch_group(pid if group == "own" else os.getpgrp())
+        loop.run_until(lambda: bool(returncode))
+        session.ended()
+        exited(exit_status(returncode[0]))
+        if tap is not None:
+            loop.run_until(lambda: tap is not None and tap.done, timeout=SIDECAR_EXIT_TIMEOUT_S)
+        # First the sidecar: a last hook process of the harness's group still lands its frame.
+        sidecars.stop(group_done=group != "shared")
+        if group == "own":
+            end_group(loop, pid, HARNESS_KILL_DEADLINE_S)  # what the harness left behind in its group
+        return exit_status(returncode[0])
+    finally:
+        if tap is not None:
+            tap.close()
+        sidecars.stopping = True
+        _remove_channel_dir(it["channelDir"])
+        if plan.get("teardown"):
+            steps.submit("teardown", {"plan": plan, "harness": it["harness"]})
+
+
+def _relaunch_wanted(options: dict[str, Any], status: int, restarts: int) -> bool:
+    if options["maxRestarts"] is not None and restarts >= options["maxRestarts"]:
+        return False
+    return options["restart"] == "always" or (options["restart"] == "on-failure" and status != 0)
+
+
+class WrapperLock:
+    """The agent's wrapper lock (`guard.state.AgentLock`), its descriptor inherited across the exec:
+    held here, by the claim's pid, until this process ends; never passed to a child. One the claim
+    went on without (a takeover whose old wrapper did not stop in time) is taken before a relaunch."""
+
+    def __init__(self, fd: int, held: bool) -> None:
+        self.fd = fd
+        self.held = held
+        os.set_inheritable(fd, False)
+
+    def take(self) -> bool:
+        if not self.held:
+            import fcntl  # the rare takeover that went on regardless: not worth a load otherwise
+
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                return False
+            self.held = True
+        return True
+
+
+def supervise(
+    options: dict[str, Any], first: dict[str, Any], lock: WrapperLock | None = None, record_fd: int | None = None
+) -> int:
+    """The first incarnation (claimed before the exec), then the ones the restart policy wants. A
+    relaunch's `begin` step claims under `lock`, which this process holds: the step takes none.
+    `record_fd`: `--record`'s open file, handed to every sidecar of every incarnation."""
+    if record_fd is not None:
+        os.set_inheritable(record_fd, False)  # a sidecar's alone: never the harness's, never a step's
+    recording = {"recordFd": record_fd, "recordRaw": bool(options.get("recordRaw"))}
+    loop = Loop()
+    session = Session(loop)
+    session.listen()
+    steps = Steps(loop)
+    it: dict[str, Any] = first
+    restarts = 0
+    stopped: list[str] = []  # the incarnation whose `stopped` step was started
+
+    def stop(status: int) -> None:
+        """Once no relaunch will follow, the claim's `stopped` goes at once: beside the sidecar's
+        drain rather than after it, so the wrapper's exit does not wait for a step's start."""
+        if not stopped and (session.stopped or not _relaunch_wanted(options, status, restarts)):
+            stopped.append(it["incarnation"])
+            steps.submit("stopped", {"agent": first["agent"], "incarnation": it["incarnation"]})
+
+    while True:
+        it = it | recording
+        status = it["status"] if it["plan"] is None else run_incarnation(loop, session, steps, it, stop)
+        if session.stopped or not _relaunch_wanted(options, status, restarts):
+            break
+        delay = min(options["restartDelayS"] * 2**restarts, options["restartDelayMaxS"])
+        restarts += 1
+        say(f"harness exited with {status}; relaunch {restarts} in {delay:.2f}s")
+        loop.run_until(lambda: session.stopped, timeout=delay)
+        if session.stopped:
+            break
+        if lock is not None:
+            lock.take()
+        output, code = steps.run("begin", {"options": options, "restarts": restarts, "relaunchOf": it["incarnation"]})
+        if code != 0:
+            break  # the step said why
+        it = marshal.loads(output)
+    if not stopped:  # a relaunch was wanted, and a signal or a failed claim ended the session instead
+        steps.submit("stopped", {"agent": first["agent"], "incarnation": it["incarnation"]})
+    steps.drain()
+    return status
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 2 or args[0] != "--spec-fd":
+        print("usage: resident.py --spec-fd FD (started by `hctx wrap`, not by hand)", file=sys.stderr)
+        return 2
+    with os.fdopen(int(args[1]), "rb") as spec_file:
+        spec = marshal.loads(spec_file.read())
+    lock = WrapperLock(spec["lockFd"], spec["lockHeld"])
+    return supervise(spec["options"], spec["incarnation"], lock, spec.get("recordFd"))
+
+
+if __name__ == "__main__":  # by hand, for a look; the wrapper runs `wrapper.launch.launcher.RESIDENT_COMMAND`
+    sys.path[0] = _ROOT
+    sys.exit(main())

@@ -1,0 +1,217 @@
+"""Noticing the catalog change: the one way `hctx top`, `hctx watch` and the board learn that an
+agent's record or claim was replaced, and the one loop they follow the catalog by (`follow`).
+
+File events come from watchfiles (inotify on Linux; `awatch` runs on anyio, which runs on trio);
+each batch is turned into the agents it names. Beside them, a whole re-read is asked for at the
+start, once the file watching is armed (whatever changed before it was is caught by that read),
+every `reread_s` seconds whatever the files do (staleness is time-based, and an event may be
+missed), and for a change no agent's path explains. What a slow reader has not taken yet is
+coalesced: it takes every agent named since, once, and at most one whole re-read.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
+from guard.constants import AGENTS_DIR_NAME, REPLICATED_RECORD_NAMES
+
+if TYPE_CHECKING:  # trio and watchfiles load when a follower runs, not with every `hctx`
+    import anyio
+
+__all__ = [
+    "ARM_PROBE_MS",
+    "Agent",
+    "Changes",
+    "Noticed",
+    "agent_of",
+    "catalog_changes",
+    "follow",
+]
+
+# How long one wait for file events lasts before watchfiles says "nothing yet": its first answer
+# proves the watching armed, and a stop is seen within a `step` of it however long this is.
+ARM_PROBE_MS = 500
+
+Agent = tuple[str, str]  # (host, identity)
+_Found = TypeVar("_Found")
+
+
+@dataclass(frozen=True, slots=True)
+class Changes:
+    """What changed since the reader last took: `agents` whose record or claim was replaced (or
+    removed), and whether to read the `whole` catalog instead of (or beside) them."""
+
+    agents: frozenset[Agent]
+    whole: bool
+
+
+def _is_record(path: str) -> bool:
+    return os.path.basename(path) in REPLICATED_RECORD_NAMES
+
+
+def agent_of(catalog: Path, path: str) -> Agent | None:
+    """(host, identity) of a record path watchfiles reported; None for any other path."""
+    try:
+        parts = Path(path).relative_to(catalog).parts
+    except ValueError:
+        return None
+    if len(parts) != 4 or parts[0] != AGENTS_DIR_NAME or parts[3] not in REPLICATED_RECORD_NAMES:
+        return None
+    return parts[1], parts[2]
+
+
+def _noticed(catalog: Path, path: str) -> Agent | bool:
+    """What a changed path asks for: its agent (a record, or the agent's directory itself: a new
+    agent's record may land before its directory is watched), True for a whole re-read (a host
+    directory, a record name anywhere else), False for nothing (any other file)."""
+    if _is_record(path):
+        return agent_of(catalog, path) or True
+    try:
+        parts = Path(path).relative_to(catalog).parts
+    except ValueError:
+        return False
+    if not parts or parts[0] != AGENTS_DIR_NAME or len(parts) > 3:
+        return False
+    return (parts[1], parts[2]) if len(parts) == 3 else True
+
+
+class Noticed:
+    """The changes not yet taken, and the reader's side: `async for changes in noticed`."""
+
+    def __init__(self) -> None:
+        import trio
+
+        self.armed = trio.Event()  # the file watching is in place (or failed, and said so)
+        self._agents: set[Agent] = set()
+        self._whole = True  # the first read
+        self._news = trio.Event()
+        self._news.set()
+
+    def post(self, agents: Iterable[Agent] = (), *, whole: bool = False) -> None:
+        before = len(self._agents)
+        self._agents.update(agents)
+        if whole or len(self._agents) != before:
+            self._whole = self._whole or whole
+            self._news.set()
+
+    async def take(self) -> Changes:
+        import trio
+
+        await self._news.wait()
+        self._news = trio.Event()
+        taken = Changes(frozenset(self._agents), self._whole)
+        self._agents, self._whole = set(), False
+        return taken
+
+    def __aiter__(self) -> Noticed:
+        return self
+
+    async def __anext__(self) -> Changes:
+        return await self.take()
+
+
+def _warn(message: str) -> None:
+    print(f"hctx: {message}", file=sys.stderr, flush=True)
+
+
+async def _follow_files(
+    catalog: Path, noticed: Noticed, stop: anyio.Event, *, debounce_ms: int, step_ms: int, warn: Callable[[str], None]
+) -> None:
+    from watchfiles import awatch
+
+    # No watch_filter: a batch of only other files (the sidecars' logs) is still an answer, so the
+    # first one proves the watching armed however busy the tree is.
+    changes = awatch(
+        catalog, watch_filter=None, stop_event=stop, debounce=debounce_ms, step=step_ms,
+        rust_timeout=ARM_PROBE_MS, yield_on_timeout=True,
+    )  # fmt: skip
+    try:
+        async for batch in changes:
+            if not noticed.armed.is_set():
+                noticed.armed.set()
+                noticed.post(whole=True)  # what changed before the watching was in place
+            asked = {_noticed(catalog, path) for _, path in batch}
+            noticed.post((agent for agent in asked if isinstance(agent, tuple)), whole=True in asked)
+    except OSError as exc:  # no inotify left (fs.inotify.max_user_watches), a catalog gone
+        warn(f"cannot watch {catalog} for changes ({exc}); reading it again every re-read only")
+        noticed.armed.set()
+
+
+async def _reread_every(seconds: float, noticed: Noticed) -> None:
+    import trio
+
+    while True:
+        await trio.sleep(seconds)
+        noticed.post(whole=True)
+
+
+@asynccontextmanager
+async def catalog_changes(
+    catalog: Path,
+    *,
+    reread_s: float,
+    debounce_ms: int = 400,
+    step_ms: int = 50,
+    warn: Callable[[str], None] = _warn,
+) -> AsyncIterator[Noticed]:
+    """The catalog's changes while the block runs: a whole re-read first, then each batch of file
+    events as the agents they name (watchfiles waits `step_ms` of quiet, at most `debounce_ms`,
+    before it reports a batch), and a whole re-read every `reread_s` and once the watching is armed.
+    Leaving the block stops the watching within `step_ms`."""
+    import anyio
+    import trio
+
+    noticed = Noticed()
+    stop = anyio.Event()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(lambda: _follow_files(catalog, noticed, stop, debounce_ms=debounce_ms, step_ms=step_ms,
+                                                 warn=warn))  # fmt: skip
+        nursery.start_soon(_reread_every, reread_s, noticed)
+        try:
+            yield noticed
+        finally:
+            stop.set()  # the watching thread sees it within a step; it cannot be cancelled
+            nursery.cancel_scope.cancel()
+
+
+async def follow(
+    catalog: Path,
+    read: Callable[[Changes, float], _Found],
+    then: Callable[[_Found], object],
+    *,
+    reread_s: float,
+    debounce_ms: int = 400,
+    step_ms: int = 50,
+    pace_s: float = 0.0,
+    held: AbstractAsyncContextManager[object] | None = None,
+    armed: Callable[[], object] = lambda: None,
+    warn: Callable[[str], None] = _warn,
+) -> None:
+    """Follow the catalog until cancelled: each batch of `catalog_changes` is read by `read` in a
+    worker thread (so a catalog of thousands of agents never holds up the loop), one read at a time
+    (so one RosterCache serves them all), and what it found is handed to `then` on the loop.
+    `read` is also told when its read began, on trio's clock (of two reads of one agent, the later
+    one's wins). `held`: a lock the read and `then` hold together (the top view projects its frames
+    from the cache the read fills). `pace_s`: at least this long between two reads, however busy the
+    catalog. `armed`: called once the file watching is in place."""
+    import trio
+
+    async def when_armed(noticed: Noticed) -> None:
+        await noticed.armed.wait()
+        armed()
+
+    async with catalog_changes(catalog, reread_s=reread_s, debounce_ms=debounce_ms, step_ms=step_ms,
+                               warn=warn) as noticed, trio.open_nursery() as nursery:  # fmt: skip
+        nursery.start_soon(when_armed, noticed)
+        async for changes in noticed:
+            async with held or nullcontext():
+                found = await trio.to_thread.run_sync(read, changes, trio.current_time())
+                then(found)
+            if pace_s:
+                await trio.sleep(pace_s)

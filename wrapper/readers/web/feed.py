@@ -1,0 +1,500 @@
+"""The board's live state: the roster held in memory, kept current from the catalog's file events,
+and pushed to every open page.
+
+A changed record (noticed by `wrapper.readers.notice`, as `hctx watch` and `hctx top` notice it) re-reads
+only its agent; the whole catalog is looked at again every `reread_s` (staleness is time-based, and
+an event may be missed), through a `RosterCache`, so even then only the agents whose files changed
+are read; the ages tick every second from the projection's `ageMs`. Reading runs in a worker
+thread, one read at a time, so a catalog of thousands of agents never holds up a push.
+
+Every fleet page's stream reads one `Journal`: each change is encoded once, as the event's bytes,
+and every stream sends those same bytes; the journal keeps the newest events up to a byte bound, and
+a stream that fell further behind is sent the snapshot again (itself encoded once per change). The
+ages are sent as what moved since the last tick. An agent page's stream has a `Mailbox` that
+coalesces: the newest view of its one agent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import trio
+
+from guard.errors import CatalogError
+from guard.procs import pid_alive
+from wrapper.readers.accounts import AccountGroup, fan_in, group_key
+from wrapper.readers.notice import Changes
+from wrapper.readers.notice import follow as follow_catalog
+from wrapper.readers.render import account_limits_wire, render_agents_json
+from wrapper.readers.roster import AgentRow, PidProbe, RosterCache, now_ms
+from wrapper.readers.web.board import ages_now, rate_limit_panel_of, row_view
+
+__all__ = [
+    "AGE_TICK_S",
+    "DEFAULT_REREAD_S",
+    "JOURNAL_BYTES",
+    "Board",
+    "Journal",
+    "Mailbox",
+    "Read",
+    "Reading",
+    "follow",
+    "sse_event",
+]
+
+AGE_TICK_S = 1.0
+# The ages the fleet pages are sent, bytes a second across all of them: a tick's news is each age the
+# clock moved (under an hour old, every one of them), so 10,000 agents to 1,000 pages would be
+# 300 MB a second; past this the ticks come further apart than AGE_TICK_S.
+AGES_BYTES_PER_S = 32 * 1024 * 1024
+DEFAULT_REREAD_S = 30.0
+# The fleet pages' undelivered events kept, in bytes: a stream further behind is sent a snapshot.
+JOURNAL_BYTES = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    row: AgentRow
+    read_ms: int  # the wall clock the row was projected at
+    started: float  # trio's clock when its read began: a later read's result wins
+
+
+@dataclass(frozen=True, slots=True)
+class Read:
+    """What one read of a batch of changes found: a `whole` read's readings and warnings, or why the
+    catalog could not be read (`problem`); a read of the named agents, theirs and the ones `gone`."""
+
+    whole: bool
+    found: list[Reading]
+    warnings: list[str] = field(default_factory=list)
+    gone: set[str] = field(default_factory=set)
+    problem: str | None = None
+
+
+class Mailbox:
+    """One open stream's undelivered news, coalesced: the newest view per agent (None: gone)."""
+
+    def __init__(self, only: str | None) -> None:
+        self.only = only
+        self.rows: dict[str, dict[str, Any] | None] = {}
+        self.panel: dict[str, Any] | None = None
+        self.ages: dict[str, str] | None = None
+        self.problem_changed = False  # the catalog turned unreadable, or readable again
+        self._news = trio.Event()
+
+    def post(self, rows: dict[str, dict[str, Any] | None], panel: dict[str, Any] | None) -> None:
+        if self.only is not None:  # one look-up, however many agents changed
+            rows = {self.only: rows[self.only]} if self.only in rows else {}
+            panel = None
+        if rows or panel is not None:
+            self.rows.update(rows)
+            self.panel = panel if panel is not None else self.panel
+            self._news.set()
+
+    def post_problem(self) -> None:
+        self.problem_changed = True
+        self._news.set()
+
+    def post_ages(self, ages: dict[str, str]) -> None:
+        if self.only is None:
+            self.ages = ages
+        elif self.only in ages:
+            self.ages = {self.only: ages[self.only]}
+        else:
+            return
+        self._news.set()
+
+    async def take(self) -> tuple[dict[str, dict[str, Any] | None], dict[str, Any] | None, dict[str, str] | None, bool]:
+        await self._news.wait()
+        self._news = trio.Event()
+        taken = self.rows, self.panel, self.ages, self.problem_changed
+        self.rows, self.panel, self.ages, self.problem_changed = {}, None, None, False
+        return taken
+
+
+class Journal:
+    """The fleet pages' events, each encoded once and kept while they fit in `limit` bytes: every
+    stream sends the same bytes objects. Event `n` is the journal's `n`th (`next` counts them)."""
+
+    def __init__(self, limit: int = JOURNAL_BYTES) -> None:
+        self.limit = limit
+        self.events: deque[bytes] = deque()
+        self.first = 0  # the number of the oldest event kept
+        self.next = 0
+        self.size = 0
+        self._news = trio.Event()
+
+    def add(self, data: bytes) -> None:
+        self.events.append(data)
+        self.next += 1
+        self.size += len(data)
+        while self.size > self.limit and len(self.events) > 1:
+            self.size -= len(self.events.popleft())
+            self.first += 1
+        self._news.set()
+        self._news = trio.Event()
+
+    def since(self, cursor: int) -> list[bytes] | None:
+        """The events from `cursor` on; None when some of them are no longer kept."""
+        if cursor < self.first:
+            return None
+        return list(self.events)[cursor - self.first :]
+
+    async def wait(self, cursor: int) -> None:
+        """Until there is an event at `cursor` or after."""
+        while cursor >= self.next:
+            await self._news.wait()
+
+
+class Board:
+    """The catalog as the board shows it, and the streams it shows it to."""
+
+    def __init__(self, catalog: Path, here: str, alive: PidProbe = pid_alive) -> None:
+        self.catalog, self.here, self.alive = catalog, here, alive
+        self.readings: dict[str, Reading] = {}
+        self.views: dict[str, dict[str, Any]] = {}
+        self.panel: dict[str, Any] = {"entries": [], "more": 0}
+        self.warnings: list[str] = []
+        self.problem: str | None = None  # the catalog itself cannot be read
+        self.mailboxes: set[Mailbox] = set()  # the agent pages' streams
+        self.journal = Journal()  # the fleet pages' streams read this
+        self.streams = 0  # event streams open, of both pages
+        self.ready = trio.Event()
+        self.version = 0  # counts the changes: a page holding this version's snapshot is current
+        self._encoded: str | None = None
+        self._snapshot_event: bytes | None = None
+        self._page_data: bytes | None = None
+        self._ages: dict[str, str] = {}  # the last tick's, for the fleet pages (what moved is sent)
+        self._ages_event: bytes | None = None
+        self.ticked = -math.inf  # trio's clock at the last tick
+        self.tick_s = AGE_TICK_S  # until the next: longer when the ages sent would pass AGES_BYTES_PER_S
+        # Read by one worker thread at a time: `follow`'s reads and `/api/agents` hold `reading`.
+        self._cache = RosterCache(catalog)
+        self.reading = trio.Lock()
+        # The account groups as `fan_in` makes them, kept between reads (`_view`): each agent's group
+        # key, the agents under each key, the groups with a rate limit to show, each agent's group.
+        self._key_of: dict[str, str] = {}
+        self._members: dict[str, set[str]] = {}
+        self._fanned: dict[str, AccountGroup] = {}
+        self._group_of: dict[str, AccountGroup] = {}
+        self._agents: tuple[float, float, bytes] | None = None  # `/api/agents`: built from, until; the body
+        self._agents_lock = trio.Lock()
+
+    # -- what a page is sent -------------------------------------------------------------------
+
+    def snapshot(self, only: str | None = None) -> dict[str, Any]:
+        views = list(self.views.values()) if only is None else [v for k, v in self.views.items() if k == only]
+        return {"rows": views, "panel": self.panel, "warnings": self.warnings, "problem": self.problem,
+                "catalog": str(self.catalog), "version": self.version}  # fmt: skip
+
+    def encoded(self) -> str:
+        """The whole snapshot as JSON, encoded once per change however many pages load it."""
+        if self._encoded is None:
+            self._encoded = json.dumps(self.snapshot(), ensure_ascii=False, allow_nan=False)
+        return self._encoded
+
+    def snapshot_event(self) -> bytes:
+        """The snapshot as an event of the fleet page's stream, encoded once per change."""
+        if self._snapshot_event is None:
+            self._snapshot_event = b"event: snapshot\ndata: " + self.encoded().encode() + b"\n\n"
+        return self._snapshot_event
+
+    def page_data(self) -> bytes:
+        """The snapshot as the fleet page's JSON data block (no `<`, so no `</script>`), once per change."""
+        if self._page_data is None:
+            self._page_data = self.encoded().replace("<", "\\u003c").encode()
+        return self._page_data
+
+    def ages_event(self) -> bytes:
+        """Every age at the last tick, as an event: what follows a snapshot (the journal's ages
+        events say only what moved since the tick before). Ticked first if no stream was open."""
+        if trio.current_time() - self.ticked > self.tick_s:
+            self.tick()
+        if self._ages_event is None:
+            self._ages_event = sse_event("ages", self._ages)
+        return self._ages_event
+
+    def _changed(self) -> None:
+        self.version += 1
+        self._encoded = self._snapshot_event = self._page_data = None
+
+    def _publish(self, rows: dict[str, dict[str, Any] | None], panel: dict[str, Any] | None) -> None:
+        self.journal.add(sse_event("rows", {"rows": rows, "panel": panel}))
+        for name in rows:  # its age as the view words it may not be the last tick's: sent again
+            self._ages.pop(name, None)
+        for box in self.mailboxes:
+            box.post(rows, panel)
+
+    def _publish_problem(self) -> None:
+        self.journal.add(sse_event("problem", {"problem": self.problem}))
+        for box in self.mailboxes:
+            box.post_problem()
+
+    def tick(self) -> None:
+        """The ages now: to the fleet pages what moved since the last tick, to each agent page its own."""
+        ages = self.ages()
+        moved = {key: text for key, text in ages.items() if self._ages.get(key) != text}
+        self._ages, self._ages_event, self.ticked = ages, None, trio.current_time()
+        if moved:
+            event = sse_event("ages", moved)
+            self.journal.add(event)
+            self.tick_s = max(AGE_TICK_S, len(event) * self.streams / AGES_BYTES_PER_S)
+        for box in self.mailboxes:
+            box.post_ages(ages)
+
+    @contextlib.contextmanager
+    def subscribe(self, only: str | None = None) -> Iterator[Mailbox]:
+        box = Mailbox(only)
+        self.mailboxes.add(box)
+        try:
+            yield box
+        finally:
+            self.mailboxes.discard(box)
+
+    @contextlib.contextmanager
+    def stream(self) -> Iterator[None]:
+        """One open event stream, counted (`/api/status`, the cap on streams)."""
+        self.streams += 1
+        try:
+            yield
+        finally:
+            self.streams -= 1
+
+    # -- what reading finds ----------------------------------------------------------------------
+
+    def apply(self, found: list[Reading], *, whole: bool, warnings: list[str] | None = None) -> None:
+        changed: dict[str, dict[str, Any] | None] = {}
+        updated: list[str] = []
+        news = False  # the warnings or the catalog's problem changed
+        started = min((reading.started for reading in found), default=math.inf)
+        for reading in found:
+            name = reading.row.name
+            held = self.readings.get(name)
+            if held is not None and held.started > reading.started:
+                continue  # a later read of this agent already landed
+            if whole and held is not None and _same_but_the_clock(held.row, reading.row):
+                continue  # the held reading stands (its ages tick from its own read): nothing to lay out
+            self.readings[name] = reading
+            updated.append(name)
+        if whole:
+            present = {reading.row.name for reading in found}
+            for name, held in list(self.readings.items()):
+                if name not in present and held.started < started:  # gone, not added while reading
+                    del self.readings[name]
+                    self.views.pop(name, None)
+                    changed[name] = None
+            if warnings is not None and warnings != self.warnings:
+                self.warnings = warnings
+                news = True
+            if self.problem is not None:
+                self.problem = None
+                news = True
+                self._publish_problem()
+        added = any(name not in self.views for name in updated)
+        self._view(updated, changed)
+        if added:  # the snapshot lists the agents sorted
+            self.views = dict(sorted(self.views.items()))
+        panel_changed = self._repanel()
+        panel = self.panel
+        # A read that found nothing new keeps the version: a page holding it is sent no snapshot,
+        # so its rows are not laid out again for nothing.
+        if changed or panel_changed or news:
+            self._changed()
+        if changed or panel_changed:
+            self._publish(changed, panel if panel_changed else None)
+
+    def _view(self, updated: list[str], changed: dict[str, dict[str, Any] | None]) -> None:
+        """The views of the `updated` agents, and of every agent whose account's figure (fanned in
+        across the agents sharing it, as `hctx agents --json` shows it) another agent moved.
+
+        The account groups are kept between reads: a read fans in again only the groups its agents
+        left or joined (at 10,000 agents, fanning in every row on every write held the event loop
+        for most of a second)."""
+        affected = set()
+        for name in [*updated, *(name for name, view in changed.items() if view is None)]:
+            old = self._key_of.pop(name, None)
+            if old is not None:
+                affected.add(old)
+                self._members[old].discard(name)
+            current = self.readings.get(name)
+            if current is not None:
+                key = group_key(current.row)
+                self._key_of[name] = key
+                self._members.setdefault(key, set()).add(name)
+                affected.add(key)
+        for key in affected:
+            names = self._members.get(key, set())
+            for name in names:
+                self._group_of.pop(name, None)
+            self._fanned.pop(key, None)
+            if not names:
+                self._members.pop(key, None)
+                continue
+            for group in fan_in(self.readings[name].row for name in names):  # one group: they share `key`
+                self._fanned[key] = group
+                for row in group.agents:
+                    self._group_of[row.name] = group
+        groups = self._group_of
+        for name in updated:
+            reading = self.readings[name]
+            view = row_view(reading.row, reading.read_ms, reading.read_ms, groups)
+            held = self.views.get(name)
+            self.views[name] = view
+            if held is None or _settled(held) != _settled(view):
+                changed[name] = view
+        for name in [name for key in affected for name in self._members.get(key, ())]:
+            reading = self.readings[name]
+            view = self.views[name]
+            if name not in changed and _settled(view["agent"]["accountRateLimits"]) != _settled(
+                account_limits_wire(groups.get(name), reading.row, reading.read_ms)
+            ):
+                self.views[name] = changed[name] = row_view(reading.row, reading.read_ms, reading.read_ms, groups)
+
+    def gone(self, names: set[str]) -> None:
+        if not names:
+            return
+        changed: dict[str, dict[str, Any] | None] = {}
+        for name in names:
+            if self.readings.pop(name, None) is not None:
+                self.views.pop(name, None)
+                changed[name] = None
+        self._view([], changed)
+        panel_changed = self._repanel()  # a gone agent's account may have been in it
+        if changed or panel_changed:
+            self._changed()
+            self._publish(changed, self.panel if panel_changed else None)
+
+    def _repanel(self) -> bool:
+        """The rate-limit panel again, from the account groups held; whether it changed."""
+        panel = rate_limit_panel_of(self._fanned.values(), lambda name: self.readings[name].read_ms, now_ms())
+        changed: bool = _settled(panel) != _settled(self.panel)
+        self.panel = panel
+        return changed
+
+    def failed(self, problem: str) -> None:
+        """The whole catalog could not be read: every open page is told, and keeps its last rows."""
+        if problem != self.problem:
+            self.problem = problem
+            self._changed()
+            self._publish_problem()
+
+    def ages(self) -> dict[str, str]:
+        now = now_ms()
+        return {key: age for r in self.readings.values() for key, age in ages_now(r.row, r.read_ms, now).items()}
+
+    async def agents_json(self) -> bytes:
+        """`hctx agents --json` of the catalog as the board holds it: the records the board's cache
+        (a `CatalogCache`, the exporter's) last read, projected now; no file is read. Built once for
+        every request that arrives while it is built, and kept for requests within a tick of it."""
+        await self.ready.wait()
+        arrived = trio.current_time()
+        async with self._agents_lock:
+            # Built within a tick before this request, or while it waited: one build serves a burst.
+            if self._agents is not None and max(self._agents[0] + AGE_TICK_S, self._agents[1]) >= arrived:
+                return self._agents[2]
+            started = trio.current_time()
+            async with self.reading:
+                body = await trio.to_thread.run_sync(self._agents_document)
+            self._agents = started, trio.current_time(), body
+            return body
+
+    def _agents_document(self) -> bytes:
+        return render_agents_json(self._cache.held(now_ms(), here=self.here, alive=self.alive).rows).encode()
+
+    # -- reading (in a worker thread) -------------------------------------------------------------
+
+    def read_whole(self, started: float) -> tuple[list[Reading], list[str]]:
+        """Every agent, each read again only if its files changed since the last read."""
+        read_ms = now_ms()
+        views, warnings = self._cache.views(read_ms, here=self.here, alive=self.alive)
+        rows = [view.row for view in views]
+        return [Reading(row, read_ms, started) for row in rows], [*warnings, *(w for r in rows for w in r.warnings())]
+
+    def read_agents(self, agents: frozenset[tuple[str, str]], started: float) -> tuple[list[Reading], set[str]]:
+        """The named agents whose files changed, and those of them that are gone."""
+        read_ms = now_ms()
+        views, gone = self._cache.changed(agents, read_ms, here=self.here, alive=self.alive)
+        found = [Reading(view.row, read_ms, started) for view in views]
+        return found, {f"{host}/{identity}" for host, identity in gone}
+
+    def read(self, changes: Changes, started: float) -> Read:
+        """What `changes` names: every agent when `whole` (the named ones are read with the rest)."""
+        if not changes.whole:
+            found, gone = self.read_agents(changes.agents, started)
+            return Read(False, found, gone=gone)
+        try:
+            found, warnings = self.read_whole(started)
+        except CatalogError as exc:
+            return Read(True, [], problem=f"cannot read the catalog: {exc}")
+        return Read(True, found, warnings)
+
+    # -- on the loop, what a read found ------------------------------------------------------------
+
+    def took(self, read: Read) -> None:
+        if read.problem is not None:
+            self.failed(read.problem)
+        elif read.whole:
+            self.apply(read.found, whole=True, warnings=read.warnings)
+        else:
+            self.apply(read.found, whole=False)
+            self.gone(read.gone)
+        if read.whole:
+            self.ready.set()
+
+
+def sse_event(kind: str, data: object) -> bytes:
+    """One Server-Sent Event, encoded."""
+    return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False, allow_nan=False)}\n\n".encode()
+
+
+_TICKING = frozenset({"age", "ageMs"})
+
+
+def _same_but_the_clock(held: AgentRow, read: AgentRow) -> bool:
+    """The same row but for what the clock alone moves (a whole read over unchanged files)."""
+    if dataclasses.replace(held, context=None) != dataclasses.replace(read, context=None):
+        return False
+    if held.context is None or read.context is None:
+        return held.context is read.context
+    return bool(_settled(held.context.wire()) == _settled(read.context.wire()))
+
+
+def _settled(value: Any) -> Any:
+    """A view, or the panel, without what the clock alone moves: the ages reach a page every second
+    on their own (`Mailbox.post_ages`), so only what a read found is a change."""
+    if isinstance(value, dict):
+        return {key: _settled(item) for key, item in value.items() if key not in _TICKING}
+    if isinstance(value, list):
+        return [_settled(item) for item in value]
+    return value
+
+
+async def follow(board: Board, stop: anyio.Event, *, reread_s: float = DEFAULT_REREAD_S) -> None:
+    """Keep `board` current until `stop` is set: the catalog's changes (the readers' one loop,
+    `wrapper.readers.notice.follow`) and the ages' tick."""
+
+    async def tick() -> None:
+        while True:
+            await trio.sleep(board.tick_s)
+            if board.streams:
+                board.tick()
+
+    async def until_stopped() -> None:
+        await stop.wait()
+        nursery.cancel_scope.cancel()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(tick)
+        nursery.start_soon(until_stopped)
+        # `reading`: the cache is read by one worker thread at a time, `/api/agents`'s build included.
+        await follow_catalog(board.catalog, board.read, board.took, reread_s=reread_s, debounce_ms=200, step_ms=20,
+                             held=board.reading)  # fmt: skip

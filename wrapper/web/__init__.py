@@ -1,1 +1,0 @@
-"""`hctx web`: the fleet at a glance in a browser, live, read-only (see wrapper.web.command)."""
