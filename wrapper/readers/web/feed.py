@@ -58,7 +58,7 @@ AGE_TICK_S = 1.0
 AGES_BYTES_PER_S = 32 * 1024 * 1024
 DEFAULT_REREAD_S = 30.0
 # The fleet pages' undelivered events kept, in bytes: a stream further behind is sent a snapshot.
-JOURNAL_BYTES = 8 * 1024 * 1024
+JOURNAL_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
