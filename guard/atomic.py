@@ -22,10 +22,13 @@ __all__ = [
 ]
 
 
-def write_json_atomic(dir_fd: int, name: str, data: bytes, staging_fd: int, *, mode: int | None = None) -> None:
+def write_json_atomic(
+    dir_fd: int, name: str, data: bytes, staging_fd: int, *, mode: int | None = None, durable: bool = True
+) -> None:
     """Stage in `staging_fd`, fsync, rename over `name` in `dir_fd`, fsync the directory. The file
     is 0644 less the umask, or exactly `mode`; the rename replaces a symlink named `name`, never
-    what it points at."""
+    what it points at. `durable=False` skips both fsyncs, for a cache a crash may cost (readers
+    still see the old file or the new one, never half of one)."""
     temp = f"{name}.{os.getpid()}.{secrets.token_hex(6)}"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(temp, flags, 0o644 if mode is None else 0o600, dir_fd=staging_fd)
@@ -36,7 +39,8 @@ def write_json_atomic(dir_fd: int, name: str, data: bytes, staging_fd: int, *, m
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(temp, name, src_dir_fd=staging_fd, dst_dir_fd=dir_fd)
@@ -44,7 +48,8 @@ def write_json_atomic(dir_fd: int, name: str, data: bytes, staging_fd: int, *, m
         with contextlib.suppress(OSError):
             os.unlink(temp, dir_fd=staging_fd)
         raise
-    os.fsync(dir_fd)
+    if durable:
+        os.fsync(dir_fd)
 
 
 _STAGED_NAME = re.compile(r"[a-z-]+\.([0-9]+)\.[0-9a-f]+")

@@ -1,51 +1,55 @@
-"""Every exception hctx raises on purpose, under one root, in one place (as httpx does).
+"""Every exception hctx raises on purpose, under one root, as a tree by what a caller does with it.
+
+The root and its five branches live here; each leaf lives in the layer that raises it (the lowest
+module of that layer every raiser can import), so this module names no other layer. A caller
+catches a branch when what it does is the branch's, a leaf when it must tell one case from another.
 
     HctxError
-    ├── JsonRefused          bytes the one JSON rule (guard.json_rule) refuses (ValueError)
-    ├── RecordRefused        a record or claim file is not one this reader accepts (ValueError)
-    ├── ClaimHeld            another live wrapper holds the agent's claim
-    ├── CatalogError         the catalog cannot be opened or walked (OSError)
-    ├── FrameRejected        a producer will not interpret a frame (ValueError)
-    │   └── MalformedFrame   the bytes are not a frame at all: bad UTF-8, bad JSON, wrong shape
-    ├── ChannelPathError     the channel's socket path is unusable (ValueError)
-    ├── ConfigError          a transport's address or config is unusable (ValueError)
-    ├── HttpError            an HTTP request (httpx, OpenCode's transport) did not deliver (OSError)
-    ├── SettingsError        a harness's settings file cannot be merged (ValueError)
-    ├── AgentNotFound        no agent answers to the name asked for (LookupError)
-    ├── UnknownHarness       no registered harness has the name (LookupError)
-    ├── ModelTableError      `hctx scan`'s model table is unreadable (ValueError)
-    ├── TranscriptError      a transcript `hctx scan` reads cannot be opened (OSError)
-    ├── RecordingError       a recording `hctx replay` reads is no file of bytes, or not one hctx made (OSError)
-    ├── UsageError           what the command line asks cannot be done (ValueError)
-    └── FleetFailed          a demo agent failed to start or cannot be played
+    ├── Refused (ValueError)     input hctx will not interpret: skip it, say why, carry on
+    │   ├── JsonRefused          bytes the one JSON rule refuses                      guard.errors
+    │   ├── RecordRefused        not a record or claim this reader accepts            guard.errors
+    │   └── FrameRejected        a producer will not interpret a frame                guard.errors
+    │       └── MalformedFrame   not a frame at all: bad UTF-8, bad JSON, bad shape   guard.errors
+    ├── Unavailable (OSError)    a file, directory or peer cannot be used now: report it, and
+    │   │                        retry or go on without it
+    │   ├── CatalogError         the catalog cannot be opened or walked               guard.errors
+    │   ├── RecordingError       a recording is no file of bytes, or not hctx's       sidecar.spec
+    │   ├── HttpError            an HTTP request did not deliver          sidecar.harnesses.opencode.transport
+    │   └── TranscriptError      a transcript `hctx scan` reads is unreadable         wrapper.readers.scan
+    ├── NotFound (LookupError)   nothing answers to the name asked: say which names do
+    │   ├── UnknownHarness       no registered harness has the name                   sidecar.spec
+    │   └── AgentNotFound        no agent answers to the name                 wrapper.readers.roster
+    ├── Unusable (ValueError)    what the user set or asked cannot be done: stop (status 2) with
+    │   │                        the message, change nothing
+    │   ├── ConfigError          a transport's address or config                      sidecar.spec
+    │   ├── ChannelPathError     the channel's socket path                            sidecar.spec
+    │   ├── SettingsError        a harness's settings file cannot be merged    sidecar.harnesses.claude.launch
+    │   ├── ModelTableError      Claude's model-window table is unreadable    sidecar.harnesses.claude.windows
+    │   ├── UsageError           what the command line asks                           wrapper.arguments
+    │   ├── SpecError            a launcher -> resident spec                  wrapper.launch.resident
+    │   └── FleetFailed          a demo agent failed to start or be played            sidecar.demo_standin
+    └── Held                     another live process owns it: refuse, or take it over
+        └── ClaimHeld            another live wrapper holds the agent's claim         guard.state
 
-Each also derives from the builtin a caller would catch without knowing hctx, so `except ValueError`
-around a parse keeps working. The message is always the sentence a user is shown.
+Each branch also derives from the builtin a caller would catch without knowing hctx, so `except
+ValueError` around a parse keeps working. The message is always the sentence a user is shown. This
+module imports nothing: the resident (`python -I -S`, the standard library only) raises from it.
 """
 
 from __future__ import annotations
 
-from typing import Generic, Protocol, TypeVar
-
 __all__ = [
-    "AgentNotFound",
     "CatalogError",
-    "ChannelPathError",
-    "ClaimHeld",
-    "ConfigError",
-    "FleetFailed",
     "FrameRejected",
     "HctxError",
-    "HttpError",
+    "Held",
     "JsonRefused",
     "MalformedFrame",
-    "ModelTableError",
+    "NotFound",
     "RecordRefused",
-    "RecordingError",
-    "SettingsError",
-    "TranscriptError",
-    "UnknownHarness",
-    "UsageError",
+    "Refused",
+    "Unavailable",
+    "Unusable",
 ]
 
 
@@ -53,43 +57,35 @@ class HctxError(Exception):
     """The root: anything hctx raises deliberately."""
 
 
-class JsonRefused(HctxError, ValueError):
+class Refused(HctxError, ValueError):
+    """Input hctx will not interpret (a frame, a record, a line): the caller skips it and says why."""
+
+
+class Unavailable(HctxError, OSError):
+    """A file, directory or peer cannot be used now: the caller reports it, and retries or goes on."""
+
+
+class NotFound(HctxError, LookupError):
+    """Nothing answers to the name asked: the caller says which names do."""
+
+
+class Unusable(HctxError, ValueError):
+    """What the user configured or asked cannot be done: the caller stops with the message."""
+
+
+class Held(HctxError):
+    """Another live process owns what was asked for: the caller refuses, or takes it over."""
+
+
+class JsonRefused(Refused):
     """Bytes the one JSON rule refuses (`guard.json_rule.loads`' default `error`)."""
 
 
-class RecordRefused(HctxError, ValueError):
+class RecordRefused(Refused):
     """The bytes are not a record this reader may interpret; the message says why."""
 
 
-class _ClaimHolder(Protocol):
-    """What the message names of the claim that holds an agent (`guard.state.HarnessState`, which
-    this module does not import: the errors are below everything that raises them)."""
-
-    @property
-    def host(self) -> str: ...
-    @property
-    def agent(self) -> str: ...
-    @property
-    def wrapper_pid(self) -> int: ...
-
-
-_Holder = TypeVar("_Holder", bound=_ClaimHolder)
-
-
-class ClaimHeld(HctxError, Generic[_Holder]):
-    """Another wrapper holds the agent; `holder` is its claim (None while it has not written one yet)."""
-
-    def __init__(self, holder: _Holder | None) -> None:
-        who = "another wrapper" if holder is None else f"wrapper pid {holder.wrapper_pid}"
-        super().__init__(f"the agent is held by {who}")
-        self.holder = holder
-
-
-class CatalogError(HctxError, OSError):
-    pass
-
-
-class FrameRejected(HctxError, ValueError):
+class FrameRejected(Refused):
     """The message is the log line's reason."""
 
 
@@ -97,45 +93,5 @@ class MalformedFrame(FrameRejected):
     pass
 
 
-class ChannelPathError(HctxError, ValueError):
-    pass
-
-
-class ConfigError(HctxError, ValueError):
-    pass
-
-
-class HttpError(HctxError, OSError):
-    """The message is the sentence to log."""
-
-
-class SettingsError(HctxError, ValueError):
-    pass
-
-
-class AgentNotFound(HctxError, LookupError):
-    pass
-
-
-class UnknownHarness(HctxError, LookupError):
-    pass
-
-
-class ModelTableError(HctxError, ValueError):
-    pass
-
-
-class TranscriptError(HctxError, OSError):
-    pass
-
-
-class RecordingError(HctxError, OSError):
-    pass
-
-
-class UsageError(HctxError, ValueError):
-    pass
-
-
-class FleetFailed(HctxError):
+class CatalogError(Unavailable):
     pass

@@ -22,7 +22,7 @@ from guard.constants import (
     STATE_SCHEMA,
     WRAPPER_LOCK_NAME,
 )
-from guard.errors import ClaimHeld, JsonRefused, RecordRefused
+from guard.errors import Held, JsonRefused, RecordRefused
 from guard.files import read_bounded
 from guard.json_rule import loads_object
 from guard.layout import AgentDir
@@ -37,6 +37,7 @@ __all__ = [
     "MAX_STATE_BYTES",
     "UNOBSERVED_LIMIT",
     "AgentLock",
+    "ClaimHeld",
     "DesiredState",
     "HarnessState",
     "PastClaim",
@@ -52,6 +53,16 @@ __all__ = [
     "wrapper_lock_evidence",
     "write_state",
 ]
+
+
+class ClaimHeld(Held):
+    """Another wrapper holds the agent; `holder` is its claim (None while it has not written one yet)."""
+
+    def __init__(self, holder: HarnessState | None) -> None:
+        who = "another wrapper" if holder is None else f"wrapper pid {holder.wrapper_pid}"
+        super().__init__(f"the agent is held by {who}")
+        self.holder = holder
+
 
 DesiredState = Literal["running", "stopped"]
 # Enough recent claims to see a crash loop for what it is, bounded so the file stays small.

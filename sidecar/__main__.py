@@ -10,9 +10,9 @@ from pathlib import Path
 
 import trio
 
-from guard.errors import UnknownHarness
 from sidecar import logs
 from sidecar.app import SidecarConfig, run_sidecar
+from sidecar.spec import UnknownHarness
 
 
 def _harness(text: str) -> str:

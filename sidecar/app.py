@@ -19,7 +19,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from guard.account import Account
 from guard.atomic import sweep_staging
-from guard.errors import ConfigError
 from guard.history import start_fields, write_fields
 from guard.json_rule import loads
 from guard.layout import AgentDir
@@ -31,7 +30,7 @@ from sidecar.channel import BUFFER_BUDGET_BYTES
 from sidecar.decoding import channel_decoder
 from sidecar.pipeline import Pipeline
 from sidecar.registry import HarnessSpec, spec_for
-from sidecar.spec import Transport
+from sidecar.spec import ConfigError, Transport
 from sidecar.streams import CHUNK_MS, Streams, transport_for
 
 if TYPE_CHECKING:

@@ -36,9 +36,9 @@ from typing import TYPE_CHECKING
 import trio
 
 from guard.constants import CHANNEL_MAX_FRAME_BYTES, CHANNEL_MAX_SOCKET_PATH
-from guard.errors import ChannelPathError, ConfigError
 from sidecar.decoding import CHANNEL, Dropped, LineDecoder
 from sidecar.framing import LineFramer
+from sidecar.spec import ChannelPathError, ConfigError
 from sidecar.streams import Stream
 
 if TYPE_CHECKING:

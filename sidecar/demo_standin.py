@@ -20,20 +20,26 @@ import sys
 import time
 from pathlib import Path
 
-from guard.errors import FleetFailed, RecordingError
+from guard.errors import Unusable
 from sidecar.decoding import CHANNEL
 from sidecar.harnesses.claude.frames import unwrap
 from sidecar.recorder import Chunk
 from sidecar.registry import harness_names
 from sidecar.replay import header_of, read_chunks
-from sidecar.spec import recording_bytes
+from sidecar.spec import RecordingError, recording_bytes
 
 __all__ = [
     "DEMO_RECORDINGS",
+    "FleetFailed",
     "deliver",
     "main",
     "paced",
 ]
+
+
+class FleetFailed(Unusable):
+    """A demo agent failed to start, or its recording cannot be played."""
+
 
 DEMO_RECORDINGS = Path(__file__).resolve().parent / "assets" / "demo"
 

@@ -21,7 +21,6 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from guard.errors import UnknownHarness
 from sidecar.names import BUILT_IN, ENTRY_POINT_GROUP, REGISTERED, entry_point_paths, harness_names
 from sidecar.spec import (
     HarnessSpec,
@@ -29,6 +28,7 @@ from sidecar.spec import (
     TranscriptFile,
     TranscriptReader,
     TranscriptReading,
+    UnknownHarness,
     WindowSource,
 )
 

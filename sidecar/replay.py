@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Any
 import trio
 from trio.testing import MockClock, wait_all_tasks_blocked
 
-from guard.errors import CatalogError, MalformedFrame, RecordingError
+from guard.errors import CatalogError, MalformedFrame
 from guard.json_rule import loads_object
 from guard.policy import Write
 from guard.record import HarnessContext, describe_validation_error
 from sidecar.recorder import FORMAT, Chunk
-from sidecar.spec import HarnessSpec, recording_bytes
+from sidecar.spec import HarnessSpec, RecordingError, recording_bytes
 
 if TYPE_CHECKING:
     from sidecar.app import Outcome, Sidecar, SidecarSettings, Writer

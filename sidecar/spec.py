@@ -21,7 +21,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from guard.errors import RecordingError, UnknownHarness
+from guard.errors import NotFound, Unavailable, Unusable
 from guard.files import read_bounded
 from sidecar.decoding import CHANNEL, ChannelFrames, Decoder, channel_decoder
 from sidecar.producer import Producer
@@ -34,8 +34,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_RECORDING_BYTES",
+    "ChannelPathError",
+    "ConfigError",
     "HarnessSpec",
     "ModelWindows",
+    "RecordingError",
     "Stream",
     "Streams",
     "Submit",
@@ -43,10 +46,27 @@ __all__ = [
     "TranscriptReader",
     "TranscriptReading",
     "Transport",
+    "UnknownHarness",
     "Wants",
     "WindowSource",
     "recording_bytes",
 ]
+
+
+class UnknownHarness(NotFound):
+    """No registered harness has the name (or the wire asked for)."""
+
+
+class RecordingError(Unavailable):
+    """A recording is no file of bytes, or not one hctx made."""
+
+
+class ConfigError(Unusable):
+    """A transport's address or config is unusable."""
+
+
+class ChannelPathError(Unusable):
+    """The channel's socket path is unusable: too long, or its directory not this user's alone."""
 
 
 # The transport contract. A transport (`HarnessSpec.transport`'s `run(config, streams)`) sees only

@@ -25,7 +25,7 @@ from sidecar.registry import spec_for
 from sidecar.replay import replay_recording
 from tests.conformance import chunks_of, recording_of
 from tests.conftest import REPO
-from wrapper.launch.resident import sidecar_argv
+from wrapper.launch.resident import AgentRef, Incarnation, sidecar_argv
 
 FIXTURES = REPO / "fixtures" / "accounts"
 
@@ -109,9 +109,7 @@ def test_the_codex_launch_reads_the_seats_auth_json(tmp_path: Path) -> None:
     assert prepared.account == account
     stated = account_json(prepared)
     assert stated is not None and "alice" not in stated  # the email never leaves auth.json
-    begun = {"agent": {"catalog": str(tmp_path), "host": "h", "identity": "a"}, "harness": "codex",
-             "incarnation": "i", "channel": str(tmp_path / "s"), "transport": None, "account": stated,
-             "record": None}  # fmt: skip
+    begun = Incarnation(AgentRef(str(tmp_path), "h", "a"), "codex", "i", channel=str(tmp_path / "s"), account=stated)
     argv = sidecar_argv(begun, 3, 4)
     assert argv[argv.index("--account") + 1] == stated  # every sidecar of the seat is started with it
     # Sessionless launches carry nothing, an API-key login no account.
@@ -147,7 +145,7 @@ def test_a_seat_counts_toward_its_account_from_its_launch(tmp_path: Path, monkey
     key = account_key("codex", "acct-AAA", "user-111")
     stated = read_state(agent)
     assert stated is not None and stated.account is not None and stated.account.key == key
-    assert begun["account"] == stated.account.model_dump_json()  # the one the sidecar is given
+    assert begun.account == stated.account.model_dump_json()  # the one the sidecar is given
     put_record(catalog, "codex-b", host="box", account={"key": key, "label": "chatgpt · pro"},
                rateLimits={"fiveHour": 23, "sevenDay": 61}, observedAtMs=NOW, writtenAtMs=NOW)  # fmt: skip
     (group,) = fan_in(collect_roster(catalog, NOW, here="box").rows)

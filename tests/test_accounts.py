@@ -192,7 +192,7 @@ def test_hctx_accounts_human_and_json(tmp_path: Path) -> None:
     assert listed[0]["rateLimits"]["fiveHour"]["usedPercent"] == 85 and listed[0]["agentCount"] == 2
     human = hctx("accounts", "--catalog", str(tmp_path), "--host", HOST)
     lines = human.stdout.splitlines()
-    assert lines[0].split() == ["ACCOUNT", "LABEL", "WINDOW", "USED", "RESETS", "AGE", "FROM", "AGENTS"]
+    assert lines[0].split() == ["ACCOUNT", "LABEL", "WINDOW", "USED", "RESETS", "RUNS", "OUT", "AGE", "FROM", "AGENTS"]
     assert any(K1[:12] in line and " 5h " in line and "85%" in line and f"{HOST}/b" in line for line in lines)
     assert any("(no account stated)" in line and f"{HOST}/d" in line for line in lines)
     missing = hctx("accounts", "--catalog", str(tmp_path / "nope"))

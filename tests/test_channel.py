@@ -13,9 +13,9 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from guard.errors import ChannelPathError
 from sidecar import channel
 from sidecar.decoding import Dropped
+from sidecar.spec import ChannelPathError
 from tests.conftest import Received, raw_channel_decoder
 
 Frame = dict[str, Any]

@@ -4,6 +4,7 @@ states none), in the record, in `agents` and `inspect`."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from sidecar.harnesses.claude import producer as claude
 from sidecar.replay import replay_recording
 from tests.conftest import FIXTURE_ROOT
 from wrapper.readers.render import render_agents
-from wrapper.readers.roster import collect_roster
+from wrapper.readers.roster import collect_roster, now_ms
 
 RECORDINGS = FIXTURE_ROOT / "recordings" / "claude"
 CAPTURE = FIXTURE_ROOT / "claude" / "statusline-2.1.332.jsonl"
@@ -116,3 +117,32 @@ def test_inspect_says_each_stated_figure(tmp_path: Path) -> None:
     [line] = [line for line in done.stdout.splitlines() if "prompt cache" in line]
     assert "warm" in line and str(NOW + 192_000) in line and "hit ratio 0.825" in line
     assert "re-cache if cold 754995 tokens" in line and "requests 3" in line and "misses 0" in line
+
+
+def test_hctx_cache_lists_the_warm_caches_soonest_to_go_cold_first(tmp_path: Path) -> None:
+    """Issue 37's fleet view: each agent with a stated warm cache, the soonest cold first, with when
+    and the tokens a re-cache writes; a cold cache, an unstated one and no cache are not listed."""
+    now = now_ms()
+    put(tmp_path, "later", {"warm": True, "ttl": "1h", "expiresAtMs": now + 3_000_000, "recacheTokensIfCold": 40_000})
+    put(tmp_path, "soon", {"warm": True, "ttl": "5m", "expiresAtMs": now + 90_000, "recacheTokensIfCold": 754_995,
+                           "hitRatio": 0.8254})  # fmt: skip
+    put(tmp_path, "middle", {"warm": True, "expiresAtMs": now + 200_000})
+    put(tmp_path, "cold-one", {"warm": False, "expiresAtMs": None, "recacheTokensIfCold": 12_500})
+    put(tmp_path, "codex-like", None)
+    done = hctx("cache", "--catalog", str(tmp_path))
+    lines = done.stdout.splitlines()
+    assert lines[0].split() == ["HOST", "AGENT", "HARNESS", "COLD", "IN", "AT", "RE-CACHE", "TTL", "HIT"]
+    assert [line.split()[1] for line in lines[1:]] == ["soon", "middle", "later"]
+    soon = lines[1].split()
+    assert soon[3].startswith("1m") and soon[5:] == ["755k", "5m", "83%"]
+    assert re.fullmatch(r"\d\d:\d\d:\d\dZ", soon[4])
+    assert lines[2].split()[5:] == ["-", "-", "-"]  # what the harness did not state, never a number
+    listed = json.loads(hctx("cache", "--json", "--catalog", str(tmp_path)).stdout)
+    assert [item["identity"] for item in listed] == ["soon", "middle", "later"]
+    first = listed[0]
+    assert first["cacheExpiresAtMs"] == now + 90_000 and first["recacheTokensIfCold"] == 754_995
+    assert 0 < first["cacheColdInMs"] <= 90_000 and first["promptCache"]["hitRatio"] == 0.8254
+    empty = tmp_path / "empty"
+    put(empty, "codex-like", None)
+    assert hctx("cache", "--catalog", str(empty)).stdout == "no warm prompt cache stated\n"
+    assert json.loads(hctx("cache", "--json", "--catalog", str(empty)).stdout) == []

@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from guard.errors import SettingsError
 from sidecar.harnesses.claude.launch import (
     HOOK_EVENTS,
     PROJECT_DIR_ENV,
@@ -18,6 +17,7 @@ from sidecar.harnesses.claude.launch import (
     SEATS_PATH,
     SETTINGS_PATH,
     SUBAGENT_RENDERER_ENV,
+    SettingsError,
     render_settings,
     tee_command,
     unrender_settings,

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from guard.errors import SettingsError
-from sidecar.harnesses.claude.launch import SEATS_PATH, SETTINGS_PATH
+from sidecar.harnesses.claude.launch import SEATS_PATH, SETTINGS_PATH, SettingsError
 from sidecar.launching import LaunchPlan
 from sidecar.registry import prepare, teardown
 

@@ -30,12 +30,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import guard
-from guard.errors import RecordingError
 from sidecar.channel import BUFFER_BUDGET_BYTES
 from sidecar.decoding import CHANNEL, MessageDecoder
 from sidecar.recorder import Chunk, create_recording, redact_recording
 from sidecar.registry import BUILT_IN, HarnessSpec, harness_names, spec_for
 from sidecar.replay import read_header, replay_bytes, replay_recording, write_line
+from sidecar.spec import RecordingError
 from tests.conformance import (
     RECORDINGS,
     assert_lived_as_replayed,

@@ -73,6 +73,25 @@ def test_the_compaction_point_and_its_headroom_are_gauges_only_where_the_harness
     assert "hctx_context_headroom_tokens" not in of(scrape(tmp_path), "alice")
 
 
+def test_the_prompt_cache_is_its_gauges_each_only_where_the_harness_states_it(tmp_path: Path) -> None:
+    """Issue 37: warm 0/1, when it goes cold, what a re-cache writes; no sample for a figure not stated,
+    and none at all for a harness that states no cache (the spec example)."""
+    cache = {"warm": True, "ttl": "5m", "expiresAtMs": NOW + 192_500, "recacheTokensIfCold": 754_995}
+    put_record(tmp_path, "alice", harness="claude", promptCache=cache)
+    put_claim(tmp_path, "alice", desiredState="running")
+    put_record(tmp_path, "cold", harness="claude", promptCache={"warm": False, "expiresAtMs": None})
+    put_record(tmp_path, "bob")
+    samples = scrape(tmp_path)
+    assert of(samples, "alice") == {
+        **SPEC_SERIES, "hctx_prompt_cache_warm": 1, "hctx_prompt_cache_recache_tokens": 754_995,
+        "hctx_prompt_cache_expires_timestamp_seconds": (NOW + 192_500) / 1000,
+    }  # fmt: skip
+    cold = of(samples, "cold")
+    assert cold["hctx_prompt_cache_warm"] == 0
+    assert "hctx_prompt_cache_expires_timestamp_seconds" not in cold and "hctx_prompt_cache_recache_tokens" not in cold
+    assert not any(name.startswith("hctx_prompt_cache") for name in of(samples, "bob"))
+
+
 NULLABLE = {
     "compactAtTokens": ["hctx_context_compact_at_tokens"],
     "usedTokens": ["hctx_context_used_tokens"],
@@ -468,3 +487,51 @@ def test_values_are_spelled_as_prometheus_client_spells_them(value: float) -> No
     from wrapper.readers.metrics import number_text
 
     assert number_text(value) == floatToGoString(value)
+
+
+def test_a_response_the_client_never_reads_is_abandoned_at_the_idle_timeout(tmp_path: Path) -> None:
+    """Hypercorn's sends have no deadline of their own: a client that asks for a large exposition
+    and never reads it would hold its connection, and the response's bytes, for ever."""
+    import socket
+    import urllib.parse
+
+    from scripts.bench_roster import build_catalog
+
+    build_catalog(tmp_path / "catalog", 6000, int(time.time() * 1000))
+    process, url = start_exporter(tmp_path / "catalog", "alpha", tmp_path / "exporter.log", "--listen", "127.0.0.1:0",
+                                  "--idle-timeout", "2")  # fmt: skip
+    where = urllib.parse.urlsplit(url)
+    try:
+        whole = len(get(url).encode())
+        # Past what the sockets hold: the server's send buffer (tcp_wmem's 4 MiB at most), the client's 8 KiB.
+        assert whole > int(Path("/proc/sys/net/ipv4/tcp_wmem").read_text().split()[2]) + 1024 * 1024
+        with socket.socket() as slow:
+            slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            slow.connect((where.hostname, where.port))
+            slow.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            time.sleep(6)  # the idle timeout, and the first read's time, pass unread
+            assert get(url).count("hctx_context_used_tokens{") == 6000  # the server still serves
+            slow.settimeout(10)
+            taken = 0
+            with contextlib.suppress(ConnectionResetError):
+                while chunk := slow.recv(1 << 20):
+                    taken += len(chunk)
+        assert taken < whole  # closed, not kept open until it was read
+        assert process.poll() is None
+    finally:
+        stop(process)
+
+
+def test_a_body_past_64_kib_is_refused_and_a_head_past_16_kib_too(tmp_path: Path) -> None:
+    process, url = start_exporter(tmp_path, HOST, tmp_path / "exporter.log", "--listen", "127.0.0.1:0")
+    try:
+        post = b"POST /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: %d\r\n\r\n"
+        small = _raw(url, post % 10 + b"x" * 10)
+        assert small.startswith(b"HTTP/1.1 405 ")
+        large = _raw(url, post % 70_000 + b"x" * 70_000)
+        assert large.startswith(b"HTTP/1.1 413 ") and b"connection: close" in large.lower()
+        pad = b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Pad: "
+        assert _raw(url, pad + b"a" * (16 * 1024 - len(pad) - 4) + b"\r\n\r\n").startswith(b"HTTP/1.1 200 ")
+        assert _raw(url, pad + b"a" * (16 * 1024 - len(pad) - 3) + b"\r\n\r\n").startswith(b"HTTP/1.1 431 ")
+    finally:
+        stop(process)

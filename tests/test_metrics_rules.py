@@ -140,6 +140,8 @@ def test_without_the_joins_the_silent_cases_fire(tmp_path: Path) -> None:
 def test_promtool_check_metrics_finds_nothing_in_the_exposition(tmp_path: Path) -> None:
     put_record(tmp_path, "alice", model="gpt-5", costUsd=1.5, compactAtTokens=160_000)
     put_claim(tmp_path, "alice", desiredState="running")
+    put_record(tmp_path, "cached", harness="claude",
+               promptCache={"warm": True, "expiresAtMs": NOW + 90_000, "recacheTokensIfCold": 12_500})  # fmt: skip
     put_record(tmp_path, "bad", raw=b"{")
     text = exposition(tmp_path, NOW, HOST)
     done = subprocess.run([require_tool("promtool"), "check", "metrics"], input=text, capture_output=True, text=True,

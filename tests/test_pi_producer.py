@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 
-from guard.errors import UnknownHarness
 from guard.policy import Write
 from sidecar.decoding import CHANNEL
 from sidecar.harnesses.pi.producer import OMP, PI, ContextFrame, PiProducer, trigger_of
 from sidecar.producer import instant_ms
 from sidecar.recorder import Chunk
 from sidecar.registry import spec_for
+from sidecar.spec import UnknownHarness
 from tests.conformance import (
     RECORDINGS,
     bytewise,

@@ -17,7 +17,7 @@ from guard_factory import SPEC_EXAMPLE, SPEC_KEY_ORDER, record, wire, wire_bytes
 from pydantic import ValidationError
 
 import guard.constants as constants
-from guard.errors import RecordRefused, UnknownHarness
+from guard.errors import RecordRefused
 from guard.record import (
     COMPACTION_TRIGGERS,
     ContextFields,
@@ -25,6 +25,7 @@ from guard.record import (
     parse_record,
 )
 from sidecar.registry import BUILT_IN, spec_for
+from sidecar.spec import UnknownHarness
 from tests.conftest import REPO
 
 

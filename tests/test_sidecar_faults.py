@@ -27,7 +27,7 @@ import pytest
 import trio
 
 from guard.constants import HARNESS_CONTEXT_HEARTBEAT_MS
-from guard.errors import ConfigError, RecordRefused
+from guard.errors import RecordRefused
 from guard.layout import AgentDir, log_path
 from guard.policy import Reading, WriteGuard
 from guard.record import ContextFields, HarnessContext, parse_record
@@ -51,6 +51,7 @@ from scripts.fault_suite import (
 )
 from sidecar.decoding import Dropped
 from sidecar.pipeline import Pipeline
+from sidecar.spec import ConfigError
 from tests.conftest import Received, failing_writer, raw_channel_decoder, submit_channel_bytes
 from tests.guard_factory import record, wire_bytes
 from tests.wrapping import HOST, agent_dir, context_frame, env

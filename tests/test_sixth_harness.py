@@ -151,8 +151,7 @@ def test_hctx_wrap_runs_its_agent_with_a_real_sidecar_and_the_readers_show_it(tm
 def test_a_spec_names_modules_only_inside_its_own_package() -> None:
     """A harness is one folder: its spec names its launch plan, transport, transcript reader and
     model table by their names inside its package, and a path out of it is refused."""
-    from guard.errors import UnknownHarness
-    from sidecar.spec import HarnessSpec
+    from sidecar.spec import HarnessSpec, UnknownHarness
 
     base = spec_for("pi")
     for field in ("launch", "transport", "transcripts", "model_windows"):

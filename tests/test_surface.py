@@ -1,8 +1,10 @@
 """The product's defined surface, read from the source with `ast` (nothing imported):
 
-- every exception hctx raises on purpose is defined in guard/errors.py, under `HctxError`, and no
-  module raises a bare builtin error where the root has a class (the tee's frames excepted: they
-  import nothing of hctx, for the tee's start-up);
+- every exception hctx raises on purpose is a leaf of guard/errors.py's tree: it derives from one
+  of the branches there (by what a caller does), never from a builtin directly, and lives in the
+  module the tree names for it (the layer that raises it); no module raises a bare builtin error
+  where the root has a class (the tee's frames excepted: they import nothing of hctx, for the tee's
+  start-up);
 - every module that defines public names says which in `__all__`, and each name there exists;
 - no module reaches into another's private (`_`-prefixed) names.
 """
@@ -33,15 +35,46 @@ def names_of(path: Path) -> str:
     return path.relative_to(REPO).as_posix()
 
 
+def tree() -> dict[str, str]:
+    """Each leaf guard/errors.py's tree names, and the module it names for it."""
+    found = {}
+    for line in (errors.__doc__ or "").splitlines():
+        words = line.replace("│", " ").replace("├──", " ").replace("└──", " ").split()
+        if len(words) >= 2 and words[-1].split(".")[0] in PACKAGES and words[0].isidentifier():
+            found[words[0]] = words[-1]
+    return found
+
+
+def dotted(path: Path) -> str:
+    return ".".join(path.relative_to(REPO).with_suffix("").parts)
+
+
 @pytest.mark.parametrize("path", MODULES, ids=names_of)
 def test_exceptions_are_defined_in_one_place(path: Path) -> None:
+    """Outside guard/errors.py, an exception class derives from hctx's tree, never from a builtin,
+    and is the leaf the tree names in this module."""
     if path == REPO / "guard" / "errors.py":
         return
+    named = tree()
     for node in ast.walk(parsed(path)):
         if not isinstance(node, ast.ClassDef) or node.name.startswith("_"):
             continue  # a private class is control flow inside its module (top's quit), never raised out
         bases = {base.id for base in node.bases if isinstance(base, ast.Name)}
-        assert not bases & (BUILTIN_EXCEPTIONS | set(errors.__all__)), f"{names_of(path)}: {node.name}"
+        assert not bases & BUILTIN_EXCEPTIONS, f"{names_of(path)}: {node.name}"
+        if bases & (set(errors.__all__) | set(named)):
+            assert named.get(node.name) == dotted(path), f"{names_of(path)}: {node.name} is not in the tree here"
+
+
+def test_every_leaf_of_the_tree_is_where_it_says_and_under_a_branch() -> None:
+    import importlib
+
+    branches = (errors.Refused, errors.Unavailable, errors.NotFound, errors.Unusable, errors.Held)
+    assert set(tree()) >= {
+        name for name in errors.__all__ if getattr(errors, name) not in (errors.HctxError, *branches)
+    }
+    for name, module in tree().items():
+        leaf = getattr(importlib.import_module(module), name)
+        assert leaf.__module__ == module and issubclass(leaf, branches), name
 
 
 BARE = frozenset({"ValueError", "OSError", "LookupError", "KeyError", "TypeError"})

@@ -108,7 +108,8 @@ def test_only_the_live_view_says_how_to_quit(tmp_path: Path) -> None:
 def test_a_narrow_terminal_narrows_the_bar_then_hides_columns_and_says_which(tmp_path: Path) -> None:
     fleet(tmp_path)
     full = frame(tmp_path)
-    shown = list(COLUMNS[:-1])  # no agent has an account figure: no LIMITS column, and no note of one
+    # No agent has an account figure or a prompt cache: no LIMITS or CACHE column, and no note of one.
+    shown = [name for name in COLUMNS if name not in ("LIMITS", "CACHE")]
     assert max(map(len, full[4:])) == 98 and full[4].split() == shown
     at_90 = frame(tmp_path, width=90)  # the bar gives up cells; every column stays, COST included
     assert at_90[1] == HELP and at_90[4].split() == shown
@@ -134,7 +135,7 @@ def test_the_accounts_figure_is_beside_each_agent_and_hidden_first(tmp_path: Pat
         put_record(tmp_path, identity, rateLimits={"fiveHour": percent, "sevenDay": 40.0},
                    account={"key": key, "label": "claude · max"}, observedAtMs=NOW - age)  # fmt: skip
     lines = frame(tmp_path)
-    assert lines[4].split() == list(COLUMNS)
+    assert lines[4].split() == [name for name in COLUMNS if name != "CACHE"]  # no agent states a cache
     by_agent = {line.split()[0]: line for line in lines[5:]}
     assert by_agent["box/one"].endswith("5h 96%* 7d 40%*")  # two's newer snapshot is the account's figure
     assert by_agent["box/two"].endswith("5h 96% 7d 40%")
@@ -143,6 +144,25 @@ def test_the_accounts_figure_is_beside_each_agent_and_hidden_first(tmp_path: Pat
     assert "\x1b[31m5h 96%* 7d 40%*\x1b[0m" in "\n".join(coloured)  # red from 95, as the meter
     narrow = frame(tmp_path, width=100, interactive=False)
     assert narrow[1] == "+1 column hidden, widen the terminal: LIMITS"
+
+
+def test_the_prompt_cache_is_agents_cache_cell_and_only_where_a_harness_states_one(tmp_path: Path) -> None:
+    """Issue 37: CACHE says what `agents` says (`wrapper.readers.render.cache_text`), hidden right after
+    LIMITS on a narrow terminal, and no column of a fleet where no harness states a cache."""
+    fleet(tmp_path)
+    assert "CACHE" not in frame(tmp_path)[4]
+    put_record(tmp_path, "warm", harness="claude", rateLimits=None,
+               promptCache={"warm": True, "ttl": "5m", "expiresAtMs": NOW + 192_000})  # fmt: skip
+    put_record(tmp_path, "cold", harness="claude", rateLimits=None,
+               promptCache={"warm": False, "expiresAtMs": None, "recacheTokensIfCold": 754_995})  # fmt: skip
+    lines = frame(tmp_path)
+    assert lines[4].split()[-1] == "CACHE"
+    by_agent = {line.split()[0]: line for line in lines[5:]}
+    assert by_agent["box/warm"].endswith("warm 3m12s")
+    assert by_agent["box/cold"].endswith("cold ↻755k")
+    assert by_agent["box/low"].endswith("-")
+    narrow = frame(tmp_path, width=88, interactive=False)  # the bar at its narrowest, then CACHE goes
+    assert narrow[1] == "+1 column hidden, widen the terminal: CACHE"
 
 
 def test_frame_counts_warnings_and_shows_an_unreadable_catalog(tmp_path: Path) -> None:

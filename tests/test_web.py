@@ -36,7 +36,14 @@ from tests.web_board import (
 from wrapper.readers.accounts import fan_in
 from wrapper.readers.notice import agent_of
 from wrapper.readers.roster import collect_roster
-from wrapper.readers.web.board import FillHistory, FillPoint, fill_svg, rate_limit_panel, read_fill_history
+from wrapper.readers.web.board import (
+    CACHE_TICK,
+    FillHistory,
+    FillPoint,
+    fill_svg,
+    rate_limit_panel,
+    read_fill_history,
+)
 from wrapper.readers.web.command import allowed_hosts, is_loopback
 from wrapper.readers.web.feed import Board
 
@@ -139,13 +146,20 @@ def test_a_foreign_host_header_is_refused_and_localhost_is_not(tmp_path: Path) -
 
 def test_nothing_changes_anything(tmp_path: Path) -> None:
     fleet(tmp_path)
-    before = sorted((path, path.stat().st_mtime_ns) for path in tmp_path.rglob("*"))
+
+    def files() -> list[tuple[Path, int]]:
+        # Issue 39: the board keeps the accounts' rate-limit history, host-local, as every reader does.
+        history = tmp_path / ".st2" / "rate-limits"
+        return sorted((path, path.stat().st_mtime_ns) for path in tmp_path.rglob("*")
+                      if path not in (tmp_path / ".st2", history) and history not in path.parents)  # fmt: skip
+
+    before = files()
     with serving(tmp_path) as board:
         for path in ("/", "/api/agents", f"/api/agents/{HERE}/amber", "/api/board", "/api/events"):
             for method in ("POST", "PUT", "PATCH", "DELETE"):
                 status, _, _ = raw_get(board.port, path, f"127.0.0.1:{board.port}", method)
                 assert status == 405, (method, path)
-    assert sorted((path, path.stat().st_mtime_ns) for path in tmp_path.rglob("*")) == before
+    assert files() == before
 
 
 def test_every_answer_carries_the_strict_content_security_policy(tmp_path: Path) -> None:
@@ -550,7 +564,14 @@ def test_api_agents_is_served_from_the_boards_cache_not_the_catalog(tmp_path: Pa
                     return int(line.split()[1])
             raise AssertionError("no rchar")
 
-        before = read_bytes()
+        # The board settles first: its whole read once the file watching arms (sooner now that its
+        # first read keeps the accounts' history under .st2, issue 39) is not the requests'.
+        before, settled = read_bytes(), time.monotonic() + 10
+        while time.monotonic() < settled:
+            time.sleep(0.5)
+            if (now := read_bytes()) == before:
+                break
+            before = now
         for _ in range(30):
             assert len(board.json("/api/agents")) == 500
         read = read_bytes() - before
@@ -695,3 +716,80 @@ def test_a_streams_writes_are_bounded_pieces_of_the_shared_events() -> None:
     assert all(len(write) <= PIECE_BYTES for write in writes)
     assert b"".join(bytes(write) for write in writes) == b"".join(events)
     assert len(writes) == 1 + 4 + 2  # a+b; the snapshot's four pieces; c; d (c+d would pass the bound)
+
+
+def test_the_prompt_cache_is_agents_cell_and_counts_down_between_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 37: a row's `cache` is `hctx agents`' CACHE cell; it counts down with the ages (under
+    the agent's key and CACHE_TICK, for the fleet page and the agent's own), turns cold when the
+    expiry passes, and a read again of the unchanged record is no change of the board."""
+    clock = [now_ms()]
+    cache = {"warm": True, "ttl": "5m", "expiresAtMs": clock[0] + 192_000, "recacheTokensIfCold": 754_995}
+    put(tmp_path, "cached", harness="claude", rateLimits=None, observedAtMs=clock[0] - 1_000, promptCache=cache)
+    put(tmp_path, "plain", rateLimits=None, observedAtMs=clock[0] - 1_000)
+    monkeypatch.setattr("wrapper.readers.web.feed.now_ms", lambda: clock[0])
+    board = Board(tmp_path, HERE)
+    found, warnings = board.read_whole(1.0)
+    board.apply(found, whole=True, warnings=warnings)
+    cached, plain = f"{HERE}/cached", f"{HERE}/plain"
+    assert board.views[cached]["cache"] == "warm 3m12s" and board.views[plain]["cache"] == "-"
+    table = hctx("agents", "--catalog", str(tmp_path), "--host", HERE).stdout
+    assert "warm 3m" in table  # the same cell, `agents`' clock a moment later
+    assert set(board.ages()) == {cached, cached + CACHE_TICK, plain}
+    version = board.version
+    clock[0] += 60_000
+    assert board.ages()[cached + CACHE_TICK] == "warm 2m12s"
+    clock[0] += 200_000
+    assert board.ages()[cached + CACHE_TICK] == "cold ↻755k"
+    found, warnings = board.read_whole(2.0)
+    board.apply(found, whole=True, warnings=warnings)
+    assert board.version == version  # the countdown is the clock's, not a change of the record
+    with board.subscribe(cached) as box:
+        box.post_ages(board.ages())
+        assert box.ages == {cached: board.ages()[cached], cached + CACHE_TICK: "cold ↻755k"}
+
+
+def test_the_cache_countdown_rides_the_fleet_pages_ages_and_follows_its_row_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 37 on the shared journal (issue 40): a tick's ages event carries a stated cache's
+    countdown (under the agent's key and CACHE_TICK) as it moves, and a row pushed again, whose
+    cache cell was worded at its read, is followed by the countdown of the tick it came after."""
+    import trio
+
+    clock = [now_ms()]
+    cache = {"warm": True, "ttl": "5m", "expiresAtMs": clock[0] + 192_000, "recacheTokensIfCold": 754_995}
+    put(tmp_path, "cached", harness="claude", rateLimits=None, observedAtMs=clock[0] - 1_000, promptCache=cache)
+    monkeypatch.setattr("wrapper.readers.web.feed.now_ms", lambda: clock[0])
+    board = Board(tmp_path, HERE)
+    found, warnings = board.read_whole(1.0)
+    board.apply(found, whole=True, warnings=warnings)
+    cached = f"{HERE}/cached"
+
+    def last_ages() -> dict[str, str]:
+        kind, _, data = board.journal.events[-1].partition(b"\ndata: ")
+        assert kind == b"event: ages"
+        return dict(json.loads(data))
+
+    async def ticks() -> None:
+        board.streams = 1
+        board.tick()
+        assert last_ages()[cached + CACHE_TICK] == "warm 3m12s"
+        clock[0] += 60_000
+        board.tick()
+        assert last_ages()[cached + CACHE_TICK] == "warm 2m12s"
+        await trio.sleep(1.1)  # past the racy second of the record written above
+        put(tmp_path, "cached", harness="claude", rateLimits=None, usedTokens=4242, observedAtMs=clock[0],
+            promptCache=cache)  # fmt: skip
+        found, _ = board.read_agents(frozenset({(HERE, "cached")}), 2.0)  # its cell worded now: 2m12s
+        clock[0] += 1_000
+        board.tick()  # before the read lands
+        assert last_ages()[cached + CACHE_TICK] == "warm 2m11s"
+        board.apply(found, whole=False)
+        assert board.views[cached]["cache"] == "warm 2m12s"
+        events = board.journal.next
+        board.tick()  # the clock has not moved: only what the row's push set back is sent
+        assert board.journal.next == events + 1 and last_ages()[cached + CACHE_TICK] == "warm 2m11s"
+
+    trio.run(ticks)

@@ -529,3 +529,30 @@ def test_each_subagent_is_a_line_under_its_agent_with_its_own_tinted_chip(chromi
             rateLimits=None, compactions=0, subagents=[rows[0] | {"state": "finished"}, rows[1]])  # fmt: skip
         expect(first.locator(".sub-harness")).to_have_text("finished", timeout=10_000)
         context.close()
+
+
+def test_the_prompt_cache_counts_down_on_the_row_and_on_the_agents_page(chromium: Any, tmp_path: Path) -> None:
+    """Issue 37: what `hctx agents`' CACHE column says, in the row's cache cell and on the agent's own
+    page, counting down though nothing is read again; `-` for an agent whose harness states none."""
+    cache = {"warm": True, "ttl": "5m", "expiresAtMs": now_ms() + 192_000, "recacheTokensIfCold": 754_995}
+    put(tmp_path, "cached", harness="claude", usedTokens=23_000, windowTokens=200_000, usedPercent=11.5,
+        rateLimits=None, compactions=0, promptCache=cache)  # fmt: skip
+    put(tmp_path, "plain", usedTokens=66_000, windowTokens=200_000, usedPercent=33.0, rateLimits=None, compactions=0)
+    with serving(tmp_path) as board:
+        context = chromium.new_context(viewport=VIEWPORT)
+        page = context.new_page()
+        open_fleet(page, board, rows=2)
+        expect(page.locator("#fleet .head")).to_contain_text("cache")
+        shown = cell(page, f"{HERE}/cached", "cache")
+        expect(shown).to_have_text(re.compile(r"warm 3m\d\ds"))
+        expect(cell(page, f"{HERE}/plain", "cache")).to_have_text("-")
+        before = shown.inner_text()
+        expect(shown).not_to_have_text(before, timeout=5_000)  # it ticks with the ages
+        expect(shown).to_have_text(re.compile(r"warm 3m\d\ds"))
+        page.goto(board.url + f"agents/{HERE}/cached")
+        page.wait_for_selector("#live:not(.off)")
+        mine = page.locator("#cache")
+        expect(mine).to_have_text(re.compile(r"warm 3m\d\ds"))
+        before = mine.inner_text()
+        expect(mine).not_to_have_text(before, timeout=5_000)
+        context.close()

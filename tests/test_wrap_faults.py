@@ -251,6 +251,47 @@ def test_a_sigkilled_wrapper_takes_a_stubborn_harness_and_its_children_along(tmp
     assert took < HARNESS_KILL_DEADLINE_S + 2
 
 
+@pytest.mark.parametrize("behind_sh", [True, False])
+def test_a_wrapper_killed_inside_its_sidecars_back_off_takes_the_harness_along(tmp_path: Path, behind_sh: bool) -> None:
+    """The sidecar SIGKILLed, then the wrapper before its replacement starts: no sidecar holds the
+    lifeline then, and the harness ignores the death signal's SIGTERM; the keeper ends the group."""
+    pids = tmp_path / "pids"
+    command = _stubborn_behind_sh(pids) if behind_sh else [sys.executable, "-c", STUBBORN, str(pids)]
+    wrapper = subprocess.Popen(wrap_argv(tmp_path / "c", "a", "pi", *command), env=env(), stdin=subprocess.DEVNULL,
+                               start_new_session=True)  # fmt: skip
+    harness = _pids(pids, 2 if behind_sh else 1)
+    first = wait_for(lambda: _starts(tmp_path / "c", "a"), what="the sidecar")[0]
+    os.kill(int(first["pid"]), signal.SIGKILL)  # type: ignore[call-overload]
+    time.sleep(0.1)  # the first replacement waits 0.25 s
+    wrapper.kill()
+    wrapper.wait()
+    assert _no_orphans(harness, time.monotonic()) < HARNESS_KILL_DEADLINE_S + 2
+
+
+def _children(pid: int) -> set[int]:
+    return {int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
+
+
+def test_the_keeper_stands_in_only_until_a_replacement_is_ready(tmp_path: Path) -> None:
+    """Two processes per agent, a dead sidecar's back-off included: the wrapper and its sidecar, or
+    the wrapper and the keeper that stands in for it."""
+    pids = tmp_path / "pids"
+    wrapper = subprocess.Popen(wrap_argv(tmp_path / "c", "a", "pi", sys.executable, "-c", STUBBORN, str(pids)),
+                               env=env(), stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    try:
+        [harness] = _pids(pids, 1)
+        first = int(wait_for(lambda: _starts(tmp_path / "c", "a"), what="the sidecar")[0]["pid"])  # type: ignore[call-overload]
+        assert _children(wrapper.pid) == {harness, first}
+        os.kill(first, signal.SIGKILL)
+        keeper = wait_for(lambda: _children(wrapper.pid) - {harness, first}, what="the keeper")
+        assert len(keeper) == 1 and os.getpgid(next(iter(keeper))) != os.getpgid(harness)
+        second = int(wait_for(lambda: _starts(tmp_path / "c", "a")[1:], what="a replacement")[0]["pid"])  # type: ignore[call-overload]
+        wait_for(lambda: _children(wrapper.pid) == {harness, second}, what="the keeper dismissed")
+    finally:
+        wrapper.send_signal(signal.SIGTERM)
+        wrapper.wait(timeout=HARNESS_KILL_DEADLINE_S + 10)
+
+
 def test_a_sigtermed_wrapper_stops_a_stubborn_harness_behind_sh_after_the_deadline(tmp_path: Path) -> None:
     pids = tmp_path / "pids"
     wrapper = subprocess.Popen(wrap_argv(tmp_path / "c", "a", "pi", *_stubborn_behind_sh(pids)), env=env(),

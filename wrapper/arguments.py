@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from guard.errors import CatalogError
+from guard.errors import CatalogError, Unusable
 from guard.layout import default_catalog_origin, default_host
 from sidecar.names import BUILT_IN
 
@@ -27,6 +27,7 @@ __all__ = [
     "OTHERS",
     "TLS_PAIRING",
     "Command",
+    "UsageError",
     "add_catalog_options",
     "add_tls_options",
     "catalog_of",
@@ -43,6 +44,10 @@ __all__ = [
     "whole_number",
     "with_host",
 ]
+
+
+class UsageError(Unusable):
+    """What the command line asks cannot be done."""
 
 
 def whole_number(text: str) -> int:
@@ -79,8 +84,8 @@ def positive_seconds(text: str) -> float:
 
 def harness_name(text: str) -> str:
     """A harness the registry knows (the built-in table, then the registered ones)."""
-    from guard.errors import UnknownHarness
     from sidecar.registry import spec_for
+    from sidecar.spec import UnknownHarness
 
     try:
         return spec_for(text).name

@@ -51,6 +51,7 @@ COMMAND_HOMES: Mapping[str, str] = {
     "demo": "wrapper.demo",
     "agents": "wrapper.readers.reader_commands",
     "accounts": "wrapper.readers.reader_commands",
+    "cache": "wrapper.readers.reader_commands",
     "doctor": "wrapper.readers.reader_commands",
     "inspect": "wrapper.readers.reader_commands",
     "top": "wrapper.readers.reader_commands",
@@ -71,8 +72,8 @@ def command_modules(names: Sequence[str] = COMMAND_MODULES) -> list[ModuleType]:
 # of its own lands in its place here, one not named here after these, and a name here that is not
 # registered is skipped.
 COMMAND_ORDER = (
-    "demo", "wrap", "agents", "accounts", "status", "top", "doctor", "inspect", "watch", "metrics", "web", "scan",
-    "replication", "replay", "schema",
+    "demo", "wrap", "agents", "accounts", "cache", "status", "top", "doctor", "inspect", "watch", "metrics", "web",
+    "scan", "replication", "replay", "schema",
 )  # fmt: skip
 
 

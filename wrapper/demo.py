@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from guard.constants import AGENTS_DIR_NAME, CONTEXT_RECORD_NAME, STATE_RECORD_NAME
-from guard.errors import FleetFailed, RecordRefused
+from guard.errors import RecordRefused
 from guard.record import Harness, parse_record
 from wrapper.arguments import non_negative
 
@@ -185,6 +185,8 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def run_demo(catalog: Path | None, show_top: bool, duration_s: float) -> int:
+    from sidecar.demo_standin import FleetFailed  # the demo's error, raised by its stand-ins too
+
     catalog = (catalog or Path(tempfile.mkdtemp(prefix="hctx-demo-"))).absolute()
     # A closed terminal or a `kill` ends the demo the way Ctrl-C does: with every process it started.
     for signum in (signal.SIGTERM, signal.SIGHUP):

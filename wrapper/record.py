@@ -26,10 +26,9 @@ def _schema(_: argparse.Namespace) -> int:
 def _replay(args: argparse.Namespace) -> int:
     """Each recording through the live driver (sidecar.replay.replay_recording), its writes printed.
     Only a recording `hctx wrap --record` made: any other file is refused, exit 2."""
-    from guard.errors import RecordingError, UnknownHarness
     from sidecar.registry import spec_for
     from sidecar.replay import header_of, replay_bytes, write_line
-    from sidecar.spec import recording_bytes
+    from sidecar.spec import RecordingError, UnknownHarness, recording_bytes
 
     harness: Harness | None = args.harness
     status = 0

@@ -25,9 +25,10 @@ __all__ = ["register"]
 
 
 def _wrap(args: argparse.Namespace) -> int:
-    from guard.errors import CatalogError, UsageError
+    from guard.errors import CatalogError
     from guard.layout import AgentDir
     from sidecar.registry import infer_harness, programs
+    from wrapper.arguments import UsageError
     from wrapper.launch.launcher import WrapOptions, free_seat, parse_command, run_wrap
 
     try:
@@ -74,8 +75,8 @@ def _new_recording(path: Path) -> tuple[Path, int]:
     descriptor, which the resident holds and hands each sidecar to append to (the file is never
     opened by name again): a path that exists, a symlink included, or whose directory does not,
     is refused."""
-    from guard.errors import UsageError
     from sidecar.recorder import create_recording
+    from wrapper.arguments import UsageError
 
     path = path.absolute()
     if path.is_symlink():

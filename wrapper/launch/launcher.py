@@ -24,18 +24,18 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal, TypeVar, cast
 
 import wrapper.launch.resident
 from guard.constants import CHANNEL_MAX_SOCKET_PATH as MAX_SOCKET_PATH
-from guard.errors import ChannelPathError, ClaimHeld, UnknownHarness, UsageError
 from guard.layout import AgentDir, as_name
 from guard.record import Harness
 from guard.state import (
     AgentLock,
+    ClaimHeld,
     HarnessState,
     claim_agent,
     held_by_live_wrapper,
@@ -45,7 +45,27 @@ from guard.state import (
 )
 from sidecar.launching import LaunchPlan, account_json, transport_json
 from sidecar.registry import has_teardown, prepare, teardown
-from wrapper.launch.resident import HARNESS_KILL_DEADLINE_S, SIDECAR_EXIT_TIMEOUT_S, STOP_SIGNALS, exit_status, say
+from sidecar.spec import ChannelPathError, UnknownHarness
+from wrapper.arguments import UsageError
+from wrapper.launch.resident import (
+    HARNESS_KILL_DEADLINE_S,
+    SIDECAR_EXIT_TIMEOUT_S,
+    STOP_SIGNALS,
+    AgentRef,
+    Begin,
+    Incarnation,
+    Options,
+    Plan,
+    SidecarBack,
+    SidecarDied,
+    Spec,
+    SpecError,
+    Step,
+    Stopped,
+    Teardown,
+    exit_status,
+    say,
+)
 
 __all__ = [
     "CLAIM_REFUSED_STATUS",
@@ -70,6 +90,7 @@ __all__ = [
 ]
 
 RestartPolicy = Literal["no", "on-failure", "always"]
+_StepT = TypeVar("_StepT", bound=Step)
 # How long a takeover waits for the wrapper it stops: its harness's deadline, its sidecar's drain.
 TAKEOVER_WAIT_S = HARNESS_KILL_DEADLINE_S + SIDECAR_EXIT_TIMEOUT_S + 2.0
 # A claim refused because a live wrapper holds it: the wrapper's own usage-error status.
@@ -91,37 +112,34 @@ class WrapOptions:
     record: Path | None = None  # `--record`: a file `create_recording` made (its path, for messages)
     record_raw: bool = False  # `--record-raw`: every sidecar records the session unredacted
 
-    def as_payload(self) -> dict[str, Any]:
+    def for_resident(self) -> Options:
         """As the resident carries them, and hands them back to a `begin` step."""
-        agent = self.agent
-        return {
-            "agent": {"catalog": os.fspath(agent.catalog), "host": agent.host, "identity": agent.identity},
-            "harness": self.harness,
-            "argv": list(self.argv),
-            "restart": self.restart,
-            "maxRestarts": self.max_restarts,
-            "restartDelayS": self.restart_delay_s,
-            "restartDelayMaxS": self.restart_delay_max_s,
-            "takeover": self.takeover,
-            "record": None if self.record is None else os.fspath(self.record),
-            "recordRaw": self.record_raw,
-        }
+        return Options(_agent_ref(self.agent), self.harness, self.argv, self.restart, self.max_restarts,
+                       self.restart_delay_s, self.restart_delay_max_s, self.takeover,
+                       None if self.record is None else os.fspath(self.record), self.record_raw)  # fmt: skip
 
     @classmethod
-    def from_payload(cls, data: dict[str, Any]) -> WrapOptions:
-        agent = data["agent"]
+    def from_resident(cls, options: Options) -> WrapOptions:
         return cls(
-            agent=AgentDir(Path(agent["catalog"]), agent["host"], agent["identity"]),
-            harness=data["harness"],
-            argv=tuple(data["argv"]),
-            restart=data["restart"],
-            max_restarts=data["maxRestarts"],
-            restart_delay_s=data["restartDelayS"],
-            restart_delay_max_s=data["restartDelayMaxS"],
-            takeover=data["takeover"],
-            record=None if data["record"] is None else Path(data["record"]),
-            record_raw=data["recordRaw"],
+            agent=_agent_dir(options.agent),
+            harness=options.harness,
+            argv=options.argv,
+            restart=cast(RestartPolicy, options.restart),
+            max_restarts=options.max_restarts,
+            restart_delay_s=options.restart_delay_s,
+            restart_delay_max_s=options.restart_delay_max_s,
+            takeover=options.takeover,
+            record=None if options.record is None else Path(options.record),
+            record_raw=options.record_raw,
         )
+
+
+def _agent_ref(agent: AgentDir) -> AgentRef:
+    return AgentRef(os.fspath(agent.catalog), agent.host, agent.identity)
+
+
+def _agent_dir(agent: AgentRef) -> AgentDir:
+    return AgentDir(Path(agent.catalog), agent.host, agent.identity)
 
 
 def unrunnable(argv: tuple[str, ...], path: str | None) -> tuple[int, str] | None:
@@ -174,8 +192,7 @@ def run_wrap(options: WrapOptions, record_fd: int | None = None) -> int:
     lock_fd, lock_held = lock.across_exec()
     if record_fd is not None:
         os.set_inheritable(record_fd, True)  # across the exec; the resident hands it on, to sidecars only
-    _exec_resident({"options": options.as_payload(), "incarnation": first, "lockFd": lock_fd, "lockHeld": lock_held,
-                    "recordFd": record_fd})  # fmt: skip
+    _exec_resident(Spec(options.for_resident(), first, lock_fd, lock_held, record_fd))
     raise AssertionError("unreachable: exec returned")  # pragma: no cover
 
 
@@ -186,12 +203,12 @@ RESIDENT_COMMAND = (
 )
 
 
-def _exec_resident(spec: dict[str, Any]) -> None:
+def _exec_resident(spec: Spec) -> None:
     """Become the resident: `python -I -S` (the standard library only, not even site), its spec in an
     inherited memfd, so `ps` shows a short command. The agent's wrapper lock goes along (the same
     open file, so the same flock, under the same pid): the resident holds it for its whole life."""
     spec_fd = os.memfd_create("hctx-wrap", 0)  # no MFD_CLOEXEC: the resident reads it
-    os.write(spec_fd, marshal.dumps(spec))
+    os.write(spec_fd, spec.dumps())
     os.lseek(spec_fd, 0, os.SEEK_SET)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -295,18 +312,11 @@ def _channel_path() -> tuple[Path, Path]:
     raise ChannelPathError("no directory short enough for a unix socket path")
 
 
-def begin_incarnation(options: WrapOptions, incarnation: str, wrapper_pid: int) -> dict[str, Any]:
+def begin_incarnation(options: WrapOptions, incarnation: str, wrapper_pid: int) -> Incarnation:
     """The claimed incarnation as the resident `wrapper_pid` runs it: the prepared launch (or, when it
     cannot be prepared, the status 2 it ends with), the sidecar's transport config and the channel's
     path."""
-    agent = options.agent
-    begun: dict[str, Any] = {
-        "agent": {"catalog": os.fspath(agent.catalog), "host": agent.host, "identity": agent.identity},
-        "harness": options.harness,
-        "incarnation": incarnation,
-        "plan": None,
-        "status": 2,
-    }
+    begun = Incarnation(_agent_ref(options.agent), options.harness, incarnation, plan=None, status=2)
     try:
         plan = prepare(LaunchPlan(harness=options.harness, argv=options.argv, cwd=Path.cwd(), owner_pid=wrapper_pid))
     except (OSError, ValueError) as exc:
@@ -317,25 +327,20 @@ def begin_incarnation(options: WrapOptions, incarnation: str, wrapper_pid: int) 
         if plan.account is not None:
             # The claim names the account now, before any reading: `hctx accounts` counts the seat
             # from its launch (issue 35). A claim taken over meanwhile is left as it is.
-            update_claim(agent, incarnation, lambda state: state.model_copy(update={"account": plan.account}))
+            update_claim(options.agent, incarnation, lambda state: state.model_copy(update={"account": plan.account}))
     except OSError:
         teardown(plan)
         raise
-    return begun | {
-        "plan": {
-            "argv": list(plan.argv),
-            "cwd": os.fspath(plan.cwd),
-            "env": plan.env,
-            "tap": tap_frame_path(options.harness) if plan.tap_stdout else None,
-            "teardown": has_teardown(plan),
-            "owner": plan.owner_pid,
-        },
-        "status": None,
-        "transport": transport_json(plan),
-        "account": account_json(plan),
-        "channelDir": os.fspath(directory),
-        "channel": os.fspath(channel),
-    }
+    return Incarnation(
+        begun.agent, options.harness, incarnation,
+        plan=Plan(plan.argv, os.fspath(plan.cwd), dict(plan.env),
+                  tap_frame_path(options.harness) if plan.tap_stdout else None, has_teardown(plan), plan.owner_pid),
+        status=None,
+        transport=transport_json(plan),
+        account=account_json(plan),
+        channel_dir=os.fspath(directory),
+        channel=os.fspath(channel),
+    )  # fmt: skip
 
 
 def tap_frame_path(harness: Harness) -> str:
@@ -377,11 +382,6 @@ def free_seat(catalog: Path, host: str, cwd: Path) -> str:
 # The resident's steps: `python -m wrapper.launch.launcher STEP`, a child of the resident.
 
 
-def _agent(payload: dict[str, Any]) -> AgentDir:
-    agent = payload["agent"]
-    return AgentDir(Path(agent["catalog"]), agent["host"], agent["identity"])
-
-
 class _ResidentLock(AgentLock):
     """The wrapper lock as a step sees it: its parent, the resident, holds it (or not) for its life.
     Never taken here, never dropped: a step's own flock would go with the step."""
@@ -397,44 +397,44 @@ class _ResidentLock(AgentLock):
         pass
 
 
-def _begin_step(payload: dict[str, Any]) -> int:
+def _begin_step(step: Begin) -> int:
     """A relaunch: claim for the resident (this step's parent), under the wrapper lock it holds, and
     prepare; the incarnation on stdout. Refused once another wrapper took the claim over."""
-    options = WrapOptions.from_payload(payload["options"])
+    options = WrapOptions.from_resident(step.options)
     resident = os.getppid()
     try:
-        incarnation = claim(options, _ResidentLock(options.agent, resident), relaunch_of=payload["relaunchOf"],
+        incarnation = claim(options, _ResidentLock(options.agent, resident), relaunch_of=step.relaunch_of,
                             pid=resident)  # fmt: skip
     except ClaimHeld as held:
         say(_held_text(options.agent, held.holder, relaunch=True))
         return 1
     except OSError as exc:
-        say(f"cannot claim {_name(options.agent)} for relaunch {payload['restarts']} ({exc}); not relaunching")
+        say(f"cannot claim {_name(options.agent)} for relaunch {step.restarts} ({exc}); not relaunching")
         return 1
     try:
         begun = begin_incarnation(options, incarnation, resident)
     except OSError as exc:
         say(f"cannot relaunch {_name(options.agent)} ({exc}); not relaunching")
         return 1
-    sys.stdout.buffer.write(marshal.dumps(begun))
+    sys.stdout.buffer.write(marshal.dumps(begun.to_wire()))
     return 0
 
 
-def _teardown_step(payload: dict[str, Any]) -> int:
+def _teardown_step(step: Teardown) -> int:
     """What `prepare` left in the working directory, undone (the module reports its own failures)."""
-    plan = payload["plan"]
-    teardown(LaunchPlan(harness=payload["harness"], argv=tuple(plan["argv"]), cwd=Path(plan["cwd"]),
-                        env=plan["env"], tap_stdout=plan["tap"] is not None, owner_pid=plan["owner"]))  # fmt: skip
+    plan = step.plan
+    teardown(LaunchPlan(harness=step.harness, argv=plan.argv, cwd=Path(plan.cwd), env=plan.env,
+                        tap_stdout=plan.tap is not None, owner_pid=plan.owner))  # fmt: skip
     return 0
 
 
-def _stopped_step(payload: dict[str, Any]) -> int:
+def _stopped_step(step: Stopped) -> int:
     """The claim reads `stopped` once its wrapper is done, unless it was taken over meanwhile. A write
     that fails (a full disk) is retried, then reported; the exit status stays the harness's."""
-    agent = _agent(payload)
+    agent = _agent_dir(step.agent)
     for delay in (*FINAL_STATE_RETRIES_S, None):
         try:
-            update_claim(agent, payload["incarnation"],
+            update_claim(agent, step.incarnation,
                          lambda state: state.model_copy(update={"desired_state": "stopped"}))  # fmt: skip
             return 0
         except OSError as exc:
@@ -446,27 +446,32 @@ def _stopped_step(payload: dict[str, Any]) -> int:
     return 1
 
 
-def _sidecar_died_step(payload: dict[str, Any]) -> int:
+def _sidecar_died_step(step: SidecarDied) -> int:
     from wrapper.launch.sidecars import record_death
 
-    record_death(_agent(payload), payload["incarnation"], payload["pid"], payload["returncode"], payload["retryInS"],
-                 tell_terminal=payload["tellTerminal"], died_at_ms=payload["diedAtMs"])  # fmt: skip
+    record_death(_agent_dir(step.agent), step.incarnation, step.pid, step.returncode, step.retry_in_s,
+                 tell_terminal=step.tell_terminal, died_at_ms=step.died_at_ms)  # fmt: skip
     return 0
 
 
-def _sidecar_back_step(payload: dict[str, Any]) -> int:
+def _sidecar_back_step(step: SidecarBack) -> int:
     from wrapper.launch.sidecars import record_recovery
 
-    record_recovery(_agent(payload), payload["incarnation"], payload["untilMs"])
+    record_recovery(_agent_dir(step.agent), step.incarnation, step.until_ms)
     return 0
 
 
-STEPS = {
-    "begin": _begin_step,
-    "teardown": _teardown_step,
-    "stopped": _stopped_step,
-    "sidecar-died": _sidecar_died_step,
-    "sidecar-back": _sidecar_back_step,
+def _typed(run: Callable[[_StepT], int], read: Callable[[object], _StepT]) -> Callable[[object], int]:
+    return lambda payload: run(read(payload))
+
+
+# Each step: its payload read (and checked) from the resident's marshal, then run.
+STEPS: dict[str, Callable[[object], int]] = {
+    Begin.name: _typed(_begin_step, Begin.from_wire),
+    Teardown.name: _typed(_teardown_step, Teardown.from_wire),
+    Stopped.name: _typed(_stopped_step, Stopped.from_wire),
+    SidecarDied.name: _typed(_sidecar_died_step, SidecarDied.from_wire),
+    SidecarBack.name: _typed(_sidecar_back_step, SidecarBack.from_wire),
 }
 
 
@@ -479,7 +484,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The resident's signals are its own: a Ctrl-C meant for the harness must not cut a step short.
     for signum in (signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)
-    return STEPS[args[0]](marshal.loads(sys.stdin.buffer.read()))
+    try:
+        return STEPS[args[0]](marshal.loads(sys.stdin.buffer.read()))
+    except (SpecError, EOFError, ValueError, TypeError) as exc:
+        say(f"the {args[0]} step's payload is not one this hctx reads ({exc})")
+        return 2
 
 
 if __name__ == "__main__":

@@ -38,6 +38,8 @@ import select
 import sys
 import time
 
+from guard.errors import Unusable  # a module that imports nothing: the resident stays the standard library
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: the typing module is not worth its import here
     import signal
@@ -60,12 +62,25 @@ __all__ = [
     "TAP_QUEUE_BYTES",
     "TAP_RECONNECT_S",
     "WRITE",
+    "AgentRef",
+    "Begin",
+    "Incarnation",
+    "Keeper",
     "Loop",
+    "Options",
+    "Plan",
     "Session",
+    "SidecarBack",
+    "SidecarDied",
     "Sidecars",
+    "Spec",
+    "SpecError",
+    "Step",
     "Steps",
+    "Stopped",
     "Tap",
     "TapQueue",
+    "Teardown",
     "WrapperLock",
     "checkout_env",
     "end_group",
@@ -104,6 +119,374 @@ STEP_TIMEOUT_S = 60.0
 STEP_NICENESS = 10
 STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# --- the launcher -> resident spec --------------------------------------------------------------
+# Typed here, beside its one reader: plain classes (dataclasses would bring inspect and re into this
+# process, a megabyte), carried in `marshal` as dicts of plain values and checked field by field on
+# read, so a spec from another hctx version is a clear refusal, never a KeyError mid-session.
+
+
+class SpecError(Unusable):
+    """A spec (or a step's answer) that is not one this resident can run; the message says which field."""
+
+
+def _field(data: object, key: str, kinds: type | tuple[type, ...], where: str) -> Any:
+    if not isinstance(data, dict) or key not in data:
+        raise SpecError(f"{where}: no {key!r}")
+    value = data[key]
+    allowed = kinds if isinstance(kinds, tuple) else (kinds,)
+    if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):  # a bool is an int
+        raise SpecError(f"{where}: {key!r} is {type(value).__name__}")
+    return value
+
+
+def _strings(value: object, where: str) -> tuple[str, ...]:
+    if not isinstance(value, (list, tuple)) or not all(isinstance(item, str) for item in value):
+        raise SpecError(f"{where}: not a list of strings")
+    return tuple(value)
+
+
+class AgentRef:
+    """The agent an incarnation runs as (`guard.catalog.AgentDir`'s three names)."""
+
+    __slots__ = ("catalog", "host", "identity")
+
+    def __init__(self, catalog: str, host: str, identity: str) -> None:
+        self.catalog, self.host, self.identity = catalog, host, identity
+
+    def to_wire(self) -> dict[str, object]:
+        return {"catalog": self.catalog, "host": self.host, "identity": self.identity}
+
+    @classmethod
+    def from_wire(cls, data: object) -> AgentRef:
+        return cls(*(_field(data, key, str, "agent") for key in ("catalog", "host", "identity")))
+
+
+class Options:
+    """`hctx wrap`'s options the resident keeps for its relaunches (`wrapper.launch.launcher.WrapOptions`)."""
+
+    __slots__ = (
+        "agent",
+        "argv",
+        "harness",
+        "max_restarts",
+        "record",
+        "record_raw",
+        "restart",
+        "restart_delay_max_s",
+        "restart_delay_s",
+        "takeover",
+    )
+
+    def __init__(
+        self,
+        agent: AgentRef,
+        harness: str,
+        argv: tuple[str, ...],
+        restart: str,
+        max_restarts: int | None,
+        restart_delay_s: float,
+        restart_delay_max_s: float,
+        takeover: bool,
+        record: str | None,
+        record_raw: bool = False,
+    ) -> None:
+        self.agent, self.harness, self.argv, self.restart = agent, harness, argv, restart
+        self.max_restarts, self.restart_delay_s, self.restart_delay_max_s = (
+            max_restarts,
+            restart_delay_s,
+            restart_delay_max_s,
+        )
+        self.takeover, self.record, self.record_raw = takeover, record, record_raw
+
+    def to_wire(self) -> dict[str, object]:
+        return {
+            "agent": self.agent.to_wire(),
+            "harness": self.harness,
+            "argv": list(self.argv),
+            "restart": self.restart,
+            "maxRestarts": self.max_restarts,
+            "restartDelayS": self.restart_delay_s,
+            "restartDelayMaxS": self.restart_delay_max_s,
+            "takeover": self.takeover,
+            "record": self.record,
+            "recordRaw": self.record_raw,
+        }
+
+    @classmethod
+    def from_wire(cls, data: object) -> Options:
+        where = "options"
+        restart = _field(data, "restart", str, where)
+        if restart not in ("no", "on-failure", "always"):
+            raise SpecError(f"{where}: restart {restart!r}")
+        return cls(
+            AgentRef.from_wire(_field(data, "agent", dict, where)),
+            _field(data, "harness", str, where),
+            _strings(_field(data, "argv", (list, tuple), where), where + ".argv"),
+            restart,
+            _field(data, "maxRestarts", (int, type(None)), where),
+            float(_field(data, "restartDelayS", (int, float), where)),
+            float(_field(data, "restartDelayMaxS", (int, float), where)),
+            _field(data, "takeover", bool, where),
+            _field(data, "record", (str, type(None)), where),
+            _field(data, "recordRaw", bool, where),
+        )
+
+
+class Plan:
+    """A prepared launch (`sidecar.launch.LaunchPlan`, as far as the resident runs it)."""
+
+    __slots__ = ("argv", "cwd", "env", "owner", "tap", "teardown")
+
+    def __init__(
+        self, argv: tuple[str, ...], cwd: str, env: dict[str, str], tap: str | None, teardown: bool, owner: int
+    ) -> None:
+        self.argv, self.cwd, self.env, self.tap, self.teardown, self.owner = argv, cwd, env, tap, teardown, owner
+
+    def to_wire(self) -> dict[str, object]:
+        return {
+            "argv": list(self.argv),
+            "cwd": self.cwd,
+            "env": dict(self.env),
+            "tap": self.tap,
+            "teardown": self.teardown,
+            "owner": self.owner,
+        }
+
+    @classmethod
+    def from_wire(cls, data: object) -> Plan:
+        where = "plan"
+        env = _field(data, "env", dict, where)
+        if not all(isinstance(key, str) and isinstance(value, str) for key, value in env.items()):
+            raise SpecError(f"{where}: env holds a name or value that is not a string")
+        return cls(
+            _strings(_field(data, "argv", (list, tuple), where), where + ".argv"),
+            _field(data, "cwd", str, where),
+            env,
+            _field(data, "tap", (str, type(None)), where),
+            _field(data, "teardown", bool, where),
+            _field(data, "owner", int, where),
+        )
+
+
+class Incarnation:
+    """The claimed incarnation as the resident runs it (`wrapper.launch.launcher.begin_incarnation`):
+    its prepared launch and channel, or, when the launch could not be prepared, the status it ends with.
+    `record_fd` and `record_raw` (`--record`'s open file, `--record-raw`) are the resident's to set:
+    they come with the spec once, not with each incarnation."""
+
+    __slots__ = (
+        "account",
+        "agent",
+        "channel",
+        "channel_dir",
+        "harness",
+        "incarnation",
+        "plan",
+        "record_fd",
+        "record_raw",
+        "status",
+        "transport",
+    )
+
+    def __init__(
+        self,
+        agent: AgentRef,
+        harness: str,
+        incarnation: str,
+        plan: Plan | None = None,
+        status: int | None = 2,
+        transport: str | None = None,
+        account: str | None = None,
+        channel_dir: str = "",
+        channel: str = "",
+    ) -> None:
+        self.agent, self.harness, self.incarnation, self.plan, self.status = agent, harness, incarnation, plan, status
+        self.transport, self.account = transport, account
+        self.channel_dir, self.channel = channel_dir, channel
+        self.record_fd: int | None = None
+        self.record_raw = False
+
+    def to_wire(self) -> dict[str, object]:
+        return {
+            "agent": self.agent.to_wire(),
+            "harness": self.harness,
+            "incarnation": self.incarnation,
+            "plan": None if self.plan is None else self.plan.to_wire(),
+            "status": self.status,
+            "transport": self.transport,
+            "account": self.account,
+            "channelDir": self.channel_dir,
+            "channel": self.channel,
+        }
+
+    @classmethod
+    def from_wire(cls, data: object) -> Incarnation:
+        where = "incarnation"
+        plan = _field(data, "plan", (dict, type(None)), where)
+        status = _field(data, "status", (int, type(None)), where)
+        if (plan is None) == (status is None):
+            raise SpecError(f"{where}: a plan and a status, or neither")
+        return cls(
+            AgentRef.from_wire(_field(data, "agent", dict, where)),
+            _field(data, "harness", str, where),
+            _field(data, "incarnation", str, where),
+            None if plan is None else Plan.from_wire(plan),
+            status,
+            _field(data, "transport", (str, type(None)), where),
+            _field(data, "account", (str, type(None)), where),
+            _field(data, "channelDir", str, where),
+            _field(data, "channel", str, where),
+        )
+
+
+class Spec:
+    """What `hctx wrap` hands the resident across its exec."""
+
+    __slots__ = ("incarnation", "lock_fd", "lock_held", "options", "record_fd")
+
+    def __init__(
+        self, options: Options, incarnation: Incarnation, lock_fd: int, lock_held: bool, record_fd: int | None = None
+    ) -> None:
+        self.options, self.incarnation, self.lock_fd, self.lock_held = options, incarnation, lock_fd, lock_held
+        self.record_fd = record_fd  # `--record`'s file, open: every sidecar of every incarnation gets it
+
+    def dumps(self) -> bytes:
+        return marshal.dumps(
+            {
+                "options": self.options.to_wire(),
+                "incarnation": self.incarnation.to_wire(),
+                "lockFd": self.lock_fd,
+                "lockHeld": self.lock_held,
+                "recordFd": self.record_fd,
+            }
+        )
+
+    @classmethod
+    def loads(cls, data: bytes) -> Spec:
+        try:
+            wire = marshal.loads(data)
+        except (EOFError, ValueError, TypeError) as exc:
+            raise SpecError(f"not a spec: {exc}") from None
+        return cls(
+            Options.from_wire(_field(wire, "options", dict, "spec")),
+            Incarnation.from_wire(_field(wire, "incarnation", dict, "spec")),
+            _field(wire, "lockFd", int, "spec"),
+            _field(wire, "lockHeld", bool, "spec"),
+            _field(wire, "recordFd", (int, type(None)), "spec"),
+        )
+
+
+# --- the resident -> step payloads (`python -m wrapper.launch.launcher STEP`), typed the same way ----------
+
+
+class Step:
+    """A step's payload; `name` is the step `wrapper.launch.launcher` runs with it."""
+
+    __slots__ = ()
+    name = ""
+
+    def to_wire(self) -> dict[str, object]:
+        raise NotImplementedError
+
+
+class Begin(Step):
+    """A relaunch: claim the agent again and prepare; the answer is an `Incarnation`."""
+
+    __slots__ = ("options", "relaunch_of", "restarts")
+    name = "begin"
+
+    def __init__(self, options: Options, restarts: int, relaunch_of: str) -> None:
+        self.options, self.restarts, self.relaunch_of = options, restarts, relaunch_of
+
+    def to_wire(self) -> dict[str, object]:
+        return {"options": self.options.to_wire(), "restarts": self.restarts, "relaunchOf": self.relaunch_of}
+
+    @classmethod
+    def from_wire(cls, data: object) -> Begin:
+        return cls(Options.from_wire(_field(data, "options", dict, "begin")), _field(data, "restarts", int, "begin"),
+                   _field(data, "relaunchOf", str, "begin"))  # fmt: skip
+
+
+class Teardown(Step):
+    """What a launch's `prepare` left behind, to undo."""
+
+    __slots__ = ("harness", "plan")
+    name = "teardown"
+
+    def __init__(self, plan: Plan, harness: str) -> None:
+        self.plan, self.harness = plan, harness
+
+    def to_wire(self) -> dict[str, object]:
+        return {"plan": self.plan.to_wire(), "harness": self.harness}
+
+    @classmethod
+    def from_wire(cls, data: object) -> Teardown:
+        return cls(Plan.from_wire(_field(data, "plan", dict, "teardown")), _field(data, "harness", str, "teardown"))
+
+
+class Stopped(Step):
+    """The claim's final `stopped`."""
+
+    __slots__ = ("agent", "incarnation")
+    name = "stopped"
+
+    def __init__(self, agent: AgentRef, incarnation: str) -> None:
+        self.agent, self.incarnation = agent, incarnation
+
+    def to_wire(self) -> dict[str, object]:
+        return {"agent": self.agent.to_wire(), "incarnation": self.incarnation}
+
+    @classmethod
+    def from_wire(cls, data: object) -> Stopped:
+        return cls(AgentRef.from_wire(_field(data, "agent", dict, "stopped")),
+                   _field(data, "incarnation", str, "stopped"))  # fmt: skip
+
+
+class SidecarDied(Step):
+    """A sidecar died while its harness ran: the log line, the claim's gap, maybe a terminal line."""
+
+    __slots__ = ("agent", "died_at_ms", "incarnation", "pid", "retry_in_s", "returncode", "tell_terminal")
+    name = "sidecar-died"
+
+    def __init__(self, agent: AgentRef, incarnation: str, pid: int, returncode: int, retry_in_s: float | None,
+                 tell_terminal: bool, died_at_ms: int) -> None:  # fmt: skip
+        self.agent, self.incarnation, self.pid, self.returncode = agent, incarnation, pid, returncode
+        self.retry_in_s, self.tell_terminal, self.died_at_ms = retry_in_s, tell_terminal, died_at_ms
+
+    def to_wire(self) -> dict[str, object]:
+        return {"agent": self.agent.to_wire(), "incarnation": self.incarnation, "pid": self.pid,
+                "returncode": self.returncode, "retryInS": self.retry_in_s, "tellTerminal": self.tell_terminal,
+                "diedAtMs": self.died_at_ms}  # fmt: skip
+
+    @classmethod
+    def from_wire(cls, data: object) -> SidecarDied:
+        where = "sidecar-died"
+        retry = _field(data, "retryInS", (int, float, type(None)), where)
+        return cls(AgentRef.from_wire(_field(data, "agent", dict, where)), _field(data, "incarnation", str, where),
+                   _field(data, "pid", int, where), _field(data, "returncode", int, where),
+                   None if retry is None else float(retry), _field(data, "tellTerminal", bool, where),
+                   _field(data, "diedAtMs", int, where))  # fmt: skip
+
+
+class SidecarBack(Step):
+    """A replacement is ready: the claim's gap closes."""
+
+    __slots__ = ("agent", "incarnation", "until_ms")
+    name = "sidecar-back"
+
+    def __init__(self, agent: AgentRef, incarnation: str, until_ms: int) -> None:
+        self.agent, self.incarnation, self.until_ms = agent, incarnation, until_ms
+
+    def to_wire(self) -> dict[str, object]:
+        return {"agent": self.agent.to_wire(), "incarnation": self.incarnation, "untilMs": self.until_ms}
+
+    @classmethod
+    def from_wire(cls, data: object) -> SidecarBack:
+        where = "sidecar-back"
+        return cls(AgentRef.from_wire(_field(data, "agent", dict, where)), _field(data, "incarnation", str, where),
+                   _field(data, "untilMs", int, where))  # fmt: skip
 
 
 READ = select.EPOLLIN
@@ -281,18 +664,18 @@ class Steps:
 
     def __init__(self, loop: Loop) -> None:
         self.loop = loop
-        self.queue: list[tuple[str, dict[str, Any], Callable[[bytes, int], None] | None]] = []
+        self.queue: list[tuple[Step, Callable[[bytes, int], None] | None]] = []
         self.running = False
 
-    def submit(self, step: str, payload: dict[str, Any], done: Callable[[bytes, int], None] | None = None) -> None:
-        self.queue.append((step, payload, done))
+    def submit(self, step: Step, done: Callable[[bytes, int], None] | None = None) -> None:
+        self.queue.append((step, done))
         if not self.running:
             self._next()
 
-    def run(self, step: str, payload: dict[str, Any]) -> tuple[bytes, int]:
+    def run(self, step: Step) -> tuple[bytes, int]:
         """Run `step` after those queued; its stdout and exit status once it is done."""
         result: list[tuple[bytes, int]] = []
-        self.submit(step, payload, lambda out, status: result.append((out, status)))
+        self.submit(step, lambda out, status: result.append((out, status)))
         self.loop.run_until(lambda: bool(result))
         return result[0]
 
@@ -304,18 +687,18 @@ class Steps:
             self.running = False
             return
         self.running = True
-        step, payload, done = self.queue.pop(0)
+        step, done = self.queue.pop(0)
         out_read, out_write = os.pipe2(os.O_CLOEXEC)
         payload_fd = os.memfd_create("hctx-step", os.MFD_CLOEXEC)  # the step's stdin
-        os.write(payload_fd, marshal.dumps(payload))
+        os.write(payload_fd, marshal.dumps(step.to_wire()))
         os.lseek(payload_fd, 0, os.SEEK_SET)
-        argv = [sys.executable, "-m", "wrapper.launch.launcher", step]
+        argv = [sys.executable, "-m", "wrapper.launch.launcher", step.name]
         try:
             pid = spawn(argv, checkout_env(), stdin=payload_fd, stdout=out_write,
-                        niceness=0 if step == "begin" else STEP_NICENESS)  # fmt: skip
+                        niceness=0 if isinstance(step, Begin) else STEP_NICENESS)  # fmt: skip
         except OSError as exc:
             os.close(out_read)
-            say(f"cannot run the {step} step ({exc.strerror or exc})")
+            say(f"cannot run the {step.name} step ({exc.strerror or exc})")
             self._finished(done, b"", 127)
             return
         finally:
@@ -338,7 +721,7 @@ class Steps:
                 output.extend(chunk)
 
         def timed_out() -> None:
-            say(f"the {step} step took over {STEP_TIMEOUT_S:g}s; killed")
+            say(f"the {step.name} step took over {STEP_TIMEOUT_S:g}s; killed")
             with suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
 
@@ -475,6 +858,62 @@ class Session:
         self.signal(signal.SIGKILL)
 
 
+class Keeper:
+    """While no sidecar runs beside the harness (its replacement's back-off, a sidecar that never came
+    up, or gave up), the group's duty is a keeper's: a fork of this process (no exec: its pages are
+    this process's until it writes them) in a group of its own, holding the read end of a pipe whose
+    write end only this process has. End of file without `done` means this process was SIGKILLed with
+    no sidecar to see to the harness: the keeper ends the harness's group (SIGTERM and SIGCONT,
+    SIGKILL after the deadline) and exits. Dismissed with `done` once a sidecar is ready again, so an
+    agent stays at two processes: this one and a sidecar, or this one and a keeper."""
+
+    def __init__(self, loop: Loop, pgid: int, deadline_s: float) -> None:
+        self.loop = loop
+        read_end, write_end = os.pipe2(os.O_CLOEXEC)
+        self._write_end: int | None = write_end
+        self.pid = os.fork()
+        if self.pid == 0:  # the keeper: nothing here may return
+            try:
+                _keep(read_end, pgid, deadline_s)
+            except BaseException:  # no terminal line from a process nobody asked for
+                pass
+            finally:
+                os._exit(0)
+        os.close(read_end)
+        loop.watch_exit(self.pid, lambda _: None)  # reaped here whenever it ends
+
+    def dismiss(self) -> None:
+        if self._write_end is not None:
+            with suppress(OSError):
+                os.write(self._write_end, b"done\n")
+            os.close(self._write_end)
+            self._write_end = None
+
+
+def _keep(read_end: int, pgid: int, deadline_s: float) -> None:
+    """The keeper's life (see Keeper): nothing of the loop, every other descriptor closed."""
+    signal.set_wakeup_fd(-1)
+    for signum in (*STOP_SIGNALS, signal.SIGPIPE):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, ())
+    os.setpgid(0, 0)  # the terminal's Ctrl-C and Ctrl-Z are the harness's
+    os.closerange(3, read_end)
+    os.closerange(read_end + 1, 1 << 20)  # the wrapper lock's descriptor among them: never held here
+    said = b""
+    while chunk := os.read(read_end, 64):
+        said += chunk
+    if said.endswith(b"done\n"):
+        return
+    from guard.groups import group_alive, signal_group, start_ending
+
+    if not start_ending(pgid):
+        return
+    deadline = time.monotonic() + deadline_s
+    while group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(GROUP_POLL_S)
+    signal_group(pgid, signal.SIGKILL)
+
+
 def end_group(loop: Loop, pgid: int, deadline_s: float) -> None:
     """SIGTERM the group (and SIGCONT), SIGKILL what is left after `deadline_s`; returns once it is gone."""
     from guard.groups import group_alive, signal_group, start_ending
@@ -497,18 +936,18 @@ def end_group(loop: Loop, pgid: int, deadline_s: float) -> None:
     gone[0] = True  # no more looks
 
 
-def sidecar_argv(it: dict[str, Any], lifeline_fd: int, ready_fd: int) -> list[str]:
+def sidecar_argv(it: Incarnation, lifeline_fd: int, ready_fd: int) -> list[str]:
     """The command every sidecar of the incarnation `it` (`wrapper.launch.launcher.begin_incarnation`) runs."""
-    agent = it["agent"]
+    agent = it.agent
     return [
-        *(sys.executable, "-m", "sidecar", "--harness", it["harness"]),
-        *("--catalog", agent["catalog"], "--host", agent["host"], "--agent", agent["identity"]),
-        *("--incarnation", it["incarnation"], "--channel", it["channel"]),
+        *(sys.executable, "-m", "sidecar", "--harness", it.harness),
+        *("--catalog", agent.catalog, "--host", agent.host, "--agent", agent.identity),
+        *("--incarnation", it.incarnation, "--channel", it.channel),
         *("--lifeline-fd", str(lifeline_fd), "--ready-fd", str(ready_fd)),
-        *(() if it["transport"] is None else ("--transport", it["transport"])),
-        *(() if it["account"] is None else ("--account", it["account"])),
-        *(() if it.get("recordFd") is None else ("--record-fd", str(it["recordFd"]))),
-        *(("--record-raw",) if it.get("recordRaw") else ()),
+        *(() if it.transport is None else ("--transport", it.transport)),
+        *(() if it.account is None else ("--account", it.account)),
+        *(() if it.record_fd is None else ("--record-fd", str(it.record_fd))),
+        *(("--record-raw",) if it.record_raw else ()),
     ]
 
 
@@ -522,7 +961,7 @@ class Sidecars:
     `hctx inspect`); the terminal, which is the harness's, gets one line per incarnation and one
     more on giving up (the `sidecar-died` step writes all three)."""
 
-    def __init__(self, loop: Loop, steps: Steps, incarnation: dict[str, Any]) -> None:
+    def __init__(self, loop: Loop, steps: Steps, incarnation: Incarnation) -> None:
         self.loop = loop
         self.steps = steps
         self.incarnation = incarnation
@@ -535,6 +974,8 @@ class Sidecars:
         self._quick_deaths = 0
         self._told_terminal = False
         self._replacing = False
+        self._pgid: int | None = None
+        self._keeper: Keeper | None = None  # while no sidecar is ready to see to the harness's group
 
     def start(self) -> None:
         """Start a sidecar; `ready` turns True once its channel listens (False: not in time)."""
@@ -544,7 +985,7 @@ class Sidecars:
         try:
             # Its own group: the terminal's Ctrl-C and Ctrl-Z are the harness's, not the sidecar's.
             # `--record`'s file goes to each sidecar as this same open file, never by its name.
-            record = () if self.incarnation.get("recordFd") is None else (self.incarnation["recordFd"],)
+            record = () if self.incarnation.record_fd is None else (self.incarnation.record_fd,)
             self.pid = spawn(sidecar_argv(self.incarnation, lifeline_read, ready_write), checkout_env(), new_group=True,
                              keep=(lifeline_read, ready_write, *record), stdin=devnull, stdout=devnull)  # fmt: skip
         except OSError:
@@ -570,9 +1011,12 @@ class Sidecars:
             os.close(ready_read)
             if self.ready is None:
                 self.ready = ready
+                if ready:
+                    self._dismiss_keeper()
                 if ready and self._replacing:
                     self._replacing = False
-                    self.steps.submit("sidecar-back", {**self._names(), "untilMs": time.time_ns() // 1_000_000})
+                    it = self.incarnation
+                    self.steps.submit(SidecarBack(it.agent, it.incarnation, time.time_ns() // 1_000_000))
 
         def readable() -> None:
             chunk = os.read(ready_read, 16)
@@ -590,7 +1034,10 @@ class Sidecars:
     def watch_group(self, pgid: int) -> None:
         """The harness's group, which each sidecar ends should the lifeline close without `done`."""
         self.group = b"group %d %g\n" % (pgid, HARNESS_KILL_DEADLINE_S)
+        self._pgid = pgid
         self._order(self.group)
+        if not self.ready:  # no sidecar up (yet) to see to it
+            self._keep()
 
     def _exited(self, returncode: int) -> None:
         pid, self.pid = self.pid, None
@@ -599,14 +1046,17 @@ class Sidecars:
         self._close_lifeline()
         if self.stopping:
             return
+        self._keep()
         if time.monotonic() - self._started_at >= SIDECAR_STABLE_S:
             self._quick_deaths = 0
         delay = sidecar_restart_delay(self._quick_deaths)
         self._quick_deaths += 1
         tell = delay is None or not self._told_terminal
         self._told_terminal = True  # later deaths go to the agent's log and the claim only
-        self.steps.submit("sidecar-died", {**self._names(), "pid": pid, "returncode": returncode, "retryInS": delay,
-                                           "tellTerminal": tell, "diedAtMs": time.time_ns() // 1_000_000})  # fmt: skip
+        it = self.incarnation
+        assert pid is not None  # an exit is watched only for the sidecar that runs
+        self.steps.submit(SidecarDied(it.agent, it.incarnation, pid, returncode, delay, tell,
+                                      time.time_ns() // 1_000_000))  # fmt: skip
         if delay is not None:
             self.loop.call_later(delay, self._replace)
 
@@ -623,6 +1073,7 @@ class Sidecars:
         """Close the lifeline (the sidecar drains what it has and exits), saying `done` first when
         the harness's group is seen to here; kill one that lingers."""
         self.stopping = True
+        self._dismiss_keeper()
         if group_done:
             self._order(b"done\n")
         self._close_lifeline()
@@ -634,13 +1085,22 @@ class Sidecars:
                 os.kill(self.pid, signal.SIGKILL)
             self.loop.run_until(lambda: self.pid is None)
 
-    def _names(self) -> dict[str, Any]:
-        return {"agent": self.incarnation["agent"], "incarnation": self.incarnation["incarnation"]}
-
     def _order(self, line: bytes) -> None:
         if self._lifeline is not None:
             with suppress(OSError):  # a sidecar that is gone cannot be told
                 os.write(self._lifeline, line)
+
+    def _keep(self) -> None:
+        if self._pgid is not None and self._keeper is None:
+            try:
+                self._keeper = Keeper(self.loop, self._pgid, HARNESS_KILL_DEADLINE_S)
+            except OSError as exc:  # no process to spare: the harness keeps its death signal alone
+                say(f"cannot start a keeper for the harness's group ({exc.strerror or exc})")
+
+    def _dismiss_keeper(self) -> None:
+        if self._keeper is not None:
+            self._keeper.dismiss()
+            self._keeper = None
 
     def _close_lifeline(self) -> None:
         if self._lifeline is not None:
@@ -862,11 +1322,12 @@ def _remove_channel_dir(directory: str) -> None:
 
 
 def run_incarnation(
-    loop: Loop, session: Session, steps: Steps, it: dict[str, Any], exited: Callable[[int], None] = lambda _: None
+    loop: Loop, session: Session, steps: Steps, it: Incarnation, exited: Callable[[int], None] = lambda _: None
 ) -> int:
     """One harness run beside its sidecar; the harness's exit status. `exited(status)` is told the
     moment the harness is gone, while the sidecar still drains (a step started then runs meanwhile)."""
-    plan = it["plan"]
+    plan = it.plan
+    assert plan is not None  # an incarnation without a plan only has a status (`supervise`)
     group = harness_group()
     sidecars = Sidecars(loop, steps, it)
     tap: Tap | None = None
@@ -878,28 +1339,28 @@ def run_incarnation(
             say(f"cannot start the sidecar ({exc.strerror or exc})")
         if not sidecars.ready and sidecars.running:  # one that died is its step's to report
             say("the sidecar did not come up; the harness runs without context telemetry")
-        env = dict(os.environ) | plan["env"] | {
-            "HCTX_CHANNEL": it["channel"],
-            "HCTX_AGENT": it["agent"]["identity"],
-            "HCTX_INCARNATION": it["incarnation"],
-            "HCTX_CATALOG": it["agent"]["catalog"],
+        env = dict(os.environ) | plan.env | {
+            "HCTX_CHANNEL": it.channel,
+            "HCTX_AGENT": it.agent.identity,
+            "HCTX_INCARNATION": it.incarnation,
+            "HCTX_CATALOG": it.agent.catalog,
         }  # fmt: skip
         stdout_read = stdout_write = None
-        if plan["tap"]:
+        if plan.tap:
             stdout_read, stdout_write = os.pipe2(os.O_CLOEXEC)
         try:
-            pid = spawn(plan["argv"], env, cwd=plan["cwd"], new_group=group == "own", stdout=stdout_write,
+            pid = spawn(plan.argv, env, cwd=plan.cwd, new_group=group == "own", stdout=stdout_write,
                         death_signal=True)  # fmt: skip
         except OSError as exc:
-            say(f"cannot start {plan['argv'][0]!r}: {exc.strerror or exc}")
+            say(f"cannot start {plan.argv[0]!r}: {exc.strerror or exc}")
             if stdout_read is not None:
                 os.close(stdout_read)
             return 127 if exc.errno == errno.ENOENT else 126
         finally:
             if stdout_write is not None:
                 os.close(stdout_write)
-        if stdout_read is not None:
-            tap = Tap(loop, stdout_read, plan["tap"], it["channel"], where=f"{it['harness']} stdout tap")
+        if stdout_read is not None and plan.tap is not None:
+            tap = Tap(loop, stdout_read, plan.tap, it.channel, where=f"{it.harness} stdout tap")
         returncode: list[int] = []
         loop.watch_exit(pid, returncode.append)
         session.started(pid, pid if group == "own" else None)
@@ -919,15 +1380,15 @@ def run_incarnation(
         if tap is not None:
             tap.close()
         sidecars.stopping = True
-        _remove_channel_dir(it["channelDir"])
-        if plan.get("teardown"):
-            steps.submit("teardown", {"plan": plan, "harness": it["harness"]})
+        _remove_channel_dir(it.channel_dir)
+        if plan.teardown:
+            steps.submit(Teardown(plan, it.harness))
 
 
-def _relaunch_wanted(options: dict[str, Any], status: int, restarts: int) -> bool:
-    if options["maxRestarts"] is not None and restarts >= options["maxRestarts"]:
+def _relaunch_wanted(options: Options, status: int, restarts: int) -> bool:
+    if options.max_restarts is not None and restarts >= options.max_restarts:
         return False
-    return options["restart"] == "always" or (options["restart"] == "on-failure" and status != 0)
+    return options.restart == "always" or (options.restart == "on-failure" and status != 0)
 
 
 class WrapperLock:
@@ -953,19 +1414,18 @@ class WrapperLock:
 
 
 def supervise(
-    options: dict[str, Any], first: dict[str, Any], lock: WrapperLock | None = None, record_fd: int | None = None
+    options: Options, first: Incarnation, lock: WrapperLock | None = None, record_fd: int | None = None
 ) -> int:
     """The first incarnation (claimed before the exec), then the ones the restart policy wants. A
     relaunch's `begin` step claims under `lock`, which this process holds: the step takes none.
     `record_fd`: `--record`'s open file, handed to every sidecar of every incarnation."""
     if record_fd is not None:
         os.set_inheritable(record_fd, False)  # a sidecar's alone: never the harness's, never a step's
-    recording = {"recordFd": record_fd, "recordRaw": bool(options.get("recordRaw"))}
     loop = Loop()
     session = Session(loop)
     session.listen()
     steps = Steps(loop)
-    it: dict[str, Any] = first
+    it = first
     restarts = 0
     stopped: list[str] = []  # the incarnation whose `stopped` step was started
 
@@ -973,15 +1433,15 @@ def supervise(
         """Once no relaunch will follow, the claim's `stopped` goes at once: beside the sidecar's
         drain rather than after it, so the wrapper's exit does not wait for a step's start."""
         if not stopped and (session.stopped or not _relaunch_wanted(options, status, restarts)):
-            stopped.append(it["incarnation"])
-            steps.submit("stopped", {"agent": first["agent"], "incarnation": it["incarnation"]})
+            stopped.append(it.incarnation)
+            steps.submit(Stopped(first.agent, it.incarnation))
 
     while True:
-        it = it | recording
-        status = it["status"] if it["plan"] is None else run_incarnation(loop, session, steps, it, stop)
+        it.record_fd, it.record_raw = record_fd, options.record_raw
+        status = it.status if it.status is not None else run_incarnation(loop, session, steps, it, stop)
         if session.stopped or not _relaunch_wanted(options, status, restarts):
             break
-        delay = min(options["restartDelayS"] * 2**restarts, options["restartDelayMaxS"])
+        delay = min(options.restart_delay_s * 2**restarts, options.restart_delay_max_s)
         restarts += 1
         say(f"harness exited with {status}; relaunch {restarts} in {delay:.2f}s")
         loop.run_until(lambda: session.stopped, timeout=delay)
@@ -989,12 +1449,16 @@ def supervise(
             break
         if lock is not None:
             lock.take()
-        output, code = steps.run("begin", {"options": options, "restarts": restarts, "relaunchOf": it["incarnation"]})
+        output, code = steps.run(Begin(options, restarts, it.incarnation))
         if code != 0:
             break  # the step said why
-        it = marshal.loads(output)
+        try:
+            it = Incarnation.from_wire(marshal.loads(output))
+        except (SpecError, EOFError, ValueError, TypeError) as exc:
+            say(f"the relaunch's claim step answered what this resident cannot run ({exc}); not relaunching")
+            break
     if not stopped:  # a relaunch was wanted, and a signal or a failed claim ended the session instead
-        steps.submit("stopped", {"agent": first["agent"], "incarnation": it["incarnation"]})
+        steps.submit(Stopped(first.agent, it.incarnation))
     steps.drain()
     return status
 
@@ -1005,9 +1469,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("usage: resident.py --spec-fd FD (started by `hctx wrap`, not by hand)", file=sys.stderr)
         return 2
     with os.fdopen(int(args[1]), "rb") as spec_file:
-        spec = marshal.loads(spec_file.read())
-    lock = WrapperLock(spec["lockFd"], spec["lockHeld"])
-    return supervise(spec["options"], spec["incarnation"], lock, spec.get("recordFd"))
+        try:
+            spec = Spec.loads(spec_file.read())
+        except SpecError as exc:
+            print(f"hctx wrap: the resident cannot run this spec: {exc}", file=sys.stderr)
+            return 2
+    return supervise(spec.options, spec.incarnation, WrapperLock(spec.lock_fd, spec.lock_held), spec.record_fd)
 
 
 if __name__ == "__main__":  # by hand, for a look; the wrapper runs `wrapper.launch.launcher.RESIDENT_COMMAND`

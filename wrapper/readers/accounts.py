@@ -14,7 +14,7 @@ the web board share it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -30,6 +30,7 @@ __all__ = [
     "Snapshot",
     "Window",
     "account_of",
+    "agent_snapshots",
     "fan_in",
     "group_key",
     "groups_by_agent",
@@ -137,6 +138,16 @@ def _snapshot(row: AgentRow, window: Window, attribute: str) -> Snapshot | None:
         stale=age >= HARNESS_CONTEXT_STALE_MS,
         source=row,
     )
+
+
+def agent_snapshots(group: AccountGroup) -> Iterator[Snapshot]:
+    """Every agent's own snapshot of each window of the group (the history's points, issue 39),
+    not only the newest that `fan_in` keeps."""
+    for row in group.agents:
+        for window, attribute in WINDOWS:
+            snapshot = _snapshot(row, window, attribute)
+            if snapshot is not None:
+                yield snapshot
 
 
 def _newer(candidate: Snapshot, held: Snapshot | None) -> bool:

@@ -54,6 +54,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ACCOUNT_AGENTS",
+    "ACCOUNT_EXHAUSTED",
     "ACCOUNT_FAMILIES",
     "ACCOUNT_OBSERVED",
     "ACCOUNT_RESETS",
@@ -167,8 +168,21 @@ SUBAGENT_FILL = _gauge(
     "hctx_subagent_max_used_percent",
     "The highest fill among the agent's subagents, in percent, each its harness's own number.",
 )
+# Issue 37: the prompt cache as the harness states it (Claude 2.1.332's status line); each family has
+# no sample where the harness does not state that figure, so a harness with no cache has none.
+CACHE_WARM = _gauge("hctx_prompt_cache_warm", "1 while the harness states its prompt cache warm, 0 once it is cold.")
+CACHE_EXPIRES = _gauge(
+    "hctx_prompt_cache_expires_timestamp_seconds",
+    "When the warm prompt cache goes cold, as the harness stated it, in Unix time.",
+)
+CACHE_RECACHE = _gauge(
+    "hctx_prompt_cache_recache_tokens",
+    "Tokens the next turn writes to the cache again if it has gone cold, as the harness stated it.",
+)
+CACHE_FAMILIES = (CACHE_WARM, CACHE_EXPIRES, CACHE_RECACHE)
 AGENT_FAMILIES: tuple[Family, ...] = (
-    *(family for family, _, _ in READINGS), RATE, MODEL, SUBAGENTS_RUNNING, SUBAGENT_FILL, STALE, RUNNING,
+    *(family for family, _, _ in READINGS), RATE, MODEL, SUBAGENTS_RUNNING, SUBAGENT_FILL, *CACHE_FAMILIES, STALE,
+    RUNNING,
 )  # fmt: skip
 _STATIC = len(AGENT_FAMILIES) - 2
 # Issue 29: per account and window, the newest snapshot across the agents whose records name the
@@ -187,7 +201,14 @@ ACCOUNT_RESETS = _gauge(
     "When the window resets, as the harness stated it, in Unix time.",
 )
 ACCOUNT_AGENTS = _gauge("hctx_account_agents", "Agents whose records name the account.")
-ACCOUNT_FAMILIES = (ACCOUNT_USED, ACCOUNT_OBSERVED, ACCOUNT_RESETS, ACCOUNT_AGENTS)
+# Issue 39: when the window reaches 100% at the fleet's pace (wrapper.forecast), only when that is
+# before its reset; absent when there is no such forecast (too few snapshots, flat, stale, reset).
+ACCOUNT_EXHAUSTED = _gauge(
+    "hctx_account_rate_limit_exhausted_at_seconds",
+    "When the window reaches 100% at the pace of the account's agents over the last hour, in Unix "
+    "time; only when that is before its reset.",
+)
+ACCOUNT_FAMILIES = (ACCOUNT_USED, ACCOUNT_OBSERVED, ACCOUNT_RESETS, ACCOUNT_AGENTS, ACCOUNT_EXHAUSTED)
 # The record's attribute behind each `context` key (None: headroom, derived), read off the model
 # itself: rendering skips the record's dump into a dict.
 _ATTRIBUTES = {field.alias or name: name for name, field in HarnessContext.model_fields.items()}
@@ -197,6 +218,7 @@ _RATE_ATTRIBUTES = tuple((_RATE_ALIASES[key], window) for key, window in RATE_WI
 # The per-agent samples' names, spelled once rather than per agent.
 _RATE_SAMPLE, _MODEL_SAMPLE, _STALE_SAMPLE, _RUNNING_SAMPLE = RATE.sample, MODEL.sample, STALE.sample, RUNNING.sample
 _SUBAGENTS_SAMPLE, _SUBAGENT_FILL_SAMPLE = SUBAGENTS_RUNNING.sample, SUBAGENT_FILL.sample
+_CACHE_AT = AGENT_FAMILIES.index(CACHE_WARM)  # the first cache family's place among an agent's lines
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,6 +319,13 @@ class ExportedAgent:
                 fills = [sub.used_percent for sub in record.subagents if sub.used_percent is not None]
                 if fills:
                     lines[len(READINGS) + 3] = f"{_SUBAGENT_FILL_SAMPLE}{{{labels}}} {number_text(max(fills))}\n"
+            cache = record.prompt_cache
+            if cache is not None:
+                expires = None if cache.expires_at_ms is None else cache.expires_at_ms / MS
+                figures = (int(cache.warm), expires, cache.recache_tokens_if_cold)
+                for offset, (family, value) in enumerate(zip(CACHE_FAMILIES, figures, strict=True)):
+                    if value is not None:
+                        lines[_CACHE_AT + offset] = f"{family.sample}{{{labels}}} {number_text(value)}\n"
         return cls(
             tuple(lines), f"{_STALE_SAMPLE}{{{labels}}} ", f"{_RUNNING_SAMPLE}{{{labels}}} ",
             None if decoded.record is None else decoded.record.observed_at_ms, decoded.claim, decoded.problem,
@@ -332,6 +361,8 @@ class _Build:
     flags: bytes
     unreadable: int
     version: int  # changes whenever the agents' text would
+    # (account key, window label) -> when it runs out before its reset (issue 39), from the history
+    exhausted: tuple[tuple[str, str, int], ...] = ()
 
 
 class Exporter:
@@ -407,9 +438,37 @@ class Exporter:
         self.reads.inc(len(snapshot.changed))
         self.errors.inc(errors)
         self._warn_new(warnings)
+        exhausted = self._forecast(catalog, snapshot, flags, now)
         same = self.last.snapshot is not None and not snapshot.changed and flags == self.last.flags and [
-            (h, i) for h, i, _ in snapshot.agents] == [(h, i) for h, i, _ in self.last.snapshot.agents]  # fmt: skip
-        return _Build(snapshot, flags, unreadable, self.last.version if same else self.last.version + 1)
+            (h, i) for h, i, _ in snapshot.agents] == [(h, i) for h, i, _ in self.last.snapshot.agents] and (
+            exhausted == self.last.exhausted)  # fmt: skip
+        return _Build(snapshot, flags, unreadable, self.last.version if same else self.last.version + 1, exhausted)
+
+    def _forecast(
+        self, catalog: Path, snapshot: CatalogSnapshot[ExportedAgent], flags: bytes, now: int
+    ) -> tuple[tuple[str, str, int], ...]:
+        """Every readable agent's account snapshots kept in the history (wrapper.rate_history), and
+        the windows that run out before their reset at the fleet's pace."""
+        from wrapper.readers.accounts import WINDOWS
+        from wrapper.readers.forecast import Point
+        from wrapper.readers.rate_history import Sighting, forecasts, keep
+
+        windows = {label: window for window, label in WINDOWS}
+        seen = [
+            Sighting(f"account:{agent.account}", windows[window.window],
+                     Point(window.observed_at_ms, window.used_percent, window.resets_at_ms))
+            for (_, _, agent), flag in zip(snapshot.agents, flags, strict=True)
+            if flag & 1 and agent.account is not None
+            for window in agent.account_windows
+        ]  # fmt: skip
+        series, problem = keep(catalog, seen, now)
+        self._warn_new([] if problem is None else [problem])
+        labels = dict(WINDOWS)
+        return tuple(sorted(
+            (account.removeprefix("account:"), labels[window], forecast.exhausted_at_ms)
+            for (account, window), forecast in forecasts(series, now).items()
+            if forecast.exhausted_at_ms is not None
+        ))  # fmt: skip
 
     def agents_text(self, openmetrics: bool, compressed: bool) -> bytes:
         """The agents' families in one format, rendered again only when something changed."""
@@ -458,6 +517,9 @@ def _join(build: _Build, openmetrics: bool) -> str:
                  for (_, _, agent), flag in zip(agents, build.flags, strict=True) if flag & 4)  # fmt: skip
     parts.extend(_account_lines([(agent, flag) for (_, _, agent), flag in zip(agents, build.flags, strict=True)
                                  if flag & 9], openmetrics))  # fmt: skip
+    parts.append(ACCOUNT_EXHAUSTED.header(openmetrics))
+    parts += [f'{ACCOUNT_EXHAUSTED.sample}{{account="{key}",window="{name}"}} {number_text(at_ms / MS)}\n'
+              for key, name, at_ms in build.exhausted]  # fmt: skip
     return "".join(parts)
 
 

@@ -33,8 +33,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import quote, unquote, urlsplit
 
-from guard.errors import UsageError
+from wrapper.arguments import UsageError
 from wrapper.readers.account_watch import RateLimitEvent
+from wrapper.readers.forecast_watch import ForecastEvent
 from wrapper.readers.render import meter_text, percent_text
 from wrapper.readers.watch import Around, Deliver, Event
 
@@ -82,6 +83,7 @@ _TITLES = {
     "stale": "context reading stale",
     "fresh": "context reading fresh again",
     "rate-limit": "rate limit {fill} used",
+    "rate-limit-forecast": "rate limit runs out before its reset, {fill} used",
 }
 _WINDOWS = {"fiveHour": "five-hour", "sevenDay": "seven-day"}
 
@@ -119,6 +121,9 @@ def notice_of(event: Event, board_url: str | None = None) -> Notice:
         window = f"{_WINDOWS.get(event.snapshot.window, event.snapshot.window)} window"
         if event.group is not None:
             window += f" of {event.group.label}"
+    elif isinstance(event, ForecastEvent) and event.group is not None and event.window in event.group.windows:
+        percent = event.group.windows[event.window].used_percent
+        window = f"{_WINDOWS.get(event.window, event.window)} window of {event.group.label}"
     elif event.kind == "subagent-fill" and event.subagent is not None:
         percent = event.subagent.used_percent
         window = meter_text(event.subagent) or "window unknown"

@@ -18,6 +18,7 @@ __all__ = [
     "register",
     "run_accounts",
     "run_agents",
+    "run_cache",
     "run_doctor",
     "run_inspect",
     "run_top",
@@ -28,10 +29,9 @@ __all__ = [
 
 
 def run_agents(args: argparse.Namespace) -> int:
-    from guard.errors import AgentNotFound
     from wrapper.readers.accounts import account_of
     from wrapper.readers.render import colour_enabled, render_agent_json, render_agents, render_agents_json
-    from wrapper.readers.roster import collect_roster, now_ms, resolve_agent, view_agent
+    from wrapper.readers.roster import AgentNotFound, collect_roster, now_ms, resolve_agent, view_agent
 
     quiet_guard_logs()
     here, now = args.host, now_ms()
@@ -75,9 +75,8 @@ def run_doctor(args: argparse.Namespace) -> int:
 
 
 def run_inspect(args: argparse.Namespace) -> int:
-    from guard.errors import AgentNotFound
     from wrapper.readers.render import render_inspection
-    from wrapper.readers.roster import collect_inspection, now_ms, resolve_agent
+    from wrapper.readers.roster import AgentNotFound, collect_inspection, now_ms, resolve_agent
 
     quiet_guard_logs()
     here, now = args.host, now_ms()
@@ -95,7 +94,31 @@ def run_inspect(args: argparse.Namespace) -> int:
 
 def run_accounts(args: argparse.Namespace) -> int:
     from wrapper.readers.accounts import fan_in
+    from wrapper.readers.rate_history import keep_groups
     from wrapper.readers.render import colour_enabled, render_accounts, render_accounts_json
+    from wrapper.readers.roster import collect_roster, now_ms
+
+    quiet_guard_logs()
+    now = now_ms()
+    try:
+        catalog = existing_catalog(args)
+        roster = collect_roster(catalog, now, here=args.host)
+    except CatalogError as exc:
+        return fail("accounts", f"cannot read the catalog: {exc}", 2)
+    warn("accounts", roster.all_warnings())
+    groups = fan_in(roster.rows)
+    # Issue 39: every agent's snapshot kept in the host-local history, each window forecast from it.
+    _, forecasts, problem = keep_groups(catalog, groups, now)
+    warn("accounts", [] if problem is None else [problem])
+    if args.json:
+        sys.stdout.write(render_accounts_json(groups, now, forecasts))
+    else:
+        sys.stdout.write(render_accounts(groups, now, colour=colour_enabled(sys.stdout), forecasts=forecasts))
+    return 0
+
+
+def run_cache(args: argparse.Namespace) -> int:
+    from wrapper.readers.render import colour_enabled, render_caches, render_caches_json
     from wrapper.readers.roster import collect_roster, now_ms
 
     quiet_guard_logs()
@@ -103,13 +126,12 @@ def run_accounts(args: argparse.Namespace) -> int:
     try:
         roster = collect_roster(existing_catalog(args), now, here=args.host)
     except CatalogError as exc:
-        return fail("accounts", f"cannot read the catalog: {exc}", 2)
-    warn("accounts", roster.all_warnings())
-    groups = fan_in(roster.rows)
+        return fail("cache", f"cannot read the catalog: {exc}", 2)
+    warn("cache", roster.all_warnings())
     if args.json:
-        sys.stdout.write(render_accounts_json(groups, now))
+        sys.stdout.write(render_caches_json(roster.rows, now))
     else:
-        sys.stdout.write(render_accounts(groups, now, colour=colour_enabled(sys.stdout)))
+        sys.stdout.write(render_caches(roster.rows, now, colour=colour_enabled(sys.stdout)))
     return 0
 
 
@@ -155,6 +177,22 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )  # fmt: skip
     add_catalog_options(accounts)
     accounts.set_defaults(run=with_host(run_accounts))
+
+    cache = commands.add_parser(
+        "cache",
+        help="the fleet's warm prompt caches, the soonest to go cold first",
+        description="One line per agent whose harness states a warm prompt cache (Claude 2.1.332's status "
+        "line; issue 37), the soonest to go cold first: in how long and at what time (UTC) it goes cold, the "
+        "tokens the turn after a cold cache writes again, its ttl and hit ratio, each as the harness stated "
+        "it. An agent whose harness states no cache, or a cold one, is not listed (`hctx agents` shows it).",
+    )
+    cache.add_argument(
+        "--json", action="store_true",
+        help="one JSON array in the same order, an object per agent: `cacheExpiresAtMs`, `cacheColdInMs`, "
+        "`recacheTokensIfCold` and the `promptCache` as stated (jq '.[]')",
+    )  # fmt: skip
+    add_catalog_options(cache)
+    cache.set_defaults(run=with_host(run_cache))
 
     doctor = commands.add_parser(
         "doctor",

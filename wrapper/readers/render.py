@@ -24,9 +24,10 @@ from guard.constants import (
 )
 from guard.files import RawFile
 from guard.projection import Context, SubagentReading, cache_cold_in_ms
-from guard.record import HarnessContext, Subagent, round_half_up
+from guard.record import HarnessContext, PromptCache, Subagent, round_half_up
 from guard.state import Unobserved
-from wrapper.readers.accounts import WINDOWS, AccountGroup, Snapshot, fan_in, groups_by_agent
+from wrapper.readers.accounts import WINDOWS, AccountGroup, Snapshot, Window, fan_in, group_key, groups_by_agent
+from wrapper.readers.forecast import Forecast
 from wrapper.readers.roster import (
     LOG_TAIL_LINES,
     AgentRow,
@@ -54,6 +55,7 @@ __all__ = [
     "RAW_SHOWN_BYTES",
     "RED_PERCENT",
     "Fill",
+    "Forecasts",
     "Tint",
     "account_limits_wire",
     "age_text",
@@ -68,6 +70,7 @@ __all__ = [
     "ctx_words",
     "doctor_advisories",
     "fill_tint",
+    "forecast_text",
     "headroom_text",
     "limits_text",
     "limits_tint",
@@ -83,6 +86,8 @@ __all__ = [
     "render_agent_json",
     "render_agents",
     "render_agents_json",
+    "render_caches",
+    "render_caches_json",
     "render_doctor",
     "render_inspection",
     "render_json_array",
@@ -93,6 +98,7 @@ __all__ = [
     "table",
     "tokens_text",
     "version_text",
+    "warm_caches",
 ]
 
 # A refused record is shown in `inspect` so its damage can be seen, but not megabytes of it.
@@ -612,31 +618,127 @@ def account_limits_wire(group: AccountGroup | None, row: AgentRow, now: int) -> 
     return out
 
 
-def render_accounts_json(groups: list[AccountGroup], now: int) -> str:
-    return render_json_array([group.wire(now) for group in groups])
+Forecasts = Mapping[tuple[str, Window], Forecast]  # wrapper.rate_history.forecasts, keyed (group key, window)
 
 
-def render_accounts(groups: list[AccountGroup], now: int, *, colour: bool) -> str:
-    """One line per account and window: the newest snapshot, its reset, its age, its agent."""
+# ---------------------------------------------------------------------------------------------
+# `hctx cache`: the fleet's prompt caches by expiry (issue 37)
+
+
+def warm_caches(rows: Iterable[AgentRow], now: int) -> list[tuple[AgentRow, PromptCache, int]]:
+    """Each agent whose harness states a warm prompt cache with an expiry, its cache and the
+    milliseconds until it goes cold (`cache_cold_in_ms`), soonest first; then by host and name."""
+    found = []
+    for row in rows:
+        cache = None if row.context is None else row.context.prompt_cache
+        left = cache_cold_in_ms(cache, now)
+        if cache is not None and left is not None:
+            found.append((row, cache, left))
+    return sorted(found, key=lambda item: (item[2], item[0].host, item[0].identity))
+
+
+def _utc_clock(ms: int) -> str:
+    try:
+        return datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC).strftime("%H:%M:%SZ")
+    except (OverflowError, OSError, ValueError):
+        return str(ms)
+
+
+def render_caches(rows: Iterable[AgentRow], now: int, *, colour: bool) -> str:
+    """One line per warm cache, soonest to go cold first: when (in and at, UTC), the tokens the turn
+    after writes again if it does, and the ttl and hit ratio where the harness stated them."""
+    caches = warm_caches(rows, now)
+    if not caches:
+        return "no warm prompt cache stated\n"
+    header = ["HOST", "AGENT", "HARNESS", "COLD IN", "AT", "RE-CACHE", "TTL", "HIT"]
+    body: list[list[tuple[str, Tint]]] = [[
+        (row.host, None),
+        (row.identity, None),
+        (row.named_harness or "-", None),
+        ("now" if left == 0 else age_text(left), None),
+        (_utc_clock(cache.expires_at_ms or now), None),
+        ("-" if cache.recache_tokens_if_cold is None else tokens_text(cache.recache_tokens_if_cold), None),
+        (cache.ttl or "-", None),
+        ("-" if cache.hit_ratio is None else f"{cache.hit_ratio:.0%}", None),
+    ] for row, cache, left in caches]  # fmt: skip
+    return table(body, header, colour)
+
+
+def render_caches_json(rows: Iterable[AgentRow], now: int) -> str:
+    """`hctx cache --json`: the same order, each agent's cache as stated and what `watch`'s
+    `cache-expiring` event says of it (`cacheExpiresAtMs`, `cacheColdInMs`, `recacheTokensIfCold`)."""
+    return render_json_array([
+        {"host": row.host, "identity": row.identity, "harness": row.named_harness,
+         "cacheExpiresAtMs": cache.expires_at_ms, "cacheColdInMs": left,
+         "recacheTokensIfCold": cache.recache_tokens_if_cold,
+         "promptCache": cache.model_dump(mode="json", by_alias=True)}
+        for row, cache, left in warm_caches(rows, now)
+    ])  # fmt: skip
+
+
+def forecast_text(forecast: Forecast | None, now: int) -> str:
+    """`in 1h12m (9 over 42m00s)`, `not before reset (…)`, `- fewer than two snapshots (1 over 0s)`:
+    the verdict, and always the number of snapshots and the span it rests on."""
+    if forecast is None:
+        return "-"
+    basis = f"({forecast.points} over {age_text(forecast.span_ms)})"
+    if forecast.status == "runs-out" and forecast.exhausted_at_ms is not None:
+        when = "now" if forecast.exhausted_at_ms <= now else f"in {age_text(forecast.exhausted_at_ms - now)}"
+        return f"{when} {basis}"
+    if forecast.status == "not-before-reset":
+        return f"not before reset {basis}"
+    return f"- {forecast.reason} {basis}"
+
+
+def _runs_out_cell(forecast: Forecast | None, now: int) -> tuple[str, Tint]:
+    """RUNS OUT: red when the window runs out before its reset at this pace."""
+    return forecast_text(forecast, now), "red" if forecast is not None and forecast.status == "runs-out" else None
+
+
+def render_accounts_json(groups: list[AccountGroup], now: int, forecasts: Forecasts | None = None) -> str:
+    """With `forecasts`, each window's object carries its `forecast` (wrapper.forecast.Forecast.wire)."""
+    items = []
+    for group in groups:
+        item = group.wire(now)
+        if forecasts is not None:
+            key = group_key(group.agents[0])
+            item |= {"rateLimits": {
+                window: None if (snapshot := group.windows.get(window)) is None else {
+                    **snapshot.wire(now),
+                    "forecast": None if (found := forecasts.get((key, window))) is None else found.wire(),
+                }
+                for window, _ in WINDOWS
+            }}  # fmt: skip
+        items.append(item)
+    return render_json_array(items)
+
+
+def render_accounts(groups: list[AccountGroup], now: int, *, colour: bool, forecasts: Forecasts | None = None) -> str:
+    """One line per account and window: the newest snapshot, its reset, its age, its agent; with
+    `forecasts`, when it runs out at the fleet's pace (RUNS OUT)."""
     if not groups:
         return "no account rate limits reported\n"
-    header = ["ACCOUNT", "LABEL", "WINDOW", "USED", "RESETS", "AGE", "FROM", "AGENTS"]
+    header = ["ACCOUNT", "LABEL", "WINDOW", "USED", "RESETS", *(["RUNS OUT"] if forecasts is not None else []),
+              "AGE", "FROM", "AGENTS"]  # fmt: skip
     body = []
     for group in groups:
         key = "-" if group.key is None else group.key[:12]
         label = printable(group.label) if group.label else "(no account stated)"
+        grouped = group_key(group.agents[0])
         for window, _ in WINDOWS:
             snapshot = group.windows.get(window)
             if snapshot is None:
                 continue
             age = age_text(snapshot.age_ms) + (" stale" if snapshot.stale else "")
             tint = limits_tint([snapshot], now)
+            runs_out = [] if forecasts is None else [_runs_out_cell(forecasts.get((grouped, window)), now)]
             body.append([
                 (key, None),
                 (label, None),
                 (_WINDOW_SHORT[window], None),
                 (percent_text(snapshot.used_percent), tint),
                 (reset_text(snapshot.resets_at_ms, now), None),
+                *runs_out,
                 (age, None),
                 (snapshot.source.name, None),
                 (str(len(group.agents)), None),

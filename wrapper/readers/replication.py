@@ -23,8 +23,7 @@ from guard.constants import (
     HARNESS_CONTEXT_BUCKET_PERCENT,
     REPLICATED_RECORD_NAMES,
 )
-from guard.errors import UsageError
-from wrapper.arguments import catalog_of
+from wrapper.arguments import UsageError, catalog_of
 
 __all__ = [
     "FOLDER_SETTINGS",

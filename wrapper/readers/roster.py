@@ -35,7 +35,7 @@ from guard.constants import (
     HARNESS_CONTEXT_WARN_PERCENT,
     STATE_RECORD_NAME,
 )
-from guard.errors import AgentNotFound, CatalogError
+from guard.errors import CatalogError, NotFound
 from guard.files import open_regular
 from guard.layout import check_name, log_path
 from guard.procs import pid_alive
@@ -48,6 +48,7 @@ __all__ = [
     "LAUNCH_WINDOW_MS",
     "LOG_TAIL_BYTES",
     "LOG_TAIL_LINES",
+    "AgentNotFound",
     "AgentRow",
     "AgentView",
     "DecodedAgent",
@@ -71,6 +72,11 @@ __all__ = [
     "unverified_builds",
     "view_agent",
 ]
+
+
+class AgentNotFound(NotFound):
+    """No agent answers to the name asked for."""
+
 
 PidProbe = Callable[[int], bool]
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from guard.errors import TranscriptError
+from guard.errors import Unavailable
 from guard.record import ContextFields, Harness
 
 if TYPE_CHECKING:  # the registry loads only when `hctx scan` runs, not for every command
@@ -29,6 +29,7 @@ __all__ = [
     "DEFAULT_SINCE",
     "ScanRow",
     "SessionFile",
+    "TranscriptError",
     "find_sessions",
     "parse_duration",
     "read_session",
@@ -37,6 +38,11 @@ __all__ = [
     "run_scan",
     "scan",
 ]
+
+
+class TranscriptError(Unavailable):
+    """A transcript `hctx scan` reads cannot be opened."""
+
 
 DEFAULT_SINCE: Final = "24h"
 _DURATION: Final = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")

@@ -33,6 +33,7 @@ from wrapper.readers.render import (
     Fill,
     Tint,
     age_text,
+    cache_text,
     colour_enabled,
     cost_text,
     counted,
@@ -230,20 +231,23 @@ def bar(fill: Fill | None, cells: int = BAR_CELLS) -> str:
     return "█" * filled + "░" * (cells - filled)
 
 
-COLUMNS = ("AGENT", "HARNESS", "FILL", "PCT", "TOKENS", "WINDOW", "HEADROOM", "⟳", "AGE", "COST", "LIMITS")
+COLUMNS = ("AGENT", "HARNESS", "FILL", "PCT", "TOKENS", "WINDOW", "HEADROOM", "⟳", "AGE", "COST", "LIMITS", "CACHE")
 RIGHT_ALIGNED = frozenset({"PCT", "TOKENS", "WINDOW", "HEADROOM", "⟳"})  # numbers
 # On a terminal too narrow for the table the bar narrows first, down to BAR_MIN_CELLS; then columns
 # are hidden in this order, and the frame says which. AGENT and PCT are always shown. LIMITS (the
-# account's rate limits, `wrapper.readers.render.limits_text`) is left out unasked when no agent has any.
-HIDE_ORDER = ("LIMITS", "HARNESS", "WINDOW", "HEADROOM", "FILL", "TOKENS", "COST", "⟳", "AGE")
+# account's rate limits, `wrapper.readers.render.limits_text`) and CACHE (the prompt cache, issue 37:
+# `agents`' own cell, `wrapper.readers.render.cache_text`) are left out unasked when no agent has any.
+OPTIONAL = ("LIMITS", "CACHE")
+HIDE_ORDER = ("LIMITS", "CACHE", "HARNESS", "WINDOW", "HEADROOM", "FILL", "TOKENS", "COST", "⟳", "AGE")
 
 
-def _cells(row: AgentRow, limits: Segment, bar_cells: int = BAR_CELLS) -> list[Segment]:
+def _cells(row: AgentRow, limits: Segment, now: int, bar_cells: int = BAR_CELLS) -> list[Segment]:
     context = row.context
     tint = fill_tint(context)
     if context is None:
+        blank: list[Segment] = [("", None)] * 6
         return [(row.name, None), (row.harness or "-", None), (bar(None, bar_cells), None), ("-", None),
-                ("", None), ("", None), ("", None), ("", None), ("", None), ("", None), limits]  # fmt: skip
+                *blank, limits, ("-", None)]  # fmt: skip
     percent = context.used_percent
     age = age_text(context.age_ms) + (" stale" if context.stale else "")
     return [
@@ -258,6 +262,7 @@ def _cells(row: AgentRow, limits: Segment, bar_cells: int = BAR_CELLS) -> list[S
         (age, None),
         (cost_text(context.cost_usd), None),
         limits,
+        (cache_text(context, now), None),
     ]
 
 
@@ -278,13 +283,14 @@ def _subagent_cells(sub: SubagentReading, bar_cells: int = BAR_CELLS) -> list[Se
         (age_text(sub.age_ms), None),
         ("", None),
         ("", None),
+        ("", None),  # a subagent's cache is its agent's
     ]
 
 
-def _rows_cells(row: AgentRow, limits: Segment, bar_cells: int = BAR_CELLS) -> list[list[Segment]]:
+def _rows_cells(row: AgentRow, limits: Segment, now: int, bar_cells: int = BAR_CELLS) -> list[list[Segment]]:
     """The agent's row, then each of its subagents' rows."""
     subagents = () if row.context is None else row.context.subagents
-    return [_cells(row, limits, bar_cells), *(_subagent_cells(sub, bar_cells) for sub in subagents)]
+    return [_cells(row, limits, now, bar_cells), *(_subagent_cells(sub, bar_cells) for sub in subagents)]
 
 
 def _fit(segments: list[Segment], width: int | None, colour: bool) -> str:
@@ -312,29 +318,32 @@ def _span(widths: list[int], shown: list[int]) -> int:
 
 def _layout(
     rows: list[AgentRow], width: int | None, now: int, fleet: list[AgentRow]
-) -> tuple[list[list[Segment]], list[int], list[int], bool]:
+) -> tuple[list[list[Segment]], list[int], list[int], list[str]]:
     """The table (header first), its column widths, the indexes of the columns shown in `width`, and
-    whether any agent has an account figure (LIMITS is no column of a fleet with none). The
+    the columns offered (an OPTIONAL one only where some row in view has a figure for it). The
     accounts are fanned in from the whole `fleet`, not only the rows in view."""
     header: list[Segment] = [(name, None) for name in COLUMNS]
     groups = groups_by_agent(fan_in(fleet))
     limits = [limits_text(groups.get(row.name), row, now) for row in rows]
-    table = [header, *(cells for row, limit in zip(rows, limits, strict=True) for cells in _rows_cells(row, limit))]
+    table = [header, *(cells for row, limit in zip(rows, limits, strict=True)
+                       for cells in _rows_cells(row, limit, now))]  # fmt: skip
     widths = _widths(table)
-    with_limits = any(text != "-" for text, _ in limits)
-    shown = list(range(len(COLUMNS) - (0 if with_limits else 1)))
+    stated = {name for name in OPTIONAL
+              if any(cells[COLUMNS.index(name)][0] not in ("-", "") for cells in table[1:])}  # fmt: skip
+    offered = [name for name in COLUMNS if name not in OPTIONAL or name in stated]
+    shown = [COLUMNS.index(name) for name in offered]
     if width is None or _span(widths, shown) <= width:
-        return table, widths, shown, with_limits
+        return table, widths, shown, offered
     bar_cells = max(BAR_MIN_CELLS, BAR_CELLS - (_span(widths, shown) - width))
     table = [header, *(cells for row, limit in zip(rows, limits, strict=True)
-                       for cells in _rows_cells(row, limit, bar_cells))]  # fmt: skip
+                       for cells in _rows_cells(row, limit, now, bar_cells))]  # fmt: skip
     widths = _widths(table)
     for name in HIDE_ORDER:
         if _span(widths, shown) <= width:
             break
         if COLUMNS.index(name) in shown:
             shown.remove(COLUMNS.index(name))
-    return table, widths, shown, with_limits
+    return table, widths, shown, offered
 
 
 def render_frame(
@@ -357,11 +366,10 @@ def render_frame(
     fleet = [] if roster is None else roster.rows
     rows = view.rows(fleet)
     title = f"hctx top · {counted(len(fleet), 'agent')} · {catalog} · {clock}"
-    table, widths, shown, with_limits = _layout(rows, width, now, fleet)
+    table, widths, shown, offered = _layout(rows, width, now, fleet)
     notes = [view.help(len(rows), len(fleet))] if interactive else []
-    offered = COLUMNS if with_limits else COLUMNS[:-1]
     if problem is None and len(shown) < len(offered):
-        hidden_columns = [name for index, name in enumerate(offered) if index not in shown]
+        hidden_columns = [name for name in offered if COLUMNS.index(name) not in shown]
         columns = counted(len(hidden_columns), "column")
         notes.append(f"+{columns} hidden, widen the terminal: {', '.join(hidden_columns)}")
     heading = [title, " · ".join(notes), summary(fleet) if fleet and problem is None else ""]

@@ -82,7 +82,17 @@ __all__ = [
     "step",
 ]
 
-Kind = Literal["fresh", "compaction", "fill", "headroom", "stale", "rate-limit", "subagent-fill", "cache-expiring"]
+Kind = Literal[
+    "fresh",
+    "compaction",
+    "fill",
+    "headroom",
+    "stale",
+    "rate-limit",
+    "rate-limit-forecast",
+    "subagent-fill",
+    "cache-expiring",
+]
 
 DEFAULT_AT: tuple[float, ...] = (80, 95)
 DEFAULT_EXEC_TIMEOUT_S = 10.0

@@ -1,15 +1,18 @@
 """`hctx watch`'s command line: every option in one place, the fill events (wrapper.readers.watch)
-and, beside them, the account rate-limit events (wrapper.readers.account_watch) as its companion,
-and with --notify each event also notified (wrapper.readers.notify)."""
+and, beside them, the account rate-limit events (wrapper.readers.account_watch) and the forecast's
+(wrapper.readers.forecast_watch) as its companions, and with --notify each event also notified
+(wrapper.readers.notify)."""
 
 from __future__ import annotations
 
 import argparse
+import math
 
 from wrapper.arguments import add_catalog_options, positive_seconds, whole_number, with_host
 from wrapper.readers import notify
 from wrapper.readers.account_watch import AccountWatch
 from wrapper.readers.accounts import DEFAULT_RATE_LIMIT_AT
+from wrapper.readers.forecast_watch import DEFAULT_FORECAST_MARGIN_S, ForecastWatch
 from wrapper.readers.watch import DEFAULT_AT, DEFAULT_EXEC_TIMEOUT_S, DEFAULT_REREAD_S, parse_percents, run_watch
 
 __all__ = ["register"]
@@ -25,7 +28,20 @@ def _run(args: argparse.Namespace) -> int:
             return notify.notify_test(targets, args.notify_timeout, args.board_url, args.host)
         if targets:  # the events go to the targets, and to --exec's command if there is one
             around = notify.with_notifications(args, targets)
-    return run_watch(args, lambda state_file: [AccountWatch(state_file, args.rate_limit_at)], around)
+    return run_watch(args, lambda state_file: [
+        AccountWatch(state_file, args.rate_limit_at), ForecastWatch(state_file, args.forecast_margin),
+    ], around)  # fmt: skip
+
+
+def _minutes(text: str) -> float:
+    """`--forecast-margin`: minutes, 0 or more, as seconds."""
+    try:
+        minutes = float(text)
+    except ValueError:
+        minutes = math.nan
+    if not math.isfinite(minutes) or minutes < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of minutes, 0 or more")
+    return minutes * 60
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -87,6 +103,12 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="account rate-limit thresholds, comma-separated: a `rate-limit` event per account and window "
         "(five-hour, seven-day) when the newest snapshot across the account's agents reaches one; re-armed "
         "below it or once the window resets; a snapshot past the hour horizon fires nothing (default: 80,95)",
+    )  # fmt: skip
+    watch.add_argument(
+        "--forecast-margin", type=_minutes, default=DEFAULT_FORECAST_MARGIN_S, metavar="MINUTES",
+        help="a `rate-limit-forecast` event per account and window when, at the pace of all its agents over "
+        "the last hour (the history every hctx reader keeps), the window reaches 100%% more than MINUTES "
+        "before the reset the harness stated; re-armed when it no longer does or the window resets (default: 15)",
     )  # fmt: skip
     notify.add_notify_options(watch)
     watch.set_defaults(run=with_host(_run))

@@ -41,11 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from guard.account import Account, read_account_file, shown_dir
 from guard.atomic import write_json_atomic
-from guard.errors import (  # SettingsError: the file cannot be merged without loss
-    CatalogError,
-    JsonRefused,
-    SettingsError,
-)
+from guard.errors import CatalogError, JsonRefused, Unusable
 from guard.files import SYMLINK_PROBLEM, read_bounded, set_aside
 from guard.json_rule import loads
 from guard.procs import proc_stat
@@ -71,6 +67,7 @@ __all__ = [
     "SUBAGENT_RENDERER_ENV",
     "TEE_MODULE",
     "Seats",
+    "SettingsError",
     "compaction_settings",
     "leave_seat",
     "prepare",
@@ -85,6 +82,11 @@ __all__ = [
     "unrender_settings",
     "write_settings",
 ]
+
+
+class SettingsError(Unusable):
+    """A harness's settings file cannot be merged; hctx leaves it as it is."""
+
 
 CLAUDE_DIR = ".claude"
 SETTINGS_PATH = Path(CLAUDE_DIR) / "settings.local.json"

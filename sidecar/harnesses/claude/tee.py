@@ -309,54 +309,58 @@ def _write_stdout(data: bytes) -> None:
 # --- entry points -------------------------------------------------------------------------------
 
 
-def statusline_main() -> int:
-    prog = "hctx-statusline"
+class _Line:
+    """One of Claude's status-line settings the tee stands in for: what it forwards to the sidecar and
+    whose renderer it chains. The two differ only in these words and in what an absent renderer
+    means (the main line stays empty; without a subagent renderer Claude draws its own rows). A plain
+    class: dataclasses would import inspect and re on the status line's path."""
+
+    __slots__ = ("drawn", "frame", "prog", "setting", "silent_without_renderer", "sources")
+
+    def __init__(
+        self, prog: str, frame: bytes, setting: str, sources: str, drawn: str, *, silent_without_renderer: bool
+    ) -> None:
+        self.prog, self.frame, self.setting, self.sources = prog, frame, setting, sources
+        self.drawn = drawn  # what the person sees when the user's renderer draws nothing
+        self.silent_without_renderer = silent_without_renderer
+
+
+_MAIN_LINE = _Line("hctx-statusline", STATUSLINE_FRAME, "statusLine", SOURCES,
+                   "the status line stays empty", silent_without_renderer=False)  # fmt: skip
+_SUBAGENT_LINE = _Line("hctx-subagent-statusline", SUBAGENT_STATUSLINE_FRAME, "subagentStatusLine",
+                       SUBAGENT_SOURCES, "Claude draws its own rows", silent_without_renderer=True)  # fmt: skip
+
+
+def _tee(line: _Line) -> int:
     data, fits = _drain_stdin()
     if not fits:
-        _say(prog, f"stdin over {MAX_STDIN_BYTES} bytes: not recorded, nothing drawn")
+        _say(line.prog, f"stdin over {MAX_STDIN_BYTES} bytes: not recorded, {line.drawn}")
         return 0
     if _env(INSIDE_RENDERER_ENV):
-        _say(prog, f"the renderer is the tee itself; point {SOURCES} at the operator's own renderer")
+        _say(line.prog, f"the renderer is the tee itself; point {line.sources} at the operator's own renderer")
         return 0
-    problem = _send(STATUSLINE_FRAME, data)
+    problem = _send(line.frame, data)
     if problem:
-        _say(prog, problem)
-    command, origin = resolve_renderer()
+        _say(line.prog, problem)
+    command, origin = resolve_renderer(line.setting)
     if command is None:
-        _say(prog, f"no status-line renderer: {origin}; the status line stays empty (sources: {SOURCES})")
+        if not line.silent_without_renderer:  # the user has no subagent renderer: as without hctx
+            _say(line.prog, f"no {line.setting} renderer: {origin}; {line.drawn} (sources: {line.sources})")
         return 0
     output, why = render(command, data)
     if output is None:
-        _say(
-            prog,
-            f"renderer {command!r} from {origin} {why}; the status line stays empty (sources: {SOURCES})",
-        )
+        _say(line.prog, f"{line.setting} {command!r} from {origin} {why}; {line.drawn} (sources: {line.sources})")
         return 0
-    _write_stdout(output)
+    _write_stdout(output)  # verbatim: Claude parses a subagent renderer's `{"id","content"}` lines, not hctx
     return 0
+
+
+def statusline_main() -> int:
+    return _tee(_MAIN_LINE)
 
 
 def subagent_statusline_main() -> int:
-    prog = "hctx-subagent-statusline"
-    data, fits = _drain_stdin()
-    if not fits:
-        _say(prog, f"stdin over {MAX_STDIN_BYTES} bytes: not recorded, no rows drawn")
-        return 0
-    if _env(INSIDE_RENDERER_ENV):
-        _say(prog, f"the renderer is the tee itself; point {SUBAGENT_SOURCES} at the operator's own")
-        return 0
-    problem = _send(SUBAGENT_STATUSLINE_FRAME, data)
-    if problem:
-        _say(prog, problem)
-    command, origin = resolve_renderer("subagentStatusLine")
-    if command is None:
-        return 0  # the user has none: Claude draws its own rows, as without hctx
-    output, why = render(command, data)
-    if output is None:
-        _say(prog, f"subagentStatusLine {command!r} from {origin} {why}; Claude draws its own rows")
-        return 0
-    _write_stdout(output)  # its `{"id","content"}` lines, verbatim: Claude parses them, not hctx
-    return 0
+    return _tee(_SUBAGENT_LINE)
 
 
 def hook_main() -> int:

@@ -15,17 +15,23 @@ from importlib import resources
 from pathlib import Path
 from typing import Final
 
-from guard.errors import JsonRefused, ModelTableError
+from guard.errors import JsonRefused, Unusable
 from guard.json_rule import loads
 from guard.record import MAX_COUNT
 
 __all__ = [
     "MODEL_TABLE_SCHEMA",
     "USER_MODEL_TABLE",
+    "ModelTableError",
     "model_table",
     "shipped_model_table",
     "user_model_table_path",
 ]
+
+
+class ModelTableError(Unusable):
+    """Claude's model-window table (ours or the user's) is unreadable."""
+
 
 MODEL_TABLE_SCHEMA: Final = "hctx.model-windows.v1"
 USER_MODEL_TABLE: Final = Path("hctx") / "models.json"

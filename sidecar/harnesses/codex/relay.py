@@ -25,10 +25,9 @@ import trio
 import trio_websocket
 from trio_websocket import ConnectionRejected, WebSocketConnection, WebSocketRequest
 
-from guard.errors import ConfigError
 from sidecar.harnesses.codex.events import WEBSOCKET
 from sidecar.harnesses.codex.producer import Relay
-from sidecar.spec import Stream, Streams
+from sidecar.spec import ConfigError, Stream, Streams
 
 __all__ = [
     "MAX_MESSAGE_BYTES",

@@ -43,7 +43,7 @@ from typing import Final
 import httpx
 import trio
 
-from guard.errors import HttpError
+from guard.errors import Unavailable
 from sidecar.harnesses.opencode.producer import (
     CONFIG_WIRE,
     PROVIDERS_WIRE,
@@ -60,10 +60,16 @@ __all__ = [
     "REPULL_SECONDS",
     "REQUEST_SECONDS",
     "EventFollower",
+    "HttpError",
     "next_backoff",
     "run",
     "tls_context",
 ]
+
+
+class HttpError(Unavailable):
+    """An HTTP request did not deliver; the message is the sentence to log."""
+
 
 log = logging.getLogger(__name__)
 

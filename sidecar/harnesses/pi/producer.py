@@ -62,7 +62,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
-from guard.errors import FrameRejected, UnknownHarness
+from guard.errors import FrameRejected
 from guard.policy import Reading
 from guard.record import (
     COMPACTION_TRIGGERS,
@@ -75,7 +75,7 @@ from guard.record import (
 )
 from sidecar.held import Held
 from sidecar.producer import Percent, Usd, harness_version, instant_ms, optional_model
-from sidecar.spec import HarnessSpec
+from sidecar.spec import HarnessSpec, UnknownHarness
 
 __all__ = [
     "FRAME_TYPE",

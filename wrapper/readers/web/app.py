@@ -35,10 +35,10 @@ from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from guard.errors import AgentNotFound, CatalogError
+from guard.errors import CatalogError
 from wrapper.arguments import quiet_guard_logs
 from wrapper.readers.render import render_agent_json
-from wrapper.readers.roster import collect_inspection, now_ms, resolve_agent, view_agent
+from wrapper.readers.roster import AgentNotFound, collect_inspection, now_ms, resolve_agent, view_agent
 from wrapper.readers.web.board import agent_detail, read_fill_history
 from wrapper.readers.web.feed import Board, sse_event
 

@@ -23,13 +23,17 @@ from guard.files import open_regular
 from guard.history import StartLine, WriteLine, read_fill_line
 from guard.layout import log_files, log_path
 from guard.projection import SubagentReading
-from wrapper.readers.accounts import AccountGroup, Snapshot, Window, fan_in, groups_by_agent
+from wrapper.readers.accounts import WINDOWS, AccountGroup, Snapshot, Window, fan_in, group_key, groups_by_agent
+from wrapper.readers.forecast import Forecast, Point, forecast
+from wrapper.readers.rate_history import KEEP_MS, WINDOW_MS, Series
 from wrapper.readers.render import (
     age_text,
     agent_wire,
+    cache_text,
     claim_section,
     cost_text,
     fill_tint,
+    forecast_text,
     headroom_text,
     meter_text,
     meter_title,
@@ -42,15 +46,19 @@ from wrapper.readers.roster import AgentRow, Inspection
 from wrapper.readers.top import fill_order
 
 __all__ = [
+    "CACHE_TICK",
     "HISTORY_BYTES",
     "HISTORY_POINTS",
     "RATE_PANEL_ROWS",
+    "Drawn",
     "FillHistory",
     "FillPoint",
     "age_now",
     "agent_detail",
     "ages_now",
+    "draw_accounts",
     "fill_svg",
+    "limits_svg",
     "rate_limit_panel",
     "rate_limit_panel_of",
     "read_fill_history",
@@ -63,6 +71,9 @@ RATE_PANEL_ROWS = 20
 # Of each log file (the live one and its rotations) only this much of its end is read.
 HISTORY_BYTES = 2 * 1024 * 1024
 HISTORY_POINTS = 5000
+# The prompt cache's cell (issue 37) counts down with the ages, under its agent's key and this: a line
+# break as a subagent's key has, then a tab, which no subagent id holds (ids are printable).
+CACHE_TICK = "\n\tcache"
 
 
 def age_now(row: AgentRow, read_ms: int, now: int) -> str:
@@ -76,13 +87,15 @@ def age_now(row: AgentRow, read_ms: int, now: int) -> str:
 
 def ages_now(row: AgentRow, read_ms: int, now: int) -> dict[str, str]:
     """The ages of a row with a reading that tick on the page: its own under its name, and each
-    subagent's under the name, a line break and the subagent's id (neither holds a line break)."""
+    subagent's under the name, a line break and the subagent's id (neither holds a line break); a
+    stated prompt cache's countdown under the name and CACHE_TICK."""
     context = row.context
     if context is None:
         return {}
     since = max(0, now - read_ms)
     subagents = {f"{row.name}\n{sub.id}": age_text(sub.age_ms + since) for sub in context.subagents}
-    return {row.name: age_now(row, read_ms, now), **subagents}
+    cache = {} if context.prompt_cache is None else {row.name + CACHE_TICK: cache_text(context, now)}
+    return {row.name: age_now(row, read_ms, now), **subagents, **cache}
 
 
 def row_view(row: AgentRow, read_ms: int, now: int, groups: Mapping[str, AccountGroup] | None = None) -> dict[str, Any]:
@@ -108,6 +121,7 @@ def row_view(row: AgentRow, read_ms: int, now: int, groups: Mapping[str, Account
         "age": age_now(row, read_ms, now),
         "stale": context is not None and context.stale,
         "cost": cost_text(None if context is None else context.cost_usd),
+        "cache": cache_text(context, now),  # `agents`' CACHE cell; it ticks with the ages (CACHE_TICK)
         "state": row.desired_state or "-",
         "problem": "; ".join(problem for problem in (row.problem, row.claim_problem) if problem) or None,
         "order": {"fill": list(fill_key), "age": list(age_key)},
@@ -135,18 +149,49 @@ def subagent_view(sub: SubagentReading) -> dict[str, Any]:
     }
 
 
-def rate_limit_panel(rows: Iterable[tuple[AgentRow, int]], now: int) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class Drawn:
+    """What the panel shows of one account's history (issue 39), drawn where the history is read
+    (the board's worker) so the board holds a few hundred bytes per account, not its points."""
+
+    forecasts: dict[Window, Forecast]
+    plot: str  # limits_svg
+
+
+def draw_accounts(series: Series, now: int) -> dict[str, Drawn]:
+    """Each kept account's forecasts and plot, keyed by its group key (wrapper.readers.accounts.group_key)."""
+    accounts: dict[str, dict[Window, list[Point]]] = {}
+    for (account, window), points in series.items():
+        accounts.setdefault(account, {})[window] = points
+    return {
+        account: Drawn(
+            {window: forecast(points, now, horizon_ms=WINDOW_MS[window]) for window, points in held.items() if points},
+            limits_svg(held, now),
+        )
+        for account, held in accounts.items()
+    }
+
+
+def rate_limit_panel(
+    rows: Iterable[tuple[AgentRow, int]], now: int, drawn: Mapping[str, Drawn] | None = None
+) -> dict[str, Any]:
     """The accounts' rate limits, as `hctx accounts` fans them in (wrapper.readers.accounts.fan_in): one
     entry per account (an agent stating none is its own), each window the newest snapshot across
     its agents, newest account first; `key` is the agent the newest snapshot came from, whose age
-    the entry shows."""
+    the entry shows. With `drawn` (each account's history, `draw_accounts`), each entry says
+    when each window runs out at the fleet's pace, as `hctx accounts`' RUNS OUT does, and carries
+    `plot`, the windows over the kept hours (`limits_svg`)."""
     read_at = {row.name: (row, read_ms) for row, read_ms in rows}
-    return rate_limit_panel_of(fan_in(row for row, _ in read_at.values()), lambda name: read_at[name][1], now)
+    groups = fan_in(row for row, _ in read_at.values())
+    return rate_limit_panel_of(groups, lambda name: read_at[name][1], now, drawn)
 
 
-def rate_limit_panel_of(groups: Iterable[AccountGroup], read_ms: Callable[[str], int], now: int) -> dict[str, Any]:
+def rate_limit_panel_of(
+    groups: Iterable[AccountGroup], read_ms: Callable[[str], int], now: int, drawn: Mapping[str, Drawn] | None = None
+) -> dict[str, Any]:
     """`rate_limit_panel` of account groups already fanned in (the board keeps them between reads):
-    only the newest RATE_PANEL_ROWS are put in order. `read_ms`: when an agent's row was read."""
+    only the newest RATE_PANEL_ROWS are put in order (and only theirs drawn). `read_ms`: when an agent's
+    row was read; `drawn` as `rate_limit_panel`'s."""
 
     def newest(group: AccountGroup) -> Snapshot:
         """Its newest snapshot, by when the figure arrived (issue 35), not by the reading holding it."""
@@ -177,7 +222,50 @@ def rate_limit_panel_of(groups: Iterable[AccountGroup], read_ms: Callable[[str],
             "age": age_text(snapshot.age_ms + max(0, now - read_ms(source.name)))
             + (" stale" if snapshot.stale else ""),  # the snapshot's own age, ticking as age_now's
         })  # fmt: skip
+        if drawn is not None:
+            held = drawn.get(group_key(group.agents[0]))
+            for window, _ in WINDOWS:
+                found = None if held is None else held.forecasts.get(window)
+                entries[-1][_RUNS_OUT_FIELD[window]] = "-" if window not in group.windows else forecast_text(found, now)
+            entries[-1]["plot"] = None if held is None else held.plot
     return {"entries": entries, "more": max(0, len(every) - RATE_PANEL_ROWS)}
+
+
+_RUNS_OUT_FIELD: dict[Window, str] = {"fiveHour": "runsOutFiveHour", "sevenDay": "runsOutSevenDay"}
+_PLOT_W, _PLOT_H, _PLOT_PAD = 180, 48, 2
+# Each window's polyline class (board.css colours it) and title.
+_PLOT_WINDOWS: tuple[tuple[Window, str], ...] = (("fiveHour", "five-hour"), ("sevenDay", "seven-day"))
+
+
+def limits_svg(held: Mapping[Window, list[Point]], now: int) -> str:
+    """A small plot of each window's percent over the hours the history keeps (0 to 100%, the newest
+    snapshot at the right edge): one polyline per window, a dashed line at 100%. Numbers only: nothing of the
+    record's text reaches it. An HTML fragment (no namespace URI: the page the snapshot is embedded
+    in names no URL), parsed as HTML by the board."""
+    # The right edge is the newest snapshot, not the clock: the plot changes only when the history
+    # does, so a read that found nothing new pushes no panel.
+    last = max((point.at_ms for points in held.values() for point in points if point.at_ms <= now), default=now)
+    first = last - KEEP_MS
+
+    def x(ms: int) -> float:
+        return round(_PLOT_PAD + max(0, ms - first) / KEEP_MS * (_PLOT_W - 2 * _PLOT_PAD), 1)
+
+    def y(percent: float) -> float:
+        return round(_PLOT_H - _PLOT_PAD - min(max(percent, 0), 100) / 100 * (_PLOT_H - 2 * _PLOT_PAD), 1)
+
+    parts = [
+        f'<svg class="limits-plot" viewBox="0 0 {_PLOT_W} {_PLOT_H}" '
+        f'width="{_PLOT_W}" height="{_PLOT_H}" role="img" aria-label="rate-limit windows over the last '
+        f'{KEEP_MS // 3_600_000} hours">',
+        f'<line class="full" x1="{_PLOT_PAD}" y1="{y(100)}" x2="{_PLOT_W - _PLOT_PAD}" y2="{y(100)}"/>',
+    ]
+    for window, spoken in _PLOT_WINDOWS:
+        points = [point for point in held.get(window, []) if first <= point.at_ms <= last]
+        if points:
+            line = " ".join(f"{x(point.at_ms)},{y(point.used_percent)}" for point in points)
+            parts.append(f'<polyline class="{spoken}" points="{line}"><title>{spoken}</title></polyline>')
+    parts.append("</svg>")
+    return "".join(parts)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import sys
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -34,9 +35,10 @@ from guard.procs import pid_alive
 from wrapper.readers.accounts import AccountGroup, fan_in, group_key
 from wrapper.readers.notice import Changes
 from wrapper.readers.notice import follow as follow_catalog
+from wrapper.readers.rate_history import keep, sightings_of
 from wrapper.readers.render import account_limits_wire, render_agents_json
 from wrapper.readers.roster import AgentRow, PidProbe, RosterCache, now_ms
-from wrapper.readers.web.board import ages_now, rate_limit_panel_of, row_view
+from wrapper.readers.web.board import CACHE_TICK, Drawn, ages_now, draw_accounts, rate_limit_panel_of, row_view
 
 __all__ = [
     "AGE_TICK_S",
@@ -78,6 +80,7 @@ class Read:
     warnings: list[str] = field(default_factory=list)
     gone: set[str] = field(default_factory=set)
     problem: str | None = None
+    drawn: dict[str, Drawn] = field(default_factory=dict)  # the found agents' accounts' histories, drawn
 
 
 class Mailbox:
@@ -105,12 +108,11 @@ class Mailbox:
         self._news.set()
 
     def post_ages(self, ages: dict[str, str]) -> None:
-        if self.only is None:
-            self.ages = ages
-        elif self.only in ages:
-            self.ages = {self.only: ages[self.only]}
-        else:
-            return
+        if self.only is not None:  # two look-ups, however many ages ticked; no wake-up for none of them
+            ages = {key: ages[key] for key in (self.only, self.only + CACHE_TICK) if key in ages}
+            if not ages:
+                return
+        self.ages = ages
         self._news.set()
 
     async def take(self) -> tuple[dict[str, dict[str, Any] | None], dict[str, Any] | None, dict[str, str] | None, bool]:
@@ -188,6 +190,7 @@ class Board:
         self._group_of: dict[str, AccountGroup] = {}
         self._agents: tuple[float, float, bytes] | None = None  # `/api/agents`: built from, until; the body
         self._agents_lock = trio.Lock()
+        self.drawn: dict[str, Drawn] = {}  # each account's history as last kept and drawn (issue 39)
 
     # -- what a page is sent -------------------------------------------------------------------
 
@@ -229,8 +232,9 @@ class Board:
 
     def _publish(self, rows: dict[str, dict[str, Any] | None], panel: dict[str, Any] | None) -> None:
         self.journal.add(sse_event("rows", {"rows": rows, "panel": panel}))
-        for name in rows:  # its age as the view words it may not be the last tick's: sent again
+        for name in rows:  # its age (and cache countdown) as the view words them may not be the last tick's: sent again
             self._ages.pop(name, None)
+            self._ages.pop(name + CACHE_TICK, None)
         for box in self.mailboxes:
             box.post(rows, panel)
 
@@ -271,7 +275,20 @@ class Board:
 
     # -- what reading finds ----------------------------------------------------------------------
 
-    def apply(self, found: list[Reading], *, whole: bool, warnings: list[str] | None = None) -> None:
+    def apply(
+        self,
+        found: list[Reading],
+        *,
+        whole: bool,
+        warnings: list[str] | None = None,
+        drawn: dict[str, Drawn] | None = None,
+    ) -> None:
+        """`drawn`: the found agents' accounts, their histories kept and drawn (`keep_history`); a whole
+        read's are every account's, so an account gone is dropped."""
+        if whole:
+            self.drawn = dict(drawn or {})
+        else:
+            self.drawn.update(drawn or {})
         changed: dict[str, dict[str, Any] | None] = {}
         updated: list[str] = []
         news = False  # the warnings or the catalog's problem changed
@@ -303,7 +320,7 @@ class Board:
         self._view(updated, changed)
         if added:  # the snapshot lists the agents sorted
             self.views = dict(sorted(self.views.items()))
-        panel_changed = self._repanel()
+        panel_changed = self._repanel()  # with `drawn`: a read may move an account's forecast alone
         panel = self.panel
         # A read that found nothing new keeps the version: a page holding it is sent no snapshot,
         # so its rows are not laid out again for nothing.
@@ -375,7 +392,9 @@ class Board:
 
     def _repanel(self) -> bool:
         """The rate-limit panel again, from the account groups held; whether it changed."""
-        panel = rate_limit_panel_of(self._fanned.values(), lambda name: self.readings[name].read_ms, now_ms())
+        panel = rate_limit_panel_of(
+            self._fanned.values(), lambda name: self.readings[name].read_ms, now_ms(), self.drawn
+        )
         changed: bool = _settled(panel) != _settled(self.panel)
         self.panel = panel
         return changed
@@ -426,16 +445,27 @@ class Board:
         found = [Reading(view.row, read_ms, started) for view in views]
         return found, {f"{host}/{identity}" for host, identity in gone}
 
+    def keep_history(self, found: list[Reading]) -> dict[str, Drawn]:
+        """The found agents' rate-limit snapshots kept in the host-local history, as every reader
+        keeps them (wrapper.readers.rate_history), and their accounts drawn from it; a history that
+        cannot be kept is a warning on stderr, and the board goes on with what it saw."""
+        now = now_ms()
+        series, problem = keep(self.catalog, sightings_of(fan_in(r.row for r in found)), now)
+        if problem is not None:
+            print(f"hctx web: warning: {problem}", file=sys.stderr)
+        return draw_accounts(series, now)
+
     def read(self, changes: Changes, started: float) -> Read:
-        """What `changes` names: every agent when `whole` (the named ones are read with the rest)."""
+        """What `changes` names: every agent when `whole` (the named ones are read with the rest),
+        and their accounts' histories, kept (issue 39)."""
         if not changes.whole:
             found, gone = self.read_agents(changes.agents, started)
-            return Read(False, found, gone=gone)
+            return Read(False, found, gone=gone, drawn=self.keep_history(found))
         try:
             found, warnings = self.read_whole(started)
         except CatalogError as exc:
             return Read(True, [], problem=f"cannot read the catalog: {exc}")
-        return Read(True, found, warnings)
+        return Read(True, found, warnings, drawn=self.keep_history(found))
 
     # -- on the loop, what a read found ------------------------------------------------------------
 
@@ -443,9 +473,9 @@ class Board:
         if read.problem is not None:
             self.failed(read.problem)
         elif read.whole:
-            self.apply(read.found, whole=True, warnings=read.warnings)
+            self.apply(read.found, whole=True, warnings=read.warnings, drawn=read.drawn)
         else:
-            self.apply(read.found, whole=False)
+            self.apply(read.found, whole=False, drawn=read.drawn)
             self.gone(read.gone)
         if read.whole:
             self.ready.set()
@@ -456,7 +486,7 @@ def sse_event(kind: str, data: object) -> bytes:
     return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False, allow_nan=False)}\n\n".encode()
 
 
-_TICKING = frozenset({"age", "ageMs"})
+_TICKING = frozenset({"age", "ageMs", "cache"})
 
 
 def _same_but_the_clock(held: AgentRow, read: AgentRow) -> bool:

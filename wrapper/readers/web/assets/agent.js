@@ -28,6 +28,7 @@
     stale = view.stale;
     hctx.age(document.getElementById("age"), view.age, stale);
     text("cost", view.cost);
+    text("cache", view.cache);
     text("state", view.state);
     text("claim", detail.claim.join("\n"));
     text("record", detail.record.join("\n"));
@@ -76,5 +77,6 @@
   events.addEventListener("ages", (event) => {
     const ages = JSON.parse(event.data);
     if (ages[key] !== undefined) hctx.age(document.getElementById("age"), ages[key], stale);
+    if (ages[key + "\n\tcache"] !== undefined) text("cache", ages[key + "\n\tcache"]);  // board.CACHE_TICK
   });
 })();

@@ -13,7 +13,9 @@
   let updates = 0;
 
   const COLUMNS = ["host", "agent", "harness", "model", "context", "tokens", "headroom", "compactions", "age",
-    "cost", "state"];
+    "cost", "cache", "state"];
+  // The prompt cache's countdown rides the ages under its agent's key and this (board.CACHE_TICK).
+  const CACHE_TICK = "\tcache";
 
   // One row built by hand, then cloned: a thousand rows cost a thousand clones, not 13,000 calls.
   const template = document.createElement("div");
@@ -49,6 +51,7 @@
     c.compactions.textContent = view.compactions;
     hctx.age(c.age, view.age, view.stale);
     c.cost.textContent = view.cost;
+    c.cache.textContent = view.cache;
     c.state.textContent = view.state;
     subagents(entry.element, view.subagents || []);
     entry.view = view;
@@ -70,7 +73,7 @@
   // Each subagent a line under its agent's row (issue 28), its own chip and numbers; its cells are
   // `sub-*` so nothing selecting the agent's own cells ever finds a subagent's.
   const SUB_COLUMNS = ["host", "agent", "harness", "model", "context", "tokens", "headroom", "compactions", "age",
-    "cost", "state"];
+    "cost", "cache", "state"];
 
   function subagents(element, subs) {
     let box = element.querySelector(".subagents");
@@ -140,15 +143,27 @@
     fill(entry, view);
   }
 
+  const PANEL_AGE = 6;  // the index of item.age's cell in a panel row
+
   function panel(data) {
     if (!data) return;
     const rows = data.entries.map((item) => {
       const tr = document.createElement("tr");
-      for (const value of [item.account, item.key, item.harness, item.fiveHour, item.sevenDay, item.agents, item.age]) {
+      for (const value of [item.account, item.key, item.harness, item.fiveHour, item.sevenDay, item.agents, item.age,
+                           item.runsOutFiveHour ?? "-", item.runsOutSevenDay ?? "-"]) {
         const td = document.createElement("td");
         td.textContent = value;
         tr.append(td);
       }
+      // Each window over the kept hours (wrapper.readers.web.board.limits_svg: numbers only, built by the server).
+      const plot = document.createElement("td");
+      plot.className = "limits-plot";
+      if (item.plot) {
+        // An HTML fragment: the HTML parser puts <svg> in the SVG namespace; a parsed document runs nothing.
+        const svg = new DOMParser().parseFromString(item.plot, "text/html").body.firstElementChild;
+        if (svg) plot.append(document.importNode(svg, true));
+      }
+      tr.append(plot);
       tr.dataset.key = item.key;
       return tr;
     });
@@ -235,12 +250,17 @@
         hctx.age(entry.cells.age, text, entry.view.stale);
         continue;
       }
+      if (sub === CACHE_TICK) {
+        entry.cells.cache.textContent = text;
+        continue;
+      }
       for (const line of entry.element.querySelectorAll(".subagent")) {
         if (line.dataset.key === sub) line.querySelector(".sub-age").textContent = text;
       }
     }
     for (const tr of limitsBody.children) {
-      if (data[tr.dataset.key] !== undefined) tr.lastChild.textContent = data[tr.dataset.key];
+      // The age is item.age's cell (`panel`), no longer the last: the forecast and the plot follow it.
+      if (data[tr.dataset.key] !== undefined) tr.children[PANEL_AGE].textContent = data[tr.dataset.key];
     }
   }
 
