@@ -1656,6 +1656,226 @@ def stignore_control_chars(work: Path, scale: Scale) -> Row:
     )
 
 
+# --- the board's bounds (issue 40) -------------------------------------------------------------
+
+BOARD_HELD_PER_PAGE_KB = 1024  # one page that never reads; a copy of the snapshot was 1.7 KB per agent
+
+
+@contextlib.contextmanager
+def board_serving(
+    catalog: Path, *extra: str, descriptors: int | None = None
+) -> Iterator[tuple[subprocess.Popen[str], int]]:
+    """`hctx web` on `catalog` (its stderr kept for the row), its port; `descriptors`: its RLIMIT_NOFILE."""
+
+    def limit() -> None:
+        if descriptors is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (descriptors, descriptors))
+
+    board = subprocess.Popen(
+        [sys.executable, "-m", "wrapper.cli", "web", "--catalog", str(catalog), "--host", "alpha",
+         "--listen", "127.0.0.1:0", "--reread", "600", *extra],
+        env=child_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=limit,
+    )  # fmt: skip
+    try:
+        assert board.stdout is not None
+        url = board.stdout.readline().strip()
+        if not url.startswith("http://127.0.0.1:"):
+            raise RuntimeError(f"hctx web did not start: {url!r}")
+        yield board, int(url.rstrip("/").rsplit(":", 1)[1])
+    finally:
+        if board.poll() is None:
+            board.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                board.wait(timeout=20)
+        if board.poll() is None:
+            board.kill()
+            board.wait()
+
+
+def _board_status(port: int) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status", timeout=60) as answer:
+        found: dict[str, Any] = json.loads(answer.read())
+        return found
+
+
+def _open_event_stream(port: int, receive_buffer: int | None = None) -> socket.socket:
+    sock = socket.socket()
+    if receive_buffer is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+    sock.connect(("127.0.0.1", port))
+    sock.sendall(f"GET /api/events HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+    return sock
+
+
+def _stderr_of(board: subprocess.Popen[str]) -> str:
+    board.terminate()
+    _, stderr = board.communicate(timeout=30)
+    return stderr
+
+
+@fault("board-silent-streams")
+def board_silent_streams(work: Path, scale: Scale) -> Row:
+    """Pages that open the event stream and never read, on a large catalog: each holds at most a
+    piece of the snapshot (never its own copy), and the write timeout drops every one of them."""
+    from scripts.bench_roster import build_catalog
+
+    agents, silent = pick(scale, ci=2000, full=10000), pick(scale, ci=30, full=100)
+    _raise_fd_limit(silent + 300)
+    catalog = work / "catalog"
+    build_catalog(catalog, agents, int(time.time() * 1000))
+    timeout_s = 2.0
+    with board_serving(catalog, "--write-timeout", str(timeout_s)) as (board, port):
+        wait_for(lambda: _board_status(port)["agents"] == agents, timeout=120, what="the board's first read")
+        with _open_event_stream(port) as warm, contextlib.suppress(OSError):  # the snapshot encoded, once
+            warm.settimeout(1)  # for every page: read for 3 s (the ages tick every second)
+            warmed = time.monotonic() + 3
+            while warm.recv(1 << 20) and time.monotonic() < warmed:
+                pass
+        before = _proc_status(board.pid, "VmRSS")
+        socks = [_open_event_stream(port, receive_buffer=4096) for _ in range(silent)]
+        try:
+            wait_for(lambda: _board_status(port)["streams"] == silent, timeout=30, what="every page served")
+            time.sleep(1.0)  # each sent what its connection takes
+            held_kb = (_proc_status(board.pid, "VmRSS") - before) / silent
+            started = time.monotonic()
+            with contextlib.suppress(TimeoutError):
+                wait_for(lambda: _board_status(port)["streams"] == 0, timeout=timeout_s + 30, what="dropped")
+            took = time.monotonic() - started
+            left = _board_status(port)["streams"]
+        finally:
+            for sock in socks:
+                sock.close()
+        alive = board.poll() is None
+        tracebacks = _stderr_of(board).count("Traceback")
+    failed = None
+    if held_kb > BOARD_HELD_PER_PAGE_KB:
+        failed = f"{held_kb:.0f} KB held per silent page"
+    elif left:
+        failed = f"{left} silent pages still served {took:.0f} s later"
+    elif tracebacks:
+        failed = f"{tracebacks} tracebacks on stderr"
+    return Row(
+        "board-silent-streams", silent, silent - left if alive else 0,
+        measured=f"{agents} agents: {held_kb:.0f} KB held per page that never reads (bound "
+        f"{BOARD_HELD_PER_PAGE_KB}); all dropped {took:.1f} s after (write timeout {timeout_s:g} s)",
+        failed=failed,
+    )  # fmt: skip
+
+
+@fault("board-stream-cap")
+def board_stream_cap(work: Path, scale: Scale) -> Row:
+    """Under `ulimit -n 1024`, 1,100 event streams at once: those past the cap are refused (503),
+    a new page is still served, and stderr holds no traceback."""
+    from scripts.bench_roster import build_catalog
+
+    streams = 1100
+    _raise_fd_limit(streams + 300)
+    catalog = work / "catalog"
+    build_catalog(catalog, 50, int(time.time() * 1000))
+    answered = {b"200": 0, b"503": 0}
+    with board_serving(catalog, descriptors=1024) as (board, port):
+        socks = []
+        deadline = time.monotonic() + 90  # a board that locks clients out answers none of them
+        try:
+            for _ in range(streams):
+                if time.monotonic() > deadline:
+                    break
+                sock = _open_event_stream(port)
+                sock.settimeout(5)
+                with contextlib.suppress(OSError):
+                    code = sock.recv(64).split(b" ", 2)[1:2]
+                    if code and code[0] in answered:
+                        answered[code[0]] += 1
+                socks.append(sock)
+            started = time.monotonic()
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=20) as answer:
+                    page = answer.status == 200 and b"agent-00049" in answer.read()
+            except OSError:
+                page = False
+            page_ms = (time.monotonic() - started) * 1000
+            served = _board_status(port)["streams"]
+        finally:
+            for sock in socks:
+                sock.close()
+        alive = board.poll() is None
+        stderr = _stderr_of(board)
+    tracebacks = stderr.count("Traceback")
+    failed = None
+    if not page:
+        failed = "a new page was not served"
+    elif tracebacks:
+        failed = f"{tracebacks} tracebacks on stderr"
+    elif not answered[b"503"] or "refused" not in stderr:
+        failed = "nothing was refused"
+    return Row(
+        "board-stream-cap", streams, sum(answered.values()) if alive else 0, lost=streams - sum(answered.values()),
+        measured=f"ulimit -n 1024: {answered[b'200']} streams served ({served} open), {answered[b'503']} refused "
+        f"with 503; a new page in {page_ms:.0f} ms; stderr {len(stderr.splitlines())} lines, {tracebacks} tracebacks",
+        failed=failed,
+    )  # fmt: skip
+
+
+def _read_chars(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+        if line.startswith("rchar:"):
+            return int(line.split()[1])
+    return 0
+
+
+def _settled_read_chars(pid: int, timeout: float = 30) -> int:
+    """The board's read bytes once it stops reading: its whole read once the file watching arms
+    (sooner since its reads keep the accounts' history under .st2, issue 39) is not the burst's."""
+    before, deadline = _read_chars(pid), time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        if (now := _read_chars(pid)) == before:
+            break
+        before = now
+    return before
+
+
+@fault("board-api-agents-burst")
+def board_api_agents_burst(work: Path, scale: Scale) -> Row:
+    """Concurrent `/api/agents` on a large catalog: served from the board's cache (the exporter's
+    CatalogCache), so the burst reads no record again, answers each whole, and stays in memory."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from scripts.bench_roster import build_catalog
+
+    agents, concurrent = pick(scale, ci=2000, full=10000), pick(scale, ci=20, full=50)
+    catalog = work / "catalog"
+    build_catalog(catalog, agents, int(time.time() * 1000))
+    record_bytes = sum(path.stat().st_size for path in catalog.glob("agents/*/*/harness-*"))
+    with board_serving(catalog) as (board, port):
+        wait_for(lambda: _board_status(port)["agents"] == agents, timeout=120, what="the board's first read")
+        read_before = _settled_read_chars(board.pid)
+
+        def fetch(_: int) -> bool:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/agents", timeout=300) as answer:
+                return len(json.loads(answer.read())) == agents
+
+        started = time.monotonic()
+        with ThreadPoolExecutor(concurrent) as pool:
+            whole = sum(pool.map(fetch, range(concurrent)))
+        took = time.monotonic() - started
+        read = _read_chars(board.pid) - read_before
+        peak_mb = _proc_status(board.pid, "VmHWM") / 1024
+        alive = board.poll() is None
+    failed = None
+    if read >= record_bytes:
+        failed = f"the burst read {read} bytes; the catalog's records are {record_bytes}"
+    elif peak_mb > METRICS_RSS_BOUND_MB[scale] * 2:
+        failed = f"peak RSS {peak_mb:.0f} MB"
+    return Row(
+        "board-api-agents-burst", concurrent, whole if alive else 0, lost=concurrent - whole,
+        measured=f"{agents} agents, {concurrent} at once: all answered in {took:.1f} s, {read / 1e6:.2f} MB read "
+        f"(the records are {record_bytes / 1e6:.1f} MB), peak RSS {peak_mb:.0f} MB",
+        failed=failed,
+    )  # fmt: skip
+
+
 # Issue 40: a recording is data. One of each harness's committed recordings, with a `fact` line
 # inserted after its header that names a class of the harness's own package pydantic builds no
 # schema for (its producer), is replayed by `hctx replay`.

@@ -5,6 +5,7 @@ panel's data and SVG without a browser."""
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,9 +16,11 @@ from guard.account import account_key
 from tests.web_board import HERE, browser, driver, now_ms, put, serving
 from wrapper.readers.accounts import fan_in
 from wrapper.readers.forecast import Point
+from wrapper.readers.notice import Changes
 from wrapper.readers.rate_history import Sighting, keep, sightings_of
 from wrapper.readers.roster import collect_roster
 from wrapper.readers.web.board import draw_accounts, limits_svg, rate_limit_panel
+from wrapper.readers.web.feed import Board
 
 KEY = account_key("claude", "uuid-1", "org-1")
 MINUTE, HOUR = 60_000, 3_600_000
@@ -56,6 +59,28 @@ def test_the_panel_carries_the_forecast_and_a_plot_of_each_window(tmp_path: Path
     odd = limits_svg({"fiveHour": [Point(now - 99 * HOUR, 50), Point(now, 1e9), Point(now - MINUTE, -5)]}, now)
     assert "nan" not in odd.lower() and re.search(r'points="[^"]*"', odd)
     assert all(0 <= float(v) <= 180 for pair in re.findall(r"(\d+\.?\d*,\d+\.?\d*)", odd) for v in pair.split(","))
+
+
+def test_the_boards_own_panel_keeps_the_forecast_and_plot_through_a_read_of_one_agent(tmp_path: Path) -> None:
+    """The board's panel is made again from the account groups it holds (`Board._repanel`, issue
+    40), not by `rate_limit_panel`: after a whole read and after a read of one agent it still says
+    when each window runs out and plots the windows, the newest snapshot kept and drawn."""
+    now = now_ms() - 10 * MINUTE
+    _history(tmp_path, now)
+    board = Board(tmp_path, HERE)
+    board.took(board.read(Changes(frozenset(), True), 1.0))
+    (entry,) = board.panel["entries"]
+    assert entry["runsOutFiveHour"].startswith("in ") and entry["runsOutSevenDay"].startswith("not before reset")
+    assert len(re.findall(r'<polyline class="five-hour" points="([^"]+)"', entry["plot"])[0].split()) == 13
+    time.sleep(1.1)  # past the racy second of the records written above
+    resets = {"fiveHour": now + 8 * HOUR, "sevenDay": now + 90 * HOUR}
+    put(tmp_path, "builder", harness="claude", account={"key": KEY, "label": "claude · max"},
+        rateLimits={"fiveHour": 26.0, "sevenDay": 30.0}, rateLimitResetsAtMs=resets, observedAtMs=now_ms())  # fmt: skip
+    board.took(board.read(Changes(frozenset({(HERE, "builder")}), False), 2.0))
+    (entry,) = board.panel["entries"]
+    assert entry["fiveHour"] == "26%" and entry["runsOutFiveHour"].startswith("in ")
+    assert entry["runsOutSevenDay"].startswith("not before reset")
+    assert len(re.findall(r'<polyline class="five-hour" points="([^"]+)"', entry["plot"])[0].split()) == 14
 
 
 @pytest.fixture(scope="module")

@@ -33,6 +33,7 @@ from tests.web_board import (
     web_argv,
     web_env,
 )
+from wrapper.readers.accounts import fan_in
 from wrapper.readers.notice import agent_of
 from wrapper.readers.roster import collect_roster
 from wrapper.readers.web.board import (
@@ -471,6 +472,252 @@ def test_a_read_that_finds_only_older_ages_is_no_change(tmp_path: Path, monkeypa
         assert list(box.rows) == [f"{HERE}/calm"] and box.panel is None
 
 
+# ---------------------------------------------------------------------------------------------
+# A board that cannot be exhausted (issue 40)
+
+
+def _open_stream(port: int, path: str = "/api/events", receive_buffer: int | None = None) -> socket.socket:
+    sock = socket.socket()
+    if receive_buffer is not None:  # set before connecting: the window the server may fill
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+    sock.connect(("127.0.0.1", port))
+    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+    return sock
+
+
+def _status_line(sock: socket.socket) -> bytes:
+    sock.settimeout(10)
+    return sock.recv(64).split(b"\r\n", 1)[0]
+
+
+def _streams(board: Any, wanted: int, timeout: float = 10) -> int:
+    deadline = time.monotonic() + timeout
+    while (found := board.json("/api/status")["streams"]) != wanted and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return int(found)
+
+
+def test_streams_past_the_cap_are_refused_with_a_503_and_one_line_on_stderr(tmp_path: Path) -> None:
+    fleet(tmp_path)
+    with serving(tmp_path, "--max-streams", "3") as board:
+        served = [_open_stream(board.port) for _ in range(3)]
+        assert [_status_line(sock) for sock in served] == [b"HTTP/1.1 200 "] * 3
+        refused = [_open_stream(board.port) for _ in range(5)]
+        for sock in refused:
+            sock.settimeout(10)
+            answer = b""
+            while chunk := sock.recv(4096):  # the refusal closes the connection
+                answer += chunk
+            head, _, body = answer.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 503 ") and b"retry-after: 10" in head.lower()
+            assert json.loads(body) == {"error": "too many event streams open (the most is 3); try again later"}
+        assert _streams(board, 3) == 3
+        status, _, page = board.get("/")  # the pages and the API are served on
+        assert status == 200 and b"amber" in page
+        served.pop().close()
+        assert _streams(board, 2) == 2
+        again = _open_stream(board.port)
+        assert _status_line(again) == b"HTTP/1.1 200 "
+        for sock in [*served, *refused, again]:
+            sock.close()
+        board.process.terminate()
+        _, stderr = board.process.communicate(timeout=15)
+    assert stderr.splitlines() == ["hctx web: refused 1 event stream(s): 3 open, the most --max-streams allows"]
+
+
+def test_a_page_that_stops_reading_is_dropped_and_holds_no_snapshot(tmp_path: Path) -> None:
+    """A page that never reads: the kernel's write timeout ends its connection (hypercorn's writes
+    cannot be cancelled), and until then it holds one piece of the snapshot, not a copy of it."""
+    many(tmp_path, 1000)  # a snapshot of about 1.7 MB
+    with serving(tmp_path, "--write-timeout", "1", "--reread", "600") as board:
+        assert len(board.json("/api/board")["rows"]) == 1000
+        before = board.rss_kib()
+        silent = [_open_stream(board.port, receive_buffer=4096) for _ in range(30)]
+        assert _streams(board, 30) == 30
+        time.sleep(0.5)  # each has been sent what its connection takes
+        held_kib = board.rss_kib() - before
+        dropped_in = time.monotonic()
+        remaining = _streams(board, 0, timeout=30)
+        dropped_in = time.monotonic() - dropped_in
+        for sock in silent:
+            sock.close()
+        assert remaining == 0, f"{remaining} silent pages still served after 30 s"
+        # 30 copies of the snapshot would be 50 MB; one piece each is 2 MB.
+        assert held_kib < 16 * 1024, f"30 silent pages cost {held_kib} KiB"
+        assert board.process.poll() is None
+        assert len(board.json("/api/agents")) == 1000
+    print(f"30 silent pages: {held_kib} KiB held, dropped within {dropped_in:.1f} s")
+
+
+def test_api_agents_is_served_from_the_boards_cache_not_the_catalog(tmp_path: Path) -> None:
+    """`/api/agents` reads no record per request: the board's cache (the exporter's CatalogCache)
+    holds them; 30 requests cost the server no more file reading than their own sockets."""
+    paths = many(tmp_path, 500)
+    record_bytes = sum(path.stat().st_size for path in paths)
+    with serving(tmp_path, "--reread", "600") as board:
+        first = board.json("/api/agents")
+        assert len(first) == 500
+
+        def read_bytes() -> int:
+            for line in Path(f"/proc/{board.process.pid}/io").read_text().splitlines():
+                if line.startswith("rchar:"):
+                    return int(line.split()[1])
+            raise AssertionError("no rchar")
+
+        # The board settles first: its whole read once the file watching arms (sooner now that its
+        # first read keeps the accounts' history under .st2, issue 39) is not the requests'.
+        before, settled = read_bytes(), time.monotonic() + 10
+        while time.monotonic() < settled:
+            time.sleep(0.5)
+            if (now := read_bytes()) == before:
+                break
+            before = now
+        for _ in range(30):
+            assert len(board.json("/api/agents")) == 500
+        read = read_bytes() - before
+        assert read < record_bytes, f"30 requests read {read} bytes; the records are {record_bytes}"
+        put(tmp_path, "agent-00007", "delta", usedTokens=4242, usedPercent=42.0)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:  # the change, noticed as the page notices it
+            row = {(r["host"], r["identity"]): r for r in board.json("/api/agents")}[("delta", "agent-00007")]
+            if row["context"]["usedTokens"] == 4242:
+                break
+            time.sleep(0.1)
+        assert row["context"]["usedTokens"] == 4242
+
+
+def test_a_stream_further_behind_than_the_journal_keeps_is_sent_the_snapshot() -> None:
+    from wrapper.readers.web.feed import Journal
+
+    journal = Journal(limit=100)
+    events = [bytes([65 + index]) * 40 for index in range(4)]
+    journal.add(events[0])
+    journal.add(events[1])
+    assert journal.since(0) == events[:2] and journal.since(1) == events[1:2] and journal.since(2) == []
+    journal.add(events[2])  # 120 bytes: the oldest goes
+    journal.add(events[3])
+    assert journal.since(0) is None and journal.since(1) is None
+    assert journal.since(2) == events[2:] and all(
+        a is b for a, b in zip(journal.since(2) or [], events[2:], strict=True)
+    )
+
+
+def test_every_change_is_encoded_once_for_every_fleet_stream(tmp_path: Path) -> None:
+    fleet(tmp_path)
+    board = Board(tmp_path, HERE)
+    found, warnings = board.read_whole(1.0)
+    board.apply(found, whole=True, warnings=warnings)
+    snapshot = board.snapshot_event()
+    assert board.snapshot_event() is snapshot and snapshot.startswith(b"event: snapshot\ndata: {")
+    put(tmp_path, "calm", usedPercent=44.0, rateLimits=None)
+    events = board.journal.next
+    found, _ = board.read_agents(frozenset({(HERE, "calm")}), 2.0)
+    board.apply(found, whole=False)
+    assert board.journal.next == events + 1 and board.snapshot_event() is not snapshot
+    (rows,) = board.journal.since(events) or []
+    assert rows.startswith(b"event: rows\ndata: ") and b'"44%"' in rows
+
+
+def test_the_stream_cap_follows_the_open_file_limit() -> None:
+    from wrapper.readers.web.command import FD_RESERVE, STREAMS_CEILING, default_max_streams
+
+    assert default_max_streams(1024) == (1024 - FD_RESERVE) * 3 // 4 == 672
+    assert default_max_streams(FD_RESERVE) == 1 and default_max_streams(1 << 20) == STREAMS_CEILING
+
+
+def test_a_read_of_a_few_agents_fans_in_only_their_accounts_and_agrees_with_a_whole_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An agent that moves to another account, one that leaves, one that arrives: the board read a
+    few agents at a time holds the views and panel a whole read makes, and fans in only the rows of
+    the accounts those agents left or joined (every row on every write held the loop ~1 s at 10,000)."""
+    work = {"key": "a" * 32, "label": "claude · max · ~/.claude-work"}
+    home = {"key": "b" * 32, "label": "claude · pro · ~/.claude"}
+    now = now_ms()
+    for index in range(40):
+        put(tmp_path, f"solo-{index:02d}", rateLimits={"fiveHour": float(index), "sevenDay": 1.0},
+            observedAtMs=now - 60_000 - index)  # fmt: skip
+    put(tmp_path, "builder", harness="claude", account=work, rateLimits={"fiveHour": 85.0, "sevenDay": 31.0},
+        observedAtMs=now - 21_000)  # fmt: skip
+    put(tmp_path, "reviewer", harness="claude", account=work, rateLimits={"fiveHour": 81.0, "sevenDay": 30.0},
+        observedAtMs=now - 24_000)  # fmt: skip
+    put(tmp_path, "planner", harness="claude", account=home, rateLimits={"fiveHour": 13.0, "sevenDay": 44.0},
+        observedAtMs=now - 91_000)  # fmt: skip
+    monkeypatch.setattr("wrapper.readers.web.feed.now_ms", lambda: now)
+    board = Board(tmp_path, HERE)
+    found, warnings = board.read_whole(1.0)
+    board.apply(found, whole=True, warnings=warnings)
+
+    fanned: list[int] = []
+    real_fan_in = fan_in
+
+    def counting(rows: Any, **kwargs: Any) -> Any:
+        rows = list(rows)
+        fanned.append(len(rows))
+        return real_fan_in(rows, **kwargs)
+
+    monkeypatch.setattr("wrapper.readers.web.feed.fan_in", counting)
+    time.sleep(1.1)  # past the racy second of the files written above
+    put(tmp_path, "reviewer", harness="claude", account=home, rateLimits={"fiveHour": 90.0, "sevenDay": 35.0},
+        observedAtMs=now - 1_000)  # fmt: skip
+    put(tmp_path, "newcomer", harness="claude", account=work, rateLimits={"fiveHour": 5.0, "sevenDay": 5.0},
+        observedAtMs=now - 2_000)  # fmt: skip
+    found, _ = board.read_agents(frozenset({(HERE, "reviewer"), (HERE, "newcomer")}), 2.0)
+    board.apply(found, whole=False)
+    (tmp_path / "agents" / HERE / "builder" / "harness-context").unlink()
+    (tmp_path / "agents" / HERE / "builder" / "harness-state").unlink(missing_ok=True)
+    (tmp_path / "agents" / HERE / "builder").rmdir()
+    _, gone = board.read_agents(frozenset({(HERE, "builder")}), 3.0)
+    board.gone(gone)
+    assert sum(fanned) <= 6, fanned  # the two accounts' rows, never the 40 others
+
+    monkeypatch.setattr("wrapper.readers.web.feed.fan_in", real_fan_in)
+    fresh = Board(tmp_path, HERE)
+    found, warnings = fresh.read_whole(4.0)
+    fresh.apply(found, whole=True, warnings=warnings)
+    assert without_ages(board.views) == without_ages(fresh.views) and list(board.views) == list(fresh.views)
+    assert board.panel == fresh.panel
+    shared = board.views[f"{HERE}/planner"]["agent"]["accountRateLimits"]
+    assert shared["agentCount"] == 2 and shared["fiveHour"]["usedPercent"] == 90.0
+
+
+def test_the_ages_tick_slows_down_rather_than_flood_the_pages(tmp_path: Path) -> None:
+    """Each tick sends every age the clock moved (under an hour old: all of them) to every fleet
+    page: past AGES_BYTES_PER_S across the pages, the ticks come further apart instead."""
+    import trio
+
+    from wrapper.readers.web.feed import AGE_TICK_S, AGES_BYTES_PER_S
+
+    many(tmp_path, 200)
+    board = Board(tmp_path, HERE)
+    found, warnings = board.read_whole(1.0)
+    board.apply(found, whole=True, warnings=warnings)
+
+    async def ticks() -> None:
+        board.streams = 3
+        board.tick()
+        assert board.tick_s == AGE_TICK_S and b"agent-00199" in board.journal.events[-1]
+        board.streams = 100_000
+        board._ages.clear()  # every age moves again
+        board.tick()
+        sent = len(board.journal.events[-1])
+        assert board.tick_s == sent * 100_000 / AGES_BYTES_PER_S > 10 * AGE_TICK_S
+
+    trio.run(ticks)
+
+
+def test_a_streams_writes_are_bounded_pieces_of_the_shared_events() -> None:
+    """What a stream writes at once is at most PIECE_BYTES: small events joined, a large one (a
+    snapshot) in pieces of the shared bytes; in order, nothing lost."""
+    from wrapper.readers.web.app import PIECE_BYTES, batched
+
+    events = [b"a" * 10, b"b" * 20, b"s" * (3 * PIECE_BYTES + 5), b"c" * 30, b"d" * (PIECE_BYTES - 10)]
+    writes = list(batched(events))
+    assert all(len(write) <= PIECE_BYTES for write in writes)
+    assert b"".join(bytes(write) for write in writes) == b"".join(events)
+    assert len(writes) == 1 + 4 + 2  # a+b; the snapshot's four pieces; c; d (c+d would pass the bound)
+
+
 def test_the_prompt_cache_is_agents_cell_and_counts_down_between_reads(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -501,3 +748,48 @@ def test_the_prompt_cache_is_agents_cell_and_counts_down_between_reads(
     with board.subscribe(cached) as box:
         box.post_ages(board.ages())
         assert box.ages == {cached: board.ages()[cached], cached + CACHE_TICK: "cold ↻755k"}
+
+
+def test_the_cache_countdown_rides_the_fleet_pages_ages_and_follows_its_row_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 37 on the shared journal (issue 40): a tick's ages event carries a stated cache's
+    countdown (under the agent's key and CACHE_TICK) as it moves, and a row pushed again, whose
+    cache cell was worded at its read, is followed by the countdown of the tick it came after."""
+    import trio
+
+    clock = [now_ms()]
+    cache = {"warm": True, "ttl": "5m", "expiresAtMs": clock[0] + 192_000, "recacheTokensIfCold": 754_995}
+    put(tmp_path, "cached", harness="claude", rateLimits=None, observedAtMs=clock[0] - 1_000, promptCache=cache)
+    monkeypatch.setattr("wrapper.readers.web.feed.now_ms", lambda: clock[0])
+    board = Board(tmp_path, HERE)
+    found, warnings = board.read_whole(1.0)
+    board.apply(found, whole=True, warnings=warnings)
+    cached = f"{HERE}/cached"
+
+    def last_ages() -> dict[str, str]:
+        kind, _, data = board.journal.events[-1].partition(b"\ndata: ")
+        assert kind == b"event: ages"
+        return dict(json.loads(data))
+
+    async def ticks() -> None:
+        board.streams = 1
+        board.tick()
+        assert last_ages()[cached + CACHE_TICK] == "warm 3m12s"
+        clock[0] += 60_000
+        board.tick()
+        assert last_ages()[cached + CACHE_TICK] == "warm 2m12s"
+        await trio.sleep(1.1)  # past the racy second of the record written above
+        put(tmp_path, "cached", harness="claude", rateLimits=None, usedTokens=4242, observedAtMs=clock[0],
+            promptCache=cache)  # fmt: skip
+        found, _ = board.read_agents(frozenset({(HERE, "cached")}), 2.0)  # its cell worded now: 2m12s
+        clock[0] += 1_000
+        board.tick()  # before the read lands
+        assert last_ages()[cached + CACHE_TICK] == "warm 2m11s"
+        board.apply(found, whole=False)
+        assert board.views[cached]["cache"] == "warm 2m12s"
+        events = board.journal.next
+        board.tick()  # the clock has not moved: only what the row's push set back is sent
+        assert board.journal.next == events + 1 and last_ages()[cached + CACHE_TICK] == "warm 2m11s"
+
+    trio.run(ticks)

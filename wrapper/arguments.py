@@ -36,6 +36,7 @@ __all__ = [
     "fail",
     "harness_name",
     "non_negative",
+    "positive_int",
     "positive_seconds",
     "quiet_guard_logs",
     "tls_unpaired",
@@ -52,6 +53,12 @@ class UsageError(Unusable):
 def whole_number(text: str) -> int:
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"{text} is not a whole number >= 0")
+    return int(text)
+
+
+def positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a whole number >= 1")
     return int(text)
 
 

@@ -9,12 +9,20 @@ wheel), `/api/agents` (= `hctx agents --json`), `/api/agents/HOST/AGENT` (= `hct
 HOST/AGENT --json`), `/api/agents/HOST/AGENT/detail` (the agent page's record, claim and plot),
 `/api/board` (the fleet page's views), `/api/events` (Server-Sent Events: the same views as they
 change; `?agent=HOST/AGENT` for one) and `/api/status` (agents held, streams open).
+
+The event streams cannot exhaust it: every fleet page's stream sends the same bytes (the board's
+`Journal`, each change encoded once), in pieces of at most `PIECE_BYTES` so a page that does not
+read holds no more than one piece; past `max_streams` a stream is refused (503, one line on
+stderr); a page that stops reading is dropped by the kernel's write timeout (TCP_USER_TIMEOUT on
+the listening socket, `hctx web --write-timeout`), since hypercorn's writes cannot be cancelled.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Sequence
+import logging
+import sys
+from collections.abc import AsyncIterator, Iterator, Sequence
 from importlib import resources
 from typing import Any
 
@@ -29,17 +37,20 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from guard.errors import CatalogError
 from wrapper.arguments import quiet_guard_logs
-from wrapper.readers.render import render_agent_json, render_agents_json
-from wrapper.readers.roster import AgentNotFound, collect_inspection, collect_roster, now_ms, resolve_agent, view_agent
+from wrapper.readers.render import render_agent_json
+from wrapper.readers.roster import AgentNotFound, collect_inspection, now_ms, resolve_agent, view_agent
 from wrapper.readers.web.board import agent_detail, read_fill_history
-from wrapper.readers.web.feed import Board
+from wrapper.readers.web.feed import Board, sse_event
 
 __all__ = [
     "ASSETS",
     "CSP",
     "KEEPALIVE_S",
+    "PIECE_BYTES",
     "SNAPSHOT_SLOT",
+    "Refusals",
     "SecurityHeaders",
+    "batched",
     "make_app",
 ]
 
@@ -58,6 +69,12 @@ ASSETS = {
 }
 _PAGES = ("index.html", "agent.html")
 SNAPSHOT_SLOT = b"{{snapshot}}"
+PIECE_BYTES = 64 * 1024  # the most one stream's write holds of an event (a snapshot is megabytes)
+# A fleet stream sends what arrived within this of its first news in one write: a thousand pages
+# are a thousand writes per batch, not one per event (the ages' tick and each read's rows).
+BATCH_S = 0.1
+KEEPALIVE = b": keep-alive\n\n"
+REFUSALS_SAID_EVERY_S = 10.0
 
 
 def _asset(name: str) -> bytes:
@@ -91,6 +108,83 @@ class SecurityHeaders:
         await self.app(scope, receive, with_headers)
 
 
+class Refusals:
+    """Streams refused past the cap, said on stderr: the first at once, then at most one line per
+    REFUSALS_SAID_EVERY_S with how many since (a flood of pages is a few lines, never a traceback)."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap, self.count, self.unsaid, self.said_at = cap, 0, 0, -REFUSALS_SAID_EVERY_S
+
+    def note(self, now: float) -> None:
+        self.count += 1
+        self.unsaid += 1
+        if now - self.said_at >= REFUSALS_SAID_EVERY_S:
+            print(f"hctx web: refused {self.unsaid} event stream(s): {self.cap} open, the most --max-streams "
+                  "allows", file=sys.stderr, flush=True)  # fmt: skip
+            self.unsaid, self.said_at = 0, now
+
+
+class _OneLine(logging.Handler):
+    """trio's accept loop logs running out of descriptors with a traceback, every 0.1 s: one line
+    instead, at most every REFUSALS_SAID_EVERY_S."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.said_at = -REFUSALS_SAID_EVERY_S
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.created - self.said_at >= REFUSALS_SAID_EVERY_S:
+            self.said_at = record.created
+            error = record.exc_info[1] if record.exc_info else None
+            why = getattr(error, "strerror", None) or record.getMessage()
+            print(f"hctx web: cannot accept a connection: {why}; retrying", file=sys.stderr, flush=True)
+
+
+def quiet_accept_errors() -> None:
+    accepting = logging.getLogger("trio.serve_listeners")
+    if not any(isinstance(handler, _OneLine) for handler in accepting.handlers):
+        accepting.addHandler(_OneLine())
+    accepting.propagate = False
+
+
+class _Asgi:
+    """A plain ASGI callable as a route's endpoint (Starlette wraps a function as a request handler)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.app(scope, receive, send)
+
+
+def batched(events: list[bytes]) -> Iterator[bytes | memoryview]:
+    """`events` as writes of at most PIECE_BYTES: small ones joined (a stream's only copy, bounded
+    by PIECE_BYTES), a large one in pieces of its own bytes."""
+    batch: list[bytes] = []
+    size = 0
+    for data in events:
+        if batch and size + len(data) > PIECE_BYTES:
+            yield b"".join(batch)
+            batch, size = [], 0
+        if len(data) > PIECE_BYTES:
+            yield from _pieces(data)
+        else:
+            batch.append(data)
+            size += len(data)
+    if batch:
+        yield b"".join(batch)
+
+
+def _pieces(data: bytes) -> Iterator[bytes | memoryview]:
+    """`data` in pieces of at most PIECE_BYTES, none of them a copy."""
+    if len(data) <= PIECE_BYTES:
+        yield data
+        return
+    view = memoryview(data)
+    for start in range(0, len(data), PIECE_BYTES):
+        yield view[start : start + PIECE_BYTES]
+
+
 def _json(body: str, status: int = 200) -> Response:
     return Response(body, status, media_type="application/json", headers={"cache-control": "no-store"})
 
@@ -99,9 +193,11 @@ def _error(message: str, status: int) -> Response:
     return _json(json.dumps({"error": message}, ensure_ascii=False) + "\n", status)
 
 
-def make_app(board: Board, allowed_hosts: Sequence[str]) -> Starlette:
+def make_app(board: Board, allowed_hosts: Sequence[str], *, max_streams: int) -> Starlette:
     catalog, here = board.catalog, board.here
     quiet_guard_logs()
+    quiet_accept_errors()
+    refusals = Refusals(max_streams)
     pages = {name: _asset(name) for name in _PAGES}
     assets = {name: _asset(name) for name in ASSETS}
 
@@ -112,8 +208,7 @@ def make_app(board: Board, allowed_hosts: Sequence[str]) -> Starlette:
         # The first snapshot rides in the page as a JSON data block (never run, so the CSP allows
         # it): the rows paint without waiting for the event stream's handshake.
         await board.ready.wait()
-        data = board.encoded().replace("<", "\\u003c").encode()
-        body = pages["index.html"].replace(SNAPSHOT_SLOT, data, 1)
+        body = pages["index.html"].replace(SNAPSHOT_SLOT, board.page_data(), 1)
         return Response(body, media_type="text/html; charset=utf-8", headers={"cache-control": "no-store"})
 
     async def agent_page(_: Request) -> Response:
@@ -129,13 +224,11 @@ def make_app(board: Board, allowed_hosts: Sequence[str]) -> Starlette:
         return Response(assets["favicon.svg"], media_type=ASSETS["favicon.svg"])
 
     async def agents(_: Request) -> Response:
-        def read() -> str:
-            return render_agents_json(collect_roster(catalog, now_ms(), here=here, alive=board.alive).rows)
-
-        try:
-            return _json(await trio.to_thread.run_sync(read))
-        except CatalogError as exc:
-            return _error(f"cannot read the catalog: {exc}", 503)
+        # From the board's cache, never the catalog read again per request (board.agents_json).
+        body = await board.agents_json()
+        if board.problem is not None:
+            return _error(board.problem, 503)
+        return Response(body, media_type="application/json", headers={"cache-control": "no-store"})
 
     def _resolved(request: Request) -> tuple[str, str]:
         return resolve_agent(catalog, f"{request.path_params['host']}/{request.path_params['agent']}", here=here)
@@ -173,40 +266,72 @@ def make_app(board: Board, allowed_hosts: Sequence[str]) -> Starlette:
 
     async def status(_: Request) -> Response:
         await board.ready.wait()
-        found = {"agents": len(board.views), "streams": len(board.mailboxes), "problem": board.problem}
+        found = {"agents": len(board.views), "streams": board.streams, "problem": board.problem}
         return _json(json.dumps(found) + "\n")
 
-    async def events(request: Request) -> Response:
-        only = request.query_params.get("agent")
-        held = request.query_params.get("since")  # the version of the snapshot the page already holds
+    async def fleet_stream(held: str | None) -> AsyncIterator[bytes | memoryview]:
+        """The journal's events from the snapshot the page holds (sent again if it is not the
+        current one, or if the page fell further behind than the journal keeps)."""
+        journal = board.journal
+        await board.ready.wait()
+        first = b": current\n\n" if held == str(board.version) else board.snapshot_event()
+        cursor = journal.next
+        for data in (first, board.ages_event()):
+            for piece in _pieces(data):
+                yield piece
+        while True:
+            waited = False
+            with trio.move_on_after(KEEPALIVE_S):  # no yield inside a cancel scope
+                await journal.wait(cursor)
+                waited = True
+            if not waited:
+                yield KEEPALIVE
+                continue
+            await trio.sleep(BATCH_S)  # what else arrives meanwhile goes in the same write
+            pending = journal.since(cursor)
+            # Further behind than the journal keeps: the snapshot again (never joined: megabytes).
+            sent = [board.snapshot_event(), board.ages_event()] if pending is None else pending
+            cursor = journal.next
+            for piece in batched(sent):
+                yield piece
 
-        async def stream() -> AsyncIterator[str]:
-            with board.subscribe(only) as box:
-                await board.ready.wait()
-                if only is not None:
-                    yield _event("snapshot", board.snapshot(only))
-                elif held != str(board.version):
-                    yield f"event: snapshot\ndata: {board.encoded()}\n\n"
-                else:
-                    yield ": current\n\n"
-                while True:
-                    taken = None
-                    with trio.move_on_after(KEEPALIVE_S):  # no yield inside a cancel scope
-                        taken = await box.take()
-                    if taken is None:
-                        yield ": keep-alive\n\n"
-                        continue
-                    rows, panel, ages, problem_changed = taken
-                    if problem_changed:
-                        yield _event("problem", {"problem": board.problem})
-                    if rows or panel is not None:
-                        yield _event("rows", {"rows": rows, "panel": panel})
-                    if ages:
-                        yield _event("ages", ages)
+    async def agent_stream(only: str) -> AsyncIterator[bytes]:
+        with board.subscribe(only) as box:
+            await board.ready.wait()
+            yield sse_event("snapshot", board.snapshot(only))
+            while True:
+                taken = None
+                with trio.move_on_after(KEEPALIVE_S):  # no yield inside a cancel scope
+                    taken = await box.take()
+                if taken is None:
+                    yield KEEPALIVE
+                    continue
+                rows, panel, ages, problem_changed = taken
+                if problem_changed:
+                    yield sse_event("problem", {"problem": board.problem})
+                if rows or panel is not None:
+                    yield sse_event("rows", {"rows": rows, "panel": panel})
+                if ages:
+                    yield sse_event("ages", ages)
 
-        return StreamingResponse(
-            stream(), media_type="text/event-stream", headers={"cache-control": "no-store", "x-accel-buffering": "no"}
-        )
+    async def events(scope: Scope, receive: Receive, send: Send) -> None:
+        # Counted here, with no checkpoint between the look at the count and the count: however
+        # many arrive at once, no more than `max_streams` are served.
+        if board.streams >= max_streams:
+            refusals.note(trio.current_time())
+            refused = _error(f"too many event streams open (the most is {max_streams}); try again later", 503)
+            refused.headers["retry-after"] = "10"
+            refused.headers["connection"] = "close"
+            await refused(scope, receive, send)
+            return
+        with board.stream():
+            request = Request(scope, receive)
+            only = request.query_params.get("agent")
+            held = request.query_params.get("since")  # the version of the snapshot the page already holds
+            body = fleet_stream(held) if only is None else agent_stream(only)
+            response = StreamingResponse(body, media_type="text/event-stream",
+                                         headers={"cache-control": "no-store", "x-accel-buffering": "no"})  # fmt: skip
+            await response(scope, receive, send)
 
     routes = [
         Route("/", fleet_page),
@@ -217,12 +342,8 @@ def make_app(board: Board, allowed_hosts: Sequence[str]) -> Starlette:
         Route("/api/agents/{host}/{agent}", one_agent),
         Route("/api/agents/{host}/{agent}/detail", detail),
         Route("/api/board", board_views),
-        Route("/api/events", events),
+        Route("/api/events", _Asgi(events), methods=["GET"]),
         Route("/api/status", status),
     ]
     middleware = [Middleware(SecurityHeaders), Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))]
     return Starlette(routes=routes, middleware=middleware)
-
-
-def _event(kind: str, data: object) -> str:
-    return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False, allow_nan=False)}\n\n"

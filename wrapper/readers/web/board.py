@@ -10,8 +10,9 @@ text) out; nothing here serves or watches.
 
 from __future__ import annotations
 
+import heapq
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from html import escape
 from pathlib import Path
@@ -59,6 +60,7 @@ __all__ = [
     "fill_svg",
     "limits_svg",
     "rate_limit_panel",
+    "rate_limit_panel_of",
     "read_fill_history",
     "row_view",
     "subagent_view",
@@ -181,19 +183,33 @@ def rate_limit_panel(
     `plot`, the windows over the kept hours (`limits_svg`)."""
     read_at = {row.name: (row, read_ms) for row, read_ms in rows}
     groups = fan_in(row for row, _ in read_at.values())
+    return rate_limit_panel_of(groups, lambda name: read_at[name][1], now, drawn)
+
+
+def rate_limit_panel_of(
+    groups: Iterable[AccountGroup], read_ms: Callable[[str], int], now: int, drawn: Mapping[str, Drawn] | None = None
+) -> dict[str, Any]:
+    """`rate_limit_panel` of account groups already fanned in (the board keeps them between reads):
+    only the newest RATE_PANEL_ROWS are put in order (and only theirs drawn). `read_ms`: when an agent's
+    row was read; `drawn` as `rate_limit_panel`'s."""
 
     def newest(group: AccountGroup) -> Snapshot:
         """Its newest snapshot, by when the figure arrived (issue 35), not by the reading holding it."""
         return max(group.windows.values(), key=lambda snapshot: snapshot.observed_at_ms)
 
-    groups.sort(key=lambda group: (-newest(group).observed_at_ms, newest(group).source.name))
+    def order(group: AccountGroup) -> tuple[int, str]:
+        snapshot = newest(group)
+        return -snapshot.observed_at_ms, snapshot.source.name
+
+    every = list(groups)
+    shown_groups = heapq.nsmallest(RATE_PANEL_ROWS, every, key=order)
 
     def shown(group: AccountGroup, window: Window) -> str:
         snapshot = group.windows.get(window)
         return "-" if snapshot is None else percent_text(snapshot.used_percent)
 
     entries = []
-    for group in groups[:RATE_PANEL_ROWS]:
+    for group in shown_groups:
         snapshot = newest(group)
         source = snapshot.source
         entries.append({
@@ -203,7 +219,7 @@ def rate_limit_panel(
             "fiveHour": shown(group, "fiveHour"),
             "sevenDay": shown(group, "sevenDay"),
             "agents": len(group.agents),
-            "age": age_text(snapshot.age_ms + max(0, now - read_at[source.name][1]))
+            "age": age_text(snapshot.age_ms + max(0, now - read_ms(source.name)))
             + (" stale" if snapshot.stale else ""),  # the snapshot's own age, ticking as age_now's
         })  # fmt: skip
         if drawn is not None:
@@ -212,7 +228,7 @@ def rate_limit_panel(
                 found = None if held is None else held.forecasts.get(window)
                 entries[-1][_RUNS_OUT_FIELD[window]] = "-" if window not in group.windows else forecast_text(found, now)
             entries[-1]["plot"] = None if held is None else held.plot
-    return {"entries": entries, "more": max(0, len(groups) - RATE_PANEL_ROWS)}
+    return {"entries": entries, "more": max(0, len(every) - RATE_PANEL_ROWS)}
 
 
 _RUNS_OUT_FIELD: dict[Window, str] = {"fiveHour": "runsOutFiveHour", "sevenDay": "runsOutSevenDay"}

@@ -2,7 +2,9 @@
 when the command runs, never with another `hctx` command.
 
 The socket is bound here, before the server starts, so a port in use is one clear line and exit 2,
-and the URL on stdout is the port actually bound (`--listen 127.0.0.1:0` picks a free one).
+and the URL on stdout is the port actually bound (`--listen 127.0.0.1:0` picks a free one). It
+carries the write timeout (TCP_USER_TIMEOUT, which every accepted connection inherits): a page that
+stops reading is dropped by the kernel once its unread data waited that long.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import argparse
 import contextlib
 import errno
 import ipaddress
+import resource
 import signal
 import socket
 import sys
@@ -25,6 +28,7 @@ from wrapper.arguments import (
     add_tls_options,
     existing_catalog,
     fail,
+    positive_int,
     positive_seconds,
     tls_unpaired,
     with_host,
@@ -33,16 +37,44 @@ from wrapper.readers.metrics import listen_address
 
 __all__ = [
     "DEFAULT_LISTEN",
+    "DEFAULT_WRITE_TIMEOUT_S",
+    "FD_RESERVE",
+    "STREAMS_CEILING",
     "WILDCARDS",
     "allowed_hosts",
+    "default_max_streams",
     "is_loopback",
     "needs_token",
+    "raise_descriptor_limit",
     "register",
     "run_web",
 ]
 
 DEFAULT_LISTEN = ("127.0.0.1", 9479)
 WILDCARDS = frozenset({"0.0.0.0", "::"})
+DEFAULT_WRITE_TIMEOUT_S = 10.0
+# Descriptors kept for what is not an event stream: the listener, inotify, the catalog's reads,
+# page and API requests, and the connections a refusal answers.
+FD_RESERVE = 128
+STREAMS_CEILING = 4096  # memory, not descriptors, bounds it past this
+DESCRIPTORS_WANTED = 65536
+
+
+def raise_descriptor_limit() -> int:
+    """The soft RLIMIT_NOFILE raised toward the hard one (as Go's runtime does; 1,024 is a shell's
+    usual soft limit, a few hundred pages); the soft limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = DESCRIPTORS_WANTED if hard == resource.RLIM_INFINITY else min(hard, DESCRIPTORS_WANTED)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def default_max_streams(descriptors: int) -> int:
+    """Three quarters of the descriptors past FD_RESERVE, at most STREAMS_CEILING, at least 1: the
+    streams past it are refused while descriptors remain to answer them and to serve pages."""
+    return max(1, min(STREAMS_CEILING, (descriptors - FD_RESERVE) * 3 // 4))
 
 
 def is_loopback(host: str) -> bool:
@@ -63,11 +95,14 @@ def allowed_hosts(host: str, extra: Sequence[str] = ()) -> list[str]:
     return sorted(name.lower() for name in names)
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def _bind(host: str, port: int, write_timeout_s: float) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a TIME_WAIT is not "in use"
+        # hypercorn's writes are shielded from cancellation: the kernel ends a connection whose
+        # sent data waited unacknowledged (a reader's full window included) this long.
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, max(1, round(write_timeout_s * 1000)))
         sock.bind((host, port))
         sock.listen(128)
     except BaseException:
@@ -105,7 +140,7 @@ async def _serve(args: argparse.Namespace, catalog: Path, sock: socket.socket, u
             import ssl
 
             config.ca_certs, config.verify_mode = args.tls_client_ca, ssl.CERT_REQUIRED
-    app = make_app(board, allowed_hosts(host, args.allow_host))
+    app = make_app(board, allowed_hosts(host, args.allow_host), max_streams=args.max_streams)
     if token is not None:
         from wrapper.readers.web.app import SecurityHeaders
         from wrapper.readers.web.token import TokenGate
@@ -134,6 +169,9 @@ def run_web(args: argparse.Namespace) -> int:
 
     if args.reread is None:
         args.reread = DEFAULT_REREAD_S
+    descriptors = raise_descriptor_limit()
+    if args.max_streams is None:
+        args.max_streams = default_max_streams(descriptors)
     if tls_unpaired(args):
         return fail("web", TLS_PAIRING, 2)
     try:
@@ -142,7 +180,7 @@ def run_web(args: argparse.Namespace) -> int:
         return fail("web", f"cannot read the catalog: {exc}", 2)
     host, port = args.listen or DEFAULT_LISTEN
     try:
-        sock = _bind(host, port)
+        sock = _bind(host, port, args.write_timeout)
     except OSError as exc:
         why = "the port is in use (another hctx web?)" if exc.errno == errno.EADDRINUSE else exc.strerror or str(exc)
         return fail("web", f"cannot listen on {host}:{port}: {why}", 2)
@@ -201,6 +239,16 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "--reread", type=positive_seconds, metavar="S",
         help="re-read the whole catalog every S seconds, for records going stale and changes a file event "
         "missed (default: 30)",
+    )  # fmt: skip
+    web.add_argument(
+        "--max-streams", type=positive_int, metavar="N",
+        help="event streams (open pages) served at once; past it a page is refused with 503 and a line on "
+        f"stderr (default: three quarters of the open-file limit past {FD_RESERVE}, at most {STREAMS_CEILING})",
+    )  # fmt: skip
+    web.add_argument(
+        "--write-timeout", type=positive_seconds, metavar="S", default=DEFAULT_WRITE_TIMEOUT_S,
+        help="drop a page whose connection has not taken what it was sent for S seconds (default: "
+        f"{DEFAULT_WRITE_TIMEOUT_S:g})",
     )  # fmt: skip
     add_catalog_options(web)
     web.set_defaults(run=with_host(run_web))

@@ -7,16 +7,21 @@ an event may be missed), through a `RosterCache`, so even then only the agents w
 are read; the ages tick every second from the projection's `ageMs`. Reading runs in a worker
 thread, one read at a time, so a catalog of thousands of agents never holds up a push.
 
-Each open stream has a `Mailbox` that coalesces: what it holds is the newest view of each changed
-agent, so a slow page costs at most one view per agent, never a queue of every update.
+Every fleet page's stream reads one `Journal`: each change is encoded once, as the event's bytes,
+and every stream sends those same bytes; the journal keeps the newest events up to a byte bound, and
+a stream that fell further behind is sent the snapshot again (itself encoded once per change). The
+ages are sent as what moved since the last tick. An agent page's stream has a `Mailbox` that
+coalesces: the newest view of its one agent.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import sys
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,26 +32,35 @@ import trio
 
 from guard.errors import CatalogError
 from guard.procs import pid_alive
-from wrapper.readers.accounts import fan_in, groups_by_agent
+from wrapper.readers.accounts import AccountGroup, fan_in, group_key
 from wrapper.readers.notice import Changes
 from wrapper.readers.notice import follow as follow_catalog
 from wrapper.readers.rate_history import keep, sightings_of
-from wrapper.readers.render import account_limits_wire
+from wrapper.readers.render import account_limits_wire, render_agents_json
 from wrapper.readers.roster import AgentRow, PidProbe, RosterCache, now_ms
-from wrapper.readers.web.board import CACHE_TICK, Drawn, ages_now, draw_accounts, rate_limit_panel, row_view
+from wrapper.readers.web.board import CACHE_TICK, Drawn, ages_now, draw_accounts, rate_limit_panel_of, row_view
 
 __all__ = [
     "AGE_TICK_S",
     "DEFAULT_REREAD_S",
+    "JOURNAL_BYTES",
     "Board",
+    "Journal",
     "Mailbox",
     "Read",
     "Reading",
     "follow",
+    "sse_event",
 ]
 
 AGE_TICK_S = 1.0
+# The ages the fleet pages are sent, bytes a second across all of them: a tick's news is each age the
+# clock moved (under an hour old, every one of them), so 10,000 agents to 1,000 pages would be
+# 300 MB a second; past this the ticks come further apart than AGE_TICK_S.
+AGES_BYTES_PER_S = 32 * 1024 * 1024
 DEFAULT_REREAD_S = 30.0
+# The fleet pages' undelivered events kept, in bytes: a stream further behind is sent a snapshot.
+JOURNAL_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,8 +95,8 @@ class Mailbox:
         self._news = trio.Event()
 
     def post(self, rows: dict[str, dict[str, Any] | None], panel: dict[str, Any] | None) -> None:
-        if self.only is not None:
-            rows = {key: view for key, view in rows.items() if key == self.only}
+        if self.only is not None:  # one look-up, however many agents changed
+            rows = {self.only: rows[self.only]} if self.only in rows else {}
             panel = None
         if rows or panel is not None:
             self.rows.update(rows)
@@ -94,8 +108,10 @@ class Mailbox:
         self._news.set()
 
     def post_ages(self, ages: dict[str, str]) -> None:
-        if self.only is not None:
-            ages = {k: v for k, v in ages.items() if k in (self.only, self.only + CACHE_TICK)}
+        if self.only is not None:  # two look-ups, however many ages ticked; no wake-up for none of them
+            ages = {key: ages[key] for key in (self.only, self.only + CACHE_TICK) if key in ages}
+            if not ages:
+                return
         self.ages = ages
         self._news.set()
 
@@ -105,6 +121,40 @@ class Mailbox:
         taken = self.rows, self.panel, self.ages, self.problem_changed
         self.rows, self.panel, self.ages, self.problem_changed = {}, None, None, False
         return taken
+
+
+class Journal:
+    """The fleet pages' events, each encoded once and kept while they fit in `limit` bytes: every
+    stream sends the same bytes objects. Event `n` is the journal's `n`th (`next` counts them)."""
+
+    def __init__(self, limit: int = JOURNAL_BYTES) -> None:
+        self.limit = limit
+        self.events: deque[bytes] = deque()
+        self.first = 0  # the number of the oldest event kept
+        self.next = 0
+        self.size = 0
+        self._news = trio.Event()
+
+    def add(self, data: bytes) -> None:
+        self.events.append(data)
+        self.next += 1
+        self.size += len(data)
+        while self.size > self.limit and len(self.events) > 1:
+            self.size -= len(self.events.popleft())
+            self.first += 1
+        self._news.set()
+        self._news = trio.Event()
+
+    def since(self, cursor: int) -> list[bytes] | None:
+        """The events from `cursor` on; None when some of them are no longer kept."""
+        if cursor < self.first:
+            return None
+        return list(self.events)[cursor - self.first :]
+
+    async def wait(self, cursor: int) -> None:
+        """Until there is an event at `cursor` or after."""
+        while cursor >= self.next:
+            await self._news.wait()
 
 
 class Board:
@@ -117,12 +167,30 @@ class Board:
         self.panel: dict[str, Any] = {"entries": [], "more": 0}
         self.warnings: list[str] = []
         self.problem: str | None = None  # the catalog itself cannot be read
-        self.mailboxes: set[Mailbox] = set()
+        self.mailboxes: set[Mailbox] = set()  # the agent pages' streams
+        self.journal = Journal()  # the fleet pages' streams read this
+        self.streams = 0  # event streams open, of both pages
         self.ready = trio.Event()
         self.version = 0  # counts the changes: a page holding this version's snapshot is current
         self._encoded: str | None = None
+        self._snapshot_event: bytes | None = None
+        self._page_data: bytes | None = None
+        self._ages: dict[str, str] = {}  # the last tick's, for the fleet pages (what moved is sent)
+        self._ages_event: bytes | None = None
+        self.ticked = -math.inf  # trio's clock at the last tick
+        self.tick_s = AGE_TICK_S  # until the next: longer when the ages sent would pass AGES_BYTES_PER_S
+        # Read by one worker thread at a time: `follow`'s reads and `/api/agents` hold `reading`.
+        self._cache = RosterCache(catalog)
+        self.reading = trio.Lock()
+        # The account groups as `fan_in` makes them, kept between reads (`_view`): each agent's group
+        # key, the agents under each key, the groups with a rate limit to show, each agent's group.
+        self._key_of: dict[str, str] = {}
+        self._members: dict[str, set[str]] = {}
+        self._fanned: dict[str, AccountGroup] = {}
+        self._group_of: dict[str, AccountGroup] = {}
+        self._agents: tuple[float, float, bytes] | None = None  # `/api/agents`: built from, until; the body
+        self._agents_lock = trio.Lock()
         self.drawn: dict[str, Drawn] = {}  # each account's history as last kept and drawn (issue 39)
-        self._cache = RosterCache(catalog)  # read by one worker thread at a time (`follow`)
 
     # -- what a page is sent -------------------------------------------------------------------
 
@@ -137,9 +205,55 @@ class Board:
             self._encoded = json.dumps(self.snapshot(), ensure_ascii=False, allow_nan=False)
         return self._encoded
 
+    def snapshot_event(self) -> bytes:
+        """The snapshot as an event of the fleet page's stream, encoded once per change."""
+        if self._snapshot_event is None:
+            self._snapshot_event = b"event: snapshot\ndata: " + self.encoded().encode() + b"\n\n"
+        return self._snapshot_event
+
+    def page_data(self) -> bytes:
+        """The snapshot as the fleet page's JSON data block (no `<`, so no `</script>`), once per change."""
+        if self._page_data is None:
+            self._page_data = self.encoded().replace("<", "\\u003c").encode()
+        return self._page_data
+
+    def ages_event(self) -> bytes:
+        """Every age at the last tick, as an event: what follows a snapshot (the journal's ages
+        events say only what moved since the tick before). Ticked first if no stream was open."""
+        if trio.current_time() - self.ticked > self.tick_s:
+            self.tick()
+        if self._ages_event is None:
+            self._ages_event = sse_event("ages", self._ages)
+        return self._ages_event
+
     def _changed(self) -> None:
         self.version += 1
-        self._encoded = None
+        self._encoded = self._snapshot_event = self._page_data = None
+
+    def _publish(self, rows: dict[str, dict[str, Any] | None], panel: dict[str, Any] | None) -> None:
+        self.journal.add(sse_event("rows", {"rows": rows, "panel": panel}))
+        for name in rows:  # its age (and cache countdown) as the view words them may not be the last tick's: sent again
+            self._ages.pop(name, None)
+            self._ages.pop(name + CACHE_TICK, None)
+        for box in self.mailboxes:
+            box.post(rows, panel)
+
+    def _publish_problem(self) -> None:
+        self.journal.add(sse_event("problem", {"problem": self.problem}))
+        for box in self.mailboxes:
+            box.post_problem()
+
+    def tick(self) -> None:
+        """The ages now: to the fleet pages what moved since the last tick, to each agent page its own."""
+        ages = self.ages()
+        moved = {key: text for key, text in ages.items() if self._ages.get(key) != text}
+        self._ages, self._ages_event, self.ticked = ages, None, trio.current_time()
+        if moved:
+            event = sse_event("ages", moved)
+            self.journal.add(event)
+            self.tick_s = max(AGE_TICK_S, len(event) * self.streams / AGES_BYTES_PER_S)
+        for box in self.mailboxes:
+            box.post_ages(ages)
 
     @contextlib.contextmanager
     def subscribe(self, only: str | None = None) -> Iterator[Mailbox]:
@@ -149,6 +263,15 @@ class Board:
             yield box
         finally:
             self.mailboxes.discard(box)
+
+    @contextlib.contextmanager
+    def stream(self) -> Iterator[None]:
+        """One open event stream, counted (`/api/status`, the cap on streams)."""
+        self.streams += 1
+        try:
+            yield
+        finally:
+            self.streams -= 1
 
     # -- what reading finds ----------------------------------------------------------------------
 
@@ -175,6 +298,8 @@ class Board:
             held = self.readings.get(name)
             if held is not None and held.started > reading.started:
                 continue  # a later read of this agent already landed
+            if whole and held is not None and _same_but_the_clock(held.row, reading.row):
+                continue  # the held reading stands (its ages tick from its own read): nothing to lay out
             self.readings[name] = reading
             updated.append(name)
         if whole:
@@ -190,25 +315,52 @@ class Board:
             if self.problem is not None:
                 self.problem = None
                 news = True
-                for box in self.mailboxes:
-                    box.post_problem()
+                self._publish_problem()
+        added = any(name not in self.views for name in updated)
         self._view(updated, changed)
-        self.views = dict(sorted(self.views.items()))
-        panel = rate_limit_panel(((r.row, r.read_ms) for r in self.readings.values()), now_ms(), self.drawn)
-        panel_changed = _settled(panel) != _settled(self.panel)
-        self.panel = panel
+        if added:  # the snapshot lists the agents sorted
+            self.views = dict(sorted(self.views.items()))
+        panel_changed = self._repanel()  # with `drawn`: a read may move an account's forecast alone
+        panel = self.panel
         # A read that found nothing new keeps the version: a page holding it is sent no snapshot,
         # so its rows are not laid out again for nothing.
         if changed or panel_changed or news:
             self._changed()
         if changed or panel_changed:
-            for box in self.mailboxes:
-                box.post(changed, panel if panel_changed else None)
+            self._publish(changed, panel if panel_changed else None)
 
     def _view(self, updated: list[str], changed: dict[str, dict[str, Any] | None]) -> None:
         """The views of the `updated` agents, and of every agent whose account's figure (fanned in
-        across the agents sharing it, as `hctx agents --json` shows it) another agent moved."""
-        groups = groups_by_agent(fan_in(reading.row for reading in self.readings.values()))
+        across the agents sharing it, as `hctx agents --json` shows it) another agent moved.
+
+        The account groups are kept between reads: a read fans in again only the groups its agents
+        left or joined (at 10,000 agents, fanning in every row on every write held the event loop
+        for most of a second)."""
+        affected = set()
+        for name in [*updated, *(name for name, view in changed.items() if view is None)]:
+            old = self._key_of.pop(name, None)
+            if old is not None:
+                affected.add(old)
+                self._members[old].discard(name)
+            current = self.readings.get(name)
+            if current is not None:
+                key = group_key(current.row)
+                self._key_of[name] = key
+                self._members.setdefault(key, set()).add(name)
+                affected.add(key)
+        for key in affected:
+            names = self._members.get(key, set())
+            for name in names:
+                self._group_of.pop(name, None)
+            self._fanned.pop(key, None)
+            if not names:
+                self._members.pop(key, None)
+                continue
+            for group in fan_in(self.readings[name].row for name in names):  # one group: they share `key`
+                self._fanned[key] = group
+                for row in group.agents:
+                    self._group_of[row.name] = group
+        groups = self._group_of
         for name in updated:
             reading = self.readings[name]
             view = row_view(reading.row, reading.read_ms, reading.read_ms, groups)
@@ -216,36 +368,66 @@ class Board:
             self.views[name] = view
             if held is None or _settled(held) != _settled(view):
                 changed[name] = view
-        for name, view in list(self.views.items()):
+        for name in [name for key in affected for name in self._members.get(key, ())]:
             reading = self.readings[name]
+            view = self.views[name]
             if name not in changed and _settled(view["agent"]["accountRateLimits"]) != _settled(
                 account_limits_wire(groups.get(name), reading.row, reading.read_ms)
             ):
                 self.views[name] = changed[name] = row_view(reading.row, reading.read_ms, reading.read_ms, groups)
 
     def gone(self, names: set[str]) -> None:
+        if not names:
+            return
         changed: dict[str, dict[str, Any] | None] = {}
         for name in names:
             if self.readings.pop(name, None) is not None:
                 self.views.pop(name, None)
                 changed[name] = None
         self._view([], changed)
-        if changed:
+        panel_changed = self._repanel()  # a gone agent's account may have been in it
+        if changed or panel_changed:
             self._changed()
-            for box in self.mailboxes:
-                box.post(changed, None)
+            self._publish(changed, self.panel if panel_changed else None)
+
+    def _repanel(self) -> bool:
+        """The rate-limit panel again, from the account groups held; whether it changed."""
+        panel = rate_limit_panel_of(
+            self._fanned.values(), lambda name: self.readings[name].read_ms, now_ms(), self.drawn
+        )
+        changed: bool = _settled(panel) != _settled(self.panel)
+        self.panel = panel
+        return changed
 
     def failed(self, problem: str) -> None:
         """The whole catalog could not be read: every open page is told, and keeps its last rows."""
         if problem != self.problem:
             self.problem = problem
             self._changed()
-            for box in self.mailboxes:
-                box.post_problem()
+            self._publish_problem()
 
     def ages(self) -> dict[str, str]:
         now = now_ms()
         return {key: age for r in self.readings.values() for key, age in ages_now(r.row, r.read_ms, now).items()}
+
+    async def agents_json(self) -> bytes:
+        """`hctx agents --json` of the catalog as the board holds it: the records the board's cache
+        (a `CatalogCache`, the exporter's) last read, projected now; no file is read. Built once for
+        every request that arrives while it is built, and kept for requests within a tick of it."""
+        await self.ready.wait()
+        arrived = trio.current_time()
+        async with self._agents_lock:
+            # Built within a tick before this request, or while it waited: one build serves a burst.
+            if self._agents is not None and max(self._agents[0] + AGE_TICK_S, self._agents[1]) >= arrived:
+                return self._agents[2]
+            started = trio.current_time()
+            async with self.reading:
+                body = await trio.to_thread.run_sync(self._agents_document)
+            self._agents = started, trio.current_time(), body
+            return body
+
+    def _agents_document(self) -> bytes:
+        return render_agents_json(self._cache.held(now_ms(), here=self.here, alive=self.alive).rows).encode()
 
     # -- reading (in a worker thread) -------------------------------------------------------------
 
@@ -299,7 +481,21 @@ class Board:
             self.ready.set()
 
 
+def sse_event(kind: str, data: object) -> bytes:
+    """One Server-Sent Event, encoded."""
+    return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False, allow_nan=False)}\n\n".encode()
+
+
 _TICKING = frozenset({"age", "ageMs", "cache"})
+
+
+def _same_but_the_clock(held: AgentRow, read: AgentRow) -> bool:
+    """The same row but for what the clock alone moves (a whole read over unchanged files)."""
+    if dataclasses.replace(held, context=None) != dataclasses.replace(read, context=None):
+        return False
+    if held.context is None or read.context is None:
+        return held.context is read.context
+    return bool(_settled(held.context.wire()) == _settled(read.context.wire()))
 
 
 def _settled(value: Any) -> Any:
@@ -318,11 +514,9 @@ async def follow(board: Board, stop: anyio.Event, *, reread_s: float = DEFAULT_R
 
     async def tick() -> None:
         while True:
-            await trio.sleep(AGE_TICK_S)
-            if board.mailboxes:
-                ages = board.ages()
-                for box in board.mailboxes:
-                    box.post_ages(ages)
+            await trio.sleep(board.tick_s)
+            if board.streams:
+                board.tick()
 
     async def until_stopped() -> None:
         await stop.wait()
@@ -331,4 +525,6 @@ async def follow(board: Board, stop: anyio.Event, *, reread_s: float = DEFAULT_R
     async with trio.open_nursery() as nursery:
         nursery.start_soon(tick)
         nursery.start_soon(until_stopped)
-        await follow_catalog(board.catalog, board.read, board.took, reread_s=reread_s, debounce_ms=200, step_ms=20)
+        # `reading`: the cache is read by one worker thread at a time, `/api/agents`'s build included.
+        await follow_catalog(board.catalog, board.read, board.took, reread_s=reread_s, debounce_ms=200, step_ms=20,
+                             held=board.reading)  # fmt: skip

@@ -143,6 +143,8 @@
     fill(entry, view);
   }
 
+  const PANEL_AGE = 6;  // the index of item.age's cell in a panel row
+
   function panel(data) {
     if (!data) return;
     const rows = data.entries.map((item) => {
@@ -257,7 +259,8 @@
       }
     }
     for (const tr of limitsBody.children) {
-      if (data[tr.dataset.key] !== undefined) tr.lastChild.textContent = data[tr.dataset.key];
+      // The age is item.age's cell (`panel`), no longer the last: the forecast and the plot follow it.
+      if (data[tr.dataset.key] !== undefined) tr.children[PANEL_AGE].textContent = data[tr.dataset.key];
     }
   }
 
