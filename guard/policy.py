@@ -28,6 +28,7 @@ from guard.constants import (
     HARNESS_CONTEXT_FUTURE_SKEW_MS,
     HARNESS_CONTEXT_HEARTBEAT_MS,
 )
+from guard.errors import Unusable
 from guard.record import ContextFields, HarnessContext, RateLimits
 
 __all__ = [
@@ -60,14 +61,15 @@ HEARTBEAT_MAX_S = HARNESS_CONTEXT_HEARTBEAT_MS // 1000
 
 
 def heartbeat_seconds(text: str) -> int:
-    """A heartbeat asked for in whole seconds; ValueError saying what is allowed otherwise."""
+    """A heartbeat asked for in whole seconds; Unusable (a ValueError, as argparse's types raise)
+    saying what is allowed otherwise."""
     allowed = f"whole seconds from {HEARTBEAT_MIN_S} to {HEARTBEAT_MAX_S} (the spec's, the default)"
     try:
         seconds = int(text.strip(), 10)
     except ValueError:
-        raise ValueError(f"the heartbeat {text!r} is not {allowed}") from None
+        raise Unusable(f"the heartbeat {text!r} is not {allowed}") from None
     if not HEARTBEAT_MIN_S <= seconds <= HEARTBEAT_MAX_S:
-        raise ValueError(f"the heartbeat {seconds}s is outside {allowed}")
+        raise Unusable(f"the heartbeat {seconds}s is outside {allowed}")
     return seconds
 
 

@@ -164,7 +164,8 @@ def expected_last_record() -> HarnessContext:
 
 
 def assert_same_reading(record: HarnessContext, expected: HarnessContext) -> None:
-    keep = {"observed_at_ms", "written_at_ms", "last_compaction_ms", "agent", "incarnation"}
+    # Times are each run's own: rateLimitsAtMs is when the limits arrived, as observedAtMs is a reading's.
+    keep = {"observed_at_ms", "written_at_ms", "last_compaction_ms", "rate_limits_at_ms", "agent", "incarnation"}
     assert record.model_dump(exclude=keep) == expected.model_dump(exclude=keep)
     assert (record.used_percent, record.compactions, record.session_total_tokens) == (4, 2, 605_450)
 

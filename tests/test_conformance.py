@@ -30,6 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import guard
+from guard.constants import HARNESS_CONTEXT_HEARTBEAT_MS
 from sidecar.channel import BUFFER_BUDGET_BYTES
 from sidecar.decoding import CHANNEL, MessageDecoder
 from sidecar.recorder import Chunk, create_recording, redact_recording
@@ -228,7 +229,8 @@ def test_a_channel_recording_sent_to_the_real_sidecar_writes_what_replay_writes(
     entries = [json.loads(line) for line in recording.read_bytes().splitlines()]
     header = {"format": "hctx.recording.v1", "harness": harness, "hctx": guard.__version__, "incarnation": "inc",
               "config": {"harness": harness, "host": HOST, "agent": "conform", "incarnation": "inc",
-                         "transport": "", "account": "", "channel_budget_bytes": BUFFER_BUDGET_BYTES}}  # fmt: skip
+                         "transport": "", "account": "", "channel_budget_bytes": BUFFER_BUDGET_BYTES,
+                         "heartbeat_ms": HARNESS_CONTEXT_HEARTBEAT_MS}}  # fmt: skip
     assert entries[0] | {"started_ms": 0} == header | {"started_ms": 0, "redacted": False}  # `--record-raw`
     sent = b"".join(chunk.data for chunk in chunks)
     assert b"".join(base64.b64decode(entry["b64"]) for entry in entries if "b64" in entry) == sent

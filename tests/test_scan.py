@@ -203,7 +203,8 @@ def test_json_is_one_array_as_for_agents(home: Path, capsys: pytest.CaptureFixtu
 
 
 def test_every_json_option_prints_one_array_and_says_so() -> None:
-    """The convention: `--json` is one JSON array (`jq '.[]'`); only a single named agent is an object."""
+    """The convention: `--json` is one JSON array (`jq '.[]'`); only a single named agent is an object,
+    and `hctx status`, whose `--json` is waybar's custom-module object (issue 38), which says so."""
     from wrapper.cli import build_parser
 
     commands = next(action for action in build_parser()._actions if isinstance(action, argparse._SubParsersAction))
@@ -212,7 +213,8 @@ def test_every_json_option_prints_one_array_and_says_so() -> None:
         for action in parser._actions:
             if "--json" in action.option_strings:
                 documented[name] = action.help or ""
-    assert {"agents", "scan"} <= documented.keys()
+    assert {"agents", "scan", "status"} <= documented.keys()
+    assert "waybar's custom-module JSON" in documented.pop("status")
     for name, text in documented.items():
         assert "one JSON array" in text and "jq '.[]'" in text, name
 

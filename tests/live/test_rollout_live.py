@@ -105,7 +105,7 @@ async def test_a_cli_session_is_followed_through_its_rollout(version: str, tmp_p
     for at_ms, frame in tail_events(tail):
         scanned.feed(frame, at_ms or 0)
     assert scanned.held.reading is not None
-    ignored = {"observed_at_ms", "rate_limits"}
+    ignored = {"observed_at_ms", "rate_limits", "rate_limits_at_ms"}  # the limits and when they arrived
     assert scanned.held.reading.model_dump(exclude=ignored) == last.model_dump(exclude=ignored)
     # Following, the turn's snapshot comes after its reading (as the app-server orders it) and is
     # published on it; scanning, the latest snapshot rides the one reading there is.

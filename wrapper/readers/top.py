@@ -55,6 +55,7 @@ __all__ = [
     "BAR_MIN_CELLS",
     "COLUMNS",
     "HIDE_ORDER",
+    "OPTIONAL",
     "ORDERS",
     "REFRESH_S",
     "REREAD_S",

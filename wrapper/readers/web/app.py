@@ -44,14 +44,18 @@ from wrapper.readers.web.feed import Board, sse_event
 
 __all__ = [
     "ASSETS",
+    "BATCH_S",
     "CSP",
+    "KEEPALIVE",
     "KEEPALIVE_S",
     "PIECE_BYTES",
+    "REFUSALS_SAID_EVERY_S",
     "SNAPSHOT_SLOT",
     "Refusals",
     "SecurityHeaders",
     "batched",
     "make_app",
+    "quiet_accept_errors",
 ]
 
 CSP = (

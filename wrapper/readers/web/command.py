@@ -38,6 +38,7 @@ from wrapper.readers.metrics import listen_address
 __all__ = [
     "DEFAULT_LISTEN",
     "DEFAULT_WRITE_TIMEOUT_S",
+    "DESCRIPTORS_WANTED",
     "FD_RESERVE",
     "STREAMS_CEILING",
     "WILDCARDS",

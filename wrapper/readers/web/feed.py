@@ -41,6 +41,7 @@ from wrapper.readers.roster import AgentRow, PidProbe, RosterCache, now_ms
 from wrapper.readers.web.board import CACHE_TICK, Drawn, ages_now, draw_accounts, rate_limit_panel_of, row_view
 
 __all__ = [
+    "AGES_BYTES_PER_S",
     "AGE_TICK_S",
     "DEFAULT_REREAD_S",
     "JOURNAL_BYTES",
