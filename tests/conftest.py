@@ -46,6 +46,15 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return ModulesLiveTogether(config, log)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test that launches Chromium (it asks for a `chromium` fixture: each browser module has
+    one) is marked `browser`: scripts/test runs those in a pytest of their own after the rest, since
+    Chromium crashed at launch (SIGTRAP) from an xdist worker that had run other modules first."""
+    for item in items:
+        if "chromium" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.browser)
+
+
 @pytest.fixture
 def channel_dir(tmp_path: Path) -> Path:
     """A directory the channel accepts: owned by this user and closed to others."""

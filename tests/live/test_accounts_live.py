@@ -533,6 +533,12 @@ async def test_a_codex_seat_counts_from_its_launch_and_a_limit_move_is_written(t
         await client.turn(thread, "seat A again [[u:1300:20]]")
         moved = await _record_where(path, lambda r: (r["rateLimits"] or {}).get("fiveHour") == 18)  # 17.5, rounded
         assert (moved["usedPercent"], moved["windowTokens"]) == (first["usedPercent"], first["windowTokens"])
+        # The record is replaced before its write line is logged: wait for the line (a liveness bound).
+        with trio.move_on_after(30):
+            while True:
+                if len(_writes(catalog, "codex-seat-A")) > written:
+                    break
+                await trio.sleep(0.05)
         reasons = [w["reason"] for w in _writes(catalog, "codex-seat-A")[written:]]
         assert reasons == ["rate-limits"], reasons  # the context stayed in its bucket
         arrived = moved["rateLimitsAtMs"]

@@ -6,7 +6,7 @@ the fake ChatGPT backend, whose every response raises the five-hour window by 7.
 `hctx accounts --json` reads the catalog, as a user would, and so keeps each account's history.
 The forecast it shows at the end must lie on the straight line through what the records reported:
 
-- `percentPerHour` within 1% of the least-squares slope of (observedAtMs, fiveHour) over every
+- `percentPerHour` within 1% of the least-squares slope of (arrival, fiveHour) over every
   snapshot the runs saw (both seats' records after each turn), and resting on all of them;
 - `exhaustedAtMs` where that line reaches 100%, give or take how far the snapshots lie off the
   line (the forecast goes on at the line's pace from the newest snapshot, the line from the mean of
@@ -27,6 +27,7 @@ import math
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -62,6 +63,13 @@ def _line(points: set[tuple[int, float]]) -> tuple[float, float, float]:
     return slope, mean_x, mean_y
 
 
+def _snapshot(record: dict[str, Any]) -> tuple[int, float]:
+    """(when the five-hour figure arrived, the figure): the record's `rateLimitsAtMs` (issue 35), by
+    which every reader dates a snapshot, else its reading's time."""
+    arrived = (record.get("rateLimitsAtMs") or {}).get("fiveHour")
+    return (arrived if arrived is not None else record["observedAtMs"], float(record["rateLimits"]["fiveHour"]))
+
+
 async def test_two_codex_seats_forecast_on_the_line_through_what_they_reported(tmp_path: Path) -> None:
     codex = require_harness("codex", VERSION)
     catalog = tmp_path / "catalog"
@@ -90,8 +98,7 @@ async def test_two_codex_seats_forecast_on_the_line_through_what_they_reported(t
                 path = catalog / "agents" / HOST / f"codex-seat-{seat}" / "harness-context"
                 for _ in range(300):  # the record of this turn's snapshot (15 s)
                     record = json.loads(path.read_text()) if path.exists() else None
-                    if record and record["rateLimits"] and (record["observedAtMs"], record["rateLimits"]["fiveHour"]) \
-                            not in reported:  # fmt: skip
+                    if record and record["rateLimits"] and _snapshot(record) not in reported:
                         break
                     await trio.sleep(0.05)
                 else:
@@ -101,7 +108,7 @@ async def test_two_codex_seats_forecast_on_the_line_through_what_they_reported(t
                     if other_path.exists():
                         held = json.loads(other_path.read_text())
                         if held["rateLimits"]:
-                            reported.add((held["observedAtMs"], float(held["rateLimits"]["fiveHour"])))
+                            reported.add(_snapshot(held))
                 listed = _accounts(catalog)
     (group,) = [item for item in listed if item["agentCount"] == 2]
     five = group["rateLimits"]["fiveHour"]  # type: ignore[index]
