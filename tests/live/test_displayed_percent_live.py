@@ -54,8 +54,18 @@ async def test_claude_8_to_9_percent_inside_one_bucket_is_published_at_once(vers
             assert nine["usedPercent"] == 9  # Claude's Math.round of 8.505, in the same tokens bucket 8
             assert nine["harnessVersion"] == version  # the status line's own `version`
     assert [16_800 * 100 // WINDOW, 17_010 * 100 // WINDOW] == [8, 8]
-    writes = [e for e in log_events(catalog, "claude-shown") if e.get("event") == "write"]
-    assert [w["reason"] for w in writes if w.get("usedPercent") in (8, 9)][:2] == ["bucket", "bucket"]
+    # The record showed 9 at once (above); its write line is logged after the record is replaced, so
+    # it is waited for (a liveness bound). On a loaded machine the 8% write may still be in flight
+    # when 9 is read, and lands refreshed with it (the outbox's fold, docs/recording.md): then one
+    # bucket write carries 9. Either way every write of 8 or 9 is a bucket write, and 9 is one of them.
+    with trio.move_on_after(30):
+        while True:
+            writes = [e for e in log_events(catalog, "claude-shown") if e.get("event") == "write"]
+            if any(w.get("usedPercent") == 9 for w in writes):
+                break
+            await trio.sleep(0.1)
+    shown = [(w["reason"], w["usedPercent"]) for w in writes if w.get("usedPercent") in (8, 9)]
+    assert ("bucket", 9) in shown and {reason for reason, _ in shown} == {"bucket"}, shown
 
 
 @pytest.mark.parametrize("version", HARNESS_VERSIONS["codex"])
