@@ -76,11 +76,7 @@ class RateLimitEvent(Event):
         group, snapshot = self.group, self.snapshot
         assert group is not None and snapshot is not None
         return {
-            "event": self.kind,
-            "host": self.row.host,
-            "agent": self.row.identity,
-            "harness": self.row.named_harness,
-            "incarnation": self.incarnation,
+            **self.head(),
             "account": group.key,
             "accountLabel": group.label,
             "agents": len(group.agents),

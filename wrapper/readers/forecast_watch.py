@@ -75,11 +75,7 @@ class ForecastEvent(Event):
         assert group is not None and forecast is not None
         snapshot = group.windows[self.window]
         return {
-            "event": self.kind,
-            "host": self.row.host,
-            "agent": self.row.identity,
-            "harness": self.row.named_harness,
-            "incarnation": self.incarnation,
+            **self.head(),
             "account": group.key,
             "accountLabel": group.label,
             "agents": len(group.agents),

@@ -178,14 +178,20 @@ class Event:
                 "subagentUsedPercent": sub.used_percent, "subagentUsedTokens": sub.used_tokens,
                 "subagentWindowTokens": sub.window_tokens}  # fmt: skip
 
-    def _common(self, context: Context | None) -> dict[str, Any]:
-        # An event of an agent with no reading (none is made today) carries nulls, never a guess.
+    def head(self) -> dict[str, Any]:
+        """The keys every event's wire starts with (the agent's and the account watches' alike)."""
         return {
             "event": self.kind,
             "host": self.row.host,
             "agent": self.row.identity,
             "harness": self.row.named_harness,
             "incarnation": self.incarnation,
+        }
+
+    def _common(self, context: Context | None) -> dict[str, Any]:
+        # An event of an agent with no reading (none is made today) carries nulls, never a guess.
+        return {
+            **self.head(),
             "threshold": self.threshold,
             "usedPercent": None if context is None else context.used_percent,
             "usedTokens": None if context is None else context.used_tokens,
