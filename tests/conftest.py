@@ -46,12 +46,16 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return ModulesLiveTogether(config, log)
 
 
+BROWSER_FIXTURES = frozenset({"chromium", "playwright"})
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test that launches Chromium (it asks for a `chromium` fixture: each browser module has
-    one) is marked `browser`: scripts/test runs those in a pytest of their own after the rest, since
-    Chromium crashed at launch (SIGTRAP) from an xdist worker that had run other modules first."""
+    """Every test that launches Chromium (it asks for a `chromium` fixture, each browser module has
+    one, or for `playwright` to launch a browser of its own) is marked `browser`: scripts/test runs
+    those in a pytest of their own after the rest, since Chromium crashed at launch (SIGTRAP) from an
+    xdist worker that had run other modules first."""
     for item in items:
-        if "chromium" in getattr(item, "fixturenames", ()):
+        if BROWSER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.browser)
 
 
