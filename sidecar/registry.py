@@ -16,6 +16,7 @@ the tests.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
@@ -35,6 +36,7 @@ from sidecar.spec import (
 if TYPE_CHECKING:
     from guard.record import Harness
     from sidecar.launching import LaunchModule, LaunchPlan
+    from sidecar.setup_plan import SetupModule
 
 __all__ = [
     "BUILT_IN",
@@ -55,6 +57,7 @@ __all__ = [
     "prepare",
     "programs",
     "rescan",
+    "setup_module",
     "spec_for",
     "teardown",
     "transcript_readers",
@@ -132,6 +135,16 @@ def teardown(plan: LaunchPlan) -> None:
     undo = getattr(launch_plan(plan.harness), "teardown", None)
     if undo is not None:
         undo(plan)
+
+
+def setup_module(harness: str) -> SetupModule | None:
+    """The harness's setup module (`setup.py` in its own package, issue 36: `setup(home, environ) ->
+    sidecar.setup_plan.HarnessSetup`), or None when it has none: no user-level extension point was
+    measured for it. A module that exists but fails to import raises, as any broken module does."""
+    spec = spec_for(harness)
+    if importlib.util.find_spec(f"{spec.package}.setup") is None:
+        return None
+    return cast("SetupModule", spec.module("setup"))
 
 
 def programs() -> dict[str, Harness]:
