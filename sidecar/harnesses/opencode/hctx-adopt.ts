@@ -1,0 +1,243 @@
+// hctx-adopt.ts: the OpenCode plugin `hctx setup` places in the user's plugin directory (issue 36).
+//
+// A session started without `hctx wrap` (the TUI, `opencode run`, `opencode serve`) gets its own
+// sidecar: the plugin starts hctx's adopting wrapper, detached, and hands it the address of a
+// loopback event stream that carries what the server's own `GET /event` carries.
+//
+// Why a stream of the plugin's own (measured on 1.18.25 and 1.18.33): a plain TUI and `opencode run`
+// listen on no port at all (their server answers in process), and the plugin input's `serverUrl`
+// is then the constant fallback http://localhost:4096/ where nothing listens. The plugin's `event`
+// hook receives every bus event of its directory as `{id, type, properties}`, the very filter and
+// mapping the server's `/event` route applies, so the bridge serves them as that route does:
+//
+//   GET /<token>/event             text/event-stream: `server.connected`, then the events,
+//                                  `server.heartbeat` every 10 s
+//   GET /<token>/config/providers  the instance's providers, through the plugin's own `client`
+//   GET /<token>/config            the instance's config, likewise
+//
+// on 127.0.0.1 and a port the kernel picks, under a random path token (another local user who
+// finds the port reads nothing). The sidecar's OpenCode transport follows it unchanged. Events
+// that arrive while no stream is open (before the sidecar connects, or while it reconnects) are
+// kept, bounded, and sent to the next stream, so the first turn of a short `opencode run` is not
+// lost; the instance's `dispose` (at the harness's exit) waits for them, at most DRAIN_MS and only
+// while the adopter has not failed: the one wait the plugin ever makes, so that a session shorter
+// than the adopter's start still has its record.
+//
+// It adopts only when HCTX_CHANNEL is absent (a wrapped seat has its own sidecar: the wrapped seat
+// wins) and once per process (`opencode serve` loads plugins once per directory it serves; the
+// first directory is followed). It must never break or hold up the harness: every step fails open,
+// quietly, and nothing of it keeps the process alive.
+import { spawn } from "node:child_process";
+import { randomBytes } from "node:crypto";
+
+// `hctx setup` writes the adopting command here (sidecar.setup_plan.adopt_command); empty: inert.
+const ADOPT_COMMAND: string[] = []; // hctx: adopt command
+const CHANNEL_ENV = "HCTX_CHANNEL";
+const LOOPBACK = "127.0.0.1";
+const HEARTBEAT_MS = 10_000;
+// Events kept while no stream is open: the oldest go first beyond this.
+const MAX_KEPT_BYTES = 16 << 20;
+// A stream whose reader stops reading is closed beyond this much queued (the sidecar reconnects).
+const MAX_QUEUED_BYTES = 16 << 20;
+// The most the instance's dispose waits for kept events to reach the sidecar.
+const DRAIN_MS = 3_000;
+
+const encoder = new TextEncoder();
+
+interface BusEvent {
+	id?: string;
+	type: string;
+	properties?: unknown;
+}
+
+interface Stream {
+	controller: ReadableStreamDefaultController<Uint8Array>;
+	heartbeat: ReturnType<typeof setInterval>;
+}
+
+function frame(event: BusEvent): Uint8Array {
+	return encoder.encode(`data: ${JSON.stringify(event)}\n\n`);
+}
+
+function eventId(): string {
+	return `evt_hctx${randomBytes(12).toString("hex")}`;
+}
+
+class Bridge {
+	private kept: Uint8Array[] = [];
+	private keptBytes = 0;
+	private streams = new Set<Stream>();
+	private server: { port: number; stop(closeActive?: boolean): void; unref?(): void } | null = null;
+	readonly token = randomBytes(18).toString("hex");
+
+	constructor(private readonly client: any) {}
+
+	url(): string | null {
+		return this.server ? `http://${LOOPBACK}:${this.server.port}/${this.token}` : null;
+	}
+
+	start(): void {
+		const bun = (globalThis as any).Bun;
+		if (!bun?.serve) return;
+		this.server = bun.serve({
+			hostname: LOOPBACK,
+			port: 0,
+			idleTimeout: 0, // an event stream is idle between heartbeats by design
+			fetch: (request: Request, server: any) => this.answer(request, server),
+		});
+		this.server?.unref?.();
+	}
+
+	publish(event: BusEvent): void {
+		const bytes = frame(event);
+		if (this.streams.size === 0) {
+			this.kept.push(bytes);
+			this.keptBytes += bytes.length;
+			while (this.keptBytes > MAX_KEPT_BYTES && this.kept.length > 0) {
+				this.keptBytes -= this.kept.shift()!.length;
+			}
+			return;
+		}
+		for (const stream of this.streams) this.send(stream, bytes);
+	}
+
+	// Resolves once nothing is kept, after `ms`, or once `hope` says no stream will come.
+	async drained(ms: number, hope: () => boolean): Promise<void> {
+		const until = Date.now() + ms;
+		while (this.kept.length > 0 && Date.now() < until && hope()) await new Promise((done) => setTimeout(done, 50));
+	}
+
+	stop(): void {
+		for (const stream of [...this.streams]) this.close(stream);
+		try {
+			this.server?.stop(true);
+		} catch {}
+		this.server = null;
+	}
+
+	private send(stream: Stream, bytes: Uint8Array): void {
+		try {
+			if ((stream.controller.desiredSize ?? 0) < -MAX_QUEUED_BYTES) {
+				this.close(stream);
+				return;
+			}
+			stream.controller.enqueue(bytes);
+		} catch {
+			this.close(stream);
+		}
+	}
+
+	private close(stream: Stream): void {
+		clearInterval(stream.heartbeat);
+		this.streams.delete(stream);
+		try {
+			stream.controller.close();
+		} catch {}
+	}
+
+	private async answer(request: Request, server: any): Promise<Response> {
+		const path = new URL(request.url).pathname;
+		const prefix = `/${this.token}/`;
+		if (request.method !== "GET" || !path.startsWith(prefix)) return new Response("not found", { status: 404 });
+		const route = path.slice(prefix.length);
+		if (route === "event") {
+			server?.timeout?.(request, 0);
+			return this.eventStream();
+		}
+		if (route === "config/providers") return this.pull(() => this.client.config.providers());
+		if (route === "config") return this.pull(() => this.client.config.get());
+		return new Response("not found", { status: 404 });
+	}
+
+	private eventStream(): Response {
+		let opened: Stream | null = null;
+		const body = new ReadableStream<Uint8Array>(
+			{
+				start: (controller) => {
+					const stream: Stream = {
+						controller,
+						heartbeat: setInterval(
+							() => this.send(stream, frame({ id: eventId(), type: "server.heartbeat", properties: {} })),
+							HEARTBEAT_MS,
+						),
+					};
+					(stream.heartbeat as any).unref?.();
+					opened = stream;
+					controller.enqueue(frame({ id: eventId(), type: "server.connected", properties: {} }));
+					for (const bytes of this.kept) controller.enqueue(bytes);
+					this.kept = [];
+					this.keptBytes = 0;
+					this.streams.add(stream);
+				},
+				cancel: () => {
+					if (opened) this.close(opened);
+				},
+			},
+			new ByteLengthQueuingStrategy({ highWaterMark: 1 << 16 }),
+		);
+		return new Response(body, {
+			headers: { "content-type": "text/event-stream", "cache-control": "no-cache, no-transform" },
+		});
+	}
+
+	private async pull(call: () => Promise<any>): Promise<Response> {
+		try {
+			const answer = await call();
+			if (answer?.error !== undefined || answer?.data === undefined) return new Response("unavailable", { status: 502 });
+			return new Response(JSON.stringify(answer.data), { headers: { "content-type": "application/json" } });
+		} catch {
+			return new Response("unavailable", { status: 502 });
+		}
+	}
+}
+
+let adopted = false; // once per process
+
+// The adopter as it goes: "running" until it exits; it detaches its resident and exits 0.
+let adopter: "running" | "ok" | "failed" = "failed";
+
+function adopt(url: string, directory: string): void {
+	const [program, ...args] = ADOPT_COMMAND;
+	if (!program) return;
+	const argv = [...args, "--pid", String(process.pid), "--hint", `url=${url}`, "--hint", `directory=${directory}`];
+	let child;
+	try {
+		child = spawn(program, argv, { detached: true, stdio: "ignore" });
+	} catch {
+		return;
+	}
+	adopter = "running";
+	// A missing interpreter or a refusal must not surface in the harness: it only ends the wait.
+	child.on("error", () => (adopter = "failed"));
+	child.on("exit", (code) => (adopter = code === 0 ? "ok" : "failed"));
+	child.unref();
+}
+
+export const HctxAdopt = async (input: { client: any; directory: string }) => {
+	if (adopted || process.env[CHANNEL_ENV] || ADOPT_COMMAND.length === 0) return {};
+	adopted = true;
+	try {
+		const bridge = new Bridge(input.client);
+		bridge.start();
+		const url = bridge.url();
+		if (url) adopt(url, input.directory);
+		if (!url || adopter === "failed") {
+			bridge.stop();
+			return {};
+		}
+		return {
+			event: async ({ event }: { event: BusEvent }) => {
+				try {
+					bridge.publish(event);
+				} catch {}
+			},
+			dispose: async () => {
+				try {
+					await bridge.drained(DRAIN_MS, () => adopter !== "failed");
+				} catch {}
+			},
+		};
+	} catch {
+		return {};
+	}
+};
