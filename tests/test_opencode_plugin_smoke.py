@@ -171,7 +171,7 @@ async def test_a_failed_adopter_costs_the_exit_no_wait(bun: list[str], tmp_path:
 
 async def test_a_running_adopter_gets_the_kept_events_before_the_exit(bun: list[str], tmp_path: Path) -> None:
     """A session shorter than the adopter's start: dispose waits (bounded) until the kept events
-    are sent to the stream that opens meanwhile."""
+    are sent to the stream that opens meanwhile and the config the sidecar pulls is served."""
     argv_file = tmp_path / "argv.jsonl"
     slow = tmp_path / "slow_adopter.py"
     slow.write_text(
@@ -195,17 +195,21 @@ async def exit_while_adopting(driven: Driven, url: str) -> None:
     assert driven.process.stdin is not None
     await driven.process.stdin.aclose()  # the harness exits now: dispose is waiting
     events: list[str] = []
+    # As the sidecar's transport does: the stream opened, then the two pulls, then the events read.
     async with (
         httpx.AsyncClient(trust_env=False, timeout=STEP_S) as client,
         client.stream("GET", f"{url}/event") as stream,
     ):
+        (await client.get(f"{url}/config/providers")).raise_for_status()
+        await trio.sleep(0.6)  # a slow pull: the exit still waits for the config
+        (await client.get(f"{url}/config")).raise_for_status()
         async for line in stream.aiter_lines():
             if line.startswith("data: "):
                 events.append(json.loads(line.removeprefix("data: "))["type"])
             if "message.updated" in events and events.count("message.updated") == 3:
                 break
     done = await driven.line()
-    assert done["disposed_ms"] < 3000
+    assert 600 <= done["disposed_ms"] < 3000
     assert events[:4] == ["server.connected", "message.updated", "message.updated", "message.updated"]
     with trio.fail_after(STEP_S):
         await driven.process.wait()

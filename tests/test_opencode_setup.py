@@ -17,6 +17,7 @@ from sidecar.launching import transport_json
 from sidecar.setup_plan import SetupRefused, adopt_command
 from sidecar.spec import ConfigError
 from tests.harnesses import PINNED_VERSIONS
+from wrapper.launch.userfiles import apply_setup, undo_setup
 
 HOME = Path("/home/someone")
 
@@ -155,3 +156,71 @@ def test_adopted_refuses_a_directory_that_is_not_absolute(tmp_path: Path, direct
 def test_adopted_needs_a_url(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="gave no url hint"):
         adopted(1, tmp_path, {"directory": "/w"})
+
+
+# --- through the engine: the user's files kept, setup twice is once, undo byte-equal -------------
+
+
+def tree(root: Path) -> dict[str, bytes | None]:
+    """Every path under root: a file's bytes, None for a directory."""
+    return {
+        str(path.relative_to(root)): None if path.is_dir() else path.read_bytes() for path in sorted(root.rglob("*"))
+    }
+
+
+def user_config(home: Path) -> Path:
+    root = home / ".config" / "opencode"
+    (root / "plugin").mkdir(parents=True)
+    (root / "opencode.json").write_text('{"plugin": ["opencode-wakatime"], "theme": "x", "future_key": {"a": 1}}\n')
+    (root / "plugin" / "mine.ts").write_text("export const Mine = async () => ({})\n")
+    (root / "plugins").mkdir()
+    (root / "plugins" / "other.js").write_text("export default async () => ({})\n")
+    return root
+
+
+def test_setup_adds_only_its_file_and_undo_restores_every_byte(tmp_path: Path) -> None:
+    home, journal = tmp_path / "home", tmp_path / "journal"
+    root = user_config(home)
+    before = tree(root)
+    plan = opencode_setup.setup(home, {"PATH": ""})
+    (change,) = apply_setup(plan, journal)
+    assert change.changes
+    after = tree(root)
+    assert after.pop("plugin/hctx-adopt.ts") == plan.edits[0].apply(None)
+    assert after == before  # opencode.json, its plugin list and the user's plugins: untouched
+    (again,) = apply_setup(plan, journal)
+    assert not again.changes  # setup twice is setup once
+    undo_setup(plan, journal)
+    assert tree(root) == before
+
+
+def test_undo_removes_the_dirs_setup_created(tmp_path: Path) -> None:
+    home, journal = tmp_path / "home", tmp_path / "journal"
+    home.mkdir()
+    plan = opencode_setup.setup(home, {"PATH": ""})
+    apply_setup(plan, journal)
+    assert (home / ".config" / "opencode" / "plugin" / "hctx-adopt.ts").is_file()
+    undo_setup(plan, journal)
+    assert not (home / ".config" / "opencode" / "plugin").exists()
+
+
+def test_a_users_file_of_that_name_is_refused_and_left_as_it_was(tmp_path: Path) -> None:
+    home, journal = tmp_path / "home", tmp_path / "journal"
+    root = user_config(home)
+    (root / "plugin" / "hctx-adopt.ts").write_text("// mine\n")
+    before = tree(root)
+    with pytest.raises(SetupRefused, match="is not hctx's plugin"):
+        apply_setup(opencode_setup.setup(home, {"PATH": ""}), journal)
+    assert tree(root) == before
+
+
+def test_a_plugin_path_that_links_out_of_the_config_dir_is_refused(tmp_path: Path) -> None:
+    home, journal = tmp_path / "home", tmp_path / "journal"
+    root = user_config(home)
+    outside = tmp_path / "outside.ts"
+    outside.write_bytes(opencode_setup.MARK + b" ...\n")
+    (root / "plugin" / "hctx-adopt.ts").symlink_to(outside)
+    with pytest.raises(SetupRefused):
+        apply_setup(opencode_setup.setup(home, {"PATH": ""}), journal)
+    assert outside.read_bytes() == opencode_setup.MARK + b" ...\n"
+    assert (root / "plugin" / "hctx-adopt.ts").is_symlink()

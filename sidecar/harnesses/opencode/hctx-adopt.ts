@@ -19,9 +19,10 @@
 // finds the port reads nothing). The sidecar's OpenCode transport follows it unchanged. Events
 // that arrive while no stream is open (before the sidecar connects, or while it reconnects) are
 // kept, bounded, and sent to the next stream, so the first turn of a short `opencode run` is not
-// lost; the instance's `dispose` (at the harness's exit) waits for them, at most DRAIN_MS and only
-// while the adopter has not failed: the one wait the plugin ever makes, so that a session shorter
-// than the adopter's start still has its record.
+// lost; the instance's `dispose` (at the harness's exit) waits for them and for the config pulls
+// the sidecar makes on connecting, at most DRAIN_MS and only while the adopter has not failed: the
+// one wait the plugin ever makes, so that a session shorter than the adopter's start still has its
+// whole record.
 //
 // It adopts only when HCTX_CHANNEL is absent (a wrapped seat has its own sidecar: the wrapped seat
 // wins) and once per process (`opencode serve` loads plugins once per directory it serves; the
@@ -66,6 +67,9 @@ function eventId(): string {
 class Bridge {
 	private kept: Uint8Array[] = [];
 	private keptBytes = 0;
+	private pulling = 0; // config answers being made
+	private configServed = false; // the sidecar pulls /config right after it opens a stream
+	private everOpened = false;
 	private streams = new Set<Stream>();
 	private server: { port: number; stop(closeActive?: boolean): void; unref?(): void } | null = null;
 	readonly token = randomBytes(18).toString("hex");
@@ -101,10 +105,15 @@ class Bridge {
 		for (const stream of this.streams) this.send(stream, bytes);
 	}
 
-	// Resolves once nothing is kept, after `ms`, or once `hope` says no stream will come.
+	// Resolves once the sidecar has what it needs of this session (nothing kept, no answer being
+	// made, the config it pulls on connecting served), after `ms`, or once `hope` says no sidecar
+	// will come.
 	async drained(ms: number, hope: () => boolean): Promise<void> {
 		const until = Date.now() + ms;
-		while (this.kept.length > 0 && Date.now() < until && hope()) await new Promise((done) => setTimeout(done, 50));
+		const settled = () => this.kept.length === 0 && this.pulling === 0 && this.configServed;
+		// A sidecar that was connected and is gone now (it died, or it is backing off) is not waited for.
+		const lost = () => this.everOpened && this.streams.size === 0;
+		while (!settled() && !lost() && Date.now() < until && hope()) await new Promise((done) => setTimeout(done, 50));
 	}
 
 	stop(): void {
@@ -145,7 +154,11 @@ class Bridge {
 			return this.eventStream();
 		}
 		if (route === "config/providers") return this.pull(() => this.client.config.providers());
-		if (route === "config") return this.pull(() => this.client.config.get());
+		if (route === "config") {
+			const answer = await this.pull(() => this.client.config.get());
+			this.configServed ||= answer.ok;
+			return answer;
+		}
 		return new Response("not found", { status: 404 });
 	}
 
@@ -168,6 +181,7 @@ class Bridge {
 					this.kept = [];
 					this.keptBytes = 0;
 					this.streams.add(stream);
+					this.everOpened = true;
 				},
 				cancel: () => {
 					if (opened) this.close(opened);
@@ -181,12 +195,15 @@ class Bridge {
 	}
 
 	private async pull(call: () => Promise<any>): Promise<Response> {
+		this.pulling += 1;
 		try {
 			const answer = await call();
 			if (answer?.error !== undefined || answer?.data === undefined) return new Response("unavailable", { status: 502 });
 			return new Response(JSON.stringify(answer.data), { headers: { "content-type": "application/json" } });
 		} catch {
 			return new Response("unavailable", { status: 502 });
+		} finally {
+			this.pulling -= 1;
 		}
 	}
 }
