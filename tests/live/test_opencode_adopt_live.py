@@ -10,6 +10,8 @@ host name.
 
 from __future__ import annotations
 
+import os
+import pty
 import sys
 from pathlib import Path
 
@@ -184,3 +186,68 @@ async def test_a_wrapped_seat_with_setup_in_place_appears_once(box: Box) -> None
             assert agents_on(box) == {HOST: [agent]}
             state = read_state(AgentDir(box.catalog, HOST, agent))
             assert state is not None and state.adopted is False
+
+
+async def drain_to(terminal: int, screen: Path) -> None:
+    """The TUI's output read as it comes, and kept in `screen` for a failure's diagnosis."""
+    os.set_blocking(terminal, False)
+    with screen.open("wb") as out:
+        while True:
+            await trio.lowlevel.wait_readable(terminal)
+            try:
+                data = os.read(terminal, 65536)
+            except BlockingIOError:
+                continue
+            except OSError:  # EIO: the terminal's other side is closed
+                return
+            if not data:
+                return
+            out.write(data)
+            out.flush()
+
+
+async def test_a_plain_opencode_tui_is_adopted(box: Box) -> None:
+    """The TUI on a pseudo-terminal, no server of its own listening (measured): the prompt is typed
+    into it, and the turn reaches the adopted agent's record through the plugin's stream."""
+    host = default_host()
+    seat = AgentDir(box.catalog, host, AGENT)
+    async with opencode_fake_model() as fake:
+        env = {**environment(box, fake), "TERM": "xterm-256color"}
+        await hctx_setup(env)
+        terminal, tty = pty.openpty()
+        tui = await trio.lowlevel.open_process(
+            box.command, env=env, cwd=box.workspace, stdin=tty, stdout=tty, stderr=tty, start_new_session=True
+        )
+        os.close(tty)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(drain_to, terminal, box.root / "screen.out")  # a TUI blocks once unread
+                await wait_for(
+                    "the adopted sidecar's stream", lambda: box.logged(AGENT, "opencode-stream-open", host), STARTUP_S
+                )
+                state = read_state(seat)
+                assert state is not None and state.adopted is True
+                # The prompt box takes keys once the TUI has drawn it (its placeholder on the screen).
+                screen = box.root / "screen.out"
+                await wait_for("the prompt box", lambda: b"Ask anything" in screen.read_bytes(), STARTUP_S)
+                await trio.sleep(0.5)
+                for key in "first turn [[u:20000:100]]":
+                    os.write(terminal, key.encode())
+                    await trio.sleep(0.02)
+                os.write(terminal, b"\r")
+                record = await wait_for(
+                    "the turn", lambda: (r := box.records(AGENT, host)) and r.used_tokens == 20100 and r, TURN_S
+                )
+                assert (record.window_tokens, record.used_percent, record.model) == (
+                    WINDOW,
+                    20100 * 100 / WINDOW,
+                    "fake/fake-model",
+                )
+                assert agents_on(box) == {host: [AGENT]}
+                await stop(tui)
+                nursery.cancel_scope.cancel()
+        finally:
+            if tui.returncode is None:  # a failure above: stopped here, by the pid this test started
+                await stop(tui)
+            os.close(terminal)
+        await assert_stopped_and_gone(box, seat)

@@ -15,11 +15,18 @@
 //   GET /<token>/config/providers  the instance's providers, through the plugin's own `client`
 //   GET /<token>/config            the instance's config, likewise
 //
-// on 127.0.0.1 and a port the kernel picks, under a random path token (another local user who
-// finds the port reads nothing). The sidecar's OpenCode transport follows it unchanged. Events
-// that arrive while no stream is open (before the sidecar connects, or while it reconnects) are
-// kept, bounded, and sent to the next stream, so the first turn of a short `opencode run` is not
-// lost; the instance's `dispose` (at the harness's exit) waits for them and for the config pulls
+// Measured against `opencode serve`'s own `/event` beside it (1.18.33, two turns and both
+// compactions): the same 145 events, same ids, same order. Six differed in content, and the
+// bridge's copy was the truer one: it is serialized when the event is published, while the route
+// serializes when it writes, by which time the same message object may already have been updated
+// (e.g. `time.completed` on the first of the two completion frames, or a whole completion in a
+// summary's creation frame).
+//
+// The bridge listens on 127.0.0.1 and a port the kernel picks, under a random path token (another
+// local user who finds the port reads nothing). The sidecar's OpenCode transport follows it
+// unchanged. Events that arrive while no stream is open (before the sidecar connects, or while it
+// reconnects) are kept, bounded, and sent to the next stream, so the first turn of a short
+// `opencode run` is not lost; the instance's `dispose` (at the harness's exit) waits for them and for the config pulls
 // the sidecar makes on connecting, at most DRAIN_MS and only while the adopter has not failed: the
 // one wait the plugin ever makes, so that a session shorter than the adopter's start still has its
 // whole record.
