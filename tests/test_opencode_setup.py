@@ -15,6 +15,7 @@ from sidecar.harnesses.opencode.launch import adopted
 from sidecar.harnesses.opencode.producer import OpenCodeTransport
 from sidecar.launching import transport_json
 from sidecar.setup_plan import SetupRefused, adopt_command
+from sidecar.setup_state import setup_state
 from sidecar.spec import ConfigError
 from tests.harnesses import PINNED_VERSIONS
 from wrapper.launch.userfiles import apply_setup, undo_setup
@@ -224,3 +225,17 @@ def test_a_plugin_path_that_links_out_of_the_config_dir_is_refused(tmp_path: Pat
         apply_setup(opencode_setup.setup(home, {"PATH": ""}), journal)
     assert outside.read_bytes() == opencode_setup.MARK + b" ...\n"
     assert (root / "plugin" / "hctx-adopt.ts").is_symlink()
+
+
+def test_doctors_reading_not_set_up_current_then_stale(tmp_path: Path) -> None:
+    """`hctx doctor`'s state of the plan: absent, as setup wrote it, and an older build's plugin
+    (hctx's mark, other bytes: an upgrade of hctx or of its interpreter path) left in place."""
+    home, journal = tmp_path / "home", tmp_path / "journal"
+    user_config(home)
+    plan = opencode_setup.setup(home, {"PATH": ""})
+    assert setup_state(plan).state == "not set up"
+    apply_setup(plan, journal)
+    assert setup_state(plan).state == "current"
+    plugin = home / ".config" / "opencode" / "plugin" / "hctx-adopt.ts"
+    plugin.write_bytes(opencode_setup.MARK + b" an older build\n")
+    assert setup_state(plan).state == "stale"

@@ -16,8 +16,8 @@
 //   GET /<token>/config            the instance's config, likewise
 //
 // Measured against `opencode serve`'s own `/event` beside it (1.18.33, two turns and both
-// compactions): the same 145 events, same ids, same order. Six differed in content, and the
-// bridge's copy was the truer one: it is serialized when the event is published, while the route
+// compactions, three runs): the same 145 events, same ids, same order. 5 to 7 differed in content,
+// the bridge's copy the truer one: it is serialized when the event is published, while the route
 // serializes when it writes, by which time the same message object may already have been updated
 // (e.g. `time.completed` on the first of the two completion frames, or a whole completion in a
 // summary's creation frame).
