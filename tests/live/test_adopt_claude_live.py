@@ -21,7 +21,7 @@ import pytest
 import trio
 
 from guard.layout import default_host
-from sidecar.adoption import adoption_dir
+from sidecar.adoption import LOCK_NAME, adoption_dir
 from tests.fakes.claude_model import FakeMessages, fake_messages
 from tests.harnesses import HARNESS_VERSIONS, require_harness
 from tests.live.test_claude_live import (
@@ -79,7 +79,10 @@ async def test_a_plain_claude_session_is_adopted_with_the_wrapped_sessions_numbe
     claude = require_harness("claude", version)
     require_tmux()
     home, work, _ = claude_seat(tmp_path)
+    wrapped_work = tmp_path / "wrapped"  # a wrapped seat's, started in the same HOME mid-session
+    wrapped_work.mkdir()
     state = json.loads((home / ".claude.json").read_text())
+    state["projects"][str(wrapped_work)] = state["projects"][str(work)]  # trusted as the lab's folder is
     (home / ".claude.json").write_text(json.dumps(state | {"oauthAccount": ACCOUNT}))
     (home / ".claude" / "statusline-renderer.json").write_text(json.dumps({"command": RENDERER}))
     catalog = home / ".local" / "state" / "hctx"  # the default catalog: nothing of hctx is named anywhere
@@ -111,9 +114,7 @@ async def test_a_plain_claude_session_is_adopted_with_the_wrapped_sessions_numbe
             assert two["usedPercent"] == 31
 
             # A wrapped seat in the same HOME meanwhile: one agent, its own; the wrapped seat wins.
-            wrapped_work = tmp_path / "wrapped"
-            wrapped_work.mkdir()
-            wrapped = ["hctx", "wrap", "--agent", "wrapped-seat", "--", *claude, "--model", MODEL]
+            wrapped = ["hctx", "wrap", "--agent", "wrapped-seat", "--harness", "claude", "--", *claude, "--model", MODEL]
             wrapped_argv = [sys.executable, "-m", "wrapper.cli", *wrapped[1:]]
             async with tmux_session(wrapped_argv, wrapped_work, env) as wrapped_pane:
                 wrapped_record = catalog / "agents" / HOST / "wrapped-seat" / "harness-context"
@@ -122,7 +123,7 @@ async def test_a_plain_claude_session_is_adopted_with_the_wrapped_sessions_numbe
                 assert seen["account"] == claim["account"]  # the same HOME: the account a wrapped launch names
                 listed = hctx(env, "agents", "--json")
                 rows = {row["identity"]: row for row in json.loads(listed.stdout)}
-                assert sorted(rows) == ["wrapped-seat", work.name], rows
+                assert set(rows) == {"wrapped-seat", work.name}, rows
                 assert rows[work.name]["adopted"] is True and "adopted" not in rows["wrapped-seat"]
                 await wrapped_pane.type("/exit")
                 await wait_for("the wrapped seat stopped", lambda: (json_of(wrapped_record.with_name("harness-state"))
@@ -161,7 +162,7 @@ def _claude_of(resident: object) -> tuple[int, int]:
     assert isinstance(resident, int)
     for fd in Path(f"/proc/{resident}/fd").iterdir():
         target = str(fd.readlink()) if fd.is_symlink() else ""
-        if "/adopt-" in target:
-            pid, start = target.rsplit("/adopt-", 1)[1].split("/")[0].split("-")
+        if target.endswith(f"/{LOCK_NAME}"):  # <runtime>/hctx-<uid>/adopt-<pid>-<start>/adopter.lock
+            pid, start = Path(target).parent.name.removeprefix("adopt-").split("-")
             return int(pid), int(start)
     raise AssertionError(f"resident {resident} holds no adoption directory open")
