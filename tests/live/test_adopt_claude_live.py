@@ -114,8 +114,8 @@ async def test_a_plain_claude_session_is_adopted_with_the_wrapped_sessions_numbe
             assert two["usedPercent"] == 31
 
             # A wrapped seat in the same HOME meanwhile: one agent, its own; the wrapped seat wins.
-            wrapped = ["hctx", "wrap", "--agent", "wrapped-seat", "--harness", "claude", "--", *claude, "--model", MODEL]
-            wrapped_argv = [sys.executable, "-m", "wrapper.cli", *wrapped[1:]]
+            wrap = ["wrap", "--agent", "wrapped-seat", "--harness", "claude", "--", *claude, "--model", MODEL]
+            wrapped_argv = [sys.executable, "-m", "wrapper.cli", *wrap]
             async with tmux_session(wrapped_argv, wrapped_work, env) as wrapped_pane:
                 wrapped_record = catalog / "agents" / HOST / "wrapped-seat" / "harness-context"
                 seen = await wait_record(wrapped_record, wrapped_pane, "the wrapped seat's window",
