@@ -37,6 +37,7 @@ from tests.live.test_claude_live import (
     wait_pane,
     wait_record,
 )
+from tests.live.test_subagents_live import CHILD_HOLD_S, CLAUDE_ONCE, SUBAGENT_MODEL, SUBAGENT_WINDOW
 from tests.test_adoption import ours
 from tests.wrapping import REPO, pid_gone
 
@@ -166,3 +167,41 @@ def _claude_of(resident: object) -> tuple[int, int]:
             pid, start = Path(target).parent.name.removeprefix("adopt-").split("-")
             return int(pid), int(start)
     raise AssertionError(f"resident {resident} holds no adoption directory open")
+
+
+@pytest.mark.parametrize("version", HARNESS_VERSIONS["claude"])
+async def test_an_adopted_claude_session_has_its_subagents_rows(version: str, tmp_path: Path) -> None:
+    """tests/live/test_subagents_live.py's single delegation, in a session started plainly: the
+    adopted transport (projects dir, model table) gives the subagent its own transcript's numbers."""
+    claude = require_harness("claude", version)
+    require_tmux()
+    home, work, _ = claude_seat(tmp_path)
+    (home / ".claude" / "statusline-renderer.json").write_text(json.dumps({"command": RENDERER}))
+    table = home / ".config" / "hctx" / "models.json"
+    table.parent.mkdir(parents=True, exist_ok=True)
+    table.write_text(json.dumps({"schema": "hctx.model-windows.v1", "windows": {SUBAGENT_MODEL: SUBAGENT_WINDOW}}))
+    record_path = home / ".local" / "state" / "hctx" / "agents" / HOST / work.name / "harness-context"
+    server: FakeMessages
+    async with fake_messages() as server:
+        server.child_hold_s = CHILD_HOLD_S
+        env = live_env(home, server, version) | {"CLAUDE_CODE_SUBAGENT_MODEL": SUBAGENT_MODEL}
+        assert hctx(env, "setup", "claude").returncode == 0
+        async with tmux_session([*claude, "--model", MODEL], work, env) as pane:
+            await wait_record(record_path, pane, "the pre-turn window", lambda r: r["windowTokens"] == WINDOW)
+            await wait_pane(pane, "OPERATOR-LINE used=None")
+            await pane.type(CLAUDE_ONCE)
+            done = await wait_record(
+                record_path,
+                pane,
+                "the subagent's own numbers, finished, and the parent's last reply",
+                lambda r: (
+                    r["usedTokens"] == 23_000
+                    and [(s["usedTokens"], s["state"]) for s in r.get("subagents", [])] == [(9_000, "finished")]
+                ),
+            )
+            (row,) = done["subagents"]
+            # The window Claude states for the row (hctx's subagentStatusLine, set up in the user's
+            # settings) wins over the table's, as in the wrapped session; the model is the `haiku` the
+            # call asked for or CLAUDE_CODE_SUBAGENT_MODEL, as the build resolves it.
+            assert row["windowSource"] == "harness" and row["windowTokens"] > 0 and row["model"]
+            await pane.type("/exit")
