@@ -10,6 +10,7 @@ host name.
 
 from __future__ import annotations
 
+import json
 import os
 import pty
 import sys
@@ -21,6 +22,7 @@ import trio
 
 from guard.layout import AgentDir, default_host
 from guard.state import read_state
+from sidecar.adoption import adoption_dir
 from sidecar.launching import free_loopback_port
 from tests.fakes.opencode_model import OpenCodeFakeModel, opencode_fake_model
 from tests.harnesses import HARNESS_VERSIONS, require_harness
@@ -39,6 +41,8 @@ from tests.live.test_opencode_live import (
     wait_for,
     wait_healthy,
 )
+from tests.test_adoption import ours
+from tests.wrapping import pid_gone
 
 pytestmark = pytest.mark.live
 
@@ -72,21 +76,6 @@ def plugin_file(env: dict[str, str]) -> Path:
     return Path(env["XDG_CONFIG_HOME"]) / "opencode" / "plugin" / "hctx-adopt.ts"
 
 
-def hctx_processes(box: Box) -> list[int]:
-    """Every live process whose command line names this box's catalog (the sidecar's does; the
-    resident is the claim's pid, checked apart)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmdline = (entry / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if str(box.catalog).encode() in cmdline:
-                found.append(int(entry.name))
-    return found
-
-
 def agents_on(box: Box) -> dict[str, list[str]]:
     """host -> the agent directories the catalog holds."""
     root = box.catalog / "agents"
@@ -95,22 +84,20 @@ def agents_on(box: Box) -> dict[str, list[str]]:
     return {host.name: sorted(agent.name for agent in host.iterdir()) for host in root.iterdir()}
 
 
-async def assert_stopped_and_gone(box: Box, seat: AgentDir) -> None:
+async def assert_stopped_and_gone(box: Box, seat: AgentDir, harness_pid: int) -> None:
+    """The claim stopped, the resident and the sidecar gone, the adoption directory removed."""
     state = await wait_for(
         "the claim stopped", lambda: (s := read_state(seat)) and s.desired_state != "running" and s, STOP_S
     )
     assert state.adopted is True
-    await wait_for("no hctx process left", lambda: not hctx_processes(box), STOP_S)
-    await wait_for("the resident gone", lambda: gone(state.wrapper_pid), STOP_S)
+    await wait_for("no process of hctx left", lambda: pid_gone(state.wrapper_pid) and not ours(box.catalog), STOP_S)
+    await wait_for("the adoption directory removed", lambda: not any(adoption_dirs(harness_pid)), STOP_S)
 
 
-def gone(pid: int) -> bool:
-    """Exited: no such process, or a zombie (the detached resident's reaper is whoever adopted
-    orphans here, which reaps when it will)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return True
+def adoption_dirs(pid: int) -> list[Path]:
+    """The harness's adoption directories (one per start time of `pid`, `sidecar.adoption`)."""
+    parent = Path(adoption_dir(pid, 0)).parent
+    return list(parent.glob(f"adopt-{pid}-*")) if parent.is_dir() else []
 
 
 async def test_a_plain_opencode_serve_is_adopted_and_recorded_as_a_wrapped_one(box: Box) -> None:
@@ -140,9 +127,14 @@ async def test_a_plain_opencode_serve_is_adopted_and_recorded_as_a_wrapped_one(b
                 assert state.desired_state == "running"
                 await the_session(box, fake, client, AGENT, host)
             assert agents_on(box) == {host: [AGENT]}  # one agent, once
+            listed = await trio.run_process(
+                [sys.executable, "-m", "wrapper.cli", "agents", "--json"], env=env, capture_stdout=True
+            )
+            (row,) = json.loads(listed.stdout)
+            assert (row["identity"], row["adopted"]) == (AGENT, True)
         finally:
             await stop(server)
-        await assert_stopped_and_gone(box, seat)
+        await assert_stopped_and_gone(box, seat, server.pid)
 
 
 async def test_a_plain_opencode_run_is_adopted(box: Box) -> None:
@@ -153,15 +145,12 @@ async def test_a_plain_opencode_run_is_adopted(box: Box) -> None:
     async with opencode_fake_model() as fake:
         env = environment(box, fake)
         await hctx_setup(env)
-        done = await trio.run_process(
-            [*box.command, "run", "first turn [[u:20000:100]]"],
-            env=env,
-            cwd=box.workspace,
-            capture_stdout=True,
-            capture_stderr=True,
-            check=False,
-        )
-        assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
+        with (box.root / "run.out").open("wb") as out:
+            run = await trio.lowlevel.open_process(
+                [*box.command, "run", "first turn [[u:20000:100]]"], env=env, cwd=box.workspace, stdout=out, stderr=out
+            )
+        with trio.fail_after(TURN_S):
+            assert await run.wait() == 0, (box.root / "run.out").read_text(errors="replace")[-2000:]
         record = await wait_for(
             "the turn", lambda: (r := box.records(AGENT, host)) and r.used_tokens == 20100 and r, TURN_S
         )
@@ -169,7 +158,7 @@ async def test_a_plain_opencode_run_is_adopted(box: Box) -> None:
         assert (record.window_tokens, record.used_percent) == (WINDOW, 20100 * 100 / WINDOW)
         assert (record.compact_at_tokens, record.auto_compaction) == (WINDOW - MAX_OUTPUT, True)
         assert agents_on(box) == {host: [AGENT]}
-        await assert_stopped_and_gone(box, seat)
+        await assert_stopped_and_gone(box, seat, run.pid)
 
 
 async def test_a_wrapped_seat_with_setup_in_place_appears_once(box: Box) -> None:
@@ -250,4 +239,4 @@ async def test_a_plain_opencode_tui_is_adopted(box: Box) -> None:
             if tui.returncode is None:  # a failure above: stopped here, by the pid this test started
                 await stop(tui)
             os.close(terminal)
-        await assert_stopped_and_gone(box, seat)
+        await assert_stopped_and_gone(box, seat, tui.pid)
