@@ -25,6 +25,13 @@ import pytest
 import trio
 
 from sidecar.harnesses.opencode.launch import adopted
+from sidecar.harnesses.opencode.producer import (
+    CompactionSettings,
+    ConfigAnswer,
+    ProvidersAnswer,
+    parse_config,
+    parse_providers,
+)
 from sidecar.harnesses.opencode.setup import plugin_source
 from sidecar.launching import LaunchPlan
 from tests.conftest import REPO
@@ -107,8 +114,18 @@ async def test_the_plugin_adopts_and_serves_the_event_stream(bun: list[str], tmp
         url = hints["url"]
         async with httpx.AsyncClient(trust_env=False, timeout=STEP_S) as client:
             providers = await client.get(f"{url}/config/providers", params={"directory": str(tmp_path)})
-            assert providers.json() == {"providers": [{"id": "fake"}], "default": {}}
-            assert (await client.get(f"{url}/config")).json() == {"$schema": "https://opencode.ai/config.json"}
+            model = {"id": "fake-model", "providerID": "fake", "limit": {"context": 128000, "output": 8192}}
+            assert providers.json() == {"providers": [{"id": "fake", "models": {"fake-model": model}}]}
+            config = await client.get(f"{url}/config")
+            assert config.json() == {"compaction": {"auto": True, "reserved": 1000}}
+            # only what the sidecar reads: no provider's options (API keys), headers or anything else
+            assert b"sk-secret" not in providers.content + config.content
+            # and all the sidecar's decoders need
+            (read,) = parse_providers(providers.content)
+            assert isinstance(read, ProvidersAnswer) and read.windows == {("fake", "fake-model"): 128000}
+            (settings,) = parse_config(config.content)
+            assert isinstance(settings, ConfigAnswer) and settings.config is not None
+            assert settings.config.compaction == CompactionSettings(auto=True, reserved=1000)
             base = url.rsplit("/", 1)[0]
             assert (await client.get(f"{base}/event")).status_code == 404  # the token is the way in
             assert (await client.get(f"{base}/not-the-token/event")).status_code == 404

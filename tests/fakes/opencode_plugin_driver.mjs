@@ -10,8 +10,34 @@ const [plugin, directory] = process.argv.slice(2);
 const { HctxAdopt } = await import(plugin);
 const client = {
 	config: {
-		providers: async () => ({ data: { providers: [{ id: "fake" }], default: {} } }),
-		get: async () => ({ data: { $schema: "https://opencode.ai/config.json" } }),
+		providers: async () => ({
+			data: {
+				providers: [
+					{
+						id: "fake",
+						name: "Fake",
+						options: { apiKey: "sk-secret-provider" },
+						models: {
+							"fake-model": {
+								id: "fake-model",
+								providerID: "fake",
+								limit: { context: 128000, output: 8192 },
+								options: { apiKey: "sk-secret-model" },
+								headers: { authorization: "Bearer sk-secret-header" },
+							},
+						},
+					},
+				],
+				default: { fake: "fake-model" },
+			},
+		}),
+		get: async () => ({
+			data: {
+				$schema: "https://opencode.ai/config.json",
+				compaction: { auto: true, reserved: 1000 },
+				provider: { fake: { options: { apiKey: "sk-secret-config" } } },
+			},
+		}),
 	},
 };
 const hooks = await HctxAdopt({ client, directory, project: { id: "global" }, worktree: "/" });

@@ -12,8 +12,11 @@
 //
 //   GET /<token>/event             text/event-stream: `server.connected`, then the events,
 //                                  `server.heartbeat` every 10 s
-//   GET /<token>/config/providers  the instance's providers, through the plugin's own `client`
-//   GET /<token>/config            the instance's config, likewise
+//   GET /<token>/config/providers  each provider's models' `limit`, through the plugin's own `client`
+//   GET /<token>/config            the config's `compaction`, likewise
+//
+// The two answers carry only what the sidecar reads of them (sidecar.harnesses.opencode.producer:
+// the windows and the compaction point), never a provider's `options`, which hold API keys.
 //
 // Measured against `opencode serve`'s own `/event` beside it (1.18.33, two turns and both
 // compactions, three runs): the same 145 events, same ids, same order. 5 to 7 differed in content,
@@ -160,9 +163,9 @@ class Bridge {
 			server?.timeout?.(request, 0);
 			return this.eventStream();
 		}
-		if (route === "config/providers") return this.pull(() => this.client.config.providers());
+		if (route === "config/providers") return this.pull(() => this.client.config.providers(), providersView);
 		if (route === "config") {
-			const answer = await this.pull(() => this.client.config.get());
+			const answer = await this.pull(() => this.client.config.get(), configView);
 			this.configServed ||= answer.ok;
 			return answer;
 		}
@@ -201,18 +204,39 @@ class Bridge {
 		});
 	}
 
-	private async pull(call: () => Promise<any>): Promise<Response> {
+	private async pull(call: () => Promise<any>, view: (data: any) => unknown): Promise<Response> {
 		this.pulling += 1;
 		try {
 			const answer = await call();
 			if (answer?.error !== undefined || answer?.data === undefined) return new Response("unavailable", { status: 502 });
-			return new Response(JSON.stringify(answer.data), { headers: { "content-type": "application/json" } });
+			return new Response(JSON.stringify(view(answer.data)), { headers: { "content-type": "application/json" } });
 		} catch {
 			return new Response("unavailable", { status: 502 });
 		} finally {
 			this.pulling -= 1;
 		}
 	}
+}
+
+// `GET /config/providers` as the sidecar reads it: each provider's id and its models' ids and limits.
+function providersView(data: any): unknown {
+	const providers = Array.isArray(data?.providers) ? data.providers : [];
+	return {
+		providers: providers.map((provider: any) => ({
+			id: provider?.id,
+			models: Object.fromEntries(
+				Object.entries(provider?.models ?? {}).map(([key, model]: [string, any]) => [
+					key,
+					{ id: model?.id, providerID: model?.providerID, limit: model?.limit },
+				]),
+			),
+		})),
+	};
+}
+
+// `GET /config` as the sidecar reads it: the compaction settings.
+function configView(data: any): unknown {
+	return data?.compaction === undefined ? {} : { compaction: data.compaction };
 }
 
 let adopted = false; // once per process
