@@ -126,6 +126,8 @@ async def test_the_plugin_adopts_and_serves_the_event_stream(bun: list[str], tmp
             (settings,) = parse_config(config.content)
             assert isinstance(settings, ConfigAnswer) and settings.config is not None
             assert settings.config.compaction == CompactionSettings(auto=True, reserved=1000)
+            if os.getuid() == 0:  # another local user, who read the URL off a command line, is refused
+                assert await status_as_another_user(f"{url}/config") == 403
             base = url.rsplit("/", 1)[0]
             assert (await client.get(f"{base}/event")).status_code == 404  # the token is the way in
             assert (await client.get(f"{base}/not-the-token/event")).status_code == 404
@@ -149,6 +151,21 @@ async def test_the_plugin_adopts_and_serves_the_event_stream(bun: list[str], tmp
     finally:
         if driven.process.returncode is None:
             driven.process.kill()
+
+
+async def status_as_another_user(url: str) -> int:
+    """The HTTP status a GET of `url` gets from a process of uid 65534 (nobody)."""
+    probe = (
+        "import sys, urllib.request, urllib.error\n"
+        "try:\n"
+        f"    print(urllib.request.urlopen({url!r}, timeout=10).status)\n"
+        "except urllib.error.HTTPError as exc:\n"
+        "    print(exc.code)\n"
+    )
+    done = await trio.run_process(
+        ["python3", "-I", "-c", probe], user=65534, group=65534, extra_groups=[], capture_stdout=True, check=True
+    )
+    return int(done.stdout)
 
 
 async def test_the_plugin_is_inert_under_a_wrapped_seat(bun: list[str], tmp_path: Path) -> None:

@@ -25,8 +25,10 @@
 // (e.g. `time.completed` on the first of the two completion frames, or a whole completion in a
 // summary's creation frame).
 //
-// The bridge listens on 127.0.0.1 and a port the kernel picks, under a random path token (another
-// local user who finds the port reads nothing). The sidecar's OpenCode transport follows it
+// The bridge listens on 127.0.0.1 and a port the kernel picks, under a random path token, and
+// answers only a peer of this user: the client's end of the connection in /proc/net/tcp{,6} must
+// carry this process's uid. The token alone would not do: it travels in the adopter's and the
+// sidecar's command lines, which other local users can read. The sidecar's OpenCode transport follows it
 // unchanged. Events that arrive while no stream is open (before the sidecar connects, or while it
 // reconnects) are kept, bounded, and sent to the next stream, so the first turn of a short
 // `opencode run` is not lost; the instance's `dispose` (at the harness's exit) waits for them and for the config pulls
@@ -40,6 +42,7 @@
 // quietly, and nothing of it keeps the process alive.
 import { spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
+import { readFileSync } from "node:fs";
 
 // `hctx setup` writes the adopting command here (sidecar.setup_plan.adopt_command); empty: inert.
 const ADOPT_COMMAND: string[] = []; // hctx: adopt command
@@ -155,6 +158,10 @@ class Bridge {
 	}
 
 	private async answer(request: Request, server: any): Promise<Response> {
+		const peer = server?.requestIP?.(request);
+		if (!peer || !this.server || !peerIsThisUser(peer.port, this.server.port)) {
+			return new Response("forbidden", { status: 403 });
+		}
 		const path = new URL(request.url).pathname;
 		const prefix = `/${this.token}/`;
 		if (request.method !== "GET" || !path.startsWith(prefix)) return new Response("not found", { status: 404 });
@@ -237,6 +244,30 @@ function providersView(data: any): unknown {
 // `GET /config` as the sidecar reads it: the compaction settings.
 function configView(data: any): unknown {
 	return data?.compaction === undefined ? {} : { compaction: data.compaction };
+}
+
+// Whether the loopback connection from `clientPort` to `serverPort` was opened by this user: the
+// client's socket is the table row whose local port is `clientPort` and remote port `serverPort`,
+// and its uid column (the 8th) is its owner's.
+function peerIsThisUser(clientPort: number, serverPort: number): boolean {
+	const uid = process.getuid?.();
+	if (uid === undefined) return false;
+	for (const table of ["/proc/net/tcp", "/proc/net/tcp6"]) {
+		let text: string;
+		try {
+			text = readFileSync(table, "utf8");
+		} catch {
+			continue;
+		}
+		for (const line of text.split("\n").slice(1)) {
+			const fields = line.trim().split(/\s+/);
+			if (fields.length < 8) continue;
+			const local = Number.parseInt(fields[1].split(":")[1] ?? "", 16);
+			const remote = Number.parseInt(fields[2].split(":")[1] ?? "", 16);
+			if (local === clientPort && remote === serverPort) return Number(fields[7]) === uid;
+		}
+	}
+	return false;
 }
 
 let adopted = false; // once per process
