@@ -33,6 +33,7 @@ from tests.live.test_opencode_live import (
     TURN_S,
     WINDOW,
     Box,
+    descendants,
     new_session,
     opencode_under_wrap,
     prompt,
@@ -125,6 +126,10 @@ async def test_a_plain_opencode_serve_is_adopted_and_recorded_as_a_wrapped_one(b
                 state = read_state(seat)
                 assert state is not None and state.adopted is True and state.harness == "opencode"
                 assert state.desired_state == "running"
+                # Two processes, as a wrapped seat: the resident and its sidecar, neither OpenCode's
+                # (the plugin's stream runs inside OpenCode).
+                assert [pid for pid in descendants(state.wrapper_pid) if not pid_gone(pid)] == ours(box.catalog)
+                assert len(ours(box.catalog)) == 1 and state.wrapper_pid not in descendants(server.pid)
                 await the_session(box, fake, client, AGENT, host)
             assert agents_on(box) == {host: [AGENT]}  # one agent, once
             listed = await trio.run_process(
