@@ -53,7 +53,7 @@ const HEARTBEAT_MS = 10_000;
 const MAX_KEPT_BYTES = 16 << 20;
 // A stream whose reader stops reading is closed beyond this much queued (the sidecar reconnects).
 const MAX_QUEUED_BYTES = 16 << 20;
-// The most the instance's dispose waits for kept events to reach the sidecar.
+// The most the instance's dispose (the harness's exit) waits for the sidecar to have the session.
 const DRAIN_MS = 3_000;
 
 const encoder = new TextEncoder();
