@@ -15,6 +15,7 @@ catches a branch when what it does is the branch's, a leaf when it must tell one
     │   │                        retry or go on without it
     │   ├── CatalogError         the catalog cannot be opened or walked               guard.errors
     │   ├── RecordingError       a recording is no file of bytes, or not hctx's       sidecar.spec
+    │   ├── AdoptionDirError     an adoption's directory is not this user's alone     sidecar.adoption
     │   ├── HttpError            an HTTP request did not deliver          sidecar.harnesses.opencode.transport
     │   └── TranscriptError      a transcript `hctx scan` reads is unreadable         wrapper.readers.scan
     ├── NotFound (LookupError)   nothing answers to the name asked: say which names do
@@ -24,6 +25,8 @@ catches a branch when what it does is the branch's, a leaf when it must tell one
     │   │                        the message, change nothing
     │   ├── ConfigError          a transport's address or config                      sidecar.spec
     │   ├── ChannelPathError     the channel's socket path                            sidecar.spec
+    │   ├── NotAdoptable         a harness with no way to be adopted                  sidecar.spec
+    │   ├── AdoptRefused         a process `hctx adopt` will not adopt                wrapper.launch.adopt
     │   ├── SettingsError        a harness's settings file cannot be merged    sidecar.harnesses.claude.launch
     │   ├── ModelTableError      Claude's model-window table is unreadable    sidecar.harnesses.claude.windows
     │   ├── UsageError           what the command line asks                           wrapper.arguments
