@@ -27,6 +27,7 @@ from guard.record import HarnessContext, parse_record
 from guard.state import parse_state
 from tests.fakes.chatgpt_backend import seat_auth_json
 from tests.harnesses import HARNESS_VERSIONS, require_harness
+from tests.live.test_claude_live import Pane
 from tests.live.test_rollout_live import LIMIT_S, codex_seat
 from tests.wrapping import agent_dir, hctx, wrap_argv
 
@@ -118,3 +119,66 @@ async def test_a_plain_codex_exec_is_adopted_as_a_wrapped_one_is_recorded(versio
         assert (codex_home / "config.toml").read_bytes() == config_before
         assert not (codex_home / "hooks.json").exists()
         assert _ours(codex_home) == []
+
+
+# The TUI each build runs a session in itself: 0.171.0's default TUI hands it to a shared background
+# app-server daemon instead (see sidecar.harnesses.codex.setup), `--no-daemon` keeps it in the TUI.
+TUI_FLAGS = {"0.151.0": (), "0.171.0": ("--no-daemon",)}
+
+
+async def _submit(pane: Pane, line: str, answer: str) -> None:
+    """Type `line` and Enter; Enter again while the TUI, still starting, left it in its composer."""
+    from tests.live.test_claude_live import STEP_TIMEOUT_S
+
+    await trio.sleep(1)
+    await pane.type(line)
+    with trio.fail_after(STEP_TIMEOUT_S):
+        while answer not in await pane.text():
+            await trio.sleep(2)
+            if answer not in await pane.text():
+                await pane.tmux("send-keys", "-t", "live", "Enter")
+
+
+async def _record_reads(path: Path, used: int) -> HarnessContext:
+    with trio.fail_after(LIMIT_S):
+        while True:
+            if path.exists():
+                record = parse_record(path.read_bytes())
+                if record.used_tokens == used:
+                    return record
+            await trio.sleep(0.2)
+
+
+@pytest.mark.parametrize("version", HARNESS_VERSIONS["codex"])
+async def test_a_plain_codex_tui_is_adopted_for_its_lifetime(version: str, tmp_path: Path) -> None:
+    from tests.live.test_claude_live import require_tmux, tmux_session, wait_pane
+
+    require_tmux()
+    codex = require_harness("codex", version)
+    async with codex_seat(tmp_path, version) as seat:
+        home, codex_home, work = seat.home, seat.codex_home, seat.work
+        env = {**seat.env, "TERM": "xterm-256color"}
+        with (codex_home / "config.toml").open("a") as config:  # the user trusts this project already
+            config.write(f'\n[projects."{work}"]\ntrust_level = "trusted"\n')
+        catalog = home / ".local" / "state" / "hctx"
+        with trio.fail_after(LIMIT_S):
+            await _run(hctx("setup", "codex"), work, env)
+        async with tmux_session([*codex, *TUI_FLAGS[version], "-s", "read-only"], work, env) as pane:
+            await wait_pane(pane, "OpenAI Codex")
+            # Measured: the TUI starts its session (its rollout, its SessionStart hook) with the first turn.
+            await _submit(pane, "tui turn [[u:90000:800:29000]]", "fake reply")
+            with trio.move_on_after(LIMIT_S):
+                while not list(catalog.glob("agents/*/work/harness-state")):
+                    await trio.sleep(0.2)
+            adoptions = [path.parent for path in catalog.glob("agents/*/work/harness-state")]
+            assert len(adoptions) == 1, await pane.text()
+            [adopted] = adoptions
+            record = await _record_reads(adopted / "harness-context", 90_800)
+            assert (record.used_tokens, record.window_tokens, record.used_percent, record.compactions) == (
+                90_800, 190_000, 44, 0)  # fmt: skip
+            state = parse_state((adopted / "harness-state").read_bytes())
+            assert (state.adopted, state.desired_state) == (True, "running")  # for as long as the TUI runs
+            await pane.tmux("send-keys", "-t", "live", "Escape")  # a rate-limit notice the fake's headers raise
+            await trio.sleep(0.5)
+            await pane.type("/quit")
+            await _stopped(adopted, codex_home)
