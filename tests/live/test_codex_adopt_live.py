@@ -16,7 +16,10 @@ the resident's adopt mode starts no sidecar for a process already gone.)
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -168,7 +171,9 @@ async def test_a_plain_codex_tui_is_adopted_for_its_lifetime(version: str, tmp_p
             # Measured: the TUI starts its session (its rollout, its SessionStart hook) with the first turn.
             await _submit(pane, "tui turn [[u:90000:800:29000]]", "fake reply")
             with trio.move_on_after(LIMIT_S):
-                while not list(catalog.glob("agents/*/work/harness-state")):
+                while True:
+                    if list(catalog.glob("agents/*/work/harness-state")):
+                        break
                     await trio.sleep(0.2)
             adoptions = [path.parent for path in catalog.glob("agents/*/work/harness-state")]
             assert len(adoptions) == 1, await pane.text()
@@ -182,3 +187,45 @@ async def test_a_plain_codex_tui_is_adopted_for_its_lifetime(version: str, tmp_p
             await trio.sleep(0.5)
             await pane.type("/quit")
             await _stopped(adopted, codex_home)
+
+
+def _daemon_pids(codex_home: Path) -> list[int]:
+    """The background app-server daemon (and its updater) 0.171.0's TUI started for this CODEX_HOME:
+    they outlive the TUI, so the test that started them ends them, by the pids they recorded."""
+    pids = []
+    for name in ("daemon.pid", "daemon-updater.pid"):
+        path = codex_home / "app-server-daemon" / name
+        if path.exists():
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                pids.append(int(json.loads(path.read_text())["pid"]))
+    return pids
+
+
+async def test_a_session_in_the_0_171_0_tuis_background_daemon_is_not_adopted(tmp_path: Path) -> None:
+    """0.171.0's default TUI runs its session in a shared background app-server, the hook's parent,
+    which outlives the session: adopting it would leave an agent running after the TUI quit, so the
+    hook adopts nothing (BuildPoint 0.171.0 says so). The turn still runs: the hook never blocks it."""
+    from tests.live.test_claude_live import require_tmux, tmux_session, wait_pane
+
+    require_tmux()
+    version = "0.171.0"
+    codex = require_harness("codex", version)
+    async with codex_seat(tmp_path, version) as seat:
+        home, codex_home, work = seat.home, seat.codex_home, seat.work
+        env = {**seat.env, "TERM": "xterm-256color"}
+        with (codex_home / "config.toml").open("a") as config:
+            config.write(f'\n[projects."{work}"]\ntrust_level = "trusted"\n')
+        with trio.fail_after(LIMIT_S):
+            await _run(hctx("setup", "codex"), work, env)
+        try:
+            async with tmux_session([*codex, "-s", "read-only"], work, env) as pane:
+                await wait_pane(pane, "OpenAI Codex")
+                await _submit(pane, "daemon turn [[u:90000:800:29000]]", "fake reply")
+                assert list((codex_home / "sessions").rglob("rollout-*.jsonl"))  # the session ran, its hook too
+                await trio.sleep(3)  # time for an adopter, had the hook started one
+                assert _daemon_pids(codex_home)  # the session ran in the daemon
+        finally:
+            for pid in _daemon_pids(codex_home):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+    assert not (home / ".local" / "state" / "hctx" / "agents").exists()
