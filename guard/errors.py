@@ -15,7 +15,6 @@ catches a branch when what it does is the branch's, a leaf when it must tell one
     │   │                        retry or go on without it
     │   ├── CatalogError         the catalog cannot be opened or walked               guard.errors
     │   ├── RecordingError       a recording is no file of bytes, or not hctx's       sidecar.spec
-    │   ├── AdoptionDirError     an adoption's directory is not this user's alone     sidecar.adoption
     │   ├── HttpError            an HTTP request did not deliver          sidecar.harnesses.opencode.transport
     │   └── TranscriptError      a transcript `hctx scan` reads is unreadable         wrapper.readers.scan
     ├── NotFound (LookupError)   nothing answers to the name asked: say which names do

@@ -10,8 +10,9 @@ reused:
 
     <$XDG_RUNTIME_DIR, else /tmp>/hctx-<uid>/adopt-<pid>-<start ticks>/channel
 
-The adopter's flock (`LOCK_NAME` in the same directory) makes it one adopter per process; the
-adoption's resident removes the directory when P exits. A TypeScript extension computes the same
+The adopter (wrapper.launch.adopt) creates the directory (0700, checked to be this user's alone)
+and holds its flock (`LOCK_NAME`): one adopter per process; the adoption's resident removes the
+directory when P exits. A TypeScript extension computes the same
 path from `/proc/<pid>/stat`.
 
 The standard library only, and only modules a `python -I -S` interpreter has loaded or builds in
@@ -20,37 +21,35 @@ The standard library only, and only modules a `python -I -S` interpreter has loa
 
 import posix
 
-from guard.errors import Unavailable  # a module that imports nothing: the status line's path stays posix
-
 __all__ = [
     "ADOPT_ENV_GUARDS",
     "CHANNEL_NAME",
     "LOCK_NAME",
-    "AdoptionDirError",
+    "REFUSED_NAME",
     "adoption_base",
     "adoption_channel",
     "adoption_dir",
-    "make_adoption_dir",
     "process_start_ticks",
+    "process_stat",
     "wrapped_environ",
 ]
 
-# A process whose environment holds any of these was started by `hctx wrap` (its seat sets them
-# all): the wrapped seat wins, nothing adopts it, so nothing is counted twice.
-ADOPT_ENV_GUARDS = ("HCTX_CHANNEL",)
+# A process whose environment holds any of these (non-empty) is never adopted: HCTX_CHANNEL is a
+# wrapped seat's (`hctx wrap` sets it: the wrapped seat wins, nothing is counted twice), and
+# HCTX_NO_ADOPT=1 keeps a plain session plain (a test's tee, or a person who wants one unseen).
+ADOPT_ENV_GUARDS = ("HCTX_CHANNEL", "HCTX_NO_ADOPT")
 CHANNEL_NAME = "channel"
 LOCK_NAME = "adopter.lock"
-_PRIVATE = 0o700
+# Left in the adoption directory by an adopter that refused the process (the reason inside): the
+# trigger sees it and starts no other adopter for that process, which would only refuse again.
+REFUSED_NAME = "refused"
 _S_IFMT, _S_IFDIR = 0o170000, 0o040000
 
 
-class AdoptionDirError(Unavailable):
-    """The adoption directory (or the per-user one above it) is not a private directory of this user's."""
-
-
-def process_start_ticks(pid: int) -> int | None:
-    """When process `pid` started, in clock ticks since boot (`/proc/<pid>/stat` field 22); None
-    when no such process runs (or it is a zombie: it has exited, only its status is left)."""
+def process_stat(pid: int) -> "tuple[str, int, int] | None":
+    """What `/proc/<pid>/stat` says of a live process: its command name (`comm`), its parent's pid
+    and when it started (clock ticks since boot, field 22); None when no such process runs (or it
+    is a zombie: it has exited, only its status is left)."""
     if pid <= 0:
         return None
     try:
@@ -63,14 +62,22 @@ def process_start_ticks(pid: int) -> int | None:
         return None
     finally:
         posix.close(fd)
-    # After the command's name, which may itself hold spaces and parentheses: field 3 on.
-    fields = stat.rpartition(b")")[2].split()
+    # The command's name sits in parentheses and may itself hold spaces and parentheses.
+    head, _, tail = stat.rpartition(b")")
+    fields = tail.split()
     if len(fields) < 20 or fields[0] in (b"Z", b"X"):
         return None
     try:
-        return int(fields[19])
+        return head.partition(b"(")[2].decode(errors="replace"), int(fields[1]), int(fields[19])
     except ValueError:
         return None
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """When process `pid` started, in clock ticks since boot (`/proc/<pid>/stat` field 22): with the
+    pid, it names one process even after the pid is reused. None when no such process runs."""
+    stat = process_stat(pid)
+    return None if stat is None else stat[2]
 
 
 def adoption_base(environ: "dict[bytes, bytes] | None" = None) -> str:
@@ -95,27 +102,6 @@ def adoption_channel(pid: int, start_ticks: int, environ: "dict[bytes, bytes] | 
 def wrapped_environ(environ: "dict[bytes, bytes]") -> bool:
     """Whether an environment is a wrapped seat's (`ADOPT_ENV_GUARDS`)."""
     return any(environ.get(name.encode()) for name in ADOPT_ENV_GUARDS)
-
-
-def make_adoption_dir(pid: int, start_ticks: int, environ: "dict[bytes, bytes] | None" = None) -> str:
-    """`adoption_dir`, created 0700 with its per-user parent, each checked after the fact to be a
-    real directory (not a symlink) owned by this user and reachable by nobody else: in /tmp another
-    user could have made either first. AdoptionDirError otherwise."""
-    base = adoption_base(environ)
-    directory = adoption_dir(pid, start_ticks, environ)
-    for path in (base, directory):
-        try:  # noqa: SIM105 - contextlib costs an import on the status line's path
-            posix.mkdir(path, _PRIVATE)
-        except FileExistsError:
-            pass
-        stat = posix.lstat(path)
-        if stat.st_mode & _S_IFMT != _S_IFDIR:
-            raise AdoptionDirError(f"{path} is not a directory (a symlink or a file is there); not adopting")
-        if stat.st_uid != posix.getuid():
-            raise AdoptionDirError(f"{path} belongs to uid {stat.st_uid}, not this user's; not adopting")
-        if stat.st_mode & 0o077:
-            raise AdoptionDirError(f"{path} is open to other users (mode {stat.st_mode & 0o777:o}); not adopting")
-    return directory
 
 
 def _is_dir(path: str) -> bool:

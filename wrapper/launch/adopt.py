@@ -29,17 +29,20 @@ import argparse
 import contextlib
 import fcntl
 import os
+import stat
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from guard.constants import CHANNEL_MAX_SOCKET_PATH as MAX_SOCKET_PATH
 from guard.errors import HctxError, Unusable
 from sidecar.adoption import (
     LOCK_NAME,
-    AdoptionDirError,
+    REFUSED_NAME,
+    adoption_base,
     adoption_channel,
-    make_adoption_dir,
+    adoption_dir,
     process_start_ticks,
     wrapped_environ,
 )
@@ -57,6 +60,7 @@ __all__ = [
     "build_parser",
     "check_process",
     "main",
+    "make_adoption_dir",
     "parse_hints",
     "register",
 ]
@@ -140,7 +144,8 @@ def check_process(pid: int) -> int:
         raise AdoptRefused(f"pid {pid} exited while it was being checked")
     pairs = dict(entry.partition(b"=")[::2] for entry in environ.split(b"\0") if entry)
     if wrapped_environ(pairs):
-        raise _Wrapped(f"pid {pid} runs under `hctx wrap` (HCTX_CHANNEL is in its environment); the wrapped seat wins")
+        raise _Wrapped(f"pid {pid} runs under `hctx wrap` or with HCTX_NO_ADOPT (its environment says so); "
+                       "not adopting it")  # fmt: skip
     return start
 
 
@@ -150,6 +155,24 @@ class _Wrapped(AdoptRefused):
 
 class _Adopted(AdoptRefused):
     """Another adopter holds P's flock: it adopts P."""
+
+
+def make_adoption_dir(pid: int, start_ticks: int) -> str:
+    """P's adoption directory (`sidecar.adoption.adoption_dir`), created 0700 with its per-user parent,
+    each checked after the fact to be a real directory (not a symlink) owned by this user and open
+    to nobody else: in /tmp another user could have made either first. AdoptRefused otherwise."""
+    base, directory = adoption_base(), adoption_dir(pid, start_ticks)
+    for path in (base, directory):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, 0o700)
+        found = os.lstat(path)
+        if not stat.S_ISDIR(found.st_mode):
+            raise AdoptRefused(f"{path} is not a directory (a symlink or a file is there)")
+        if found.st_uid != os.getuid():
+            raise AdoptRefused(f"{path} belongs to uid {found.st_uid}, not to this user")
+        if found.st_mode & 0o077:
+            raise AdoptRefused(f"{path} is open to other users (mode {found.st_mode & 0o777:o})")
+    return directory
 
 
 def _take_flock(directory: str) -> int:
@@ -202,8 +225,10 @@ def adopt(harness: str, pid: int, cwd: Path | None, hints: Mapping[str, str], pe
 
     try:
         start = check_process(pid)
-        directory = make_adoption_dir(pid, start)
         channel = adoption_channel(pid, start)
+        if len(os.fsencode(channel)) > MAX_SOCKET_PATH:
+            raise AdoptRefused(f"its channel path {channel} is too long for a unix socket; set XDG_RUNTIME_DIR shorter")
+        directory = make_adoption_dir(pid, start)
         try:
             lock_fd = _take_flock(directory)
         except _Adopted:
@@ -214,7 +239,7 @@ def adopt(harness: str, pid: int, cwd: Path | None, hints: Mapping[str, str], pe
         return _WRAPPED
     except _Adopted:
         return _WRAPPED
-    except (AdoptRefused, AdoptionDirError) as exc:
+    except (AdoptRefused, OSError) as exc:
         _log(f"not adopting {harness} pid {pid}: {exc}")
         return 1
     try:
@@ -222,9 +247,25 @@ def adopt(harness: str, pid: int, cwd: Path | None, hints: Mapping[str, str], pe
         return _claim_and_watch(harness, pid, start, cwd, hints, pending, catalog, default_host(), directory, channel)
     except (OSError, HctxError) as exc:
         _log(f"not adopting {harness} pid {pid}: {exc}")
-    _remove_adoption(directory)
+        _mark_refused(directory, str(exc))
     os.close(lock_fd)
     return 1
+
+
+def _mark_refused(directory: str, why: str) -> None:
+    """The refusal, left in P's adoption directory (`REFUSED_NAME`): the trigger starts no other
+    adopter for P, which would only refuse again on every status-line refresh. The directory stays
+    until P's runtime directory is cleared (it holds this one small file)."""
+    with contextlib.suppress(OSError):
+        for name in os.listdir(directory):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(directory, name))
+        fd = os.open(os.path.join(directory, REFUSED_NAME), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)  # fmt: skip
+        try:
+            os.write(fd, why.encode(errors="replace") + b"\n")
+        finally:
+            os.close(fd)
 
 
 def _claim_and_watch(
@@ -266,14 +307,6 @@ def _claim_and_watch(
     lock_fd, lock_held = lock.across_exec()
     exec_resident(Spec(options.for_resident(), it, lock_fd, lock_held, adoption=Adoption(pid, start, pending)))
     raise AssertionError("unreachable: exec returned")  # pragma: no cover
-
-
-def _remove_adoption(directory: str) -> None:
-    with contextlib.suppress(OSError):
-        for name in os.listdir(directory):
-            with contextlib.suppress(OSError):
-                os.unlink(os.path.join(directory, name))
-        os.rmdir(directory)
 
 
 def _read_pending() -> bytes:
