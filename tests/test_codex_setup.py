@@ -16,7 +16,10 @@ import time
 from pathlib import Path, PurePosixPath
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from sidecar.harnesses.codex import setup as codex_setup
 from sidecar.harnesses.codex.launch import adopted
 from sidecar.harnesses.codex.producer import CodexTransport, Rollout
 from sidecar.harnesses.codex.setup import (
@@ -286,3 +289,183 @@ def test_an_adopted_session_follows_the_rollout_its_own_process_holds(tmp_path: 
     assert (rollout.auto_compact_token_limit, rollout.model_context_window) == (160_000, 200_000)
     assert before - 1_000 <= rollout.started_at_ms <= time.time_ns() // 1_000_000  # the process's start, not now
     assert plan.account is None  # no auth.json in that CODEX_HOME
+
+
+# Through the engine (`hctx setup codex`, a process of its own with a deadline: a FIFO opened for
+# reading would block it for good): a file it will not touch is refused with the reason, and neither
+# file is written, so no trust is ever left for a hook that is not there.
+USER_TOML = USER_CONFIG
+
+
+def _hooks_symlink_out(codex_home: Path, outside: Path) -> str:
+    (outside / "hooks.json").write_text(json.dumps(USER_HOOKS))
+    (codex_home / "hooks.json").symlink_to(outside / "hooks.json")
+    return "symlink"
+
+
+def _hooks_fifo(codex_home: Path, outside: Path) -> str:
+    os.mkfifo(codex_home / "hooks.json")
+    return "not a regular file"
+
+
+def _hooks_huge(codex_home: Path, outside: Path) -> str:
+    with open(codex_home / "hooks.json", "wb") as file:  # sparse: nothing of it is read
+        file.truncate(100 * 1024 * 1024)
+    return "104857600 bytes"
+
+
+def _hooks_deep(codex_home: Path, outside: Path) -> str:
+    (codex_home / "hooks.json").write_text('{"a":' * 100_000 + "1" + "}" * 100_000)
+    return "deep"
+
+
+def _hooks_bom(codex_home: Path, outside: Path) -> str:
+    (codex_home / "hooks.json").write_bytes(b"\xef\xbb\xbf" + json.dumps(USER_HOOKS).encode())
+    return "byte-order mark"
+
+
+def _hooks_a_list(codex_home: Path, outside: Path) -> str:
+    (codex_home / "hooks.json").write_text('{"hooks": {"SessionStart": {"x": 1}}}')
+    return '"hooks.SessionStart" is not a list'
+
+
+def _config_invalid(codex_home: Path, outside: Path) -> str:
+    (codex_home / "config.toml").write_bytes(USER_TOML + b"[broken\n")
+    return "not valid TOML"
+
+
+def _hooks_off(codex_home: Path, outside: Path) -> str:
+    (codex_home / "config.toml").write_bytes(USER_TOML.replace(b"web_search = true", b"hooks = false"))
+    return "[features] hooks = false"
+
+
+def _config_fifo(codex_home: Path, outside: Path) -> str:
+    (codex_home / "config.toml").unlink()
+    os.mkfifo(codex_home / "config.toml")
+    return "not a regular file"
+
+
+HOSTILE = {
+    "hooks.json a symlink out": _hooks_symlink_out,
+    "hooks.json a FIFO": _hooks_fifo,
+    "hooks.json of 100 MB": _hooks_huge,
+    "hooks.json nested too deep": _hooks_deep,
+    "hooks.json with a BOM": _hooks_bom,
+    "hooks.json's SessionStart an object": _hooks_a_list,
+    "config.toml not TOML": _config_invalid,
+    "config.toml turning hooks off": _hooks_off,
+    "config.toml a FIFO": _config_fifo,
+}
+
+
+def _tree(root: Path) -> dict[str, bytes | str]:
+    return {str(path.relative_to(root)): "fifo" if path.is_fifo() else path.read_bytes() if path.is_file()
+            else "dir" for path in sorted(root.rglob("*"))}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", HOSTILE)
+def test_a_hostile_user_file_is_refused_and_nothing_is_written(case: str, tmp_path: Path) -> None:
+    home, codex_home, outside = tmp_path / "home", tmp_path / "home" / ".codex", tmp_path / "outside"
+    for directory in (codex_home, outside):
+        directory.mkdir(parents=True)
+    (codex_home / "config.toml").write_bytes(USER_TOML)
+    reason = HOSTILE[case](codex_home, outside)
+    before = _tree(home), _tree(outside)
+    env = {"PATH": os.environ["PATH"], "HOME": str(home), "XDG_STATE_HOME": str(tmp_path / "state"),
+           "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}  # fmt: skip
+    for args in (["setup", "codex"], ["setup", "codex", "--dry-run"]):
+        done = subprocess.run([sys.executable, "-m", "wrapper.cli", *args], env=env, capture_output=True, text=True,
+                              timeout=60, check=False)  # fmt: skip
+        assert "Traceback" not in done.stderr
+        assert done.returncode == 1, (done.stdout, done.stderr)
+        assert "hctx setup: codex: refused:" in done.stderr and reason in done.stderr, done.stderr
+        assert (_tree(home), _tree(outside)) == before
+
+
+_KEYS = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=8)
+_SCALARS = st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(max_size=8)
+_JSON = st.recursive(_SCALARS, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_KEYS, inner, max_size=3),
+                     max_leaves=12)  # fmt: skip
+_A_GROUP = st.just({"hooks": [{"type": "command", "command": "x"}]})
+_GROUPS = st.lists(st.dictionaries(_KEYS, _JSON, max_size=3) | _A_GROUP, max_size=3)
+_HOOKS_FILES = st.builds(lambda other, hooks, groups: {**other, "hooks": {**hooks, "SessionStart": groups}},
+                         st.dictionaries(_KEYS.filter(lambda k: k != "hooks"), _JSON, max_size=3),
+                         st.dictionaries(_KEYS.filter(lambda k: k != "SessionStart"), _JSON, max_size=2),
+                         _GROUPS)  # fmt: skip
+
+
+@settings(max_examples=150, deadline=None)
+@given(user=_HOOKS_FILES)
+def test_any_users_hooks_file_gets_the_hook_after_theirs_and_back(user: dict[str, object]) -> None:
+    edit = hooks_edit(Path("/codexhome"))
+    raw = json.dumps(user).encode()
+    applied = edit.apply(raw)
+    assert edit.apply(applied) == applied
+    groups = json.loads(applied)["hooks"]["SessionStart"]
+    assert groups[:-1] == user["hooks"]["SessionStart"] and groups[-1] == edit.group()  # type: ignore[index]
+    assert edit.index_in(raw) == edit.index_in(applied) == len(groups) - 1
+    assert json.loads(edit.remove(applied, raw) or b"") == user
+
+
+_TOML_SCALARS = st.booleans() | st.integers(-(2**31), 2**31) | st.text(max_size=8)
+_TOML_TABLES = st.dictionaries(_KEYS | st.just("hooks"),
+                               _TOML_SCALARS | st.dictionaries(_KEYS | st.just("state"), _TOML_SCALARS, max_size=3)
+                               | st.just({"state": {}}), max_size=4)  # fmt: skip
+
+
+@settings(max_examples=150, deadline=None)
+@given(user=_TOML_TABLES)
+def test_any_users_config_keeps_its_bytes_and_gets_them_back(user: dict[str, object]) -> None:
+    import tomllib
+
+    import tomlkit
+
+    edit = trust_edit(Path("/codexhome"))
+    raw = tomlkit.dumps(user).encode()
+    hooks = user.get("hooks", {})
+    if not isinstance(hooks, dict) or not isinstance(hooks.get("state", {}), dict):
+        with pytest.raises(SetupRefused, match="is not a table"):
+            edit.apply(raw)
+        return
+    applied = edit.apply(raw)
+    assert edit.apply(applied) == applied
+    parsed = tomllib.loads(applied.decode())
+    assert parsed["hooks"]["state"][edit.key] == {"trusted_hash": edit.hash}
+    assert edit.hash.encode() not in (edit.remove(applied, raw) or b"")
+    assert tomllib.loads((edit.remove(applied, raw) or b"").decode()) == tomllib.loads(raw.decode())
+    del parsed["hooks"]["state"][edit.key]
+    if not parsed["hooks"]["state"] and "state" not in user.get("hooks", {}):  # type: ignore[operator]
+        del parsed["hooks"]["state"]
+    if not parsed["hooks"] and "hooks" not in user:
+        del parsed["hooks"]
+    assert parsed == tomllib.loads(raw.decode())
+    if "hooks" not in user:
+        assert applied.startswith(raw)
+        assert edit.remove(applied, raw) == (raw.rstrip(b"\n") + b"\n" if raw.strip() else b"")
+
+
+def _run_hook_under(words: list[str], payload: bytes, catalog: Path) -> bytes:
+    """The hook (`python -m sidecar.harnesses.codex.setup`) run as the child of a process whose command
+    line ends in `words` (standing for the process running the session); the hook's stdout."""
+    root = str(Path(__file__).resolve().parent.parent)
+    parent = ("import subprocess, sys; done = subprocess.run([sys.executable, '-m', " + repr(HOOK_MODULE) + "], "
+              "input=sys.stdin.buffer.read(), capture_output=True); sys.stdout.buffer.write(done.stdout)")  # fmt: skip
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": root, "HCTX_CATALOG": str(catalog)}
+    done = subprocess.run([sys.executable, "-c", parent, *words], input=payload, capture_output=True, env=env,
+                          timeout=30, check=True)  # fmt: skip
+    return done.stdout
+
+
+def test_a_hook_that_adopts_nothing_says_why_in_the_adoption_log(tmp_path: Path) -> None:
+    from wrapper.launch.adopt import ADOPT_LOG
+
+    assert ADOPT_LOG == codex_setup.ADOPT_LOG
+    log = tmp_path / "catalog" / ".st2" / "logs" / ADOPT_LOG
+    payload = (FIXTURES / "session-start-0.171.0-tui-daemon-startup.json").read_bytes()
+    # 0.171.0's TUI: the hook's parent is the background daemon (its command line as measured).
+    daemon = ["app-server", "--listen", "unix://", "--analytics-default-enabled", "--managed-daemon"]
+    assert _run_hook_under(daemon, payload, tmp_path / "catalog") == b""  # nothing for the model's context
+    assert "not adopting session 01a2451c-0940-76f1-9376-f22be019a58d: the session runs in Codex's shared " \
+           "background app-server" in log.read_text()  # fmt: skip
+    assert _run_hook_under([], b"{oops", tmp_path / "catalog") == b""
+    assert "codex hook: not adopting: not a hook payload" in log.read_text()

@@ -35,25 +35,28 @@ only the standard library, `guard` and `sidecar.setup_plan`.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shlex
 import shutil
 import sys
+import time
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Final
 
-from guard.errors import JsonRefused
+from guard.errors import HctxError, JsonRefused
 from guard.files import read_bounded
 from guard.json_rule import loads_object
 from guard.procs import proc_stat
 from sidecar.setup_plan import BuildPoint, HarnessSetup, SetupRefused, UserFile, adopt_command
 
 __all__ = [
+    "ADOPT_LOG",
     "BUILDS",
     "CONFIG_FILE",
     "EVENT",
@@ -70,6 +73,7 @@ __all__ = [
     "decode_session_start",
     "hook_command",
     "hook_main",
+    "note",
     "session_process",
     "setup",
     "trust_key",
@@ -89,6 +93,7 @@ MAX_PAYLOAD_BYTES: Final = 1 << 20
 # What the hook's command holds, so hctx's own entry is found again (an older interpreter's too).
 _MARK: Final = f"-m {HOOK_MODULE}"
 WRAPPED_ENV: Final = "HCTX_CHANNEL"  # a wrapped seat's: it publishes this session already
+ADOPT_LOG: Final = "adopt.log"  # wrapper.launch.adopt.ADOPT_LOG (the sidecar side imports no wrapper module)
 
 BUILDS: Final = (
     BuildPoint("0.151.0", True, "user hooks.json SessionStart hook, trusted in config.toml [hooks.state]: "
@@ -202,13 +207,24 @@ class HooksJsonEdit:
         if len(kept) == len(groups) and original is not None:
             return current
         hooks = doc["hooks"]
-        if kept:
-            hooks[EVENT] = kept
-        else:
+        hooks[EVENT] = kept
+        # What setup added to hold the group goes with it: an empty list or object the user had stays.
+        had_hooks, had_event = _holds(original)
+        if not kept and not had_event:
             del hooks[EVENT]
-        if not hooks:
+        if not hooks and not had_hooks:
             del doc["hooks"]
         return None if not doc and original is None else _dump(doc)
+
+
+def _holds(original: bytes | None) -> tuple[bool, bool]:
+    """Whether the file before setup had a "hooks" object and, in it, a SessionStart list."""
+    try:
+        doc = {} if original is None else loads_object(original)
+    except JsonRefused:
+        return False, False
+    hooks = doc.get("hooks")
+    return isinstance(hooks, dict), isinstance(hooks, dict) and EVENT in hooks
 
 
 def _dump(doc: dict[str, Any]) -> bytes:
@@ -216,6 +232,12 @@ def _dump(doc: dict[str, Any]) -> bytes:
         return (json.dumps(doc, indent=2, ensure_ascii=False) + "\n").encode()
     except RecursionError:
         raise SetupRefused("is nested too deeply to write back; not touched") from None
+
+
+def _table(value: object, name: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise SetupRefused(f"holds {name} that is not a table ({type(value).__name__}); not touched")
+    return value
 
 
 @dataclass(frozen=True)
@@ -247,9 +269,9 @@ class TrustEdit:
             if isinstance(features, dict) and features.get(flag) is False:
                 raise SetupRefused(f"turns Codex's hooks off ([features] {flag} = false); hctx leaves that "
                                    "as it is, so Codex sessions are not adopted")  # fmt: skip
-        state = parsed.get("hooks", {}).get("state", {}) if isinstance(parsed.get("hooks"), dict) else {}
-        entry = state.get(self.key) if isinstance(state, dict) else None
-        if current is not None and isinstance(entry, dict) and entry.get("trusted_hash") == self.hash:
+        state = _table(_table(parsed.get("hooks", {}), "hooks").get("state", {}), "hooks.state")
+        entry = _table(state.get(self.key, {}), f'hooks.state."{self.key}"')
+        if current is not None and entry.get("trusted_hash") == self.hash:
             return current
         doc = tomlkit.parse((current or b"").decode())
         hooks = doc.get("hooks")
@@ -281,9 +303,15 @@ class TrustEdit:
         del table["trusted_hash"]
         if not table:  # the user added nothing beside it (an `enabled`)
             del hook_state[self.key]
-        if not hook_state:
+        # The tables setup added to hold it go with it: an empty one the user had stays.
+        try:
+            before = tomllib.loads(original.decode()) if original is not None else {}
+        except (UnicodeDecodeError, tomllib.TOMLDecodeError):
+            before = {}
+        had_hooks = isinstance(before.get("hooks"), dict)
+        if not hook_state and not (had_hooks and "state" in before["hooks"]):
             del doc["hooks"]["state"]
-        if not doc["hooks"]:
+        if not doc["hooks"] and not had_hooks:
             del doc["hooks"]
         # The blank line tomlkit set before the table goes with it.
         text = tomlkit.dumps(doc).rstrip("\n")
@@ -361,6 +389,25 @@ def _read_payload(fd: int) -> bytes:
     return b"".join(chunks)
 
 
+def note(message: str) -> None:
+    """A line in the adoption log (`<catalog>/.st2/logs/adopt.log`, where the adopter writes why it
+    does not adopt): why this hook started no adopter. Never raises: the hook must not fail Codex."""
+    from guard.layout import default_catalog_origin
+    from guard.walk import open_append, open_logs_dir
+
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    with contextlib.suppress(OSError, HctxError):
+        dir_fd = open_logs_dir(default_catalog_origin()[0].absolute())
+        try:
+            fd = open_append(dir_fd, ADOPT_LOG)
+        finally:
+            os.close(dir_fd)
+        try:
+            os.write(fd, f"{stamp} hctx adopt: codex hook: {message}\n".encode(errors="replace"))
+        finally:
+            os.close(fd)
+
+
 def hook_main(stdin: int = 0, environ: Mapping[str, str] = os.environ) -> int:
     """The SessionStart hook: adopt the session unless a wrapped seat already publishes it.
 
@@ -372,9 +419,11 @@ def hook_main(stdin: int = 0, environ: Mapping[str, str] = os.environ) -> int:
         return 0  # `hctx wrap` started this codex: the wrapped seat publishes it
     payload = decode_session_start(_read_payload(stdin))
     if isinstance(payload, str):
+        note(f"not adopting: {payload}")
         return 0
     pid = session_process(os.getppid())
     if isinstance(pid, str):
+        note(f"not adopting session {payload.session_id}: {pid}")
         return 0
     argv = adopt_command("codex", "--pid", str(pid), "--cwd", payload.cwd, "--hint", f"session={payload.session_id}")
     if payload.transcript_path is not None:
