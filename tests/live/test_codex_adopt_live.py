@@ -40,8 +40,8 @@ TURN = "adopted turn [[u:90000:800:29000]] [[sleep:3]]"
 STOP_TIMEOUT_S = 20.0
 
 
-def _exec(codex: list[str], prompt: str) -> list[str]:
-    return [*codex, "exec", "--skip-git-repo-check", "-s", "read-only", prompt]
+def _exec(codex: list[str], *words: str) -> list[str]:
+    return [*codex, "exec", "--skip-git-repo-check", "-s", "read-only", *words]
 
 
 async def _run(argv: list[str], cwd: Path, env: dict[str, str]) -> str:
@@ -229,3 +229,32 @@ async def test_a_session_in_the_0_171_0_tuis_background_daemon_is_not_adopted(tm
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGTERM)
     assert not (home / ".local" / "state" / "hctx" / "agents").exists()
+
+
+@pytest.mark.parametrize("version", HARNESS_VERSIONS["codex"])
+async def test_a_plain_exec_resume_is_adopted_and_followed_from_where_it_resumes(version: str, tmp_path: Path) -> None:
+    """`codex exec resume <id>` appends to the earlier rollout (its SessionStart says `resume`): the
+    adopted seat publishes the resumed turn only, as the wrapped resume test asserts (50,500: 22 %)."""
+    from sidecar.harnesses.codex.rollout import LAUNCH_SLACK_MS, read_session_meta
+
+    codex = require_harness("codex", version)
+    async with codex_seat(tmp_path, version) as seat:
+        home, codex_home, work, env = seat.home, seat.codex_home, seat.work, seat.env
+        catalog = home / ".local" / "state" / "hctx"
+        with trio.fail_after(LIMIT_S):
+            await _run(hctx("setup", "codex"), work, env)
+            await _run(_exec(codex, TURN), work, env)
+        [agent] = list(catalog.glob("agents/*/work"))
+        await _stopped(agent, codex_home)
+        [rollout] = list((codex_home / "sessions").rglob("rollout-*.jsonl"))
+        meta = read_session_meta(rollout)
+        assert meta is not None
+        await trio.sleep(LAUNCH_SLACK_MS / 1000 + 1)
+        with trio.fail_after(LIMIT_S):
+            await _run(_exec(codex, "resume", str(meta["id"]), "resumed turn [[u:50000:500]] [[sleep:3]]"), work, env)
+        await _stopped(agent, codex_home)  # the same seat, free again, took the resumed session
+        assert list((codex_home / "sessions").rglob("rollout-*.jsonl")) == [rollout]
+        record = parse_record((agent / "harness-context").read_bytes())
+        assert (record.used_tokens, record.window_tokens, record.used_percent, record.compactions) == (
+            50_500, 190_000, 22, 0)  # fmt: skip
+        assert parse_state((agent / "harness-state").read_bytes()).adopted is True
