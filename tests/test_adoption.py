@@ -297,6 +297,15 @@ def test_a_resident_told_to_stop_never_signals_the_adopted_process(seat: Seat) -
     assert plain.poll() is None  # the user's process runs on, unsignalled
 
 
+def test_a_process_already_adopted_is_not_adopted_again(seat: Seat) -> None:
+    plain = seat.harness()
+    claim = adopted(seat, plain.pid, "proj")
+    wait_for(lambda: children(claim["wrapperPid"]), what="the sidecar")  # type: ignore[arg-type]  # exec'd, lock held
+    again = seat.adopt(plain.pid, "--no-detach")
+    assert again.returncode == 0  # the first adopter's resident holds the flock: it stands down
+    assert seat.claim("proj-2") is None and seat.claim("proj")["incarnation"] == claim["incarnation"]  # type: ignore[index]
+
+
 def test_two_plain_sessions_in_one_directory_are_two_agents(seat: Seat) -> None:
     first, second = seat.harness(), seat.harness()
     one = adopted(seat, first.pid, "proj")
