@@ -429,3 +429,17 @@ def test_doctor_says_not_set_up_current_and_stale(home: Path, capsys: pytest.Cap
 
 def test_doctor_says_nothing_of_a_harness_not_installed(harnessless_home: Path) -> None:
     assert setup_lines(os.environ) == []
+
+
+def test_the_registry_finds_a_setup_module_only_where_a_harness_has_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    import sidecar.registry as registry
+
+    claude = registry.setup_module("claude")
+    assert claude is not None and claude.setup is claude_setup
+    real = registry.spec_for
+    for package in ("os", "sidecar.harnesses"):  # a plain module; a package with no setup.py in it
+        monkeypatch.setattr(registry, "spec_for", lambda name, package=package: types.SimpleNamespace(package=package))
+        assert registry.setup_module("claude") is None
+    monkeypatch.setattr(registry, "spec_for", real)

@@ -30,14 +30,16 @@ from tests.live.test_claude_live import (
     MODEL,
     STEP_TIMEOUT_S,
     USER_RENDERER,
+    WINDOW,
     Pane,
     claude_seat,
     live_env,
     require_tmux,
     tmux_session,
     wait_pane,
+    wait_record,
 )
-from tests.wrapping import REPO
+from tests.wrapping import REPO, agent_dir, wrap_argv
 
 pytestmark = pytest.mark.live
 
@@ -140,3 +142,34 @@ async def test_a_plain_claude_runs_what_setup_put_in_the_user_settings(version: 
     assert not (home / ".claude" / "hctx-renderers.json").exists()
     journal = json.loads((home / ".local" / "state" / "hctx" / "setup" / "journal.json").read_text())
     assert journal["files"] == {}  # nothing of claude's left to undo
+
+
+@pytest.mark.parametrize("version", HARNESS_VERSIONS["claude"])
+async def test_a_wrapped_seat_under_setup_is_one_agent_with_its_record(version: str, tmp_path: Path) -> None:
+    """`hctx wrap` in a HOME where setup is in place: the wrapped seat's own settings win, its tee
+    records to its sidecar, the user's line still draws, and no second (adopted) agent appears in
+    the default catalog: the tee adopts only without `HCTX_CHANNEL`."""
+    claude = require_harness("claude", version)
+    require_tmux()
+    home, work, catalog = claude_seat(tmp_path)
+    (home / ".claude" / "settings.json").write_text(
+        json.dumps({"statusLine": {"type": "command", "command": USER_RENDERER}})
+    )
+    server: FakeMessages
+    async with fake_messages() as server:
+        env = live_env(home, server, version)
+        assert hctx_setup(env, "claude").returncode == 0
+        command = wrap_argv(catalog, "wrapped-under-setup", "claude", *claude, "--model", MODEL)
+        record_path = agent_dir(catalog, "wrapped-under-setup") / "harness-context"
+        async with tmux_session(command, work, env) as pane:
+            await wait_record(record_path, pane, "the pre-turn window", lambda r: r["windowTokens"] == WINDOW)
+            await wait_pane(pane, "USER-SETTINGS-LINE used=None")
+            await pane.type("Live turn one usage=2001,8000,10000,111")
+            one = await wait_record(record_path, pane, "turn one", lambda r: r["usedTokens"] == 20001)
+            assert one["usedPercent"] == 10
+            await wait_pane(pane, "USER-SETTINGS-LINE used=10")
+            await trio.sleep(2)  # an adopter started by any tee would have claimed by now
+            default_agents = home / ".local" / "state" / "hctx" / "agents"
+            assert not default_agents.exists() or not any(default_agents.rglob("harness-state"))
+            assert [path.name for path in (catalog / "agents").glob("*/*")] == ["wrapped-under-setup"]
+            await pane.type("/exit")
