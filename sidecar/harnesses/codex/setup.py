@@ -412,8 +412,8 @@ def hook_main(stdin: int = 0, environ: Mapping[str, str] = os.environ) -> int:
     """The SessionStart hook: adopt the session unless a wrapped seat already publishes it.
 
     Always exits 0 with nothing on stdout (a SessionStart hook's stdout becomes model context in
-    Codex); the adopting wrapper detaches and logs its own errors, and its stdio is /dev/null so
-    Codex, which waits for the hook's pipes to close, is not held by it.
+    Codex); the adopting wrapper runs in a child of the hook's own and logs its own errors, its stdio
+    /dev/null, so Codex, which waits for the hook and its pipes, is not held by it.
     """
     if WRAPPED_ENV in environ:
         return 0  # `hctx wrap` started this codex: the wrapped seat publishes it
@@ -431,8 +431,15 @@ def hook_main(stdin: int = 0, environ: Mapping[str, str] = os.environ) -> int:
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
-    os.execv(argv[0], argv)
-    return 0  # not reached
+    # Codex waits for the hook: the adopter starts in a child of its own, and the hook is done (its
+    # interpreter's start-up was the whole wait; the adopter's checks run beside the session).
+    if os.fork() == 0:
+        try:
+            os.setsid()
+            os.execv(argv[0], argv)
+        finally:
+            os._exit(1)  # the exec failed (the interpreter gone): nothing more to do for this session
+    return 0
 
 
 if __name__ == "__main__":
