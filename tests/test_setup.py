@@ -443,3 +443,28 @@ def test_the_registry_finds_a_setup_module_only_where_a_harness_has_one(monkeypa
         monkeypatch.setattr(registry, "spec_for", lambda name, package=package: types.SimpleNamespace(package=package))
         assert registry.setup_module("claude") is None
     monkeypatch.setattr(registry, "spec_for", real)
+
+
+def test_a_write_that_fails_after_the_journal_leaves_a_record_undo_acts_on(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The journal is written before the file: a setup killed in between still leaves the original
+    where --undo finds it."""
+    import wrapper.launch.userfiles as userfiles
+
+    settings(home).write_bytes(USER_BYTES)
+    journal = home / ".local" / "state" / "hctx" / "setup"
+
+    def crash(*args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(userfiles, "_write", crash)
+        with pytest.raises(OSError, match="No space"):
+            apply_setup(claude_setup(home, os.environ), journal)
+    assert settings(home).read_bytes() == USER_BYTES
+    entries = json.loads((journal / "journal.json").read_text())["files"]
+    assert list(entries) == [str(settings(home))]
+    apply_setup(claude_setup(home, os.environ), journal)  # the retry keeps the first original
+    undo_setup(claude_setup(home, os.environ), journal)
+    assert settings(home).read_bytes() == USER_BYTES
