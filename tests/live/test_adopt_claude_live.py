@@ -11,7 +11,10 @@ is one agent, not adopted a second time.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +24,7 @@ import pytest
 import trio
 
 from guard.layout import default_host
+from guard.procs import proc_stat
 from sidecar.adoption import LOCK_NAME, adoption_dir
 from tests.fakes.claude_model import FakeMessages, fake_messages
 from tests.harnesses import HARNESS_VERSIONS, require_harness
@@ -205,3 +209,63 @@ async def test_an_adopted_claude_session_has_its_subagents_rows(version: str, tm
             # call asked for or CLAUDE_CODE_SUBAGENT_MODEL, as the build resolves it.
             assert row["windowSource"] == "harness" and row["windowTokens"] > 0 and row["model"]
             await pane.type("/exit")
+
+
+async def test_a_claude_background_session_is_adopted(tmp_path: Path) -> None:
+    """2.1.332's `claude --bg PROMPT` (its Agent View): the session runs under Claude's own daemon, in
+    a pty the daemon hosts, and still runs the user's status line and hooks (measured 2026-12-05:
+    python <- sh <- claude.exe --session-id ... <- claude bg-pty-host <- claude daemon), so the tee
+    adopts it as any plain session. The session outlives a stopped daemon (its pty host is no child
+    the daemon ends), so the test ends the daemon's whole tree itself, and the adoption with it."""
+    version = "2.1.332"  # 2.1.250 has no background sessions
+    claude = require_harness("claude", version)
+    home, work, _ = claude_seat(tmp_path)
+    catalog = home / ".local" / "state" / "hctx"
+    record_path = catalog / "agents" / HOST / work.name / "harness-context"
+    claim_path = record_path.with_name("harness-state")
+    prompt = "Background turn usage=2001,8000,10000,111"
+    server: FakeMessages
+    async with fake_messages() as server:
+        env = live_env(home, server, version)
+        assert hctx(env, "setup", "claude").returncode == 0
+        await trio.run_process([*claude, "--model", MODEL, "--bg", prompt], cwd=work, env=env, capture_stdout=True,
+                               capture_stderr=True, check=False)  # fmt: skip
+        daemon = await wait_for("Claude's daemon", lambda: (json_of(home / ".claude" / "daemon.status.json") or {})
+                                .get("supervisorPid"))  # fmt: skip
+        try:
+            turn = lambda: (r := read_record(record_path)) and r["usedTokens"] == 20001 and r  # noqa: E731
+            reading = await wait_for("the background session's record", turn)
+            assert (reading["windowTokens"], reading["usedPercent"]) == (WINDOW, 10)
+            claim = json_of(claim_path)
+            assert claim is not None and claim["adopted"] is True
+        finally:
+            await _end_tree(daemon)
+        await wait_for("the adopted claim stopped with the session",
+                       lambda: (json_of(claim_path) or {}).get("desiredState") == "stopped")  # fmt: skip
+        await wait_for("no process of hctx left", lambda: not ours(catalog))
+
+
+def _descendants(root: int) -> list[int]:
+    """`root` and every process below it, parents first (a /proc scan)."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (stat := proc_stat(int(entry))) is not None:
+            parents[int(entry)] = stat.parent
+    tree = [root]
+    for pid in tree:
+        tree += [child for child, parent in parents.items() if parent == pid]
+    return tree
+
+
+async def _end_tree(root: object) -> None:
+    """Claude's daemon this test started, and everything it started: SIGTERM, then SIGKILL."""
+    assert isinstance(root, int)
+    tree = _descendants(root)
+    for signum in (signal.SIGTERM, signal.SIGKILL):
+        for pid in reversed(tree):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+        for _ in range(50):  # 5 s
+            if all(pid_gone(pid) for pid in tree):
+                break
+            await trio.sleep(0.1)
