@@ -255,13 +255,14 @@ def test_a_session_in_the_shared_background_daemon_is_not_adopted() -> None:
         daemon.wait()
 
 
-def test_a_wrapped_seats_hook_adopts_nothing() -> None:
+@pytest.mark.parametrize("guard", ["HCTX_CHANNEL", "HCTX_NO_ADOPT"])
+def test_a_wrapped_seats_hook_adopts_nothing(guard: str) -> None:
     read, write = os.pipe()
     os.write(write, (FIXTURES / "session-start-0.151.0-exec-startup.json").read_bytes())
     os.close(write)
     try:
-        # It would exec the adopter (and not return) if it went on; it returns, stdin unread.
-        assert hook_main(read, {"HCTX_CHANNEL": "/run/hctx/channel"}) == 0
+        # It would start the adopter (and redirect this process's stdio) if it went on; it returns, stdin unread.
+        assert hook_main(read, {guard: "/run/hctx/channel" if guard == "HCTX_CHANNEL" else "1"}) == 0
         assert os.read(read, 10) != b""
     finally:
         os.close(read)

@@ -53,6 +53,7 @@ from guard.errors import HctxError, JsonRefused
 from guard.files import read_bounded
 from guard.json_rule import loads_object
 from guard.procs import proc_stat
+from sidecar.adoption import ADOPT_ENV_GUARDS
 from sidecar.setup_plan import BuildPoint, HarnessSetup, SetupRefused, UserFile, adopt_command
 
 __all__ = [
@@ -66,7 +67,6 @@ __all__ = [
     "HOOK_TIMEOUT_S",
     "MAX_FILE_BYTES",
     "MAX_PAYLOAD_BYTES",
-    "WRAPPED_ENV",
     "HooksJsonEdit",
     "SessionStart",
     "TrustEdit",
@@ -92,7 +92,6 @@ MAX_FILE_BYTES: Final = 1 << 20
 MAX_PAYLOAD_BYTES: Final = 1 << 20
 # What the hook's command holds, so hctx's own entry is found again (an older interpreter's too).
 _MARK: Final = f"-m {HOOK_MODULE}"
-WRAPPED_ENV: Final = "HCTX_CHANNEL"  # a wrapped seat's: it publishes this session already
 ADOPT_LOG: Final = "adopt.log"  # wrapper.launch.adopt.ADOPT_LOG (the sidecar side imports no wrapper module)
 
 BUILDS: Final = (
@@ -409,14 +408,15 @@ def note(message: str) -> None:
 
 
 def hook_main(stdin: int = 0, environ: Mapping[str, str] = os.environ) -> int:
-    """The SessionStart hook: adopt the session unless a wrapped seat already publishes it.
+    """The SessionStart hook: adopt the session unless a wrapped seat already publishes it (or
+    HCTX_NO_ADOPT keeps it plain: `sidecar.adoption.ADOPT_ENV_GUARDS`).
 
     Always exits 0 with nothing on stdout (a SessionStart hook's stdout becomes model context in
     Codex); the adopting wrapper runs in a child of the hook's own and logs its own errors, its stdio
     /dev/null, so Codex, which waits for the hook and its pipes, is not held by it.
     """
-    if WRAPPED_ENV in environ:
-        return 0  # `hctx wrap` started this codex: the wrapped seat publishes it
+    if any(environ.get(name) for name in ADOPT_ENV_GUARDS):
+        return 0  # `hctx wrap` started this codex (the wrapped seat publishes it), or it is to stay plain
     payload = decode_session_start(_read_payload(stdin))
     if isinstance(payload, str):
         note(f"not adopting: {payload}")
