@@ -359,6 +359,33 @@ def test_the_tee_adopts_the_claude_that_ran_it_and_hands_over_its_first_frame(se
     wait_for(lambda: not ours(seat.catalog), what="no process left")
 
 
+# A session over within a second (a short `codex exec`): it exits once its adopter holds the lock,
+# before the resident that adopter becomes has looked at it.
+BRIEF_CLAUDE = r"""
+import os, subprocess, sys, time
+from sidecar.adoption import LOCK_NAME, adoption_dir, process_start_ticks
+subprocess.run(["/bin/sh", "-c", sys.argv[1]], input=sys.stdin.buffer.read(), capture_output=True)
+lock = os.path.join(adoption_dir(os.getpid(), process_start_ticks(os.getpid())), LOCK_NAME)
+deadline = time.monotonic() + 60
+while not os.path.exists(lock) and time.monotonic() < deadline:
+    time.sleep(0.001)
+"""
+
+
+def test_a_session_over_before_its_resident_looked_still_gets_its_record(seat: Seat) -> None:
+    env = seat.env | {"ST_CLAUDE_STATUSLINE_RENDERER": "printf drawn"}
+    claude = subprocess.Popen([sys.executable, "-c", BRIEF_CLAUDE, tee_command("statusline")], cwd=seat.work,
+                              env=env, stdin=subprocess.PIPE)  # fmt: skip
+    seat.started.append(claude)
+    claude.communicate(PAYLOAD, timeout=60)
+    record = seat.claim_path("proj").with_name("harness-context")
+    reading = wait_for(lambda: record.exists() and json.loads(record.read_text()),
+                       what=f"the record of a session already over; log: {seat.adopt_log()}")  # fmt: skip
+    assert (reading["usedTokens"], reading["windowTokens"]) == (100005, 1000000)  # the handed-over frame's
+    wait_for(lambda: seat.claim("proj")["desiredState"] == "stopped", what="the claim stopped")  # type: ignore[index]
+    wait_for(lambda: not ours(seat.catalog), what="no process left")
+
+
 # --- the mark, in every reader ------------------------------------------------------------------
 
 

@@ -226,6 +226,9 @@ def adopt(harness: str, pid: int, cwd: Path | None, hints: Mapping[str, str], pe
 
     try:
         start = check_process(pid)
+        # Read while P is surely there: a session over within a second (a short `codex exec`) may be
+        # gone by the claim, and is still adopted, its sidecar reading what it left.
+        where = cwd if cwd is not None else Path(os.readlink(f"/proc/{pid}/cwd"))
         channel = adoption_channel(pid, start)
         if len(os.fsencode(channel)) > MAX_SOCKET_PATH:
             raise AdoptRefused(f"its channel path {channel} is too long for a unix socket; set XDG_RUNTIME_DIR shorter")
@@ -245,8 +248,8 @@ def adopt(harness: str, pid: int, cwd: Path | None, hints: Mapping[str, str], pe
         return 1
     try:
         catalog = default_catalog_origin()[0].absolute()
-        return _claim_and_watch(harness, pid, start, cwd, hints, pending, catalog, default_host(), directory, channel,
-                                lock_fd)  # fmt: skip
+        return _claim_and_watch(harness, pid, start, where, hints, pending, catalog, default_host(), directory,
+                                channel, lock_fd)  # fmt: skip
     except (OSError, HctxError) as exc:
         _log(f"not adopting {harness} pid {pid}: {exc}")
         _mark_refused(directory, str(exc))
@@ -274,7 +277,7 @@ def _claim_and_watch(
     harness: str,
     pid: int,
     start: int,
-    cwd: Path | None,
+    where: Path,
     hints: Mapping[str, str],
     pending: bytes,
     catalog: Path,
@@ -290,7 +293,6 @@ def _claim_and_watch(
     from wrapper.launch.resident import Adoption, Spec
 
     spec_for(harness)  # UnknownHarness, naming the known ones
-    where = cwd if cwd is not None else Path(os.readlink(f"/proc/{pid}/cwd"))
     plan = adopted_plan(harness, pid, where, hints)
     taken: set[str] = set()
     while True:
