@@ -142,9 +142,9 @@ def setup_module(harness: str) -> SetupModule | None:
     sidecar.setup_plan.HarnessSetup`), or None when it has none: no user-level extension point was
     measured for it. A module that exists but fails to import raises, as any broken module does."""
     spec = spec_for(harness)
-    if importlib.util.find_spec(f"{spec.package}.setup") is None:
+    if importlib.util.find_spec(f"{spec.package}.{spec.setup}") is None:
         return None
-    return cast("SetupModule", spec.module("setup"))
+    return cast("SetupModule", spec.module(spec.setup))
 
 
 def programs() -> dict[str, Harness]:
