@@ -117,6 +117,11 @@ class HarnessState(WireModel):
     # first reading (a harness may write none until its first token usage). Null where none is stated;
     # one that does not read is null too, never a reason to refuse the claim.
     account: Annotated[Account | None, BeforeValidator(lambda value: optional_model(Account, value))] = None
+    # Additive (issue 36): the harness was not launched by this wrapper but adopted after its own
+    # start (`hctx adopt`, run by a hook `hctx setup` installed); its "wrapper" is the adopting
+    # resident, which watches the harness and never signals it. False for a wrapped seat, and in
+    # claims written before it existed.
+    adopted: Annotated[bool, Field(strict=True)] = False
 
     def to_json(self) -> str:
         return self.model_dump_json(by_alias=True) + "\n"
@@ -166,6 +171,8 @@ def new_claim(
     pid: int,
     previous: HarnessState | None,
     identity: str | None = None,
+    *,
+    adopted: bool = False,
 ) -> HarnessState:
     """The next claim, carrying the previous ones (newest first) so a crash loop stays visible."""
     history = [] if previous is None else [previous.claim(), *previous.history]
@@ -179,6 +186,7 @@ def new_claim(
         desired_state="running",
         history=history[:CLAIM_HISTORY_LIMIT],
         wrapper_identity=identity,
+        adopted=adopted,
     )
 
 
@@ -220,20 +228,21 @@ def claim_agent(
     locked: bool,
     relaunch_of: str | None = None,
     takeover: bool = False,
+    adopted: bool = False,
 ) -> HarnessState:
     """A fresh incarnation claimed under the state lock, then the old record removed.
 
     `locked`: the caller holds the agent's wrapper lock (`AgentLock`), so no other wrapper runs it,
     whatever a claim on disk says; without it the claim is refused with ClaimHeld, unless this is a
     takeover. A relaunch (`relaunch_of`, the incarnation it follows) is refused once the claim is
-    another's: it was taken over."""
+    another's: it was taken over. `adopted`: the claim of an adopted harness (see HarnessState)."""
     with state_locked(agent) as previous:
         if relaunch_of is not None:
             if previous is None or previous.incarnation != relaunch_of:
                 raise ClaimHeld(previous)
         elif not locked and not takeover:
             raise ClaimHeld(previous)
-        state = new_claim(agent, harness, incarnation, now_ms, pid, previous, process_identity(pid))
+        state = new_claim(agent, harness, incarnation, now_ms, pid, previous, process_identity(pid), adopted=adopted)
         write_state(agent, state)
         remove_context(agent)
     return state

@@ -38,6 +38,7 @@ __all__ = [
     "ConfigError",
     "HarnessSpec",
     "ModelWindows",
+    "NotAdoptable",
     "RecordingError",
     "Stream",
     "Streams",
@@ -63,6 +64,11 @@ class RecordingError(Unavailable):
 
 class ConfigError(Unusable):
     """A transport's address or config is unusable."""
+
+
+class NotAdoptable(Unusable):
+    """The harness has no way to be adopted (its launch plan defines no `adopted`), or this process
+    cannot be (issue 36: `hctx adopt`)."""
 
 
 class ChannelPathError(Unusable):

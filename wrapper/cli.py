@@ -34,6 +34,7 @@ __all__ = [
 COMMAND_MODULES = (
     "wrapper.record",
     "wrapper.launch.command",
+    "wrapper.launch.adopt",
     "wrapper.demo",
     "wrapper.readers.reader_commands",
     "wrapper.readers.status",
@@ -48,6 +49,7 @@ COMMAND_HOMES: Mapping[str, str] = {
     "schema": "wrapper.record",
     "replay": "wrapper.record",
     "wrap": "wrapper.launch.command",
+    "adopt": "wrapper.launch.adopt",
     "demo": "wrapper.demo",
     "agents": "wrapper.readers.reader_commands",
     "accounts": "wrapper.readers.reader_commands",
@@ -73,7 +75,7 @@ def command_modules(names: Sequence[str] = COMMAND_MODULES) -> list[ModuleType]:
 # registered is skipped.
 COMMAND_ORDER = (
     "demo", "wrap", "agents", "accounts", "cache", "status", "top", "doctor", "inspect", "watch", "metrics", "web",
-    "scan", "replication", "replay", "schema",
+    "scan", "replication", "adopt", "replay", "schema",
 )  # fmt: skip
 
 
