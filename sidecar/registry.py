@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from guard.record import Harness
     from sidecar.launching import LaunchModule, LaunchPlan
     from sidecar.setup_plan import SetupModule
+    from sidecar.setup_state import SetupState
 
 __all__ = [
     "BUILT_IN",
@@ -61,6 +62,7 @@ __all__ = [
     "programs",
     "rescan",
     "setup_module",
+    "setup_state",
     "spec_for",
     "teardown",
     "transcript_readers",
@@ -161,6 +163,20 @@ def setup_module(harness: str) -> SetupModule | None:
     if importlib.util.find_spec(f"{spec.package}.{spec.setup}") is None:
         return None
     return cast("SetupModule", spec.module(spec.setup))
+
+
+def setup_state(harness: str, home: Path, environ: Mapping[str, str]) -> SetupState | None:
+    """Whether the harness's setup is in place and current, not set up, or stale (`hctx doctor`);
+    None when it has no setup module or is not installed."""
+    module = setup_module(harness)
+    if module is None:
+        return None
+    plan = module.setup(home, environ)
+    if not plan.installed or not plan.edits:
+        return None
+    from sidecar.setup_state import setup_state as state_of
+
+    return state_of(plan)
 
 
 def programs() -> dict[str, Harness]:

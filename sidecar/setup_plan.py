@@ -1,5 +1,5 @@
 """What a harness's setup module builds for `hctx setup` (issue 36): the kernel types (the standard
-library and guard.errors only).
+library and guard's JSON rule only).
 
 `hctx setup` arranges, through each harness's own user-level extension point (a settings file, a
 hooks file, an extension or plugin directory), that a session started without `hctx wrap` adopts
@@ -19,16 +19,20 @@ code that writes. The engine applies a plan's edits in their order.
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Protocol
+from typing import Any, Protocol
 
-from guard.errors import Refused
+from guard.errors import JsonRefused, Refused
+from guard.json_rule import loads
 
 __all__ = [
     "ADOPT_MODULE",
+    "MAX_JSON_DEPTH",
+    "MAX_USER_FILE_BYTES",
     "BuildPoint",
     "Edit",
     "HarnessSetup",
@@ -36,8 +40,12 @@ __all__ = [
     "SetupRefused",
     "UserFile",
     "adopt_command",
+    "json_bytes",
+    "json_object",
 ]
 
+# The largest user file setup reads: settings are kilobytes; a file past this is refused, not read.
+MAX_USER_FILE_BYTES = 1024 * 1024
 # What every adoption trigger runs (`adopt_command`): the adopting wrapper (issue 36).
 ADOPT_MODULE = "wrapper.launch.adopt"
 
@@ -108,3 +116,43 @@ def adopt_command(harness: str, *args: str) -> list[str]:
     """What a hook/extension/plugin runs to adopt its session: this interpreter by absolute path
     (harnesses run hooks with whatever PATH they have), isolated (`-I`)."""
     return [sys.executable, "-I", "-m", ADOPT_MODULE, "--harness", harness, *args]
+
+
+# --- JSON user files: what every JSON edit reads and writes -------------------------------------
+
+# No harness's settings nest anywhere near this; a file that does is refused rather than walked
+# (json.dumps recurses, and a few hundred levels exhaust its stack).
+MAX_JSON_DEPTH = 64
+
+
+def _depth(value: object) -> int:
+    deepest, pending = 0, [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth)
+            if depth <= MAX_JSON_DEPTH:
+                pending += [(child, depth + 1) for child in (item.values() if isinstance(item, dict) else item)]
+    return deepest
+
+
+def json_object(data: bytes | None, shown: Path) -> dict[str, Any]:
+    """The JSON object the user file `shown` holds, read by the one JSON rule (`guard.json_rule`: a
+    byte-order mark, NaN, a lone surrogate refused); {} when it is absent or blank. SetupRefused,
+    saying why, for anything else."""
+    if data is None or not data.strip():
+        return {}
+    try:
+        value = loads(data)
+    except JsonRefused as exc:
+        raise SetupRefused(f"{shown} is not JSON hctx will edit: {exc}") from None
+    if not isinstance(value, dict):
+        raise SetupRefused(f"{shown} holds a JSON {type(value).__name__}, not an object")
+    if _depth(value) > MAX_JSON_DEPTH:
+        raise SetupRefused(f"{shown} nests deeper than {MAX_JSON_DEPTH} levels")
+    return value
+
+
+def json_bytes(value: Mapping[str, Any]) -> bytes:
+    """How setup writes a JSON user file: 2-space indented, UTF-8, one trailing newline."""
+    return (json.dumps(value, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
