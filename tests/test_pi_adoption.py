@@ -23,11 +23,12 @@ from typing import Any
 import pytest
 import trio
 
-from sidecar.adoption import adoption_channel, make_adoption_dir, process_start_ticks
+from sidecar.adoption import ADOPT_ENV_GUARDS, adoption_channel, process_start_ticks
 from sidecar.harnesses.pi.setup import loader_source
 from tests.conftest import REPO
 from tests.fakes.pi_channel import recording_channel
 from tests.harnesses import harness_prefix, require_harness
+from wrapper.launch.adopt import make_adoption_dir
 
 ASSET = REPO / "sidecar" / "harnesses" / "pi" / "hctx-channel.ts"
 DRIVER = REPO / "tests" / "fakes" / "pi_extension_driver.mjs"
@@ -182,6 +183,20 @@ async def test_hctx_moved_away_never_breaks_the_session(
     assert summary["threw"] == [] and result.stderr == b""
     # Without the extension the loader registers nothing; with it, every handler is in place.
     assert (summary["registered"] == []) == (gone == "extension")
+    assert _adoptions(short_dir) == []
+
+
+@pytest.mark.parametrize(("loader", "harness", "version"), [LOADERS[0], LOADERS[2]], ids=[IDS[0], IDS[2]])
+async def test_a_session_kept_plain_is_left_alone(loader: str, harness: str, version: str, short_dir: Path) -> None:
+    """HCTX_NO_ADOPT (one of sidecar.adoption's guards beside HCTX_CHANNEL): no adopter, no handler."""
+    assert set(ADOPT_ENV_GUARDS) == {"HCTX_CHANNEL", "HCTX_NO_ADOPT"}  # the list the extension mirrors
+    runtime, jiti = _runtime(loader, harness, version)
+    argv = [runtime, os.fspath(DRIVER), os.fspath(_adopting_loader(short_dir)), "populated", "pi", *jiti]
+    with trio.fail_after(RUN_TIMEOUT_S):
+        result = await trio.run_process(
+            argv, env=_env(short_dir, HCTX_NO_ADOPT="1"), capture_stdout=True, capture_stderr=True
+        )
+    assert _summary(result.stdout) == {"registered": [], "threw": []} and result.stderr == b""
     assert _adoptions(short_dir) == []
 
 

@@ -339,6 +339,8 @@ export function adoptionChannel(pid: number, startTicks: number, env: Record<str
 // for each subagent session, pi on /reload): the adopter's own lock would refuse a second one, this
 // spares starting it.
 const ADOPTER_STARTED = Symbol.for("hctx.adopterStarted");
+// Set in the environment of a process nothing adopts (as in sidecar/adoption.py).
+export const ADOPT_ENV_GUARDS = [CHANNEL_ENV, "HCTX_NO_ADOPT"];
 
 function startAdopter(command: string[], pid: number, cwd: string, host: string): void {
 	const state: any = globalThis;
@@ -360,7 +362,8 @@ function startAdopter(command: string[], pid: number, cwd: string, host: string)
 // What the loader `hctx setup` placed calls: `commands` maps each harness to its adopting command
 // (`sidecar.setup_plan.adopt_command(harness)`, without --pid and --cwd, which this process adds).
 export function adopt(pi: any, commands: Record<string, string[]>): void {
-	if (attempt(() => process.env[CHANNEL_ENV])) return; // a wrapped seat: the `--extension` load reports
+	// A wrapped seat (the `--extension` load reports) or one kept plain: sidecar/adoption.py's ADOPT_ENV_GUARDS.
+	if (ADOPT_ENV_GUARDS.some((name) => attempt(() => process.env[name]))) return;
 	const pid = process.pid;
 	const start = processStartTicks(pid);
 	const host = hostHarness();
