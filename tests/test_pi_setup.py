@@ -14,7 +14,7 @@ import pytest
 
 from sidecar import registry
 from sidecar.harnesses.pi import launch
-from sidecar.harnesses.pi.setup import LOADER_MARK, agent_dir, loader_source, setup_for
+from sidecar.harnesses.pi.setup import LOADER, LOADER_MARK, agent_dir, loader_source, setup_for
 from sidecar.setup_plan import SetupRefused, adopt_command
 
 HOME = Path("/home/someone")
@@ -128,3 +128,40 @@ def test_the_adopted_plan_spawns_nothing_for_the_harness_the_hint_names(harness:
 def test_an_adoption_without_the_harness_hint_is_refused_with_the_reason(hints: dict[str, str], tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"needs the hint harness=pi\|omp"):
         launch.adopted(4242, tmp_path, hints)
+
+
+def _tree(root: Path) -> dict[str, bytes | None]:
+    """Every file (bytes) and directory (None) under root."""
+    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob("*"))}
+
+
+@pytest.mark.parametrize("harness", ["pi", "omp"])
+def test_through_the_engine_setup_twice_is_once_and_undo_is_byte_equal(harness: str, tmp_path: Path) -> None:
+    """`hctx setup`'s own engine over the plan: the user's extension and settings never touched, the
+    loader placed once, and --undo leaves the agent directory exactly as it was (the extensions
+    folder setup had to create removed with it)."""
+    from wrapper.launch.userfiles import apply_setup, undo_setup
+
+    home, journal = tmp_path / "home", tmp_path / "journal"
+    root = agent_dir(harness, home, {})  # type: ignore[arg-type]
+    root.mkdir(parents=True)
+    (root / "settings.json").write_bytes(b'{"compaction": {"enabled": true}}\n')
+    plan = setup_for(harness, home, {})  # type: ignore[arg-type]
+    before = _tree(home)
+    apply_setup(plan, journal)
+    once = _tree(home)
+    assert set(once) - set(before) == {f"{root.relative_to(home)}/extensions", f"{root.relative_to(home)}/{LOADER}"}
+    apply_setup(plan, journal)
+    assert _tree(home) == once
+    undo_setup(plan, journal)
+    assert _tree(home) == before
+
+    # With the user's own extension already in the folder: it is kept as it is, before and after.
+    extensions = root / "extensions"
+    extensions.mkdir()
+    (extensions / "mine.ts").write_bytes(b"export default function (pi: any) {}\n")
+    before = _tree(home)
+    apply_setup(plan, journal)
+    assert {name: data for name, data in _tree(home).items() if name in before} == before
+    undo_setup(plan, journal)
+    assert _tree(home) == before
