@@ -161,6 +161,32 @@ async def test_a_wrapped_seat_that_loads_the_extension_twice_reports_once_and_ad
 
 
 @pytest.mark.parametrize(("loader", "harness", "version"), [LOADERS[0], LOADERS[2]], ids=[IDS[0], IDS[2]])
+async def test_every_binding_in_a_process_shares_one_socket(
+    loader: str, harness: str, version: str, short_dir: Path
+) -> None:
+    """omp binds the extension anew to each `task` child: all of a process's bindings write to one
+    socket, so a child's frames and the parent's `async-result` naming it finished keep their order."""
+    runtime, jiti = _runtime(loader, harness, version)
+    twice = short_dir / "twice.ts"
+    twice.write_text(
+        f"import channel from {json.dumps(os.fspath(ASSET))};\n"
+        "export default function (pi: any) {\n\tchannel(pi);\n\tchannel(pi);\n}\n"
+    )
+    channel_path = short_dir / "wrapped.sock"
+    async with recording_channel(channel_path) as recording:
+        with trio.fail_after(RUN_TIMEOUT_S):
+            result = await trio.run_process(
+                [runtime, os.fspath(DRIVER), os.fspath(twice), "populated", "pi", *jiti],
+                env=_env(short_dir, HCTX_CHANNEL=os.fspath(channel_path)), capture_stdout=True,
+            )  # fmt: skip
+        await trio.sleep(0.05)
+    assert _summary(result.stdout)["threw"] == []
+    events = [frame["event"] for _, frame in recording.frames]
+    assert events == [event for event in PI_EVENTS for _ in range(2)]  # both bindings report, in order
+    assert recording.connections == 1
+
+
+@pytest.mark.parametrize(("loader", "harness", "version"), [LOADERS[0], LOADERS[2]], ids=[IDS[0], IDS[2]])
 @pytest.mark.parametrize("gone", ["adopter", "extension"])
 async def test_hctx_moved_away_never_breaks_the_session(
     loader: str, harness: str, version: str, gone: str, short_dir: Path

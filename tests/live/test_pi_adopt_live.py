@@ -28,10 +28,11 @@ from guard.layout import AgentDir, default_host
 from guard.state import read_state
 from sidecar.harnesses.pi.setup import LOADER, agent_dir
 from tests.fakes.pi_model import fake_model
-from tests.harnesses import require_harness
+from tests.harnesses import HARNESS_VERSIONS, require_harness
 from tests.live.test_pi_live import (
     BUILDS,
     USER_EXTENSION,
+    WINDOW,
     Catalog,
     Run,
     _isolated_env,
@@ -175,3 +176,36 @@ async def test_a_plain_session_after_setup_has_the_wrapped_sessions_record(
     # (the harness writes files of its own beside them, auth.json and the like: those are its own)
     after = _user_files(agent_home)
     assert {name: after.get(name) for name in before} == before and not loader.exists()
+
+
+@pytest.mark.parametrize("version", HARNESS_VERSIONS["omp"])
+async def test_an_adopted_omps_subagent_rows_are_each_childs_own_reading(version: str, short_tmp: Path) -> None:
+    """omp binds the extension anew to each `task` child in the same process: adopted, as wrapped
+    (tests/live/test_subagents_live.py), each child's row is its own reading, the parent's never a
+    child's, and the one adopter of the process serves them all."""
+    from tests.live.test_subagents_live import OMP_CHILD_TOKENS, OMP_CHILDREN, OMP_ONCE, OMP_PARALLEL, omp_finished
+
+    command = require_harness("omp", version)
+    home = short_tmp / "home"
+    work = short_tmp / WORK
+    work.mkdir(parents=True)
+    catalog_root = short_tmp / "catalog"
+    env = _plain_env("omp", version, home, catalog_root)
+    async with fake_model() as model:
+        write_config(agent_dir("omp", home, {}), model)
+        code, out, err = await _hctx(env, "setup", "omp")
+        assert code == 0, err + out
+        run = Run("omp", command, env, work, Catalog(catalog_root, agent=WORK, host=default_host()), adopted=True)
+        async with wrapped(run, "omp") as rpc:
+            await rpc.turn(OMP_PARALLEL)
+            await run.catalog.settles(omp_finished(2), "both parallel children finished")
+            await rpc.idle()
+            await rpc.turn(OMP_ONCE)
+            final = await run.catalog.settles(omp_finished(3), "the single child finished too")
+            await rpc.idle()
+    assert {row.id: row.used_tokens for row in final.subagents} == OMP_CHILDREN
+    assert all((row.state, row.window_tokens) == ("finished", WINDOW) for row in final.subagents)
+    writes = run.catalog.writes()
+    assert writes and not {write["usedTokens"] for write in writes} & OMP_CHILD_TOKENS, writes
+    (agent,) = await _agents(env, catalog_root)
+    assert agent["identity"] == WORK

@@ -309,10 +309,28 @@ class Channel {
 	}
 }
 
+// One socket per channel path in a process, however many times the extension is bound in it: omp
+// binds it anew to each `task` child's session (measured on 18.1.16 and 18.2.3), and frames on one
+// socket arrive in the order they were sent. A child's last `running` frame on a socket of its own
+// could land after the parent's `async-result` naming it finished (seen once in five adopted runs
+// of omp 18.2.3), and its row would stay running.
+const CHANNELS = Symbol.for("hctx.channels");
+
+function channelFor(path: string, patientUntil?: number): Channel {
+	const state: any = globalThis;
+	const channels: Map<string, Channel> = state[CHANNELS] ?? (state[CHANNELS] = new Map());
+	let channel = channels.get(path);
+	if (channel === undefined) {
+		channel = new Channel(path, patientUntil);
+		channels.set(path, channel);
+	}
+	return channel;
+}
+
 export default function hctxChannel(pi: any): void {
 	const path = attempt(() => process.env[CHANNEL_ENV]);
 	if (!path) return; // not launched by `hctx wrap`: stay inert (the setup loader's `adopt` is the other way in)
-	report(pi, new Channel(path));
+	report(pi, channelFor(path));
 }
 
 // --- adoption (issue 36) -------------------------------------------------------------------------
@@ -369,7 +387,7 @@ export function adopt(pi: any, commands: Record<string, string[]>): void {
 	const host = hostHarness();
 	const command = attempt(() => commands[host]);
 	if (start === null || !Array.isArray(command) || command.length === 0) return;
-	const channel = new Channel(adoptionChannel(pid, start, process.env), Date.now() + ADOPTION_PATIENCE_MS);
+	const channel = channelFor(adoptionChannel(pid, start, process.env), Date.now() + ADOPTION_PATIENCE_MS);
 	let started = false;
 	attempt(() =>
 		pi.on("session_start", (_payload: any, ctx: any) => {
