@@ -160,7 +160,11 @@ def setup_module(harness: str) -> SetupModule | None:
     sidecar.setup_plan.HarnessSetup`), or None when it has none: no user-level extension point was
     measured for it. A module that exists but fails to import raises, as any broken module does."""
     spec = spec_for(harness)
-    if importlib.util.find_spec(f"{spec.package}.{spec.setup}") is None:
+    try:
+        found = importlib.util.find_spec(f"{spec.package}.{spec.setup}")
+    except ModuleNotFoundError:  # its package is a plain module (or gone): nothing inside it
+        return None
+    if found is None:
         return None
     return cast("SetupModule", spec.module(spec.setup))
 

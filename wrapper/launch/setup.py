@@ -54,6 +54,8 @@ def setup_one(harness: str, plan: HarnessSetup, *, dry_run: bool, undo: bool, jo
     try:
         if undo:
             for undone in undo_setup(plan, journal, dry_run=dry_run):
+                if undone.before is None and undone.after is None:
+                    continue  # no such file: nothing to say
                 if undone.after == undone.before:
                     _out(f"{harness}: {undone.file.path}: {undone.how}")
                 elif dry_run:

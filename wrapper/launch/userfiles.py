@@ -154,9 +154,16 @@ class _Journal:
 
 
 @contextlib.contextmanager
-def _journal(directory: Path) -> Iterator[_Journal]:
-    """The journal, held under its lock (concurrent setups and undos take turns) for the block."""
-    fd, _ = open_parent_within(directory, ("lock",), create=True)
+def _journal(directory: Path, *, create: bool) -> Iterator[_Journal]:
+    """The journal, held under its lock (concurrent setups and undos take turns) for the block; an
+    empty one, and nothing created, when there is none and not `create`."""
+    try:
+        fd, _ = open_parent_within(directory, ("lock",), create=create)
+    except FileNotFoundError:
+        if create:
+            raise
+        yield _Journal(-1, directory / JOURNAL_NAME)
+        return
     try:
         lock = os.open(_LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=fd)
         try:
@@ -229,8 +236,9 @@ def _key(file: UserFile) -> str:
 def apply_setup(setup: HarnessSetup, journal: Path | None = None) -> list[Change]:
     """Every edit of the plan in place, under the journal's lock; the changes (those that changed
     nothing included). SetupRefused (nothing written) when a file is refused."""
-    with _journal(journal or journal_dir()) as held:
-        changes = plan_changes(setup)  # under the lock: a concurrent setup's writes are seen
+    plan_changes(setup)  # a refusal before anything (the journal's directory too) is created
+    with _journal(journal or journal_dir(), create=True) as held:
+        changes = plan_changes(setup)  # again under the lock: a concurrent setup's writes are seen
         for change in changes:
             if not change.changes:
                 continue
@@ -265,7 +273,7 @@ class Undone:
 def undo_setup(setup: HarnessSetup, journal: Path | None = None, *, dry_run: bool = False) -> list[Undone]:
     """hctx's part out of each of the plan's files and of every file the journal holds for this
     harness. SetupRefused for a file it will not touch (nothing is written then)."""
-    with _journal(journal or journal_dir()) as held:
+    with _journal(journal or journal_dir(), create=False) as held:
         edits = {_key(edit.file): edit for edit in setup.edits}
         files = {key: edit.file for key, edit in edits.items()}
         for key, journaled in held.files.items():

@@ -19,12 +19,15 @@ settings.json from the journal.
 A wrapped seat under setup still works: the project's `.claude/settings.local.json` that `hctx wrap`
 renders beats the user file, its tee runs with `HCTX_CHANNEL` and records to the wrapped sidecar.
 Claude merges hooks across its settings files and runs an identical command once (measured below),
-so the wrapped seat's hooks are not doubled.
+so the wrapped seat's hooks are not doubled; its tee has `HCTX_CHANNEL`, so nothing adopts it.
 
-Measured (isolated HOME, fake Anthropic server on 127.0.0.1, 2026-12-05; tests/test_setup_claude.py
-repeats it): on 2.1.250 and 2.1.332 a plain `claude -p` run reads `$CLAUDE_CONFIG_DIR/settings.json`
-and runs its user-level SessionStart hook (the status line draws only in the interactive UI, which
-the live tests of adoption drive).
+Measured 2026-12-05 on the pinned 2.1.250 and 2.1.332 binaries (tests/live/test_setup_claude_live.py:
+isolated HOME, the fake Messages API on 127.0.0.1, Claude started plainly in tmux after `hctx setup
+claude`): Claude runs the user-level statusLine and SessionStart hook setup wrote (their frames
+reach `$HCTX_CHANNEL`), the tee draws the user's own line from hctx-renderers.json, the user's own
+SessionStart hook still runs once, and with a wrapped seat's `.claude/settings.local.json` holding
+the same commands the SessionStart hook runs once, not twice; `--undo` leaves settings.json
+byte-equal to before.
 """
 
 from __future__ import annotations
