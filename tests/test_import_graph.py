@@ -38,7 +38,7 @@ LADDER: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("guard", ("guard", "guard.*")),
     ("kernel", ("sidecar", "sidecar.names", "sidecar.framing", "sidecar.decoding", "sidecar.producer", "sidecar.held",
                 "sidecar.spec", "sidecar.transcripts", "sidecar.launching", "sidecar.setup_plan",
-                "sidecar.adoption", "sidecar.setup_state")),
+                "sidecar.setup_state", "sidecar.adoption")),
     ("harnesses", (HARNESSES, f"{HARNESSES}.*")),
     ("registry", ("sidecar.registry",)),
     ("runtime", ("sidecar.streams", "sidecar.pipeline", "sidecar.app", "sidecar.channel", "sidecar.logs",

@@ -244,7 +244,8 @@ def adopt(harness: str, pid: int, cwd: Path | None, hints: Mapping[str, str], pe
         return 1
     try:
         catalog = default_catalog_origin()[0].absolute()
-        return _claim_and_watch(harness, pid, start, cwd, hints, pending, catalog, default_host(), directory, channel)
+        return _claim_and_watch(harness, pid, start, cwd, hints, pending, catalog, default_host(), directory, channel,
+                                lock_fd)  # fmt: skip
     except (OSError, HctxError) as exc:
         _log(f"not adopting {harness} pid {pid}: {exc}")
         _mark_refused(directory, str(exc))
@@ -279,6 +280,7 @@ def _claim_and_watch(
     host: str,
     directory: str,
     channel: str,
+    adoption_lock: int,
 ) -> int:
     from guard.layout import AgentDir
     from guard.state import AgentLock, ClaimHeld
@@ -305,6 +307,9 @@ def _claim_and_watch(
     it.plan.teardown = False  # nothing was prepared in the working directory: nothing to undo
     _log(f"adopted {harness} pid {pid} as {host}/{agent.identity} (incarnation {incarnation})")
     lock_fd, lock_held = lock.across_exec()
+    # The adoption's flock goes along too (the same open file): one adopter per process for the
+    # resident's whole life. The resident never hands it on (its children get only what it keeps).
+    os.set_inheritable(adoption_lock, True)
     exec_resident(Spec(options.for_resident(), it, lock_fd, lock_held, adoption=Adoption(pid, start, pending)))
     raise AssertionError("unreachable: exec returned")  # pragma: no cover
 

@@ -50,6 +50,7 @@ from wrapper.readers.tint import (
 )
 
 __all__ = [
+    "ADOPTED_MARK",
     "AMBER_PERCENT",
     "PERCENT_DIGITS_LIMIT",
     "RAW_SHOWN_BYTES",
@@ -92,6 +93,7 @@ __all__ = [
     "render_inspection",
     "render_json_array",
     "reset_text",
+    "state_text",
     "subagent_cells",
     "subagent_label",
     "subagent_lines",
@@ -290,6 +292,15 @@ def render_agent_json(row: AgentRow, *, now: int | None = None, roster: Iterable
     return _encode(agent_wire(row, groups, _clock(now))) + "\n"
 
 
+ADOPTED_MARK = " (adopted)"
+
+
+def state_text(row: AgentRow) -> str:
+    """The DESIRED cell: the derived state, marked when the harness was adopted (issue 36), which
+    `agents`, `top` and the board show alike."""
+    return (row.desired_state or "-") + (ADOPTED_MARK if row.adopted else "")
+
+
 def render_agents(
     rows: list[AgentRow], *, colour: bool, now: int | None = None, roster: Iterable[AgentRow] | None = None
 ) -> str:
@@ -313,7 +324,7 @@ def render_agents(
             (row.host, None),
             (row.identity, None),
             (row.named_harness or "-", None),
-            (row.desired_state or "-", None),
+            (state_text(row), None),
             (ctx_text(context), None),
             (meter_text(context), fill_tint(context)),
             (headroom_text(context), None),
@@ -527,6 +538,8 @@ def claim_section(inspection: Inspection) -> list[str]:
     out.append(f"  claimedAtMs   {_ms_text(claim.claimed_at_ms)}")
     out.append(f"  wrapperPid    {claim.wrapper_pid}")
     out.append(f"  desiredState  {claim.desired_state} (as written; derived now: {row.desired_state})")
+    if claim.adopted:
+        out.append("  adopted       yes: started without `hctx wrap`; `hctx adopt` (wrapperPid) watches it")
     out.extend(_unobserved_text(claim.unobserved, "  "))
     out.append(f"  launches in the last hour: {inspection.launches_last_hour}")
     out.append(f"  history ({len(claim.history)} earlier claims, newest first):")
