@@ -144,7 +144,7 @@ async def test_a_plain_session_after_setup_has_the_wrapped_sessions_record(
 
         # Adopted, named as `hctx wrap` names it: one agent for the two plain sessions in turn.
         (agent,) = await _agents(env, catalog_root)
-        assert (agent["identity"], agent["harness"]) == (WORK, harness)
+        assert (agent["identity"], agent["harness"], agent.get("adopted")) == (WORK, harness, True)
         claim = read_state(AgentDir(catalog_root, catalog.host, WORK))
         assert claim is not None and claim.adopted is True
         # Its exit stopped it and left nothing of hctx running.
@@ -163,6 +163,7 @@ async def test_a_plain_session_after_setup_has_the_wrapped_sessions_record(
             expected = 9920 if harness == "pi" else 9600  # each harness's own numerator, as wrapped
             await wrapped_catalog.settles(lambda r: r.used_tokens == expected, "the wrapped turn")
             (seat,) = await _agents(env, wrapped_catalog.root)
+            assert "adopted" not in seat  # a wrapped agent's object is what it always was
             claim = read_state(AgentDir(wrapped_catalog.root, seat["host"], seat["identity"]))
             assert claim is not None and claim.adopted is False
         adoptions = short_tmp / "run" / f"hctx-{os.getuid()}"
@@ -208,4 +209,4 @@ async def test_an_adopted_omps_subagent_rows_are_each_childs_own_reading(version
     writes = run.catalog.writes()
     assert writes and not {write["usedTokens"] for write in writes} & OMP_CHILD_TOKENS, writes
     (agent,) = await _agents(env, catalog_root)
-    assert agent["identity"] == WORK
+    assert (agent["identity"], agent.get("adopted")) == (WORK, True)
