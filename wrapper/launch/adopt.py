@@ -125,7 +125,8 @@ def parse_hints(words: Sequence[str]) -> dict[str, str]:
 
 def check_process(pid: int) -> int:
     """P's start time, once P is seen to be this user's live process and not a wrapped seat's;
-    AdoptRefused otherwise. `_WRAPPED` stands down rather than refuses: see `adopt`."""
+    AdoptRefused otherwise; `_Wrapped` (one of them) for a wrapped seat's, where `adopt` stands down
+    without a word rather than refuses."""
     start = process_start_ticks(pid)
     if start is None:
         raise AdoptRefused(f"pid {pid} is not running")
