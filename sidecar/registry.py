@@ -161,12 +161,12 @@ def setup_module(harness: str) -> SetupModule | None:
     measured for it. A module that exists but fails to import raises, as any broken module does."""
     spec = spec_for(harness)
     try:
-        found = importlib.util.find_spec(f"{spec.package}.setup")
+        found = importlib.util.find_spec(f"{spec.package}.{spec.setup}")
     except ModuleNotFoundError:  # its package is a plain module (or gone): nothing inside it
         return None
     if found is None:
         return None
-    return cast("SetupModule", spec.module("setup"))
+    return cast("SetupModule", spec.module(spec.setup))
 
 
 def setup_state(harness: str, home: Path, environ: Mapping[str, str]) -> SetupState | None:

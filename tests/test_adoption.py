@@ -357,3 +357,55 @@ def test_the_tee_adopts_the_claude_that_ran_it_and_hands_over_its_first_frame(se
     claude.wait()
     wait_for(lambda: seat.claim("proj")["desiredState"] == "stopped", what="the claim stopped")  # type: ignore[index]
     wait_for(lambda: not ours(seat.catalog), what="no process left")
+
+
+# A session over within a second (a short `codex exec`): it exits once its adopter holds the lock,
+# before the resident that adopter becomes has looked at it.
+BRIEF_CLAUDE = r"""
+import os, subprocess, sys, time
+from sidecar.adoption import LOCK_NAME, adoption_dir, process_start_ticks
+subprocess.run(["/bin/sh", "-c", sys.argv[1]], input=sys.stdin.buffer.read(), capture_output=True)
+lock = os.path.join(adoption_dir(os.getpid(), process_start_ticks(os.getpid())), LOCK_NAME)
+deadline = time.monotonic() + 60
+while not os.path.exists(lock) and time.monotonic() < deadline:
+    time.sleep(0.001)
+"""
+
+
+def test_a_session_over_before_its_resident_looked_still_gets_its_record(seat: Seat) -> None:
+    env = seat.env | {"ST_CLAUDE_STATUSLINE_RENDERER": "printf drawn"}
+    claude = subprocess.Popen([sys.executable, "-c", BRIEF_CLAUDE, tee_command("statusline")], cwd=seat.work,
+                              env=env, stdin=subprocess.PIPE)  # fmt: skip
+    seat.started.append(claude)
+    claude.communicate(PAYLOAD, timeout=60)
+    record = seat.claim_path("proj").with_name("harness-context")
+    reading = wait_for(lambda: record.exists() and json.loads(record.read_text()),
+                       what=f"the record of a session already over; log: {seat.adopt_log()}")  # fmt: skip
+    assert (reading["usedTokens"], reading["windowTokens"]) == (100005, 1000000)  # the handed-over frame's
+    wait_for(lambda: seat.claim("proj")["desiredState"] == "stopped", what="the claim stopped")  # type: ignore[index]
+    wait_for(lambda: not ours(seat.catalog), what="no process left")
+
+
+# --- the mark, in every reader ------------------------------------------------------------------
+
+
+def test_every_reader_marks_an_adopted_agent_and_leaves_a_wrapped_one_as_it_was(tmp_path: Path) -> None:
+    from wrapper.readers.render import render_agents, render_agents_json
+    from wrapper.readers.roster import AgentRow, Roster
+    from wrapper.readers.top import render_frame
+    from wrapper.readers.web.board import row_view
+
+    now = 1_796_000_000_000
+    wrapped = AgentRow(host="h", identity="wrapped", harness="claude", desired_state="running", context=None)
+    plain = AgentRow(host="h", identity="plain", harness="claude", desired_state="running", context=None, adopted=True)
+    listed = {row["identity"]: row for row in json.loads(render_agents_json([wrapped, plain], now=now))}
+    assert listed["plain"]["adopted"] is True and "adopted" not in listed["wrapped"]
+    assert list(listed["wrapped"]) == ["host", "identity", "harness", "desiredState", "context", "accountRateLimits"]
+    table = render_agents([wrapped, plain], colour=False, now=now).splitlines()
+    assert "running (adopted)" in next(line for line in table if " plain " in line)
+    assert "adopted" not in next(line for line in table if " wrapped " in line)
+    frame = render_frame(Roster([wrapped, plain]), now, catalog=tmp_path, width=200, height=None, colour=False)
+    assert any("h/plain (adopted)" in line for line in frame) and not any("wrapped (adopted)" in line for line in frame)
+    assert (
+        row_view(plain, now, now)["state"] == "running (adopted)" and row_view(wrapped, now, now)["state"] == "running"
+    )

@@ -125,7 +125,8 @@ def parse_hints(words: Sequence[str]) -> dict[str, str]:
 
 def check_process(pid: int) -> int:
     """P's start time, once P is seen to be this user's live process and not a wrapped seat's;
-    AdoptRefused otherwise. `_WRAPPED` stands down rather than refuses: see `adopt`."""
+    AdoptRefused otherwise; `_Wrapped` (one of them) for a wrapped seat's, where `adopt` stands down
+    without a word rather than refuses."""
     start = process_start_ticks(pid)
     if start is None:
         raise AdoptRefused(f"pid {pid} is not running")
@@ -225,6 +226,9 @@ def adopt(harness: str, pid: int, cwd: Path | None, hints: Mapping[str, str], pe
 
     try:
         start = check_process(pid)
+        # Read while P is surely there: a session over within a second (a short `codex exec`) may be
+        # gone by the claim, and is still adopted, its sidecar reading what it left.
+        where = cwd if cwd is not None else Path(os.readlink(f"/proc/{pid}/cwd"))
         channel = adoption_channel(pid, start)
         if len(os.fsencode(channel)) > MAX_SOCKET_PATH:
             raise AdoptRefused(f"its channel path {channel} is too long for a unix socket; set XDG_RUNTIME_DIR shorter")
@@ -244,8 +248,8 @@ def adopt(harness: str, pid: int, cwd: Path | None, hints: Mapping[str, str], pe
         return 1
     try:
         catalog = default_catalog_origin()[0].absolute()
-        return _claim_and_watch(harness, pid, start, cwd, hints, pending, catalog, default_host(), directory, channel,
-                                lock_fd)  # fmt: skip
+        return _claim_and_watch(harness, pid, start, where, hints, pending, catalog, default_host(), directory,
+                                channel, lock_fd)  # fmt: skip
     except (OSError, HctxError) as exc:
         _log(f"not adopting {harness} pid {pid}: {exc}")
         _mark_refused(directory, str(exc))
@@ -273,7 +277,7 @@ def _claim_and_watch(
     harness: str,
     pid: int,
     start: int,
-    cwd: Path | None,
+    where: Path,
     hints: Mapping[str, str],
     pending: bytes,
     catalog: Path,
@@ -289,7 +293,6 @@ def _claim_and_watch(
     from wrapper.launch.resident import Adoption, Spec
 
     spec_for(harness)  # UnknownHarness, naming the known ones
-    where = cwd if cwd is not None else Path(os.readlink(f"/proc/{pid}/cwd"))
     plan = adopted_plan(harness, pid, where, hints)
     taken: set[str] = set()
     while True:

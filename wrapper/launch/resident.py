@@ -1557,12 +1557,18 @@ def watch_adopted(loop: Loop, session: Session, steps: Steps, it: Incarnation, a
     pidfd = _same_process(adoption.pid, adoption.start_ticks)
     try:
         if pidfd is None:
-            say(f"pid {adoption.pid} exited before its sidecar started")
-            return
-        loop.watch(pidfd, READ, lambda: gone.append(True))
+            # A session over before this resident came (a `codex exec` of a second): its sidecar
+            # still starts and drains, so what the harness left (its rollout, the trigger's first
+            # lines) is read once and the record written, as a wrapped seat's drain does.
+            say(f"pid {adoption.pid} exited before its sidecar started; reading what it left")
+            gone.append(True)
+        else:
+            loop.watch(pidfd, READ, lambda: gone.append(True))
         try:
             sidecars.start()
-            loop.run_until(lambda: sidecars.ready is not None or bool(gone) or session.stopped)
+            # Not cut short by the harness's exit: the trigger's first lines and what it left are
+            # still this sidecar's to read before it drains.
+            loop.run_until(lambda: sidecars.ready is not None or session.stopped)
         except OSError as exc:
             say(f"cannot start the sidecar ({exc.strerror or exc})")
         if sidecars.ready and adoption.pending and not send_lines(it.channel, adoption.pending):

@@ -94,8 +94,7 @@ def setup_lines(environ: Mapping[str, str]) -> list[str]:
             lines.append(f"setup: {harness}: in place and current ({state.detail})")
         elif state.state == "not set up":
             lines.append(
-                f"setup: {harness}: not set up: a session started without hctx wrap is not seen "
-                f"(hctx setup {harness})"
+                f"setup: {harness}: not set up: a session started without hctx wrap is not seen (hctx setup {harness})"
             )
         elif state.state == "stale":
             lines.append(
