@@ -6,7 +6,7 @@ Asserted: the adopting command it starts (the harness's pid, the bridge's URL, t
 bridge's event stream as the server's `/event` serves it (`server.connected` first, the events
 published before any stream was open kept and sent first, then the live ones); the config pulls
 answered through the plugin's client; another path refused; inert under a wrapped seat
-(HCTX_CHANNEL set); and a failed adopter costing the harness no wait at its exit.
+(HCTX_CHANNEL set) or HCTX_NO_ADOPT; and a failed adopter costing the harness no wait at its exit.
 """
 
 from __future__ import annotations
@@ -168,10 +168,12 @@ async def status_as_another_user(url: str) -> int:
     return int(done.stdout)
 
 
-async def test_the_plugin_is_inert_under_a_wrapped_seat(bun: list[str], tmp_path: Path) -> None:
+@pytest.mark.parametrize("guard", ["HCTX_CHANNEL", "HCTX_NO_ADOPT"])
+async def test_the_plugin_is_inert_under_a_wrapped_seat(bun: list[str], tmp_path: Path, guard: str) -> None:
+    """A wrapped seat (HCTX_CHANNEL) or a session kept plain (HCTX_NO_ADOPT=1): nothing started."""
     argv_file = tmp_path / "argv.jsonl"
     plugin = filled_plugin(tmp_path, [sys.executable, str(RECORDER)])
-    env = {"RECORD_ARGV": str(argv_file), "HCTX_CHANNEL": str(tmp_path / "channel.sock")}
+    env = {"RECORD_ARGV": str(argv_file), guard: str(tmp_path / "channel.sock") if guard == "HCTX_CHANNEL" else "1"}
     driven = await drive(bun, plugin, tmp_path, env)
     assert (await driven.line()) == {"hooks": []}
     await driven.end()

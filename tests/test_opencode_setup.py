@@ -10,6 +10,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 
 from sidecar import registry
+from sidecar.adoption import ADOPT_ENV_GUARDS
 from sidecar.harnesses.opencode import setup as opencode_setup
 from sidecar.harnesses.opencode.launch import adopted
 from sidecar.harnesses.opencode.producer import OpenCodeTransport
@@ -69,6 +70,12 @@ def test_the_plugin_carries_the_adopting_command_once() -> None:
     assert content.startswith(opencode_setup.MARK)
     asset = (Path(opencode_setup.__file__).parent / opencode_setup.ASSET_NAME).read_bytes()
     assert content.replace(json.dumps(command).encode(), b"[]") == asset  # nothing else changed
+
+
+def test_the_plugin_stands_down_under_the_adoption_guards() -> None:
+    """The plugin's guard list is the adopter's own (a wrapped seat, HCTX_NO_ADOPT)."""
+    asset = (Path(opencode_setup.__file__).parent / opencode_setup.ASSET_NAME).read_text()
+    assert f"const ENV_GUARDS: string[] = {json.dumps(list(ADOPT_ENV_GUARDS))};" in asset
 
 
 def test_an_interpreter_path_with_quotes_stays_one_string() -> None:

@@ -37,7 +37,7 @@
 // whole record.
 //
 // It adopts only when HCTX_CHANNEL is absent (a wrapped seat has its own sidecar: the wrapped seat
-// wins) and once per process (`opencode serve` loads plugins once per directory it serves; the
+// wins) and HCTX_NO_ADOPT is not set, and once per process (`opencode serve` loads plugins once per directory it serves; the
 // first directory is followed). It must never break or hold up the harness: every step fails open,
 // quietly, and nothing of it keeps the process alive.
 import { spawn } from "node:child_process";
@@ -46,7 +46,9 @@ import { readFileSync } from "node:fs";
 
 // `hctx setup` writes the adopting command here (sidecar.setup_plan.adopt_command); empty: inert.
 const ADOPT_COMMAND: string[] = []; // hctx: adopt command
-const CHANNEL_ENV = "HCTX_CHANNEL";
+// A wrapped seat's harness has HCTX_CHANNEL; HCTX_NO_ADOPT=1 keeps a session plain
+// (sidecar.adoption.ADOPT_ENV_GUARDS, which tests/test_opencode_setup.py holds this to).
+const ENV_GUARDS: string[] = ["HCTX_CHANNEL", "HCTX_NO_ADOPT"];
 const LOOPBACK = "127.0.0.1";
 const HEARTBEAT_MS = 10_000;
 // Events kept while no stream is open: the oldest go first beyond this.
@@ -293,7 +295,7 @@ function adopt(url: string, directory: string): void {
 }
 
 export const HctxAdopt = async (input: { client: any; directory: string }) => {
-	if (adopted || process.env[CHANNEL_ENV] || ADOPT_COMMAND.length === 0) return {};
+	if (adopted || ENV_GUARDS.some((name) => process.env[name]) || ADOPT_COMMAND.length === 0) return {};
 	adopted = true;
 	try {
 		const bridge = new Bridge(input.client);
