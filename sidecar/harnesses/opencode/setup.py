@@ -15,7 +15,9 @@ instance's directory, and `serverUrl` is `http://localhost:4096/`, a constant fa
 the server does not listen, which the plain TUI and `opencode run` never do; hence the plugin's own
 event bridge (see the asset's header). OpenCode itself, once a plugin file is there, writes a
 `package.json`, lock file and `node_modules` (its `@opencode-ai/plugin`) into that config directory;
-hctx's plugin imports nothing from it, and `--undo` leaves what OpenCode wrote.
+hctx's plugin imports nothing from it, and `--undo` leaves what OpenCode wrote. OpenCode waits
+for that install before loading any plugin: with the registry unreachable and no install done yet,
+an `opencode run` took 74 s instead of 3.1 s (1.18.33); after one online install, 2.0 s offline.
 """
 
 from __future__ import annotations
