@@ -22,7 +22,7 @@ import trio
 
 from guard.layout import AgentDir, default_host
 from guard.state import read_state
-from sidecar.adoption import adoption_dir
+from sidecar.adoption import adoption_dir, process_start_ticks
 from sidecar.launching import free_loopback_port
 from tests.fakes.opencode_model import OpenCodeFakeModel, opencode_fake_model
 from tests.harnesses import HARNESS_VERSIONS, require_harness
@@ -85,20 +85,21 @@ def agents_on(box: Box) -> dict[str, list[str]]:
     return {host.name: sorted(agent.name for agent in host.iterdir()) for host in root.iterdir()}
 
 
-async def assert_stopped_and_gone(box: Box, seat: AgentDir, harness_pid: int) -> None:
+def adoption_of(process: trio.Process) -> Path:
+    """The harness's adoption directory (`sidecar.adoption`), named while the harness runs."""
+    start = process_start_ticks(process.pid)
+    assert start is not None
+    return Path(adoption_dir(process.pid, start))
+
+
+async def assert_stopped_and_gone(box: Box, seat: AgentDir, adoption: Path) -> None:
     """The claim stopped, the resident and the sidecar gone, the adoption directory removed."""
     state = await wait_for(
-        "the claim stopped", lambda: (s := read_state(seat)) and s.desired_state != "running" and s, STOP_S
+        "the claim stopped", lambda: (s := read_state(seat)) and s.desired_state == "stopped" and s, STOP_S
     )
     assert state.adopted is True
     await wait_for("no process of hctx left", lambda: pid_gone(state.wrapper_pid) and not ours(box.catalog), STOP_S)
-    await wait_for("the adoption directory removed", lambda: not any(adoption_dirs(harness_pid)), STOP_S)
-
-
-def adoption_dirs(pid: int) -> list[Path]:
-    """The harness's adoption directories (one per start time of `pid`, `sidecar.adoption`)."""
-    parent = Path(adoption_dir(pid, 0)).parent
-    return list(parent.glob(f"adopt-{pid}-*")) if parent.is_dir() else []
+    await wait_for("the adoption directory removed", lambda: not adoption.exists(), STOP_S)
 
 
 async def test_a_plain_opencode_serve_is_adopted_and_recorded_as_a_wrapped_one(box: Box) -> None:
@@ -113,6 +114,7 @@ async def test_a_plain_opencode_serve_is_adopted_and_recorded_as_a_wrapped_one(b
         assert not any("hctx" in word or "wrapper" in word for word in argv)
         with (box.root / "serve.out").open("wb") as out:
             server = await trio.lowlevel.open_process(argv, env=env, cwd=box.workspace, stdout=out, stderr=out)
+        adoption = adoption_of(server)
         try:
             async with httpx.AsyncClient(
                 base_url=f"http://127.0.0.1:{port}", trust_env=False, timeout=TURN_S
@@ -139,7 +141,7 @@ async def test_a_plain_opencode_serve_is_adopted_and_recorded_as_a_wrapped_one(b
             assert (row["identity"], row["adopted"]) == (AGENT, True)
         finally:
             await stop(server)
-        await assert_stopped_and_gone(box, seat, server.pid)
+        await assert_stopped_and_gone(box, seat, adoption)
 
 
 async def test_a_plain_opencode_run_is_adopted(box: Box) -> None:
@@ -154,6 +156,7 @@ async def test_a_plain_opencode_run_is_adopted(box: Box) -> None:
             run = await trio.lowlevel.open_process(
                 [*box.command, "run", "first turn [[u:20000:100]]"], env=env, cwd=box.workspace, stdout=out, stderr=out
             )
+        adoption = adoption_of(run)
         with trio.fail_after(TURN_S):
             assert await run.wait() == 0, (box.root / "run.out").read_text(errors="replace")[-2000:]
         record = await wait_for(
@@ -163,7 +166,7 @@ async def test_a_plain_opencode_run_is_adopted(box: Box) -> None:
         assert (record.window_tokens, record.used_percent) == (WINDOW, 20100 * 100 / WINDOW)
         assert (record.compact_at_tokens, record.auto_compaction) == (WINDOW - MAX_OUTPUT, True)
         assert agents_on(box) == {host: [AGENT]}
-        await assert_stopped_and_gone(box, seat, run.pid)
+        await assert_stopped_and_gone(box, seat, adoption)
 
 
 async def test_a_wrapped_seat_with_setup_in_place_appears_once(box: Box) -> None:
@@ -213,6 +216,7 @@ async def test_a_plain_opencode_tui_is_adopted(box: Box) -> None:
             box.command, env=env, cwd=box.workspace, stdin=tty, stdout=tty, stderr=tty, start_new_session=True
         )
         os.close(tty)
+        adoption = adoption_of(tui)
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(drain_to, terminal, box.root / "screen.out")  # a TUI blocks once unread
@@ -244,4 +248,4 @@ async def test_a_plain_opencode_tui_is_adopted(box: Box) -> None:
             if tui.returncode is None:  # a failure above: stopped here, by the pid this test started
                 await stop(tui)
             os.close(terminal)
-        await assert_stopped_and_gone(box, seat, tui.pid)
+        await assert_stopped_and_gone(box, seat, adoption)
