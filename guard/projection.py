@@ -98,23 +98,28 @@ class Context(ContextFields):
         one (additive, issue 37)."""
         held = self._record_wire
         if held is None:
-            fields = self.model_dump(mode="json", by_alias=True)
-            context = {key: fields[key] for key in CONTEXT_KEYS}
-            if fields["rateLimitsAtMs"]:
-                # Additive (issue 35), where the record carries it: when each window's figure arrived,
-                # which the account fan-in (wrapper.readers.accounts) orders and ages snapshots by.
-                context["rateLimitsAtMs"] = fields["rateLimitsAtMs"]
-            if fields["subagents"]:
-                context["subagents"] = fields["subagents"]
-            if fields["promptCache"] is not None:
-                context["promptCache"] = fields["promptCache"]
-            return context
+            return _context_wire(self.model_dump(mode="json", by_alias=True))
         context = held | {"ageMs": self.age_ms, "stale": self.stale}
         if self.subagents:
             context["subagents"] = [
                 row | {"ageMs": sub.age_ms} for row, sub in zip(held["subagents"], self.subagents, strict=True)
             ]
         return context
+
+
+def _context_wire(fields: dict[str, Any]) -> dict[str, Any]:
+    """`Context.wire()` of a reading's fields as dumped (JSON mode, by alias): a Context's own, or a
+    record's with the reader's three fields added (`reading_of`)."""
+    context = {key: fields[key] for key in CONTEXT_KEYS}
+    if fields["rateLimitsAtMs"]:
+        # Additive (issue 35), where the record carries it: when each window's figure arrived,
+        # which the account fan-in (wrapper.readers.accounts) orders and ages snapshots by.
+        context["rateLimitsAtMs"] = fields["rateLimitsAtMs"]
+    if fields["subagents"]:
+        context["subagents"] = fields["subagents"]
+    if fields["promptCache"] is not None:
+        context["promptCache"] = fields["promptCache"]
+    return context
 
 
 # What `project` changes of a reading: the clock's fields (a subagent's age, with its row unchanged).
@@ -129,7 +134,13 @@ def reading_of(record: HarnessContext) -> Context:
     reading["subagents"] = tuple(SubagentReading.model_construct(**dict(sub), age_ms=0) for sub in record.subagents)
     headroom = headroom_tokens(record.compact_at_tokens, record.used_tokens)
     context = Context.model_construct(**reading, age_ms=0, stale=False, headroom_tokens=headroom)
-    context._record_wire = context.wire()  # ages and staleness are set again by each `project`
+    # Dumped by the record's serializer, which every reader has built, not the Context's (built at
+    # its first use, guard.record.AT_FIRST_USE): the same fields, types and order, so the same JSON.
+    # Ages and staleness are set again by each `project`.
+    fields = record.model_dump(mode="json", by_alias=True)
+    if fields["subagents"]:
+        fields["subagents"] = [row | {"ageMs": 0} for row in fields["subagents"]]
+    context._record_wire = _context_wire(fields | {"ageMs": 0, "stale": False, "headroomTokens": headroom})
     return context
 
 
