@@ -7,7 +7,6 @@ derived fields, so a reader reads attributes the type checker follows, never str
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Container, Mapping
 from pathlib import Path
 from typing import Any, Self
@@ -33,7 +32,14 @@ __all__ = [
     "reading_of",
 ]
 
-log = logging.getLogger(__name__)
+
+def _warn(message: str, *args: object) -> None:
+    """The projection's log line. logging is imported where a line is logged (`load_record`,
+    `read_context`), not with the module: a reader that reports every problem itself (the roster,
+    `hctx agents --json`) never loads it (issue 38)."""
+    import logging
+
+    logging.getLogger(__name__).warning(message, *args)
 
 
 # The roster's `context` keys, in the spec's Exposure order. `incarnation` and `writtenAtMs`
@@ -148,11 +154,7 @@ def project(record: HarnessContext, now_ms: int, reading: Context | None = None)
     """The roster's `context` for a decoded record, or None past the future-skew bound; `reading` is
     the record's `reading_of`, when the caller already has it."""
     if record.observed_at_ms > now_ms + HARNESS_CONTEXT_FUTURE_SKEW_MS:
-        log.warning(
-            "context record observed %d ms in the future; clock untrusted, reading as absent",
-            record.observed_at_ms - now_ms,
-        )
-        return None
+        return None  # the caller says why: `read_context` logs it, the roster shows it as the row's problem
     reading = reading_of(record) if reading is None else reading
     timed: dict[str, Any] = {
         "age_ms": max(0, now_ms - record.observed_at_ms),
@@ -180,7 +182,7 @@ def load_record(path: str | Path, harnesses: Container[str] | None = None) -> Ha
     """The record at `path`; None when there is none or it is not trustworthy (logged)."""
     record, problem = decode_record(read_bounded(None, path, MAX_RECORD_BYTES), harnesses)
     if problem is not None:
-        log.warning("%s: %s", path, problem)
+        _warn("%s: %s", path, problem)
     return record
 
 
@@ -188,4 +190,12 @@ def read_context(path: str | Path, now_ms: int, harnesses: Container[str] | None
     """The whole table: no file, refused (a harness outside `harnesses`, the ones the reader knows,
     included), future-skewed -> None; else the reading with its age."""
     record = load_record(path, harnesses)
-    return None if record is None else project(record, now_ms)
+    if record is None:
+        return None
+    context = project(record, now_ms)
+    if context is None:
+        _warn(
+            "context record observed %d ms in the future; clock untrusted, reading as absent",
+            record.observed_at_ms - now_ms,
+        )
+    return context

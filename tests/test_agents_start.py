@@ -17,7 +17,13 @@ from pathlib import Path
 
 import pytest
 from agents_catalogs import HOST, NOW, SEEDS, build
+from guard_factory import wire_bytes
+from readers_catalog import claim
 
+from guard import record as record_module
+from guard.errors import RecordRefused
+from guard.record import parse_record
+from guard.state import parse_state
 from tests.conftest import REPO
 from wrapper.cli import main
 from wrapper.readers import roster
@@ -61,15 +67,22 @@ def test_the_golden_catalogs_hold_what_they_claim_to() -> None:
     assert any("promptCache" in context for context in contexts)
     assert any("rateLimitsAtMs" in context for context in contexts)
     assert any(context["account"] is not None for context in contexts)
-    assert any(window and window["fromAnotherAgent"] for group in limits for window in group.values() if isinstance(window, dict))
+    assert any(
+        window and window["fromAnotherAgent"]
+        for group in limits
+        for window in group.values()
+        if isinstance(window, dict)
+    )
     assert {row["desiredState"] for row in rows} == {None, "running", "stopped"}
     errors = "".join((GOLDEN / f"{seed}.err").read_text() for seed in SEEDS)
     for reason in ("invalid record", "harness-state refused", "in the future", "malformed JSON", "not a regular file"):
         assert reason in errors
 
 
-# What `agents --json` must not load: the text renderer and what only it needs, the claim's writer.
+# What `agents --json` must not load: the text renderer and what only it needs, the claim's writer,
+# logging (nothing on its path logs).
 NOT_LOADED = (
+    "logging",
     "wrapper.readers.render",
     "wrapper.readers.tint",
     "wrapper.readers.forecast",
@@ -119,3 +132,24 @@ def test_agents_json_loads_only_what_it_prints(tmp_path: Path) -> None:
     assert "guard.record" in loaded and "pydantic" in loaded  # the records are still validated by their model
     assert sorted(loaded.intersection(NOT_LOADED)) == []
     assert probe["built"] == dict.fromkeys(NOT_BUILT, False)
+
+
+def test_a_text_without_the_escape_is_not_walked_for_nul(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The NUL check reads the text first: only a text spelling `\\u0000` is walked, and that one is
+    still refused (record and claim alike)."""
+
+    def no_walk(value: object) -> list[str]:
+        raise AssertionError("walked a text that spells no NUL")
+
+    data = wire_bytes(model="gpt-5 \\u0000 escaped backslash, no NUL")  # JSON `\\\\u0000`: text, not NUL
+    with monkeypatch.context() as patched:
+        patched.setattr(record_module, "strings_of", no_walk)
+        assert parse_record(wire_bytes()).harness == "codex"
+        assert parse_state(json.dumps(claim("alpha")).encode()).agent == "alpha"
+        with pytest.raises(AssertionError, match="walked"):
+            parse_record(data)  # spells the escape: walked
+    assert parse_record(data).model == "gpt-5 \\u0000 escaped backslash, no NUL"
+    with pytest.raises(RecordRefused, match="NUL character"):
+        parse_record(wire_bytes(model="nul \x00 inside"))
+    with pytest.raises(RecordRefused, match="NUL character"):
+        parse_state(json.dumps(claim("alpha", incarnation="a\x00b")).encode())

@@ -37,7 +37,8 @@ def run_agents(args: argparse.Namespace) -> int:
     from wrapper.readers.agents_json import render_agent_json, render_agents_json
     from wrapper.readers.roster import AgentNotFound, collect_roster, now_ms, resolve_agent, view_agent
 
-    quiet_guard_logs()
+    # No quiet_guard_logs(): nothing on this path logs (the roster words every problem as a row's
+    # warning), and logging is no part of its start-up (issue 38).
     here, now = args.host, now_ms()
     try:
         catalog = existing_catalog(args)
