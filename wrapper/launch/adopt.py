@@ -226,7 +226,7 @@ def adopt(harness: str, pid: int, cwd: Path | None, hints: Mapping[str, str], pe
 
     try:
         start = check_process(pid)
-        # Read while P is surely there: a session over within a second (a short `codex exec`) may be
+        # Read while P is surely there: a session over within a second (a short one-shot run) may be
         # gone by the claim, and is still adopted, its sidecar reading what it left.
         where = cwd if cwd is not None else Path(os.readlink(f"/proc/{pid}/cwd"))
         channel = adoption_channel(pid, start)

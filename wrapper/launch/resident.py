@@ -1557,7 +1557,7 @@ def watch_adopted(loop: Loop, session: Session, steps: Steps, it: Incarnation, a
     pidfd = _same_process(adoption.pid, adoption.start_ticks)
     try:
         if pidfd is None:
-            # A session over before this resident came (a `codex exec` of a second): its sidecar
+            # A session over before this resident came (a one-shot run of a second): its sidecar
             # still starts and drains, so what the harness left (its rollout, the trigger's first
             # lines) is read once and the record written, as a wrapped seat's drain does.
             say(f"pid {adoption.pid} exited before its sidecar started; reading what it left")
