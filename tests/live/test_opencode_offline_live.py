@@ -28,9 +28,9 @@ from tests.live.test_opencode_live import TURN_S, Box
 
 pytestmark = pytest.mark.live
 
-# A start with the plugin and the SDK in place took 1.5-3.7 s here (2 loaded cores); offline without
-# the SDK, 74 s. A liveness bound, far from both.
-START_BOUND_S = 30.0
+# A start with the plugin and the SDK in place took 1.5-3.7 s here, 7.5-9.8 s with the two cores at a
+# load of 8; offline without the SDK, 74 s (npm's retries, wall-clock). A liveness bound between.
+START_BOUND_S = 45.0
 SDK_REQUEST = "GET /@opencode-ai%2fplugin"
 
 
