@@ -8,8 +8,9 @@ catches a branch when what it does is the branch's, a leaf when it must tell one
     ├── Refused (ValueError)     input hctx will not interpret: skip it, say why, carry on
     │   ├── JsonRefused          bytes the one JSON rule refuses                      guard.errors
     │   ├── RecordRefused        not a record or claim this reader accepts            guard.errors
-    │   └── FrameRejected        a producer will not interpret a frame                guard.errors
-    │       └── MalformedFrame   not a frame at all: bad UTF-8, bad JSON, bad shape   guard.errors
+    │   ├── FrameRejected        a producer will not interpret a frame                guard.errors
+    │   │   └── MalformedFrame   not a frame at all: bad UTF-8, bad JSON, bad shape   guard.errors
+    │   └── SetupRefused         a user file `hctx setup` will not touch              sidecar.setup_plan
     ├── Unavailable (OSError)    a file, directory or peer cannot be used now: report it, and
     │   │                        retry or go on without it
     │   ├── CatalogError         the catalog cannot be opened or walked               guard.errors

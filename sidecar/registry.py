@@ -16,6 +16,7 @@ the tests.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
@@ -35,6 +36,8 @@ from sidecar.spec import (
 if TYPE_CHECKING:
     from guard.record import Harness
     from sidecar.launching import LaunchModule, LaunchPlan
+    from sidecar.setup_plan import SetupModule
+    from sidecar.setup_state import SetupState
 
 __all__ = [
     "BUILT_IN",
@@ -55,6 +58,8 @@ __all__ = [
     "prepare",
     "programs",
     "rescan",
+    "setup_module",
+    "setup_state",
     "spec_for",
     "teardown",
     "transcript_readers",
@@ -132,6 +137,34 @@ def teardown(plan: LaunchPlan) -> None:
     undo = getattr(launch_plan(plan.harness), "teardown", None)
     if undo is not None:
         undo(plan)
+
+
+def setup_module(harness: str) -> SetupModule | None:
+    """The harness's setup module (`setup.py` in its own package, issue 36: `setup(home, environ) ->
+    sidecar.setup_plan.HarnessSetup`), or None when it has none: no user-level extension point was
+    measured for it. A module that exists but fails to import raises, as any broken module does."""
+    spec = spec_for(harness)
+    try:
+        found = importlib.util.find_spec(f"{spec.package}.setup")
+    except ModuleNotFoundError:  # its package is a plain module (or gone): nothing inside it
+        return None
+    if found is None:
+        return None
+    return cast("SetupModule", spec.module("setup"))
+
+
+def setup_state(harness: str, home: Path, environ: Mapping[str, str]) -> SetupState | None:
+    """Whether the harness's setup is in place and current, not set up, or stale (`hctx doctor`);
+    None when it has no setup module or is not installed."""
+    module = setup_module(harness)
+    if module is None:
+        return None
+    plan = module.setup(home, environ)
+    if not plan.installed or not plan.edits:
+        return None
+    from sidecar.setup_state import setup_state as state_of
+
+    return state_of(plan)
 
 
 def programs() -> dict[str, Harness]:

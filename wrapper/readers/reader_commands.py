@@ -8,7 +8,10 @@ roster, the renderer or the top view when it runs.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from collections.abc import Mapping
+from pathlib import Path
 
 from guard.constants import HARNESS_CONTEXT_HEADROOM_WARN_PERCENT, HARNESS_CONTEXT_WARN_PERCENT
 from guard.errors import CatalogError
@@ -22,6 +25,7 @@ __all__ = [
     "run_doctor",
     "run_inspect",
     "run_top",
+    "setup_lines",
 ]
 
 # ---------------------------------------------------------------------------------------------
@@ -71,7 +75,36 @@ def run_doctor(args: argparse.Namespace) -> int:
     except CatalogError as exc:
         return fail("doctor", f"cannot read the catalog: {exc}", 2)
     sys.stdout.write(render_doctor(roster))
+    sys.stdout.write("".join(f"{line}\n" for line in setup_lines(os.environ)))
     return 0  # advisories are never a failure (HC-R17)
+
+
+def setup_lines(environ: Mapping[str, str]) -> list[str]:
+    """A line per installed harness with a setup module (issue 36): whether `hctx setup`'s part is in
+    its user files and is this hctx's, read from the files as they are (sidecar.setup_state)."""
+    from sidecar.registry import harness_names, setup_state
+
+    home = Path(environ.get("HOME") or os.path.expanduser("~"))
+    lines = []
+    for harness in harness_names():
+        state = setup_state(harness, home, environ)
+        if state is None:
+            continue
+        if state.state == "current":
+            lines.append(f"setup: {harness}: in place and current ({state.detail})")
+        elif state.state == "not set up":
+            lines.append(
+                f"setup: {harness}: not set up: a session started without hctx wrap is not seen "
+                f"(hctx setup {harness})"
+            )
+        elif state.state == "stale":
+            lines.append(
+                f"setup: {harness}: stale: {state.detail} holds another hctx's commands (an older install, a "
+                f"moved venv); run hctx setup {harness} again"
+            )
+        else:
+            lines.append(f"setup: {harness}: cannot tell: {state.detail}")
+    return lines
 
 
 def run_inspect(args: argparse.Namespace) -> int:
@@ -200,7 +233,8 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         description=f"An advisory line per agent at or above {HARNESS_CONTEXT_WARN_PERCENT}% fill, per agent "
         f"under {HARNESS_CONTEXT_HEADROOM_WARN_PERCENT}% of its window from the harness's own compaction point, "
         "per stale record while its desired state is running, and one per host whose clock runs past the "
-        "future skew (its records read as absent); advisories never fail the exit status.",
+        "future skew (its records read as absent); then a line per installed harness saying whether `hctx setup` "
+        "is in place and current, not set up, or stale; advisories never fail the exit status.",
     )
     add_catalog_options(doctor)
     doctor.set_defaults(run=with_host(run_doctor))

@@ -69,6 +69,7 @@ __all__ = [
     "Seats",
     "SettingsError",
     "compaction_settings",
+    "is_hctx_entry",
     "leave_seat",
     "prepare",
     "render_settings",
@@ -141,6 +142,11 @@ def subagent_status_line() -> dict[str, Any]:
 def _is_ours(hook: object) -> bool:
     command = str(hook.get("command", "")) if isinstance(hook, dict) else ""
     return any(module in command for module in (TEE_MODULE, *EARLIER_TEE_MODULES))
+
+
+def is_hctx_entry(entry: object) -> bool:
+    """Whether a statusLine or hook entry runs hctx's tee (this install's or an earlier one's)."""
+    return _is_ours(entry)
 
 
 def _without_ours(groups: list[Any]) -> list[Any]:

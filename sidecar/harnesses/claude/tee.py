@@ -11,6 +11,11 @@ own renderer on the same bytes and prints exactly what it printed (HC-R18, DQ-C2
        beaten hctx's too, so the tee never runs under them), that is
        $HCTX_CLAUDE_PROJECT_DIR/.claude/settings.json (else the cwd's), then
        $CLAUDE_CONFIG_DIR/settings.json (else ~/.claude/settings.json)
+    4. where that file's statusLine is hctx's own (`hctx setup` put it there, issue 36), the one it
+       replaced, which setup keeps beside it: "statusLine" -> "command" in
+       $CLAUDE_CONFIG_DIR/hctx-renderers.json (else ~/.claude/hctx-renderers.json); so it ranks
+       where Claude ranks the user's settings, below a project's own status line, and counts only
+       while the user's settings still run hctx's tee
 None resolving, or a renderer that cannot start or exits non-zero, leaves stdout empty (a slot
 echoing machine JSON is worse than a blank one) and says why on stderr, naming every source.
 
@@ -20,7 +25,8 @@ Claude hands it (`tasks[]`, one row a Task subagent: `id`, `model`, `contextWind
 `{"id", "content"}` JSON object a line, passed through byte for byte, the first of
 $ST_CLAUDE_SUBAGENT_STATUSLINE_RENDERER (hctx wrap sets it to the one the user had in
 .claude/settings.local.json), then "subagentStatusLine" -> "command" in the project's
-.claude/settings.json and in $CLAUDE_CONFIG_DIR/settings.json (else ~/.claude/settings.json). None,
+.claude/settings.json, in $CLAUDE_CONFIG_DIR/settings.json (else ~/.claude/settings.json) and, where
+that is hctx's own, in hctx-renderers.json beside it (what `hctx setup` moved there). None,
 or one that fails, prints nothing: Claude then draws its own rows (an empty answer decorates none).
 
 `hctx-hook` (PreCompact / PostCompact / SessionStart) forwards the payload and prints nothing.
@@ -54,6 +60,7 @@ __all__ = [
     "MAX_RENDERED_BYTES",
     "MAX_STDIN_BYTES",
     "PROJECT_DIR_ENV",
+    "RENDERERS_FILE",
     "RENDERER_ENV",
     "RENDERER_FILE",
     "RENDER_TIMEOUT_S",
@@ -71,11 +78,14 @@ __all__ = [
 
 RENDERER_ENV = "ST_CLAUDE_STATUSLINE_RENDERER"
 RENDERER_FILE = "~/.claude/statusline-renderer.json"
+# Beside the user's settings.json: the statusLine and subagentStatusLine `hctx setup` replaced there.
+RENDERERS_FILE = "hctx-renderers.json"
 PROJECT_DIR_ENV = "HCTX_CLAUDE_PROJECT_DIR"
 CHANNEL_ENV = "HCTX_CHANNEL"
 # In a statusLine found in Claude's settings: hctx's own tee is no renderer (see INSIDE_RENDERER_ENV).
 TEE_MODULE = "sidecar.harnesses.claude.tee"
 _EARLIER_TEE_MODULE = "sidecar.claude_tee"  # what an earlier install rendered
+_OWN_TEE = "running hctx's own tee"
 # Set for the renderer: a renderer that is (or calls) the tee again must not recurse without end.
 INSIDE_RENDERER_ENV = "HCTX_INSIDE_STATUSLINE_RENDERER"
 SOURCES = f"${RENDERER_ENV}, {RENDERER_FILE}, .claude/settings.json and ~/.claude/settings.json"
@@ -170,12 +180,18 @@ def resolve_renderer(key: str = "statusLine") -> tuple[str | None, str]:
         (project + "/.claude/settings.json", key),
         (config and config + "/settings.json", key),
     )
+    why = ""
     for path, section in sources:
         if path:
             found, why = _file_command(path, section)
             if found is not None:
                 return found, path
             reasons.append(why)
+    if why.endswith(_OWN_TEE) and config:  # the user's settings hold hctx's: theirs is where setup kept it
+        found, why = _file_command(config + "/" + RENDERERS_FILE, key)
+        if found is not None:
+            return found, config + "/" + RENDERERS_FILE
+        reasons.append(why)
     return None, "; ".join(reasons)
 
 
@@ -197,7 +213,7 @@ def _file_command(path: str, key: str | None) -> tuple[str | None, str]:
     if not isinstance(command, str) or not command.strip():
         return None, f"{path} has no {where} string"
     if TEE_MODULE in command or _EARLIER_TEE_MODULE in command:
-        return None, f"{path} has hctx's own tee as its {where}"
+        return None, f"{path} has {where} {_OWN_TEE}"
     return command.strip(), ""
 
 
