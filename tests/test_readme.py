@@ -110,6 +110,32 @@ def test_the_install_lines_are_the_first_commands_install_into_a_lasting_venv() 
     assert block_with("python3 -m venv ~/") == [install, link]
 
 
+def test_the_setup_lines_run_as_written_and_undo_leaves_the_home_as_it_was(tmp_path: Path) -> None:
+    """The README's `hctx setup` block, line by line, in a HOME where only Claude's config directory
+    is found: --dry-run writes nothing, setup writes Claude's user settings, --undo takes them out."""
+    lines = block_with("hctx setup")
+    assert [line.split()[2:] for line in lines] == [["--dry-run"], [], ["--undo"]]
+    assert all(build_parser().parse_args(shlex.split(line)[1:]).command == "setup" for line in lines)
+    home = tmp_path / "home"
+    (home / ".claude").mkdir(parents=True)
+    path = f"{Path(sys.executable).parent}:/usr/bin:/bin"  # hctx, and none of the harnesses
+    assert not any(shutil.which(name, path=path) for name in ("claude", "codex", "pi", "omp", "opencode"))
+    moved = ("CLAUDE_CONFIG_DIR", "CODEX_HOME", "PI_CODING_AGENT_DIR", "PI_CONFIG_DIR", "XDG_CONFIG_HOME")
+    environ = {key: value for key, value in env().items() if key not in moved}
+    environ |= {"HOME": str(home), "XDG_STATE_HOME": str(tmp_path / "state"), "PATH": path}
+
+    def tree() -> list[str]:
+        return sorted(str(entry.relative_to(home)) for entry in home.rglob("*"))
+
+    before = tree()
+    done = [subprocess.run(["bash", "-c", line], env=environ, capture_output=True, text=True, timeout=60,
+                           cwd=tmp_path) for line in lines]  # fmt: skip
+    assert [result.returncode for result in done] == [0, 0, 0], [result.stderr for result in done]
+    assert "nothing was written" in done[0].stdout and '"statusLine"' in done[0].stdout
+    assert "settings.json: written" in done[1].stdout
+    assert "settings.json: removed" in done[2].stdout and tree() == before == [".claude"]
+
+
 # --- the links between the README and docs/ ---------------------------------------------------------
 
 # A link or an image: its target up to the first space or ")" (a title may follow).
