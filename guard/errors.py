@@ -24,6 +24,8 @@ catches a branch when what it does is the branch's, a leaf when it must tell one
     │   │                        the message, change nothing
     │   ├── ConfigError          a transport's address or config                      sidecar.spec
     │   ├── ChannelPathError     the channel's socket path                            sidecar.spec
+    │   ├── NotAdoptable         a harness with no way to be adopted                  sidecar.spec
+    │   ├── AdoptRefused         a process `hctx adopt` will not adopt                wrapper.launch.adopt
     │   ├── SettingsError        a harness's settings file cannot be merged    sidecar.harnesses.claude.launch
     │   ├── ModelTableError      Claude's model-window table is unreadable    sidecar.harnesses.claude.windows
     │   ├── UsageError           what the command line asks                           wrapper.arguments

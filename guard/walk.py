@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from guard.constants import AGENTS_DIR_NAME, CONTROL_DIR_NAME, LOGS_DIR_NAME, STAGING_DIR_NAME
@@ -52,7 +53,8 @@ def open_append(dir_fd: int, name: str) -> int:
     return fd
 
 
-def _open_dir(parent_fd: int | None, name: str, path: Path, *, create: bool) -> int:
+def _open_dir(parent_fd: int | None, name: str, where: Callable[[], Path], *, create: bool) -> int:
+    """`where`: the directory's path, made only for a refusal's message (a reader walks thousands)."""
     if create:
         with contextlib.suppress(FileExistsError):
             os.mkdir(name, 0o755, dir_fd=parent_fd)
@@ -60,19 +62,21 @@ def _open_dir(parent_fd: int | None, name: str, path: Path, *, create: bool) -> 
         return os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise CatalogError(f"{path} is not a real directory (symlink or file); refusing") from None
+            raise CatalogError(f"{where()} is not a real directory (symlink or file); refusing") from None
         raise
 
 
-def open_chain(root: Path, components: tuple[str, ...], *, create: bool = False, parent_fd: int | None = None) -> int:
+def open_chain(
+    root: Path | str, components: tuple[str, ...], *, create: bool = False, parent_fd: int | None = None
+) -> int:
     """Open `root/components...` without following a symlink at any step; the caller closes.
 
     A component that is a symlink or a file is a CatalogError; anything else the system refuses
     (absent, permission) is its own OSError. With `parent_fd`, the walk starts at that already
     open directory (`root` is then its path, for messages), which stays open.
     """
-    root = Path(os.path.abspath(root))
     if parent_fd is None:
+        root = os.path.abspath(root)
         if create:
             os.makedirs(root, mode=0o755, exist_ok=True)
         # The catalog root is the user's to place (a symlinked ~/.local/state is common); everything
@@ -80,11 +84,10 @@ def open_chain(root: Path, components: tuple[str, ...], *, create: bool = False,
         fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     else:
         fd = parent_fd
-    path = root
     try:
-        for name in components:
-            path = path / name
-            child = _open_dir(fd, name, path, create=create)
+        for index, name in enumerate(components):
+            where = functools.partial(_joined, root, components[: index + 1])
+            child = _open_dir(fd, name, where, create=create)
             if fd != parent_fd:
                 os.close(fd)
             fd = child
@@ -93,6 +96,10 @@ def open_chain(root: Path, components: tuple[str, ...], *, create: bool = False,
             os.close(fd)
         raise
     return fd
+
+
+def _joined(root: Path | str, components: tuple[str, ...]) -> Path:
+    return Path(os.path.abspath(root), *components)
 
 
 @contextlib.contextmanager

@@ -26,6 +26,7 @@ from sidecar.names import BUILT_IN, ENTRY_POINT_GROUP, REGISTERED, entry_point_p
 from sidecar.spec import (
     HarnessSpec,
     ModelWindows,
+    NotAdoptable,
     TranscriptFile,
     TranscriptReader,
     TranscriptReading,
@@ -45,10 +46,12 @@ __all__ = [
     "PACKAGE_RUNNERS",
     "REGISTERED",
     "HarnessSpec",
+    "NotAdoptable",
     "TranscriptFile",
     "TranscriptReader",
     "TranscriptReading",
     "WindowSource",
+    "adopted_plan",
     "harness_names",
     "has_teardown",
     "infer_harness",
@@ -126,6 +129,19 @@ def prepare(plan: LaunchPlan) -> LaunchPlan:
     return launch_plan(plan.harness).prepare(plan)
 
 
+def adopted_plan(name: str, pid: int, cwd: Path, hints: Mapping[str, str]) -> LaunchPlan:
+    """The plan of a harness session `hctx adopt` adopts (issue 36): the harness's launch module's
+    `adopted(pid, cwd, hints) -> LaunchPlan`, with `argv=()` (nothing to spawn: process `pid` runs
+    already) and the transport and account a wrapped launch of it would have. NotAdoptable for a
+    harness whose module defines none."""
+    adopt = getattr(launch_plan(name), "adopted", None)
+    if adopt is None:
+        raise NotAdoptable(f"the {name} harness cannot be adopted: its launch plan defines no adoption; "
+                           "run it under `hctx wrap` instead")  # fmt: skip
+    plan: LaunchPlan = adopt(pid, cwd, hints)
+    return plan
+
+
 def has_teardown(plan: LaunchPlan) -> bool:
     """Whether the plan's module undoes anything after the launch (most have nothing to undo)."""
     return hasattr(launch_plan(plan.harness), "teardown")
@@ -145,12 +161,12 @@ def setup_module(harness: str) -> SetupModule | None:
     measured for it. A module that exists but fails to import raises, as any broken module does."""
     spec = spec_for(harness)
     try:
-        found = importlib.util.find_spec(f"{spec.package}.setup")
+        found = importlib.util.find_spec(f"{spec.package}.{spec.setup}")
     except ModuleNotFoundError:  # its package is a plain module (or gone): nothing inside it
         return None
     if found is None:
         return None
-    return cast("SetupModule", spec.module("setup"))
+    return cast("SetupModule", spec.module(spec.setup))
 
 
 def setup_state(harness: str, home: Path, environ: Mapping[str, str]) -> SetupState | None:

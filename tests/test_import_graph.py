@@ -38,7 +38,7 @@ LADDER: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("guard", ("guard", "guard.*")),
     ("kernel", ("sidecar", "sidecar.names", "sidecar.framing", "sidecar.decoding", "sidecar.producer", "sidecar.held",
                 "sidecar.spec", "sidecar.transcripts", "sidecar.launching", "sidecar.setup_plan",
-                "sidecar.setup_state")),
+                "sidecar.setup_state", "sidecar.adoption")),
     ("harnesses", (HARNESSES, f"{HARNESSES}.*")),
     ("registry", ("sidecar.registry",)),
     ("runtime", ("sidecar.streams", "sidecar.pipeline", "sidecar.app", "sidecar.channel", "sidecar.logs",
@@ -415,7 +415,8 @@ def test_a_room_crossing_is_found_and_named() -> None:
 # What only the wrapper process runs: how to launch a harness, and how `hctx setup` edits its user
 # files (issue 36: a harness's `setup` module reuses its launch plan's settings).
 LAUNCH_SIDE_KERNEL = ("sidecar.launching",)
-LAUNCH_SIDE_MODULES = (["launch"], ["setup"])
+# (omp shares pi's package: its setup module is named apart, `HarnessSpec.setup`)
+LAUNCH_SIDE_MODULES = (["launch"], ["setup"], ["setup_omp"])
 
 
 def is_launch_side(module: str) -> bool:
@@ -446,7 +447,7 @@ def test_only_the_wrapper_side_imports_a_launch_plan() -> None:
     from sidecar.registry import BUILT_IN, spec_for
 
     plans = {f"{spec_for(name).package}.{spec_for(name).launch}" for name in BUILT_IN}
-    setups = {f"{spec_for(name).package}.setup" for name in BUILT_IN} & set(MODULES)
+    setups = {f"{spec_for(name).package}.{spec_for(name).setup}" for name in BUILT_IN} & set(MODULES)
     assert "sidecar.harnesses.claude.setup" in setups
     assert {module for module in MODULES if is_launch_side(module)} == {*LAUNCH_SIDE_KERNEL, *plans, *setups}
     assert "sidecar.launching" in graph["sidecar.harnesses.claude.launch"]  # the graph sees their imports

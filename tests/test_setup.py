@@ -440,7 +440,9 @@ def test_the_registry_finds_a_setup_module_only_where_a_harness_has_one(monkeypa
     assert claude is not None and claude.setup is claude_setup
     real = registry.spec_for
     for package in ("os", "sidecar.harnesses"):  # a plain module; a package with no setup.py in it
-        monkeypatch.setattr(registry, "spec_for", lambda name, package=package: types.SimpleNamespace(package=package))
+        monkeypatch.setattr(
+            registry, "spec_for", lambda name, package=package: types.SimpleNamespace(package=package, setup="setup")
+        )
         assert registry.setup_module("claude") is None
     monkeypatch.setattr(registry, "spec_for", real)
 

@@ -34,6 +34,7 @@ __all__ = [
 COMMAND_MODULES = (
     "wrapper.record",
     "wrapper.launch.command",
+    "wrapper.launch.adopt",
     "wrapper.launch.setup",
     "wrapper.demo",
     "wrapper.readers.reader_commands",
@@ -49,6 +50,7 @@ COMMAND_HOMES: Mapping[str, str] = {
     "schema": "wrapper.record",
     "replay": "wrapper.record",
     "wrap": "wrapper.launch.command",
+    "adopt": "wrapper.launch.adopt",
     "setup": "wrapper.launch.setup",
     "demo": "wrapper.demo",
     "agents": "wrapper.readers.reader_commands",
@@ -75,7 +77,7 @@ def command_modules(names: Sequence[str] = COMMAND_MODULES) -> list[ModuleType]:
 # registered is skipped.
 COMMAND_ORDER = (
     "demo", "wrap", "agents", "setup", "accounts", "cache", "status", "top", "doctor", "inspect", "watch", "metrics",
-    "web", "scan", "replication", "replay", "schema",
+    "web", "scan", "replication", "adopt", "replay", "schema",
 )  # fmt: skip
 
 

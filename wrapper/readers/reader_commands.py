@@ -12,10 +12,14 @@ import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from guard.constants import HARNESS_CONTEXT_HEADROOM_WARN_PERCENT, HARNESS_CONTEXT_WARN_PERCENT
 from guard.errors import CatalogError
 from wrapper.arguments import add_catalog_options, existing_catalog, fail, quiet_guard_logs, warn, with_host
+
+if TYPE_CHECKING:
+    from wrapper.readers.roster import AgentRow
 
 __all__ = [
     "register",
@@ -34,10 +38,11 @@ __all__ = [
 
 def run_agents(args: argparse.Namespace) -> int:
     from wrapper.readers.accounts import account_of
-    from wrapper.readers.render import colour_enabled, render_agent_json, render_agents, render_agents_json
+    from wrapper.readers.agents_json import render_agent_json, render_agents_json
     from wrapper.readers.roster import AgentNotFound, collect_roster, now_ms, resolve_agent, view_agent
 
-    quiet_guard_logs()
+    # No quiet_guard_logs(): nothing on this path logs (the roster words every problem as a row's
+    # warning), and logging is no part of its start-up (issue 38).
     here, now = args.host, now_ms()
     try:
         catalog = existing_catalog(args)
@@ -50,7 +55,7 @@ def run_agents(args: argparse.Namespace) -> int:
             if args.json:
                 sys.stdout.write(render_agent_json(row, now=now, roster=others))
             else:
-                sys.stdout.write(render_agents([row], colour=colour_enabled(sys.stdout), now=now, roster=others))
+                sys.stdout.write(_agents_table([row], now, others))
             return 0
         roster = collect_roster(catalog, now, here=here)
     except CatalogError as exc:
@@ -61,8 +66,16 @@ def run_agents(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(render_agents_json(roster.rows, now=now))
     else:
-        sys.stdout.write(render_agents(roster.rows, colour=colour_enabled(sys.stdout), now=now))
+        sys.stdout.write(_agents_table(roster.rows, now))
     return 0
+
+
+def _agents_table(rows: list[AgentRow], now: int, roster: list[AgentRow] | None = None) -> str:
+    # Imported here: the table's renderer, its tints and what only it needs are no part of a
+    # script's `agents --json` (issue 38: that one starts in a few interpreter start-ups).
+    from wrapper.readers.render import colour_enabled, render_agents
+
+    return render_agents(rows, colour=colour_enabled(sys.stdout), now=now, roster=roster)
 
 
 def run_doctor(args: argparse.Namespace) -> int:
@@ -94,8 +107,7 @@ def setup_lines(environ: Mapping[str, str]) -> list[str]:
             lines.append(f"setup: {harness}: in place and current ({state.detail})")
         elif state.state == "not set up":
             lines.append(
-                f"setup: {harness}: not set up: a session started without hctx wrap is not seen "
-                f"(hctx setup {harness})"
+                f"setup: {harness}: not set up: a session started without hctx wrap is not seen (hctx setup {harness})"
             )
         elif state.state == "stale":
             lines.append(

@@ -31,6 +31,11 @@ or one that fails, prints nothing: Claude then draws its own rows (an empty answ
 
 `hctx-hook` (PreCompact / PostCompact / SessionStart) forwards the payload and prints nothing.
 
+A Claude started without `hctx wrap` (no $HCTX_CHANNEL: the user-level settings `hctx setup` wrote
+run the tee) is adopted (issue 36): the frame goes to the adoption channel of the Claude process
+that ran the tee (`sidecar.adoption`); the first call of either kind finds nothing listening there
+and starts `hctx adopt` for that Claude, handing it the frame, so none is lost.
+
 Claude spawns the tee every few seconds per seat and waits for it, so the rendered settings run it
 under `python -I -S` (sidecar.harnesses.claude.launch) and it imports only C modules the interpreter loads
 in microseconds: no json (it pulls in re), no socket (enum), no subprocess, not even os, nothing
@@ -45,6 +50,7 @@ import select
 import sys
 import time
 
+from sidecar.adoption import CHANNEL_NAME, REFUSED_NAME, adoption_dir, process_stat
 from sidecar.harnesses.claude.frames import (
     HOOK_FRAME,
     STATUSLINE_FRAME,
@@ -54,20 +60,24 @@ from sidecar.harnesses.claude.frames import (
 )
 
 __all__ = [
+    "ADOPTER_TIMEOUT_S",
     "CHANNEL_ENV",
     "CHANNEL_TIMEOUT_S",
     "INSIDE_RENDERER_ENV",
     "MAX_RENDERED_BYTES",
     "MAX_STDIN_BYTES",
+    "NO_ADOPT_ENV",
     "PROJECT_DIR_ENV",
     "RENDERERS_FILE",
     "RENDERER_ENV",
     "RENDERER_FILE",
     "RENDER_TIMEOUT_S",
+    "SHELLS",
     "SOURCES",
     "SUBAGENT_RENDERER_ENV",
     "SUBAGENT_SOURCES",
     "TEE_MODULE",
+    "claude_process",
     "hook_main",
     "main",
     "render",
@@ -82,6 +92,7 @@ RENDERER_FILE = "~/.claude/statusline-renderer.json"
 RENDERERS_FILE = "hctx-renderers.json"
 PROJECT_DIR_ENV = "HCTX_CLAUDE_PROJECT_DIR"
 CHANNEL_ENV = "HCTX_CHANNEL"
+NO_ADOPT_ENV = "HCTX_NO_ADOPT"  # sidecar.adoption.ADOPT_ENV_GUARDS: this session is never adopted
 # In a statusLine found in Claude's settings: hctx's own tee is no renderer (see INSIDE_RENDERER_ENV).
 TEE_MODULE = "sidecar.harnesses.claude.tee"
 _EARLIER_TEE_MODULE = "sidecar.claude_tee"  # what an earlier install rendered
@@ -138,14 +149,22 @@ def _drain_stdin() -> tuple[bytes, bool]:
 
 
 def _send(prefix: bytes, data: bytes) -> str | None:
-    """Send one frame to $HCTX_CHANNEL; None when sent, else why it was not."""
+    """Send one frame to $HCTX_CHANNEL, or, in a Claude started without `hctx wrap`, to its adoption's
+    channel (`_adopt`); None when sent (or handed to the adopter), else why it was not."""
     path = _env(CHANNEL_ENV)
-    if not path:
-        return f"${CHANNEL_ENV} is not set (not launched by hctx wrap): not recorded"
     try:
         line = channel_line(prefix, data)
     except ValueError as exc:
         return str(exc)
+    if not path:
+        if _env(NO_ADOPT_ENV):
+            return f"${CHANNEL_ENV} is not set and ${NO_ADOPT_ENV} is: not recorded"
+        return _adopt(line)
+    problem = _deliver(path, line)
+    return None if problem is None else f"no sidecar at {path} ({problem}): not recorded"
+
+
+def _deliver(path: str, line: bytes) -> str | None:
     try:
         sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         try:
@@ -155,8 +174,91 @@ def _send(prefix: bytes, data: bytes) -> str | None:
         finally:
             sock.close()
     except OSError as exc:
-        return f"no sidecar at {path} ({exc.strerror or exc}): not recorded"
+        return exc.strerror or str(exc)
     return None
+
+
+# --- adoption (issue 36): a Claude started without `hctx wrap` -----------------------------------
+# Claude runs every statusLine and hook command through `/bin/sh -c`, so the tee's parent is that
+# shell and Claude is the shell's parent (measured 2026-12-05 on 2.1.250 and 2.1.332, interactive
+# and 2.1.332's `claude --bg` sessions alike: python <- sh <- claude.exe). A shell that execs its
+# last command leaves Claude the parent itself; both are taken.
+SHELLS = ("sh", "dash", "bash", "zsh", "ash", "busybox")
+ADOPTER_TIMEOUT_S = 0.5  # the most the tee waits to hand its line to the adopter's stdin
+
+
+def claude_process() -> tuple[int, int] | None:
+    """(pid, start ticks) of the Claude that ran this command, or None when the parents are gone."""
+    pid = posix.getppid()
+    for _ in range(3):
+        stat = process_stat(pid)
+        if stat is None:
+            return None
+        command, parent, start = stat
+        if command not in SHELLS:
+            return pid, start
+        pid = parent
+    return None
+
+
+def _adopt(line: bytes) -> str | None:
+    """The line to the adopted Claude's sidecar (`sidecar.adoption.adoption_channel`); when none
+    listens there yet, `hctx adopt` is started for Claude with the line on its stdin (it delivers
+    it once the sidecar listens), unless an adopter refused this Claude before."""
+    found = claude_process()
+    if found is None:
+        return f"${CHANNEL_ENV} is not set and Claude's process is gone: not recorded"
+    pid, start = found
+    directory = adoption_dir(pid, start)
+    if _deliver(f"{directory}/{CHANNEL_NAME}", line) is None:
+        return None
+    try:
+        refused = posix.stat(f"{directory}/{REFUSED_NAME}")
+    except OSError:
+        refused = None
+    if refused is not None:
+        return f"hctx adopt refused this session (see {directory}/{REFUSED_NAME}): not recorded"
+    return _start_adopter(pid, line)
+
+
+def _start_adopter(pid: int, line: bytes) -> str | None:
+    """`hctx adopt --harness claude --pid PID --frame-stdin`, detached (a session of its own, stdout
+    and stderr on /dev/null: Claude reads this process's output to its end), `line` on its stdin.
+    Never waited for: it detaches at once, and this process exits before it would be reaped."""
+    root = __file__.rsplit("/", 4)[0]  # the directory holding `sidecar` (and `wrapper`)
+    code = f"import sys;sys.path.insert(0,{root!r});from wrapper.launch.adopt import main;sys.exit(main())"
+    argv = [sys.executable, "-I", "-c", code, "--harness", "claude", "--pid", str(pid), "--frame-stdin"]
+    read_end, write_end = posix.pipe()
+    try:
+        devnull = posix.open("/dev/null", posix.O_WRONLY)
+        try:
+            posix.posix_spawn(sys.executable, argv, posix.environ, setsid=True,
+                              file_actions=[(posix.POSIX_SPAWN_DUP2, read_end, 0), (posix.POSIX_SPAWN_DUP2, devnull, 1),
+                                            (posix.POSIX_SPAWN_DUP2, devnull, 2)])  # fmt: skip
+        finally:
+            posix.close(devnull)
+            posix.close(read_end)
+        _hand_over(write_end, line)
+    except OSError as exc:
+        return f"could not start hctx adopt ({exc.strerror or exc}): not recorded"
+    finally:
+        posix.close(write_end)
+    return None
+
+
+def _hand_over(fd: int, line: bytes) -> None:
+    """`line` into the adopter's stdin; a line the pipe cannot take within ADOPTER_TIMEOUT_S is cut
+    off (the adopter drops a partial line): Claude waits on this process."""
+    posix.set_blocking(fd, False)
+    view = memoryview(line)
+    deadline = time.monotonic() + ADOPTER_TIMEOUT_S
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    while view and time.monotonic() < deadline:
+        try:
+            view = view[posix.write(fd, view) :]
+        except BlockingIOError:
+            poller.poll(50)
 
 
 # --- the renderer -------------------------------------------------------------------------------
