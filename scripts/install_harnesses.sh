@@ -10,6 +10,9 @@
 #   node-22.23.3                      node (npm package; pi needs node >= 22.19, the system node may be older)
 #   bun-1.4.5                         bun  (npm package; omp needs bun >= 1.3.14)
 #
+# Each opencode prefix also holds plugin-sdk/: what OpenCode installs into its config directory at start
+# (@opencode-ai/plugin at its version), for the live tests' isolated config dirs (see the step below).
+#
 # A prefix is complete when its marker file (.hctx-installed) exists. The marker is written last, after
 # `npm install` succeeded and the binary answered `--version`; it holds that output. A prefix without the
 # marker is wiped and installed again, a prefix with it is skipped, so a second run does no npm work.
@@ -383,6 +386,62 @@ for spec in "${SELECTED[@]}"; do
   PID_ID[$!]="$id"
 done
 while ((${#PID_ID[@]} > 0)); do reap_one; done
+
+# ---- OpenCode's plugin SDK, for its config directory ---------------------------------------------------------
+# Every OpenCode start (1.18.25 and 1.18.33, measured: its Npm.install) runs an npm install of
+# @opencode-ai/plugin@<its own version> into each config directory, from the npm registry, unless that
+# directory already has a node_modules/ and a package-lock.json whose root lists every dependency of its
+# package.json and that package (names only, versions are not compared); with a plugin file there it waits
+# for that install before loading any plugin (74 s a start with the registry unreachable). The live tests
+# reach only 127.0.0.1, so each opencode prefix gets, once, what that install writes, in <prefix>/plugin-sdk/:
+# package.json, package-lock.json, node_modules/ (tests/live/test_opencode_live.py copies them into each
+# isolated config dir). The same install as OpenCode's: the exact version saved, no install scripts. Its own
+# marker, so a rerun adds it to an installed prefix without touching the harness beside it.
+SDK_PACKAGE="@opencode-ai/plugin"
+sdk_key() { printf '%s@%s' "$SDK_PACKAGE" "$1"; }
+sdk_complete() {  # sdk_complete ID VERSION
+  [[ -f "$HDIR/$1/plugin-sdk/$MARKER" ]] && grep -qxF "key=$(sdk_key "$2")" "$HDIR/$1/plugin-sdk/$MARKER"
+}
+install_sdk() {  # install_sdk ID VERSION; built aside, then renamed into place (a test never sees half of it)
+  local id="$1" ver="$2" work shome
+  work="$(mktemp -d "$HDIR/$id/.plugin-sdk.XXXXXX")"
+  shome="$work/home"
+  mkdir -p "$work/opencode" "$shome"  # the lock file takes the directory's name, as in OpenCode's config dir
+  (
+    cd "$work/opencode"
+    HOME="$shome" XDG_CONFIG_HOME="$shome/.config" XDG_CACHE_HOME="$shome/.cache" \
+    npm install --prefix "$work/opencode" "$(sdk_key "$ver")" \
+      --userconfig="$NPM_USERCONFIG" --cache="$NPM_CACHE" \
+      --save-exact --ignore-scripts --no-audit --no-fund --no-update-notifier \
+      --engine-strict=false --loglevel=warn
+  ) || { echo "[$id] npm install of $(sdk_key "$ver") failed"; rm -rf -- "$work"; return 1; }
+  if [[ ! -f "$work/opencode/package-lock.json" || ! -d "$work/opencode/node_modules/$SDK_PACKAGE" ]]; then
+    echo "[$id] $(sdk_key "$ver"): no package-lock.json or node_modules/$SDK_PACKAGE after npm install"
+    rm -rf -- "$work"
+    return 1
+  fi
+  printf 'key=%s\ninstalled_at=%s\n' "$(sdk_key "$ver")" "$(date -u +%FT%TZ)" >"$work/opencode/$MARKER"
+  rm -rf -- "$HDIR/$id/plugin-sdk"
+  mv -T -- "$work/opencode" "$HDIR/$id/plugin-sdk"
+  rm -rf -- "$work"
+  echo "[$id] $(sdk_key "$ver") installed in $HDIR/$id/plugin-sdk"
+}
+for spec in "${SELECTED[@]}"; do
+  IFS='|' read -r id name _pkg ver _ <<<"$spec"
+  [[ "$name" == opencode && -f "$HDIR/$id/$MARKER" ]] || continue
+  sdk_complete "$id" "$ver" && continue
+  if [[ -z "${NPM_CACHE:-}" ]]; then
+    NPM_USERCONFIG="$(npm config get userconfig)"
+    NPM_CACHE="$(npm config get cache)"
+  fi
+  if install_sdk "$id" "$ver" >"$LOG_DIR/$id-plugin-sdk.log" 2>&1; then
+    echo "  ok      $id plugin SDK ($(sdk_key "$ver"))"
+  else
+    FAILED+=("$id")
+    echo "  FAILED  $id plugin SDK, last lines of $LOG_DIR/$id-plugin-sdk.log:" >&2
+    tail -n 6 "$LOG_DIR/$id-plugin-sdk.log" | sed 's/^/          /' >&2
+  fi
+done
 
 ((${#SKIPPED[@]})) && echo "already installed (marker present, skipped): ${SKIPPED[*]}"
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -159,7 +160,25 @@ def require_harness(name: str, version: str) -> list[str]:
     reason = harness_missing(name, version)
     if reason is None:
         return harness_command(name, version)
+    _not_installed(name, reason)
+
+
+def _not_installed(name: str, reason: str) -> NoReturn:
     hint = f"run {INSTALL_SCRIPT} --only {name} (installs from the npm registry)"
     if os.environ.get("CI"):
         pytest.fail(f"{reason}; CI requires the real harnesses: {hint}", pytrace=False)
     pytest.skip(f"{reason}; {hint}")
+
+
+def require_opencode_plugin_sdk(version: str) -> Path:
+    """``<opencode prefix>/plugin-sdk``: what OpenCode ``version`` installs into its config directory at
+    every start (``package.json``, ``package-lock.json``, ``node_modules/`` of ``@opencode-ai/plugin`` at
+    its version), fetched once by the install script; missing, it skips the test (fails it under CI).
+
+    Copied into an isolated config dir it keeps OpenCode off the npm registry (see the install script's
+    step and tests/live/test_opencode_offline_live.py).
+    """
+    sdk = harness_prefix("opencode", version) / "plugin-sdk"
+    if not (sdk / MARKER).is_file():
+        _not_installed("opencode", f"opencode {version}: its plugin SDK is not installed (no {sdk / MARKER})")
+    return sdk

@@ -16,6 +16,10 @@ glob/grep tools would try to download ripgrep.
   reports IN/OUT), its usage the turn's `[[u:...]]`;
 - a request whose newest message is a `task` result: a plain reply, its usage the last `[[a:IN:OUT]]`
   of the user's message, or 1300/20.
+
+It also stands in for the npm registry (`registry_url`): every OpenCode start asks the registry for its
+plugin SDK unless the config dir already holds it (tests/live/test_opencode_offline_live.py), and a
+live test must reach only 127.0.0.1; what was asked is kept in `registry_requests`.
 """
 
 from __future__ import annotations
@@ -23,11 +27,15 @@ from __future__ import annotations
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from tests.fakes.http11 import serving
-from tests.fakes.pi_model import MARKER, FakeModel, Served, _last_user_text, _text_of, serve_one
+import h11
+import trio
+
+from tests.fakes.http11 import reply_json, serving
+from tests.fakes.pi_model import HOST, MARKER, FakeModel, Served, _last_user_text, _text_of, serve_one
 
 # The lab's summary call: prompt 14,321 + completion 222 = tokens.total 14,543.
 SUMMARY_USAGE = (14_321, 222, 0)
@@ -35,9 +43,19 @@ TITLE_USAGE = (77, 7, 0)
 TASK_MARKER = re.compile(r"\[\[task:(\d+):(\d+)\]\]")
 AFTER_MARKER = re.compile(r"\[\[a:(\d+):(\d+)\]\]")
 TASK_AGENT = "general"
+# Where the live tests point OpenCode's npm registry (`npm_config_registry`, which its own npm config
+# loader reads): every request there is recorded and answered 404, which npm does not retry.
+REGISTRY_PATH = "/npm-registry"
 
 
+@dataclass
 class OpenCodeFakeModel(FakeModel):
+    registry_requests: list[str] = field(default_factory=list)  # "GET /@opencode-ai%2fplugin", ...
+
+    @property
+    def registry_url(self) -> str:
+        return f"http://{HOST}:{self.port}{REGISTRY_PATH}/"
+
     def answer(self, body: dict[str, Any]) -> tuple[int, Any, bool]:
         messages = body.get("messages") if isinstance(body.get("messages"), list) else []
         system = " ".join(
@@ -87,6 +105,17 @@ class OpenCodeFakeModel(FakeModel):
 async def opencode_fake_model() -> AsyncIterator[OpenCodeFakeModel]:
     """Serve on 127.0.0.1:<ephemeral> for the duration of the block."""
     model = OpenCodeFakeModel()
-    async with serving(partial(serve_one, model)) as port:
+    async with serving(partial(serve_opencode, model)) as port:
         model.port = port
         yield model
+
+
+async def serve_opencode(
+    model: OpenCodeFakeModel, conn: h11.Connection, stream: trio.SocketStream, request: h11.Request, body: bytes
+) -> None:
+    target = request.target.decode()
+    if target.startswith(f"{REGISTRY_PATH}/"):
+        model.registry_requests.append(f"{request.method.decode()} {target.removeprefix(REGISTRY_PATH)}")
+        await reply_json(conn, stream, 404, {"error": "Not found"})
+        return
+    await serve_one(model, conn, stream, request, body)

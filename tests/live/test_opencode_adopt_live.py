@@ -3,7 +3,9 @@ command, against the fake provider on 127.0.0.1 (issue 36): the plugin setup pla
 session, and its record is what the wrapped live test asserts for the same session.
 
 The box is tests/live/test_opencode_live.py's (HOME and every XDG dir in tmp_path, the fake the only
-provider); the catalog is named by HCTX_CATALOG in the harness's environment, which the adopter
+provider, OpenCode's plugin SDK in its config dir and the npm registry pointed at the fake, so no
+request leaves 127.0.0.1 and the plugin loads without waiting on the registry; each test asserts that
+none was asked); the catalog is named by HCTX_CATALOG in the harness's environment, which the adopter
 inherits. An adopted agent is named as `hctx wrap` names one (the workspace `ws`) on this machine's
 host name.
 """
@@ -167,6 +169,7 @@ async def test_a_plain_opencode_run_is_adopted(box: Box) -> None:
         assert (record.compact_at_tokens, record.auto_compaction) == (WINDOW - MAX_OUTPUT, True)
         assert agents_on(box) == {host: [AGENT]}
         await assert_stopped_and_gone(box, seat, adoption)
+        assert fake.registry_requests == []  # the plugin loaded with no wait on the npm registry
 
 
 async def test_a_wrapped_seat_with_setup_in_place_appears_once(box: Box) -> None:
@@ -183,6 +186,7 @@ async def test_a_wrapped_seat_with_setup_in_place_appears_once(box: Box) -> None
             assert agents_on(box) == {HOST: [agent]}
             state = read_state(AgentDir(box.catalog, HOST, agent))
             assert state is not None and state.adopted is False
+        assert fake.registry_requests == []
 
 
 async def drain_to(terminal: int, screen: Path) -> None:
@@ -249,3 +253,4 @@ async def test_a_plain_opencode_tui_is_adopted(box: Box) -> None:
                 await stop(tui)
             os.close(terminal)
         await assert_stopped_and_gone(box, seat, adoption)
+        assert fake.registry_requests == []

@@ -3,7 +3,9 @@
 
 Offline as the lab ran it (../shared/lab/opencode/README.md): OPENCODE_DISABLE_MODELS_FETCH=1, HOME and
 every XDG dir in tmp_path, an opencode.json whose only provider is the fake. The fake never answers
-with a tool call, so OpenCode never tries to download ripgrep.
+with a tool call, so OpenCode never tries to download ripgrep. Every OpenCode start installs its plugin
+SDK into its config dir from the npm registry unless it is there already (measured, see
+`provision_plugin_sdk`): the box puts it there, and points the registry at the fake, which records.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import shutil
 import signal
 import subprocess
 import sys
@@ -33,7 +36,7 @@ from sidecar.registry import prepare
 from tests.conformance import assert_lived_as_replayed
 from tests.conftest import REPO
 from tests.fakes.opencode_model import SUMMARY_USAGE, OpenCodeFakeModel, opencode_fake_model
-from tests.harnesses import HARNESS_VERSIONS, harness_env, require_harness
+from tests.harnesses import HARNESS_VERSIONS, harness_env, require_harness, require_opencode_plugin_sdk
 from tests.wrapping import assert_replays_as_logged
 
 pytestmark = pytest.mark.live
@@ -54,6 +57,7 @@ class Box:
     root: Path
     version: str
     command: list[str]
+    plugin_sdk: bool = True  # the config dir holds what OpenCode installs there at start
 
     @property
     def workspace(self) -> Path:
@@ -95,6 +99,8 @@ class Box:
         dirs = {name: self.root / name for name in ("home", "config", "data", "state", "cache")}
         for path in (*dirs.values(), self.workspace):
             path.mkdir(parents=True, exist_ok=True)
+        if self.plugin_sdk:
+            provision_plugin_sdk(require_opencode_plugin_sdk(self.version), dirs["config"] / "opencode")
         return {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "HOME": str(dirs["home"]),
@@ -109,6 +115,7 @@ class Box:
             "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1",
             "OPENCODE_DISABLE_SHARE": "1",
             "OPENCODE_DISABLE_CLAUDE_CODE": "1",
+            "npm_config_registry": fake.registry_url,  # never the real one, even with the SDK gone
             "PYTHONPATH": str(REPO),
             **harness_env("opencode", self.version),
         }
@@ -133,6 +140,33 @@ class Box:
             return []
         lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         return [line for line in lines if line.get("event") == event]
+
+
+def provision_plugin_sdk(sdk: Path, config_dir: Path) -> None:
+    """Put into OpenCode's config dir what OpenCode itself would install there from the npm registry.
+
+    Measured on 1.18.25 and 1.18.33 (2026-12-05; the registry pointed at a 127.0.0.1 recorder, and with
+    no network at all): at every start, plugin file or not, OpenCode's Config forks its Npm.install of
+    `@opencode-ai/plugin@<its version>` (npm's Arborist, inside the binary, reading npm's own config:
+    `npm_config_*`, `.npmrc`) for each config dir; with a plugin file there it waits for it before
+    loading plugins (74 s a start when the registry is unreachable). The install is skipped when the dir
+    has a `node_modules/` and a `package-lock.json` whose root lists each dependency of `package.json`
+    and that package (by name). The files come from the install script's `plugin-sdk/`, the same npm
+    install of the same spec, hard-linked (a copy across file systems): nobody writes them.
+    """
+    config_dir.mkdir(parents=True, exist_ok=True)
+    if (config_dir / "package-lock.json").exists():  # env() again in the same box
+        return
+    shutil.copytree(sdk / "node_modules", config_dir / "node_modules", symlinks=True, copy_function=link_or_copy)
+    for name in ("package.json", "package-lock.json"):
+        link_or_copy(str(sdk / name), str(config_dir / name))
+
+
+def link_or_copy(source: str, target: str) -> None:
+    try:
+        os.link(source, target)
+    except OSError:  # another file system
+        shutil.copy2(source, target)
 
 
 @pytest.fixture(params=[v for v in HARNESS_VERSIONS["opencode"]], ids=lambda v: f"opencode-{v}")
@@ -320,6 +354,7 @@ async def the_session(
     assert SUMMARY_TOTAL not in {w["usedTokens"] for w in written}
     assert [served.kind for served in fake.requests].count("summary") == 2
     assert all(served.kind != "title" for served in fake.requests)
+    assert fake.registry_requests == []  # OpenCode found its plugin SDK in place
 
 
 async def test_records_from_a_live_opencode_server_under_hctx_wrap(box: Box) -> None:

@@ -13,11 +13,19 @@ Measured on 1.18.25 and 1.18.33 (2026-12-05, isolated HOME/XDG dirs, the fake pr
 `process.pid` is the harness's own process (the TUI's and `run`'s, no child), `directory` is the
 instance's directory, and `serverUrl` is `http://localhost:4096/`, a constant fallback, wherever
 the server does not listen, which the plain TUI and `opencode run` never do; hence the plugin's own
-event bridge (see the asset's header). OpenCode itself, once a plugin file is there, writes a
-`package.json`, lock file and `node_modules` (its `@opencode-ai/plugin`) into that config directory;
-hctx's plugin imports nothing from it, and `--undo` leaves what OpenCode wrote. OpenCode waits
-for that install before loading any plugin: with the registry unreachable and no install done yet,
-an `opencode run` took 74 s instead of 3.1 s (1.18.33); after one online install, 2.0 s offline.
+event bridge (see the asset's header).
+
+OpenCode itself, at every start, plugin or not, installs its `@opencode-ai/plugin` (at its own
+version) into each config directory from the npm registry (its Npm.install: npm's Arborist inside
+the binary, reading npm's config: `npm_config_*`, `~/.npmrc`, the directory's `.npmrc`), unless the
+directory has a `node_modules/` and a `package-lock.json` whose root lists each `package.json`
+dependency and that package, by name only. With a plugin file there it waits for that install
+before loading any plugin: with the registry unreachable, 74 s a start (1.18.33; 78 s on 1.18.25)
+instead of 2-4 s; with the SDK in place (one online install, or `npm install --prefix <dir>
+--save-exact --ignore-scripts @opencode-ai/plugin@<version>`) no request and no wait; with
+`offline=true` in the directory's `.npmrc` the install fails at once. hctx's plugin imports
+nothing from the SDK; setup leaves all of this to OpenCode and the user (docs/setup.md), and
+`--undo` leaves what OpenCode wrote (tests/live/test_opencode_offline_live.py).
 """
 
 from __future__ import annotations
