@@ -953,3 +953,72 @@ async def test_nothing_written_in_a_burst_is_lost_while_a_whole_re_read_is_under
     assert {name: last.get(name) for name in board.views} == {
         f"{HERE}/{identity}": 3000 + index for index, identity in enumerate(agents)
     }
+
+
+# ---------------------------------------------------------------------------------------------
+# Packed streams (issue 40): each event gzip-packed once, the same bytes for every stream
+
+
+def test_a_fleet_stream_that_takes_gzip_unpacks_to_the_same_events_packed_once_for_every_stream(
+    tmp_path: Path,
+) -> None:
+    """A stream is the gzip header and packed events, and any run of them unpacks (a page joins at
+    any event, or is sent the snapshot again): the same bytes objects whichever stream sends them."""
+    import zlib
+
+    import trio
+
+    from wrapper.readers.web.feed import GZIP_HEADER
+
+    fleet(tmp_path)
+    board = Board(tmp_path, HERE)
+    whole_pass(board)
+    for percent in (44.0, 45.0, 46.0):
+        put(tmp_path, "calm", usedPercent=percent, rateLimits=None)
+        board.took(board.read(Changes(frozenset({(HERE, "calm")}), whole=False), 1e15 + percent))  # after the pass
+    raw, packed = board.journal.since(board.journal.first), board.journal.since(board.journal.first, gzip=True)
+    assert raw and packed and len(raw) == len(packed)
+    assert all(a is b for a, b in zip(packed, board.journal.since(board.journal.first, gzip=True), strict=True))
+
+    async def snapshot() -> tuple[bytes, bytes, bytes]:
+        return board.snapshot_event(gzip=True), board.snapshot_event(), board.ages_event(gzip=True)
+
+    packed_snapshot, snapshot_event, packed_ages = trio.run(snapshot)
+    assert packed_snapshot is board.snapshot_event(gzip=True) and len(packed_snapshot) < len(snapshot_event) / 3
+    for start in range(len(packed)):  # joined at any event: the rest unpacks to the events themselves
+        unpack = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        assert unpack.decompress(GZIP_HEADER + b"".join(packed[start:])) == b"".join(raw[start:])
+    unpack = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    text = unpack.decompress(GZIP_HEADER + packed_snapshot + packed_ages + b"".join(packed))
+    assert text.startswith(snapshot_event) and text.endswith(b"".join(raw)) and b'"46%"' in raw[-1]
+
+
+def test_a_served_fleet_stream_is_gzip_only_for_a_client_that_takes_it(tmp_path: Path) -> None:
+    """A browser's Accept-Encoding takes gzip: its stream is packed, and a record written reaches it;
+    a client that does not take gzip (or refuses it, q=0) is sent the events as they are."""
+    import zlib
+
+    from wrapper.readers.web.app import accepts_gzip
+
+    assert accepts_gzip("gzip, deflate, br, zstd") and accepts_gzip("br;q=1.0, *;q=0.5") and accepts_gzip("GZip")
+    assert not accepts_gzip("") and not accepts_gzip("br, deflate") and not accepts_gzip("gzip;q=0, br")
+    assert not accepts_gzip("gzip; q=0.000")
+    fleet(tmp_path)
+    with serving(tmp_path, "--reread", "600") as board:
+        packed = http.client.HTTPConnection("127.0.0.1", board.port, timeout=30)
+        packed.request("GET", "/api/events", headers={"Accept-Encoding": "gzip, deflate, br"})
+        answer = packed.getresponse()
+        assert answer.getheader("content-encoding") == "gzip" and answer.getheader("vary") == "accept-encoding"
+        plain = http.client.HTTPConnection("127.0.0.1", board.port, timeout=30)
+        plain.request("GET", "/api/events", headers={"Accept-Encoding": "gzip;q=0"})
+        plain_answer = plain.getresponse()
+        assert plain_answer.getheader("content-encoding") is None
+        assert plain_answer.read1(1 << 16).startswith(b"event: snapshot\ndata: {")
+        put(tmp_path, "calm", usedTokens=123_457, usedPercent=61.7, rateLimits=None)
+        unpack, seen = zlib.decompressobj(16 + zlib.MAX_WBITS), b""
+        deadline = time.monotonic() + 20
+        while b'"usedTokens": 123457' not in seen and time.monotonic() < deadline:
+            seen += unpack.decompress(answer.read1(1 << 20))
+        assert seen.startswith(b"event: snapshot\ndata: {") and b'"usedTokens": 123457' in seen
+        packed.close()
+        plain.close()
