@@ -801,15 +801,11 @@ def test_the_cache_countdown_rides_the_fleet_pages_ages_and_follows_its_row_agai
 
 
 def whole_pass(board: Board) -> None:
-    """A whole re-read asked for and read to its end, a part at a time, as `follow` drives it."""
-    import trio
-
-    async def passing() -> None:
-        board.took(board.begin(trio.current_time()))
-        while board.under_way:
-            board.took(board.part(trio.current_time()))
-
-    trio.run(passing)
+    """A whole re-read asked for and read to its end, a part at a time, as `follow` drives it (each
+    read told when it began: the monotonic clock, as trio's is within one run)."""
+    board.took(board.begin(time.monotonic()))
+    while board.under_way:
+        board.took(board.part(time.monotonic()))
 
 
 async def until(board: Board, done: Callable[[], bool]) -> None:
@@ -881,19 +877,14 @@ def test_an_agent_removed_is_gone_after_a_whole_re_read_in_parts(tmp_path: Path)
     whole_pass(board)
     assert sorted(board.views) == [f"{HERE}/{identity}" for identity in ("a", "b", "c", "d", "e")]
     shutil.rmtree(tmp_path / "agents" / HERE / "b")  # before the listing
-    import trio
-
-    async def passing() -> None:
-        with board.subscribe() as box:
-            board.took(board.begin(trio.current_time()))  # listed, and its first part (a) read
-            shutil.rmtree(tmp_path / "agents" / HERE / "e")  # listed, its part not read yet
-            put(tmp_path, "f", rateLimits=None)  # made after the listing
-            board.took(board.read(Changes(frozenset({(HERE, "f")}), whole=False), trio.current_time()))
-            while board.under_way:
-                board.took(board.part(trio.current_time()))
-            assert box.rows[f"{HERE}/b"] is None and box.rows[f"{HERE}/e"] is None
-
-    trio.run(passing)
+    with board.subscribe() as box:
+        board.took(board.begin(time.monotonic()))  # listed, and its first part (a) read
+        shutil.rmtree(tmp_path / "agents" / HERE / "e")  # listed, its part not read yet
+        put(tmp_path, "f", rateLimits=None)  # made after the listing
+        board.took(board.read(Changes(frozenset({(HERE, "f")}), whole=False), time.monotonic()))
+        while board.under_way:
+            board.took(board.part(time.monotonic()))
+        assert box.rows[f"{HERE}/b"] is None and box.rows[f"{HERE}/e"] is None
     assert sorted(board.views) == [f"{HERE}/{identity}" for identity in ("a", "c", "d", "f")]
     # The cache (the one `/api/agents` answers from) holds no gone agent either.
     assert sorted(f"{host}/{identity}" for host, identity, _ in board._cache.cache.held()) == sorted(board.views)
@@ -975,7 +966,7 @@ def test_a_fleet_stream_that_takes_gzip_unpacks_to_the_same_events_packed_once_f
     whole_pass(board)
     for percent in (44.0, 45.0, 46.0):
         put(tmp_path, "calm", usedPercent=percent, rateLimits=None)
-        board.took(board.read(Changes(frozenset({(HERE, "calm")}), whole=False), 1e15 + percent))  # after the pass
+        board.took(board.read(Changes(frozenset({(HERE, "calm")}), whole=False), time.monotonic()))
     raw, packed = board.journal.since(board.journal.first), board.journal.since(board.journal.first, gzip=True)
     assert raw and packed and len(raw) == len(packed)
     assert all(a is b for a, b in zip(packed, board.journal.since(board.journal.first, gzip=True), strict=True))
