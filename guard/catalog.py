@@ -248,7 +248,9 @@ def read_agent_files(catalog: Path, host: str, identity: str, host_fd: int | Non
         if host_fd is None:
             dir_fd = open_chain(catalog, (AGENTS_DIR_NAME, host, identity))
         else:
-            dir_fd = open_chain(catalog / AGENTS_DIR_NAME / host, (identity,), parent_fd=host_fd)
+            # The host's path as text: only a refusal's message reads it, and building a Path for
+            # each of thousands of agents is time a one-shot reader's start-up pays (issue 38).
+            dir_fd = open_chain(f"{catalog}/{AGENTS_DIR_NAME}/{host}", (identity,), parent_fd=host_fd)
     except OSError as exc:
         if isinstance(exc, CatalogError) or exc.errno in (errno.ELOOP, errno.ENOTDIR):
             reason = "is not a real directory (symlink or file)"

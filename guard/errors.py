@@ -8,8 +8,9 @@ catches a branch when what it does is the branch's, a leaf when it must tell one
     ├── Refused (ValueError)     input hctx will not interpret: skip it, say why, carry on
     │   ├── JsonRefused          bytes the one JSON rule refuses                      guard.errors
     │   ├── RecordRefused        not a record or claim this reader accepts            guard.errors
-    │   └── FrameRejected        a producer will not interpret a frame                guard.errors
-    │       └── MalformedFrame   not a frame at all: bad UTF-8, bad JSON, bad shape   guard.errors
+    │   ├── FrameRejected        a producer will not interpret a frame                guard.errors
+    │   │   └── MalformedFrame   not a frame at all: bad UTF-8, bad JSON, bad shape   guard.errors
+    │   └── SetupRefused         a user file `hctx setup` will not touch              sidecar.setup_plan
     ├── Unavailable (OSError)    a file, directory or peer cannot be used now: report it, and
     │   │                        retry or go on without it
     │   ├── CatalogError         the catalog cannot be opened or walked               guard.errors
@@ -23,6 +24,8 @@ catches a branch when what it does is the branch's, a leaf when it must tell one
     │   │                        the message, change nothing
     │   ├── ConfigError          a transport's address or config                      sidecar.spec
     │   ├── ChannelPathError     the channel's socket path                            sidecar.spec
+    │   ├── NotAdoptable         a harness with no way to be adopted                  sidecar.spec
+    │   ├── AdoptRefused         a process `hctx adopt` will not adopt                wrapper.launch.adopt
     │   ├── SettingsError        a harness's settings file cannot be merged    sidecar.harnesses.claude.launch
     │   ├── ModelTableError      Claude's model-window table is unreadable    sidecar.harnesses.claude.windows
     │   ├── UsageError           what the command line asks                           wrapper.arguments

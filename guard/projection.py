@@ -7,7 +7,6 @@ derived fields, so a reader reads attributes the type checker follows, never str
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Container, Mapping
 from pathlib import Path
 from typing import Any, Self
@@ -33,7 +32,14 @@ __all__ = [
     "reading_of",
 ]
 
-log = logging.getLogger(__name__)
+
+def _warn(message: str, *args: object) -> None:
+    """The projection's log line. logging is imported where a line is logged (`load_record`,
+    `read_context`), not with the module: a reader that reports every problem itself (the roster,
+    `hctx agents --json`) never loads it (issue 38)."""
+    import logging
+
+    logging.getLogger(__name__).warning(message, *args)
 
 
 # The roster's `context` keys, in the spec's Exposure order. `incarnation` and `writtenAtMs`
@@ -98,23 +104,28 @@ class Context(ContextFields):
         one (additive, issue 37)."""
         held = self._record_wire
         if held is None:
-            fields = self.model_dump(mode="json", by_alias=True)
-            context = {key: fields[key] for key in CONTEXT_KEYS}
-            if fields["rateLimitsAtMs"]:
-                # Additive (issue 35), where the record carries it: when each window's figure arrived,
-                # which the account fan-in (wrapper.readers.accounts) orders and ages snapshots by.
-                context["rateLimitsAtMs"] = fields["rateLimitsAtMs"]
-            if fields["subagents"]:
-                context["subagents"] = fields["subagents"]
-            if fields["promptCache"] is not None:
-                context["promptCache"] = fields["promptCache"]
-            return context
+            return _context_wire(self.model_dump(mode="json", by_alias=True))
         context = held | {"ageMs": self.age_ms, "stale": self.stale}
         if self.subagents:
             context["subagents"] = [
                 row | {"ageMs": sub.age_ms} for row, sub in zip(held["subagents"], self.subagents, strict=True)
             ]
         return context
+
+
+def _context_wire(fields: dict[str, Any]) -> dict[str, Any]:
+    """`Context.wire()` of a reading's fields as dumped (JSON mode, by alias): a Context's own, or a
+    record's with the reader's three fields added (`reading_of`)."""
+    context = {key: fields[key] for key in CONTEXT_KEYS}
+    if fields["rateLimitsAtMs"]:
+        # Additive (issue 35), where the record carries it: when each window's figure arrived,
+        # which the account fan-in (wrapper.readers.accounts) orders and ages snapshots by.
+        context["rateLimitsAtMs"] = fields["rateLimitsAtMs"]
+    if fields["subagents"]:
+        context["subagents"] = fields["subagents"]
+    if fields["promptCache"] is not None:
+        context["promptCache"] = fields["promptCache"]
+    return context
 
 
 # What `project` changes of a reading: the clock's fields (a subagent's age, with its row unchanged).
@@ -129,7 +140,13 @@ def reading_of(record: HarnessContext) -> Context:
     reading["subagents"] = tuple(SubagentReading.model_construct(**dict(sub), age_ms=0) for sub in record.subagents)
     headroom = headroom_tokens(record.compact_at_tokens, record.used_tokens)
     context = Context.model_construct(**reading, age_ms=0, stale=False, headroom_tokens=headroom)
-    context._record_wire = context.wire()  # ages and staleness are set again by each `project`
+    # Dumped by the record's serializer, which every reader has built, not the Context's (built at
+    # its first use, guard.record.AT_FIRST_USE): the same fields, types and order, so the same JSON.
+    # Ages and staleness are set again by each `project`.
+    fields = record.model_dump(mode="json", by_alias=True)
+    if fields["subagents"]:
+        fields["subagents"] = [row | {"ageMs": 0} for row in fields["subagents"]]
+    context._record_wire = _context_wire(fields | {"ageMs": 0, "stale": False, "headroomTokens": headroom})
     return context
 
 
@@ -137,11 +154,7 @@ def project(record: HarnessContext, now_ms: int, reading: Context | None = None)
     """The roster's `context` for a decoded record, or None past the future-skew bound; `reading` is
     the record's `reading_of`, when the caller already has it."""
     if record.observed_at_ms > now_ms + HARNESS_CONTEXT_FUTURE_SKEW_MS:
-        log.warning(
-            "context record observed %d ms in the future; clock untrusted, reading as absent",
-            record.observed_at_ms - now_ms,
-        )
-        return None
+        return None  # the caller says why: `read_context` logs it, the roster shows it as the row's problem
     reading = reading_of(record) if reading is None else reading
     timed: dict[str, Any] = {
         "age_ms": max(0, now_ms - record.observed_at_ms),
@@ -169,7 +182,7 @@ def load_record(path: str | Path, harnesses: Container[str] | None = None) -> Ha
     """The record at `path`; None when there is none or it is not trustworthy (logged)."""
     record, problem = decode_record(read_bounded(None, path, MAX_RECORD_BYTES), harnesses)
     if problem is not None:
-        log.warning("%s: %s", path, problem)
+        _warn("%s: %s", path, problem)
     return record
 
 
@@ -177,4 +190,12 @@ def read_context(path: str | Path, now_ms: int, harnesses: Container[str] | None
     """The whole table: no file, refused (a harness outside `harnesses`, the ones the reader knows,
     included), future-skewed -> None; else the reading with its age."""
     record = load_record(path, harnesses)
-    return None if record is None else project(record, now_ms)
+    if record is None:
+        return None
+    context = project(record, now_ms)
+    if context is None:
+        _warn(
+            "context record observed %d ms in the future; clock untrusted, reading as absent",
+            record.observed_at_ms - now_ms,
+        )
+    return context

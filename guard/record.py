@@ -16,6 +16,7 @@ from guard.json_rule import loads_object, strings_of
 from guard.numbers import round_half_up
 
 __all__ = [
+    "AT_FIRST_USE",
     "COMPACTION_TRIGGERS",
     "HARNESS_NAME_PATTERN",
     "MAX_COUNT",
@@ -89,8 +90,17 @@ class WireModel(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True)
 
 
+# A model's validator and serializer built at its first use, not at import (pydantic's `defer_build`):
+# for the models a reader never validates or dumps on their own, only inside a record or a claim
+# (whose schemas hold theirs). `hctx agents --json` then builds none of them (issue 38: it runs
+# every few seconds, and every build is start-up); a writer pays for each once, at its first.
+AT_FIRST_USE = ConfigDict(defer_build=True)
+
+
 class RateLimits(WireModel):
     """Account-scoped window occupancy as the harness reported it; an absent window is null."""
+
+    model_config = AT_FIRST_USE
 
     five_hour: FiniteFloat | None = None
     seven_day: FiniteFloat | None = None
@@ -146,6 +156,8 @@ class Subagent(WireModel):
     """One subagent of the agent (issue 28): its own numbers, each from the harness's own field
     for that subagent, and never the parent's."""
 
+    model_config = AT_FIRST_USE
+
     id: Printable
     name: Printable | None = None  # its type (Claude's agent_type, OpenCode's agent) where stated
     model: Printable | None = None
@@ -177,6 +189,8 @@ class PromptCache(WireModel):
 
 class ContextFields(WireModel):
     """The reading a producer publishes: every record field except provenance and stamps."""
+
+    model_config = AT_FIRST_USE
 
     harness: Harness
     used_tokens: Count | None = None
@@ -226,6 +240,9 @@ class ContextFields(WireModel):
 class HarnessContext(ContextFields):
     """One JSON object at `<agent-dir>/harness-context`, replaced atomically."""
 
+    # Built at import, unlike the reading it extends: every reader and writer validates records.
+    model_config = ConfigDict(defer_build=False)
+
     schema_id: Literal["st2.harness-context.v1", "st2.harness-context.v2"] = Field(default=SCHEMA_V1, alias="schema")
     agent: str
     incarnation: str
@@ -254,7 +271,7 @@ def parse_record(data: bytes | str, *, harnesses: Container[str] | None = None) 
     `harnesses`: the names whose arithmetic the reader knows (the registry's); a record of any
     other is refused. None (the writer re-reading its own record) takes any well-formed name."""
     raw = loads_object(data, error=RecordRefused)
-    refuse_nul_characters(raw)
+    refuse_nul_characters(raw, data)
     schema = raw.get("schema")
     if not isinstance(schema, str) or schema not in ACCEPTED_SCHEMAS:  # a list would raise TypeError
         raise RecordRefused(f"schema {schema!r} is not one this reader accepts")
@@ -267,10 +284,16 @@ def parse_record(data: bytes | str, *, harnesses: Container[str] | None = None) 
         raise RecordRefused(f"invalid record: {describe_validation_error(exc)}") from None
 
 
-def refuse_nul_characters(raw: object) -> None:
+def refuse_nul_characters(raw: object, data: bytes | str | None = None) -> None:
     """A NUL character (`"\\u0000"`, which the JSON rule allows) in a record's or claim's value: no
     environment variable, path or C string carries one, and a record's values become all three
-    (`hctx watch --exec`'s HCTX_* variables), so the file is refused where it is read."""
+    (`hctx watch --exec`'s HCTX_* variables), so the file is refused where it is read.
+
+    `data`: the JSON text `raw` was parsed from, when the caller has it. The rule refuses a raw NUL
+    in it, so a parsed string holds one only where the text spells the escape; a text without it
+    is not walked (the walk was an eighth of `hctx agents --json`'s reading, issue 38)."""
+    if (isinstance(data, bytes) and b"\\u0000" not in data) or (isinstance(data, str) and "\\u0000" not in data):
+        return
     if any("\x00" in text for text in strings_of(raw)):
         raise RecordRefused("holds a NUL character (\\u0000), which no environment or path carries")
 

@@ -13,7 +13,6 @@ from typing import Annotated, Literal
 from pydantic import BeforeValidator, Field, ValidationError
 
 from guard.account import Account
-from guard.atomic import write_agent_file
 from guard.constants import (
     AGENTS_DIR_NAME,
     MAX_STATE_BYTES,
@@ -26,10 +25,8 @@ from guard.errors import Held, JsonRefused, RecordRefused
 from guard.files import read_bounded
 from guard.json_rule import loads_object
 from guard.layout import AgentDir
-from guard.locks import agent_locked
 from guard.procs import pid_alive, proc_stat
-from guard.record import Count, Harness, Millis, WireModel, optional_model, refuse_nul_characters
-from guard.store import remove_context
+from guard.record import AT_FIRST_USE, Count, Harness, Millis, WireModel, optional_model, refuse_nul_characters
 from guard.walk import open_append, open_chain
 
 __all__ = [
@@ -76,6 +73,8 @@ class Unobserved(WireModel):
     """A stretch of the session no sidecar watched: from its sidecar's death to a replacement's
     ready, or open (`untilMs` null) when none came up before the session ended."""
 
+    model_config = AT_FIRST_USE  # validated inside a claim, on its own only by a writer
+
     since_ms: Millis
     until_ms: Millis | None = None
     sidecar_pid: Count
@@ -92,6 +91,8 @@ class Unobserved(WireModel):
 
 
 class PastClaim(WireModel):
+    model_config = AT_FIRST_USE  # validated inside a claim, on its own only by a writer
+
     incarnation: str
     claimed_at_ms: Millis
     wrapper_pid: Count
@@ -117,6 +118,11 @@ class HarnessState(WireModel):
     # first reading (a harness may write none until its first token usage). Null where none is stated;
     # one that does not read is null too, never a reason to refuse the claim.
     account: Annotated[Account | None, BeforeValidator(lambda value: optional_model(Account, value))] = None
+    # Additive (issue 36): the harness was not launched by this wrapper but adopted after its own
+    # start (`hctx adopt`, run by a hook `hctx setup` installed); its "wrapper" is the adopting
+    # resident, which watches the harness and never signals it. False for a wrapped seat, and in
+    # claims written before it existed.
+    adopted: Annotated[bool, Field(strict=True)] = False
 
     def to_json(self) -> str:
         return self.model_dump_json(by_alias=True) + "\n"
@@ -134,7 +140,7 @@ def parse_state(data: bytes | str, *, harnesses: Container[str] | None = None) -
     """The claim; `harnesses` as for `guard.record.parse_record` (None: any well-formed name)."""
     try:
         raw = loads_object(data)
-        refuse_nul_characters(raw)
+        refuse_nul_characters(raw, data)
         state = HarnessState.model_validate(raw, by_alias=True)
     except (JsonRefused, RecordRefused, ValidationError) as exc:
         raise RecordRefused(f"harness-state refused: {exc}") from None
@@ -155,6 +161,8 @@ def read_state(agent: AgentDir) -> HarnessState | None:
 
 
 def write_state(agent: AgentDir, state: HarnessState) -> None:
+    from guard.atomic import write_agent_file  # the writer's: a reader of claims never loads it (issue 38)
+
     write_agent_file(agent, STATE_RECORD_NAME, state.to_json().encode())
 
 
@@ -166,6 +174,8 @@ def new_claim(
     pid: int,
     previous: HarnessState | None,
     identity: str | None = None,
+    *,
+    adopted: bool = False,
 ) -> HarnessState:
     """The next claim, carrying the previous ones (newest first) so a crash loop stays visible."""
     history = [] if previous is None else [previous.claim(), *previous.history]
@@ -179,6 +189,7 @@ def new_claim(
         desired_state="running",
         history=history[:CLAIM_HISTORY_LIMIT],
         wrapper_identity=identity,
+        adopted=adopted,
     )
 
 
@@ -206,6 +217,8 @@ def process_identity(pid: int) -> str | None:
 @contextlib.contextmanager
 def state_locked(agent: AgentDir) -> Iterator[HarnessState | None]:
     """The claim on disk, read under the agent's state lock, held for the block."""
+    from guard.locks import agent_locked  # the writer's, as write_state's
+
     with agent_locked(agent, STATE_LOCK_NAME):
         yield read_state(agent)
 
@@ -220,20 +233,23 @@ def claim_agent(
     locked: bool,
     relaunch_of: str | None = None,
     takeover: bool = False,
+    adopted: bool = False,
 ) -> HarnessState:
     """A fresh incarnation claimed under the state lock, then the old record removed.
 
     `locked`: the caller holds the agent's wrapper lock (`AgentLock`), so no other wrapper runs it,
     whatever a claim on disk says; without it the claim is refused with ClaimHeld, unless this is a
     takeover. A relaunch (`relaunch_of`, the incarnation it follows) is refused once the claim is
-    another's: it was taken over."""
+    another's: it was taken over. `adopted`: the claim of an adopted harness (see HarnessState)."""
+    from guard.store import remove_context  # the writer's, as write_state's
+
     with state_locked(agent) as previous:
         if relaunch_of is not None:
             if previous is None or previous.incarnation != relaunch_of:
                 raise ClaimHeld(previous)
         elif not locked and not takeover:
             raise ClaimHeld(previous)
-        state = new_claim(agent, harness, incarnation, now_ms, pid, previous, process_identity(pid))
+        state = new_claim(agent, harness, incarnation, now_ms, pid, previous, process_identity(pid), adopted=adopted)
         write_state(agent, state)
         remove_context(agent)
     return state

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from guard.constants import AGENTS_DIR_NAME, CONTROL_DIR_NAME, LOGS_DIR_NAME, STAGING_DIR_NAME
 from guard.errors import CatalogError
+from guard.files import RawFile, read_bounded
 from guard.layout import AgentDir, staging_dir
 
 __all__ = [
@@ -22,6 +24,9 @@ __all__ = [
     "open_append",
     "open_chain",
     "open_logs_dir",
+    "open_parent_within",
+    "read_within",
+    "resolve_within",
 ]
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -48,7 +53,8 @@ def open_append(dir_fd: int, name: str) -> int:
     return fd
 
 
-def _open_dir(parent_fd: int | None, name: str, path: Path, *, create: bool) -> int:
+def _open_dir(parent_fd: int | None, name: str, where: Callable[[], Path], *, create: bool) -> int:
+    """`where`: the directory's path, made only for a refusal's message (a reader walks thousands)."""
     if create:
         with contextlib.suppress(FileExistsError):
             os.mkdir(name, 0o755, dir_fd=parent_fd)
@@ -56,19 +62,21 @@ def _open_dir(parent_fd: int | None, name: str, path: Path, *, create: bool) -> 
         return os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise CatalogError(f"{path} is not a real directory (symlink or file); refusing") from None
+            raise CatalogError(f"{where()} is not a real directory (symlink or file); refusing") from None
         raise
 
 
-def open_chain(root: Path, components: tuple[str, ...], *, create: bool = False, parent_fd: int | None = None) -> int:
+def open_chain(
+    root: Path | str, components: tuple[str, ...], *, create: bool = False, parent_fd: int | None = None
+) -> int:
     """Open `root/components...` without following a symlink at any step; the caller closes.
 
     A component that is a symlink or a file is a CatalogError; anything else the system refuses
     (absent, permission) is its own OSError. With `parent_fd`, the walk starts at that already
     open directory (`root` is then its path, for messages), which stays open.
     """
-    root = Path(os.path.abspath(root))
     if parent_fd is None:
+        root = os.path.abspath(root)
         if create:
             os.makedirs(root, mode=0o755, exist_ok=True)
         # The catalog root is the user's to place (a symlinked ~/.local/state is common); everything
@@ -76,11 +84,10 @@ def open_chain(root: Path, components: tuple[str, ...], *, create: bool = False,
         fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     else:
         fd = parent_fd
-    path = root
     try:
-        for name in components:
-            path = path / name
-            child = _open_dir(fd, name, path, create=create)
+        for index, name in enumerate(components):
+            where = functools.partial(_joined, root, components[: index + 1])
+            child = _open_dir(fd, name, where, create=create)
             if fd != parent_fd:
                 os.close(fd)
             fd = child
@@ -89,6 +96,10 @@ def open_chain(root: Path, components: tuple[str, ...], *, create: bool = False,
             os.close(fd)
         raise
     return fd
+
+
+def _joined(root: Path | str, components: tuple[str, ...]) -> Path:
+    return Path(os.path.abspath(root), *components)
 
 
 @contextlib.contextmanager
@@ -112,3 +123,85 @@ def agent_dirs(agent: AgentDir, *, create: bool) -> Iterator[tuple[int, int]]:
 
 def device_of(fd: int) -> int:
     return os.fstat(fd).st_dev
+
+
+# --- a user's file under a directory of theirs (`hctx setup`, issue 36) -----------------------------
+# The root (e.g. ~/.claude) is the user's to place, a symlink included; below it hctx opens every
+# directory without following a link. Only the file itself may be a symlink, and only to a file
+# inside the same root (a settings file kept in a subdirectory): a link out of it (a dotfiles
+# repository, another user's file, /etc) is never read through or written through.
+
+
+def resolve_within(root: Path, parts: tuple[str, ...]) -> tuple[Path, tuple[str, ...]]:
+    """(the root, the parts) of the file `root/parts` names: itself, or the file inside the root its
+    symlink names (then the root's real path and the target's parts below it). CatalogError for a
+    symlink out of the root."""
+    path = root.joinpath(*parts)
+    try:
+        linked = stat.S_ISLNK(os.lstat(path).st_mode)
+    except OSError:  # absent, or a parent that is not a directory: the walk says which
+        return root, parts
+    if not linked:
+        return root, parts
+    real_root = Path(os.path.realpath(root))
+    target = Path(os.path.realpath(path))
+    if target == real_root or not target.is_relative_to(real_root):
+        raise CatalogError(
+            f"{path} is a symlink to {target}, outside {root}: hctx never reads or writes through a link out of it"
+        )
+    return real_root, target.relative_to(real_root).parts
+
+
+def open_parent_within(
+    root: Path, parts: tuple[str, ...], *, create: bool = False, mode: int = 0o700
+) -> tuple[int, list[Path]]:
+    """The directory holding `root/parts` opened (every step below the root without following a
+    link, as `open_chain`) and the directories this call created for it (mode `mode`, the root
+    itself included when it was missing), outermost first; the caller closes. Absent and not
+    `create`: FileNotFoundError."""
+    created: list[Path] = []
+    root = Path(os.path.abspath(root))
+    if create:
+        missing, directory = [], root
+        while not os.path.lexists(directory):
+            missing.append(directory)
+            directory = directory.parent
+        for directory in reversed(missing):
+            os.mkdir(directory, mode)
+            created.append(directory)
+    fd = open_chain(root, ())
+    path = root
+    try:
+        for name in parts[:-1]:
+            path = path / name
+            if create:
+                try:
+                    os.mkdir(name, mode, dir_fd=fd)
+                    created.append(path)
+                except FileExistsError:
+                    pass
+            child = open_chain(path.parent, (name,), parent_fd=fd)
+            os.close(fd)
+            fd = child
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, created
+
+
+def read_within(root: Path, parts: tuple[str, ...], limit: int) -> RawFile:
+    """The file `root/parts`, read as `guard.files.read_bounded` reads (a regular file only, never
+    blocking on a FIFO, at most `limit` bytes), through a symlink only to a file inside the root."""
+    try:
+        real_root, real_parts = resolve_within(root, parts)
+        fd, _ = open_parent_within(real_root, real_parts)
+    except FileNotFoundError:
+        return RawFile()
+    except CatalogError as exc:
+        return RawFile(problem=str(exc))
+    except OSError as exc:
+        return RawFile(problem=f"unreadable: {exc.strerror or exc}")
+    try:
+        return read_bounded(fd, real_parts[-1], limit)
+    finally:
+        os.close(fd)

@@ -2,7 +2,8 @@
 """What watching an agent costs: N seats under `hctx wrap`, against N bare trio processes (issue 24).
 
 For each harness (pi, OpenCode, Claude) it starts N real `hctx wrap` seats whose harness is a
-stand-in (pi and Claude: a sleeping process; OpenCode: a small loopback server with `/event`,
+stand-in, and N adopted seats (a sleeping stand-in started plainly, then `hctx adopt` for it as
+Claude's tee runs it: "adopted") (pi and Claude: a sleeping process; OpenCode: a small loopback server with `/event`,
 heartbeats every 10 s as OpenCode's do, `/config/providers` and `/config`), and beside them, in the
 same run, N bare `python -c "import trio"` processes. Once every seat's sidecar listens and the
 machine settled, it reads per agent the PSS and RSS (/proc/PID/smaps_rollup) and the number of
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -32,11 +34,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from guard.layout import default_host
+
 REPO = Path(__file__).resolve().parent.parent
+ADOPT = f"import sys;sys.path.insert(0,{str(REPO)!r});from wrapper.launch.adopt import main;sys.exit(main())"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 START_TIMEOUT_S = 180.0
 SETTLE_S = 5.0
-TARGETS = {"pi": 2.0, "claude": 2.0, "opencode": 2.3}
+# "adopted": a Claude started without `hctx wrap` that `hctx adopt` adopted (issue 36): the adopter's
+# resident watching it by pidfd, and its sidecar.
+TARGETS = {"pi": 2.0, "claude": 2.0, "opencode": 2.3, "adopted": 2.0}
 IDLE_CPU_TARGET = 0.05  # percent of one core, per agent
 SLEEPER = "import time; time.sleep(1e6)"
 BASELINE = "import trio, time; time.sleep(1e6)"
@@ -122,16 +129,26 @@ def hctx_processes(wrapper: int) -> list[int]:
 @dataclass
 class Seat:
     harness: str
-    process: subprocess.Popen[bytes]
+    process: subprocess.Popen[bytes]  # the wrapper; an adopted seat's: the stand-in harness it adopted
     catalog: Path
     name: str
+    host: str = "bench"
 
     def log(self) -> Path:
-        return self.catalog / ".st2" / "logs" / f"bench~{self.name}.jsonl"
+        return self.catalog / ".st2" / "logs" / f"{self.host}~{self.name}.jsonl"
+
+    def wrapper(self) -> int:
+        """The wrapper's pid: an adopted seat's resident is the one its claim names."""
+        if self.harness != "adopted":
+            return self.process.pid
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            claim = self.catalog / "agents" / self.host / self.name / "harness-state"
+            return int(json.loads(claim.read_text())["wrapperPid"])
+        return 0
 
     def ready(self) -> bool:
-        log = self.log()
-        return log.exists() and b'"event": "start"' in log.read_bytes() and len(hctx_processes(self.process.pid)) > 1
+        log, wrapper = self.log(), self.wrapper()
+        return log.exists() and b'"event": "start"' in log.read_bytes() and len(hctx_processes(wrapper)) > 1
 
 
 def opencode_program(bin_dir: Path) -> Path:
@@ -146,6 +163,12 @@ def start_seat(harness: str, n: int, work: Path, env: dict[str, str], program: P
     cwd.mkdir()
     catalog = work / "catalog"
     name = f"{harness}-{n}"
+    if harness == "adopted":  # a plain session, then what Claude's tee runs on its first call
+        plain = subprocess.Popen([sys.executable, "-c", SLEEPER], env=env, cwd=cwd, start_new_session=True)
+        adopt = ["--harness", "claude", "--pid", str(plain.pid)]
+        subprocess.run([sys.executable, "-I", "-c", ADOPT, *adopt], env=env | {"HCTX_CATALOG": str(catalog)},
+                       check=True)  # fmt: skip
+        return Seat(harness, plain, catalog, name, default_host())
     stand_in = [str(program), "serve"] if harness == "opencode" else [sys.executable, "-c", SLEEPER]
     argv = [sys.executable, "-m", "wrapper.cli", "wrap", "--agent", name, "--harness", harness,
             "--catalog", str(catalog), "--host", "bench", "--", *stand_in]  # fmt: skip
@@ -169,9 +192,11 @@ def wait_ready(seats: list[Seat], work: Path) -> None:
 def stop(baseline: list[subprocess.Popen[bytes]], seats: list[Seat]) -> None:
     """What this run started, and only that: the bare processes killed, every wrapper told SIGTERM
     at once (it stops its harness and sidecar), any left after a shared deadline SIGKILLed (its
-    sidecar then ends the harness's group)."""
+    sidecar then ends the harness's group). An adopted seat's stand-in is told SIGTERM: its
+    resident sees it exit and ends its sidecar and itself."""
     for process in baseline:
         process.kill()
+    residents = [seat.wrapper() for seat in seats if seat.harness == "adopted"]
     for seat in seats:
         with contextlib.suppress(ProcessLookupError):
             seat.process.send_signal(signal.SIGTERM)
@@ -183,13 +208,16 @@ def stop(baseline: list[subprocess.Popen[bytes]], seats: list[Seat]) -> None:
             seat.process.kill()
     for process in [*baseline, *(seat.process for seat in seats)]:
         process.wait()
+    deadline = time.monotonic() + 30
+    while any(pid and Path(f"/proc/{pid}").exists() for pid in residents) and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 @contextlib.contextmanager
 def fleet(seats: int, harnesses: list[str]) -> Iterator[tuple[dict[str, list[Seat]], list[subprocess.Popen[bytes]]]]:
     work = Path(tempfile.mkdtemp(prefix="hctx-footprint-"))
     keep = False
-    env = os.environ | {"PYTHONPATH": str(REPO)}
+    env = os.environ | {"PYTHONPATH": str(REPO), "XDG_RUNTIME_DIR": str(work)}  # adoptions' channels in here
     (work / "bin").mkdir()
     program = opencode_program(work / "bin")
     fleets: dict[str, list[Seat]] = {harness: [] for harness in harnesses}
@@ -217,7 +245,7 @@ def fleet(seats: int, harnesses: list[str]) -> Iterator[tuple[dict[str, list[Sea
 def measure(seats: int, harnesses: list[str], idle_s: float) -> list[tuple[str, int, Usage, float]]:
     """Per harness and for the baseline: the usage per agent and idle CPU in % of a core per agent."""
     with fleet(seats, harnesses) as (fleets, baseline):
-        groups = {harness: [hctx_processes(seat.process.pid) for seat in fleets[harness]] for harness in harnesses}
+        groups = {harness: [hctx_processes(seat.wrapper()) for seat in fleets[harness]] for harness in harnesses}
         groups["bare trio"] = [[process.pid] for process in baseline]
         before = {name: sum(cpu_ticks(pid) for pids in group for pid in pids) for name, group in groups.items()}
         started = time.monotonic()

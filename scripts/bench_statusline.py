@@ -24,11 +24,15 @@ import tempfile
 import time
 from pathlib import Path
 
+from sidecar.adoption import adoption_channel, process_start_ticks
 from sidecar.harnesses.claude.launch import tee_command
 
 REPO = Path(__file__).resolve().parent.parent
 PAYLOAD = (REPO / "fixtures" / "claude" / "statusline-2.1.250.jsonl").read_bytes().splitlines()[1]
 PRE_COMPACT = (REPO / "fixtures" / "claude" / "precompact-2.1.250.jsonl").read_bytes().splitlines()[0]
+
+
+ADOPTED = "tee: adopted statusLine (no HCTX_CHANNEL)"
 
 
 def variants() -> dict[str, tuple[list[str], bytes]]:
@@ -40,6 +44,10 @@ def variants() -> dict[str, tuple[list[str], bytes]]:
         # What sidecar.harnesses.claude.launch renders into .claude/settings.local.json.
         "tee: rendered statusLine command": (["/bin/sh", "-c", tee_command("statusline")], PAYLOAD),
         "hook: rendered hook command": (["/bin/sh", "-c", tee_command("hook")], PRE_COMPACT),
+        # What `hctx setup` renders into the user's settings, in a Claude started without `hctx wrap`:
+        # the tee finds its Claude (here this process, past the `sh -c`) and sends to its adoption
+        # channel, which this script listens on as the adopted sidecar would (issue 36).
+        ADOPTED: (["/bin/sh", "-c", tee_command("statusline")], PAYLOAD),
         "tee: python -m sidecar.harnesses.claude.tee": (
             [python, "-m", "sidecar.harnesses.claude.tee", "statusline"],
             PAYLOAD,
@@ -66,7 +74,17 @@ def main() -> int:
             "HCTX_CHANNEL": channel,
             "ST_CLAUDE_STATUSLINE_RENDERER": "echo ok",
             "PYTHONPATH": str(REPO),
+            "XDG_RUNTIME_DIR": scratch,
         }
+        adopted_env = {key: value for key, value in env.items() if key != "HCTX_CHANNEL"}
+        start = process_start_ticks(os.getpid())
+        assert start is not None
+        adopted = adoption_channel(os.getpid(), start, {b"XDG_RUNTIME_DIR": os.fsencode(scratch)})
+        os.makedirs(os.path.dirname(adopted), mode=0o700)
+        adopted_listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        adopted_listener.bind(adopted)
+        adopted_listener.listen(128)
+        adopted_listener.setblocking(False)
         times: dict[str, list[float]] = {name: [] for name in runs}
         cpu: dict[str, list[float]] = {name: [] for name in runs}
         received = 0
@@ -74,14 +92,16 @@ def main() -> int:
             for name, (argv, stdin) in runs.items():
                 cpu_before = _children_cpu_ms()
                 start = time.perf_counter()
-                done = subprocess.run(argv, input=stdin, env=env, capture_output=True, check=False)
+                done = subprocess.run(argv, input=stdin, env=adopted_env if name == ADOPTED else env,
+                                      capture_output=True, check=False)  # fmt: skip
                 times[name].append((time.perf_counter() - start) * 1000)
                 cpu[name].append(_children_cpu_ms() - cpu_before)
                 if done.returncode != 0 or (name.startswith("tee") and done.stdout != b"ok\n"):
                     print(f"{name} failed: rc={done.returncode} {done.stdout!r} {done.stderr!r}")
                     return 1
-                received += _drain(listener)
+                received += _drain(listener) + _drain(adopted_listener)
         listener.close()
+        adopted_listener.close()
     bare = statistics.median(times["python -S -c pass (bare)"])
     plain = statistics.median(times["python -c pass"])
     bare_cpu = statistics.median(cpu["python -S -c pass (bare)"])

@@ -5,7 +5,7 @@
 Prometheus scraping a live fleet; with `HCTX_PANELS_OUT=FILE` it keeps each query's last minute
 (`query_range`) in FILE. This script draws those results as the dashboard lays them out (its
 gridPos, titles, units, thresholds) in one small HTML page of inline SVG, and with `--png` has
-Debian's headless Chromium take the screenshot the README shows:
+Debian's headless Chromium take the screenshot docs/prometheus.md shows:
 
     HCTX_PANELS_OUT=/tmp/panels.json .venv/bin/python -m pytest tests/test_metrics_live.py
     scripts/render_panels.py /tmp/panels.json --html /tmp/panels.html --png docs/dashboard.png

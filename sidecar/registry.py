@@ -16,6 +16,7 @@ the tests.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
@@ -25,6 +26,7 @@ from sidecar.names import BUILT_IN, ENTRY_POINT_GROUP, REGISTERED, entry_point_p
 from sidecar.spec import (
     HarnessSpec,
     ModelWindows,
+    NotAdoptable,
     TranscriptFile,
     TranscriptReader,
     TranscriptReading,
@@ -35,6 +37,8 @@ from sidecar.spec import (
 if TYPE_CHECKING:
     from guard.record import Harness
     from sidecar.launching import LaunchModule, LaunchPlan
+    from sidecar.setup_plan import SetupModule
+    from sidecar.setup_state import SetupState
 
 __all__ = [
     "BUILT_IN",
@@ -42,10 +46,12 @@ __all__ = [
     "PACKAGE_RUNNERS",
     "REGISTERED",
     "HarnessSpec",
+    "NotAdoptable",
     "TranscriptFile",
     "TranscriptReader",
     "TranscriptReading",
     "WindowSource",
+    "adopted_plan",
     "harness_names",
     "has_teardown",
     "infer_harness",
@@ -55,6 +61,8 @@ __all__ = [
     "prepare",
     "programs",
     "rescan",
+    "setup_module",
+    "setup_state",
     "spec_for",
     "teardown",
     "transcript_readers",
@@ -121,6 +129,19 @@ def prepare(plan: LaunchPlan) -> LaunchPlan:
     return launch_plan(plan.harness).prepare(plan)
 
 
+def adopted_plan(name: str, pid: int, cwd: Path, hints: Mapping[str, str]) -> LaunchPlan:
+    """The plan of a harness session `hctx adopt` adopts (issue 36): the harness's launch module's
+    `adopted(pid, cwd, hints) -> LaunchPlan`, with `argv=()` (nothing to spawn: process `pid` runs
+    already) and the transport and account a wrapped launch of it would have. NotAdoptable for a
+    harness whose module defines none."""
+    adopt = getattr(launch_plan(name), "adopted", None)
+    if adopt is None:
+        raise NotAdoptable(f"the {name} harness cannot be adopted: its launch plan defines no adoption; "
+                           "run it under `hctx wrap` instead")  # fmt: skip
+    plan: LaunchPlan = adopt(pid, cwd, hints)
+    return plan
+
+
 def has_teardown(plan: LaunchPlan) -> bool:
     """Whether the plan's module undoes anything after the launch (most have nothing to undo)."""
     return hasattr(launch_plan(plan.harness), "teardown")
@@ -132,6 +153,34 @@ def teardown(plan: LaunchPlan) -> None:
     undo = getattr(launch_plan(plan.harness), "teardown", None)
     if undo is not None:
         undo(plan)
+
+
+def setup_module(harness: str) -> SetupModule | None:
+    """The harness's setup module (`setup.py` in its own package, issue 36: `setup(home, environ) ->
+    sidecar.setup_plan.HarnessSetup`), or None when it has none: no user-level extension point was
+    measured for it. A module that exists but fails to import raises, as any broken module does."""
+    spec = spec_for(harness)
+    try:
+        found = importlib.util.find_spec(f"{spec.package}.{spec.setup}")
+    except ModuleNotFoundError:  # its package is a plain module (or gone): nothing inside it
+        return None
+    if found is None:
+        return None
+    return cast("SetupModule", spec.module(spec.setup))
+
+
+def setup_state(harness: str, home: Path, environ: Mapping[str, str]) -> SetupState | None:
+    """Whether the harness's setup is in place and current, not set up, or stale (`hctx doctor`);
+    None when it has no setup module or is not installed."""
+    module = setup_module(harness)
+    if module is None:
+        return None
+    plan = module.setup(home, environ)
+    if not plan.installed or not plan.edits:
+        return None
+    from sidecar.setup_state import setup_state as state_of
+
+    return state_of(plan)
 
 
 def programs() -> dict[str, Harness]:

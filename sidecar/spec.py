@@ -38,6 +38,7 @@ __all__ = [
     "ConfigError",
     "HarnessSpec",
     "ModelWindows",
+    "NotAdoptable",
     "RecordingError",
     "Stream",
     "Streams",
@@ -63,6 +64,11 @@ class RecordingError(Unavailable):
 
 class ConfigError(Unusable):
     """A transport's address or config is unusable."""
+
+
+class NotAdoptable(Unusable):
+    """The harness has no way to be adopted (its launch plan defines no `adopted`), or this process
+    cannot be (issue 36: `hctx adopt`)."""
 
 
 class ChannelPathError(Unusable):
@@ -179,6 +185,10 @@ class HarnessSpec:
     # stream's bytes (None: the channel is the only wire).
     launch: str = "launch"
     transport: str | None = None
+    # The module whose `setup(home, environ)` is its `hctx setup` plan (`sidecar.setup_plan`; loaded
+    # only in the wrapper process; absent: no user-level extension point measured). Two harnesses
+    # sharing one package (pi and omp) name theirs apart.
+    setup: str = "setup"
     # How its program is called, and its npm package as `npx` or `bunx` runs it (`hctx wrap`'s
     # inference of the harness from a command line).
     programs: tuple[str, ...] = ()
@@ -207,7 +217,7 @@ class HarnessSpec:
     overruns: bool = False
 
     def __post_init__(self) -> None:
-        for module in (self.launch, self.transport, self.transcripts, self.model_windows):
+        for module in (self.launch, self.setup, self.transport, self.transcripts, self.model_windows):
             if module is not None and not module.isidentifier():
                 raise UnknownHarness(
                     f"the {self.name} harness's spec names {module!r}: a spec names only modules of its own "

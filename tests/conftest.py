@@ -5,6 +5,8 @@ Importable as `tests.conftest` for the constants; pytest loads the fixtures itse
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +59,30 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if BROWSER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.browser)
+
+
+# Where each harness's user files are looked for: `hctx doctor` adds a setup line per harness it
+# finds installed (issue 36), so a test of doctor's own lines runs with none found.
+HARNESS_HOME_VARIABLES = (
+    "CLAUDE_CONFIG_DIR",
+    "CODEX_HOME",
+    "XDG_CONFIG_HOME",
+    "PI_CODING_AGENT_DIR",
+    "OPENCODE_CONFIG",
+)
+
+
+@pytest.fixture
+def harnessless_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty HOME, no harness config dir set and no harness on PATH, for this process and the
+    `hctx` processes it starts."""
+    home = tmp_path / "harnessless-home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    for variable in HARNESS_HOME_VARIABLES:
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("PATH", os.pathsep.join((os.path.dirname(sys.executable), "/usr/bin", "/bin")))
+    return home
 
 
 @pytest.fixture

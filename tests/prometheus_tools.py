@@ -23,7 +23,8 @@ from wrapper.readers.metrics import exposition as render
 
 RULES = REPO / "monitoring" / "hctx-alerts.yml"
 RULES_TESTS = REPO / "monitoring" / "hctx-alerts.test.yml"
-README = (REPO / "README.md").read_text()
+# The page that shows the scrape configs, the rules file and the `hctx metrics` lines to copy.
+PROMETHEUS_DOC = (REPO / "docs" / "prometheus.md").read_text()
 INSTALL_HINT = "run scripts/install_system_deps.sh (Debian's prometheus package; promtool comes with it)"
 
 # One sample: its name and its labels, sorted; `up` and the exporter's catalog series have only a few.
@@ -46,8 +47,8 @@ def dead(pid: int) -> bool:
 
 
 def yaml_blocks() -> list[str]:
-    """The README's ```yaml blocks: the scrape configs and the rules file to copy."""
-    return re.findall(r"```yaml\n(.*?)```", README, re.S)
+    """docs/prometheus.md's ```yaml blocks: the scrape configs and the rules file to copy."""
+    return re.findall(r"```yaml\n(.*?)```", PROMETHEUS_DOC, re.S)
 
 
 def parse(text: str) -> dict[Key, float]:

@@ -84,6 +84,8 @@ def run_tee(
         if not key.startswith(("HCTX_", "ST_CLAUDE", "CLAUDE_CONFIG_DIR"))
     }
     env["HOME"] = str(home)
+    # The tee's parent here is pytest, no Claude to adopt (tests/test_adoption.py adopts one).
+    env["HCTX_NO_ADOPT"] = "1"
     # The project hctx wrap names; a directory without settings unless a test gives it some.
     env["HCTX_CLAUDE_PROJECT_DIR"] = str(home.parent / "project")
     env |= env_extra or {}

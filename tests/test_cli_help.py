@@ -59,8 +59,8 @@ def test_schema_help_describes_the_record(capsys: pytest.CaptureFixture[str]) ->
 
 
 # The order a user meets the commands in (issue 27): `web` lands here once it is registered.
-MET_IN_ORDER = ["demo", "wrap", "agents", "accounts", "cache", "status", "top", "doctor", "inspect", "watch", "metrics",
-                "web", "scan", "replication", "replay", "schema"]  # fmt: skip
+MET_IN_ORDER = ["demo", "wrap", "agents", "setup", "accounts", "cache", "status", "top", "doctor", "inspect", "watch",
+                "metrics", "web", "scan", "replication", "adopt", "replay", "schema"]  # fmt: skip
 
 
 def _listed(help_text: str) -> list[str]:

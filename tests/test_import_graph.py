@@ -37,7 +37,8 @@ HARNESSES = "sidecar.harnesses"
 LADDER: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("guard", ("guard", "guard.*")),
     ("kernel", ("sidecar", "sidecar.names", "sidecar.framing", "sidecar.decoding", "sidecar.producer", "sidecar.held",
-                "sidecar.spec", "sidecar.transcripts", "sidecar.launching")),
+                "sidecar.spec", "sidecar.transcripts", "sidecar.launching", "sidecar.setup_plan",
+                "sidecar.setup_state", "sidecar.adoption")),
     ("harnesses", (HARNESSES, f"{HARNESSES}.*")),
     ("registry", ("sidecar.registry",)),
     ("runtime", ("sidecar.streams", "sidecar.pipeline", "sidecar.app", "sidecar.channel", "sidecar.logs",
@@ -411,9 +412,19 @@ def test_a_room_crossing_is_found_and_named() -> None:
     ]
 
 
+# What only the wrapper process runs: how to launch a harness, and how `hctx setup` edits its user
+# files (issue 36: a harness's `setup` module reuses its launch plan's settings).
+LAUNCH_SIDE_KERNEL = ("sidecar.launching",)
+# (omp shares pi's package: its setup module is named apart, `HarnessSpec.setup`)
+LAUNCH_SIDE_MODULES = (["launch"], ["setup"], ["setup_omp"])
+
+
 def is_launch_side(module: str) -> bool:
-    """The kernel's `sidecar.launching` and each harness's launch plan: the wrapper process's code."""
-    return module == "sidecar.launching" or (harness_of(module) is not None and module.split(".")[3:4] == ["launch"])
+    """The kernel's `sidecar.launching`, each harness's launch plan and setup module: the wrapper
+    process's code."""
+    return module in LAUNCH_SIDE_KERNEL or (
+        harness_of(module) is not None and module.split(".")[3:4] in LAUNCH_SIDE_MODULES
+    )
 
 
 def launch_imports(graph: Graph) -> list[str]:
@@ -436,7 +447,9 @@ def test_only_the_wrapper_side_imports_a_launch_plan() -> None:
     from sidecar.registry import BUILT_IN, spec_for
 
     plans = {f"{spec_for(name).package}.{spec_for(name).launch}" for name in BUILT_IN}
-    assert {module for module in MODULES if is_launch_side(module)} == {"sidecar.launching", *plans}
+    setups = {f"{spec_for(name).package}.{spec_for(name).setup}" for name in BUILT_IN} & set(MODULES)
+    assert "sidecar.harnesses.claude.setup" in setups
+    assert {module for module in MODULES if is_launch_side(module)} == {*LAUNCH_SIDE_KERNEL, *plans, *setups}
     assert "sidecar.launching" in graph["sidecar.harnesses.claude.launch"]  # the graph sees their imports
     assert launch_imports(graph) == []
     # Not vacuous: a producer or the runtime importing one is named.

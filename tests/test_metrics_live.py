@@ -1,10 +1,10 @@
 """A real Prometheus server (Debian's package) scraping `hctx metrics` on a live demo fleet.
 
-The README's scrape config and the shipped rules file are what it loads; only the intervals and the
+docs/prometheus.md's scrape config and the shipped rules file are what it loads; only the intervals and the
 rules' `for` durations are shortened to seconds. As root the whole scenario runs again inside a
 private network namespace holding nothing but loopback (`unshare -n`), so neither Prometheus nor
 the exporters can be reached from, or reach, anything else; there the first exporter runs on its
-default address, the README's target. Everything it starts, it stops.
+default address, the scrape config's target. Everything it starts, it stops.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import pytest
 from readers_catalog import put_claim, put_record
 
 from guard.record import HarnessContext, parse_record
-from tests.prometheus_tools import README, REPO, RULES, get, require_tool, start_exporter, stop, yaml_blocks
+from tests.prometheus_tools import PROMETHEUS_DOC, REPO, RULES, get, require_tool, start_exporter, stop, yaml_blocks
 from tests.wrapping import env, wait_for
 from wrapper.demo import DEMO_HOST, FLEET
 from wrapper.readers.metrics import DEFAULT_LISTEN
@@ -49,7 +49,7 @@ def _free_port() -> int:
 
 
 def scrape_config(targets: list[str]) -> str:
-    """The README's scrape config with one-second intervals and these targets."""
+    """docs/prometheus.md's scrape config with one-second intervals and these targets."""
     (config,) = [block for block in yaml_blocks() if "rule_files:" in block]
     default = json.dumps([f"{DEFAULT_LISTEN[0]}:{DEFAULT_LISTEN[1]}"])
     for line in ("  scrape_interval: 15s\n", "  evaluation_interval: 15s\n", f"      - targets: {default}\n"):
@@ -137,7 +137,7 @@ def scenario(prometheus: str, tmp_path: Path, *, in_namespace: bool) -> None:
     second_fleet(other)
     started: list[subprocess.Popen[bytes]] = []
     try:
-        # In the namespace the first exporter takes its default address, the README's target.
+        # In the namespace the first exporter takes its default address, the scrape config's target.
         listen = [] if in_namespace else ["--listen", f"127.0.0.1:{_free_port()}"]
         first, first_url = start_exporter(catalog, DEMO_HOST, tmp_path / "first.log", *listen)
         started.append(first)
@@ -208,9 +208,9 @@ def scenario(prometheus: str, tmp_path: Path, *, in_namespace: bool) -> None:
 
         check_dashboard(prom, catalog, targets, tmp_path)
 
-        # The model joins on from its info series, as the README shows.
+        # The model joins on from its info series, as docs/prometheus.md shows.
         join = "hctx_context_used_percent * on (host, agent) group_left (model) hctx_model_info"
-        assert join in README.replace("\n", " ")
+        assert join in PROMETHEUS_DOC.replace("\n", " ")
         models = {dict(labels)["agent"]: dict(labels)["model"] for labels in prom.query(join)}
         for agent in FLEET:
             record = _record(catalog, agent.identity)

@@ -1,5 +1,5 @@
 """The shipped alert rules: promtool accepts them, every alert is exercised by `promtool test rules`
-with the series names `hctx metrics` really exports, and the README shows exactly these files."""
+with the series names `hctx metrics` really exports, and docs/prometheus.md shows exactly these files."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 from readers_catalog import HOST, NOW, put_claim, put_record
 
 from tests.conftest import REPO
-from tests.prometheus_tools import README, RULES, RULES_TESTS, exposition, parse, require_tool, yaml_blocks
+from tests.prometheus_tools import PROMETHEUS_DOC, RULES, RULES_TESTS, exposition, parse, require_tool, yaml_blocks
 from wrapper.cli import build_parser
 from wrapper.readers.metrics import DEFAULT_LISTEN
 
@@ -91,7 +91,7 @@ def test_the_readme_scrape_configs_pass_promtool(tmp_path: Path) -> None:
 
 
 def test_the_readme_metrics_lines_parse() -> None:
-    (block,) = [b for b in re.findall(r"```sh\n(.*?)```", README, re.S) if "hctx metrics" in b]
+    (block,) = [b for b in re.findall(r"```sh\n(.*?)```", PROMETHEUS_DOC, re.S) if "hctx metrics" in b]
     lines = block.strip().splitlines()
     assert len(lines) == 3
     parsed = [build_parser().parse_args(shlex.split(line)[1:]) for line in lines]
@@ -155,7 +155,7 @@ def test_promtool_check_metrics_finds_nothing_in_the_exposition(tmp_path: Path) 
 
 
 def test_the_panel_render_draws_every_dashboard_panel_with_its_series() -> None:
-    """scripts/render_panels.py (the README's screenshot) draws each panel of the shipped dashboard,
+    """scripts/render_panels.py (docs/prometheus.md's screenshot) draws each panel of the shipped dashboard,
     by its title, with each series' legend and last value; a panel whose queries found nothing says so."""
     import json
 

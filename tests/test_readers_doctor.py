@@ -15,6 +15,9 @@ from wrapper.cli import main
 from wrapper.readers.render import doctor_advisories
 from wrapper.readers.roster import collect_roster, now_ms
 
+# doctor adds a setup line per harness it finds installed (issue 36): these tests read its other lines.
+pytestmark = pytest.mark.usefixtures("harnessless_home")
+
 
 def advisories(catalog: Path, *, alive: bool = False, now: int = NOW) -> list[str]:
     return doctor_advisories(collect_roster(catalog, now, here=HOST, alive=lambda pid: alive))

@@ -19,6 +19,9 @@ from guard.errors import CatalogError
 from wrapper.readers.render import doctor_advisories
 from wrapper.readers.roster import collect_roster
 
+# doctor adds a setup line per harness it finds installed (issue 36): these tests read its other lines.
+pytestmark = pytest.mark.usefixtures("harnessless_home")
+
 CONFLICT = "harness-context.sync-conflict-20261201-091500-WBMBBOK"
 
 

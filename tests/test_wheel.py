@@ -105,7 +105,11 @@ def test_the_wheel_holds_exactly_the_package_sources(installed: Installed) -> No
         "sidecar/harnesses/codex/transport.py",
     }
     assert nested <= shipped
-    assert {"sidecar/harnesses/pi/hctx-channel.ts", "sidecar/harnesses/claude/model_windows.json"} <= shipped
+    assert {
+        "sidecar/harnesses/pi/hctx-channel.ts",
+        "sidecar/harnesses/opencode/hctx-adopt.ts",
+        "sidecar/harnesses/claude/model_windows.json",
+    } <= shipped
     board = ("index.html", "agent.html", "board.js", "board.css")
     assert {f"wrapper/readers/web/assets/{name}" for name in board} <= shipped
     with zipfile.ZipFile(installed.wheel) as archive:

@@ -34,6 +34,8 @@ __all__ = [
 COMMAND_MODULES = (
     "wrapper.record",
     "wrapper.launch.command",
+    "wrapper.launch.adopt",
+    "wrapper.launch.setup",
     "wrapper.demo",
     "wrapper.readers.reader_commands",
     "wrapper.readers.status",
@@ -48,6 +50,8 @@ COMMAND_HOMES: Mapping[str, str] = {
     "schema": "wrapper.record",
     "replay": "wrapper.record",
     "wrap": "wrapper.launch.command",
+    "adopt": "wrapper.launch.adopt",
+    "setup": "wrapper.launch.setup",
     "demo": "wrapper.demo",
     "agents": "wrapper.readers.reader_commands",
     "accounts": "wrapper.readers.reader_commands",
@@ -72,8 +76,8 @@ def command_modules(names: Sequence[str] = COMMAND_MODULES) -> list[ModuleType]:
 # of its own lands in its place here, one not named here after these, and a name here that is not
 # registered is skipped.
 COMMAND_ORDER = (
-    "demo", "wrap", "agents", "accounts", "cache", "status", "top", "doctor", "inspect", "watch", "metrics", "web",
-    "scan", "replication", "replay", "schema",
+    "demo", "wrap", "agents", "setup", "accounts", "cache", "status", "top", "doctor", "inspect", "watch", "metrics",
+    "web", "scan", "replication", "adopt", "replay", "schema",
 )  # fmt: skip
 
 

@@ -32,6 +32,8 @@ class ChannelRecording:
     # (arrival ms, frame) for every line that parsed as a JSON object
     frames: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
     arrived: trio.Event = field(default_factory=trio.Event)
+    # how many connections were made to the channel
+    connections: int = 0
 
     def record(self, line: bytes) -> None:
         self.lines.append(line)
@@ -62,6 +64,7 @@ class ChannelRecording:
 
 async def _serve(listener: trio.SocketListener, recording: ChannelRecording) -> None:
     async def connection(stream: trio.SocketStream) -> None:
+        recording.connections += 1
         buffer = b""
         async with stream:
             async for chunk in stream:

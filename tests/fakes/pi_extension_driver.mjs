@@ -8,6 +8,8 @@
 // (every telemetry pull throws). SCRIPT ("pi" or "omp") is that harness's event order and payloads.
 // Every handler the asset registers is driven; the asset sends its frames to
 // $HCTX_CHANNEL. Prints {"registered": [...], "threw": [...]} and exits once the frames had time to go.
+// ASSET may also be the loader `hctx setup` places (sidecar/harnesses/pi/setup.py): its factory is
+// async and reaches the asset's `adopt`, which reports to the adoption's channel instead.
 
 const [assetPath, contextKind, scriptName, jitiPath] = process.argv.slice(2);
 
@@ -109,7 +111,8 @@ async function main() {
 		},
 	};
 	const factory = await loadFactory();
-	factory(pi);
+	// pi and omp await a factory (the setup loader's is async)
+	await factory(pi);
 	const threw = [];
 	const store = new SessionStore();
 	const usageRef = { current: undefined };
@@ -141,7 +144,8 @@ async function main() {
 	// Every handler runs, including ones this script's harness never fires.
 	for (const name of handlers.keys()) if (!driven.has(name)) await fire(name, {});
 	console.log(JSON.stringify({ registered: [...handlers.keys()].sort(), threw }));
-	setTimeout(() => process.exit(0), 400);
+	// An adopted run lingers while the test's stand-in sidecar comes up (HCTX_DRIVER_LINGER_MS).
+	setTimeout(() => process.exit(0), Number(process.env.HCTX_DRIVER_LINGER_MS ?? 400));
 }
 
 main().catch((error) => {

@@ -7,7 +7,7 @@ it started, and nothing else.
 
 The scenario: both daemons are configured before their first start with every outward feature off
 and only `tcp://127.0.0.1:PORT` to listen on and dial; they are paired over the REST API; on each
-host the README's replication block writes `<catalog>/agents/.stignore` and prints the folder
+host docs/replication.md's block writes `<catalog>/agents/.stignore` and prints the folder
 settings, with which A shares its `agents/` (sendreceive) and B receives it (receiveonly). Then a
 fleet under `hctx wrap` on A: the demo's four recorded sessions, an agent whose 200 frames each land
 a replacement, an agent writing one reading every 2 s (the latency probe) and an agent relaunched
@@ -53,7 +53,7 @@ PULSES = 15
 PULSE_GAP_S = 2.0
 DEMO_DURATION_S = 6.0
 TIMEOUT_S = 60.0
-# For a measurement by hand only, e.g. '{"fsWatcherDelayS": 10}': folder settings over the README's.
+# For a measurement by hand only, e.g. '{"fsWatcherDelayS": 10}': folder settings over docs/replication.md's.
 OVERRIDES: dict[str, Any] = json.loads(os.environ.get("HCTX_SYNCTHING_OVERRIDES", "{}"))
 
 # Every name the replica must never hold: the writer's lock, the staging tree and its files, logs,
@@ -228,11 +228,11 @@ def wait_for(predicate: Any, what: str, timeout: float = TIMEOUT_S) -> Any:
 
 
 # ---------------------------------------------------------------------------------------------
-# The README's block, run on a host
+# docs/replication.md's block, run on a host
 
 
 def readme_block() -> str:
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "docs" / "replication.md").read_text()
     blocks: list[str] = re.findall(r"```sh\n(.*?)```", readme, re.S)
     return next(block for block in blocks if "hctx replication syncthing" in block)
 
@@ -406,7 +406,7 @@ def scenario(work: Path, result: dict[str, Any]) -> None:
                 "autoAcceptFolders": False,
             })  # fmt: skip
 
-        # The README's block on each host: the .stignore in place before the folder exists.
+        # docs/replication.md's block on each host: the .stignore in place before the folder exists.
         settings = {daemon.host: run_readme_block(daemon.catalog) | OVERRIDES for daemon in daemons}
         result["settings"] = settings[HOST_A]
         result["readme_block"] = readme_block()

@@ -63,11 +63,11 @@ class Box:
     def catalog(self) -> Path:
         return self.root / "catalog"
 
-    def record_path(self, agent: str) -> Path:
-        return self.catalog / "agents" / HOST / agent / "harness-context"
+    def record_path(self, agent: str, host: str = HOST) -> Path:
+        return self.catalog / "agents" / host / agent / "harness-context"
 
-    def log_path(self, agent: str) -> Path:
-        return log_path(self.catalog, HOST, agent)
+    def log_path(self, agent: str, host: str = HOST) -> Path:
+        return log_path(self.catalog, host, agent)
 
     def env(self, fake: OpenCodeFakeModel) -> dict[str, str]:
         config = {
@@ -113,22 +113,22 @@ class Box:
             **harness_env("opencode", self.version),
         }
 
-    def records(self, agent: str) -> HarnessContext | None:
+    def records(self, agent: str, host: str = HOST) -> HarnessContext | None:
         try:
-            return parse_record(self.record_path(agent).read_bytes())
+            return parse_record(self.record_path(agent, host).read_bytes())
         except (FileNotFoundError, RecordRefused):
             return None
 
-    def writes(self, agent: str) -> list[dict[str, Any]]:
+    def writes(self, agent: str, host: str = HOST) -> list[dict[str, Any]]:
         """The sidecar's own log of every record it wrote, oldest first."""
-        path = self.log_path(agent)
+        path = self.log_path(agent, host)
         if not path.exists():
             return []
         events = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         return [event for event in events if event.get("event") == "write"]
 
-    def logged(self, agent: str, event: str) -> list[dict[str, Any]]:
-        path = self.log_path(agent)
+    def logged(self, agent: str, event: str, host: str = HOST) -> list[dict[str, Any]]:
+        path = self.log_path(agent, host)
         if not path.exists():
             return []
         lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -263,62 +263,70 @@ async def drain(terminal: int) -> None:
             return
 
 
+async def the_session(
+    box: Box, fake: OpenCodeFakeModel, client: httpx.AsyncClient, agent: str, host: str = HOST
+) -> None:
+    """Two turns, a manual and an auto compaction, over the server's API; each record asserted (the
+    wrapped server's here, an adopted plain one's in test_opencode_adopt_live.py)."""
+    session = await new_session(client, "hctx live")
+
+    answer = await prompt(client, session, "first turn [[u:20000:100]]")
+    assert answer["info"]["tokens"]["total"] == 20100
+    record = await wait_for("turn 1", lambda: (r := box.records(agent, host)) and r.used_tokens == 20100 and r, TURN_S)
+    assert record.harness == "opencode" and record.model == "fake/fake-model"
+    assert (record.window_tokens, record.used_percent) == (WINDOW, 20100 * 100 / WINDOW)  # 15.703125
+    assert record.compactions == 0 and record.last_compaction_trigger is None
+    # Issue 18: OpenCode's own point, limit.context - limit.output (no limit.input): where the
+    # 125,500-token turn below then compacts; never the bare window.
+    assert (record.compact_at_tokens, record.auto_compaction) == (WINDOW - MAX_OUTPUT, True) == (119_808, True)
+
+    await prompt(client, session, "second turn [[u:30000:200:10000]]")
+    record = await wait_for("turn 2", lambda: (r := box.records(agent, host)) and r.used_tokens == 30200 and r, TURN_S)
+    assert record.used_percent == 30200 * 100 / WINDOW == 23.59375  # unrounded
+    assert record.session_total_tokens is not None and record.session_total_tokens >= 20100  # spend, lagging
+    assert record.cost_usd is not None
+
+    # Manual compaction: the summarizer's own message (14,543 tokens) is never the reading.
+    response = await client.post(f"/session/{session}/summarize", json=MODEL)
+    assert response.status_code == 200 and response.json() is True
+    record = await wait_for("summarize", lambda: (r := box.records(agent, host)) and r.compactions == 1 and r, TURN_S)
+    assert record.used_tokens == 30200 and record.used_tokens != SUMMARY_TOTAL
+    assert record.last_compaction_trigger == "unknown" and record.last_compaction_ms is not None
+    assert record.observed_at_ms < record.last_compaction_ms  # the held reading, not re-stamped
+
+    # Auto compaction: 125,500 ≥ 128,000 − 8,192; OpenCode summarizes, then continues on its own.
+    await prompt(client, session, "big turn [[u:125000:500]]")
+    record = await wait_for(
+        "auto compaction",
+        lambda: (r := box.records(agent, host)) and r.compactions == 2 and r.used_tokens == DEFAULT_TOTAL and r,
+        TURN_S,
+    )
+    assert record.used_percent == DEFAULT_TOTAL * 100 / WINDOW
+    # Cumulative spend (it lags a turn: it rides the numerator that lands), never the occupancy.
+    assert record.session_total_tokens is not None
+    assert record.session_total_tokens >= 20100 + 30200 + SUMMARY_TOTAL > record.used_tokens
+
+    # The sidecar logs each write just after the record lands. On a loaded machine a write that
+    # stalled folds the next into the one waiting (tests.conformance.assert_lived_as_replayed):
+    # then fewer are logged, in the same order, the last the same.
+    written = await wait_for(
+        "the write log", lambda: (w := box.writes(agent, host)) and w[-1]["usedTokens"] == DEFAULT_TOTAL and w, 10
+    )
+    expected = [("bucket", 20100), ("bucket", 30200), ("compaction", 30200), ("bucket", 125500),
+                ("compaction", 125500), ("bucket", DEFAULT_TOTAL)]  # fmt: skip
+    lived = [(w["reason"], w["usedTokens"]) for w in written]
+    assert_lived_as_replayed(lived, expected, len(expected) - len(lived))
+    assert [w["usedPercent"] for w in written if w["usedTokens"] == 125500][:1] == [98.046875]
+    assert SUMMARY_TOTAL not in {w["usedTokens"] for w in written}
+    assert [served.kind for served in fake.requests].count("summary") == 2
+    assert all(served.kind != "title" for served in fake.requests)
+
+
 async def test_records_from_a_live_opencode_server_under_hctx_wrap(box: Box) -> None:
     agent = "oc-live"
     recording = box.root / "oc-live.rec"
     async with opencode_fake_model() as fake, opencode_under_wrap(box, fake, agent, record=recording) as client:
-        session = await new_session(client, "hctx live")
-
-        answer = await prompt(client, session, "first turn [[u:20000:100]]")
-        assert answer["info"]["tokens"]["total"] == 20100
-        record = await wait_for("turn 1", lambda: (r := box.records(agent)) and r.used_tokens == 20100 and r, TURN_S)
-        assert record.harness == "opencode" and record.model == "fake/fake-model"
-        assert (record.window_tokens, record.used_percent) == (WINDOW, 20100 * 100 / WINDOW)  # 15.703125
-        assert record.compactions == 0 and record.last_compaction_trigger is None
-        # Issue 18: OpenCode's own point, limit.context - limit.output (no limit.input): where the
-        # 125,500-token turn below then compacts; never the bare window.
-        assert (record.compact_at_tokens, record.auto_compaction) == (WINDOW - MAX_OUTPUT, True) == (119_808, True)
-
-        await prompt(client, session, "second turn [[u:30000:200:10000]]")
-        record = await wait_for("turn 2", lambda: (r := box.records(agent)) and r.used_tokens == 30200 and r, TURN_S)
-        assert record.used_percent == 30200 * 100 / WINDOW == 23.59375  # unrounded
-        assert record.session_total_tokens is not None and record.session_total_tokens >= 20100  # spend, lagging
-        assert record.cost_usd is not None
-
-        # Manual compaction: the summarizer's own message (14,543 tokens) is never the reading.
-        response = await client.post(f"/session/{session}/summarize", json=MODEL)
-        assert response.status_code == 200 and response.json() is True
-        record = await wait_for("summarize", lambda: (r := box.records(agent)) and r.compactions == 1 and r, TURN_S)
-        assert record.used_tokens == 30200 and record.used_tokens != SUMMARY_TOTAL
-        assert record.last_compaction_trigger == "unknown" and record.last_compaction_ms is not None
-        assert record.observed_at_ms < record.last_compaction_ms  # the held reading, not re-stamped
-
-        # Auto compaction: 125,500 ≥ 128,000 − 8,192; OpenCode summarizes, then continues on its own.
-        await prompt(client, session, "big turn [[u:125000:500]]")
-        record = await wait_for(
-            "auto compaction",
-            lambda: (r := box.records(agent)) and r.compactions == 2 and r.used_tokens == DEFAULT_TOTAL and r,
-            TURN_S,
-        )
-        assert record.used_percent == DEFAULT_TOTAL * 100 / WINDOW
-        # Cumulative spend (it lags a turn: it rides the numerator that lands), never the occupancy.
-        assert record.session_total_tokens is not None
-        assert record.session_total_tokens >= 20100 + 30200 + SUMMARY_TOTAL > record.used_tokens
-
-        # The sidecar logs each write just after the record lands. On a loaded machine a write that
-        # stalled folds the next into the one waiting (tests.conformance.assert_lived_as_replayed):
-        # then fewer are logged, in the same order, the last the same.
-        written = await wait_for(
-            "the write log", lambda: (w := box.writes(agent)) and w[-1]["usedTokens"] == DEFAULT_TOTAL and w, 10
-        )
-        expected = [("bucket", 20100), ("bucket", 30200), ("compaction", 30200), ("bucket", 125500),
-                    ("compaction", 125500), ("bucket", DEFAULT_TOTAL)]  # fmt: skip
-        lived = [(w["reason"], w["usedTokens"]) for w in written]
-        assert_lived_as_replayed(lived, expected, len(expected) - len(lived))
-        assert [w["usedPercent"] for w in written if w["usedTokens"] == 125500][:1] == [98.046875]
-        assert SUMMARY_TOTAL not in {w["usedTokens"] for w in written}
-        assert [served.kind for served in fake.requests].count("summary") == 2
-        assert all(served.kind != "title" for served in fake.requests)
+        await the_session(box, fake, client, agent)
     await assert_replays_as_logged(box.catalog, agent, recording)  # the SSE and the answers, as recorded
 
 

@@ -32,6 +32,7 @@ from typing import Any
 import pytest
 import trio
 
+from guard.layout import log_path
 from guard.projection import headroom_tokens
 from guard.record import HarnessContext, parse_record
 from sidecar.harnesses.pi.launch import channel_extension, prepare
@@ -39,7 +40,7 @@ from sidecar.launching import LaunchPlan
 from tests.fakes.pi_channel import ChannelRecording, recording_channel
 from tests.fakes.pi_model import FakeModel, fake_model
 from tests.harnesses import HARNESS_VERSIONS, harness_env, require_harness
-from tests.wrapping import HOST, agent_dir, assert_replays_as_logged, hctx, log_events, wrap_argv
+from tests.wrapping import HOST, assert_replays_as_logged, hctx, wrap_argv
 from tests.wrapping import env as wrapping_env
 
 pytestmark = pytest.mark.live
@@ -168,18 +169,27 @@ class Rpc:
 
 
 class Catalog:
-    def __init__(self, root: Path) -> None:
+    """One agent's record and write log in a catalog: the wrapped seat's by default; an adopted one is
+    named as `hctx wrap` names one (its working directory) on this machine's host name."""
+
+    def __init__(self, root: Path, agent: str = AGENT, host: str = HOST) -> None:
         self.root = root
+        self.agent = agent
+        self.host = host
 
     def record(self) -> HarnessContext | None:
-        path = agent_dir(self.root, AGENT) / "harness-context"
+        path = self.root / "agents" / self.host / self.agent / "harness-context"
         try:
             return parse_record(path.read_bytes())
         except FileNotFoundError:
             return None
 
     def writes(self) -> list[dict[str, Any]]:
-        return [event for event in log_events(self.root, AGENT) if event.get("event") == "write"]
+        path = log_path(self.root, self.host, self.agent)
+        if not path.exists():
+            return []
+        events = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return [event for event in events if event.get("event") == "write"]
 
     async def logged(self, predicate: Callable[[dict[str, Any]], bool], what: str) -> list[dict[str, Any]]:
         """The write log once a write satisfying `predicate` is in it: the line follows the record."""
@@ -210,6 +220,8 @@ class Run:
     env: dict[str, str]
     cwd: Path
     catalog: Catalog
+    # Started plainly (no hctx in its command), adopted through `hctx setup`'s extension (issue 36).
+    adopted: bool = False
 
 
 HARNESS_ARGS = ("--mode", "rpc", "--model", "fake/fake-32k")
@@ -240,6 +252,10 @@ async def rpc_session(argv: list[str], run: Run) -> AsyncIterator[Rpc]:
 
 
 def wrapped(run: Run, harness: str, *extra: str, record: Path | None = None) -> AbstractAsyncContextManager[Rpc]:
+    """The session under `hctx wrap`, or, for an adopted run, the harness alone (no recording: that
+    is the wrapper's)."""
+    if run.adopted:
+        return rpc_session([*run.command, *HARNESS_ARGS, *extra], run)
     recording = () if record is None else ("--record", str(record))
     argv = wrap_argv(run.catalog.root, AGENT, harness, *run.command, *HARNESS_ARGS, *extra, extra=recording)
     return rpc_session(argv, run)
@@ -369,7 +385,8 @@ async def _pi_scenario(run: Run, model: FakeModel) -> None:
     assert numbers[first_edge:] == [(None, None), (26400, 82.5), (None, None), (36400, 113.75), (None, None)]
     compaction_writes = [w for w in p1_writes if w["reason"] == "compaction"]
     assert [(w["usedTokens"], w["compactions"]) for w in compaction_writes] == [(None, 1), (None, 2), (None, 3)]
-    await assert_replays_as_logged(run.catalog.root, AGENT, recording)  # the session `--record` made
+    if not run.adopted:
+        await assert_replays_as_logged(run.catalog.root, AGENT, recording)  # the session `--record` made
 
     async with wrapped(run, "pi", "--continue") as rpc:
         # a new incarnation: the record was removed at the claim; pi still withholds after its last
@@ -424,7 +441,8 @@ async def _omp_scenario(run: Run, model: FakeModel, version: str) -> None:
     assert all(write["usedTokens"] is not None for write in p1_writes)
     assert p1_count >= 2
 
-    await assert_replays_as_logged(run.catalog.root, AGENT, recording)  # the session `--record` made
+    if not run.adopted:
+        await assert_replays_as_logged(run.catalog.root, AGENT, recording)  # the session `--record` made
     async with wrapped(run, "omp", "--continue") as rpc:
         record = await catalog.settles(lambda r: r.compactions >= p1_count, "the durable count after restart")
         await rpc.turn(prompt("turn5 after restart [[u:12000:240]]"))

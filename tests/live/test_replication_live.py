@@ -1,4 +1,4 @@
-"""Live: host A's catalog replicated to host B by two real Syncthing daemons, the README's way.
+"""Live: host A's catalog replicated to host B by two real Syncthing daemons, docs/replication.md's way.
 
 The scenario runs once, in `tests/live/syncthing_pair.py` under `unshare -n` (a private network
 namespace holding only loopback, so nothing but loopback traffic is even possible); these tests
@@ -83,8 +83,8 @@ def test_both_daemons_run_with_only_loopback_and_every_outward_feature_off(obser
 
 
 def test_the_ignore_file_is_the_readmes_and_includes_exactly_the_pinned_names(observed: dict[str, Any]) -> None:
-    readme = (REPO / "README.md").read_text()
-    assert observed["readme_block"] in re.findall(r"```sh\n(.*?)```", readme, re.S)  # what ran is the README's
+    readme = (REPO / "docs" / "replication.md").read_text()
+    assert observed["readme_block"] in re.findall(r"```sh\n(.*?)```", readme, re.S)  # what ran is docs/replication.md's
     printed = subprocess.run([sys.executable, "-m", "wrapper.cli", "replication", "syncthing", "--catalog",
                               observed["a_catalog"]], capture_output=True, text=True, check=True, cwd=REPO)  # fmt: skip
     assert observed["stignore"] == printed.stdout

@@ -24,7 +24,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, TypeVar, cast
@@ -79,10 +79,12 @@ __all__ = [
     "WrapOptions",
     "begin_incarnation",
     "claim",
+    "exec_resident",
     "exit_status",
     "free_seat",
     "main",
     "parse_command",
+    "planned_incarnation",
     "run_wrap",
     "say",
     "tap_frame_path",
@@ -195,7 +197,7 @@ def run_wrap(options: WrapOptions, record_fd: int | None = None) -> int:
     lock_fd, lock_held = lock.across_exec()
     if record_fd is not None:
         os.set_inheritable(record_fd, True)  # across the exec; the resident hands it on, to sidecars only
-    _exec_resident(Spec(options.for_resident(), first, lock_fd, lock_held, record_fd))
+    exec_resident(Spec(options.for_resident(), first, lock_fd, lock_held, record_fd))
     raise AssertionError("unreachable: exec returned")  # pragma: no cover
 
 
@@ -206,7 +208,7 @@ RESIDENT_COMMAND = (
 )
 
 
-def _exec_resident(spec: Spec) -> None:
+def exec_resident(spec: Spec) -> None:
     """Become the resident: `python -I -S` (the standard library only, not even site), its spec in an
     inherited memfd, so `ps` shows a short command. The agent's wrapper lock goes along (the same
     open file, so the same flock, under the same pid): the resident holds it for its whole life."""
@@ -226,15 +228,17 @@ def claim(
     relaunch_of: str | None = None,
     takeover: bool = False,
     pid: int | None = None,
+    adopted: bool = False,
 ) -> str:
     """A fresh incarnation, claimed under the state lock, the old record removed; ClaimHeld while
     another wrapper holds the agent (its wrapper lock), unless `takeover`. `pid`: the wrapper's (by
-    default this process's; a relaunch's `begin` step claims for the resident that runs it)."""
+    default this process's; a relaunch's `begin` step claims for the resident that runs it).
+    `adopted`: `hctx adopt`'s claim, for a harness it did not launch (wrapper.launch.adopt)."""
     incarnation = secrets.token_hex(16)
     now = time.time_ns() // 1_000_000
     locked = lock.take()
     claim_agent(options.agent, options.harness, incarnation, now, os.getpid() if pid is None else pid,
-                locked=locked, relaunch_of=relaunch_of, takeover=takeover)  # fmt: skip
+                locked=locked, relaunch_of=relaunch_of, takeover=takeover, adopted=adopted)  # fmt: skip
     return incarnation
 
 
@@ -327,15 +331,23 @@ def begin_incarnation(options: WrapOptions, incarnation: str, wrapper_pid: int) 
         return begun
     try:
         directory, channel = _channel_path()
-        if plan.account is not None:
-            # The claim names the account now, before any reading: `hctx accounts` counts the seat
-            # from its launch (issue 35). A claim taken over meanwhile is left as it is.
-            update_claim(options.agent, incarnation, lambda state: state.model_copy(update={"account": plan.account}))
+        return planned_incarnation(options, incarnation, plan, directory, channel)
     except OSError:
         teardown(plan)
         raise
+
+
+def planned_incarnation(
+    options: WrapOptions, incarnation: str, plan: LaunchPlan, directory: Path, channel: Path
+) -> Incarnation:
+    """The claimed `incarnation` with its prepared (or, adopted, its watched) launch `plan`, as the
+    resident runs it, its sidecar listening on `channel` in `directory`. The claim names the plan's
+    account now, before any reading: `hctx accounts` counts the seat from its launch (issue 35). A
+    claim taken over meanwhile is left as it is."""
+    if plan.account is not None:
+        update_claim(options.agent, incarnation, lambda state: state.model_copy(update={"account": plan.account}))
     return Incarnation(
-        begun.agent, options.harness, incarnation,
+        _agent_ref(options.agent), options.harness, incarnation,
         plan=Plan(plan.argv, os.fspath(plan.cwd), dict(plan.env),
                   tap_frame_path(options.harness) if plan.tap_stdout else None, has_teardown(plan), plan.owner_pid),
         status=None,
@@ -371,12 +383,13 @@ def parse_command(command: Sequence[str]) -> tuple[str, ...]:
 SEAT_SUFFIX_ROOM = 4  # "-999"
 
 
-def free_seat(catalog: Path, host: str, cwd: Path) -> str:
+def free_seat(catalog: Path, host: str, cwd: Path, taken: Container[str] = ()) -> str:
     """The agent name for a launch that gave none: the working directory's name, or, while a live
-    wrapper on this host holds that seat, the first of NAME-2, NAME-3, ... that none holds."""
+    wrapper on this host holds that seat, the first of NAME-2, NAME-3, ... that none holds. `taken`:
+    seats found held meanwhile (an adopter that lost a seat's lock to another starting at once)."""
     base = as_name(cwd.name, fallback="agent", room=SEAT_SUFFIX_ROOM)
     for seat in (base, *(f"{base}-{n}" for n in range(2, 10**SEAT_SUFFIX_ROOM // 10))):
-        if not held_by_live_wrapper(read_state(AgentDir(catalog, host, seat)), host):
+        if seat not in taken and not held_by_live_wrapper(read_state(AgentDir(catalog, host, seat)), host):
             return seat
     raise UsageError(f"every seat {base}, {base}-2, ... in {catalog} is held by a live wrapper")
 

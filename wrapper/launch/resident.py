@@ -49,6 +49,7 @@ else:
     import _signal as signal  # `signal` without its enum module: the same functions, plain int constants
 
 __all__ = [
+    "ADOPT_SEND_TIMEOUT_S",
     "GROUP_POLL_S",
     "HARNESS_KILL_DEADLINE_S",
     "READ",
@@ -62,6 +63,7 @@ __all__ = [
     "TAP_QUEUE_BYTES",
     "TAP_RECONNECT_S",
     "WRITE",
+    "Adoption",
     "AgentRef",
     "Begin",
     "Incarnation",
@@ -82,20 +84,24 @@ __all__ = [
     "TapQueue",
     "Teardown",
     "WrapperLock",
+    "adopt_supervise",
     "checkout_env",
     "end_group",
     "exit_status",
     "harness_group",
     "main",
+    "prog",
     "run_incarnation",
     "run_tap",
     "say",
+    "send_lines",
     "sidecar_argv",
     "sidecar_restart_delay",
     "spawn",
     "supervise",
     "suppress",
     "terminal_delivers_sigint",
+    "watch_adopted",
 ]
 
 # From the SIGTERM (or SIGHUP) a harness is sent to the SIGKILL of whatever of its group is left.
@@ -349,16 +355,43 @@ class Incarnation:
         )
 
 
-class Spec:
-    """What `hctx wrap` hands the resident across its exec."""
+class Adoption:
+    """A harness this resident adopted (`hctx adopt`, wrapper.launch.adopt) rather than launched: the
+    process it watches (its pid and start time in clock ticks since boot, which together name one
+    process) and the channel lines the trigger could not deliver before the sidecar listened."""
 
-    __slots__ = ("incarnation", "lock_fd", "lock_held", "options", "record_fd")
+    __slots__ = ("pending", "pid", "start_ticks")
+
+    def __init__(self, pid: int, start_ticks: int, pending: bytes = b"") -> None:
+        self.pid, self.start_ticks, self.pending = pid, start_ticks, pending
+
+    def to_wire(self) -> dict[str, object]:
+        return {"pid": self.pid, "startTicks": self.start_ticks, "pending": self.pending}
+
+    @classmethod
+    def from_wire(cls, data: object) -> Adoption:
+        where = "adoption"
+        return cls(_field(data, "pid", int, where), _field(data, "startTicks", int, where),
+                   _field(data, "pending", bytes, where))  # fmt: skip
+
+
+class Spec:
+    """What `hctx wrap` (or `hctx adopt`, with `adoption`) hands the resident across its exec."""
+
+    __slots__ = ("adoption", "incarnation", "lock_fd", "lock_held", "options", "record_fd")
 
     def __init__(
-        self, options: Options, incarnation: Incarnation, lock_fd: int, lock_held: bool, record_fd: int | None = None
+        self,
+        options: Options,
+        incarnation: Incarnation,
+        lock_fd: int,
+        lock_held: bool,
+        record_fd: int | None = None,
+        adoption: Adoption | None = None,
     ) -> None:
         self.options, self.incarnation, self.lock_fd, self.lock_held = options, incarnation, lock_fd, lock_held
         self.record_fd = record_fd  # `--record`'s file, open: every sidecar of every incarnation gets it
+        self.adoption = adoption
 
     def dumps(self) -> bytes:
         return marshal.dumps(
@@ -368,6 +401,7 @@ class Spec:
                 "lockFd": self.lock_fd,
                 "lockHeld": self.lock_held,
                 "recordFd": self.record_fd,
+                "adoption": None if self.adoption is None else self.adoption.to_wire(),
             }
         )
 
@@ -383,7 +417,9 @@ class Spec:
             _field(wire, "lockFd", int, "spec"),
             _field(wire, "lockHeld", bool, "spec"),
             _field(wire, "recordFd", (int, type(None)), "spec"),
-        )
+            None if (adopted := _field(wire, "adoption", (dict, type(None)), "spec")) is None
+            else Adoption.from_wire(adopted),
+        )  # fmt: skip
 
 
 # --- the resident -> step payloads (`python -m wrapper.launch.launcher STEP`), typed the same way ----------
@@ -514,11 +550,15 @@ class suppress:
         return kind is not None and issubclass(kind, self.kinds)
 
 
+# Who speaks in `say`'s lines: `hctx adopt`'s resident says so (its stderr is the adoption log).
+prog = ["hctx wrap"]
+
+
 def say(message: str) -> None:
     """One line on the terminal; one it cannot take now (a full pipe, output suspended) is lost, never
     the session."""
     with suppress(OSError):
-        print(f"hctx wrap: {message}", file=sys.stderr, flush=True)
+        print(f"{prog[0]}: {message}", file=sys.stderr, flush=True)
 
 
 def exit_status(returncode: int) -> int:
@@ -1472,6 +1512,94 @@ def supervise(
     return status
 
 
+ADOPT_SEND_TIMEOUT_S = 1.0
+
+
+def send_lines(channel: str, lines: bytes) -> bool:
+    """`lines` (whole channel frames) sent to the sidecar at `channel`; False when none takes them."""
+    import _socket  # socket.py would bring enum along (a megabyte); an adopted resident sends once
+
+    try:
+        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        try:
+            sock.settimeout(ADOPT_SEND_TIMEOUT_S)
+            sock.connect(channel)
+            sock.sendall(lines)
+        finally:
+            sock.close()
+    except OSError:
+        return False
+    return True
+
+
+def _same_process(pid: int, start_ticks: int) -> int | None:
+    """A pidfd of `pid`, once it is seen to be the process that started at `start_ticks` (checked
+    after the pidfd is open, so the process watched is the one checked); None when it is gone."""
+    from sidecar.adoption import process_start_ticks  # posix only: nothing of the resident's weight
+
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        return None
+    if process_start_ticks(pid) != start_ticks:
+        os.close(pidfd)
+        return None
+    return pidfd
+
+
+def watch_adopted(loop: Loop, session: Session, steps: Steps, it: Incarnation, adoption: Adoption) -> None:
+    """An adopted harness's life beside its sidecar: the harness is watched through a pidfd (it is
+    not this process's child: nothing is spawned, no group is ended, no signal is ever sent to it);
+    when it exits (or this resident is told to stop) the claim's `stopped` is started, the sidecar
+    drains and exits, and the adoption's directory (its channel, the adopter's lock) goes."""
+    sidecars = Sidecars(loop, steps, it)
+    gone: list[bool] = []
+    pidfd = _same_process(adoption.pid, adoption.start_ticks)
+    try:
+        if pidfd is None:
+            # A session over before this resident came (a one-shot run of a second): its sidecar
+            # still starts and drains, so what the harness left (its rollout, the trigger's first
+            # lines) is read once and the record written, as a wrapped seat's drain does.
+            say(f"pid {adoption.pid} exited before its sidecar started; reading what it left")
+            gone.append(True)
+        else:
+            loop.watch(pidfd, READ, lambda: gone.append(True))
+        try:
+            sidecars.start()
+            # Not cut short by the harness's exit: the trigger's first lines and what it left are
+            # still this sidecar's to read before it drains.
+            loop.run_until(lambda: sidecars.ready is not None or session.stopped)
+        except OSError as exc:
+            say(f"cannot start the sidecar ({exc.strerror or exc})")
+        if sidecars.ready and adoption.pending and not send_lines(it.channel, adoption.pending):
+            say("the sidecar did not take the trigger's first lines; they are lost")
+        elif not sidecars.ready and sidecars.running:
+            say("the sidecar did not come up; the session runs without context telemetry")
+        loop.run_until(lambda: bool(gone) or session.stopped)
+    finally:
+        if pidfd is not None:
+            loop.unwatch(pidfd)
+            os.close(pidfd)
+        steps.submit(Stopped(it.agent, it.incarnation))  # beside the sidecar's drain, not after it
+        sidecars.stop(group_done=False)  # no group of the harness's was ever ordered: none is ended
+        _remove_channel_dir(it.channel_dir)
+
+
+def adopt_supervise(options: Options, first: Incarnation, adoption: Adoption, record_fd: int | None = None) -> int:
+    """`hctx adopt`'s resident: one incarnation, never relaunched (the harness is the user's, started
+    by them); 0 once it is over."""
+    if record_fd is not None:
+        os.set_inheritable(record_fd, False)
+    loop = Loop()
+    session = Session(loop)
+    session.listen()
+    steps = Steps(loop)
+    first.record_fd, first.record_raw, first.heartbeat_s = record_fd, options.record_raw, options.heartbeat_s
+    watch_adopted(loop, session, steps, first, adoption)
+    steps.drain()
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 2 or args[0] != "--spec-fd":
@@ -1483,7 +1611,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         except SpecError as exc:
             print(f"hctx wrap: the resident cannot run this spec: {exc}", file=sys.stderr)
             return 2
-    return supervise(spec.options, spec.incarnation, WrapperLock(spec.lock_fd, spec.lock_held), spec.record_fd)
+    lock = WrapperLock(spec.lock_fd, spec.lock_held)  # held for this process's life, adopted or not
+    if spec.adoption is not None:
+        prog[0] = "hctx adopt"
+        return adopt_supervise(spec.options, spec.incarnation, spec.adoption, spec.record_fd)
+    return supervise(spec.options, spec.incarnation, lock, spec.record_fd)
 
 
 if __name__ == "__main__":  # by hand, for a look; the wrapper runs `wrapper.launch.launcher.RESIDENT_COMMAND`

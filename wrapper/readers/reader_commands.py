@@ -8,11 +8,18 @@ roster, the renderer or the top view when it runs.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from guard.constants import HARNESS_CONTEXT_HEADROOM_WARN_PERCENT, HARNESS_CONTEXT_WARN_PERCENT
 from guard.errors import CatalogError
 from wrapper.arguments import add_catalog_options, existing_catalog, fail, quiet_guard_logs, warn, with_host
+
+if TYPE_CHECKING:
+    from wrapper.readers.roster import AgentRow
 
 __all__ = [
     "register",
@@ -22,6 +29,7 @@ __all__ = [
     "run_doctor",
     "run_inspect",
     "run_top",
+    "setup_lines",
 ]
 
 # ---------------------------------------------------------------------------------------------
@@ -30,10 +38,11 @@ __all__ = [
 
 def run_agents(args: argparse.Namespace) -> int:
     from wrapper.readers.accounts import account_of
-    from wrapper.readers.render import colour_enabled, render_agent_json, render_agents, render_agents_json
+    from wrapper.readers.agents_json import render_agent_json, render_agents_json
     from wrapper.readers.roster import AgentNotFound, collect_roster, now_ms, resolve_agent, view_agent
 
-    quiet_guard_logs()
+    # No quiet_guard_logs(): nothing on this path logs (the roster words every problem as a row's
+    # warning), and logging is no part of its start-up (issue 38).
     here, now = args.host, now_ms()
     try:
         catalog = existing_catalog(args)
@@ -46,7 +55,7 @@ def run_agents(args: argparse.Namespace) -> int:
             if args.json:
                 sys.stdout.write(render_agent_json(row, now=now, roster=others))
             else:
-                sys.stdout.write(render_agents([row], colour=colour_enabled(sys.stdout), now=now, roster=others))
+                sys.stdout.write(_agents_table([row], now, others))
             return 0
         roster = collect_roster(catalog, now, here=here)
     except CatalogError as exc:
@@ -57,8 +66,16 @@ def run_agents(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(render_agents_json(roster.rows, now=now))
     else:
-        sys.stdout.write(render_agents(roster.rows, colour=colour_enabled(sys.stdout), now=now))
+        sys.stdout.write(_agents_table(roster.rows, now))
     return 0
+
+
+def _agents_table(rows: list[AgentRow], now: int, roster: list[AgentRow] | None = None) -> str:
+    # Imported here: the table's renderer, its tints and what only it needs are no part of a
+    # script's `agents --json` (issue 38: that one starts in a few interpreter start-ups).
+    from wrapper.readers.render import colour_enabled, render_agents
+
+    return render_agents(rows, colour=colour_enabled(sys.stdout), now=now, roster=roster)
 
 
 def run_doctor(args: argparse.Namespace) -> int:
@@ -71,7 +88,35 @@ def run_doctor(args: argparse.Namespace) -> int:
     except CatalogError as exc:
         return fail("doctor", f"cannot read the catalog: {exc}", 2)
     sys.stdout.write(render_doctor(roster))
+    sys.stdout.write("".join(f"{line}\n" for line in setup_lines(os.environ)))
     return 0  # advisories are never a failure (HC-R17)
+
+
+def setup_lines(environ: Mapping[str, str]) -> list[str]:
+    """A line per installed harness with a setup module (issue 36): whether `hctx setup`'s part is in
+    its user files and is this hctx's, read from the files as they are (sidecar.setup_state)."""
+    from sidecar.registry import harness_names, setup_state
+
+    home = Path(environ.get("HOME") or os.path.expanduser("~"))
+    lines = []
+    for harness in harness_names():
+        state = setup_state(harness, home, environ)
+        if state is None:
+            continue
+        if state.state == "current":
+            lines.append(f"setup: {harness}: in place and current ({state.detail})")
+        elif state.state == "not set up":
+            lines.append(
+                f"setup: {harness}: not set up: a session started without hctx wrap is not seen (hctx setup {harness})"
+            )
+        elif state.state == "stale":
+            lines.append(
+                f"setup: {harness}: stale: {state.detail} holds another hctx's commands (an older install, a "
+                f"moved venv); run hctx setup {harness} again"
+            )
+        else:
+            lines.append(f"setup: {harness}: cannot tell: {state.detail}")
+    return lines
 
 
 def run_inspect(args: argparse.Namespace) -> int:
@@ -200,7 +245,8 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         description=f"An advisory line per agent at or above {HARNESS_CONTEXT_WARN_PERCENT}% fill, per agent "
         f"under {HARNESS_CONTEXT_HEADROOM_WARN_PERCENT}% of its window from the harness's own compaction point, "
         "per stale record while its desired state is running, and one per host whose clock runs past the "
-        "future skew (its records read as absent); advisories never fail the exit status.",
+        "future skew (its records read as absent); then a line per installed harness saying whether `hctx setup` "
+        "is in place and current, not set up, or stale; advisories never fail the exit status.",
     )
     add_catalog_options(doctor)
     doctor.set_defaults(run=with_host(run_doctor))

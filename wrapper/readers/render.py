@@ -11,9 +11,8 @@ from __future__ import annotations
 import datetime
 import json
 import math
-import time
 from collections.abc import Iterable, Mapping
-from typing import Any, Protocol
+from typing import Protocol
 
 from guard.catalog import printable
 from guard.constants import (
@@ -27,6 +26,14 @@ from guard.projection import Context, SubagentReading, cache_cold_in_ms
 from guard.record import HarnessContext, PromptCache, Subagent, round_half_up
 from guard.state import Unobserved
 from wrapper.readers.accounts import WINDOWS, AccountGroup, Snapshot, Window, fan_in, group_key, groups_by_agent
+from wrapper.readers.agents_json import (
+    account_limits_wire,
+    agent_wire,
+    clock,
+    render_agent_json,
+    render_agents_json,
+    render_json_array,
+)
 from wrapper.readers.forecast import Forecast
 from wrapper.readers.roster import (
     LOG_TAIL_LINES,
@@ -50,6 +57,7 @@ from wrapper.readers.tint import (
 )
 
 __all__ = [
+    "ADOPTED_MARK",
     "AMBER_PERCENT",
     "PERCENT_DIGITS_LIMIT",
     "RAW_SHOWN_BYTES",
@@ -92,6 +100,7 @@ __all__ = [
     "render_inspection",
     "render_json_array",
     "reset_text",
+    "state_text",
     "subagent_cells",
     "subagent_label",
     "subagent_lines",
@@ -252,42 +261,17 @@ def table(rows: Iterable[list[tuple[str, Tint]]], header: list[str], colour: boo
     return "\n".join(lines) + "\n"
 
 
-_encode = json.JSONEncoder(ensure_ascii=False, allow_nan=False).encode
-
-
-def render_json_array(objects: list[dict[str, Any]]) -> str:
-    """What every `--json` listing prints: one JSON array, one object per line. Greppable, and
-    compact enough for json's C encoder (an indented dump is the pure-Python one, several times
-    slower on a 10,000-agent roster)."""
-    if not objects:
-        return "[]\n"
-    return "[\n" + ",\n".join(_encode(item) for item in objects) + "\n]\n"
-
-
 # ---------------------------------------------------------------------------------------------
-# `hctx agents`
+# `hctx agents`: its `--json` (and every listing's array) is wrapper.readers.agents_json's, re-exported here
 
 
-def agent_wire(row: AgentRow, groups: Mapping[str, AccountGroup], now: int) -> dict[str, Any]:
-    """One object of `hctx agents --json`: the row, and its account's figure fanned in from `groups`."""
-    return {**row.wire(), "accountRateLimits": account_limits_wire(groups.get(row.name), row, now)}
+ADOPTED_MARK = " (adopted)"
 
 
-def _clock(now: int | None) -> int:
-    return time.time_ns() // 1_000_000 if now is None else now
-
-
-def render_agents_json(
-    rows: list[AgentRow], *, now: int | None = None, roster: Iterable[AgentRow] | None = None
-) -> str:
-    """`roster`: the rows the accounts are fanned in from (default `rows`)."""
-    groups = groups_by_agent(fan_in(rows if roster is None else roster))
-    return render_json_array([agent_wire(row, groups, _clock(now)) for row in rows])
-
-
-def render_agent_json(row: AgentRow, *, now: int | None = None, roster: Iterable[AgentRow] | None = None) -> str:
-    groups = groups_by_agent(fan_in([row] if roster is None else roster))
-    return _encode(agent_wire(row, groups, _clock(now))) + "\n"
+def state_text(row: AgentRow) -> str:
+    """The DESIRED cell: the derived state, marked when the harness was adopted (issue 36), which
+    `agents`, `top` and the board show alike."""
+    return (row.desired_state or "-") + (ADOPTED_MARK if row.adopted else "")
 
 
 def render_agents(
@@ -297,7 +281,7 @@ def render_agents(
     `roster` (default `rows`), and shown only when some agent has one."""
     if not rows:
         return "no agents\n"
-    now = _clock(now)
+    now = clock(now)
     groups = groups_by_agent(fan_in(rows if roster is None else roster))
     limits = [limits_text(groups.get(row.name), row, now) for row in rows]
     with_limits = any(text != "-" for text, _ in limits)
@@ -313,7 +297,7 @@ def render_agents(
             (row.host, None),
             (row.identity, None),
             (row.named_harness or "-", None),
-            (row.desired_state or "-", None),
+            (state_text(row), None),
             (ctx_text(context), None),
             (meter_text(context), fill_tint(context)),
             (headroom_text(context), None),
@@ -527,6 +511,8 @@ def claim_section(inspection: Inspection) -> list[str]:
     out.append(f"  claimedAtMs   {_ms_text(claim.claimed_at_ms)}")
     out.append(f"  wrapperPid    {claim.wrapper_pid}")
     out.append(f"  desiredState  {claim.desired_state} (as written; derived now: {row.desired_state})")
+    if claim.adopted:
+        out.append("  adopted       yes: started without `hctx wrap`; `hctx adopt` (wrapperPid) watches it")
     out.extend(_unobserved_text(claim.unobserved, "  "))
     out.append(f"  launches in the last hour: {inspection.launches_last_hour}")
     out.append(f"  history ({len(claim.history)} earlier claims, newest first):")
@@ -601,21 +587,6 @@ def limits_text(group: AccountGroup | None, row: AgentRow, now: int) -> tuple[st
             text += "*"
         parts.append(text)
     return " ".join(parts), limits_tint(group.windows.values(), now)
-
-
-def account_limits_wire(group: AccountGroup | None, row: AgentRow, now: int) -> dict[str, Any] | None:
-    """`hctx agents --json`'s `accountRateLimits`: the account's newest snapshot per window, each
-    with `fromAnotherAgent` (the agent's own snapshot is older, or it has none); null when the
-    group has none."""
-    if group is None or not group.windows:
-        return None
-    out: dict[str, Any] = {"account": group.key, "agentCount": len(group.agents)}
-    for window, _ in WINDOWS:
-        snapshot = group.windows.get(window)
-        out[window] = None if snapshot is None else {
-            **snapshot.wire(now), "fromAnotherAgent": snapshot.source.name != row.name,
-        }  # fmt: skip
-    return out
 
 
 Forecasts = Mapping[tuple[str, Window], Forecast]  # wrapper.rate_history.forecasts, keyed (group key, window)

@@ -128,6 +128,9 @@ class AgentRow:
     # The account a running agent's claim names (issue 35: known from its launch, before any
     # reading); None otherwise. The record's own comes first.
     claimed_account: Account | None = None
+    # The claim says the harness was adopted (issue 36: started without `hctx wrap`, `hctx adopt`
+    # runs its sidecar), not launched by the wrapper.
+    adopted: bool = False
 
     @property
     def name(self) -> str:
@@ -139,13 +142,18 @@ class AgentRow:
         return self.harness or (None if self.context is None else self.context.harness)
 
     def wire(self) -> dict[str, Any]:
-        return {
+        """The row as `agents --json` prints it; `adopted` (additive, issue 36) only where it is
+        true, so a wrapped agent's object is what it always was."""
+        wire: dict[str, Any] = {
             "host": self.host,
             "identity": self.identity,
             "harness": self.harness,
             "desiredState": self.desired_state,
-            "context": None if self.context is None else self.context.wire(),
         }
+        if self.adopted:
+            wire["adopted"] = True
+        wire["context"] = None if self.context is None else self.context.wire()
+        return wire
 
     def warnings(self) -> list[str]:
         return [f"{self.name}: {problem}" for problem in (self.problem, self.claim_problem) if problem]
@@ -211,6 +219,7 @@ def agent_view(
         claim_problem=decoded.claim_problem,
         ahead_ms=ahead,
         claimed_account=claimed,
+        adopted=decoded.claim is not None and decoded.claim.adopted,
     )
     return AgentView(decoded.files, record, decoded.claim, row)
 

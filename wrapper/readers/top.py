@@ -28,6 +28,7 @@ from guard.errors import CatalogError
 from guard.projection import SubagentReading
 from wrapper.readers.accounts import fan_in, groups_by_agent
 from wrapper.readers.render import (
+    ADOPTED_MARK,
     AMBER_PERCENT,
     RED_PERCENT,
     Fill,
@@ -245,14 +246,15 @@ HIDE_ORDER = ("LIMITS", "CACHE", "HARNESS", "WINDOW", "HEADROOM", "FILL", "TOKEN
 def _cells(row: AgentRow, limits: Segment, now: int, bar_cells: int = BAR_CELLS) -> list[Segment]:
     context = row.context
     tint = fill_tint(context)
+    name = row.name + (ADOPTED_MARK if row.adopted else "")  # issue 36: started without `hctx wrap`
     if context is None:
         blank: list[Segment] = [("", None)] * 6
-        return [(row.name, None), (row.harness or "-", None), (bar(None, bar_cells), None), ("-", None),
+        return [(name, None), (row.harness or "-", None), (bar(None, bar_cells), None), ("-", None),
                 *blank, limits, ("-", None)]  # fmt: skip
     percent = context.used_percent
     age = age_text(context.age_ms) + (" stale" if context.stale else "")
     return [
-        (row.name, None),
+        (name, None),
         (context.harness, None),
         (bar(context, bar_cells), tint),
         ("?" if percent is None else percent_text(percent), tint),

@@ -33,7 +33,7 @@ import re
 import shlex
 import stat
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +68,9 @@ __all__ = [
     "TEE_MODULE",
     "Seats",
     "SettingsError",
+    "adopted",
     "compaction_settings",
+    "is_hctx_entry",
     "leave_seat",
     "prepare",
     "render_settings",
@@ -141,6 +143,11 @@ def subagent_status_line() -> dict[str, Any]:
 def _is_ours(hook: object) -> bool:
     command = str(hook.get("command", "")) if isinstance(hook, dict) else ""
     return any(module in command for module in (TEE_MODULE, *EARLIER_TEE_MODULES))
+
+
+def is_hctx_entry(entry: object) -> bool:
+    """Whether a statusLine or hook entry runs hctx's tee (this install's or an earlier one's)."""
+    return _is_ours(entry)
 
 
 def _without_ours(groups: list[Any]) -> list[Any]:
@@ -664,6 +671,26 @@ def prepare(plan: LaunchPlan) -> LaunchPlan:
     if rows is not None and not os.environ.get(SUBAGENT_RENDERER_ENV):
         env[SUBAGENT_RENDERER_ENV] = rows
     return dataclasses.replace(plan, env={**plan.env, **env}, account=seat_account(plan),
+                               transport=subagent_transport(plan, compaction_settings(plan, seats)))  # fmt: skip
+
+
+def adopted(pid: int, cwd: Path, hints: Mapping[str, str]) -> LaunchPlan:
+    """The plan of a Claude session `hctx adopt` adopts (issue 36): nothing to launch (`argv=()`,
+    the process `pid` runs already) and nothing rendered here (the user-level settings `hctx setup`
+    wrote run the tee); the transport (projects dir, model windows, compaction settings) and the
+    account as `prepare` gives a wrapped seat in `cwd`. The adopter runs with the environment of the
+    hook or status line that started it, which is Claude's own: the same CLAUDE_CONFIG_DIR, HOME
+    and compaction variables `prepare` reads from the wrapper's. The settings chain starts from
+    `.claude/settings.local.json` as it stands (less anything of a wrapped seat's hctx there)."""
+    del pid, hints  # Claude's tee states everything else on its channel
+    plan = LaunchPlan(harness="claude", argv=(), cwd=cwd)
+    local = read_bounded(None, cwd / SETTINGS_PATH, MAX_SETTINGS_BYTES).data
+    try:
+        original = _original(cwd / SETTINGS_PATH, None if local is None else local.decode("utf-8", "replace"))
+    except SettingsError:
+        original = None  # a file Claude itself cannot read either says nothing
+    seats = Seats(original, created_dir=False, held=[])
+    return dataclasses.replace(plan, account=seat_account(plan),
                                transport=subagent_transport(plan, compaction_settings(plan, seats)))  # fmt: skip
 
 

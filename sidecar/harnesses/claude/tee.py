@@ -11,6 +11,11 @@ own renderer on the same bytes and prints exactly what it printed (HC-R18, DQ-C2
        beaten hctx's too, so the tee never runs under them), that is
        $HCTX_CLAUDE_PROJECT_DIR/.claude/settings.json (else the cwd's), then
        $CLAUDE_CONFIG_DIR/settings.json (else ~/.claude/settings.json)
+    4. where that file's statusLine is hctx's own (`hctx setup` put it there, issue 36), the one it
+       replaced, which setup keeps beside it: "statusLine" -> "command" in
+       $CLAUDE_CONFIG_DIR/hctx-renderers.json (else ~/.claude/hctx-renderers.json); so it ranks
+       where Claude ranks the user's settings, below a project's own status line, and counts only
+       while the user's settings still run hctx's tee
 None resolving, or a renderer that cannot start or exits non-zero, leaves stdout empty (a slot
 echoing machine JSON is worse than a blank one) and says why on stderr, naming every source.
 
@@ -20,10 +25,16 @@ Claude hands it (`tasks[]`, one row a Task subagent: `id`, `model`, `contextWind
 `{"id", "content"}` JSON object a line, passed through byte for byte, the first of
 $ST_CLAUDE_SUBAGENT_STATUSLINE_RENDERER (hctx wrap sets it to the one the user had in
 .claude/settings.local.json), then "subagentStatusLine" -> "command" in the project's
-.claude/settings.json and in $CLAUDE_CONFIG_DIR/settings.json (else ~/.claude/settings.json). None,
+.claude/settings.json, in $CLAUDE_CONFIG_DIR/settings.json (else ~/.claude/settings.json) and, where
+that is hctx's own, in hctx-renderers.json beside it (what `hctx setup` moved there). None,
 or one that fails, prints nothing: Claude then draws its own rows (an empty answer decorates none).
 
 `hctx-hook` (PreCompact / PostCompact / SessionStart) forwards the payload and prints nothing.
+
+A Claude started without `hctx wrap` (no $HCTX_CHANNEL: the user-level settings `hctx setup` wrote
+run the tee) is adopted (issue 36): the frame goes to the adoption channel of the Claude process
+that ran the tee (`sidecar.adoption`); the first call of either kind finds nothing listening there
+and starts `hctx adopt` for that Claude, handing it the frame, so none is lost.
 
 Claude spawns the tee every few seconds per seat and waits for it, so the rendered settings run it
 under `python -I -S` (sidecar.harnesses.claude.launch) and it imports only C modules the interpreter loads
@@ -39,6 +50,7 @@ import select
 import sys
 import time
 
+from sidecar.adoption import CHANNEL_NAME, REFUSED_NAME, adoption_dir, process_stat
 from sidecar.harnesses.claude.frames import (
     HOOK_FRAME,
     STATUSLINE_FRAME,
@@ -48,19 +60,24 @@ from sidecar.harnesses.claude.frames import (
 )
 
 __all__ = [
+    "ADOPTER_TIMEOUT_S",
     "CHANNEL_ENV",
     "CHANNEL_TIMEOUT_S",
     "INSIDE_RENDERER_ENV",
     "MAX_RENDERED_BYTES",
     "MAX_STDIN_BYTES",
+    "NO_ADOPT_ENV",
     "PROJECT_DIR_ENV",
+    "RENDERERS_FILE",
     "RENDERER_ENV",
     "RENDERER_FILE",
     "RENDER_TIMEOUT_S",
+    "SHELLS",
     "SOURCES",
     "SUBAGENT_RENDERER_ENV",
     "SUBAGENT_SOURCES",
     "TEE_MODULE",
+    "claude_process",
     "hook_main",
     "main",
     "render",
@@ -71,11 +88,15 @@ __all__ = [
 
 RENDERER_ENV = "ST_CLAUDE_STATUSLINE_RENDERER"
 RENDERER_FILE = "~/.claude/statusline-renderer.json"
+# Beside the user's settings.json: the statusLine and subagentStatusLine `hctx setup` replaced there.
+RENDERERS_FILE = "hctx-renderers.json"
 PROJECT_DIR_ENV = "HCTX_CLAUDE_PROJECT_DIR"
 CHANNEL_ENV = "HCTX_CHANNEL"
+NO_ADOPT_ENV = "HCTX_NO_ADOPT"  # sidecar.adoption.ADOPT_ENV_GUARDS: this session is never adopted
 # In a statusLine found in Claude's settings: hctx's own tee is no renderer (see INSIDE_RENDERER_ENV).
 TEE_MODULE = "sidecar.harnesses.claude.tee"
 _EARLIER_TEE_MODULE = "sidecar.claude_tee"  # what an earlier install rendered
+_OWN_TEE = "running hctx's own tee"
 # Set for the renderer: a renderer that is (or calls) the tee again must not recurse without end.
 INSIDE_RENDERER_ENV = "HCTX_INSIDE_STATUSLINE_RENDERER"
 SOURCES = f"${RENDERER_ENV}, {RENDERER_FILE}, .claude/settings.json and ~/.claude/settings.json"
@@ -128,14 +149,22 @@ def _drain_stdin() -> tuple[bytes, bool]:
 
 
 def _send(prefix: bytes, data: bytes) -> str | None:
-    """Send one frame to $HCTX_CHANNEL; None when sent, else why it was not."""
+    """Send one frame to $HCTX_CHANNEL, or, in a Claude started without `hctx wrap`, to its adoption's
+    channel (`_adopt`); None when sent (or handed to the adopter), else why it was not."""
     path = _env(CHANNEL_ENV)
-    if not path:
-        return f"${CHANNEL_ENV} is not set (not launched by hctx wrap): not recorded"
     try:
         line = channel_line(prefix, data)
     except ValueError as exc:
         return str(exc)
+    if not path:
+        if _env(NO_ADOPT_ENV):
+            return f"${CHANNEL_ENV} is not set and ${NO_ADOPT_ENV} is: not recorded"
+        return _adopt(line)
+    problem = _deliver(path, line)
+    return None if problem is None else f"no sidecar at {path} ({problem}): not recorded"
+
+
+def _deliver(path: str, line: bytes) -> str | None:
     try:
         sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         try:
@@ -145,8 +174,91 @@ def _send(prefix: bytes, data: bytes) -> str | None:
         finally:
             sock.close()
     except OSError as exc:
-        return f"no sidecar at {path} ({exc.strerror or exc}): not recorded"
+        return exc.strerror or str(exc)
     return None
+
+
+# --- adoption (issue 36): a Claude started without `hctx wrap` -----------------------------------
+# Claude runs every statusLine and hook command through `/bin/sh -c`, so the tee's parent is that
+# shell and Claude is the shell's parent (measured 2026-12-05 on 2.1.250 and 2.1.332, interactive
+# and 2.1.332's `claude --bg` sessions alike: python <- sh <- claude.exe). A shell that execs its
+# last command leaves Claude the parent itself; both are taken.
+SHELLS = ("sh", "dash", "bash", "zsh", "ash", "busybox")
+ADOPTER_TIMEOUT_S = 0.5  # the most the tee waits to hand its line to the adopter's stdin
+
+
+def claude_process() -> tuple[int, int] | None:
+    """(pid, start ticks) of the Claude that ran this command, or None when the parents are gone."""
+    pid = posix.getppid()
+    for _ in range(3):
+        stat = process_stat(pid)
+        if stat is None:
+            return None
+        command, parent, start = stat
+        if command not in SHELLS:
+            return pid, start
+        pid = parent
+    return None
+
+
+def _adopt(line: bytes) -> str | None:
+    """The line to the adopted Claude's sidecar (`sidecar.adoption.adoption_channel`); when none
+    listens there yet, `hctx adopt` is started for Claude with the line on its stdin (it delivers
+    it once the sidecar listens), unless an adopter refused this Claude before."""
+    found = claude_process()
+    if found is None:
+        return f"${CHANNEL_ENV} is not set and Claude's process is gone: not recorded"
+    pid, start = found
+    directory = adoption_dir(pid, start)
+    if _deliver(f"{directory}/{CHANNEL_NAME}", line) is None:
+        return None
+    try:
+        refused = posix.stat(f"{directory}/{REFUSED_NAME}")
+    except OSError:
+        refused = None
+    if refused is not None:
+        return f"hctx adopt refused this session (see {directory}/{REFUSED_NAME}): not recorded"
+    return _start_adopter(pid, line)
+
+
+def _start_adopter(pid: int, line: bytes) -> str | None:
+    """`hctx adopt --harness claude --pid PID --frame-stdin`, detached (a session of its own, stdout
+    and stderr on /dev/null: Claude reads this process's output to its end), `line` on its stdin.
+    Never waited for: it detaches at once, and this process exits before it would be reaped."""
+    root = __file__.rsplit("/", 4)[0]  # the directory holding `sidecar` (and `wrapper`)
+    code = f"import sys;sys.path.insert(0,{root!r});from wrapper.launch.adopt import main;sys.exit(main())"
+    argv = [sys.executable, "-I", "-c", code, "--harness", "claude", "--pid", str(pid), "--frame-stdin"]
+    read_end, write_end = posix.pipe()
+    try:
+        devnull = posix.open("/dev/null", posix.O_WRONLY)
+        try:
+            posix.posix_spawn(sys.executable, argv, posix.environ, setsid=True,
+                              file_actions=[(posix.POSIX_SPAWN_DUP2, read_end, 0), (posix.POSIX_SPAWN_DUP2, devnull, 1),
+                                            (posix.POSIX_SPAWN_DUP2, devnull, 2)])  # fmt: skip
+        finally:
+            posix.close(devnull)
+            posix.close(read_end)
+        _hand_over(write_end, line)
+    except OSError as exc:
+        return f"could not start hctx adopt ({exc.strerror or exc}): not recorded"
+    finally:
+        posix.close(write_end)
+    return None
+
+
+def _hand_over(fd: int, line: bytes) -> None:
+    """`line` into the adopter's stdin; a line the pipe cannot take within ADOPTER_TIMEOUT_S is cut
+    off (the adopter drops a partial line): Claude waits on this process."""
+    posix.set_blocking(fd, False)
+    view = memoryview(line)
+    deadline = time.monotonic() + ADOPTER_TIMEOUT_S
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    while view and time.monotonic() < deadline:
+        try:
+            view = view[posix.write(fd, view) :]
+        except BlockingIOError:
+            poller.poll(50)
 
 
 # --- the renderer -------------------------------------------------------------------------------
@@ -170,12 +282,18 @@ def resolve_renderer(key: str = "statusLine") -> tuple[str | None, str]:
         (project + "/.claude/settings.json", key),
         (config and config + "/settings.json", key),
     )
+    why = ""
     for path, section in sources:
         if path:
             found, why = _file_command(path, section)
             if found is not None:
                 return found, path
             reasons.append(why)
+    if why.endswith(_OWN_TEE) and config:  # the user's settings hold hctx's: theirs is where setup kept it
+        found, why = _file_command(config + "/" + RENDERERS_FILE, key)
+        if found is not None:
+            return found, config + "/" + RENDERERS_FILE
+        reasons.append(why)
     return None, "; ".join(reasons)
 
 
@@ -197,7 +315,7 @@ def _file_command(path: str, key: str | None) -> tuple[str | None, str]:
     if not isinstance(command, str) or not command.strip():
         return None, f"{path} has no {where} string"
     if TEE_MODULE in command or _EARLIER_TEE_MODULE in command:
-        return None, f"{path} has hctx's own tee as its {where}"
+        return None, f"{path} has {where} {_OWN_TEE}"
     return command.strip(), ""
 
 

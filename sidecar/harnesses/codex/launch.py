@@ -20,6 +20,11 @@ with) also carries the compaction settings the harness will load
 `-c KEY=VALUE` sets them, else the selected profile (`--profile`/`-p`, else the file's `profile`),
 else `$CODEX_HOME/config.toml` (default `~/.codex`). The transport hands them to the producer as a
 typed event.
+An adopted session (issue 36: a `codex` started without hctx, adopted by the SessionStart hook
+`hctx setup` installs, `sidecar.harnesses.codex.setup`) gets the interactive seat's plan from
+`adopted`: the rollout its own process holds open, with the settings and account read from that
+process's own command line and CODEX_HOME.
+
 A project's own `.codex/config.toml` is not read (its trust-gated layering is not measured here), so a
 limit set only there is not published.
 """
@@ -30,11 +35,13 @@ import dataclasses
 import os
 import time
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
 from guard.account import Account, read_account_file, shown_dir
 from guard.files import read_bounded
+from guard.procs import proc_stat
 from sidecar.harnesses.codex.account import codex_account
 from sidecar.harnesses.codex.events import CompactionConfig
 from sidecar.harnesses.codex.producer import ChannelOnly, CodexTransport, Relay, Rollout
@@ -44,6 +51,7 @@ __all__ = [
     "APP_SERVER",
     "COMPACTION_KEYS",
     "MAX_CONFIG_BYTES",
+    "adopted",
     "compaction_settings",
     "prepare",
     "seat_account",
@@ -175,6 +183,56 @@ def _follow_rollout(plan: LaunchPlan, settings: CompactionConfig) -> LaunchPlan:
         model_context_window=settings.model_context_window,
     )
     return dataclasses.replace(plan, transport=CodexTransport(rollout))
+
+
+def adopted(pid: int, cwd: Path, hints: Mapping[str, str]) -> LaunchPlan:
+    """The plan of a session codex process `pid` runs, which hctx did not launch: nothing to spawn
+    (`argv` empty), its rollout followed as a wrapped interactive seat's is.
+
+    The rollout is the one `pid` itself holds open for writing (`root_pid`: the codex process, where
+    a wrapped seat names the wrapper above it), the launch instant is the process's start, so a
+    resumed session's older rollout is followed from its end as a wrapped `codex resume` is. The
+    compaction settings come from `pid`'s own `-c`/`--profile` and the CODEX_HOME in its
+    environment, the account from that CODEX_HOME's auth.json. `hints` (the hook's `rollout`,
+    `session`) are not needed to find the file: the process holding it is exact.
+    """
+    del hints
+    argv = tuple(_proc_words(pid, "cmdline"))
+    environ = dict(word.partition("=")[::2] for word in _proc_words(pid, "environ"))
+    env = {"CODEX_HOME": environ["CODEX_HOME"]} if environ.get("CODEX_HOME") else {}
+    plan = LaunchPlan(harness="codex", argv=argv, cwd=cwd, env=env)
+    settings = compaction_settings(plan)
+    rollout = Rollout(
+        codex_home=_codex_home(plan),
+        cwd=os.fspath(cwd),
+        started_at_ms=_started_at_ms(pid),
+        root_pid=pid,
+        auto_compact_token_limit=settings.auto_compact_token_limit,
+        model_context_window=settings.model_context_window,
+    )
+    return dataclasses.replace(plan, argv=(), env={}, transport=CodexTransport(rollout), account=seat_account(plan))
+
+
+def _proc_words(pid: int, name: str) -> list[str]:
+    """/proc/<pid>/cmdline or environ, NUL-separated; empty when the process is gone or not ours."""
+    raw = read_bounded(None, f"/proc/{pid}/{name}", MAX_CONFIG_BYTES)
+    if raw.data is None:
+        return []
+    return [word.decode(errors="surrogateescape") for word in raw.data.split(b"\0") if word]
+
+
+def _started_at_ms(pid: int) -> int:
+    """When process `pid` started (its clock ticks since boot, and the boot time); now when unknown."""
+    stat = proc_stat(pid)
+    boot = next((line.split()[1] for line in _proc_lines("/proc/stat") if line.startswith(b"btime ")), None)
+    if stat is None or boot is None:
+        return time.time_ns() // 1_000_000
+    return int(boot) * 1000 + stat.started * 1000 // os.sysconf("SC_CLK_TCK")
+
+
+def _proc_lines(path: str) -> list[bytes]:
+    raw = read_bounded(None, path, MAX_CONFIG_BYTES)
+    return [] if raw.data is None else raw.data.splitlines()
 
 
 def _app_server_index(argv: tuple[str, ...]) -> int | None:

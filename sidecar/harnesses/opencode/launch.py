@@ -5,22 +5,34 @@ OpenCode's default `--port` is 0, a random port nobody outside learns, so when t
 the user did give is kept, and so is their hostname; the sidecar connects to loopback unless that
 hostname names another interface. `plan.transport` gets `base_url` (and `directory` when the TUI was
 started on a project path, since `/event` follows one directory's instance).
+
+A session `hctx setup`'s plugin adopts (issue 36) has nothing to spawn: `adopted` builds the same
+transport from the plugin's hints, `url` (the plugin's loopback event bridge, `hctx-adopt.ts`) and
+`directory` (its instance), and refuses any URL that is not plain http to 127.0.0.1 or ::1.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
+import os
+import urllib.parse
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
+from pydantic import ValidationError
+
 from sidecar.harnesses.opencode.producer import OpenCodeTransport
 from sidecar.launching import LOOPBACK, LaunchPlan, free_loopback_port, program_index
+from sidecar.spec import ConfigError
 
 __all__ = [
     "ANY_INTERFACE",
     "OTHER_COMMANDS",
     "SERVER_COMMANDS",
     "VALUE_OPTIONS",
+    "adopted",
     "prepare",
 ]
 
@@ -113,3 +125,38 @@ def prepare(plan: LaunchPlan) -> LaunchPlan:
 
 def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
+
+
+def adopted(pid: int, cwd: Path, hints: Mapping[str, str]) -> LaunchPlan:
+    """The plan for a session the plugin adopted: nothing to spawn, the bridge's URL to follow.
+
+    Raises ConfigError (its message the sentence to log) for a missing or non-loopback `url` or a
+    `directory` that is not an absolute path: hints come from a process, not from hctx."""
+    url = hints.get("url")
+    if url is None:
+        raise ConfigError("the OpenCode plugin gave no url hint")
+    directory = hints.get("directory") or None
+    if directory is not None and (not os.path.isabs(directory) or "\0" in directory):
+        raise ConfigError(f"the OpenCode plugin's directory hint is not an absolute path: {directory[:200]!r}")
+    try:
+        transport = OpenCodeTransport(base_url=_loopback_url(url), directory=directory)
+    except ValidationError:
+        raise ConfigError(f"the OpenCode plugin's url hint is not http://127.0.0.1:PORT/...: {url[:200]!r}") from None
+    return LaunchPlan("opencode", (), cwd, transport=transport)
+
+
+def _loopback_url(url: str) -> str:
+    """`url` itself when it is http:// to a loopback address by number with a port; else ConfigError."""
+    refused = ConfigError(f"the OpenCode plugin's url hint is not http://127.0.0.1:PORT/...: {url[:200]!r}")
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+        address = ipaddress.ip_address(parts.hostname or "")
+    except ValueError:
+        raise refused from None
+    # By number only: a name (even `localhost`) is whatever the resolver says it is.
+    if parts.scheme != "http" or port is None or not address.is_loopback or parts.username is not None:
+        raise refused
+    if parts.query or parts.fragment:
+        raise refused
+    return url

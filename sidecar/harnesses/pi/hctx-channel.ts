@@ -1,5 +1,13 @@
 // hctx-channel.ts: the pi / omp extension hctx loads with `--extension` (pi via jiti, omp via bun).
 //
+// Two ways in. `hctx wrap` loads it with `--extension` and sets $HCTX_CHANNEL: the default export
+// reports there. `hctx setup` places a small loader in the user's extension directory
+// (sidecar/harnesses/pi/setup.py) that imports this file and calls `adopt`: in a session started
+// without hctx ($HCTX_CHANNEL absent) it starts hctx's adopting wrapper for this process, detached,
+// and reports to the socket that adoption's sidecar listens on, computed from this process's pid and
+// start time exactly as sidecar/adoption.py computes it. In a wrapped seat `adopt` does nothing, so
+// the file loaded twice (once by `--extension`, once through the loader) reports once.
+//
 // It reports the harness's own context reading to the hctx sidecar: one newline-terminated JSON
 // frame per lifecycle event on the unix stream socket named by $HCTX_CHANNEL,
 //
@@ -32,7 +40,8 @@
 // as a whole only when the harness gives no usage object at all. No imports from either harness, so
 // one file loads in both; it must never break the harness, so every telemetry pull and every socket
 // operation fails open, quietly.
-import { existsSync, readFileSync, realpathSync } from "node:fs";
+import { spawn } from "node:child_process";
+import { existsSync, readFileSync, realpathSync, statSync } from "node:fs";
 import { createConnection } from "node:net";
 import { basename, dirname, join } from "node:path";
 import type { Socket } from "node:net";
@@ -42,6 +51,11 @@ const CHANNEL_ENV = "HCTX_CHANNEL";
 const MAX_BUFFERED_BYTES = 1 << 20;
 // A dead sidecar is retried at most this often, not on every event.
 const RECONNECT_AFTER_MS = 1000;
+// An adopted session's sidecar starts moments after the session does (the adopter's interpreter, its
+// claim, the resident, the sidecar's bind: about a second measured). Until it listens, frames wait in
+// the queue and the socket is retried on a timer that never holds the process, for at most this long.
+const ADOPTION_PATIENCE_MS = 30_000;
+const ADOPTION_RETRY_MS = 100;
 // pi: turn_end carries a settled usage, message_end the finest boundary (a tool loop is one long
 // turn of many messages); agent_settled is pi's, session_stop omp's (where omp's numbers settle).
 const READING_EVENTS = ["session_start", "message_end", "turn_end", "agent_end", "agent_settled", "session_stop"];
@@ -79,17 +93,38 @@ function stringOrNull(value: unknown): string | null {
 // `version` of their package.json, the first one above the running CLI whose name ends so.
 const HOST_PACKAGE = /(^|\/)pi-coding-agent$/;
 
-function hostVersion(): string | null {
+interface HostPackage {
+	name: string;
+	version: string | null;
+}
+
+function hostPackage(): HostPackage | null {
 	let dir = attempt(() => dirname(realpathSync(process.argv[1])));
 	for (let depth = 0; dir && depth < 8; depth++) {
 		const here = dir;
 		const manifest: any = attempt(() => JSON.parse(readFileSync(join(here, "package.json"), "utf8")));
-		if (manifest && HOST_PACKAGE.test(String(manifest.name))) return stringOrNull(manifest.version);
+		if (manifest && HOST_PACKAGE.test(String(manifest.name))) {
+			return { name: String(manifest.name), version: stringOrNull(manifest.version) };
+		}
 		const parent = dirname(here);
 		if (parent === here) return null;
 		dir = parent;
 	}
 	return null;
+}
+
+function hostVersion(): string | null {
+	return hostPackage()?.version ?? null;
+}
+
+// Which harness this process is, for the adopter's --harness: omp's package is @oh-my-pi's (measured:
+// omp 18.1.16 and 18.2.3 run dist/cli.js of @oh-my-pi/pi-coding-agent under bun; pi 0.84.2 and 1.6.0
+// run @earendil-works/pi-coding-agent's under node). Without a package above the CLI (a compiled
+// binary), omp is the one that runs on bun.
+function hostHarness(): "pi" | "omp" {
+	const name = hostPackage()?.name;
+	if (name !== undefined) return name.startsWith("@oh-my-pi/") ? "omp" : "pi";
+	return attempt(() => typeof (process as any).versions.bun === "string") === true ? "omp" : "pi";
 }
 
 function booleanOrNull(value: unknown): boolean | null {
@@ -192,8 +227,15 @@ class Channel {
 	private queue: string[] = [];
 	private queuedBytes = 0;
 	private failedAt = Number.NEGATIVE_INFINITY;
+	private retry: ReturnType<typeof setTimeout> | null = null;
 
-	constructor(private readonly path: string) {}
+	// `patientUntil`: until then a socket nobody listens on yet keeps the queue and is retried on a
+	// timer (an adoption's sidecar is starting); after it, and for a wrapped seat, a failure drops the
+	// queue and the next event retries at most every RECONNECT_AFTER_MS, as before.
+	constructor(
+		private readonly path: string,
+		private readonly patientUntil: number = Number.NEGATIVE_INFINITY,
+	) {}
 
 	send(line: string): void {
 		try {
@@ -233,23 +275,135 @@ class Channel {
 		return socket;
 	}
 
+	// Connect now (an adoption: the session_start frame is queued before the sidecar listens).
+	start(): void {
+		attempt(() => this.socket ?? this.open());
+	}
+
 	private drop(socket: Socket | null): void {
 		if (socket === null) return;
 		if (this.socket === socket) {
+			const waiting = !this.connected && Date.now() < this.patientUntil;
 			this.socket = null;
 			this.connected = false;
-			this.queue = [];
-			this.queuedBytes = 0;
-			this.failedAt = Date.now();
+			if (waiting) {
+				this.later();
+			} else {
+				this.queue = [];
+				this.queuedBytes = 0;
+				this.failedAt = Date.now();
+			}
 		}
 		attempt(() => socket.destroy());
 	}
+
+	private later(): void {
+		if (this.retry !== null) return;
+		const timer = setTimeout(() => {
+			this.retry = null;
+			attempt(() => this.socket ?? this.open());
+		}, ADOPTION_RETRY_MS);
+		// Waiting for the sidecar never keeps the harness alive.
+		attempt(() => timer.unref());
+		this.retry = timer;
+	}
+}
+
+// One socket per channel path in a process, however many times the extension is bound in it: omp
+// binds it anew to each `task` child's session (measured on 18.1.16 and 18.2.3), and frames on one
+// socket arrive in the order they were sent. A child's last `running` frame on a socket of its own
+// could land after the parent's `async-result` naming it finished (seen once in five adopted runs
+// of omp 18.2.3), and its row would stay running.
+const CHANNELS = Symbol.for("hctx.channels");
+
+function channelFor(path: string, patientUntil?: number): Channel {
+	const state: any = globalThis;
+	const channels: Map<string, Channel> = state[CHANNELS] ?? (state[CHANNELS] = new Map());
+	let channel = channels.get(path);
+	if (channel === undefined) {
+		channel = new Channel(path, patientUntil);
+		channels.set(path, channel);
+	}
+	return channel;
 }
 
 export default function hctxChannel(pi: any): void {
 	const path = attempt(() => process.env[CHANNEL_ENV]);
-	if (!path) return; // not launched by `hctx wrap`: stay inert
-	const channel = new Channel(path);
+	if (!path) return; // not launched by `hctx wrap`: stay inert (the setup loader's `adopt` is the other way in)
+	report(pi, channelFor(path));
+}
+
+// --- adoption (issue 36) -------------------------------------------------------------------------
+
+// sidecar/adoption.py's `process_start_ticks`: /proc/<pid>/stat field 22, after the command's name
+// (which may hold spaces and parentheses); null for a zombie or when it cannot be read.
+export function processStartTicks(pid: number): number | null {
+	const stat = attempt(() => readFileSync(`/proc/${pid}/stat`, "latin1"));
+	if (stat === undefined) return null;
+	const fields = stat.slice(stat.lastIndexOf(")") + 1).split(/\s+/).filter((field) => field !== "");
+	if (fields.length < 20 || fields[0] === "Z" || fields[0] === "X") return null;
+	return /^\d+$/.test(fields[19]) ? Number(fields[19]) : null;
+}
+
+// sidecar/adoption.py's `adoption_channel`:
+// <$XDG_RUNTIME_DIR, else /tmp>/hctx-<uid>/adopt-<pid>-<start ticks>/channel.
+export function adoptionChannel(pid: number, startTicks: number, env: Record<string, string | undefined>): string {
+	let runtime = (env.XDG_RUNTIME_DIR ?? "").replace(/\/+$/, "");
+	if (!runtime.startsWith("/") || attempt(() => statSync(runtime).isDirectory()) !== true) runtime = "/tmp";
+	return `${runtime}/hctx-${process.getuid?.() ?? 0}/adopt-${pid}-${startTicks}/channel`;
+}
+
+// One adopter per process, however often the extension is loaded in it (omp binds extensions anew
+// for each subagent session, pi on /reload): the adopter's own lock would refuse a second one, this
+// spares starting it.
+const ADOPTER_STARTED = Symbol.for("hctx.adopterStarted");
+// Set in the environment of a process nothing adopts (as in sidecar/adoption.py).
+export const ADOPT_ENV_GUARDS = [CHANNEL_ENV, "HCTX_NO_ADOPT"];
+
+function startAdopter(command: string[], pid: number, cwd: string, host: string): void {
+	const state: any = globalThis;
+	if (state[ADOPTER_STARTED] === true) return;
+	state[ADOPTER_STARTED] = true;
+	const [program, ...args] = command;
+	// pi's and omp's launch plan is one module: the hint tells its `adopted` which harness this is.
+	const adoption = ["--pid", String(pid), "--cwd", cwd, "--hint", `harness=${host}`];
+	const child = spawn(program, [...args, ...adoption], {
+		detached: true,
+		stdio: "ignore",
+		env: process.env,
+	});
+	// A missing interpreter (hctx moved or removed) is an `error` event: swallowed, the session runs on.
+	child.on("error", () => undefined);
+	child.unref();
+}
+
+// What the loader `hctx setup` placed calls: `commands` maps each harness to its adopting command
+// (`sidecar.setup_plan.adopt_command(harness)`, without --pid and --cwd, which this process adds).
+export function adopt(pi: any, commands: Record<string, string[]>): void {
+	// A wrapped seat (the `--extension` load reports) or one kept plain: sidecar/adoption.py's ADOPT_ENV_GUARDS.
+	if (ADOPT_ENV_GUARDS.some((name) => attempt(() => process.env[name]))) return;
+	const pid = process.pid;
+	const start = processStartTicks(pid);
+	const host = hostHarness();
+	const command = attempt(() => commands[host]);
+	if (start === null || !Array.isArray(command) || command.length === 0) return;
+	const channel = channelFor(adoptionChannel(pid, start, process.env), Date.now() + ADOPTION_PATIENCE_MS);
+	let started = false;
+	attempt(() =>
+		pi.on("session_start", (_payload: any, ctx: any) => {
+			if (started) return undefined;
+			started = true;
+			const cwd = stringOrNull(attempt(() => ctx.cwd)) ?? process.cwd();
+			attempt(() => startAdopter(command.map(String), pid, cwd, host));
+			channel.start();
+			return undefined;
+		}),
+	);
+	report(pi, channel);
+}
+
+// The reporting both ways in share: every lifecycle event's frame on `channel`.
+function report(pi: any, channel: Channel): void {
 	// The last assistant message's cost, restated on every frame: a frame without it would erase the
 	// published cost at the next event that carries no message.
 	let costUsd: number | null = null;

@@ -332,4 +332,5 @@ OMP = dataclasses.replace(
     make_producer=partial(PiProducer, "omp"),
     verified_versions=OMP_VERIFIED_VERSIONS,
     programs=("omp", "@oh-my-pi/pi-coding-agent"),
+    setup="setup_omp",  # the same loader in omp's own agent directory (setup.py)
 )  # pi's extension channel, decoder and launch plan; omp's row of the arithmetic

@@ -39,6 +39,7 @@ from wrapper.readers.render import (
     meter_title,
     percent_text,
     record_section,
+    state_text,
     subagent_label,
     tokens_text,
 )
@@ -122,7 +123,7 @@ def row_view(row: AgentRow, read_ms: int, now: int, groups: Mapping[str, Account
         "stale": context is not None and context.stale,
         "cost": cost_text(None if context is None else context.cost_usd),
         "cache": cache_text(context, now),  # `agents`' CACHE cell; it ticks with the ages (CACHE_TICK)
-        "state": row.desired_state or "-",
+        "state": state_text(row),
         "problem": "; ".join(problem for problem in (row.problem, row.claim_problem) if problem) or None,
         "order": {"fill": list(fill_key), "age": list(age_key)},
         "subagents": [subagent_view(sub) for sub in (() if context is None else context.subagents)],

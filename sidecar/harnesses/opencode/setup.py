@@ -1,0 +1,99 @@
+"""OpenCode's user-level extension point for `hctx setup` (issue 36): one plugin file of hctx's own.
+
+OpenCode loads every `{plugin,plugins}/*.{ts,js}` in its config directories, the user-level one
+being `$XDG_CONFIG_HOME/opencode` (else `~/.config/opencode`), so setup places `plugin/hctx-adopt.ts`
+there: the shipped asset (`hctx-adopt.ts`, package data beside this module) with the adopting
+command (`sidecar.setup_plan.adopt_command`) written in. The user's `opencode.json`, its `plugin`
+list and their own plugin files are never opened. A file of that name that hctx did not write is
+refused, and `--undo` deletes the file (a file the user has since replaced is left as it is).
+
+Measured on 1.18.25 and 1.18.33 (2026-12-05, isolated HOME/XDG dirs, the fake provider on
+127.0.0.1; `opencode run`, the TUI on a pseudo-terminal and `opencode serve`): a plugin file in
+`~/.config/opencode/plugin/` is loaded by all three (the TUI loads it in its worker thread), its
+`process.pid` is the harness's own process (the TUI's and `run`'s, no child), `directory` is the
+instance's directory, and `serverUrl` is `http://localhost:4096/`, a constant fallback, wherever
+the server does not listen, which the plain TUI and `opencode run` never do; hence the plugin's own
+event bridge (see the asset's header). OpenCode itself, once a plugin file is there, writes a
+`package.json`, lock file and `node_modules` (its `@opencode-ai/plugin`) into that config directory;
+hctx's plugin imports nothing from it, and `--undo` leaves what OpenCode wrote. OpenCode waits
+for that install before loading any plugin: with the registry unreachable and no install done yet,
+an `opencode run` took 74 s instead of 3.1 s (1.18.33); after one online install, 2.0 s offline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib.resources import files
+from pathlib import Path, PurePosixPath
+from typing import Final
+
+from sidecar.setup_plan import BuildPoint, HarnessSetup, SetupRefused, UserFile, adopt_command
+
+__all__ = [
+    "ASSET_NAME",
+    "BUILDS",
+    "COMMAND_LINE",
+    "HOW",
+    "MARK",
+    "PLUGIN_FILE",
+    "PluginFile",
+    "config_dir",
+    "plugin_source",
+    "setup",
+]
+
+ASSET_NAME: Final = "hctx-adopt.ts"
+PLUGIN_FILE: Final = PurePosixPath("plugin") / ASSET_NAME
+# The asset's one line setup replaces: the adopting command, as a JSON array (a TypeScript literal).
+COMMAND_LINE: Final = "const ADOPT_COMMAND: string[] = []; // hctx: adopt command"
+# What every file hctx writes starts with, and what tells one from a user's file of the same name.
+MARK: Final = b"// hctx-adopt.ts: the OpenCode plugin `hctx setup` places"
+HOW: Final = "user plugin file ~/.config/opencode/plugin/hctx-adopt.ts (OpenCode loads {plugin,plugins}/*.{ts,js})"
+BUILDS: Final = (BuildPoint("1.18.25", True, HOW), BuildPoint("1.18.33", True, HOW))
+
+
+def plugin_source(command: list[str]) -> bytes:
+    """The plugin as setup writes it: the shipped asset with `command` in its command line."""
+    asset = files(__package__ or __name__).joinpath(ASSET_NAME).read_text(encoding="utf-8")
+    if asset.count(COMMAND_LINE) != 1:
+        raise RuntimeError(f"{ASSET_NAME}: the command line to fill is not there exactly once")
+    filled = f"const ADOPT_COMMAND: string[] = {json.dumps(command)}; // hctx: adopt command"
+    return asset.replace(COMMAND_LINE, filled).encode()
+
+
+@dataclass(frozen=True)
+class PluginFile:
+    """The whole file is hctx's: written when absent or hctx's (an older build's included)."""
+
+    file: UserFile
+    content: bytes
+
+    def apply(self, current: bytes | None) -> bytes:
+        if current is not None and not current.startswith(MARK):
+            raise SetupRefused(
+                f"{self.file.path} exists and is not hctx's plugin; move it away and run `hctx setup` again"
+            )
+        return self.content
+
+    def remove(self, current: bytes, original: bytes | None) -> bytes | None:
+        # The user's own file in its place since setup: theirs to keep.
+        return None if current.startswith(MARK) else current
+
+
+def config_dir(home: Path, environ: Mapping[str, str]) -> Path:
+    """OpenCode's user-level config dir, as it computes it (xdg-basedir: an empty variable is unset)."""
+    base = environ.get("XDG_CONFIG_HOME") or str(home / ".config")
+    return Path(base) / "opencode"
+
+
+def setup(home: Path, environ: Mapping[str, str]) -> HarnessSetup:
+    root = config_dir(home, environ)
+    installed = root.is_dir() or any(
+        shutil.which(program, path=environ.get("PATH", os.defpath)) for program in ("opencode", "opencode-ai")
+    )
+    edit = PluginFile(UserFile(root, PLUGIN_FILE), plugin_source(adopt_command("opencode")))
+    return HarnessSetup(harness="opencode", installed=installed, edits=(edit,), builds=BUILDS)
