@@ -29,6 +29,7 @@ __all__ = [
     "adoption_base",
     "adoption_channel",
     "adoption_dir",
+    "deliver",
     "process_start_ticks",
     "process_stat",
     "wrapped_environ",
@@ -109,3 +110,22 @@ def _is_dir(path: str) -> bool:
         return posix.stat(path).st_mode & _S_IFMT == _S_IFDIR
     except OSError:
         return False
+
+
+def deliver(path: str, data: bytes, timeout_s: float) -> "str | None":
+    """`data` (whole channel lines) sent to the sidecar listening at `path`; None once sent, else
+    why not. The one client of a channel both the tee (each frame) and an adopted resident (the
+    trigger's first lines) use; `_socket`, since socket.py would bring enum along."""
+    import _socket
+
+    try:
+        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        try:
+            sock.settimeout(timeout_s)
+            sock.connect(path)
+            sock.sendall(data)
+        finally:
+            sock.close()
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None

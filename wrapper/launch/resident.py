@@ -1517,19 +1517,9 @@ ADOPT_SEND_TIMEOUT_S = 1.0
 
 def send_lines(channel: str, lines: bytes) -> bool:
     """`lines` (whole channel frames) sent to the sidecar at `channel`; False when none takes them."""
-    import _socket  # socket.py would bring enum along (a megabyte); an adopted resident sends once
+    from sidecar.adoption import deliver  # posix only, as process_start_ticks
 
-    try:
-        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-        try:
-            sock.settimeout(ADOPT_SEND_TIMEOUT_S)
-            sock.connect(channel)
-            sock.sendall(lines)
-        finally:
-            sock.close()
-    except OSError:
-        return False
-    return True
+    return deliver(channel, lines, ADOPT_SEND_TIMEOUT_S) is None
 
 
 def _same_process(pid: int, start_ticks: int) -> int | None:

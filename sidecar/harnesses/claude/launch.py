@@ -52,6 +52,7 @@ from sidecar.harnesses.claude.compaction import MAX_CONFIGURED, MIN_CONFIGURED, 
 from sidecar.harnesses.claude.subagents import ClaudeTransport
 from sidecar.harnesses.claude.windows import model_table
 from sidecar.launching import LaunchPlan
+from sidecar.setup_plan import SetupRefused, json_object
 
 __all__ = [
     "CLAUDE_DIR",
@@ -224,16 +225,11 @@ def _dumps(settings: dict[str, Any]) -> str:
 
 
 def _parse(path: Path, text: str) -> dict[str, Any]:
-    """The settings object in `text`; an empty file is no settings."""
-    if not text.strip():
-        return {}
+    """The settings object in `text`, read as `hctx setup` reads the user file; an empty file is no settings."""
     try:
-        settings = loads(text)
-    except JsonRefused as exc:
-        raise SettingsError(f"{path} is not JSON ({exc}); fix or remove it, hctx will not overwrite it") from None
-    if not isinstance(settings, dict):
-        raise SettingsError(f"{path} is not a JSON object; hctx will not overwrite it")
-    return settings
+        return json_object(text.encode(errors="surrogateescape"), path)
+    except SetupRefused as exc:
+        raise SettingsError(f"{exc}; fix or remove it, hctx will not overwrite it") from None
 
 
 # --- the files, opened without following a symlink ------------------------------------------------

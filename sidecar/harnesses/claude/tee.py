@@ -44,13 +44,12 @@ measures it).
 Both entry points always drain stdin and never fail the harness.
 """
 
-import _socket
 import posix  # os itself, minus the ~1 ms of Python modules os.py imports around it
 import select
 import sys
 import time
 
-from sidecar.adoption import CHANNEL_NAME, REFUSED_NAME, adoption_dir, process_stat
+from sidecar.adoption import CHANNEL_NAME, REFUSED_NAME, adoption_dir, deliver, process_stat
 from sidecar.harnesses.claude.frames import (
     HOOK_FRAME,
     STATUSLINE_FRAME,
@@ -165,17 +164,7 @@ def _send(prefix: bytes, data: bytes) -> str | None:
 
 
 def _deliver(path: str, line: bytes) -> str | None:
-    try:
-        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-        try:
-            sock.settimeout(CHANNEL_TIMEOUT_S)
-            sock.connect(path)
-            sock.sendall(line)
-        finally:
-            sock.close()
-    except OSError as exc:
-        return exc.strerror or str(exc)
-    return None
+    return deliver(path, line, CHANNEL_TIMEOUT_S)
 
 
 # --- adoption (issue 36): a Claude started without `hctx wrap` -----------------------------------
