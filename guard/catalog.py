@@ -364,28 +364,37 @@ class CatalogCache(Generic[_Value]):
         return [(host, identity, entry.value) for (host, identity), entry in sorted(self._entries.items())]
 
     def refresh_agents(self, keys: Iterable[tuple[str, str]]) -> CatalogSnapshot[_Value]:
-        """Only these agents (named by a file event), without listing the catalog: each is looked
-        at and read again if its files changed; one whose directory is gone is dropped. The next
-        `refresh` lists everything again."""
+        """Only these agents (named by a file event, or a part of a listing read in parts), without
+        listing the catalog: each is looked at and read again if its files changed; one whose
+        directory is gone is dropped. The next `refresh` lists everything again."""
         found: list[tuple[str, str, _Value]] = []
         changed: list[tuple[str, str]] = []
-        for host, identity in sorted(set(keys)):
-            if not (is_agent_tree_name(host) and is_agent_tree_name(identity)):
-                continue
-            host_fd = open_host_dir(self.catalog, host)
-            try:
+        host_fd: int | None = None
+        current_host: str | None = None
+        try:
+            for host, identity in sorted(set(keys)):
+                if not (is_agent_tree_name(host) and is_agent_tree_name(identity)):
+                    continue
+                if host != current_host:  # one descriptor per host, not per agent: a part is hundreds
+                    if host_fd is not None:
+                        os.close(host_fd)
+                    host_fd, current_host = open_host_dir(self.catalog, host), host
                 if host_fd is None or not _is_dir_at(host_fd, identity):
                     self._entries.pop((host, identity), None)
                     continue
                 entry, reread = self._look(host, identity, host_fd)
-            finally:
-                if host_fd is not None:
-                    os.close(host_fd)
-            self._entries[host, identity] = entry
-            found.append((host, identity, entry.value))
-            if reread:
-                changed.append((host, identity))
+                self._entries[host, identity] = entry
+                found.append((host, identity, entry.value))
+                if reread:
+                    changed.append((host, identity))
+        finally:
+            if host_fd is not None:
+                os.close(host_fd)
         return CatalogSnapshot(found, [], changed)
+
+    def held_keys(self) -> set[tuple[str, str]]:
+        """The agents the refreshes so far left held; reads nothing."""
+        return set(self._entries)
 
     def _look(self, host: str, identity: str, host_fd: int | None) -> tuple[_Entry[_Value], bool]:
         """The agent's entry, read again when its files changed (and whether it was)."""

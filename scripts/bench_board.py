@@ -17,12 +17,15 @@ Targets (issue 40): a new page and write -> event p99 within 1 s at 10,000 agent
 writes/s with 1,000 open streams.
 
 Usage: scripts/bench_board.py [--agents 10000] [--streams 1000] [--writes 100] [--samples 40]
-       [--concurrent 50] [--silent 100] [--write-timeout 5]
+       [--concurrent 50] [--silent 100] [--write-timeout 5] [--identity]
+
+The streams ask for gzip, as every browser does (`--identity`: they do not).
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import random
 import re
@@ -36,6 +39,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -46,7 +50,7 @@ from bench_roster import REPO, build_catalog
 # The reading pages: one process holding `argv[2]` streams, reading and dropping what they are sent.
 READERS = r"""
 import selectors, socket, sys
-port, count, since = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+port, count, since, accept = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 pick = selectors.DefaultSelector()
 closed = 0
 
@@ -65,7 +69,7 @@ def read(timeout):
 
 for _ in range(count):
     sock = socket.create_connection(("127.0.0.1", port))
-    sock.sendall(f"GET /api/events?since={since} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+    sock.sendall(f"GET /api/events?since={since} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{accept}\r\n".encode())
     sock.setblocking(False)
     pick.register(sock, selectors.EVENT_READ)
     read(0)  # the pages opened so far read on while the others open
@@ -103,25 +107,35 @@ def percentile(values: list[float], share: float) -> float:
 
 
 class Probe:
-    """One more fleet stream, read in a thread: when each awaited `usedTokens` figure arrived."""
+    """One more fleet stream, read in a thread: when each awaited `usedTokens` figure arrived
+    (unpacked first when the stream is gzip, as a browser unpacks it)."""
 
-    def __init__(self, port: int, since: str) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port))
-        self.sock.sendall(f"GET /api/events?since={since} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+    def __init__(self, port: int, since: str, gzip: bool) -> None:
+        self.connection = http.client.HTTPConnection("127.0.0.1", port)
+        self.connection.request("GET", f"/api/events?since={since}", headers=accept_header(gzip))
+        self.answer = self.connection.getresponse()
+        self.unpack = zlib.decompressobj(16 + zlib.MAX_WBITS) if self.answer.getheader("content-encoding") else None
+        if gzip != (self.unpack is not None):
+            raise SystemExit(f"gzip asked: {gzip}; the stream: {self.answer.getheader('content-encoding')}")
         self.seen: dict[int, float] = {}
         self.lock = threading.Lock()
         threading.Thread(target=self._read, daemon=True).start()
+
+    def close(self) -> None:
+        self.connection.close()
 
     def _read(self) -> None:
         tail = b""
         while True:
             try:
-                data = self.sock.recv(1 << 20)
-            except OSError:  # closed by the benchmark
+                data = self.answer.read1(1 << 20)
+            except (OSError, ValueError, AttributeError, http.client.HTTPException):  # closed by the benchmark
                 return
             if not data:
                 return
             now = time.time()
+            if self.unpack is not None:
+                data = self.unpack.decompress(data)
             found = re.findall(rb'"usedTokens": (\d+)', tail + data)
             with self.lock:
                 for figure in found:
@@ -136,6 +150,11 @@ class Probe:
                     return self.seen[figure]
             time.sleep(0.002)
         return None
+
+
+def accept_header(gzip: bool) -> dict[str, str]:
+    """What a browser asks for (every one takes gzip), or nothing (`--identity`)."""
+    return {"Accept-Encoding": "gzip, deflate, br"} if gzip else {}
 
 
 def writer(directories: list[Path], per_second: int, stop: threading.Event, counter: list[int]) -> None:
@@ -160,6 +179,7 @@ def main() -> int:
     parser.add_argument("--silent", type=int, default=100)
     parser.add_argument("--write-timeout", type=float, default=5.0)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--identity", action="store_true", help="streams that do not take gzip (a browser does)")
     parser.add_argument("--profile", metavar="PATH", help="run the server under cProfile, its stats written here")
     args = parser.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -195,7 +215,8 @@ def main() -> int:
             # The pages open before the writes start, each holding the current snapshot.
             _, board = timed_get(port, "/api/board")
             since = str(json.loads(board)["version"])
-            readers = subprocess.Popen([sys.executable, "-c", READERS, str(port), str(args.streams), since],
+            accept = "".join(f"{name}: {value}\r\n" for name, value in accept_header(not args.identity).items())
+            readers = subprocess.Popen([sys.executable, "-c", READERS, str(port), str(args.streams), since, accept],
                                        stdout=subprocess.PIPE, text=True)  # fmt: skip
             assert readers.stdout is not None
             opened = readers.stdout.readline().split()
@@ -203,7 +224,7 @@ def main() -> int:
                 raise SystemExit("the reading pages did not open")
             if opened[1] != "0":
                 print(f"{opened[1]} streams closed by the server while the pages opened", file=sys.stderr)
-            probe = Probe(port, since)
+            probe = Probe(port, since, not args.identity)
             deadline = time.monotonic() + 120
             while status(port)["streams"] != args.streams + 1 and time.monotonic() < deadline:
                 time.sleep(0.2)
@@ -242,7 +263,7 @@ def main() -> int:
             readers.send_signal(signal.SIGTERM)
             readers.wait(30)
             readers = None
-            probe.sock.close()
+            probe.close()
             time.sleep(1)
             before_silent = rss_mb(server.pid)
             silent = []
@@ -270,7 +291,8 @@ def main() -> int:
 
     p50, p99 = percentile(latencies, 0.5), percentile(latencies, 0.99)
     print(
-        f"{args.agents} agents; `hctx agents --json` {base:.0f} ms (the baseline); a page is {page_bytes / 1e6:.1f} MB"
+        f"{args.agents} agents; `hctx agents --json` {base:.0f} ms (the baseline); a page is {page_bytes / 1e6:.1f} MB;"
+        f" streams {'identity' if args.identity else 'gzip (as a browser asks)'}"
     )
     print()
     print("| measured | ms | over `agents --json` |")

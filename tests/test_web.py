@@ -13,6 +13,7 @@ import ssl
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ from tests.web_board import (
     web_env,
 )
 from wrapper.readers.accounts import fan_in
-from wrapper.readers.notice import agent_of
+from wrapper.readers.notice import Changes, agent_of
 from wrapper.readers.roster import collect_roster
 from wrapper.readers.web.board import (
     CACHE_TICK,
@@ -793,3 +794,222 @@ def test_the_cache_countdown_rides_the_fleet_pages_ages_and_follows_its_row_agai
         assert board.journal.next == events + 1 and last_ages()[cached + CACHE_TICK] == "warm 2m11s"
 
     trio.run(ticks)
+
+
+# ---------------------------------------------------------------------------------------------
+# A whole re-read in parts (issue 40): the changed agents are read between its parts
+
+
+def whole_pass(board: Board) -> None:
+    """A whole re-read asked for and read to its end, a part at a time, as `follow` drives it (each
+    read told when it began: the monotonic clock, as trio's is within one run)."""
+    board.took(board.begin(time.monotonic()))
+    while board.under_way:
+        board.took(board.part(time.monotonic()))
+
+
+async def until(board: Board, done: Callable[[], bool]) -> None:
+    """Until `done()` holds, looked at again after each event the board publishes."""
+    cursor = board.journal.next
+    while not done():
+        await board.journal.wait(cursor)
+        cursor = board.journal.next
+
+
+def figure(board: Board, identity: str) -> int | None:
+    reading = board.readings.get(f"{HERE}/{identity}")
+    return None if reading is None or reading.row.context is None else reading.row.context.used_tokens
+
+
+async def test_a_changed_agent_is_read_between_the_parts_of_a_whole_re_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At 10,000 agents the whole catalog read at once held a write up ~0.7 s before its agent was
+    read (write -> page p99 2.3 s): now a whole re-read goes a part at a time, and an agent written
+    while it is under way reaches the stream before the re-read's end."""
+    import anyio
+    import trio
+
+    from wrapper.readers.roster import decode_agent
+    from wrapper.readers.web.feed import follow
+
+    for index in range(120):
+        put(tmp_path, f"a{index:03d}", usedTokens=1000 + index, rateLimits=None)
+
+    def slow(files: Any) -> Any:  # 120 agents read as slowly as 10,000 are: the first pass takes 2.4 s or more
+        time.sleep(0.02)
+        return decode_agent(files)
+
+    monkeypatch.setattr("wrapper.readers.roster.decode_agent", slow)
+    board = Board(tmp_path, HERE)
+    board.part_agents = 4
+    stop_following = anyio.Event()
+    landed: list[bool] = []  # at the moment the write reached the board: whether the first pass was done
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lambda: follow(board, stop_following, reread_s=600))
+            await until(board, lambda: figure(board, "a000") is not None)  # the pass under way, a part read
+            await trio.sleep(0.6)  # the file watching armed (its first answer comes within 0.5 s)
+            put(tmp_path, "a000", usedTokens=424_242, rateLimits=None)
+            await until(board, lambda: figure(board, "a000") == 424_242)
+            landed.append(board.ready.is_set())
+            await board.ready.wait()
+            stop_following.set()
+    assert landed == [False]  # read between two parts, before the whole re-read's end
+    rows = [json.loads(event.partition(b"\ndata: ")[2]) for event in board.journal.since(0) or []
+            if event.startswith(b"event: rows")]  # fmt: skip
+    sent = [
+        row["rows"][f"{HERE}/a000"]["agent"]["context"]["usedTokens"] for row in rows if f"{HERE}/a000" in row["rows"]
+    ]
+    assert 424_242 in sent  # on the stream
+    assert len(board.views) == 120 and figure(board, "a119") == 1119
+
+
+def test_an_agent_removed_is_gone_after_a_whole_re_read_in_parts(tmp_path: Path) -> None:
+    """No file event needed: an agent whose directory went before the listing, and one that went
+    after the listing but before its part, are both sent as gone; one made after the listing stays."""
+    import shutil
+
+    for identity in ("a", "b", "c", "d", "e"):
+        put(tmp_path, identity, rateLimits=None)
+    board = Board(tmp_path, HERE)
+    board.part_agents = 2
+    whole_pass(board)
+    assert sorted(board.views) == [f"{HERE}/{identity}" for identity in ("a", "b", "c", "d", "e")]
+    shutil.rmtree(tmp_path / "agents" / HERE / "b")  # before the listing
+    with board.subscribe() as box:
+        board.took(board.begin(time.monotonic()))  # listed, and its first part (a) read
+        shutil.rmtree(tmp_path / "agents" / HERE / "e")  # listed, its part not read yet
+        put(tmp_path, "f", rateLimits=None)  # made after the listing
+        board.took(board.read(Changes(frozenset({(HERE, "f")}), whole=False), time.monotonic()))
+        while board.under_way:
+            board.took(board.part(time.monotonic()))
+        assert box.rows[f"{HERE}/b"] is None and box.rows[f"{HERE}/e"] is None
+    assert sorted(board.views) == [f"{HERE}/{identity}" for identity in ("a", "c", "d", "f")]
+    # The cache (the one `/api/agents` answers from) holds no gone agent either.
+    assert sorted(f"{host}/{identity}" for host, identity, _ in board._cache.cache.held()) == sorted(board.views)
+
+
+def test_a_torn_or_hostile_record_is_refused_by_a_whole_re_read_in_parts(tmp_path: Path) -> None:
+    """Read in parts, a record cut mid-write or hostile is refused as a whole read refuses it: the
+    row says why, shows no figure from it, and the other agents are read on."""
+    put(tmp_path, "calm", usedTokens=66_000, rateLimits=None)
+    put(tmp_path, "torn", usedTokens=1_000, rateLimits=None)
+    put(tmp_path, "hostile", usedTokens=1_000, rateLimits=None)
+    board = Board(tmp_path, HERE)
+    board.part_agents = 1
+    whole_pass(board)
+    time.sleep(1.1)  # past the racy second: what follows is read again because it changed
+    put(tmp_path, "torn", raw=b'{"schema": "st2.harness-context.v1", "usedTok')
+    put(tmp_path, "hostile", raw=b'{"schema": "st2.harness-context.v1", "usedTokens": ' + b"[" * 30_000)
+    put(tmp_path, "calm", usedTokens=77_000, rateLimits=None)
+    whole_pass(board)
+    for identity in ("torn", "hostile"):
+        view = board.views[f"{HERE}/{identity}"]
+        assert "context record refused" in view["problem"] and view["percent"] is None, view
+        assert figure(board, identity) is None
+    assert figure(board, "calm") == 77_000 and board.problem is None
+
+
+async def test_nothing_written_in_a_burst_is_lost_while_a_whole_re_read_is_under_way(tmp_path: Path) -> None:
+    """Two hundred records replaced at once, twice, while a whole re-read goes in parts: each agent's
+    last figure is on the board, and the last rows event sent for it carries that figure."""
+    import anyio
+    import trio
+
+    from wrapper.readers.web.feed import follow
+
+    agents = [f"b{index:03d}" for index in range(200)]
+    for identity in agents:
+        put(tmp_path, identity, usedTokens=1, rateLimits=None)
+    board = Board(tmp_path, HERE)
+    board.part_agents = 8
+    stop_following = anyio.Event()
+    with trio.fail_after(90):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lambda: follow(board, stop_following, reread_s=0.5))  # re-read on and on
+            await board.ready.wait()
+            await trio.sleep(0.6)  # armed
+            for round_ in (2, 3):
+                for index, identity in enumerate(agents):
+                    put(tmp_path, identity, usedTokens=round_ * 1000 + index, rateLimits=None)
+            await until(board, lambda: all(figure(board, name) == 3000 + at for at, name in enumerate(agents)))
+            stop_following.set()
+    last: dict[str, int] = {}
+    for event in board.journal.since(board.journal.first) or []:
+        if event.startswith(b"event: rows"):
+            for name, view in json.loads(event.partition(b"\ndata: ")[2])["rows"].items():
+                if view is not None:
+                    last[name] = view["agent"]["context"]["usedTokens"]
+    assert {name: last.get(name) for name in board.views} == {
+        f"{HERE}/{identity}": 3000 + index for index, identity in enumerate(agents)
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Packed streams (issue 40): each event gzip-packed once, the same bytes for every stream
+
+
+def test_a_fleet_stream_that_takes_gzip_unpacks_to_the_same_events_packed_once_for_every_stream(
+    tmp_path: Path,
+) -> None:
+    """A stream is the gzip header and packed events, and any run of them unpacks (a page joins at
+    any event, or is sent the snapshot again): the same bytes objects whichever stream sends them."""
+    import zlib
+
+    import trio
+
+    from wrapper.readers.web.feed import GZIP_HEADER
+
+    fleet(tmp_path)
+    board = Board(tmp_path, HERE)
+    whole_pass(board)
+    for percent in (44.0, 45.0, 46.0):
+        put(tmp_path, "calm", usedPercent=percent, rateLimits=None)
+        board.took(board.read(Changes(frozenset({(HERE, "calm")}), whole=False), time.monotonic()))
+    raw, packed = board.journal.since(board.journal.first), board.journal.since(board.journal.first, gzip=True)
+    assert raw and packed and len(raw) == len(packed)
+    assert all(a is b for a, b in zip(packed, board.journal.since(board.journal.first, gzip=True), strict=True))
+
+    async def snapshot() -> tuple[bytes, bytes, bytes]:
+        return board.snapshot_event(gzip=True), board.snapshot_event(), board.ages_event(gzip=True)
+
+    packed_snapshot, snapshot_event, packed_ages = trio.run(snapshot)
+    assert packed_snapshot is board.snapshot_event(gzip=True) and len(packed_snapshot) < len(snapshot_event) / 3
+    for start in range(len(packed)):  # joined at any event: the rest unpacks to the events themselves
+        unpack = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        assert unpack.decompress(GZIP_HEADER + b"".join(packed[start:])) == b"".join(raw[start:])
+    unpack = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    text = unpack.decompress(GZIP_HEADER + packed_snapshot + packed_ages + b"".join(packed))
+    assert text.startswith(snapshot_event) and text.endswith(b"".join(raw)) and b'"46%"' in raw[-1]
+
+
+def test_a_served_fleet_stream_is_gzip_only_for_a_client_that_takes_it(tmp_path: Path) -> None:
+    """A browser's Accept-Encoding takes gzip: its stream is packed, and a record written reaches it;
+    a client that does not take gzip (or refuses it, q=0) is sent the events as they are."""
+    import zlib
+
+    from wrapper.readers.web.app import accepts_gzip
+
+    assert accepts_gzip("gzip, deflate, br, zstd") and accepts_gzip("br;q=1.0, *;q=0.5") and accepts_gzip("GZip")
+    assert not accepts_gzip("") and not accepts_gzip("br, deflate") and not accepts_gzip("gzip;q=0, br")
+    assert not accepts_gzip("gzip; q=0.000")
+    fleet(tmp_path)
+    with serving(tmp_path, "--reread", "600") as board:
+        packed = http.client.HTTPConnection("127.0.0.1", board.port, timeout=30)
+        packed.request("GET", "/api/events", headers={"Accept-Encoding": "gzip, deflate, br"})
+        answer = packed.getresponse()
+        assert answer.getheader("content-encoding") == "gzip" and answer.getheader("vary") == "accept-encoding"
+        plain = http.client.HTTPConnection("127.0.0.1", board.port, timeout=30)
+        plain.request("GET", "/api/events", headers={"Accept-Encoding": "gzip;q=0"})
+        plain_answer = plain.getresponse()
+        assert plain_answer.getheader("content-encoding") is None
+        assert plain_answer.read1(1 << 16).startswith(b"event: snapshot\ndata: {")
+        put(tmp_path, "calm", usedTokens=123_457, usedPercent=61.7, rateLimits=None)
+        unpack, seen = zlib.decompressobj(16 + zlib.MAX_WBITS), b""
+        deadline = time.monotonic() + 20
+        while b'"usedTokens": 123457' not in seen and time.monotonic() < deadline:
+            seen += unpack.decompress(answer.read1(1 << 20))
+        assert seen.startswith(b"event: snapshot\ndata: {") and b'"usedTokens": 123457' in seen
+        packed.close()
+        plain.close()

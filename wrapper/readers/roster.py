@@ -296,13 +296,32 @@ class RosterCache:
     ) -> tuple[list[AgentView], list[tuple[str, str]]]:
         """Of these agents (named by a file event), the views of those whose files changed, and the
         ones whose directory is gone (or never was an agent's)."""
+        return self.looked(agents, now, here=here, alive=alive, every=False)
+
+    def looked(
+        self, agents: Iterable[tuple[str, str]], now: int, *, here: str, alive: PidProbe = pid_alive, every: bool = True
+    ) -> tuple[list[AgentView], list[tuple[str, str]]]:
+        """Of these agents (a part of a whole listing), every one's view at `now` (what the clock
+        alone moves: age, staleness, whether the wrapper lives), each read again only if its files
+        changed (`every=False`: only those views), and the ones whose directory is gone."""
         wanted = set(agents)
         snapshot = self.cache.refresh_agents(wanted)
         present = {(host, identity) for host, identity, _ in snapshot.agents}
-        changed = set(snapshot.changed)
+        changed = None if every else set(snapshot.changed)
         views = [agent_view(host, identity, decoded, now, here=here, alive=alive)
-                 for host, identity, decoded in snapshot.agents if (host, identity) in changed]  # fmt: skip
+                 for host, identity, decoded in snapshot.agents
+                 if changed is None or (host, identity) in changed]  # fmt: skip
         return views, sorted(wanted - present)
+
+    def listed(self, listed: Iterable[tuple[str, str]], warnings: list[str]) -> list[tuple[str, str]]:
+        """A whole listing read in parts is done: the agents held that it did not list are looked at
+        again (gone: dropped; made since the listing: kept), its warnings are the roster's; the gone."""
+        unlisted = self.cache.held_keys() - set(listed)
+        self.warnings = warnings
+        if not unlisted:
+            return []
+        present = {(host, identity) for host, identity, _ in self.cache.refresh_agents(unlisted).agents}
+        return sorted(unlisted - present)
 
     def roster(self, now: int, *, here: str, alive: PidProbe = pid_alive) -> Roster:
         views, warnings = self.views(now, here=here, alive=alive)

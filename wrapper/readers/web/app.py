@@ -40,12 +40,13 @@ from wrapper.arguments import quiet_guard_logs
 from wrapper.readers.render import render_agent_json
 from wrapper.readers.roster import AgentNotFound, collect_inspection, now_ms, resolve_agent, view_agent
 from wrapper.readers.web.board import agent_detail, read_fill_history
-from wrapper.readers.web.feed import Board, sse_event
+from wrapper.readers.web.feed import GZIP_HEADER, Board, packed, sse_event
 
 __all__ = [
     "ASSETS",
     "BATCH_S",
     "CSP",
+    "CURRENT",
     "KEEPALIVE",
     "KEEPALIVE_S",
     "PIECE_BYTES",
@@ -53,6 +54,7 @@ __all__ = [
     "SNAPSHOT_SLOT",
     "Refusals",
     "SecurityHeaders",
+    "accepts_gzip",
     "batched",
     "make_app",
     "quiet_accept_errors",
@@ -78,6 +80,8 @@ PIECE_BYTES = 64 * 1024  # the most one stream's write holds of an event (a snap
 # are a thousand writes per batch, not one per event (the ages' tick and each read's rows).
 BATCH_S = 0.1
 KEEPALIVE = b": keep-alive\n\n"
+CURRENT = b": current\n\n"  # the page holds the current snapshot
+KEEPALIVE_PACKED, CURRENT_PACKED = packed(KEEPALIVE), packed(CURRENT)
 REFUSALS_SAID_EVERY_S = 10.0
 
 
@@ -189,6 +193,16 @@ def _pieces(data: bytes) -> Iterator[bytes | memoryview]:
         yield view[start : start + PIECE_BYTES]
 
 
+def accepts_gzip(header: str) -> bool:
+    """Whether an Accept-Encoding header takes gzip (every browser's does): named, or `*`, without q=0."""
+    for item in header.split(","):
+        name, _, parameters = item.partition(";")
+        if name.strip().lower() in ("gzip", "*"):
+            quality = parameters.strip().lower().removeprefix("q=").strip()
+            return not (parameters.strip().lower().startswith("q=") and quality.strip("0.") == "")
+    return False
+
+
 def _json(body: str, status: int = 200) -> Response:
     return Response(body, status, media_type="application/json", headers={"cache-control": "no-store"})
 
@@ -273,14 +287,16 @@ def make_app(board: Board, allowed_hosts: Sequence[str], *, max_streams: int) ->
         found = {"agents": len(board.views), "streams": board.streams, "problem": board.problem}
         return _json(json.dumps(found) + "\n")
 
-    async def fleet_stream(held: str | None) -> AsyncIterator[bytes | memoryview]:
+    async def fleet_stream(held: str | None, gzip: bool) -> AsyncIterator[bytes | memoryview]:
         """The journal's events from the snapshot the page holds (sent again if it is not the
-        current one, or if the page fell further behind than the journal keeps)."""
+        current one, or if the page fell further behind than the journal keeps); `gzip`: the
+        packed events after a gzip header (each packed once, whichever stream sends it)."""
         journal = board.journal
         await board.ready.wait()
-        first = b": current\n\n" if held == str(board.version) else board.snapshot_event()
+        current = CURRENT_PACKED if gzip else CURRENT
+        first = current if held == str(board.version) else board.snapshot_event(gzip=gzip)
         cursor = journal.next
-        for data in (first, board.ages_event()):
+        for data in (GZIP_HEADER if gzip else b"", first, board.ages_event(gzip=gzip)):
             for piece in _pieces(data):
                 yield piece
         while True:
@@ -289,12 +305,13 @@ def make_app(board: Board, allowed_hosts: Sequence[str], *, max_streams: int) ->
                 await journal.wait(cursor)
                 waited = True
             if not waited:
-                yield KEEPALIVE
+                yield KEEPALIVE_PACKED if gzip else KEEPALIVE
                 continue
             await trio.sleep(BATCH_S)  # what else arrives meanwhile goes in the same write
-            pending = journal.since(cursor)
+            pending = journal.since(cursor, gzip=gzip)
             # Further behind than the journal keeps: the snapshot again (never joined: megabytes).
-            sent = [board.snapshot_event(), board.ages_event()] if pending is None else pending
+            again = [board.snapshot_event(gzip=gzip), board.ages_event(gzip=gzip)] if pending is None else []
+            sent = pending or again
             cursor = journal.next
             for piece in batched(sent):
                 yield piece
@@ -332,9 +349,12 @@ def make_app(board: Board, allowed_hosts: Sequence[str], *, max_streams: int) ->
             request = Request(scope, receive)
             only = request.query_params.get("agent")
             held = request.query_params.get("since")  # the version of the snapshot the page already holds
-            body = fleet_stream(held) if only is None else agent_stream(only)
-            response = StreamingResponse(body, media_type="text/event-stream",
-                                         headers={"cache-control": "no-store", "x-accel-buffering": "no"})  # fmt: skip
+            gzip = only is None and accepts_gzip(request.headers.get("accept-encoding", ""))
+            body = fleet_stream(held, gzip) if only is None else agent_stream(only)
+            headers = {"cache-control": "no-store", "x-accel-buffering": "no"}
+            if gzip:
+                headers |= {"content-encoding": "gzip", "vary": "accept-encoding"}
+            response = StreamingResponse(body, media_type="text/event-stream", headers=headers)
             await response(scope, receive, send)
 
     routes = [
