@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -109,7 +110,9 @@ built = {}
 for name in sys.argv[2:]:
     module, _, model = name.rpartition(".")
     built[name] = getattr(importlib.import_module(module), model).__pydantic_complete__
-sys.stderr.write(json.dumps({"code": code, "modules": sorted(sys.modules), "built": built}))
+import pydantic.plugin._loader as plugins
+scanned = plugins._plugins is not None  # pydantic's cache of the installed plugins it looked for
+sys.stderr.write(json.dumps({"code": code, "modules": sorted(sys.modules), "built": built, "scanned": scanned}))
 """
 
 
@@ -132,6 +135,21 @@ def test_agents_json_loads_only_what_it_prints(tmp_path: Path) -> None:
     assert "guard.record" in loaded and "pydantic" in loaded  # the records are still validated by their model
     assert sorted(loaded.intersection(NOT_LOADED)) == []
     assert probe["built"] == dict.fromkeys(NOT_BUILT, False)
+    assert probe["scanned"] is False  # no scan of every installed package for pydantic plugins (~10 ms)
+
+
+def test_only_the_readers_that_start_no_process_turn_pydantics_plugins_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`PYDANTIC_DISABLE_PLUGINS` is set in the process of a reader that starts none, never in one
+    whose environment a harness or a user's command inherits (`wrap`, `watch --exec`); a value the
+    user set is kept."""
+    from wrapper import cli
+
+    assert cli.COMMAND_HOMES["agents"] in cli.PLUGINLESS_HOMES
+    assert all(cli.COMMAND_HOMES[name] not in cli.PLUGINLESS_HOMES for name in ("wrap", "watch", "adopt", "demo"))
+    monkeypatch.setenv("PYDANTIC_DISABLE_PLUGINS", "logfire")
+    with pytest.raises(SystemExit):
+        cli.main(["agents", "--help"])
+    assert os.environ["PYDANTIC_DISABLE_PLUGINS"] == "logfire"
 
 
 def test_a_text_without_the_escape_is_not_walked_for_nul(monkeypatch: pytest.MonkeyPatch) -> None:
