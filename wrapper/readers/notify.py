@@ -439,7 +439,7 @@ def add_notify_options(watch: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     group.add_argument(
         "--board-url", metavar="BASE",
-        help="the `hctx web` board's address (e.g. http://127.0.0.1:8377): each notification links to "
+        help="the `hctx web` board's address (e.g. http://127.0.0.1:9479): each notification links to "
         "the agent's page on it",
     )  # fmt: skip
     group.add_argument(
