@@ -104,6 +104,9 @@ class HarnessSetup:
     installed: bool  # its program or config dir found
     edits: tuple[Edit, ...]
     builds: tuple[BuildPoint, ...]
+    # What a person should know while this setup is in place (`hctx doctor` says it beside the
+    # in-place line), e.g. a harness that stalls on something of its own the setup brought about.
+    advice: tuple[str, ...] = ()
 
 
 class SetupModule(Protocol):

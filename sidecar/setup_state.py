@@ -60,6 +60,7 @@ class SetupState:
     harness: str
     state: State
     detail: str  # the files, or why one cannot be read
+    advice: tuple[str, ...] = ()  # the plan's, while hctx's part is in its files (current or stale)
 
 
 def setup_state(setup: HarnessSetup) -> SetupState:
@@ -76,7 +77,7 @@ def setup_state(setup: HarnessSetup) -> SetupState:
         return SetupState(setup.harness, "refused", str(exc))
     files = ", ".join(str(edit.file.path) for edit in setup.edits)
     if not behind:
-        return SetupState(setup.harness, "current", files)
+        return SetupState(setup.harness, "current", files, setup.advice)
     if not holding:
         return SetupState(setup.harness, "not set up", files)
-    return SetupState(setup.harness, "stale", ", ".join(behind))
+    return SetupState(setup.harness, "stale", ", ".join(behind), setup.advice)

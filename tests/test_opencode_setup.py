@@ -246,3 +246,21 @@ def test_doctors_reading_not_set_up_current_then_stale(tmp_path: Path) -> None:
     plugin = home / ".config" / "opencode" / "plugin" / "hctx-adopt.ts"
     plugin.write_bytes(opencode_setup.MARK + b" an older build\n")
     assert setup_state(plan).state == "stale"
+
+
+def test_doctor_says_the_sdks_stall_while_the_plugin_is_in_place_and_the_sdk_is_not(tmp_path: Path) -> None:
+    """A plugin file makes OpenCode wait on its own npm install of the plugin SDK at each start (74 s
+    offline): `hctx doctor` says so while setup is in place and OpenCode has not installed it, and
+    nothing once it has (its lock and package there), nor while setup is not in place."""
+    from wrapper.readers.reader_commands import setup_lines
+
+    home, journal = tmp_path / "home", tmp_path / "journal"
+    root = user_config(home)
+    environ = {"HOME": str(home), "PATH": "", "XDG_CONFIG_HOME": str(home / ".config")}
+    assert not [line for line in setup_lines(environ) if "note:" in line]  # not set up: nothing to say
+    apply_setup(opencode_setup.setup(home, environ), journal)
+    (noted,) = [line for line in setup_lines(environ) if line.startswith("setup: opencode: note:")]
+    assert "has not installed its plugin SDK" in noted and str(root) in noted and "offline=true" in noted
+    (root / "node_modules" / "@opencode-ai" / "plugin").mkdir(parents=True)
+    (root / "package-lock.json").write_text("{}\n")
+    assert not [line for line in setup_lines(environ) if "note:" in line]

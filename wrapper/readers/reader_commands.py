@@ -116,6 +116,7 @@ def setup_lines(environ: Mapping[str, str]) -> list[str]:
             )
         else:
             lines.append(f"setup: {harness}: cannot tell: {state.detail}")
+        lines.extend(f"setup: {harness}: note: {advice}" for advice in state.advice)
     return lines
 
 

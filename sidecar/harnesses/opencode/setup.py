@@ -48,14 +48,20 @@ __all__ = [
     "HOW",
     "MARK",
     "PLUGIN_FILE",
+    "SDK_LOCK",
+    "SDK_PACKAGE",
     "PluginFile",
     "config_dir",
     "plugin_source",
+    "sdk_advice",
     "setup",
 ]
 
 ASSET_NAME: Final = "hctx-adopt.ts"
 PLUGIN_FILE: Final = PurePosixPath("plugin") / ASSET_NAME
+# What OpenCode's install of its plugin SDK leaves in a config directory (the module's doc).
+SDK_LOCK: Final = "package-lock.json"
+SDK_PACKAGE: Final = "node_modules/@opencode-ai/plugin"
 # The asset's one line setup replaces: the adopting command, as a JSON array (a TypeScript literal).
 COMMAND_LINE: Final = "const ADOPT_COMMAND: string[] = []; // hctx: adopt command"
 # What every file hctx writes starts with, and what tells one from a user's file of the same name.
@@ -104,4 +110,16 @@ def setup(home: Path, environ: Mapping[str, str]) -> HarnessSetup:
         shutil.which(program, path=environ.get("PATH", os.defpath)) for program in ("opencode", "opencode-ai")
     )
     edit = PluginFile(UserFile(root, PLUGIN_FILE), plugin_source(adopt_command("opencode")))
-    return HarnessSetup(harness="opencode", installed=installed, edits=(edit,), builds=BUILDS)
+    return HarnessSetup(harness="opencode", installed=installed, edits=(edit,), builds=BUILDS, advice=sdk_advice(root))
+
+
+def sdk_advice(root: Path) -> tuple[str, ...]:
+    """The stall a plugin file brings about while OpenCode's own plugin SDK is not installed in `root`
+    (the module's doc): said by `hctx doctor` while setup is in place; nothing once it is there."""
+    if (root / SDK_LOCK).is_file() and (root / SDK_PACKAGE).is_dir():
+        return ()
+    return (
+        f"OpenCode has not installed its plugin SDK in {root} yet, and with a plugin there each start "
+        "waits for that npm install (74 s a start where the registry cannot be reached): install it "
+        "once, or set offline=true in its .npmrc (docs/setup.md, OpenCode)",
+    )
