@@ -116,10 +116,10 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "harness's own user-level extension point (Claude's user settings.json, Codex's hooks.json and "
         "its trust in config.toml, pi's and omp's extension directory, OpenCode's plugin directory), so a "
         "session started without `hctx wrap` gets its own sidecar and record. The user's keys, hooks and "
-        "status line are kept; setup twice is setup once; files are never written through a symlink out of the harness's "
-        "config directory, and a file hctx will not edit (a FIFO, over 1 MiB, not JSON, a byte-order mark) "
-        "is refused with the reason (exit status 1). A journal under $XDG_STATE_HOME/hctx/setup keeps "
-        "each file's bytes from before, for --undo.",
+        "status line are kept; setup twice is setup once; files are never written through a symlink out "
+        "of the harness's config directory, and a file hctx will not edit (a FIFO, over 1 MiB, not JSON, "
+        "a byte-order mark) is refused with the reason (exit status 1). A journal under "
+        "$XDG_STATE_HOME/hctx/setup keeps each file's bytes from before, for --undo.",
     )
     setup.add_argument("harness", nargs="*", type=harness_name, metavar="HARNESS", help=f"one of {KNOWN}")
     setup.add_argument(
