@@ -169,24 +169,39 @@ def open_parent_within(
         for directory in reversed(missing):
             os.mkdir(directory, mode)
             created.append(directory)
+            _exact_mode(os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC), mode)
     fd = open_chain(root, ())
     path = root
     try:
         for name in parts[:-1]:
             path = path / name
+            made = False
             if create:
                 try:
                     os.mkdir(name, mode, dir_fd=fd)
                     created.append(path)
+                    made = True
                 except FileExistsError:
                     pass
             child = open_chain(path.parent, (name,), parent_fd=fd)
             os.close(fd)
             fd = child
+            if made:
+                os.fchmod(fd, mode)
     except BaseException:
         os.close(fd)
         raise
     return fd, created
+
+
+def _exact_mode(fd: int, mode: int) -> None:
+    """`mode` on the directory open at `fd`, whatever the umask took from mkdir's (a umask another
+    thread narrowed for a moment, as a channel's bind does, would leave 0600: a directory no one can
+    enter); the descriptor is closed."""
+    try:
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
 
 
 def read_within(root: Path, parts: tuple[str, ...], limit: int) -> RawFile:

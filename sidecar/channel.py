@@ -171,12 +171,11 @@ async def serve(
     binding.unlink(missing_ok=True)
     listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     with listener:
-        # Bind under a 0077 umask so the socket is never, even briefly, open to others.
-        old_umask = os.umask(0o177)
-        try:
-            await listener.bind(os.fspath(binding))
-        finally:
-            os.umask(old_umask)
+        # Bound inside a directory closed to others (check_channel_path), then 0600 before it is
+        # named `path`: never open to another user, even briefly. Not by narrowing the umask, which
+        # is the whole process's: a directory another thread made meanwhile came out 0600.
+        await listener.bind(os.fspath(binding))
+        os.chmod(binding, 0o600)
         # A deep backlog absorbs bursts (a fleet of status-line refreshes) while handlers are busy.
         listener.listen(socket.SOMAXCONN)
         # Only a listening socket appears at `path`: a client that finds it can connect.

@@ -53,6 +53,18 @@ async def test_the_socket_is_private_to_its_owner(socket_path: Path) -> None:
     assert not socket_path.exists()
 
 
+async def test_the_bind_leaves_the_process_umask_alone(socket_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The umask is the whole process's: narrowed for the bind, it left a directory another thread
+    made meanwhile 0600 (CI met it as `hctx setup`'s config dir). The socket is private all the same."""
+    touched: list[int] = []
+    monkeypatch.setattr(os, "umask", lambda mask: touched.append(mask) or 0o022)
+    async with trio.open_nursery() as nursery:
+        await _serve(nursery, socket_path)
+        assert stat.S_IMODE(os.stat(socket_path).st_mode) == 0o600
+        nursery.cancel_scope.cancel()
+    assert touched == []
+
+
 def test_a_world_readable_directory_or_an_overlong_path_is_refused(tmp_path: Path) -> None:
     open_dir = tmp_path / "open"
     open_dir.mkdir(mode=0o755)

@@ -126,6 +126,21 @@ def test_a_file_absent_before_is_removed_with_the_directories_setup_created(
     assert not (tmp_path / "elsewhere").exists()
 
 
+def test_the_directories_setup_creates_are_0700_whatever_the_umask(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The process-wide umask narrowed for a moment by another thread (a channel binds under 0177)
+    must not leave a directory no one can enter: found by CI, 0600 for `claude-config`."""
+    config = tmp_path / "elsewhere" / "claude-config"
+    monkeypatch.setenv("CLAUDE_CONFIG_DIR", str(config))
+    old = os.umask(0o177)
+    try:
+        assert hctx(capsys, "setup", "claude")[0] == 0
+    finally:
+        os.umask(old)
+    assert config.stat().st_mode & 0o777 == 0o700 and (tmp_path / "elsewhere").stat().st_mode & 0o777 == 0o700
+
+
 def test_undo_keeps_what_the_user_changed_after_setup(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     settings(home).write_bytes(USER_BYTES)
     assert hctx(capsys, "setup", "claude")[0] == 0
