@@ -184,7 +184,7 @@ async def test_an_adopted_omps_subagent_rows_are_each_childs_own_reading(version
     """omp binds the extension anew to each `task` child in the same process: adopted, as wrapped
     (tests/live/test_subagents_live.py), each child's row is its own reading, the parent's never a
     child's, and the one adopter of the process serves them all."""
-    from tests.live.test_subagents_live import OMP_CHILD_TOKENS, OMP_CHILDREN, OMP_ONCE, OMP_PARALLEL, omp_finished
+    from tests.live.test_subagents_live import OMP_CHILD_TOKENS, OMP_CHILDREN, omp_delegation
 
     command = require_harness("omp", version)
     home = short_tmp / "home"
@@ -198,12 +198,7 @@ async def test_an_adopted_omps_subagent_rows_are_each_childs_own_reading(version
         assert code == 0, err + out
         run = Run("omp", command, env, work, Catalog(catalog_root, agent=WORK, host=default_host()), adopted=True)
         async with wrapped(run, "omp") as rpc:
-            await rpc.turn(OMP_PARALLEL)
-            await run.catalog.settles(omp_finished(2), "both parallel children finished")
-            await rpc.idle()
-            await rpc.turn(OMP_ONCE)
-            final = await run.catalog.settles(omp_finished(3), "the single child finished too")
-            await rpc.idle()
+            final = await omp_delegation(rpc, run.catalog)
     assert {row.id: row.used_tokens for row in final.subagents} == OMP_CHILDREN
     assert all((row.state, row.window_tokens) == ("finished", WINDOW) for row in final.subagents)
     writes = run.catalog.writes()

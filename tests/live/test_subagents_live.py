@@ -55,7 +55,7 @@ from tests.live.test_codex_live import AGENT, Lab, lab
 from tests.live.test_opencode_live import TURN_S, WINDOW, Box, new_session, opencode_under_wrap, prompt, wait_for
 from tests.live.test_pi_live import AGENT as PI_AGENT
 from tests.live.test_pi_live import WINDOW as PI_WINDOW
-from tests.live.test_pi_live import Catalog, Run, write_config
+from tests.live.test_pi_live import Catalog, Rpc, Run, write_config
 from tests.live.test_pi_live import _isolated_env as pi_isolated_env
 from tests.live.test_pi_live import wrapped as pi_wrapped
 from tests.wrapping import agent_dir, assert_replays_as_logged, log_events, wrap_argv
@@ -465,6 +465,18 @@ def omp_finished(want: int) -> Callable[[HarnessContext], bool]:
     return lambda record: len(record.subagents) == want and all(row.state == "finished" for row in record.subagents)
 
 
+async def omp_delegation(rpc: Rpc, catalog: Catalog) -> HarnessContext:
+    """The two delegating turns (two parallel children, then one), each settled: the record after,
+    for a wrapped seat and an adopted one alike."""
+    await rpc.turn(OMP_PARALLEL)
+    await catalog.settles(omp_finished(2), "both parallel children finished")
+    await rpc.idle()
+    await rpc.turn(OMP_ONCE)
+    final = await catalog.settles(omp_finished(3), "the single child finished too")
+    await rpc.idle()
+    return final
+
+
 @pytest.mark.parametrize("version", HARNESS_VERSIONS["omp"])
 async def test_omp_subagent_rows_are_each_childs_own_reading(version: str) -> None:
     require_harness("omp", version)
@@ -476,12 +488,7 @@ async def test_omp_subagent_rows_are_each_childs_own_reading(version: str) -> No
             env = pi_isolated_env("omp", version, home)
             run = Run("omp", harness_command("omp", version), env, home, Catalog(home / "catalog"))
             async with pi_wrapped(run, "omp", record=recording) as rpc:
-                await rpc.turn(OMP_PARALLEL)
-                await run.catalog.settles(omp_finished(2), "both parallel children finished")
-                await rpc.idle()
-                await rpc.turn(OMP_ONCE)
-                final = await run.catalog.settles(omp_finished(3), "the single child finished too")
-                await rpc.idle()
+                final = await omp_delegation(rpc, run.catalog)
         keep_recording(recording.read_bytes(), f"pi/delegation/omp-{version}.rec")
         # What the real binary did: three children on the fake, each served its own marker.
         # (omp 18.2.3's parent may also send a request the fake takes for a summary, served 700/120.)
