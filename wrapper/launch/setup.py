@@ -113,9 +113,9 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "setup",
         help="have sessions started without hctx wrap seen too (each harness's user-level extension point)",
         description="For each harness named (default: each found installed), put hctx's part into the "
-        "harness's own user-level extension point (Claude's user settings.json, Codex's hooks.json and "
-        "its trust in config.toml, pi's and omp's extension directory, OpenCode's plugin directory), so a "
-        "session started without `hctx wrap` gets its own sidecar and record. The user's keys, hooks and "
+        "harness's own user-level extension point (a user settings file, a hook, an extension or plugin "
+        "directory: --dry-run names each file), so a session started without `hctx wrap` gets its own "
+        "sidecar and record. The user's keys, hooks and "
         "status line are kept; setup twice is setup once; files are never written through a symlink out "
         "of the harness's config directory, and a file hctx will not edit (a FIFO, over 1 MiB, not JSON, "
         "a byte-order mark) is refused with the reason (exit status 1). A journal under "
