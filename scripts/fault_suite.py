@@ -992,6 +992,16 @@ def sigkill_wrapper(work: Path, scale: Scale) -> Row:
                f"(SIGTERM, then SIGKILL at {HARNESS_KILL_DEADLINE_S:g}s)")  # fmt: skip
 
 
+def running_sidecar(resident: int) -> int | None:
+    """The resident's sidecar child, if one runs."""
+    for task in Path(f"/proc/{resident}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            with contextlib.suppress(OSError):
+                if b"\0-m\0sidecar\0" in Path(f"/proc/{child}/cmdline").read_bytes():
+                    return int(child)
+    return None
+
+
 def double_kill_trial(work: Path, kind: str, when: str) -> tuple[list[int], float]:
     """One wrapped harness (`stubborn_harness(kind)`) whose resident and sidecar are both SIGKILLed:
     `together` (one right after the other), or `in back-off` (the sidecar first, the resident 0.1 s
@@ -1003,9 +1013,11 @@ def double_kill_trial(work: Path, kind: str, when: str) -> tuple[list[int], floa
     catalog = work / "catalog"
     resident = subprocess.Popen(wrap_argv(catalog, "a", *command), env=child_env(), stdin=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
-    sidecar = int(wait_for(lambda: starts(catalog, "a"), timeout=30, what="a sidecar")[0]["pid"])
+    wait_for(lambda: starts(catalog, "a"), timeout=30, what="a sidecar")
     wait_for(lambda: pids.exists() and len(pids.read_text().split()) >= count, timeout=30, what="the harness's pids")
     harness = [int(pid) for pid in pids.read_text().split()]
+    # The sidecar running now (a first one that died under load was replaced: its pid is no target).
+    sidecar = wait_for(lambda: running_sidecar(resident.pid), timeout=30, what="the running sidecar")
     if when == "together":
         resident.kill()
         os.kill(sidecar, signal.SIGKILL)
