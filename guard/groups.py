@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
-__all__ = ["group_alive", "signal_group", "start_ending"]
+__all__ = ["POLL_S", "end", "group_alive", "signal_group", "start_ending"]
+
+# How often a group being ended is looked at until it is gone or its deadline passes.
+POLL_S = 0.02
 
 
 def signal_group(pgid: int, signum: int) -> bool:
@@ -47,3 +51,16 @@ def start_ending(pgid: int) -> bool:
         return False
     signal_group(pgid, signal.SIGCONT)
     return True
+
+
+def end(pgid: int, deadline_s: float) -> None:
+    """End the group, blocking: `start_ending`, then SIGKILL for what is left after `deadline_s`.
+    The keeper's last act (`wrapper.launch.resident.Keeper`), run as its own `python -I -S`."""
+    if not start_ending(pgid):
+        return
+    deadline = time.monotonic() + deadline_s
+    while group_alive(pgid):
+        if time.monotonic() >= deadline:
+            signal_group(pgid, signal.SIGKILL)
+            return
+        time.sleep(POLL_S)

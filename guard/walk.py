@@ -167,7 +167,10 @@ def open_parent_within(
             missing.append(directory)
             directory = directory.parent
         for directory in reversed(missing):
-            os.mkdir(directory, mode)
+            try:
+                os.mkdir(directory, mode)
+            except FileExistsError:  # another process made it meanwhile (two setups at once): not ours
+                continue
             created.append(directory)
             _exact_mode(os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC), mode)
     fd = open_chain(root, ())

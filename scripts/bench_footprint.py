@@ -7,8 +7,8 @@ Claude's tee runs it: "adopted") (pi and Claude: a sleeping process; OpenCode: a
 heartbeats every 10 s as OpenCode's do, `/config/providers` and `/config`), and beside them, in the
 same run, N bare `python -c "import trio"` processes. Once every seat's sidecar listens and the
 machine settled, it reads per agent the PSS and RSS (/proc/PID/smaps_rollup) and the number of
-processes of everything hctx runs for it (the wrapper and its sidecar; the stand-in harness and its
-children are excluded), then the CPU they use while idle over --idle seconds. Ratios are to the
+processes of everything hctx runs for it (the wrapper, its sidecar and a wrapped seat's keeper; the
+stand-in harness and its children are excluded), then the CPU they use while idle over --idle seconds. Ratios are to the
 bare trio process measured in the same run. Only 127.0.0.1 and temp directories are used; only the
 processes started here are stopped.
 
@@ -122,8 +122,10 @@ def command(pid: int) -> str:
 
 
 def hctx_processes(wrapper: int) -> list[int]:
-    """The wrapper and what hctx started under it (its sidecar), not the stand-in harness's tree."""
-    return [wrapper, *(child for child in children(wrapper) if "-m sidecar" in command(child))]
+    """The wrapper and what hctx started under it (its sidecar; a wrapped seat's keeper, the shell
+    whose $0 is `hctx-keeper`), not the stand-in harness's tree."""
+    ours = ("-m sidecar", " hctx-keeper ")
+    return [wrapper, *(child for child in children(wrapper) if any(mark in command(child) for mark in ours))]
 
 
 @dataclass

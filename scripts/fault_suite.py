@@ -1027,19 +1027,13 @@ def double_kill_trial(work: Path, kind: str, when: str) -> tuple[list[int], floa
 
 @fault("double-kill-no-orphans")
 def double_kill(work: Path, scale: Scale) -> list[Row]:
-    """The sidecar SIGKILLed, then the resident inside the replacement's back-off, with a harness that
-    ignores SIGTERM and SIGHUP, alone and as `sh`'s background child: nothing of the harness is left
-    past the deadline (the resident's keeper ends the group)."""
-    return double_kill_rows(work, scale, ("in back-off",))
-
-
-def double_kill_rows(work: Path, scale: Scale, moments: tuple[str, ...]) -> list[Row]:
-    """One row per moment of the second kill (`double_kill_trial`). `together` is not a row of the
-    suite: with both of the agent's processes SIGKILLed at once nothing of hctx is left to end the
-    group (the note of issue 40 measures it with this function)."""
+    """The resident and its sidecar both SIGKILLed, together or the resident inside the sidecar's
+    replacement back-off, with a harness that ignores SIGTERM and SIGHUP, alone and as `sh`'s
+    background child: nothing of the harness is left past the deadline (the resident's keeper ends
+    the group)."""
     trials = pick(scale, ci=2, full=25)
     rows = []
-    for when in moments:
+    for when in ("together", "in back-off"):
         tried = survived = orphans = 0
         worst = 0.0
         for number, kind in enumerate(("ignoring SIGTERM", "sh's background child")):

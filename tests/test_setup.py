@@ -309,6 +309,27 @@ def test_concurrent_setups_leave_what_one_leaves_and_undo_still_restores(home: P
     assert settings(home).read_bytes() == USER_BYTES
 
 
+def test_a_directory_another_setup_makes_meanwhile_is_used_and_not_claimed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two setups at once both found the journal's directory missing; the second one's mkdir met the
+    first one's directory and failed the setup ("File exists", seen in a full run): now it goes on,
+    and the directory is not listed as its own (its undo must not remove it)."""
+    from guard.walk import open_parent_within
+
+    root, real_mkdir = tmp_path / "state" / "hctx", os.mkdir
+
+    def another_setup_first(path: str | os.PathLike[str], mode: int = 0o777, *, dir_fd: int | None = None) -> None:
+        if dir_fd is None and Path(path) == root:
+            real_mkdir(path, mode)
+        real_mkdir(path, mode, dir_fd=dir_fd)
+
+    monkeypatch.setattr(os, "mkdir", another_setup_first)
+    fd, created = open_parent_within(root, ("lock",), create=True)
+    os.close(fd)
+    assert created == [tmp_path / "state"] and root.is_dir()
+
+
 def test_the_lock_makes_a_second_setup_wait(home: Path) -> None:
     """Held by one setup, the journal's lock keeps another out until it is released."""
     import fcntl

@@ -387,20 +387,44 @@ def test_a_dead_sidecar_never_stops_the_tapped_output(tmp_path: Path) -> None:
     assert b"Traceback" not in err
 
 
-def test_an_agent_costs_two_processes_and_the_resident_wrapper_loads_neither_trio_nor_pydantic(tmp_path: Path) -> None:
-    """Issue 24: the wrapper (the claim's pid, after its exec) and its sidecar, no reaper beside them;
-    the wrapper's resident part maps no pydantic-core and no ssl (which trio loads)."""
+def _all_children(pid: int) -> set[int]:
+    children: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        children |= {int(child) for child in (task / "children").read_text().split()}
+    return children
+
+
+def test_an_agent_costs_the_wrapper_its_sidecar_and_a_shell_and_the_resident_loads_neither_trio_nor_pydantic(
+    tmp_path: Path,
+) -> None:
+    """Issue 24: the wrapper (the claim's pid, after its exec) and its sidecar; issue 40: beside them
+    only the keeper, a `/bin/sh` (no Python until the wrapper is gone). The wrapper's resident part
+    maps no pydantic-core and no ssl (which trio loads)."""
     wrapper, harness_pid, sidecar_pid = _start_wrapped_sleeper(tmp_path, stdin=subprocess.DEVNULL)
     try:
         state = read_json(agent_dir(tmp_path / "c", "sleeper") / "harness-state")
         assert state["wrapperPid"] == wrapper.pid
-        children = set()
-        for task in Path(f"/proc/{wrapper.pid}/task").iterdir():
-            children |= {int(pid) for pid in (task / "children").read_text().split()}
-        assert children == {harness_pid, sidecar_pid}
+        wait_for(lambda: len(_all_children(wrapper.pid)) == 3, what="the keeper")
+        [keeper] = _all_children(wrapper.pid) - {harness_pid, sidecar_pid}
+        assert Path(f"/proc/{keeper}/exe").resolve() == Path("/bin/sh").resolve()
         maps = Path(f"/proc/{wrapper.pid}/maps").read_text()
         assert "_pydantic_core" not in maps and "_ssl" not in maps
         assert "_pydantic_core" in Path(f"/proc/{sidecar_pid}/maps").read_text()  # the check can see it
     finally:
         wrapper.send_signal(signal.SIGTERM)
         wrapper.wait(timeout=30)
+
+
+def test_the_wrappers_children_import_hctx_from_where_the_wrapper_itself_was_imported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The sidecars' and the keeper's interpreters are given the folder `wrapper`, `sidecar` and
+    `guard` are in (it named `wrapper/` itself once: a checkout that is not installed could not
+    have started a sidecar, and a keeper under `python -I -S` never finds `guard`)."""
+    import wrapper
+    from wrapper.launch.resident import checkout_env
+
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    root = Path(checkout_env()["PYTHONPATH"])
+    assert root == Path(wrapper.__file__).parent.parent
+    assert all((root / package / "__init__.py").is_file() for package in ("wrapper", "sidecar", "guard"))

@@ -268,28 +268,53 @@ def test_a_wrapper_killed_inside_its_sidecars_back_off_takes_the_harness_along(t
     assert _no_orphans(harness, time.monotonic()) < HARNESS_KILL_DEADLINE_S + 2
 
 
-def _children(pid: int) -> set[int]:
-    return {int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
+def _keeper(wrapper: int) -> int | None:
+    """The wrapper's keeper, once it has exactly one."""
+    keepers = [pid for pid in _children(wrapper) if _cmdline(pid).startswith("/bin/sh\0-c\0while IFS= read")]
+    return keepers[0] if len(keepers) == 1 else None
 
 
-def test_the_keeper_stands_in_only_until_a_replacement_is_ready(tmp_path: Path) -> None:
-    """Two processes per agent, a dead sidecar's back-off included: the wrapper and its sidecar, or
-    the wrapper and the keeper that stands in for it."""
+def test_a_keeper_waits_beside_the_harness_for_its_whole_run_and_goes_with_the_wrapper(tmp_path: Path) -> None:
+    """Three processes besides the harness: the wrapper, its sidecar and a keeper, a shell in a group
+    of its own (not the terminal's job), the same one across a sidecar's replacement; one killed by
+    someone else is replaced; none is left once the wrapper is done."""
     pids = tmp_path / "pids"
     wrapper = subprocess.Popen(wrap_argv(tmp_path / "c", "a", "pi", sys.executable, "-c", STUBBORN, str(pids)),
                                env=env(), stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
     try:
         [harness] = _pids(pids, 1)
         first = int(wait_for(lambda: _starts(tmp_path / "c", "a"), what="the sidecar")[0]["pid"])  # type: ignore[call-overload]
-        assert _children(wrapper.pid) == {harness, first}
+        keeper = wait_for(lambda: _keeper(wrapper.pid), what="the keeper")
+        assert _children(wrapper.pid) == {harness, first, keeper}
+        assert os.getpgid(keeper) == keeper != os.getpgid(harness)
         os.kill(first, signal.SIGKILL)
-        keeper = wait_for(lambda: _children(wrapper.pid) - {harness, first}, what="the keeper")
-        assert len(keeper) == 1 and os.getpgid(next(iter(keeper))) != os.getpgid(harness)
         second = int(wait_for(lambda: _starts(tmp_path / "c", "a")[1:], what="a replacement")[0]["pid"])  # type: ignore[call-overload]
-        wait_for(lambda: _children(wrapper.pid) == {harness, second}, what="the keeper dismissed")
+        wait_for(lambda: _children(wrapper.pid) == {harness, second, keeper}, what="the same keeper beside it")
+        os.kill(keeper, signal.SIGKILL)
+        other = wait_for(lambda: _keeper(wrapper.pid) if pid_gone(keeper) else None, what="another keeper")
+        assert other != keeper and _children(wrapper.pid) == {harness, second, other}
     finally:
         wrapper.send_signal(signal.SIGTERM)
         wrapper.wait(timeout=HARNESS_KILL_DEADLINE_S + 10)
+    wait_for(lambda: pid_gone(other), what="the keeper gone with its wrapper")
+
+
+@pytest.mark.parametrize("behind_sh", [True, False])
+def test_a_wrapper_and_its_sidecar_killed_together_take_the_harness_along(tmp_path: Path, behind_sh: bool) -> None:
+    """Both of hctx's working processes SIGKILLed at once (an OOM kill of both, a `kill -9` of
+    each): neither can act, the harness ignores its death signal's SIGTERM, and its child is told
+    nothing by the kernel; the keeper ends the group."""
+    pids = tmp_path / "pids"
+    command = _stubborn_behind_sh(pids) if behind_sh else [sys.executable, "-c", STUBBORN, str(pids)]
+    wrapper = subprocess.Popen(wrap_argv(tmp_path / "c", "a", "pi", *command), env=env(), stdin=subprocess.DEVNULL,
+                               start_new_session=True)  # fmt: skip
+    harness = _pids(pids, 2 if behind_sh else 1)
+    sidecar = int(wait_for(lambda: _starts(tmp_path / "c", "a"), what="the sidecar")[0]["pid"])  # type: ignore[call-overload]
+    wait_for(lambda: _keeper(wrapper.pid), what="the keeper")
+    wrapper.kill()
+    os.kill(sidecar, signal.SIGKILL)
+    wrapper.wait()
+    assert _no_orphans(harness, time.monotonic()) < HARNESS_KILL_DEADLINE_S + 2
 
 
 def test_a_sigtermed_wrapper_stops_a_stubborn_harness_behind_sh_after_the_deadline(tmp_path: Path) -> None:
@@ -313,9 +338,11 @@ def test_a_harness_that_exits_leaves_no_background_child_behind(tmp_path: Path) 
     _no_orphans(_pids(pids, 1), time.monotonic())
 
 
-def test_a_sigkilled_wrapper_in_a_terminal_takes_its_harness_group_along(tmp_path: Path) -> None:
+@pytest.mark.parametrize("with_sidecar", [False, True])
+def test_a_sigkilled_wrapper_in_a_terminal_takes_its_harness_group_along(tmp_path: Path, with_sidecar: bool) -> None:
     """In the terminal's foreground the harness shares the wrapper's group, the shell's job (Ctrl-C
-    stays the terminal's); that group still goes when the wrapper is SIGKILLed."""
+    stays the terminal's); that group still goes when the wrapper is SIGKILLed, its sidecar with it
+    or not."""
     pids, wrapper_pid = tmp_path / "pids", tmp_path / "wrapper.pid"
     pid, terminal = pty.fork()
     if pid == 0:  # a job-control shell on the pty: the wrapper a job in the foreground
@@ -333,7 +360,11 @@ def test_a_sigkilled_wrapper_in_a_terminal_takes_its_harness_group_along(tmp_pat
         os._exit(0)
     try:
         harness = _pids(pids, 2)
+        sidecar = int(wait_for(lambda: _starts(tmp_path / "c", "tty"), what="the sidecar")[0]["pid"])  # type: ignore[call-overload]
+        wait_for(lambda: _keeper(int(wrapper_pid.read_text())), what="the keeper")
         os.kill(int(wrapper_pid.read_text()), signal.SIGKILL)
+        if with_sidecar:
+            os.kill(sidecar, signal.SIGKILL)
         _no_orphans(harness, time.monotonic())
     finally:
         os.kill(pid, signal.SIGKILL)

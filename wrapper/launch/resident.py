@@ -14,9 +14,11 @@ It runs the incarnation the claim named, and the ones a restart policy asks for:
 - the sidecar (`python -m sidecar`), in a group of its own, replaced while the harness runs if it
   dies, with a back-off that ends in giving up (SIDECAR_RESTART_DELAYS_S);
 - the harness's stdout tap, for a harness that speaks on stdout (`Tap`);
-- the reaper's duty is the sidecar's: it holds this process's lifeline, is told the harness's group
+- the reaper's duty, twice: the sidecar holds this process's lifeline, is told the harness's group
   (`group PGID DEADLINE`) and, when the lifeline ends without `done` (this process was SIGKILLed),
-  ends that group. When this process ends a harness's own group itself (at its exit), it says `done`.
+  ends that group; and a keeper (`Keeper`, a shell blocked on a pipe) does the same should this
+  process and its sidecar be killed together. When this process ends a harness's own group itself
+  (at its exit), it says `done` to both.
 
 The agent's wrapper lock (`guard.state.AgentLock`, what `--takeover` proves a wrapper by) comes
 across the exec as the same open file, so the claim's pid holds it until this process ends; a
@@ -50,8 +52,10 @@ else:
 
 __all__ = [
     "ADOPT_SEND_TIMEOUT_S",
-    "GROUP_POLL_S",
     "HARNESS_KILL_DEADLINE_S",
+    "KEEPER_END",
+    "KEEPER_RESTART_S",
+    "KEEPER_SCRIPT",
     "READ",
     "SIDECAR_EXIT_TIMEOUT_S",
     "SIDECAR_READY_TIMEOUT_S",
@@ -114,8 +118,16 @@ SIDECAR_RESTART_DELAYS_S = (0.25, 1.0, 4.0, 16.0)
 SIDECAR_STABLE_S = 60.0
 TAP_QUEUE_BYTES = 4 * 1024 * 1024
 TAP_RECONNECT_S = 0.5
-# How often a group being ended is looked at until it is gone or its deadline passes.
-GROUP_POLL_S = 0.02
+# The keeper (`Keeper`): a shell that reads its stdin to the end and, when the last line is a
+# process group (not `done`), becomes its arguments and that group: `python -I -S -c KEEPER_END ROOT
+# DEADLINE PGID`.
+KEEPER_SCRIPT = (
+    'while IFS= read -r line; do said=$line; done; case $said in ""|*[!0-9]*) ;; *) exec "$@" "$said";; esac'
+)
+KEEPER_END = (
+    "import sys; sys.path[0] = sys.argv.pop(1); from guard.groups import end; end(int(sys.argv[2]), float(sys.argv[1]))"
+)
+KEEPER_RESTART_S = 1.0
 # A step (`python -m wrapper.launch.launcher STEP`) that takes longer than this is killed and reported.
 STEP_TIMEOUT_S = 60.0
 # The niceness of the bookkeeping steps (all but a relaunch's `begin`, which the session waits on):
@@ -124,7 +136,8 @@ STEP_TIMEOUT_S = 60.0
 # stopped at once would otherwise spend the sidecars' deadline starting them.
 STEP_NICENESS = 10
 STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The folder `wrapper` and `guard` are in (site-packages, or a checkout), for child interpreters.
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 # --- the launcher -> resident spec --------------------------------------------------------------
@@ -655,12 +668,15 @@ def spawn(
     stdout: int | None = None,
     death_signal: bool = False,
     niceness: int = 0,
+    forked: Callable[[int], None] | None = None,
 ) -> int:
     """Fork and exec `argv` (found on PATH), as subprocess would: default signal dispositions, only
     0-2 and `keep` inherited; an OSError here when the exec fails. `death_signal`: the child gets
     SIGTERM should this process die first (the death signal follows the forking thread, and this
-    process has only the one)."""
+    process has only the one). `forked(pid)` is called at once, the child's group (`new_group`)
+    made already, before its exec is waited for."""
     error_read, error_write = os.pipe2(os.O_CLOEXEC)
+    parent = os.getpid()
     pid = os.fork()
     if pid == 0:  # the child: nothing here may return
         try:
@@ -676,6 +692,8 @@ def spawn(
                 import ctypes  # in the child alone: the resident never pays for it
 
                 ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+                if os.getppid() != parent:  # this process died before the death signal was set
+                    os._exit(128 + signal.SIGTERM)
             for source, target in ((stdin, 0), (stdout, 1)):
                 if source is not None:
                     os.dup2(source, target)
@@ -694,6 +712,11 @@ def spawn(
         finally:
             os._exit(127)
     os.close(error_write)
+    if new_group:
+        with suppress(OSError):  # the child's own setpgid, or its exec, came first
+            os.setpgid(pid, pid)
+    if forked is not None:
+        forked(pid)
     with os.fdopen(error_read, "rb") as errors:
         failure = errors.read()
     if failure:
@@ -907,64 +930,80 @@ class Session:
 
 
 class Keeper:
-    """While no sidecar runs beside the harness (its replacement's back-off, a sidecar that never came
-    up, or gave up), the group's duty is a keeper's: a fork of this process (no exec: its pages are
-    this process's until it writes them) in a group of its own, holding the read end of a pipe whose
-    write end only this process has. End of file without `done` means this process was SIGKILLed with
-    no sidecar to see to the harness: the keeper ends the harness's group (SIGTERM and SIGCONT,
-    SIGKILL after the deadline) and exits. Dismissed with `done` once a sidecar is ready again, so an
-    agent stays at two processes: this one and a sidecar, or this one and a keeper."""
+    """The harness's group once this process is gone without finishing (SIGKILLed, OOM-killed, its
+    sidecar with it or not): nothing of the resident or the sidecar can act then, so a third
+    process waits beside the harness for exactly that. It is `/bin/sh` (a tenth of a forked
+    resident's private memory), in a group of its own (the terminal's Ctrl-C and Ctrl-Z are the
+    harness's), reading its stdin: a pipe whose write end only this process holds. It starts before
+    the harness and is told its group the moment that exists (`watch`, from `spawn`'s `forked`). End
+    of file with `done` last: this process saw to the group, and the keeper exits. With the group
+    last: it becomes `python -I -S` running `guard.groups.end` on it (SIGTERM and SIGCONT, SIGKILL
+    after the deadline). A keeper killed by someone else is replaced, at most once a second."""
 
-    def __init__(self, loop: Loop, pgid: int, deadline_s: float) -> None:
+    def __init__(self, loop: Loop, deadline_s: float) -> None:
         self.loop = loop
-        read_end, write_end = os.pipe2(os.O_CLOEXEC)
-        self._write_end: int | None = write_end
-        self.pid = os.fork()
-        if self.pid == 0:  # the keeper: nothing here may return
-            try:
-                _keep(read_end, pgid, deadline_s)
-            except BaseException:  # no terminal line from a process nobody asked for
-                pass
-            finally:
-                os._exit(0)
-        os.close(read_end)
-        loop.watch_exit(self.pid, lambda _: None)  # reaped here whenever it ends
+        self.deadline_s = deadline_s
+        self.pgid: int | None = None
+        self.pid: int | None = None
+        self._write_end: int | None = None
+        self._started = 0.0
+        self._dismissed = False
+        self._start()
+
+    def watch(self, pgid: int) -> None:
+        """The harness's group: the keeper ends it should this process vanish."""
+        self.pgid = pgid
+        self._say(b"%d\n" % pgid)
 
     def dismiss(self) -> None:
+        """The group is seen to here: `done`, and the keeper exits."""
+        self._dismissed = True
+        self._say(b"done\n")
+        self._close()
+
+    def _start(self) -> None:
+        if self._dismissed:
+            return
+        read_end, write_end = os.pipe2(os.O_CLOEXEC)
+        devnull = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+        end = (sys.executable, "-I", "-S", "-c", KEEPER_END, _ROOT, f"{self.deadline_s:g}")
+        try:
+            self.pid = spawn(["/bin/sh", "-c", KEEPER_SCRIPT, "hctx-keeper", *end], dict(os.environ),
+                             new_group=True, stdin=read_end, stdout=devnull)  # fmt: skip
+        except OSError as exc:
+            os.close(write_end)
+            say(f"cannot start a keeper for the harness's group ({exc.strerror or exc}); should this "
+                "wrapper and its sidecar be killed together, the harness's children would be left")  # fmt: skip
+            return
+        finally:
+            os.close(read_end)
+            os.close(devnull)
+        self._write_end = write_end
+        self._started = time.monotonic()
+        if self.pgid is not None:
+            self._say(b"%d\n" % self.pgid)
+        self.loop.watch_exit(self.pid, self._exited)
+
+    def _exited(self, _: int) -> None:
+        self.pid = None
+        self._close()
+        if not self._dismissed:
+            self.loop.call_later(max(0.0, self._started + KEEPER_RESTART_S - time.monotonic()), self._start)
+
+    def _say(self, line: bytes) -> None:
         if self._write_end is not None:
-            with suppress(OSError):
-                os.write(self._write_end, b"done\n")
+            with suppress(OSError):  # a keeper that is gone hears nothing; its replacement is told
+                os.write(self._write_end, line)
+
+    def _close(self) -> None:
+        if self._write_end is not None:
             os.close(self._write_end)
             self._write_end = None
 
 
-def _keep(read_end: int, pgid: int, deadline_s: float) -> None:
-    """The keeper's life (see Keeper): nothing of the loop, every other descriptor closed."""
-    signal.set_wakeup_fd(-1)
-    for signum in (*STOP_SIGNALS, signal.SIGPIPE):
-        signal.signal(signum, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_SETMASK, ())
-    os.setpgid(0, 0)  # the terminal's Ctrl-C and Ctrl-Z are the harness's
-    os.closerange(3, read_end)
-    os.closerange(read_end + 1, 1 << 20)  # the wrapper lock's descriptor among them: never held here
-    said = b""
-    while chunk := os.read(read_end, 64):
-        said += chunk
-    if said.endswith(b"done\n"):
-        return
-    from guard.groups import group_alive, signal_group, start_ending
-
-    if not start_ending(pgid):
-        return
-    deadline = time.monotonic() + deadline_s
-    while group_alive(pgid) and time.monotonic() < deadline:
-        time.sleep(GROUP_POLL_S)
-    signal_group(pgid, signal.SIGKILL)
-
-
 def end_group(loop: Loop, pgid: int, deadline_s: float) -> None:
     """SIGTERM the group (and SIGCONT), SIGKILL what is left after `deadline_s`; returns once it is gone."""
-    from guard.groups import group_alive, signal_group, start_ending
+    from guard.groups import POLL_S, group_alive, signal_group, start_ending
 
     if not start_ending(pgid):
         return
@@ -974,11 +1013,11 @@ def end_group(loop: Loop, pgid: int, deadline_s: float) -> None:
         if gone[0]:
             return
         if group_alive(pgid):
-            loop.call_later(GROUP_POLL_S, look)
+            loop.call_later(POLL_S, look)
         else:
             gone[0] = True
 
-    loop.call_later(GROUP_POLL_S, look)
+    loop.call_later(POLL_S, look)
     if not loop.run_until(lambda: gone[0], timeout=deadline_s):
         signal_group(pgid, signal.SIGKILL)
     gone[0] = True  # no more looks
@@ -1023,8 +1062,6 @@ class Sidecars:
         self._quick_deaths = 0
         self._told_terminal = False
         self._replacing = False
-        self._pgid: int | None = None
-        self._keeper: Keeper | None = None  # while no sidecar is ready to see to the harness's group
 
     def start(self) -> None:
         """Start a sidecar; `ready` turns True once its channel listens (False: not in time)."""
@@ -1060,8 +1097,6 @@ class Sidecars:
             os.close(ready_read)
             if self.ready is None:
                 self.ready = ready
-                if ready:
-                    self._dismiss_keeper()
                 if ready and self._replacing:
                     self._replacing = False
                     it = self.incarnation
@@ -1083,10 +1118,7 @@ class Sidecars:
     def watch_group(self, pgid: int) -> None:
         """The harness's group, which each sidecar ends should the lifeline close without `done`."""
         self.group = b"group %d %g\n" % (pgid, HARNESS_KILL_DEADLINE_S)
-        self._pgid = pgid
         self._order(self.group)
-        if not self.ready:  # no sidecar up (yet) to see to it
-            self._keep()
 
     def _exited(self, returncode: int) -> None:
         pid, self.pid = self.pid, None
@@ -1095,7 +1127,6 @@ class Sidecars:
         self._close_lifeline()
         if self.stopping:
             return
-        self._keep()
         if time.monotonic() - self._started_at >= SIDECAR_STABLE_S:
             self._quick_deaths = 0
         delay = sidecar_restart_delay(self._quick_deaths)
@@ -1122,7 +1153,6 @@ class Sidecars:
         """Close the lifeline (the sidecar drains what it has and exits), saying `done` first when
         the harness's group is seen to here; kill one that lingers."""
         self.stopping = True
-        self._dismiss_keeper()
         if group_done:
             self._order(b"done\n")
         self._close_lifeline()
@@ -1138,18 +1168,6 @@ class Sidecars:
         if self._lifeline is not None:
             with suppress(OSError):  # a sidecar that is gone cannot be told
                 os.write(self._lifeline, line)
-
-    def _keep(self) -> None:
-        if self._pgid is not None and self._keeper is None:
-            try:
-                self._keeper = Keeper(self.loop, self._pgid, HARNESS_KILL_DEADLINE_S)
-            except OSError as exc:  # no process to spare: the harness keeps its death signal alone
-                say(f"cannot start a keeper for the harness's group ({exc.strerror or exc})")
-
-    def _dismiss_keeper(self) -> None:
-        if self._keeper is not None:
-            self._keeper.dismiss()
-            self._keeper = None
 
     def _close_lifeline(self) -> None:
         if self._lifeline is not None:
@@ -1380,6 +1398,7 @@ def run_incarnation(
     group = harness_group()
     sidecars = Sidecars(loop, steps, it)
     tap: Tap | None = None
+    keeper: Keeper | None = None
     try:
         try:
             sidecars.start()
@@ -1397,9 +1416,16 @@ def run_incarnation(
         stdout_read = stdout_write = None
         if plan.tap:
             stdout_read, stdout_write = os.pipe2(os.O_CLOEXEC)
+        if group != "shared":  # before the harness: it is told the group the moment that exists
+            keeper = Keeper(loop, HARNESS_KILL_DEADLINE_S)
+
+        def group_made(child: int) -> None:
+            if keeper is not None:
+                keeper.watch(child if group == "own" else os.getpgrp())
+
         try:
             pid = spawn(plan.argv, env, cwd=plan.cwd, new_group=group == "own", stdout=stdout_write,
-                        death_signal=True)  # fmt: skip
+                        death_signal=True, forked=group_made)  # fmt: skip
         except OSError as exc:
             say(f"cannot start {plan.argv[0]!r}: {exc.strerror or exc}")
             if stdout_read is not None:
@@ -1426,6 +1452,8 @@ def run_incarnation(
             end_group(loop, pid, HARNESS_KILL_DEADLINE_S)  # what the harness left behind in its group
         return exit_status(returncode[0])
     finally:
+        if keeper is not None:  # only now: the group is ended above, or left to the terminal's job
+            keeper.dismiss()
         if tap is not None:
             tap.close()
         sidecars.stopping = True
