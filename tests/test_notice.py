@@ -228,3 +228,49 @@ def test_top_watch_and_the_board_follow_the_catalog_by_the_one_loop() -> None:
         }
         assert ("wrapper.readers.notice", "follow") in imported, name
         assert ("wrapper.readers.notice", "catalog_changes") not in imported and "watchfiles" not in modules, name
+
+
+async def test_a_change_written_while_the_loop_is_held_is_noticed_as_soon_as_it_is_free(
+    tmp_path: Path, monkeypatch: object
+) -> None:
+    """The watcher runs in a thread of its own and is armed again the moment it hands a batch over,
+    however long the loop takes to look at it (awatch armed it again only once the loop had taken
+    the batch: under 1,000 pages a change written meanwhile waited a whole debounce more). Records
+    replaced every few ms keep the watcher's batches a whole `debounce_ms` long, as 100 writes a
+    second do."""
+    import pytest
+
+    assert isinstance(monkeypatch, pytest.MonkeyPatch)
+    for name in ("a", "b"):
+        put_record(tmp_path, name)
+    stop = threading.Event()
+    freed: list[float] = []
+    original = Noticed.post
+
+    def churn() -> None:  # a new path each time: a batch of the same paths stops growing, and ends
+        for n in range(20_000):
+            if stop.is_set():
+                return
+            put_record(tmp_path, f"churn-{n}")
+            time.sleep(0.004)
+
+    def held_post(self: Noticed, agents: object = (), *, whole: bool = False) -> None:
+        named = set(agents)  # type: ignore[call-overload]
+        original(self, named, whole=whole)
+        if (HOST, "a") in named and not freed:
+            threading.Timer(0.3, put_record, (tmp_path, "b")).start()  # written while the loop is held
+            time.sleep(3.0)  # the loop held, as by a round of sends to a thousand pages
+            freed.append(time.monotonic())
+
+    monkeypatch.setattr(Noticed, "post", held_post)
+    threading.Thread(target=churn, daemon=True).start()
+    try:
+        async with catalog_changes(tmp_path, reread_s=600, debounce_ms=1000, step_ms=20) as noticed:
+            with trio.fail_after(DEADLINE_S):
+                await noticed.armed.wait()
+            put_record(tmp_path, "a")
+            await _until(noticed, (HOST, "b"))  # `a` is taken first, or with it once the loop is free
+            late = time.monotonic() - freed[0]
+    finally:
+        stop.set()
+    assert late < 0.8  # awatch: a whole debounce (1 s) and more after the loop was free

@@ -1013,3 +1013,165 @@ def test_a_served_fleet_stream_is_gzip_only_for_a_client_that_takes_it(tmp_path:
         assert seen.startswith(b"event: snapshot\ndata: {") and b'"usedTokens": 123457' in seen
         packed.close()
         plain.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Many pages, one loop (issue 40: a write reaches 1,000 pages within a second)
+
+
+def _events_scope() -> dict[str, Any]:
+    return {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
+        "path": "/api/events", "raw_path": b"/api/events", "query_string": b"", "root_path": "",
+        "headers": [(b"host", b"127.0.0.1")], "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 9479),
+    }  # fmt: skip
+
+
+async def _open_fleet_streams(board: Board, count: int, nursery: Any) -> list[list[bytes]]:
+    """`count` fleet streams of the board's app, served in-process: what each was sent, write by write."""
+    import trio
+    from trio.testing import wait_all_tasks_blocked
+
+    from wrapper.readers.web.app import make_app
+
+    app = make_app(board, ["127.0.0.1"], max_streams=count)
+    sent: list[list[bytes]] = [[] for _ in range(count)]
+
+    async def receive() -> dict[str, Any]:
+        await trio.sleep_forever()  # the page never leaves
+        raise AssertionError
+
+    for writes in sent:
+
+        async def send(message: dict[str, Any], writes: list[bytes] = writes) -> None:
+            if message["type"] == "http.response.body" and message.get("body"):
+                writes.append(bytes(message["body"]))
+
+        nursery.start_soon(app, _events_scope(), receive, send)
+    await wait_all_tasks_blocked()
+    return sent
+
+
+async def test_a_waiting_fleet_stream_holds_no_timer_and_sends_a_change_at_once(
+    tmp_path: Path, mock_clock: Any
+) -> None:
+    """Every waiting fleet stream waits on the journal's one wake-up, with no timer of its own: each
+    stream used to sleep 100 ms after its news and wait under a 15 s keep-alive timeout, and at
+    1,000 pages those timers expiring were a third of the server's time. A change is sent to every
+    stream the moment it is published (the clock here never moves), and the keep-alive comes from
+    one shared beat."""
+    import math
+
+    import trio
+    from trio.testing import wait_all_tasks_blocked
+
+    from wrapper.readers.web.app import KEEPALIVE
+
+    fleet(tmp_path)
+    board = Board(tmp_path, HERE)
+    whole_pass(board)
+    async with trio.open_nursery() as nursery:
+        sent = await _open_fleet_streams(board, 3, nursery)
+        assert all(writes and writes[0].startswith(b"event: snapshot") for writes in sent)
+        assert trio.lowlevel.current_statistics().seconds_to_next_deadline == math.inf  # no timer anywhere
+        before = [len(writes) for writes in sent]
+        put(tmp_path, "calm", usedTokens=123_457, usedPercent=61.7, rateLimits=None)
+        found, _ = board.read_agents(frozenset({(HERE, "calm")}), time.monotonic())
+        board.apply(found, whole=False)
+        await wait_all_tasks_blocked()
+        assert all(
+            b'"usedTokens": 123457' in b"".join(writes[count:]) for writes, count in zip(sent, before, strict=True)
+        )
+        board.journal.beat()
+        await wait_all_tasks_blocked()
+        assert all(writes[-1] == KEEPALIVE for writes in sent)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_stream_behind_sends_everything_since_its_cursor_in_one_write(tmp_path: Path, mock_clock: Any) -> None:
+    """A stream that was still writing when more events came takes them all in its next write: it
+    batches by itself exactly when it is behind (no fixed wait when it is not)."""
+    import trio
+    from trio.testing import wait_all_tasks_blocked
+
+    fleet(tmp_path)
+    board = Board(tmp_path, HERE)
+    whole_pass(board)
+    async with trio.open_nursery() as nursery:
+        (writes,) = await _open_fleet_streams(board, 1, nursery)
+        before = len(writes)
+        for figure in (111_111, 222_222, 333_333):  # published with no checkpoint between: the stream is behind
+            put(tmp_path, "calm", usedTokens=figure, usedPercent=40.0, rateLimits=None)
+            found, _ = board.read_agents(frozenset({(HERE, "calm")}), time.monotonic())
+            board.apply(found, whole=False)
+        await wait_all_tasks_blocked()
+        assert len(writes) == before + 1
+        assert all(f'"usedTokens": {figure}'.encode() in writes[-1] for figure in (111_111, 222_222, 333_333))
+        nursery.cancel_scope.cancel()
+
+
+async def test_an_idle_fleet_stream_is_sent_a_keep_alive_on_the_boards_beat(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    """`follow` beats the journal every KEEPALIVE_S: a page with nothing new is sent a keep-alive."""
+    import anyio
+    import trio
+
+    from wrapper.readers.web.app import KEEPALIVE
+    from wrapper.readers.web.feed import KEEPALIVE_S, follow
+
+    fleet(tmp_path)
+    board = Board(tmp_path, HERE)
+    whole_pass(board)
+    board.tick_s = 100 * KEEPALIVE_S  # no ages ticking: a page with nothing new
+    stop_following = anyio.Event()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(lambda: follow(board, stop_following, reread_s=10 * KEEPALIVE_S))
+        (writes,) = await _open_fleet_streams(board, 1, nursery)
+        started = trio.current_time()
+        with trio.fail_after(5 * KEEPALIVE_S):
+            while KEEPALIVE not in writes:  # noqa: ASYNC110 (what a page was sent, looked at each virtual second)
+                await trio.sleep(1)
+        assert trio.current_time() - started <= KEEPALIVE_S + 2
+        stop_following.set()
+        nursery.cancel_scope.cancel()
+
+
+def test_hctx_web_collects_young_objects_late_and_freezes_the_board_after_each_whole_re_read(tmp_path: Path) -> None:
+    """At 10,000 agents under 1,000 pages, the oldest generation's collection walked the whole board
+    (0.4-0.5 s, GIL held) every 0.5-1 s. `hctx web` collects young objects every GC_YOUNG
+    allocations, and a whole re-read freezes what is alive out of the collector's walk; every
+    THAW_PASSES passes it is thawed and collected, so a cycle frozen while alive is reclaimed."""
+    import gc
+    import weakref
+
+    from wrapper.readers.web.feed import GC_YOUNG, THAW_PASSES, serving_collector
+
+    saved = gc.get_threshold()
+    try:
+        serving_collector()
+        assert gc.get_threshold()[0] == GC_YOUNG
+    finally:
+        gc.set_threshold(*saved)
+
+    class Cycle:
+        me: object
+
+    fleet(tmp_path)
+    board = Board(tmp_path, HERE, settle=True)
+    try:
+        cycle = Cycle()
+        cycle.me = cycle
+        alive = weakref.ref(cycle)
+        whole_pass(board)
+        view = board.views[f"{HERE}/calm"]
+        assert gc.get_freeze_count() > 0 and not any(found is view for found in gc.get_objects())
+        del cycle
+        while board.passes % THAW_PASSES:
+            gc.collect()
+            assert alive() is not None  # frozen: out of the collector's walk
+            whole_pass(board)
+        assert alive() is None  # the THAW_PASSES-th pass collected it
+        assert not Board(tmp_path, HERE).settle  # only `hctx web` settles its heap
+    finally:
+        gc.unfreeze()

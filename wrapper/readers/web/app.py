@@ -40,11 +40,10 @@ from wrapper.arguments import quiet_guard_logs
 from wrapper.readers.render import render_agent_json
 from wrapper.readers.roster import AgentNotFound, collect_inspection, now_ms, resolve_agent, view_agent
 from wrapper.readers.web.board import agent_detail, read_fill_history
-from wrapper.readers.web.feed import GZIP_HEADER, Board, packed, sse_event
+from wrapper.readers.web.feed import GZIP_HEADER, KEEPALIVE_S, Board, packed, sse_event
 
 __all__ = [
     "ASSETS",
-    "BATCH_S",
     "CSP",
     "CURRENT",
     "KEEPALIVE",
@@ -64,7 +63,6 @@ CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
     "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 )
-KEEPALIVE_S = 15.0
 # The page's files, shipped in the wheel (package data) and read from there; nothing else is served.
 ASSETS = {
     "board.css": "text/css; charset=utf-8",
@@ -76,9 +74,6 @@ ASSETS = {
 _PAGES = ("index.html", "agent.html")
 SNAPSHOT_SLOT = b"{{snapshot}}"
 PIECE_BYTES = 64 * 1024  # the most one stream's write holds of an event (a snapshot is megabytes)
-# A fleet stream sends what arrived within this of its first news in one write: a thousand pages
-# are a thousand writes per batch, not one per event (the ages' tick and each read's rows).
-BATCH_S = 0.1
 KEEPALIVE = b": keep-alive\n\n"
 CURRENT = b": current\n\n"  # the page holds the current snapshot
 KEEPALIVE_PACKED, CURRENT_PACKED = packed(KEEPALIVE), packed(CURRENT)
@@ -300,14 +295,15 @@ def make_app(board: Board, allowed_hosts: Sequence[str], *, max_streams: int) ->
             for piece in _pieces(data):
                 yield piece
         while True:
-            waited = False
-            with trio.move_on_after(KEEPALIVE_S):  # no yield inside a cancel scope
-                await journal.wait(cursor)
-                waited = True
-            if not waited:
-                yield KEEPALIVE_PACKED if gzip else KEEPALIVE
-                continue
-            await trio.sleep(BATCH_S)  # what else arrives meanwhile goes in the same write
+            # Nothing new since the last write: wait for the journal's next event (or its keep-alive
+            # beat), one wake-up shared by every stream. Otherwise send everything since the cursor
+            # at once: a stream still writing when events arrive takes them all in its next write,
+            # so a stream batches by itself exactly when it is behind, and never waits when it is not.
+            if cursor >= journal.next:
+                await journal.news()
+                if cursor >= journal.next:
+                    yield KEEPALIVE_PACKED if gzip else KEEPALIVE
+                    continue
             pending = journal.since(cursor, gzip=gzip)
             # Further behind than the journal keeps: the snapshot again (never joined: megabytes).
             again = [board.snapshot_event(gzip=gzip), board.ages_event(gzip=gzip)] if pending is None else []

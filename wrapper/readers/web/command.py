@@ -126,9 +126,10 @@ async def _serve(args: argparse.Namespace, catalog: Path, sock: socket.socket, u
     from hypercorn.trio import serve
 
     from wrapper.readers.web.app import make_app
-    from wrapper.readers.web.feed import Board, follow
+    from wrapper.readers.web.feed import Board, follow, serving_collector
 
-    board = Board(catalog, args.host)
+    serving_collector()
+    board = Board(catalog, args.host, settle=True)
     config = Config()
     host = sock.getsockname()[0]
     config.bind = [f"fd://{sock.detach()}"]  # hypercorn's from here on
