@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import logging
 import ssl
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -447,3 +449,18 @@ def test_the_sidecar_hands_the_transport_its_producers_wants(tmp_path: Path) -> 
     assert streams.wants() == {("fake", "fake-xl")}  # the model it met, whose window it lacks
     _, pi_writer = open_writer(SidecarConfig(tmp_path, "h", "b", "pi", "i", tmp_path / "ch2.sock"))
     assert transport_streams(spec_for("pi"), pi_writer).wants() == frozenset()  # a producer that wants nothing
+
+
+def test_the_opencode_sidecar_loads_httpx_without_its_command_line() -> None:
+    """apprise brings click into the venv, and httpx's init then loads its command line (click,
+    pygments): 2.5 MB in every OpenCode sidecar, past issue 24's bound. The transport loads httpx
+    without it, and httpx still works."""
+    import importlib.util
+
+    assert importlib.util.find_spec("click") is not None  # else this test could not fail
+    probe = (
+        "import sys; import sidecar.harnesses.opencode.transport as t; "
+        "print(sorted(m for m in ('click', 'pygments', 'rich') if m in sys.modules), t.httpx.URL('http://127.0.0.1/').host)"
+    )
+    shown = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert shown.stdout.split() == ["[]", "127.0.0.1"], shown.stderr

@@ -40,10 +40,10 @@ import urllib.parse
 from collections.abc import AsyncIterator, Hashable
 from typing import Final
 
-import httpx
 import trio
 
 from guard.errors import Unavailable
+from sidecar.harnesses.opencode.lean_httpx import httpx
 from sidecar.harnesses.opencode.producer import (
     CONFIG_WIRE,
     PROVIDERS_WIRE,
