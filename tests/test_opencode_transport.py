@@ -451,16 +451,27 @@ def test_the_sidecar_hands_the_transport_its_producers_wants(tmp_path: Path) -> 
     assert transport_streams(spec_for("pi"), pi_writer).wants() == frozenset()  # a producer that wants nothing
 
 
-def test_the_opencode_sidecar_loads_httpx_without_its_command_line() -> None:
-    """apprise brings click into the venv, and httpx's init then loads its command line (click,
-    pygments): 2.5 MB in every OpenCode sidecar, past issue 24's bound. The transport loads httpx
-    without it, and httpx still works."""
+def test_the_opencode_sidecar_loads_httpx_without_its_command_line_or_http2() -> None:
+    """apprise brings click into the venv and Hypercorn brings h2, and httpx and httpcore then load
+    their command line (click, pygments) and HTTP/2 (h2, hpack): 3.9 MB in every OpenCode sidecar,
+    past issue 24's bound. The transport loads neither, its client still works, and h2 is still
+    importable for anything else in the process."""
     import importlib.util
 
-    assert importlib.util.find_spec("click") is not None  # else this test could not fail
-    probe = (
-        "import sys; import sidecar.harnesses.opencode.transport as t; "
-        "print(sorted(m for m in ('click', 'pygments', 'rich') if m in sys.modules), t.httpx.URL('http://127.0.0.1/').host)"
-    )
+    assert importlib.util.find_spec("click") and importlib.util.find_spec("h2")  # else this could not fail
+    probe = """
+import sys, trio
+from sidecar.harnesses.opencode import transport
+async def main():
+    async with transport.httpx.AsyncClient(trust_env=False) as client:
+        try:
+            await client.get("http://127.0.0.1:9/")
+        except transport.httpx.ConnectError:
+            pass
+trio.run(main)
+print(sorted(m for m in ("click", "pygments", "h2", "hpack", "hyperframe") if m in sys.modules))
+import h2.connection
+print("h2 importable")
+"""
     shown = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
-    assert shown.stdout.split() == ["[]", "127.0.0.1"], shown.stderr
+    assert shown.stdout.splitlines() == ["[]", "h2 importable"], shown.stderr
