@@ -290,8 +290,9 @@ def main() -> int:
             print(row.format(seats, name, f"{pss / 1024:.1f}", f"{pss / base_pss:.2f}", f"{rss / 1024:.1f}",
                              f"{rss / base_rss:.2f}", f"{usage.processes / count:.1f}", f"{idle:.3f}", target,
                              verdict))  # fmt: skip
-    print(f"per agent: the wrapper, its sidecar and a wrapped seat's keeper (the stand-in harness excluded); idle CPU over {args.idle:g} s, "
-          f"% of one core; targets: PSS ratio as shown, idle CPU <= {IDLE_CPU_TARGET} %")  # fmt: skip
+    print("per agent: the wrapper, its sidecar and a wrapped seat's keeper (the stand-in harness excluded); "
+          f"idle CPU over {args.idle:g} s, % of one core; targets: PSS ratio as shown, "
+          f"idle CPU <= {IDLE_CPU_TARGET} %")  # fmt: skip
     if missed:
         print(f"target missed: {', '.join(missed)}")
     return 1 if missed and args.check else 0
