@@ -994,12 +994,9 @@ def sigkill_wrapper(work: Path, scale: Scale) -> Row:
 
 def running_sidecar(resident: int) -> int | None:
     """The resident's sidecar child, if one runs."""
-    for task in Path(f"/proc/{resident}/task").iterdir():
-        for child in (task / "children").read_text().split():
-            with contextlib.suppress(OSError):
-                if b"\0-m\0sidecar\0" in Path(f"/proc/{child}/cmdline").read_bytes():
-                    return int(child)
-    return None
+    from scripts.bench_footprint import children, command
+
+    return next((child for child in children(resident) if " -m sidecar " in command(child)), None)
 
 
 def double_kill_trial(work: Path, kind: str, when: str) -> tuple[list[int], float]:

@@ -17,6 +17,7 @@ from guard.record import parse_record
 from tests.wrapping import (
     STANDIN,
     agent_dir,
+    children,
     context_frame,
     env,
     log_events,
@@ -387,13 +388,6 @@ def test_a_dead_sidecar_never_stops_the_tapped_output(tmp_path: Path) -> None:
     assert b"Traceback" not in err
 
 
-def _all_children(pid: int) -> set[int]:
-    children: set[int] = set()
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        children |= {int(child) for child in (task / "children").read_text().split()}
-    return children
-
-
 def test_an_agent_costs_the_wrapper_its_sidecar_and_a_shell_and_the_resident_loads_neither_trio_nor_pydantic(
     tmp_path: Path,
 ) -> None:
@@ -404,8 +398,8 @@ def test_an_agent_costs_the_wrapper_its_sidecar_and_a_shell_and_the_resident_loa
     try:
         state = read_json(agent_dir(tmp_path / "c", "sleeper") / "harness-state")
         assert state["wrapperPid"] == wrapper.pid
-        wait_for(lambda: len(_all_children(wrapper.pid)) == 3, what="the keeper")
-        [keeper] = _all_children(wrapper.pid) - {harness_pid, sidecar_pid}
+        wait_for(lambda: len(children(wrapper.pid)) == 3, what="the keeper")
+        [keeper] = children(wrapper.pid) - {harness_pid, sidecar_pid}
         assert Path(f"/proc/{keeper}/exe").resolve() == Path("/bin/sh").resolve()
         maps = Path(f"/proc/{wrapper.pid}/maps").read_text()
         assert "_pydantic_core" not in maps and "_ssl" not in maps

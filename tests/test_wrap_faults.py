@@ -16,9 +16,11 @@ from pathlib import Path
 import pytest
 
 from guard.record import parse_record
+from scripts.bench_footprint import command
 from scripts.fault_suite import FILL_THE_DISK
 from tests.wrapping import (
     agent_dir,
+    children,
     context_frame,
     env,
     hctx,
@@ -270,7 +272,7 @@ def test_a_wrapper_killed_inside_its_sidecars_back_off_takes_the_harness_along(t
 
 def _keeper(wrapper: int) -> int | None:
     """The wrapper's keeper, once it has exactly one."""
-    keepers = [pid for pid in _children(wrapper) if _cmdline(pid).startswith("/bin/sh\0-c\0while IFS= read")]
+    keepers = [pid for pid in children(wrapper) if command(pid).startswith("/bin/sh -c while IFS= read")]
     return keepers[0] if len(keepers) == 1 else None
 
 
@@ -285,14 +287,14 @@ def test_a_keeper_waits_beside_the_harness_for_its_whole_run_and_goes_with_the_w
         [harness] = _pids(pids, 1)
         first = int(wait_for(lambda: _starts(tmp_path / "c", "a"), what="the sidecar")[0]["pid"])  # type: ignore[call-overload]
         keeper = wait_for(lambda: _keeper(wrapper.pid), what="the keeper")
-        assert _children(wrapper.pid) == {harness, first, keeper}
+        assert children(wrapper.pid) == {harness, first, keeper}
         assert os.getpgid(keeper) == keeper != os.getpgid(harness)
         os.kill(first, signal.SIGKILL)
         second = int(wait_for(lambda: _starts(tmp_path / "c", "a")[1:], what="a replacement")[0]["pid"])  # type: ignore[call-overload]
-        wait_for(lambda: _children(wrapper.pid) == {harness, second, keeper}, what="the same keeper beside it")
+        wait_for(lambda: children(wrapper.pid) == {harness, second, keeper}, what="the same keeper beside it")
         os.kill(keeper, signal.SIGKILL)
         other = wait_for(lambda: _keeper(wrapper.pid) if pid_gone(keeper) else None, what="another keeper")
-        assert other != keeper and _children(wrapper.pid) == {harness, second, other}
+        assert other != keeper and children(wrapper.pid) == {harness, second, other}
     finally:
         wrapper.send_signal(signal.SIGTERM)
         wrapper.wait(timeout=HARNESS_KILL_DEADLINE_S + 10)
@@ -426,20 +428,6 @@ def test_takeover_refuses_when_the_lock_holder_is_not_the_claims_pid(tmp_path: P
 ONCE_THEN_SLEEP = "import os, sys, time\nif os.path.exists(sys.argv[1]): time.sleep(60)\nopen(sys.argv[1], 'w').close()"
 
 
-def _children(pid: int) -> set[int]:
-    """The children of `pid` past their exec: a fork of the resident holds its descriptors until then."""
-    tasks = Path(f"/proc/{pid}/task").iterdir()
-    children = {int(child) for task in tasks for child in (task / "children").read_text().split()}
-    return {child for child in children if "wrapper.launch.resident" not in _cmdline(child)}
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_text()
-    except OSError:
-        return "wrapper.launch.resident"  # gone meanwhile: not a child to look at
-
-
 def test_the_resident_holds_the_wrapper_lock_across_its_exec_and_a_relaunch(tmp_path: Path) -> None:
     """Issue 24 beside 26.3: the wrapper lock taken before the first claim is the resident's after
     the exec (the same pid), still its own after a relaunch's claim (which a step makes under it,
@@ -454,13 +442,13 @@ def test_the_resident_holds_the_wrapper_lock_across_its_exec_and_a_relaunch(tmp_
                                        extra=("--restart", "always", "--restart-delay", "0")),
                              env=env(), stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
     try:
-        wait_for(lambda: len(_starts(catalog, "a")) >= 2 and len(_children(first.pid)) >= 2, timeout=30,
+        wait_for(lambda: len(_starts(catalog, "a")) >= 2 and len(children(first.pid)) >= 2, timeout=30,
                  what="the relaunched incarnation's sidecar")  # fmt: skip
         state = read_json(agent_dir(catalog, "a") / "harness-state")
         assert state["wrapperPid"] == first.pid and len(state["history"]) == 1  # relaunched under the same pid
         assert "wrapper.launch.resident" in Path(f"/proc/{first.pid}/cmdline").read_text()  # past its exec
         assert wrapper_lock_evidence(agent, first.pid) is None
-        for child in _children(first.pid):  # the harness and the sidecar
+        for child in children(first.pid):  # the harness and the sidecar
             evidence = wrapper_lock_evidence(agent, child)
             assert evidence is not None and f"held by pid {first.pid} (" in evidence  # the real holder, named
 

@@ -12,9 +12,19 @@ from pathlib import Path
 from typing import Any
 
 from guard.layout import log_path
+from scripts.bench_footprint import children as process_children
+from scripts.bench_footprint import command
 from tests.conftest import REPO
 
 HOST = "testhost"
+
+
+def children(pid: int) -> set[int]:
+    """The children of `pid` past their exec (a fork of the resident holds its descriptors until
+    then), and still there."""
+    return {
+        child for child in process_children(pid) if (line := command(child)) and "wrapper.launch.resident" not in line
+    }
 
 
 def hctx(*args: str) -> list[str]:
