@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ from tests.live.test_claude_live import (
     wait_pane,
     wait_record,
 )
+from tests.live.test_opencode_live import wait_for as wait_within
 from tests.live.test_subagents_live import CHILD_HOLD_S, CLAUDE_ONCE, SUBAGENT_MODEL, SUBAGENT_WINDOW
 from tests.test_adoption import ours
 from tests.wrapping import REPO, pid_gone
@@ -68,13 +70,7 @@ def json_of(path: Path) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-async def wait_for(what: str, ready: Any) -> Any:
-    with trio.move_on_after(STEP_TIMEOUT_S):
-        while True:
-            if value := ready():
-                return value
-            await trio.sleep(0.1)
-    raise AssertionError(f"{what}: not within {STEP_TIMEOUT_S}s")
+wait_for = partial(wait_within, seconds=STEP_TIMEOUT_S)
 
 
 @pytest.mark.parametrize("version", HARNESS_VERSIONS["claude"])

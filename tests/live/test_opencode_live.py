@@ -176,10 +176,13 @@ def box(request: pytest.FixtureRequest, tmp_path: Path) -> Box:
 
 
 async def wait_for(what: str, predicate: Callable[[], Any], seconds: float) -> Any:
-    with trio.fail_after(seconds):
+    """`predicate()`'s first truthy value, looked at every 50 ms (another process holds the state);
+    past `seconds`, the test fails naming `what`. The live tests' one poll."""
+    with trio.move_on_after(seconds):
         while not (value := predicate()):  # noqa: ASYNC110 - another process holds the state
             await trio.sleep(0.05)
-    return value
+        return value
+    raise AssertionError(f"{what}: not within {seconds:g}s")
 
 
 async def wait_healthy(client: httpx.AsyncClient) -> None:
