@@ -23,6 +23,7 @@ __all__ = [
     "device_of",
     "open_append",
     "open_chain",
+    "open_log",
     "open_logs_dir",
     "open_parent_within",
     "read_within",
@@ -35,6 +36,19 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 def open_logs_dir(catalog: Path) -> int:
     """`<catalog>/.st2/logs`, created, opened without following a symlink at any step."""
     return open_chain(catalog, (CONTROL_DIR_NAME, LOGS_DIR_NAME), create=True)
+
+
+def open_log(catalog: Path, name: str, max_bytes: int) -> int:
+    """`<catalog>/.st2/logs/<name>` opened to append (as `open_append`); a log past `max_bytes` is
+    renamed to `<name>.1` first, so it starts afresh and its predecessor is kept."""
+    dir_fd = open_logs_dir(catalog)
+    try:
+        with contextlib.suppress(OSError):
+            if os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_size > max_bytes:
+                os.rename(name, name + ".1", src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        return open_append(dir_fd, name)
+    finally:
+        os.close(dir_fd)
 
 
 def open_append(dir_fd: int, name: str) -> int:

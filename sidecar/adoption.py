@@ -23,6 +23,8 @@ import posix
 
 __all__ = [
     "ADOPT_ENV_GUARDS",
+    "ADOPT_LOG",
+    "ADOPT_LOG_BYTES",
     "CHANNEL_NAME",
     "LOCK_NAME",
     "REFUSED_NAME",
@@ -40,6 +42,10 @@ __all__ = [
 # HCTX_NO_ADOPT=1 keeps a plain session plain (a test's tee, or a person who wants one unseen).
 ADOPT_ENV_GUARDS = ("HCTX_CHANNEL", "HCTX_NO_ADOPT")
 CHANNEL_NAME = "channel"
+# Why a process was not adopted, written by the adopter and the triggers that start none (Codex's
+# hook), in `<catalog>/.st2/logs/`: no agent log is named so (theirs are host~agent.jsonl).
+ADOPT_LOG = "adopt.log"
+ADOPT_LOG_BYTES = 1024 * 1024  # past this the log starts afresh, its predecessor kept as adopt.log.1
 LOCK_NAME = "adopter.lock"
 # Left in the adoption directory by an adopter that refused the process (the reason inside): the
 # trigger sees it and starts no other adopter for that process, which would only refuse again.

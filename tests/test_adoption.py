@@ -409,3 +409,22 @@ def test_every_reader_marks_an_adopted_agent_and_leaves_a_wrapped_one_as_it_was(
     assert (
         row_view(plain, now, now)["state"] == "running (adopted)" and row_view(wrapped, now, now)["state"] == "running"
     )
+
+
+def test_the_adoption_log_starts_afresh_past_its_bound_for_the_adopter_and_codexs_hook_alike(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One opener for both writers of adopt.log (they each had their own, the hook's unbounded): past
+    ADOPT_LOG_BYTES the log is kept as adopt.log.1 and a new one begun."""
+    from sidecar.adoption import ADOPT_LOG, ADOPT_LOG_BYTES
+    from sidecar.harnesses.codex import setup as codex_setup
+
+    catalog = tmp_path / "catalog"
+    monkeypatch.setenv("HCTX_CATALOG", str(catalog))
+    logs = catalog / ".st2" / "logs"
+    logs.mkdir(parents=True)
+    (logs / ADOPT_LOG).write_bytes(b"x" * (ADOPT_LOG_BYTES + 1))
+    codex_setup.note("a refusal")
+    assert (logs / f"{ADOPT_LOG}.1").stat().st_size == ADOPT_LOG_BYTES + 1
+    assert (logs / ADOPT_LOG).read_text().endswith("hctx adopt: codex hook: a refusal\n")
+    assert (logs / ADOPT_LOG).stat().st_size < 200

@@ -38,6 +38,8 @@ from pathlib import Path
 from guard.constants import CHANNEL_MAX_SOCKET_PATH as MAX_SOCKET_PATH
 from guard.errors import HctxError, Unusable
 from sidecar.adoption import (
+    ADOPT_LOG,
+    ADOPT_LOG_BYTES,
     LOCK_NAME,
     REFUSED_NAME,
     adoption_base,
@@ -65,8 +67,6 @@ __all__ = [
     "register",
 ]
 
-ADOPT_LOG = "adopt.log"  # in `<catalog>/.st2/logs/`: no agent log is named so (theirs are host~agent.jsonl)
-ADOPT_LOG_BYTES = 1024 * 1024  # past this the log starts afresh, its predecessor kept as adopt.log.1
 # How long an adopter that lost the flock waits for the winner's sidecar to take its line.
 DELIVER_TIMEOUT_S = 15.0
 # The most `--frame-stdin` reads: a status-line payload is a few kilobytes.
@@ -199,21 +199,6 @@ def _deliver_later(channel: str, pending: bytes, start: int, pid: int) -> None:
         time.sleep(0.1)
 
 
-def _open_log(catalog: Path) -> int:
-    """The adoption log, opened to append the store's way (no symlink, never a FIFO); a log past
-    ADOPT_LOG_BYTES is renamed to `.1` first."""
-    from guard.walk import open_append, open_logs_dir
-
-    dir_fd = open_logs_dir(catalog)
-    try:
-        with contextlib.suppress(OSError):
-            if os.stat(ADOPT_LOG, dir_fd=dir_fd, follow_symlinks=False).st_size > ADOPT_LOG_BYTES:
-                os.rename(ADOPT_LOG, ADOPT_LOG + ".1", src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        return open_append(dir_fd, ADOPT_LOG)
-    finally:
-        os.close(dir_fd)
-
-
 def _log(message: str) -> None:
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
     with contextlib.suppress(OSError):
@@ -340,9 +325,10 @@ def _detach(catalog_log: bool) -> bool:
     log = devnull
     if catalog_log:
         from guard.layout import default_catalog_origin
+        from guard.walk import open_log
 
         with contextlib.suppress(OSError, ValueError):
-            log = _open_log(default_catalog_origin()[0].absolute())
+            log = open_log(default_catalog_origin()[0].absolute(), ADOPT_LOG, ADOPT_LOG_BYTES)
     os.dup2(log, 2)
     for fd in {devnull, log}:
         if fd > 2:

@@ -53,7 +53,7 @@ from guard.errors import HctxError, JsonRefused
 from guard.files import read_bounded
 from guard.json_rule import loads_object
 from guard.procs import proc_stat
-from sidecar.adoption import ADOPT_ENV_GUARDS
+from sidecar.adoption import ADOPT_ENV_GUARDS, ADOPT_LOG, ADOPT_LOG_BYTES
 from sidecar.setup_plan import BuildPoint, HarnessSetup, SetupRefused, UserFile, adopt_command
 
 __all__ = [
@@ -92,7 +92,6 @@ MAX_FILE_BYTES: Final = 1 << 20
 MAX_PAYLOAD_BYTES: Final = 1 << 20
 # What the hook's command holds, so hctx's own entry is found again (an older interpreter's too).
 _MARK: Final = f"-m {HOOK_MODULE}"
-ADOPT_LOG: Final = "adopt.log"  # wrapper.launch.adopt.ADOPT_LOG (the sidecar side imports no wrapper module)
 
 BUILDS: Final = (
     BuildPoint("0.151.0", True, "user hooks.json SessionStart hook, trusted in config.toml [hooks.state]: "
@@ -392,15 +391,11 @@ def note(message: str) -> None:
     """A line in the adoption log (`<catalog>/.st2/logs/adopt.log`, where the adopter writes why it
     does not adopt): why this hook started no adopter. Never raises: the hook must not fail Codex."""
     from guard.layout import default_catalog_origin
-    from guard.walk import open_append, open_logs_dir
+    from guard.walk import open_log
 
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
     with contextlib.suppress(OSError, HctxError):
-        dir_fd = open_logs_dir(default_catalog_origin()[0].absolute())
-        try:
-            fd = open_append(dir_fd, ADOPT_LOG)
-        finally:
-            os.close(dir_fd)
+        fd = open_log(default_catalog_origin()[0].absolute(), ADOPT_LOG, ADOPT_LOG_BYTES)
         try:
             os.write(fd, f"{stamp} hctx adopt: codex hook: {message}\n".encode(errors="replace"))
         finally:
