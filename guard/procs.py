@@ -1,16 +1,22 @@
-"""What this host says of a process: alive or not, and its /proc stat line (the one place it is
-parsed)."""
+"""What this host says of a process: alive or not, its /proc stat line (the one place it is
+parsed), its command line and environment."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 
+from guard.files import read_bounded
+
 __all__ = [
+    "PROC_WORDS_BYTES",
     "ProcStat",
     "pid_alive",
     "proc_stat",
+    "proc_words",
 ]
+
+PROC_WORDS_BYTES = 1 << 20  # the most of a process's command line or environment read
 
 
 def pid_alive(pid: int) -> bool:
@@ -44,3 +50,12 @@ def proc_stat(pid: int) -> ProcStat | None:
         return ProcStat(fields[0].decode("ascii", "replace"), int(fields[1]), int(fields[19]))
     except (OSError, IndexError, ValueError):
         return None
+
+
+def proc_words(pid: int, name: str) -> list[str]:
+    """/proc/<pid>/<name> (`cmdline`, `environ`): its NUL-separated words, the empty ones left out;
+    none when the process is gone, not ours, or says more than PROC_WORDS_BYTES."""
+    raw = read_bounded(None, f"/proc/{pid}/{name}", PROC_WORDS_BYTES)
+    if raw.data is None:
+        return []
+    return [word.decode(errors="surrogateescape") for word in raw.data.split(b"\0") if word]

@@ -41,7 +41,7 @@ from typing import Any, Final
 
 from guard.account import Account, read_account_file, shown_dir
 from guard.files import read_bounded
-from guard.procs import proc_stat
+from guard.procs import proc_stat, proc_words
 from sidecar.harnesses.codex.account import codex_account
 from sidecar.harnesses.codex.events import CompactionConfig
 from sidecar.harnesses.codex.producer import ChannelOnly, CodexTransport, Relay, Rollout
@@ -197,8 +197,8 @@ def adopted(pid: int, cwd: Path, hints: Mapping[str, str]) -> LaunchPlan:
     `session`) are not needed to find the file: the process holding it is exact.
     """
     del hints
-    argv = tuple(_proc_words(pid, "cmdline"))
-    environ = dict(word.partition("=")[::2] for word in _proc_words(pid, "environ"))
+    argv = tuple(proc_words(pid, "cmdline"))
+    environ = dict(word.partition("=")[::2] for word in proc_words(pid, "environ"))
     env = {"CODEX_HOME": environ["CODEX_HOME"]} if environ.get("CODEX_HOME") else {}
     plan = LaunchPlan(harness="codex", argv=argv, cwd=cwd, env=env)
     settings = compaction_settings(plan)
@@ -211,14 +211,6 @@ def adopted(pid: int, cwd: Path, hints: Mapping[str, str]) -> LaunchPlan:
         model_context_window=settings.model_context_window,
     )
     return dataclasses.replace(plan, argv=(), env={}, transport=CodexTransport(rollout), account=seat_account(plan))
-
-
-def _proc_words(pid: int, name: str) -> list[str]:
-    """/proc/<pid>/cmdline or environ, NUL-separated; empty when the process is gone or not ours."""
-    raw = read_bounded(None, f"/proc/{pid}/{name}", MAX_CONFIG_BYTES)
-    if raw.data is None:
-        return []
-    return [word.decode(errors="surrogateescape") for word in raw.data.split(b"\0") if word]
 
 
 def _started_at_ms(pid: int) -> int:

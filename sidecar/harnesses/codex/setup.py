@@ -52,7 +52,7 @@ from typing import Any, Final
 from guard.errors import HctxError, JsonRefused
 from guard.files import read_bounded
 from guard.json_rule import loads_object
-from guard.procs import proc_stat
+from guard.procs import proc_stat, proc_words
 from sidecar.adoption import ADOPT_ENV_GUARDS, ADOPT_LOG, ADOPT_LOG_BYTES
 from sidecar.setup_plan import BuildPoint, HarnessSetup, SetupRefused, UserFile, adopt_command
 
@@ -348,27 +348,19 @@ def decode_session_start(data: bytes) -> SessionStart | str:
     return SessionStart(session, rollout, cwd, source if isinstance(source, str) else "")
 
 
-def _cmdline(pid: int) -> list[str]:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as file:
-            return [word.decode(errors="surrogateescape") for word in file.read().split(b"\0")[:-1]]
-    except OSError:
-        return []
-
-
 def session_process(parent: int) -> int | str:
     """The process running the session whose hook this is, from the hook's parent; else why none.
 
     Codex runs the command as `$SHELL -lc <command>`: a shell that forked rather than exec'd it is
     the parent, recognized by that very command line, and the session's process is above it.
     """
-    words = _cmdline(parent)
+    words = proc_words(parent, "cmdline")
     if len(words) == 3 and words[1] == "-lc" and _MARK in words[2]:
         stat = proc_stat(parent)
         if stat is None:
             return "the hook's shell ended"
         parent = stat.parent
-        words = _cmdline(parent)
+        words = proc_words(parent, "cmdline")
     if not words:
         return f"the session's process {parent} is gone"
     if "--managed-daemon" in words[1:] and "app-server" in words[1:]:
