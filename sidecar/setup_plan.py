@@ -36,6 +36,7 @@ __all__ = [
     "BuildPoint",
     "Edit",
     "HarnessSetup",
+    "OwnedFile",
     "SetupModule",
     "SetupRefused",
     "UserFile",
@@ -87,6 +88,35 @@ class Edit(Protocol):
         before setup (None: there was none, or it is not known). None: delete the file (it held only
         hctx's part). Raises SetupRefused on content it will not touch."""
         ...
+
+
+@dataclass(frozen=True)
+class OwnedFile:
+    """A file that is hctx's whole (OpenCode's plugin, pi's and omp's loader), never merged: told from
+    a user's file of the same name by its first bytes, `mark`. Written when absent or hctx's (an
+    older build's included); removed only while it is still hctx's."""
+
+    file: UserFile
+    content: bytes
+    mark: bytes
+    kind: str  # what it is, in a refusal: "plugin", "loader"
+    blocked: str | None = None  # why it would not be loaded where it goes: refused with that
+
+    def apply(self, current: bytes | None) -> bytes:
+        if self.blocked is not None:
+            raise SetupRefused(self.blocked)
+        if current is not None and not current.startswith(self.mark):
+            raise SetupRefused(
+                f"{self.file.path} exists and is not hctx's {self.kind}; move it away and run `hctx setup` again"
+            )
+        return self.content
+
+    def remove(self, current: bytes, original: bytes | None) -> bytes | None:
+        if not current.startswith(self.mark):
+            return current  # the user replaced it with their own: theirs now, kept
+        if original is not None and not original.startswith(self.mark):
+            return original  # never the case (apply refuses a file of the user's), kept for safety
+        return None
 
 
 @dataclass(frozen=True)

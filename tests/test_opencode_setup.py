@@ -15,7 +15,7 @@ from sidecar.harnesses.opencode import setup as opencode_setup
 from sidecar.harnesses.opencode.launch import adopted
 from sidecar.harnesses.opencode.producer import OpenCodeTransport
 from sidecar.launching import transport_json
-from sidecar.setup_plan import SetupRefused, adopt_command
+from sidecar.setup_plan import OwnedFile, SetupRefused, adopt_command
 from sidecar.setup_state import setup_state
 from sidecar.spec import ConfigError
 from tests.harnesses import PINNED_VERSIONS
@@ -24,9 +24,9 @@ from wrapper.launch.userfiles import apply_setup, undo_setup
 HOME = Path("/home/someone")
 
 
-def plan(environ: dict[str, str] | None = None, home: Path = HOME) -> opencode_setup.PluginFile:
+def plan(environ: dict[str, str] | None = None, home: Path = HOME) -> OwnedFile:
     (edit,) = opencode_setup.setup(home, environ or {"PATH": ""}).edits
-    assert isinstance(edit, opencode_setup.PluginFile)
+    assert isinstance(edit, OwnedFile)
     return edit
 
 

@@ -34,12 +34,11 @@ import json
 import os
 import shutil
 from collections.abc import Mapping
-from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path, PurePosixPath
 from typing import Final
 
-from sidecar.setup_plan import BuildPoint, HarnessSetup, SetupRefused, UserFile, adopt_command
+from sidecar.setup_plan import BuildPoint, HarnessSetup, OwnedFile, UserFile, adopt_command
 
 __all__ = [
     "ASSET_NAME",
@@ -50,7 +49,6 @@ __all__ = [
     "PLUGIN_FILE",
     "SDK_LOCK",
     "SDK_PACKAGE",
-    "PluginFile",
     "config_dir",
     "plugin_source",
     "sdk_advice",
@@ -79,25 +77,6 @@ def plugin_source(command: list[str]) -> bytes:
     return asset.replace(COMMAND_LINE, filled).encode()
 
 
-@dataclass(frozen=True)
-class PluginFile:
-    """The whole file is hctx's: written when absent or hctx's (an older build's included)."""
-
-    file: UserFile
-    content: bytes
-
-    def apply(self, current: bytes | None) -> bytes:
-        if current is not None and not current.startswith(MARK):
-            raise SetupRefused(
-                f"{self.file.path} exists and is not hctx's plugin; move it away and run `hctx setup` again"
-            )
-        return self.content
-
-    def remove(self, current: bytes, original: bytes | None) -> bytes | None:
-        # The user's own file in its place since setup: theirs to keep.
-        return None if current.startswith(MARK) else current
-
-
 def config_dir(home: Path, environ: Mapping[str, str]) -> Path:
     """OpenCode's user-level config dir, as it computes it (xdg-basedir: an empty variable is unset)."""
     base = environ.get("XDG_CONFIG_HOME") or str(home / ".config")
@@ -109,7 +88,7 @@ def setup(home: Path, environ: Mapping[str, str]) -> HarnessSetup:
     installed = root.is_dir() or any(
         shutil.which(program, path=environ.get("PATH", os.defpath)) for program in ("opencode", "opencode-ai")
     )
-    edit = PluginFile(UserFile(root, PLUGIN_FILE), plugin_source(adopt_command("opencode")))
+    edit = OwnedFile(UserFile(root, PLUGIN_FILE), plugin_source(adopt_command("opencode")), MARK, "plugin")
     return HarnessSetup(harness="opencode", installed=installed, edits=(edit,), builds=BUILDS, advice=sdk_advice(root))
 
 

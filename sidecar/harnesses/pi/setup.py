@@ -36,18 +36,16 @@ import json
 import os
 import shutil
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
 from sidecar.harnesses.pi.launch import channel_extension
-from sidecar.setup_plan import BuildPoint, HarnessSetup, SetupRefused, UserFile, adopt_command
+from sidecar.setup_plan import BuildPoint, HarnessSetup, OwnedFile, UserFile, adopt_command
 
 __all__ = [
     "HOSTS",
     "LOADER",
     "LOADER_MARK",
-    "AdoptLoader",
     "Host",
     "agent_dir",
     "loader_source",
@@ -121,30 +119,6 @@ def loader_source(asset: Path, commands: Mapping[str, list[str]]) -> bytes:
     return "\n".join(lines).encode()
 
 
-@dataclass(frozen=True)
-class AdoptLoader:
-    """hctx's loader file in the user's extension directory: a file of its own, never merged."""
-
-    file: UserFile
-    source: bytes
-    # Why it would not load (a pi extensions dir that is a package); None: it loads.
-    blocked: str | None = None
-
-    def apply(self, current: bytes | None) -> bytes:
-        if self.blocked is not None:
-            raise SetupRefused(self.blocked)
-        if current is not None and current != self.source and not current.startswith(LOADER_MARK):
-            raise SetupRefused(f"{self.file.path} exists and is not hctx's; left as it is")
-        return self.source
-
-    def remove(self, current: bytes, original: bytes | None) -> bytes | None:
-        if not current.startswith(LOADER_MARK):
-            return current  # the user replaced it with their own: theirs now, kept
-        if original is not None and not original.startswith(LOADER_MARK):
-            return original  # never the case (apply refuses a file of the user's), kept for safety
-        return None
-
-
 def _blocked(host: Host, extensions: Path) -> str | None:
     if host != "pi":
         return None
@@ -164,7 +138,8 @@ def _installed(host: Host, root: Path, environ: Mapping[str, str]) -> bool:
 def setup_for(host: Host, home: Path, environ: Mapping[str, str]) -> HarnessSetup:
     root = agent_dir(host, home, environ)
     source = loader_source(channel_extension(), {name: adopt_command(name) for name in HOSTS})
-    loader = AdoptLoader(UserFile(root, LOADER), source, _blocked(host, root / LOADER.parent))
+    # Blocked where it would not load (a pi extensions dir that is a package).
+    loader = OwnedFile(UserFile(root, LOADER), source, LOADER_MARK, "loader", _blocked(host, root / LOADER.parent))
     builds = tuple(BuildPoint(build, True, how) for build, how in _POINTS[host])
     return HarnessSetup(host, _installed(host, root, environ), (loader,), builds)
 
