@@ -141,13 +141,17 @@ def adopted(pid: int, cwd: Path, hints: Mapping[str, str]) -> LaunchPlan:
     try:
         transport = OpenCodeTransport(base_url=_loopback_url(url), directory=directory)
     except ValidationError:
-        raise ConfigError(f"the OpenCode plugin's url hint is not http://127.0.0.1:PORT/...: {url[:200]!r}") from None
+        raise _not_loopback(url) from None
     return LaunchPlan("opencode", (), cwd, transport=transport)
+
+
+def _not_loopback(url: str) -> ConfigError:
+    return ConfigError(f"the OpenCode plugin's url hint is not http://127.0.0.1:PORT/...: {url[:200]!r}")
 
 
 def _loopback_url(url: str) -> str:
     """`url` itself when it is http:// to a loopback address by number with a port; else ConfigError."""
-    refused = ConfigError(f"the OpenCode plugin's url hint is not http://127.0.0.1:PORT/...: {url[:200]!r}")
+    refused = _not_loopback(url)
     try:
         parts = urllib.parse.urlsplit(url)
         port = parts.port
