@@ -1,7 +1,7 @@
 """Noticing the catalog change: the one way `hctx top`, `hctx watch` and the board learn that an
 agent's record or claim was replaced, and the one loop they follow the catalog by (`follow`).
 
-File events come from watchfiles (inotify on Linux; `awatch` runs on anyio, which runs on trio);
+File events come from watchfiles (inotify on Linux), watched in a thread of their own;
 each batch is turned into the agents it names. Beside them, a whole re-read is asked for at the
 start, once the file watching is armed (whatever changed before it was is caught by that read),
 every `reread_s` seconds whatever the files do (staleness is time-based, and an event may be
@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 from guard.constants import AGENTS_DIR_NAME, REPLICATED_RECORD_NAMES
 
 if TYPE_CHECKING:  # trio and watchfiles load when a follower runs, not with every `hctx`
-    import anyio
+    import threading
+
     from watchfiles import Change
 
 __all__ = [
@@ -130,7 +131,13 @@ def _warn(message: str) -> None:
 
 
 async def _follow_files(
-    catalog: Path, noticed: Noticed, stop: anyio.Event, *, debounce_ms: int, step_ms: int, warn: Callable[[str], None]
+    catalog: Path,
+    noticed: Noticed,
+    stop: threading.Event,
+    *,
+    debounce_ms: int,
+    step_ms: int,
+    warn: Callable[[str], None],
 ) -> None:
     """The file events, watched in a thread of their own that hands each batch to the loop without
     waiting for it: the watcher is armed again the moment a batch is out. (watchfiles' `awatch`
@@ -191,11 +198,12 @@ async def catalog_changes(
     events as the agents they name (watchfiles waits `step_ms` of quiet, at most `debounce_ms`,
     before it reports a batch), and a whole re-read every `reread_s` and once the watching is armed.
     Leaving the block stops the watching within `step_ms`."""
-    import anyio
+    import threading
+
     import trio
 
     noticed = Noticed()
-    stop = anyio.Event()
+    stop = threading.Event()  # set on the loop, read by the watching thread
     async with trio.open_nursery() as nursery:
         nursery.start_soon(lambda: _follow_files(catalog, noticed, stop, debounce_ms=debounce_ms, step_ms=step_ms,
                                                  warn=warn))  # fmt: skip
