@@ -809,11 +809,9 @@ def whole_pass(board: Board) -> None:
 
 
 async def until(board: Board, done: Callable[[], bool]) -> None:
-    """Until `done()` holds, looked at again after each event the board publishes."""
-    cursor = board.journal.next
+    """Until `done()` holds, looked at again after each event the board publishes (or its beat)."""
     while not done():
-        await board.journal.wait(cursor)
-        cursor = board.journal.next
+        await board.journal.news()
 
 
 def figure(board: Board, identity: str) -> int | None:

@@ -208,11 +208,6 @@ class Journal:
         kept = self.packed if gzip else self.events
         return [kept[index] for index in range(cursor - self.next, 0)]
 
-    async def wait(self, cursor: int) -> None:
-        """Until there is an event at `cursor` or after."""
-        while cursor >= self.next:
-            await self._news.wait()
-
     async def news(self) -> None:
         """Until the next event is added, or the next `beat`: one wake-up shared by every stream
         waiting, and no timer of each stream's own (at 1,000 pages, a timer each per round was a
