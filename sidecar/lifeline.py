@@ -23,17 +23,15 @@ from dataclasses import dataclass
 
 import trio
 
-from guard.groups import group_alive, signal_group, start_ending
+from guard.groups import POLL_S, group_alive, signal_group, start_ending
 
 __all__ = [
-    "GROUP_POLL_S",
     "MAX_ORDERS_BYTES",
     "Orders",
     "end_group",
     "follow",
 ]
 
-GROUP_POLL_S = 0.02
 MAX_ORDERS_BYTES = 4096
 
 
@@ -85,6 +83,6 @@ async def end_group(pgid: int, deadline_s: float) -> bool:
         return False
     with trio.move_on_after(deadline_s):
         while group_alive(pgid):  # noqa: ASYNC110 - a process group has no event to await
-            await trio.sleep(GROUP_POLL_S)
+            await trio.sleep(POLL_S)
         return False
     return signal_group(pgid, signal.SIGKILL)
