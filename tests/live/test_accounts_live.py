@@ -391,6 +391,20 @@ def _writes(catalog: Path, agent: str) -> list[dict[str, Any]]:
     return [line for line in lines if line.get("event") == "write"]
 
 
+async def _writes_until_limit(catalog: Path, agent: str, written: int, percent: int) -> list[str]:
+    """The reasons of an agent's writes after its first `written`, once one of them has carried the
+    five-hour limit at `percent`. The record is replaced before its write line is logged, so a test
+    that saw the record waits for the line (a liveness bound)."""
+    from tests.live.test_opencode_live import wait_for
+
+    def lines() -> list[dict[str, Any]] | None:
+        after = _writes(catalog, agent)[written:]
+        limits = [(line["record"]["rateLimits"] or {}).get("fiveHour") for line in after]
+        return after if percent in limits else None
+
+    return [line["reason"] for line in await wait_for(f"{agent}'s write at {percent}%", lines, 30)]
+
+
 def _account_figure(catalog: Path) -> tuple[float, str, int] | None:
     """The shared account's five-hour figure as `hctx accounts` fans it in: (percent, agent, ms)."""
     from tests.wrapping import HOST
@@ -481,7 +495,7 @@ async def test_idle_claude_seats_beside_a_busy_one_never_retell(version: str, tm
                 moved = await wait_record(paths["B"], panes["B"], "96%",
                                           lambda r: (r["rateLimits"] or {}).get("fiveHour") == 96)  # fmt: skip
                 assert moved["usedPercent"] == turn_b["usedPercent"]  # the context did not move
-                assert "rate-limits" in [w["reason"] for w in _writes(catalog, "claude-seat-B")[written:]]
+                assert "rate-limits" in await _writes_until_limit(catalog, "claude-seat-B", written, 96)
                 figure = _account_figure(catalog)
                 assert figure is not None and figure[:2] == (96, "claude-seat-B")
                 for seat in "AB":
@@ -533,13 +547,7 @@ async def test_a_codex_seat_counts_from_its_launch_and_a_limit_move_is_written(t
         await client.turn(thread, "seat A again [[u:1300:20]]")
         moved = await _record_where(path, lambda r: (r["rateLimits"] or {}).get("fiveHour") == 18)  # 17.5, rounded
         assert (moved["usedPercent"], moved["windowTokens"]) == (first["usedPercent"], first["windowTokens"])
-        # The record is replaced before its write line is logged: wait for the line (a liveness bound).
-        with trio.move_on_after(30):
-            while True:
-                if len(_writes(catalog, "codex-seat-A")) > written:
-                    break
-                await trio.sleep(0.05)
-        reasons = [w["reason"] for w in _writes(catalog, "codex-seat-A")[written:]]
+        reasons = await _writes_until_limit(catalog, "codex-seat-A", written, 18)
         assert reasons == ["rate-limits"], reasons  # the context stayed in its bucket
         arrived = moved["rateLimitsAtMs"]
         assert arrived["fiveHour"] == arrived["sevenDay"] >= moved["observedAtMs"]  # after the usage it rides
