@@ -339,3 +339,20 @@ def test_an_older_snapshot_left_newest_neither_rearms_nor_fires(tmp_path: Path) 
     assert watch.read(NOW + 3000) == []
     seat(tmp_path, "a", 82, NOW + 4000)
     assert watch.read(NOW + 4000) == [(KEY, "fiveHour", 80, "a")]
+
+
+def test_a_state_that_cannot_be_saved_is_said_and_the_events_still_go(tmp_path: Path, capsys: Any) -> None:
+    """The companions' one save (`CompanionFile`): the account state's name taken by a directory,
+    so its atomic replace fails; the crossing is told all the same and the failure said once."""
+    seat(tmp_path, "a", 85, NOW)
+    state_file = StateFile(tmp_path, "default")
+    watch = AccountWatch(state_file, AT)
+    with state_file.held() as dir_fd:
+        watch.load(dir_fd)
+        (tmp_path / ".st2" / "watch" / "default.accounts.json").mkdir()
+        snapshot, _ = observe(tmp_path, NOW, here=HOST)
+        assert [_told(event) for event in watch.step(dir_fd, snapshot, NOW)] == [(KEY, "fiveHour", 80, "a")]
+    said = capsys.readouterr().err
+    assert f"cannot save {tmp_path / '.st2' / 'watch' / 'default.accounts.json'}" in said, said
+    assert "a restart may repeat these events" in said
+    assert watch.state[f"account:{KEY}/fiveHour"].fired == frozenset({80.0})  # held in memory: not told again

@@ -15,20 +15,17 @@ replaced atomically before the events go out (at most once, as the fill events).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from guard.atomic import write_json_atomic
 from guard.catalog import printable
 from guard.constants import HARNESS_CONTEXT_STALE_MS
-from guard.errors import RecordRefused
 from wrapper.readers.accounts import WINDOWS, AccountGroup, Snapshot, fan_in, group_key
 from wrapper.readers.render import age_text, percent_text, reset_text
-from wrapper.readers.watch import Event, Observation, StateFile, log, read_state
+from wrapper.readers.watch import CompanionFile, Event, Observation, StateFile, dump_windows, parse_state
 
 __all__ = [
     "ACCOUNT_STATE_SCHEMA",
@@ -169,27 +166,18 @@ class _StateWire(BaseModel):
 
 
 def dump_account_state(state: AccountState) -> bytes:
-    windows = {
-        key: {
-            "fired": sorted(seen.fired),
-            "resetsAtMs": seen.resets_at_ms,
-            "seenAtMs": seen.seen_at_ms,
-            "snapshotAtMs": seen.snapshot_at_ms,
-        }
-        for key, seen in sorted(state.items())
-    }
-    return (json.dumps({"schema": ACCOUNT_STATE_SCHEMA, "windows": windows}, indent=1) + "\n").encode()
+    return dump_windows(ACCOUNT_STATE_SCHEMA, {
+        key: {"fired": sorted(seen.fired), "resetsAtMs": seen.resets_at_ms, "seenAtMs": seen.seen_at_ms,
+              "snapshotAtMs": seen.snapshot_at_ms}
+        for key, seen in state.items()
+    })  # fmt: skip
 
 
 def load_account_state(data: bytes) -> dict[str, WindowSeen]:
     """Raises RecordRefused (a ValueError) for a file that is not an account watch state."""
-    try:
-        wire = _StateWire.model_validate_json(data)
-    except ValidationError as exc:
-        raise RecordRefused(str(exc).splitlines()[0]) from None
     return {
         key: WindowSeen(frozenset(seen.fired), seen.resets_at_ms, seen.seen_at_ms, seen.snapshot_at_ms)
-        for key, seen in wire.windows.items()
+        for key, seen in parse_state(_StateWire, data).windows.items()
     }
 
 
@@ -198,8 +186,7 @@ class AccountWatch:
 
     def __init__(self, state_file: StateFile, thresholds: tuple[float, ...]) -> None:
         self.thresholds = thresholds
-        self.name = state_file.name.removesuffix(".json") + ".accounts.json"
-        self.path = state_file.path.with_name(self.name)
+        self.file = CompanionFile(state_file, "accounts", load_account_state, dump_account_state, "no rate limit told")
         self.state: dict[str, WindowSeen] = {}
         # Every agent's newest observation: a file event's tick observes only the agents it named,
         # and an account's newest snapshot is across all of its agents; `members`, the agents of
@@ -208,7 +195,7 @@ class AccountWatch:
         self.members: dict[str, set[str]] = {}
 
     def load(self, dir_fd: int) -> None:
-        self.state = read_state(dir_fd, self.name, self.path, load_account_state, "no rate limit told") or {}
+        self.state = self.file.read(dir_fd) or {}
 
     def step(self, dir_fd: int, snapshot: list[Observation], now: int, *, partial: bool = False) -> list[Event]:
         """The events, with the state saved first (a failed save is said, and the events still go).
@@ -228,9 +215,6 @@ class AccountWatch:
         stepped = (self.held[name] for key in touched for name in self.members.get(key, ()))
         events, after = account_step(self.state, stepped, now, self.thresholds, partial=partial)
         if after != self.state:
-            try:
-                write_json_atomic(dir_fd, self.name, dump_account_state(after), dir_fd)
-            except OSError as exc:
-                log(f"cannot save {self.path}: {exc}; a restart may repeat these events")
+            self.file.save(dir_fd, after)
             self.state = after
         return events

@@ -14,23 +14,20 @@ replaced atomically before the events go out, so a restarted watch does not tell
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from guard.atomic import write_json_atomic
 from guard.catalog import printable
 from guard.constants import HARNESS_CONTEXT_STALE_MS
-from guard.errors import RecordRefused
 from wrapper.readers.accounts import WINDOWS, AccountGroup, Window, fan_in, group_key
 from wrapper.readers.forecast import Forecast
 from wrapper.readers.rate_history import keep_groups
 from wrapper.readers.render import age_text
-from wrapper.readers.watch import Event, Observation, StateFile, log, read_state
+from wrapper.readers.watch import CompanionFile, Event, Observation, StateFile, dump_windows, log, parse_state
 
 __all__ = [
     "DEFAULT_FORECAST_MARGIN_S",
@@ -175,20 +172,16 @@ class _StateWire(BaseModel):
 
 
 def dump_forecast_state(state: Mapping[str, ForecastSeen]) -> bytes:
-    windows = {
+    return dump_windows(FORECAST_STATE_SCHEMA, {
         key: {"fired": seen.fired, "resetsAtMs": seen.resets_at_ms, "seenAtMs": seen.seen_at_ms}
-        for key, seen in sorted(state.items())
-    }
-    return (json.dumps({"schema": FORECAST_STATE_SCHEMA, "windows": windows}, indent=1) + "\n").encode()
+        for key, seen in state.items()
+    })  # fmt: skip
 
 
 def load_forecast_state(data: bytes) -> dict[str, ForecastSeen]:
     """Raises RecordRefused (a ValueError) for a file that is not a forecast watch state."""
-    try:
-        wire = _StateWire.model_validate_json(data)
-    except ValidationError as exc:
-        raise RecordRefused(str(exc).splitlines()[0]) from None
-    return {key: ForecastSeen(seen.fired, seen.resets_at_ms, seen.seen_at_ms) for key, seen in wire.windows.items()}
+    windows = parse_state(_StateWire, data).windows
+    return {key: ForecastSeen(seen.fired, seen.resets_at_ms, seen.seen_at_ms) for key, seen in windows.items()}
 
 
 class ForecastWatch:
@@ -197,8 +190,7 @@ class ForecastWatch:
 
     def __init__(self, state_file: StateFile, margin_s: float) -> None:
         self.margin_ms = int(margin_s * 1000)
-        self.name = state_file.name.removesuffix(".json") + ".forecast.json"
-        self.path = state_file.path.with_name(self.name)
+        self.file = CompanionFile(state_file, "forecast", load_forecast_state, dump_forecast_state, "no forecast told")
         self.catalog: Path = state_file.path.parents[2]  # <catalog>/.st2/watch/NAME.json
         self.state: dict[str, ForecastSeen] = {}
         # Every agent's newest observation: a file event's tick names only the agents it saw change.
@@ -206,7 +198,7 @@ class ForecastWatch:
         self.problem: str | None = None  # the history's, said once while it lasts
 
     def load(self, dir_fd: int) -> None:
-        self.state = read_state(dir_fd, self.name, self.path, load_forecast_state, "no forecast told") or {}
+        self.state = self.file.read(dir_fd) or {}
 
     def step(self, dir_fd: int, snapshot: list[Observation], now: int, *, partial: bool = False) -> list[Event]:
         if not partial:
@@ -223,9 +215,6 @@ class ForecastWatch:
         incarnations = {name: observation.incarnation for name, observation in self.held.items()}
         events, after = forecast_step(self.state, groups, forecasts, now, self.margin_ms, incarnations, partial=partial)
         if after != self.state:
-            try:
-                write_json_atomic(dir_fd, self.name, dump_forecast_state(after), dir_fd)
-            except OSError as exc:
-                log(f"cannot save {self.path}: {exc}; a restart may repeat these events")
+            self.file.save(dir_fd, after)
             self.state = after
         return events

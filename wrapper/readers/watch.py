@@ -29,7 +29,7 @@ import sys
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -60,6 +60,7 @@ __all__ = [
     "WATCH_DIR_NAME",
     "Around",
     "Companion",
+    "CompanionFile",
     "Deliver",
     "Event",
     "Found",
@@ -71,11 +72,13 @@ __all__ = [
     "State",
     "StateFile",
     "dump_state",
+    "dump_windows",
     "exec_command",
     "follow",
     "load_state",
     "observe",
     "parse_percents",
+    "parse_state",
     "print_event",
     "read_state",
     "run_watch",
@@ -507,6 +510,43 @@ def read_state(dir_fd: int, name: str, path: Path, parse: Callable[[bytes], _Par
     else:
         log(f"{path} {problem}; set aside as {aside}, starting with {told}")
     return None
+
+
+_Wire = TypeVar("_Wire", bound=BaseModel)
+
+
+def parse_state(wire: type[_Wire], data: bytes) -> _Wire:
+    """A companion state file's wire model; RecordRefused (a ValueError) for one that is not it."""
+    try:
+        return wire.model_validate_json(data)
+    except ValidationError as exc:
+        raise RecordRefused(str(exc).splitlines()[0]) from None
+
+
+def dump_windows(schema: str, windows: Mapping[str, Mapping[str, object]]) -> bytes:
+    """A companion state file: its schema and one entry per account window, keys sorted."""
+    return (json.dumps({"schema": schema, "windows": dict(sorted(windows.items()))}, indent=1) + "\n").encode()
+
+
+class CompanionFile(Generic[_Parsed]):
+    """A second state file of one watch, `NAME.<kind>.json` beside `NAME.json`, under the same lock:
+    read once when the watch starts (set aside and said when unreadable, as the agents' one is),
+    replaced whenever a step changed what it holds. A failed save is said and the watch goes on."""
+
+    def __init__(self, state_file: StateFile, kind: str, parse: Callable[[bytes], _Parsed],
+                 dump: Callable[[_Parsed], bytes], told: str) -> None:  # fmt: skip
+        self.name = state_file.name.removesuffix(".json") + f".{kind}.json"
+        self.path = state_file.path.with_name(self.name)
+        self._parse, self._dump, self._told = parse, dump, told
+
+    def read(self, dir_fd: int) -> _Parsed | None:
+        return read_state(dir_fd, self.name, self.path, self._parse, self._told)
+
+    def save(self, dir_fd: int, state: _Parsed) -> None:
+        try:
+            write_json_atomic(dir_fd, self.name, self._dump(state), dir_fd)
+        except OSError as exc:
+            log(f"cannot save {self.path}: {exc}; a restart may repeat these events")
 
 
 class StateFile:
