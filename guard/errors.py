@@ -29,7 +29,7 @@ catches a branch when what it does is the branch's, a leaf when it must tell one
     │   ├── SettingsError        a harness's settings file cannot be merged    sidecar.harnesses.claude.launch
     │   ├── ModelTableError      Claude's model-window table is unreadable    sidecar.harnesses.claude.windows
     │   ├── UsageError           what the command line asks                           wrapper.arguments
-    │   ├── SpecError            a launcher -> resident spec                  wrapper.launch.resident
+    │   ├── SpecError            a launcher -> resident spec                          wrapper.launch.spec
     │   └── FleetFailed          a demo agent failed to start or be played            sidecar.demo_standin
     └── Held                     another live process owns it: refuse, or take it over
         └── ClaimHeld            another live wrapper holds the agent's claim         guard.state

@@ -458,11 +458,11 @@ class Burst(trio.abc.ReceiveStream):
 
 
 async def tap_stream(stdout: trio.abc.ReceiveStream, harness: str, channel: Path) -> None:
-    """The wrapper's real stdout tap (`wrapper.launch.resident.Tap`, on its own loop in a worker thread,
+    """The wrapper's real stdout tap (`wrapper.launch.tap.Tap`, on its own loop in a worker thread,
     framing with the harness's spec's `tap_frame`), fed from `stdout` through a pipe as a harness's
     stdout would be; returns once the tap is done."""
     from wrapper.launch.launcher import tap_frame_path
-    from wrapper.launch.resident import run_tap
+    from wrapper.launch.tap import run_tap
 
     read_fd, write_fd = os.pipe()
     frame, where = tap_frame_path(harness), f"{harness} stdout tap"

@@ -25,7 +25,8 @@ from sidecar.registry import spec_for
 from sidecar.replay import replay_recording
 from tests.conformance import chunks_of, recording_of
 from tests.conftest import REPO
-from wrapper.launch.resident import AgentRef, Incarnation, sidecar_argv
+from wrapper.launch.resident import sidecar_argv
+from wrapper.launch.spec import AgentRef, Incarnation
 
 FIXTURES = REPO / "fixtures" / "accounts"
 

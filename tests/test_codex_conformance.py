@@ -1,6 +1,6 @@
 """One decoder for Codex: the same server→client bytes make the same writes on every path.
 
-The paths: (i) the wrapper's real stdout tap (`wrapper.launch.resident.Tap`, through `tap_stream`) into the sidecar's
+The paths: (i) the wrapper's real stdout tap (`wrapper.launch.tap.Tap`, through `tap_stream`) into the sidecar's
 real channel (`sidecar.channel.serve`) and the Codex channel decoder; (ii) the sidecar's real
 websocket relay (`serve_relay`) in front of a stand-in app-server on 127.0.0.1; (iii) `hctx replay`
 of the stdout recording. The pinned divergence (HEAD before issue 14): a `thread/tokenUsage/updated`

@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import REPO
 from wrapper.launch.launcher import RESIDENT_COMMAND, WrapOptions
-from wrapper.launch.resident import (
+from wrapper.launch.spec import (
     AgentRef,
     Begin,
     Incarnation,

@@ -590,10 +590,10 @@ def test_a_huge_percent_prints_short() -> None:
 
 
 def test_a_full_tap_queue_gives_way_oldest_first_and_reports_how_many(monkeypatch: pytest.MonkeyPatch) -> None:
-    from wrapper.launch import resident
+    from wrapper.launch import tap
 
-    monkeypatch.setattr(resident, "TAP_QUEUE_BYTES", 1000)
-    queue = resident.TapQueue("codex stdout tap")
+    monkeypatch.setattr(tap, "TAP_QUEUE_BYTES", 1000)
+    queue = tap.TapQueue("codex stdout tap")
     lines = [b'{"n":%d}\n' % n for n in range(500)]
     for line in lines:
         queue.put(line)

@@ -416,7 +416,7 @@ def test_the_wrappers_children_import_hctx_from_where_the_wrapper_itself_was_imp
     `guard` are in (it named `wrapper/` itself once: a checkout that is not installed could not
     have started a sidecar, and a keeper under `python -I -S` never finds `guard`)."""
     import wrapper
-    from wrapper.launch.resident import checkout_env
+    from wrapper.launch.loop import checkout_env
 
     monkeypatch.delenv("PYTHONPATH", raising=False)
     root = Path(checkout_env()["PYTHONPATH"])

@@ -275,7 +275,7 @@ def _claim_and_watch(
     from guard.state import AgentLock, ClaimHeld
     from sidecar.registry import adopted_plan, spec_for
     from wrapper.launch.launcher import WrapOptions, claim, exec_resident, free_seat, planned_incarnation
-    from wrapper.launch.resident import Adoption, Spec
+    from wrapper.launch.spec import Adoption, Spec
 
     spec_for(harness)  # UnknownHarness, naming the known ones
     plan = adopted_plan(harness, pid, where, hints)

@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, TypeVar, cast
 
-import wrapper.launch.resident
 from guard.constants import CHANNEL_MAX_SOCKET_PATH as MAX_SOCKET_PATH
 from guard.layout import AgentDir, as_name
 from guard.record import Harness
@@ -47,10 +46,9 @@ from sidecar.launching import LaunchPlan, account_json, transport_json
 from sidecar.registry import has_teardown, prepare, teardown
 from sidecar.spec import ChannelPathError, UnknownHarness
 from wrapper.arguments import UsageError
-from wrapper.launch.resident import (
-    HARNESS_KILL_DEADLINE_S,
-    SIDECAR_EXIT_TIMEOUT_S,
-    STOP_SIGNALS,
+from wrapper.launch.loop import ROOT, STOP_SIGNALS, say
+from wrapper.launch.resident import HARNESS_KILL_DEADLINE_S, SIDECAR_EXIT_TIMEOUT_S, exit_status
+from wrapper.launch.spec import (
     AgentRef,
     Begin,
     Incarnation,
@@ -63,8 +61,6 @@ from wrapper.launch.resident import (
     Step,
     Stopped,
     Teardown,
-    exit_status,
-    say,
 )
 
 __all__ = [
@@ -217,8 +213,7 @@ def exec_resident(spec: Spec) -> None:
     os.lseek(spec_fd, 0, os.SEEK_SET)
     sys.stdout.flush()
     sys.stderr.flush()
-    root = os.path.dirname(os.path.dirname(os.path.dirname(wrapper.launch.resident.__file__)))
-    os.execv(sys.executable, [sys.executable, "-I", "-S", "-c", RESIDENT_COMMAND, root, "--spec-fd", str(spec_fd)])
+    os.execv(sys.executable, [sys.executable, "-I", "-S", "-c", RESIDENT_COMMAND, ROOT, "--spec-fd", str(spec_fd)])
 
 
 def claim(

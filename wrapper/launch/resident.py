@@ -32,15 +32,26 @@ teardown, the record of a dead sidecar, the final `stopped`) run in a short-live
 from __future__ import annotations
 
 import errno
-import heapq
-import itertools
 import marshal
 import os
-import select
 import sys
 import time
 
-from guard.errors import Unusable  # a module that imports nothing: the resident stays the standard library
+from wrapper.launch.loop import READ, ROOT, STOP_SIGNALS, Loop, checkout_env, prog, say, spawn, suppress
+from wrapper.launch.spec import (
+    Adoption,
+    Begin,
+    Incarnation,
+    Options,
+    SidecarBack,
+    SidecarDied,
+    Spec,
+    SpecError,
+    Step,
+    Stopped,
+    Teardown,
+)
+from wrapper.launch.tap import Tap
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: the typing module is not worth its import here
@@ -56,54 +67,27 @@ __all__ = [
     "KEEPER_END",
     "KEEPER_RESTART_S",
     "KEEPER_SCRIPT",
-    "READ",
     "SIDECAR_EXIT_TIMEOUT_S",
     "SIDECAR_READY_TIMEOUT_S",
     "SIDECAR_RESTART_DELAYS_S",
     "SIDECAR_STABLE_S",
     "STEP_NICENESS",
     "STEP_TIMEOUT_S",
-    "STOP_SIGNALS",
-    "TAP_QUEUE_BYTES",
-    "TAP_RECONNECT_S",
-    "WRITE",
-    "Adoption",
-    "AgentRef",
-    "Begin",
-    "Incarnation",
     "Keeper",
-    "Loop",
-    "Options",
-    "Plan",
     "Session",
-    "SidecarBack",
-    "SidecarDied",
     "Sidecars",
-    "Spec",
-    "SpecError",
-    "Step",
     "Steps",
-    "Stopped",
-    "Tap",
-    "TapQueue",
-    "Teardown",
     "WrapperLock",
     "adopt_supervise",
-    "checkout_env",
     "end_group",
     "exit_status",
     "harness_group",
     "main",
-    "prog",
     "run_incarnation",
-    "run_tap",
-    "say",
     "send_lines",
     "sidecar_argv",
     "sidecar_restart_delay",
-    "spawn",
     "supervise",
-    "suppress",
     "terminal_delivers_sigint",
     "watch_adopted",
 ]
@@ -116,8 +100,6 @@ SIDECAR_EXIT_TIMEOUT_S = 5.0
 # the session runs unobserved. A sidecar that lived SIDECAR_STABLE_S starts the count afresh.
 SIDECAR_RESTART_DELAYS_S = (0.25, 1.0, 4.0, 16.0)
 SIDECAR_STABLE_S = 60.0
-TAP_QUEUE_BYTES = 4 * 1024 * 1024
-TAP_RECONNECT_S = 0.5
 # The keeper (`Keeper`): a shell that reads its stdin to the end and, when the last line is a
 # process group (not `done`), becomes its arguments and that group: `python -I -S -c KEEPER_END ROOT
 # DEADLINE PGID`.
@@ -135,443 +117,6 @@ STEP_TIMEOUT_S = 60.0
 # harness. A step's interpreter with pydantic costs three times a sidecar's exit, and a fleet
 # stopped at once would otherwise spend the sidecars' deadline starting them.
 STEP_NICENESS = 10
-STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
-# The folder `wrapper` and `guard` are in (site-packages, or a checkout), for child interpreters.
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-# --- the launcher -> resident spec --------------------------------------------------------------
-# Typed here, beside its one reader: plain classes (dataclasses would bring inspect and re into this
-# process, a megabyte), carried in `marshal` as dicts of plain values and checked field by field on
-# read, so a spec from another hctx version is a clear refusal, never a KeyError mid-session.
-
-
-class SpecError(Unusable):
-    """A spec (or a step's answer) that is not one this resident can run; the message says which field."""
-
-
-def _field(data: object, key: str, kinds: type | tuple[type, ...], where: str) -> Any:
-    if not isinstance(data, dict) or key not in data:
-        raise SpecError(f"{where}: no {key!r}")
-    value = data[key]
-    allowed = kinds if isinstance(kinds, tuple) else (kinds,)
-    if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):  # a bool is an int
-        raise SpecError(f"{where}: {key!r} is {type(value).__name__}")
-    return value
-
-
-def _strings(value: object, where: str) -> tuple[str, ...]:
-    if not isinstance(value, (list, tuple)) or not all(isinstance(item, str) for item in value):
-        raise SpecError(f"{where}: not a list of strings")
-    return tuple(value)
-
-
-class AgentRef:
-    """The agent an incarnation runs as (`guard.catalog.AgentDir`'s three names)."""
-
-    __slots__ = ("catalog", "host", "identity")
-
-    def __init__(self, catalog: str, host: str, identity: str) -> None:
-        self.catalog, self.host, self.identity = catalog, host, identity
-
-    def to_wire(self) -> dict[str, object]:
-        return {"catalog": self.catalog, "host": self.host, "identity": self.identity}
-
-    @classmethod
-    def from_wire(cls, data: object) -> AgentRef:
-        return cls(*(_field(data, key, str, "agent") for key in ("catalog", "host", "identity")))
-
-
-class Options:
-    """`hctx wrap`'s options the resident keeps for its relaunches (`wrapper.launch.launcher.WrapOptions`)."""
-
-    __slots__ = (
-        "agent",
-        "argv",
-        "harness",
-        "heartbeat_s",
-        "max_restarts",
-        "record",
-        "record_raw",
-        "restart",
-        "restart_delay_max_s",
-        "restart_delay_s",
-        "takeover",
-    )
-
-    def __init__(
-        self,
-        agent: AgentRef,
-        harness: str,
-        argv: tuple[str, ...],
-        restart: str,
-        max_restarts: int | None,
-        restart_delay_s: float,
-        restart_delay_max_s: float,
-        takeover: bool,
-        record: str | None,
-        record_raw: bool = False,
-        heartbeat_s: int | None = None,
-    ) -> None:
-        self.agent, self.harness, self.argv, self.restart = agent, harness, argv, restart
-        self.max_restarts, self.restart_delay_s, self.restart_delay_max_s = (
-            max_restarts,
-            restart_delay_s,
-            restart_delay_max_s,
-        )
-        self.takeover, self.record, self.record_raw = takeover, record, record_raw
-        self.heartbeat_s = heartbeat_s  # HCTX_HEARTBEAT_S, checked by `hctx wrap`: each sidecar's heartbeat
-
-    def to_wire(self) -> dict[str, object]:
-        return {
-            "agent": self.agent.to_wire(),
-            "harness": self.harness,
-            "argv": list(self.argv),
-            "restart": self.restart,
-            "maxRestarts": self.max_restarts,
-            "restartDelayS": self.restart_delay_s,
-            "restartDelayMaxS": self.restart_delay_max_s,
-            "takeover": self.takeover,
-            "record": self.record,
-            "recordRaw": self.record_raw,
-            "heartbeatS": self.heartbeat_s,
-        }
-
-    @classmethod
-    def from_wire(cls, data: object) -> Options:
-        where = "options"
-        restart = _field(data, "restart", str, where)
-        if restart not in ("no", "on-failure", "always"):
-            raise SpecError(f"{where}: restart {restart!r}")
-        return cls(
-            AgentRef.from_wire(_field(data, "agent", dict, where)),
-            _field(data, "harness", str, where),
-            _strings(_field(data, "argv", (list, tuple), where), where + ".argv"),
-            restart,
-            _field(data, "maxRestarts", (int, type(None)), where),
-            float(_field(data, "restartDelayS", (int, float), where)),
-            float(_field(data, "restartDelayMaxS", (int, float), where)),
-            _field(data, "takeover", bool, where),
-            _field(data, "record", (str, type(None)), where),
-            _field(data, "recordRaw", bool, where),
-            _field(data, "heartbeatS", (int, type(None)), where),
-        )
-
-
-class Plan:
-    """A prepared launch (`sidecar.launch.LaunchPlan`, as far as the resident runs it)."""
-
-    __slots__ = ("argv", "cwd", "env", "owner", "tap", "teardown")
-
-    def __init__(
-        self, argv: tuple[str, ...], cwd: str, env: dict[str, str], tap: str | None, teardown: bool, owner: int
-    ) -> None:
-        self.argv, self.cwd, self.env, self.tap, self.teardown, self.owner = argv, cwd, env, tap, teardown, owner
-
-    def to_wire(self) -> dict[str, object]:
-        return {
-            "argv": list(self.argv),
-            "cwd": self.cwd,
-            "env": dict(self.env),
-            "tap": self.tap,
-            "teardown": self.teardown,
-            "owner": self.owner,
-        }
-
-    @classmethod
-    def from_wire(cls, data: object) -> Plan:
-        where = "plan"
-        env = _field(data, "env", dict, where)
-        if not all(isinstance(key, str) and isinstance(value, str) for key, value in env.items()):
-            raise SpecError(f"{where}: env holds a name or value that is not a string")
-        return cls(
-            _strings(_field(data, "argv", (list, tuple), where), where + ".argv"),
-            _field(data, "cwd", str, where),
-            env,
-            _field(data, "tap", (str, type(None)), where),
-            _field(data, "teardown", bool, where),
-            _field(data, "owner", int, where),
-        )
-
-
-class Incarnation:
-    """The claimed incarnation as the resident runs it (`wrapper.launch.launcher.begin_incarnation`):
-    its prepared launch and channel, or, when the launch could not be prepared, the status it ends with.
-    `record_fd`, `record_raw` and `heartbeat_s` (`--record`'s open file, `--record-raw`,
-    HCTX_HEARTBEAT_S) are the resident's to set: they come with the spec once, not with each
-    incarnation."""
-
-    __slots__ = (
-        "account",
-        "agent",
-        "channel",
-        "channel_dir",
-        "harness",
-        "heartbeat_s",
-        "incarnation",
-        "plan",
-        "record_fd",
-        "record_raw",
-        "status",
-        "transport",
-    )
-
-    def __init__(
-        self,
-        agent: AgentRef,
-        harness: str,
-        incarnation: str,
-        plan: Plan | None = None,
-        status: int | None = 2,
-        transport: str | None = None,
-        account: str | None = None,
-        channel_dir: str = "",
-        channel: str = "",
-    ) -> None:
-        self.agent, self.harness, self.incarnation, self.plan, self.status = agent, harness, incarnation, plan, status
-        self.transport, self.account = transport, account
-        self.channel_dir, self.channel = channel_dir, channel
-        self.record_fd: int | None = None
-        self.record_raw = False
-        self.heartbeat_s: int | None = None
-
-    def to_wire(self) -> dict[str, object]:
-        return {
-            "agent": self.agent.to_wire(),
-            "harness": self.harness,
-            "incarnation": self.incarnation,
-            "plan": None if self.plan is None else self.plan.to_wire(),
-            "status": self.status,
-            "transport": self.transport,
-            "account": self.account,
-            "channelDir": self.channel_dir,
-            "channel": self.channel,
-        }
-
-    @classmethod
-    def from_wire(cls, data: object) -> Incarnation:
-        where = "incarnation"
-        plan = _field(data, "plan", (dict, type(None)), where)
-        status = _field(data, "status", (int, type(None)), where)
-        if (plan is None) == (status is None):
-            raise SpecError(f"{where}: a plan and a status, or neither")
-        return cls(
-            AgentRef.from_wire(_field(data, "agent", dict, where)),
-            _field(data, "harness", str, where),
-            _field(data, "incarnation", str, where),
-            None if plan is None else Plan.from_wire(plan),
-            status,
-            _field(data, "transport", (str, type(None)), where),
-            _field(data, "account", (str, type(None)), where),
-            _field(data, "channelDir", str, where),
-            _field(data, "channel", str, where),
-        )
-
-
-class Adoption:
-    """A harness this resident adopted (`hctx adopt`, wrapper.launch.adopt) rather than launched: the
-    process it watches (its pid and start time in clock ticks since boot, which together name one
-    process) and the channel lines the trigger could not deliver before the sidecar listened."""
-
-    __slots__ = ("pending", "pid", "start_ticks")
-
-    def __init__(self, pid: int, start_ticks: int, pending: bytes = b"") -> None:
-        self.pid, self.start_ticks, self.pending = pid, start_ticks, pending
-
-    def to_wire(self) -> dict[str, object]:
-        return {"pid": self.pid, "startTicks": self.start_ticks, "pending": self.pending}
-
-    @classmethod
-    def from_wire(cls, data: object) -> Adoption:
-        where = "adoption"
-        return cls(_field(data, "pid", int, where), _field(data, "startTicks", int, where),
-                   _field(data, "pending", bytes, where))  # fmt: skip
-
-
-class Spec:
-    """What `hctx wrap` (or `hctx adopt`, with `adoption`) hands the resident across its exec."""
-
-    __slots__ = ("adoption", "incarnation", "lock_fd", "lock_held", "options", "record_fd")
-
-    def __init__(
-        self,
-        options: Options,
-        incarnation: Incarnation,
-        lock_fd: int,
-        lock_held: bool,
-        record_fd: int | None = None,
-        adoption: Adoption | None = None,
-    ) -> None:
-        self.options, self.incarnation, self.lock_fd, self.lock_held = options, incarnation, lock_fd, lock_held
-        self.record_fd = record_fd  # `--record`'s file, open: every sidecar of every incarnation gets it
-        self.adoption = adoption
-
-    def dumps(self) -> bytes:
-        return marshal.dumps(
-            {
-                "options": self.options.to_wire(),
-                "incarnation": self.incarnation.to_wire(),
-                "lockFd": self.lock_fd,
-                "lockHeld": self.lock_held,
-                "recordFd": self.record_fd,
-                "adoption": None if self.adoption is None else self.adoption.to_wire(),
-            }
-        )
-
-    @classmethod
-    def loads(cls, data: bytes) -> Spec:
-        try:
-            wire = marshal.loads(data)
-        except (EOFError, ValueError, TypeError) as exc:
-            raise SpecError(f"not a spec: {exc}") from None
-        return cls(
-            Options.from_wire(_field(wire, "options", dict, "spec")),
-            Incarnation.from_wire(_field(wire, "incarnation", dict, "spec")),
-            _field(wire, "lockFd", int, "spec"),
-            _field(wire, "lockHeld", bool, "spec"),
-            _field(wire, "recordFd", (int, type(None)), "spec"),
-            None if (adopted := _field(wire, "adoption", (dict, type(None)), "spec")) is None
-            else Adoption.from_wire(adopted),
-        )  # fmt: skip
-
-
-# --- the resident -> step payloads (`python -m wrapper.launch.launcher STEP`), typed the same way ----------
-
-
-class Step:
-    """A step's payload; `name` is the step `wrapper.launch.launcher` runs with it."""
-
-    __slots__ = ()
-    name = ""
-
-    def to_wire(self) -> dict[str, object]:
-        raise NotImplementedError
-
-
-class Begin(Step):
-    """A relaunch: claim the agent again and prepare; the answer is an `Incarnation`."""
-
-    __slots__ = ("options", "relaunch_of", "restarts")
-    name = "begin"
-
-    def __init__(self, options: Options, restarts: int, relaunch_of: str) -> None:
-        self.options, self.restarts, self.relaunch_of = options, restarts, relaunch_of
-
-    def to_wire(self) -> dict[str, object]:
-        return {"options": self.options.to_wire(), "restarts": self.restarts, "relaunchOf": self.relaunch_of}
-
-    @classmethod
-    def from_wire(cls, data: object) -> Begin:
-        return cls(Options.from_wire(_field(data, "options", dict, "begin")), _field(data, "restarts", int, "begin"),
-                   _field(data, "relaunchOf", str, "begin"))  # fmt: skip
-
-
-class Teardown(Step):
-    """What a launch's `prepare` left behind, to undo."""
-
-    __slots__ = ("harness", "plan")
-    name = "teardown"
-
-    def __init__(self, plan: Plan, harness: str) -> None:
-        self.plan, self.harness = plan, harness
-
-    def to_wire(self) -> dict[str, object]:
-        return {"plan": self.plan.to_wire(), "harness": self.harness}
-
-    @classmethod
-    def from_wire(cls, data: object) -> Teardown:
-        return cls(Plan.from_wire(_field(data, "plan", dict, "teardown")), _field(data, "harness", str, "teardown"))
-
-
-class Stopped(Step):
-    """The claim's final `stopped`."""
-
-    __slots__ = ("agent", "incarnation")
-    name = "stopped"
-
-    def __init__(self, agent: AgentRef, incarnation: str) -> None:
-        self.agent, self.incarnation = agent, incarnation
-
-    def to_wire(self) -> dict[str, object]:
-        return {"agent": self.agent.to_wire(), "incarnation": self.incarnation}
-
-    @classmethod
-    def from_wire(cls, data: object) -> Stopped:
-        return cls(AgentRef.from_wire(_field(data, "agent", dict, "stopped")),
-                   _field(data, "incarnation", str, "stopped"))  # fmt: skip
-
-
-class SidecarDied(Step):
-    """A sidecar died while its harness ran: the log line, the claim's gap, maybe a terminal line."""
-
-    __slots__ = ("agent", "died_at_ms", "incarnation", "pid", "retry_in_s", "returncode", "tell_terminal")
-    name = "sidecar-died"
-
-    def __init__(self, agent: AgentRef, incarnation: str, pid: int, returncode: int, retry_in_s: float | None,
-                 tell_terminal: bool, died_at_ms: int) -> None:  # fmt: skip
-        self.agent, self.incarnation, self.pid, self.returncode = agent, incarnation, pid, returncode
-        self.retry_in_s, self.tell_terminal, self.died_at_ms = retry_in_s, tell_terminal, died_at_ms
-
-    def to_wire(self) -> dict[str, object]:
-        return {"agent": self.agent.to_wire(), "incarnation": self.incarnation, "pid": self.pid,
-                "returncode": self.returncode, "retryInS": self.retry_in_s, "tellTerminal": self.tell_terminal,
-                "diedAtMs": self.died_at_ms}  # fmt: skip
-
-    @classmethod
-    def from_wire(cls, data: object) -> SidecarDied:
-        where = "sidecar-died"
-        retry = _field(data, "retryInS", (int, float, type(None)), where)
-        return cls(AgentRef.from_wire(_field(data, "agent", dict, where)), _field(data, "incarnation", str, where),
-                   _field(data, "pid", int, where), _field(data, "returncode", int, where),
-                   None if retry is None else float(retry), _field(data, "tellTerminal", bool, where),
-                   _field(data, "diedAtMs", int, where))  # fmt: skip
-
-
-class SidecarBack(Step):
-    """A replacement is ready: the claim's gap closes."""
-
-    __slots__ = ("agent", "incarnation", "until_ms")
-    name = "sidecar-back"
-
-    def __init__(self, agent: AgentRef, incarnation: str, until_ms: int) -> None:
-        self.agent, self.incarnation, self.until_ms = agent, incarnation, until_ms
-
-    def to_wire(self) -> dict[str, object]:
-        return {"agent": self.agent.to_wire(), "incarnation": self.incarnation, "untilMs": self.until_ms}
-
-    @classmethod
-    def from_wire(cls, data: object) -> SidecarBack:
-        where = "sidecar-back"
-        return cls(AgentRef.from_wire(_field(data, "agent", dict, where)), _field(data, "incarnation", str, where),
-                   _field(data, "untilMs", int, where))  # fmt: skip
-
-
-READ = select.EPOLLIN
-WRITE = select.EPOLLOUT
-
-
-class suppress:
-    """contextlib.suppress, which would bring collections, functools and types along (a megabyte)."""
-
-    def __init__(self, *kinds: type[BaseException]) -> None:
-        self.kinds = kinds
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: type[BaseException] | None, *_: object) -> bool:
-        return kind is not None and issubclass(kind, self.kinds)
-
-
-# Who speaks in `say`'s lines: `hctx adopt`'s resident says so (its stderr is the adoption log).
-prog = ["hctx wrap"]
-
-
-def say(message: str) -> None:
-    """One line on the terminal; one it cannot take now (a full pipe, output suspended) is lost, never
-    the session."""
-    with suppress(OSError):
-        print(f"{prog[0]}: {message}", file=sys.stderr, flush=True)
 
 
 def exit_status(returncode: int) -> int:
@@ -582,149 +127,6 @@ def exit_status(returncode: int) -> int:
 def sidecar_restart_delay(quick_deaths: int) -> float | None:
     """The back-off before the next sidecar after `quick_deaths` quick deaths; None: give up."""
     return SIDECAR_RESTART_DELAYS_S[quick_deaths] if quick_deaths < len(SIDECAR_RESTART_DELAYS_S) else None
-
-
-def checkout_env() -> dict[str, str]:
-    """A child Python imports this checkout's packages even when hctx runs from a source tree."""
-    path = os.environ.get("PYTHONPATH")
-    return dict(os.environ) | {"PYTHONPATH": _ROOT if not path else f"{_ROOT}{os.pathsep}{path}"}
-
-
-class Loop:
-    """Readiness callbacks on file descriptors and timers, and nothing else: `run_until` sleeps in
-    one `select` until a descriptor is ready or the next timer is due, so an idle session costs no
-    wake-ups at all."""
-
-    def __init__(self) -> None:
-        self.epoll = select.epoll()  # selectors' own choice here, without its imports
-        self._callbacks: dict[int, Callable[[], None]] = {}
-        self._timers: list[tuple[float, int, list[Any]]] = []
-        self._order = itertools.count()
-
-    def watch(self, fd: int, events: int, callback: Callable[[], None]) -> None:
-        self.epoll.register(fd, events)
-        self._callbacks[fd] = callback
-
-    def unwatch(self, fd: int) -> None:
-        if self._callbacks.pop(fd, None) is not None:
-            with suppress(OSError):
-                self.epoll.unregister(fd)
-
-    def call_later(self, delay: float, callback: Callable[[], None]) -> list[Any]:
-        """A timer; `cancel` it with the handle returned."""
-        handle: list[Any] = [callback]
-        heapq.heappush(self._timers, (time.monotonic() + delay, next(self._order), handle))
-        return handle
-
-    @staticmethod
-    def cancel(handle: list[Any] | None) -> None:
-        if handle is not None:
-            handle[0] = None
-
-    def run_until(self, done: Callable[[], bool], timeout: float | None = None) -> bool:
-        """Serve callbacks until `done()`; False if `timeout` seconds passed first."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not done():
-            now = time.monotonic()
-            while self._timers and self._timers[0][0] <= now:
-                callback = heapq.heappop(self._timers)[2][0]
-                if callback is not None:
-                    callback()
-            if done():
-                break
-            if deadline is not None and now >= deadline:
-                return False
-            wakes = [when for when, _, handle in self._timers[:1] if handle[0] is not None]
-            if deadline is not None:
-                wakes.append(deadline)
-            wait = max(0.0, min(wakes) - now) if wakes else -1
-            for fd, _ in self.epoll.poll(wait):
-                callback = self._callbacks.get(fd)
-                if callback is not None:  # an earlier callback of this batch may have unwatched it
-                    callback()
-        return True
-
-    def watch_exit(self, pid: int, exited: Callable[[int], None]) -> None:
-        """`exited(returncode)` once the child `pid` ends (reaped here), as subprocess reports it."""
-        pidfd = os.pidfd_open(pid)
-
-        def readable() -> None:
-            self.unwatch(pidfd)
-            os.close(pidfd)
-            _, status = os.waitpid(pid, 0)
-            exited(os.waitstatus_to_exitcode(status))
-
-        self.watch(pidfd, READ, readable)
-
-
-def spawn(
-    argv: Sequence[str],
-    env: dict[str, str],
-    *,
-    cwd: str | None = None,
-    new_group: bool = False,
-    keep: Sequence[int] = (),
-    stdin: int | None = None,
-    stdout: int | None = None,
-    death_signal: bool = False,
-    niceness: int = 0,
-    forked: Callable[[int], None] | None = None,
-) -> int:
-    """Fork and exec `argv` (found on PATH), as subprocess would: default signal dispositions, only
-    0-2 and `keep` inherited; an OSError here when the exec fails. `death_signal`: the child gets
-    SIGTERM should this process die first (the death signal follows the forking thread, and this
-    process has only the one). `forked(pid)` is called at once, the child's group (`new_group`)
-    made already, before its exec is waited for."""
-    error_read, error_write = os.pipe2(os.O_CLOEXEC)
-    parent = os.getpid()
-    pid = os.fork()
-    if pid == 0:  # the child: nothing here may return
-        try:
-            signal.set_wakeup_fd(-1)
-            for signum in (*STOP_SIGNALS, signal.SIGPIPE, signal.SIGXFSZ):
-                signal.signal(signum, signal.SIG_DFL)
-            signal.pthread_sigmask(signal.SIG_SETMASK, ())
-            if new_group:
-                os.setpgid(0, 0)
-            if niceness:
-                os.nice(niceness)
-            if death_signal:
-                import ctypes  # in the child alone: the resident never pays for it
-
-                ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-                if os.getppid() != parent:  # this process died before the death signal was set
-                    os._exit(128 + signal.SIGTERM)
-            for source, target in ((stdin, 0), (stdout, 1)):
-                if source is not None:
-                    os.dup2(source, target)
-            for fd in keep:
-                os.set_inheritable(fd, True)
-            low = 3
-            for fd in sorted({*keep, error_write}):
-                os.closerange(low, fd)
-                low = fd + 1
-            os.closerange(low, 1 << 20)
-            if cwd is not None:
-                os.chdir(cwd)
-            os.execvpe(argv[0], list(argv), env)
-        except OSError as exc:
-            os.write(error_write, f"{exc.errno}:{exc.strerror}".encode())
-        finally:
-            os._exit(127)
-    os.close(error_write)
-    if new_group:
-        with suppress(OSError):  # the child's own setpgid, or its exec, came first
-            os.setpgid(pid, pid)
-    if forked is not None:
-        forked(pid)
-    with os.fdopen(error_read, "rb") as errors:
-        failure = errors.read()
-    if failure:
-        os.waitpid(pid, 0)
-        number, _, text = failure.decode().partition(":")
-        failed = OSError(int(number), text)  # the child's own exec error, as subprocess re-raises it
-        raise failed
-    return pid
 
 
 class Steps:
@@ -966,7 +368,7 @@ class Keeper:
             return
         read_end, write_end = os.pipe2(os.O_CLOEXEC)
         devnull = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
-        end = (sys.executable, "-I", "-S", "-c", KEEPER_END, _ROOT, f"{self.deadline_s:g}")
+        end = (sys.executable, "-I", "-S", "-c", KEEPER_END, ROOT, f"{self.deadline_s:g}")
         try:
             self.pid = spawn(["/bin/sh", "-c", KEEPER_SCRIPT, "hctx-keeper", *end], dict(os.environ),
                              new_group=True, stdin=read_end, stdout=devnull)  # fmt: skip
@@ -1173,211 +575,6 @@ class Sidecars:
         if self._lifeline is not None:
             os.close(self._lifeline)
             self._lifeline = None
-
-
-class TapQueue:
-    """Tapped lines owed to the sidecar, bounded in bytes; when full, the oldest give way."""
-
-    def __init__(self, where: str) -> None:
-        import collections  # a tapped harness only
-
-        self.where = where  # the drop report's `where`
-        self.lines: collections.deque[bytes] = collections.deque()
-        self.size = 0
-        self.dropped = 0  # lines that gave way (or were lost with the sidecar) since the last report
-
-    def put(self, line: bytes) -> None:
-        self.lines.append(line)
-        self.size += len(line)
-        while self.size > TAP_QUEUE_BYTES:
-            self.size -= len(self.lines.popleft())
-            self.dropped += 1
-
-    def __bool__(self) -> bool:
-        return bool(self.lines or self.dropped)
-
-    def take(self) -> tuple[bytes, int]:
-        """Everything queued in one batch, led by a drop report when lines gave way; and how many
-        lines the batch carries, to count them if it is lost."""
-        import json  # a tapped harness only
-
-        from guard.constants import CHANNEL_DROP_REPORT
-
-        report = b""
-        if self.dropped:
-            frame = {"type": CHANNEL_DROP_REPORT, "where": self.where, "count": self.dropped}
-            report = json.dumps(frame).encode() + b"\n"
-        batch, count = report + b"".join(self.lines), len(self.lines) + self.dropped
-        self.lines.clear()
-        self.size = self.dropped = 0
-        return batch, count
-
-
-class Tap:
-    """Copy the harness's stdout to ours untouched; send each line to the sidecar on the side.
-
-    Lines are framed by the sidecar's own `LineFramer` at the channel's limit, and each goes as the
-    harness's tap frame (its spec's `tap_frame`, named `module:name` by the launch: the line's very
-    bytes; that harness's module brings its decoding along, so a tapped resident costs more), so
-    the sidecar decodes exactly the bytes a replay of the same stdout does. The copy never waits on
-    the sidecar: tapped lines queue up to TAP_QUEUE_BYTES, and past that the oldest give way, so
-    after a burst (thousands of deltas) the newest lines, the usage update among them, still go.
-    What gave way is counted and reported to the sidecar, which logs it. A line over the limit, or
-    one whose frame would be (the sidecar refuses those on every wire), is not sent.
-
-    When the sidecar is gone, its channel is tried again (a sidecar started again listens on the
-    same path) while the queue keeps the newest lines. Nothing is printed here: a write to a stderr
-    nobody drains would stall the copy, and the wrapper already says when its sidecar died; the
-    lines lost meanwhile reach the sidecar's log as a drop report.
-    """
-
-    def __init__(
-        self, loop: Loop, source: int, frame: str, channel: str, out: int = 1, where: str = "stdout tap"
-    ) -> None:
-        import socket
-
-        from guard.constants import CHANNEL_MAX_FRAME_BYTES
-        from sidecar.framing import LineFramer
-
-        self._socket_module = socket
-        self.loop, self.source, self.out = loop, source, out
-        from sidecar.framing import tap_frame
-
-        self.tap_frame: Callable[[bytes], bytes] = lambda line: tap_frame(line, frame)
-        self.channel = channel
-        self.max_frame = CHANNEL_MAX_FRAME_BYTES
-        self.framer = LineFramer(CHANNEL_MAX_FRAME_BYTES)
-        self.queue = TapQueue(where)
-        self.copy = bytearray()  # owed to `out`
-        self.ended = False  # the harness's stdout reached its end
-        self.sock: Any = None
-        self.batch = b""
-        self.batch_count = 0
-        self._retry: list[Any] | None = None
-        self._out_was_blocking = os.get_blocking(out)
-        os.set_blocking(source, False)
-        os.set_blocking(out, False)
-        loop.watch(source, READ, self._read)
-
-    @property
-    def done(self) -> bool:
-        """The copy is complete and every line sent, or given up with the sidecar."""
-        return self.ended and not self.copy and not self.batch and (not self.queue or self._given_up)
-
-    _given_up = False
-
-    def close(self) -> None:
-        for fd in (self.source, self.out):
-            self.loop.unwatch(fd)
-        with suppress(OSError):
-            os.close(self.source)
-        with suppress(OSError):
-            os.set_blocking(self.out, self._out_was_blocking)
-        Loop.cancel(self._retry)
-        if self.sock is not None:
-            self.loop.unwatch(self.sock.fileno())
-            self.sock.close()
-            self.sock = None
-
-    def _read(self) -> None:
-        from sidecar.framing import Line
-
-        try:
-            chunk = os.read(self.source, 65536)
-        except BlockingIOError:
-            return
-        except OSError:
-            chunk = b""
-        if not chunk:
-            self.ended = True
-            self.loop.unwatch(self.source)
-            self._send()
-            return
-        self.copy.extend(chunk)
-        for line in self.framer.receive_data(chunk):
-            if isinstance(line, Line) and line.data.strip():
-                frame = self.tap_frame(line.data)
-                if len(frame) <= self.max_frame:
-                    self.queue.put(frame + b"\n")
-        self.loop.unwatch(self.source)  # read on once the copy is out: the harness waits on us, not on the sidecar
-        self._write()
-        self._send()
-
-    def _write(self) -> None:
-        try:
-            while self.copy:
-                del self.copy[: os.write(self.out, self.copy)]
-        except BlockingIOError:
-            self.loop.unwatch(self.out)
-            self.loop.watch(self.out, WRITE, self._write)
-            return
-        except OSError:
-            self.copy.clear()  # our stdout is gone: the harness's output has nowhere to go
-        self.loop.unwatch(self.out)
-        if not self.ended:
-            self.loop.unwatch(self.source)
-            self.loop.watch(self.source, READ, self._read)
-
-    def _send(self) -> None:
-        socket = self._socket_module
-        if not self.batch and self.queue:
-            self.batch, self.batch_count = self.queue.take()
-        if not self.batch or self._retry is not None:
-            return
-        if self.sock is None:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
-            try:
-                sock.connect(self.channel)
-            except OSError:
-                sock.close()
-                if self.ended:  # no sidecar to take what is left, and nothing more to come
-                    self._lose()
-                    self._given_up = True
-                    return
-                self._retry = self.loop.call_later(TAP_RECONNECT_S, self._retried)
-                return
-            self.sock = sock
-        try:
-            while self.batch:
-                self.batch = self.batch[self.sock.send(self.batch) :]
-        except BlockingIOError:
-            self.loop.unwatch(self.sock.fileno())
-            self.loop.watch(self.sock.fileno(), WRITE, self._send)
-            return
-        except OSError:
-            self._lose()
-            self.loop.unwatch(self.sock.fileno())
-            self.sock.close()
-            self.sock = None
-            if not self.ended:
-                self._retry = self.loop.call_later(TAP_RECONNECT_S, self._retried)
-            else:
-                self._given_up = True
-            return
-        self.batch_count = 0
-        self.loop.unwatch(self.sock.fileno())
-        if self.queue:
-            self._send()
-
-    def _lose(self) -> None:
-        self.queue.dropped += self.batch_count
-        self.batch, self.batch_count = b"", 0
-
-    def _retried(self) -> None:
-        self._retry = None
-        self._send()
-
-
-def run_tap(
-    source: int, frame: str, channel: str, out: int = 1, where: str = "stdout tap", timeout: float = 30.0
-) -> None:
-    """The tap on its own loop until `source` ends and its lines are sent (a test drives it so)."""
-    loop = Loop()
-    tap = Tap(loop, source, frame, channel, out, where)
-    try:
-        loop.run_until(lambda: tap.done, timeout=timeout)
-    finally:
-        tap.close()
 
 
 def _remove_channel_dir(directory: str) -> None:
@@ -1637,5 +834,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":  # by hand, for a look; the wrapper runs `wrapper.launch.launcher.RESIDENT_COMMAND`
-    sys.path[0] = _ROOT
+    sys.path[0] = ROOT
     sys.exit(main())

@@ -17,12 +17,12 @@ from collections.abc import Callable
 from guard.layout import AgentDir
 from guard.state import UNOBSERVED_LIMIT, HarnessState, Unobserved, update_claim
 from guard.store import append_log_line
+from wrapper.launch.loop import say
 from wrapper.launch.resident import (
     SIDECAR_EXIT_TIMEOUT_S,
     SIDECAR_READY_TIMEOUT_S,
     SIDECAR_RESTART_DELAYS_S,
     SIDECAR_STABLE_S,
-    say,
     sidecar_restart_delay,
 )
 
