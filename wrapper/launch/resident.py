@@ -13,7 +13,7 @@ It runs the incarnation the claim named, and the ones a restart policy asks for:
   SIGKILL. A signal that comes while no harness runs is owed to the next one, so it is never lost;
 - the sidecar (`python -m sidecar`), in a group of its own, replaced while the harness runs if it
   dies, with a back-off that ends in giving up (SIDECAR_RESTART_DELAYS_S);
-- the harness's stdout tap, for a harness that speaks on stdout (`Tap`);
+- the harness's stdout tap, for a harness that speaks on stdout (`wrapper.launch.tap`);
 - the reaper's duty, twice: the sidecar holds this process's lifeline, is told the harness's group
   (`group PGID DEADLINE`) and, when the lifeline ends without `done` (this process was SIGKILLed),
   ends that group; and a keeper (`Keeper`, a shell blocked on a pipe) does the same should this
