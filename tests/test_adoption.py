@@ -229,6 +229,32 @@ def test_an_unknown_harness_is_refused_and_the_refusal_is_left_for_the_trigger(s
     assert "no harness 'nosuch'" in refused.read_text()  # Claude's tee starts no other adopter for it
 
 
+def test_a_refusal_is_removed_by_the_next_adoption_once_its_process_has_ended(seat: Seat) -> None:
+    """A refusal stays while its process runs (the trigger must not start another adopter for it) and
+    no longer: the next adoption sweeps the refusals of ended processes out of the runtime directory."""
+
+    def refuse(process: subprocess.Popen[bytes]) -> Path:
+        done = subprocess.run([*ADOPT, "--harness", "nosuch", "--pid", str(process.pid), "--no-detach"],
+                              env=seat.env, capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert done.returncode == 1, done.stderr
+        start = process_start_ticks(process.pid)
+        assert start is not None
+        directory = Path(adoption_dir(process.pid, start, seat.environ()))
+        assert [path.name for path in directory.iterdir()] == [REFUSED_NAME]
+        return directory
+
+    ended, running = seat.harness(), seat.harness()
+    ended_dir, running_dir = refuse(ended), refuse(running)
+    stray = ended_dir.with_name("adopt-notapid-1")  # not an adoption directory's name: never touched
+    stray.mkdir()
+    ended.kill()
+    ended.wait()
+    assert ended_dir.exists()  # nothing sweeps until the next adoption
+    refuse(seat.harness())
+    assert not ended_dir.exists()
+    assert running_dir.exists() and (running_dir / REFUSED_NAME).exists() and stray.exists()
+
+
 def test_a_harness_whose_launch_plan_defines_no_adoption_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     from sidecar import registry
 

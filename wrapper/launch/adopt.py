@@ -173,7 +173,26 @@ def make_adoption_dir(pid: int, start_ticks: int) -> str:
             raise AdoptRefused(f"{path} belongs to uid {found.st_uid}, not to this user")
         if found.st_mode & 0o077:
             raise AdoptRefused(f"{path} is open to other users (mode {found.st_mode & 0o777:o})")
+        if path == base:
+            _sweep_refusals(base)
     return directory
+
+
+def _sweep_refusals(base: str) -> None:
+    """The adoption directories of processes that have ended, left holding only a refusal
+    (`_mark_refused`): removed, so refusals do not pile up in the runtime directory between logins.
+    Anything else there (a live adoption, a refusal of a process that still runs) is left as it is."""
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(base):
+            pid, _, start = entry.name.removeprefix("adopt-").partition("-")
+            if not (entry.name.startswith("adopt-") and pid.isdigit() and start.isdigit()):
+                continue
+            if process_start_ticks(int(pid)) == int(start) or not entry.is_dir(follow_symlinks=False):
+                continue
+            with contextlib.suppress(OSError):
+                if os.listdir(entry.path) == [REFUSED_NAME]:
+                    os.unlink(os.path.join(entry.path, REFUSED_NAME))
+                    os.rmdir(entry.path)
 
 
 def _take_flock(directory: str) -> int:
@@ -245,7 +264,7 @@ def adopt(harness: str, pid: int, cwd: Path | None, hints: Mapping[str, str], pe
 def _mark_refused(directory: str, why: str) -> None:
     """The refusal, left in P's adoption directory (`REFUSED_NAME`): the trigger starts no other
     adopter for P, which would only refuse again on every status-line refresh. The directory stays
-    until P's runtime directory is cleared (it holds this one small file)."""
+    while P runs; the next adoption after P's end removes it (`_sweep_refusals`)."""
     with contextlib.suppress(OSError):
         for name in os.listdir(directory):
             with contextlib.suppress(OSError):
