@@ -58,6 +58,23 @@ def log_events(catalog: Path, agent: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+async def writes_once_logged(
+    catalog: Path, agent: str, landed: Callable[[dict[str, Any]], bool], what: str
+) -> list[dict[str, Any]]:
+    """The agent's `write` log lines, once one of them is `landed`. The sidecar replaces the record
+    before it logs the write that put it there, so a test that saw a record waits for the line (a
+    liveness bound, as `wait_for`'s)."""
+    import trio
+
+    with trio.move_on_after(30):
+        while True:
+            writes = [event for event in log_events(catalog, agent) if event.get("event") == "write"]
+            if any(landed(write) for write in writes):
+                return writes
+            await trio.sleep(0.05)
+    raise AssertionError(f"{agent}: no write line {what} within 30s")
+
+
 def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
     """`predicate()` once it is true, looked at every 20 ms. The default deadline is generous: it
     bounds a wait for an event (a process started, a file written), never a duration under test, and

@@ -384,25 +384,22 @@ class _Watch:
 
 def _writes(catalog: Path, agent: str) -> list[dict[str, Any]]:
     """The sidecar's `write` log lines of an agent, oldest first."""
-    path = catalog / ".st2" / "logs" / f"testhost~{agent}.jsonl"
-    if not path.exists():
-        return []
-    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [line for line in lines if line.get("event") == "write"]
+    from tests.wrapping import log_events
+
+    return [event for event in log_events(catalog, agent) if event.get("event") == "write"]
 
 
 async def _writes_until_limit(catalog: Path, agent: str, written: int, percent: int) -> list[str]:
-    """The reasons of an agent's writes after its first `written`, once one of them has carried the
-    five-hour limit at `percent`. The record is replaced before its write line is logged, so a test
-    that saw the record waits for the line (a liveness bound)."""
-    from tests.live.test_opencode_live import wait_for
+    """The reasons of an agent's writes after its first `written`, once one of them carried the
+    five-hour limit at `percent`, which none of the first `written` did (`writes_once_logged`: the
+    record is replaced before its line is logged)."""
+    from tests.wrapping import writes_once_logged
 
-    def lines() -> list[dict[str, Any]] | None:
-        after = _writes(catalog, agent)[written:]
-        limits = [(line["record"]["rateLimits"] or {}).get("fiveHour") for line in after]
-        return after if percent in limits else None
+    def at_percent(write: dict[str, Any]) -> bool:
+        return bool((write["record"]["rateLimits"] or {}).get("fiveHour") == percent)
 
-    return [line["reason"] for line in await wait_for(f"{agent}'s write at {percent}%", lines, 30)]
+    writes = await writes_once_logged(catalog, agent, at_percent, f"at {percent}%")
+    return [write["reason"] for write in writes[written:]]
 
 
 def _account_figure(catalog: Path) -> tuple[float, str, int] | None:

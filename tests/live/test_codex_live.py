@@ -41,7 +41,7 @@ from tests.conformance import replayed_in_a_thread
 from tests.fakes.codex_client import CodexClient, stdio_client, ws_client
 from tests.fakes.codex_model import FakeResponses, codex_config, codex_env, fake_responses
 from tests.harnesses import HARNESS_VERSIONS, require_harness
-from tests.wrapping import agent_dir, assert_replays_as_logged, log_events, wrap_argv
+from tests.wrapping import agent_dir, assert_replays_as_logged, log_events, wrap_argv, writes_once_logged
 
 pytestmark = pytest.mark.live
 
@@ -126,7 +126,8 @@ async def main_scenario(client: CodexClient, lab: Lab, *, check_records: bool) -
         # Turn 1's own snapshot (primary 10% over 300 min, secondary 40% over 10,080), on turn 1's
         # reading with the time that reading was taken: the bucket write's observedAtMs.
         assert limits(first) == latest_snapshot(client) == (10, 40)
-        writes = [e for e in log_events(lab.catalog, AGENT) if e["event"] == "write"]
+        landed_first = first.written_at_ms
+        writes = await writes_once_logged(lab.catalog, AGENT, lambda w: w["writtenAtMs"] == landed_first, "of turn 1")
         assert first.observed_at_ms == writes[0]["observedAtMs"]
         if len(writes) > 1:  # landed as two writes (else coalesced into one): the second re-stamps nothing
             assert writes[1]["reason"] == "rate-limits" and writes[1]["writtenAtMs"] > writes[0]["writtenAtMs"]

@@ -29,7 +29,7 @@ from tests.live.test_claude_live import (
     wait_record,
 )
 from tests.live.test_codex_live import AGENT, lab
-from tests.wrapping import agent_dir, log_events, wrap_argv
+from tests.wrapping import agent_dir, log_events, wrap_argv, writes_once_logged
 
 pytestmark = pytest.mark.live
 
@@ -58,12 +58,7 @@ async def test_claude_8_to_9_percent_inside_one_bucket_is_published_at_once(vers
     # it is waited for (a liveness bound). On a loaded machine the 8% write may still be in flight
     # when 9 is read, and lands refreshed with it (the outbox's fold, docs/recording.md): then one
     # bucket write carries 9. Either way every write of 8 or 9 is a bucket write, and 9 is one of them.
-    with trio.move_on_after(30):
-        while True:
-            writes = [e for e in log_events(catalog, "claude-shown") if e.get("event") == "write"]
-            if any(w.get("usedPercent") == 9 for w in writes):
-                break
-            await trio.sleep(0.1)
+    writes = await writes_once_logged(catalog, "claude-shown", lambda w: w.get("usedPercent") == 9, "at 9%")
     shown = [(w["reason"], w["usedPercent"]) for w in writes if w.get("usedPercent") in (8, 9)]
     assert ("bucket", 9) in shown and {reason for reason, _ in shown} == {"bucket"}, shown
 
