@@ -51,15 +51,20 @@ def read_json(path: Path) -> Any:
     return json.loads(path.read_text())
 
 
-def log_events(catalog: Path, agent: str) -> list[dict[str, Any]]:
-    path = log_path(catalog, HOST, agent)
+def log_events(catalog: Path, agent: str, host: str = HOST) -> list[dict[str, Any]]:
+    path = log_path(catalog, host, agent)
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def write_lines(catalog: Path, agent: str, host: str = HOST) -> list[dict[str, Any]]:
+    """The agent's `write` log lines, oldest first."""
+    return [event for event in log_events(catalog, agent, host) if event.get("event") == "write"]
+
+
 async def writes_once_logged(
-    catalog: Path, agent: str, landed: Callable[[dict[str, Any]], bool], what: str
+    catalog: Path, agent: str, landed: Callable[[dict[str, Any]], bool], what: str, host: str = HOST
 ) -> list[dict[str, Any]]:
     """The agent's `write` log lines, once one of them is `landed`. The sidecar replaces the record
     before it logs the write that put it there, so a test that saw a record waits for the line (a
@@ -68,7 +73,7 @@ async def writes_once_logged(
 
     with trio.move_on_after(30):
         while True:
-            writes = [event for event in log_events(catalog, agent) if event.get("event") == "write"]
+            writes = write_lines(catalog, agent, host)
             if any(landed(write) for write in writes):
                 return writes
             await trio.sleep(0.05)
@@ -168,4 +173,4 @@ def keep_recording(recording: Path, harness: str) -> Path | None:
 
 def logged_writes(catalog: Path, agent: str) -> int:
     """How many writes the agent's log holds so far (`assert_replays_as_logged`'s `since`)."""
-    return sum(1 for event in log_events(catalog, agent) if event.get("event") == "write")
+    return len(write_lines(catalog, agent))

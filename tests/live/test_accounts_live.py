@@ -35,6 +35,7 @@ from tests.fakes.chatgpt_backend import FakeChatGPT, chatgpt_config, fake_chatgp
 from tests.fakes.codex_client import RpcError, stdio_client
 from tests.fakes.codex_model import codex_config, codex_env
 from tests.harnesses import HARNESS_VERSIONS, require_harness
+from tests.wrapping import write_lines, writes_once_logged
 
 pytestmark = pytest.mark.live
 
@@ -382,18 +383,10 @@ class _Watch:
         return [event for event in map(json.loads, out.splitlines()) if event["event"] == "rate-limit"]
 
 
-def _writes(catalog: Path, agent: str) -> list[dict[str, Any]]:
-    """The sidecar's `write` log lines of an agent, oldest first."""
-    from tests.wrapping import log_events
-
-    return [event for event in log_events(catalog, agent) if event.get("event") == "write"]
-
-
 async def _writes_until_limit(catalog: Path, agent: str, written: int, percent: int) -> list[str]:
     """The reasons of an agent's writes after its first `written`, once one of them carried the
     five-hour limit at `percent`, which none of the first `written` did (`writes_once_logged`: the
     record is replaced before its line is logged)."""
-    from tests.wrapping import writes_once_logged
 
     def at_percent(write: dict[str, Any]) -> bool:
         return bool((write["record"]["rateLimits"] or {}).get("fiveHour") == percent)
@@ -476,7 +469,7 @@ async def test_idle_claude_seats_beside_a_busy_one_never_retell(version: str, tm
                     figure = _account_figure(catalog)
                     assert figure is not None
                     figures.add(figure[:2])
-                    beats = {seat: sum(w["reason"] == "heartbeat" for w in _writes(catalog, f"claude-seat-{seat}"))
+                    beats = {seat: sum(w["reason"] == "heartbeat" for w in write_lines(catalog, f"claude-seat-{seat}"))
                              for seat in "AB"}  # fmt: skip
                     if min(beats.values()) >= 2:
                         break
@@ -487,7 +480,7 @@ async def test_idle_claude_seats_beside_a_busy_one_never_retell(version: str, tm
                 # fresh, its limits not: a heartbeat past them
                 assert idle["observedAtMs"] > idle["rateLimitsAtMs"]["fiveHour"] + HEARTBEAT_S * 1000
                 # B's next turn: the same usage, so the same context bucket, the limit at 96%.
-                written = len(_writes(catalog, "claude-seat-B"))
+                written = len(write_lines(catalog, "claude-seat-B"))
                 await panes["B"].type("seat B again usage=2001,8000,10000,111")
                 moved = await wait_record(paths["B"], panes["B"], "96%",
                                           lambda r: (r["rateLimits"] or {}).get("fiveHour") == 96)  # fmt: skip
@@ -540,7 +533,7 @@ async def test_a_codex_seat_counts_from_its_launch_and_a_limit_move_is_written(t
         assert done.returncode == 0, done.stderr
         (listed,) = json.loads(done.stdout)
         assert listed["agentCount"] == 2 and listed["agents"] == ["testhost/codex-seat-A", "testhost/codex-seat-B"]
-        written = len(_writes(catalog, "codex-seat-A"))
+        written = len(write_lines(catalog, "codex-seat-A"))
         await client.turn(thread, "seat A again [[u:1300:20]]")
         moved = await _record_where(path, lambda r: (r["rateLimits"] or {}).get("fiveHour") == 18)  # 17.5, rounded
         assert (moved["usedPercent"], moved["windowTokens"]) == (first["usedPercent"], first["windowTokens"])

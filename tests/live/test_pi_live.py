@@ -32,7 +32,6 @@ from typing import Any
 import pytest
 import trio
 
-from guard.layout import log_path
 from guard.projection import headroom_tokens
 from guard.record import HarnessContext, parse_record
 from sidecar.harnesses.pi.launch import channel_extension, prepare
@@ -40,7 +39,7 @@ from sidecar.launching import LaunchPlan
 from tests.fakes.pi_channel import ChannelRecording, recording_channel
 from tests.fakes.pi_model import FakeModel, fake_model
 from tests.harnesses import HARNESS_VERSIONS, harness_env, require_harness
-from tests.wrapping import HOST, assert_replays_as_logged, hctx, wrap_argv
+from tests.wrapping import HOST, assert_replays_as_logged, hctx, wrap_argv, write_lines, writes_once_logged
 from tests.wrapping import env as wrapping_env
 
 pytestmark = pytest.mark.live
@@ -185,21 +184,11 @@ class Catalog:
             return None
 
     def writes(self) -> list[dict[str, Any]]:
-        path = log_path(self.root, self.host, self.agent)
-        if not path.exists():
-            return []
-        events = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        return [event for event in events if event.get("event") == "write"]
+        return write_lines(self.root, self.agent, self.host)
 
     async def logged(self, predicate: Callable[[dict[str, Any]], bool], what: str) -> list[dict[str, Any]]:
         """The write log once a write satisfying `predicate` is in it: the line follows the record."""
-        with trio.move_on_after(STEP_TIMEOUT_S):
-            while True:
-                writes = self.writes()
-                if any(predicate(write) for write in writes):
-                    return writes
-                await trio.sleep(0.05)
-        raise AssertionError(f"the log never showed {what}")
+        return await writes_once_logged(self.root, self.agent, predicate, what, self.host)
 
     async def settles(self, predicate: Callable[[HarnessContext], bool], what: str) -> HarnessContext:
         """The record once it satisfies `predicate` (the sidecar writes asynchronously to the harness)."""
