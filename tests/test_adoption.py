@@ -339,6 +339,36 @@ def test_two_plain_sessions_in_one_directory_are_two_agents(seat: Seat) -> None:
     assert one["adopted"] is True and two["adopted"] is True and one["wrapperPid"] != two["wrapperPid"]
 
 
+def test_a_session_started_again_while_its_adoption_ends_is_the_same_agent(seat: Seat) -> None:
+    """A session ended and started again at once (`omp --continue`): the first's resident holds the
+    seat while its sidecar drains. The new session's adopter waits for it to be over and takes the
+    same seat, as a wrapped seat's relaunch does (the shell waits for `hctx wrap`); never NAME-2."""
+    first = seat.harness()
+    claim = adopted(seat, first.pid, "proj")
+    resident = claim["wrapperPid"]
+    assert isinstance(resident, int)
+    wait_for(lambda: children(resident), what="the sidecar")
+    os.kill(resident, signal.SIGSTOP)  # held in its ending for as long as this test needs
+    try:
+        first.kill()
+        first.wait()
+        second = seat.harness()
+        assert seat.adopt(second.pid).returncode == 0
+        wait_for(lambda: "waiting for the adoption of an ended process" in seat.adopt_log(), what="the wait")
+        assert seat.claim("proj-2") is None
+    finally:
+        os.kill(resident, signal.SIGCONT)
+
+    def claimed_again() -> dict[str, object] | None:
+        again = seat.claim("proj")
+        fresh = again is not None and again["incarnation"] != claim["incarnation"]
+        return again if fresh and again["desiredState"] == "running" else None
+
+    again = wait_for(claimed_again, what="proj claimed by the new session")
+    assert again["adopted"] is True and seat.claim("proj-2") is None, seat.adopt_log()
+    assert pid_gone(resident)
+
+
 def test_inspect_and_the_table_mark_an_adopted_agent(seat: Seat) -> None:
     plain = seat.harness()
     adopted(seat, plain.pid, "proj")

@@ -16,7 +16,9 @@ screen. The child:
    once the sidecar listens, and exits;
 3. builds the plan through the harness's `launch.py: adopted(pid, cwd, hints)` (a harness without
    one is refused), names the agent as `hctx wrap` names one (`free_seat`: the working directory,
-   then NAME-2, ...), claims it with a new incarnation marked `adopted`, and
+   then NAME-2, ...) once the adoptions of processes that have just ended are over (their residents
+   hold their seats while their sidecars drain: a session restarted at once is the same agent, as
+   a wrapped one is), claims it with a new incarnation marked `adopted`, and
 4. becomes the resident (`wrapper.launch.resident`, adopt mode, by `exec`: the claim's pid stays
    its own), which starts the sidecar on P's adoption channel, watches P through a pidfd (P is not
    its child: nothing is spawned, P is never signalled), and on P's exit drains the sidecar, marks
@@ -55,6 +57,7 @@ __all__ = [
     "ADOPT_LOG_BYTES",
     "DELIVER_TIMEOUT_S",
     "DESCRIPTION",
+    "ENDING_WAIT_S",
     "MAX_FRAME_BYTES",
     "AdoptRefused",
     "add_arguments",
@@ -69,6 +72,10 @@ __all__ = [
 
 # How long an adopter that lost the flock waits for the winner's sidecar to take its line.
 DELIVER_TIMEOUT_S = 15.0
+# The most an adopter waits for the adoptions of processes that have ended to be over before it names
+# its seat: a resident finishing holds its seat until its sidecar has drained (at most the resident's
+# SIDECAR_EXIT_TIMEOUT_S, 5 s) and its claim is marked stopped.
+ENDING_WAIT_S = 10.0
 # The most `--frame-stdin` reads: a status-line payload is a few kilobytes.
 MAX_FRAME_BYTES = 1024 * 1024
 _WRAPPED = 0  # the status of an adopter that stands down (a wrapped seat, a second adopter): nothing wrong
@@ -178,21 +185,64 @@ def make_adoption_dir(pid: int, start_ticks: int) -> str:
     return directory
 
 
-def _sweep_refusals(base: str) -> None:
-    """The adoption directories of processes that have ended, left holding only a refusal
-    (`_mark_refused`): removed, so refusals do not pile up in the runtime directory between logins.
-    Anything else there (a live adoption, a refusal of a process that still runs) is left as it is."""
+def _ended_adoptions(base: str) -> list[str]:
+    """The adoption directories in `base` (`adopt-<pid>-<start>`) of processes that have ended."""
+    ended = []
     with contextlib.suppress(OSError):
         for entry in os.scandir(base):
             pid, _, start = entry.name.removeprefix("adopt-").partition("-")
             if not (entry.name.startswith("adopt-") and pid.isdigit() and start.isdigit()):
                 continue
-            if process_start_ticks(int(pid)) == int(start) or not entry.is_dir(follow_symlinks=False):
-                continue
-            with contextlib.suppress(OSError):
-                if os.listdir(entry.path) == [REFUSED_NAME]:
-                    os.unlink(os.path.join(entry.path, REFUSED_NAME))
-                    os.rmdir(entry.path)
+            if process_start_ticks(int(pid)) != int(start) and entry.is_dir(follow_symlinks=False):
+                ended.append(entry.path)
+    return ended
+
+
+def _sweep_refusals(base: str) -> None:
+    """The adoption directories of processes that have ended, left holding only a refusal
+    (`_mark_refused`): removed, so refusals do not pile up in the runtime directory between logins.
+    Anything else there (a live adoption, a refusal of a process that still runs) is left as it is."""
+    for path in _ended_adoptions(base):
+        with contextlib.suppress(OSError):
+            if os.listdir(path) == [REFUSED_NAME]:
+                os.unlink(os.path.join(path, REFUSED_NAME))
+                os.rmdir(path)
+
+
+def _await_ending_adoptions(base: str) -> None:
+    """Returns once no resident of a process that has ended still holds its adoption's flock (it is
+    draining its sidecar and marking its claim stopped: its seat is about to be free), or after
+    ENDING_WAIT_S. A directory whose flock nobody holds was left by a resident that was killed."""
+    ending = [path for path in _ended_adoptions(base) if _flock_held(path)]
+    if not ending:
+        return
+    _log(f"waiting for the adoption of an ended process to be over before naming a seat: {', '.join(ending)}")
+    deadline = time.monotonic() + ENDING_WAIT_S
+    while any(map(_flock_held, _ended_adoptions(base))):
+        if time.monotonic() > deadline:
+            _log(f"still not over after {ENDING_WAIT_S:g} s; naming a seat all the same")
+            return
+        time.sleep(0.05)
+
+
+def _flock_held(directory: str) -> bool:
+    """Whether a process holds the adopter's flock in `directory`, probed with a shared one let go at
+    once. The process has ended: only an adopter that checked it just before its end could take the
+    flock now, and only in the microseconds between creating the lock file and locking it would the
+    probe turn it away (it would stand down as if another adopter had the process)."""
+    try:
+        fd = os.open(os.path.join(directory, LOCK_NAME), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)  # lets the probe's lock go with it
+    return False
 
 
 def _take_flock(directory: str) -> int:
@@ -251,6 +301,7 @@ def adopt(harness: str, pid: int, cwd: Path | None, hints: Mapping[str, str], pe
         _log(f"not adopting {harness} pid {pid}: {exc}")
         return 1
     try:
+        _await_ending_adoptions(adoption_base())
         catalog = default_catalog_origin()[0].absolute()
         return _claim_and_watch(harness, pid, start, where, hints, pending, catalog, default_host(), directory,
                                 channel, lock_fd)  # fmt: skip
