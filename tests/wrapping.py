@@ -93,6 +93,15 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "c
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+def read_chars(pid: int | None = None) -> int:
+    """The bytes process `pid` (None: this one) has read through read(2) and its kin so far, as
+    /proc says (`rchar`): how a test proves a reader left a huge file unread, whatever the load."""
+    for line in Path(f"/proc/{'self' if pid is None else pid}/io").read_text().splitlines():
+        if line.startswith("rchar:"):
+            return int(line.split()[1])
+    raise AssertionError(f"/proc/{pid}/io has no rchar")
+
+
 def pid_gone(pid: int) -> bool:
     """Dead or a zombie nobody reaped yet: either way, not a running process."""
     try:
@@ -123,6 +132,36 @@ def context_frame(tokens: int, window: int, percent: float) -> str:
     return json.dumps({"type": "context", "reading": reading, "compaction": None})
 
 
+async def coalesced_once_exited(catalog: Path, agent: str, host: str = HOST) -> int:
+    """`coalesced_writes` of the agent's log once the sidecar that logged its last write has logged
+    its exit (after the session's end: an adopted sidecar drains after its harness has gone), a
+    liveness bound as `wait_for`'s."""
+    import trio
+
+    with trio.move_on_after(30):
+        while True:
+            events = log_events(catalog, agent, host)
+            kinds = [event.get("event") for event in events]
+            last_write = max((at for at, kind in enumerate(kinds) if kind == "write"), default=-1)
+            if "exit" in kinds[last_write + 1 :]:
+                return coalesced_writes(events)
+            await trio.sleep(0.05)
+    raise AssertionError(f"{agent}: the sidecar of its last write logged no exit within 30s")
+
+
+def coalesced_writes(events: list[dict[str, Any]], since: int = 0) -> int:
+    """How many writes the sidecars of a log's `events` folded into a newer one (a write stalled
+    past STALLED_WRITE_S on a loaded machine), as their exit lines count them: those of the sidecars
+    that exited after the log's `since`-th write."""
+    writes = coalesced = 0
+    for event in events:
+        if event.get("event") == "write":
+            writes += 1
+        elif event.get("event") == "exit" and writes > since:
+            coalesced += int(event.get("coalesced") or 0)
+    return coalesced
+
+
 async def assert_replays_as_logged(catalog: Path, agent: str, recording: Path, *, since: int = 0) -> None:
     """The recording `hctx wrap --record` made replays (through the live driver, in a thread: it
     runs a trio loop of its own) to the writes the sidecar logged, whole records (every field but
@@ -134,14 +173,9 @@ async def assert_replays_as_logged(catalog: Path, agent: str, recording: Path, *
     from tests.conformance import assert_lived_as_replayed, logged
     from tests.conformance import lived as lived_write
 
-    lived: list[tuple[Any, ...]] = []
-    coalesced = 0  # by the sidecars that exited after the `since`-th write
-    for event in log_events(catalog, agent):
-        if event.get("event") == "write":
-            lived.append(lived_write(event))
-        elif event.get("event") == "exit" and len(lived) > since:
-            coalesced += int(event.get("coalesced") or 0)
-    lived = lived[since:]
+    events = log_events(catalog, agent)
+    lived = [lived_write(event) for event in events if event.get("event") == "write"][since:]
+    coalesced = coalesced_writes(events, since)
     harness = str(read_header(recording)["harness"])
     writes, summary = await trio.to_thread.run_sync(replay_recording, spec_for(harness), recording)
     assert_lived_as_replayed(lived, [logged(write) for write in writes], coalesced)

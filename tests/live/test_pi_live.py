@@ -36,10 +36,19 @@ from guard.projection import headroom_tokens
 from guard.record import HarnessContext, parse_record
 from sidecar.harnesses.pi.launch import channel_extension, prepare
 from sidecar.launching import LaunchPlan
+from tests.conformance import assert_lived_as_replayed
 from tests.fakes.pi_channel import ChannelRecording, recording_channel
 from tests.fakes.pi_model import FakeModel, fake_model
 from tests.harnesses import HARNESS_VERSIONS, harness_env, require_harness
-from tests.wrapping import HOST, assert_replays_as_logged, hctx, wrap_argv, write_lines, writes_once_logged
+from tests.wrapping import (
+    HOST,
+    assert_replays_as_logged,
+    coalesced_once_exited,
+    hctx,
+    wrap_argv,
+    write_lines,
+    writes_once_logged,
+)
 from tests.wrapping import env as wrapping_env
 
 pytestmark = pytest.mark.live
@@ -366,14 +375,17 @@ async def _pi_scenario(run: Run, model: FakeModel) -> None:
     # the null from the compaction until turn_end: 26400 (turn3) and 36400 (turn4) each published,
     # each followed by a compaction write that withholds it; 36400 is 113.75 %, unclamped.
     numbers = _numbers(p1_writes)
-    assert (26400, 82.5) in numbers and (36400, 113.75) in numbers
     assert (16000, 50.0) not in numbers and (36000, 112.5) not in numbers
     # from the first compaction on, every number published is a turn_end's and each is withheld again
-    # by the next compaction: no message_end estimate leaks a number while pi says it does not know
+    # by the next compaction: no message_end estimate leaks a number while pi says it does not know.
+    # Where a write stalled on this loaded machine, the sidecar folded newer ones into the one waiting
+    # (a compaction's keeps its reason): then these with at most that many folded away.
+    coalesced = await coalesced_once_exited(catalog.root, catalog.agent, catalog.host)
     first_edge = next(i for i, w in enumerate(p1_writes) if w["reason"] == "compaction")
-    assert numbers[first_edge:] == [(None, None), (26400, 82.5), (None, None), (36400, 113.75), (None, None)]
-    compaction_writes = [w for w in p1_writes if w["reason"] == "compaction"]
-    assert [(w["usedTokens"], w["compactions"]) for w in compaction_writes] == [(None, 1), (None, 2), (None, 3)]
+    published = [(None, None), (26400, 82.5), (None, None), (36400, 113.75), (None, None)]
+    assert_lived_as_replayed([("", *n) for n in numbers[first_edge:]], [("", *n) for n in published], coalesced)
+    compaction_writes = [("", w["usedTokens"], w["compactions"]) for w in p1_writes if w["reason"] == "compaction"]
+    assert_lived_as_replayed(compaction_writes, [("", None, 1), ("", None, 2), ("", None, 3)], coalesced)
     if not run.adopted:
         await assert_replays_as_logged(run.catalog.root, AGENT, recording)  # the session `--record` made
 
