@@ -374,5 +374,5 @@ def test_a_renderer_that_closes_stdout_and_lingers_is_still_held_to_its_deadline
 
     started = time.monotonic()
     output, why = render("echo partial; exec >&-; sleep 5", b"{}", timeout_s=0.5)
-    assert time.monotonic() - started < 2.0  # Claude waits on every render: the deadline is the deadline
+    assert time.monotonic() - started < 4.0  # Claude waits on every render: the deadline, not the 5 s linger
     assert output is None and "did not finish within 0.5s" in why

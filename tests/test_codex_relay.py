@@ -277,7 +277,7 @@ async def test_plain_http_is_piped_through_for_readyz() -> None:
 async def test_stdio_launch_runs_no_relay() -> None:
     assert transport_for(SPEC) is run
     streams = Taped()
-    with trio.fail_after(1):
+    with trio.fail_after(10):  # a liveness bound: a relay would serve until cancelled
         # Returns at once: the stdout tap feeds the channel. The config as the sidecar reads it.
         await run(CodexTransport.model_validate_json('{"mode":"channel","autoCompactTokenLimit":160000}'), streams)
     # The settings the wrapper read, as the sidecar's own typed fact; no stream opened.

@@ -147,7 +147,7 @@ async def test_the_plugin_adopts_and_serves_the_event_stream(bun: list[str], tmp
         ticks = [event["properties"]["tick"] for event in events if event["type"] == "tick"]
         assert ticks == sorted(ticks) and len(set(ticks)) == len(ticks)
         done = await driven.end()
-        assert done["disposed_ms"] < 1000  # nothing kept: the exit waits for nothing
+        assert done["disposed_ms"] < 2500  # nothing kept: the exit waits for nothing, not DRAIN_MS (3 s)
     finally:
         if driven.process.returncode is None:
             driven.process.kill()
@@ -202,7 +202,7 @@ async def test_a_failed_adopter_costs_the_exit_no_wait(bun: list[str], tmp_path:
         await recorded(argv_file)
     await trio.sleep(0.5)  # the exit (or the spawn error) reaches the plugin
     done = await driven.end()
-    assert done["disposed_ms"] < 1000
+    assert done["disposed_ms"] < 2500  # not DRAIN_MS (3 s): the adopter is known to have failed
 
 
 async def test_a_running_adopter_gets_the_kept_events_before_the_exit(bun: list[str], tmp_path: Path) -> None:

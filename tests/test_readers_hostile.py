@@ -18,6 +18,7 @@ from readers_catalog import HOST, MINUTE, NOW, agent_path, claim, hctx, put_clai
 from guard import catalog as guard_catalog
 from guard.catalog import printable
 from guard.projection import MAX_RECORD_BYTES, decode_record
+from tests.wrapping import read_chars
 from wrapper.readers import roster as roster_module
 from wrapper.readers.render import render_agents, render_inspection
 from wrapper.readers.roster import collect_inspection, collect_roster, now_ms
@@ -97,9 +98,9 @@ def test_huge_sparse_record_is_refused_without_reading_it(tmp_path: Path) -> Non
     path = agent_path(tmp_path, "huge") / "harness-context"
     with open(path, "wb") as handle:
         handle.truncate(4 * 1024**3)  # 4 GiB, sparse: reading it whole would take seconds and memory
-    started = time.monotonic()
+    before = read_chars()
     row = one(tmp_path, "huge")
-    assert time.monotonic() - started < 1
+    assert read_chars() - before < 1 << 20
     assert row.context is None and row.problem is not None and "over the" in row.problem
 
 
@@ -125,7 +126,7 @@ def test_fifo_does_not_hang_the_roster(tmp_path: Path) -> None:
     os.mkfifo(agent_path(tmp_path, "fifo") / "harness-state")
     started = time.monotonic()
     row = one(tmp_path, "fifo")
-    assert time.monotonic() - started < 1
+    assert time.monotonic() - started < 10  # a liveness bound: an open of the fifo would block for good
     assert row.context is None and row.problem == "context record is not a regular file"
 
 

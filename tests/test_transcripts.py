@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -221,16 +220,13 @@ def _virtual_file(tail: bytes, size: int) -> tuple[BackwardLines, list[int]]:
 @pytest.mark.parametrize("size", [1 << 30, 1 << 40])
 def test_a_1gb_or_1tb_transcript_costs_what_its_tail_costs(size: int) -> None:
     lines, reads = _virtual_file(("\n" + _assistant(123456) + "\n").encode(), size)
-    started = time.perf_counter()
     tail = read_claude_tail(lines)
-    elapsed = time.perf_counter() - started
     assert tail.usage is not None and tail.usage.used_tokens == 123456
-    assert sum(reads) <= TAIL_BUDGET_BYTES
+    assert sum(reads) <= TAIL_BUDGET_BYTES  # what its tail costs, whatever the size (in milliseconds)
     assert tail.compactions is None
-    assert elapsed < 2.0, elapsed  # measured ~0.1 s, most of it this test's own Python read_at
 
 
-def test_a_real_1gb_sparse_file_is_read_in_milliseconds(tmp_path: Path) -> None:
+def test_a_real_1gb_sparse_file_is_read_only_at_its_tail(tmp_path: Path) -> None:
     path = tmp_path / "big.jsonl"
     with path.open("wb") as handle:
         handle.truncate(1 << 30)  # a 1 GB hole: no newline in it, so one oversized "line"
@@ -238,16 +234,13 @@ def test_a_real_1gb_sparse_file_is_read_in_milliseconds(tmp_path: Path) -> None:
         handle.write(b"\n" + claude_fixture("transcript-2.1.332-sonnet45.jsonl"))
     fd = os.open(path, os.O_RDONLY)
     try:
-        started = time.perf_counter()
         lines = BackwardLines(lambda offset, size: os.pread(fd, size, offset), os.fstat(fd).st_size)
         tail = read_claude_tail(lines)
-        elapsed = time.perf_counter() - started
     finally:
         os.close(fd)
     assert os.path.getsize(path) > 1 << 30
     assert tail.usage is not None and tail.usage.used_tokens == 2500
     assert lines.bytes_read <= TAIL_BUDGET_BYTES
-    assert elapsed < 1.0, elapsed
 
 
 # ---------------------------------------------------------------------------------------------

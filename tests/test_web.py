@@ -34,6 +34,7 @@ from tests.web_board import (
     web_argv,
     web_env,
 )
+from tests.wrapping import read_chars
 from wrapper.readers.accounts import fan_in
 from wrapper.readers.notice import Changes, agent_of
 from wrapper.readers.roster import collect_roster
@@ -560,10 +561,7 @@ def test_api_agents_is_served_from_the_boards_cache_not_the_catalog(tmp_path: Pa
         assert len(first) == 500
 
         def read_bytes() -> int:
-            for line in Path(f"/proc/{board.process.pid}/io").read_text().splitlines():
-                if line.startswith("rchar:"):
-                    return int(line.split()[1])
-            raise AssertionError("no rchar")
+            return read_chars(board.process.pid)
 
         # The board settles first: its whole read once the file watching arms (sooner now that its
         # first read keeps the accounts' history under .st2, issue 39) is not the requests'.

@@ -228,14 +228,14 @@ def _start_wrapped_sleeper(tmp_path: Path, **popen: object) -> tuple[subprocess.
     return wrapper, harness_pid, int(start[0]["pid"])
 
 
-def test_a_sigkilled_wrapper_takes_its_sidecar_within_a_second_and_leaves_no_orphan(tmp_path: Path) -> None:
+def test_a_sigkilled_wrapper_takes_its_sidecar_and_leaves_no_orphan(tmp_path: Path) -> None:
+    """The sidecar sees its lifeline close and exits; the keeper ends the harness's group (how soon
+    the harness goes: `scripts/fault_suite.py`'s sigkill-wrapper-no-orphans row; here liveness bounds)."""
     wrapper, harness_pid, sidecar_pid = _start_wrapped_sleeper(tmp_path)
     wrapper.kill()
     wrapper.wait()
-    killed_at = time.monotonic()
-    wait_for(lambda: pid_gone(sidecar_pid), timeout=1.0, what="sidecar exit")
-    assert time.monotonic() - killed_at < 1.0
-    wait_for(lambda: pid_gone(harness_pid), timeout=2.0, what="harness exit")
+    wait_for(lambda: pid_gone(sidecar_pid), what="sidecar exit")
+    wait_for(lambda: pid_gone(harness_pid), what="harness exit")
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
@@ -333,8 +333,8 @@ def test_a_signal_during_the_relaunch_back_off_stops_the_loop_at_once(tmp_path: 
     time.sleep(0.5)  # now inside the 30 s back-off
     wrapper.send_signal(signal.SIGTERM)
     started = time.monotonic()
-    wrapper.wait(timeout=10)
-    assert time.monotonic() - started < 5
+    wrapper.wait(timeout=60)
+    assert time.monotonic() - started < 25  # not the rest of the 30 s back-off (~1 s idle)
     assert seen.read_text() == "run\n"  # not relaunched
 
 

@@ -235,8 +235,13 @@ def _pids(path: Path, count: int) -> list[int]:
     return [int(pid) for pid in lines]
 
 
+# Past the keeper's SIGKILL at HARNESS_KILL_DEADLINE_S, what a loaded machine may add before the
+# harness is seen gone: these tests catch a harness never ended, or ended only by something else.
+SLACK_S = 10
+
+
 def _no_orphans(pids: list[int], started: float) -> float:
-    wait_for(lambda: all(pid_gone(pid) for pid in pids), timeout=HARNESS_KILL_DEADLINE_S + 5, what="no orphans")
+    wait_for(lambda: all(pid_gone(pid) for pid in pids), timeout=HARNESS_KILL_DEADLINE_S + 30, what="no orphans")
     return time.monotonic() - started
 
 
@@ -250,7 +255,7 @@ def test_a_sigkilled_wrapper_takes_a_stubborn_harness_and_its_children_along(tmp
     wrapper.kill()
     wrapper.wait()
     took = _no_orphans(harness, time.monotonic())
-    assert took < HARNESS_KILL_DEADLINE_S + 2
+    assert took < HARNESS_KILL_DEADLINE_S + SLACK_S
 
 
 @pytest.mark.parametrize("behind_sh", [True, False])
@@ -267,7 +272,7 @@ def test_a_wrapper_killed_inside_its_sidecars_back_off_takes_the_harness_along(t
     time.sleep(0.1)  # the first replacement waits 0.25 s
     wrapper.kill()
     wrapper.wait()
-    assert _no_orphans(harness, time.monotonic()) < HARNESS_KILL_DEADLINE_S + 2
+    assert _no_orphans(harness, time.monotonic()) < HARNESS_KILL_DEADLINE_S + SLACK_S
 
 
 def _keeper(wrapper: int) -> int | None:
@@ -316,7 +321,7 @@ def test_a_wrapper_and_its_sidecar_killed_together_take_the_harness_along(tmp_pa
     wrapper.kill()
     os.kill(sidecar, signal.SIGKILL)
     wrapper.wait()
-    assert _no_orphans(harness, time.monotonic()) < HARNESS_KILL_DEADLINE_S + 2
+    assert _no_orphans(harness, time.monotonic()) < HARNESS_KILL_DEADLINE_S + SLACK_S
 
 
 def test_a_sigtermed_wrapper_stops_a_stubborn_harness_behind_sh_after_the_deadline(tmp_path: Path) -> None:
@@ -326,10 +331,10 @@ def test_a_sigtermed_wrapper_stops_a_stubborn_harness_behind_sh_after_the_deadli
     harness = _pids(pids, 2)
     started = time.monotonic()
     wrapper.send_signal(signal.SIGTERM)
-    status = wrapper.wait(timeout=HARNESS_KILL_DEADLINE_S + 10)
+    status = wrapper.wait(timeout=HARNESS_KILL_DEADLINE_S + 30)
     assert status in {128 + signal.SIGTERM, 128 + signal.SIGKILL}
     assert all(pid_gone(pid) for pid in harness)
-    assert time.monotonic() - started < HARNESS_KILL_DEADLINE_S + 3
+    assert time.monotonic() - started < HARNESS_KILL_DEADLINE_S + SLACK_S
 
 
 def test_a_harness_that_exits_leaves_no_background_child_behind(tmp_path: Path) -> None:
