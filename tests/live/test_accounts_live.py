@@ -360,27 +360,41 @@ async def test_wrapped_codex_seats_fan_in_and_warn_once(version: str, tmp_path: 
 
 
 class _Watch:
-    """`hctx watch` (fills off) following a catalog in the background; `stop` ends it and returns
-    the rate-limit events it printed."""
+    """`hctx watch` (fills off) following a catalog in the background, its events in a file;
+    `told` waits for one, `stop` ends it and returns the rate-limit events it printed."""
 
     def __init__(self, catalog: Path) -> None:
         from tests.wrapping import HOST
         from tests.wrapping import env as suite_env
 
         argv = [sys.executable, "-m", "wrapper.cli", "watch", "--catalog", str(catalog), "--host", HOST, "--at", "1000"]
-        self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                        env=suite_env())  # fmt: skip
+        self.out = catalog.with_name("watch.jsonl")
+        with self.out.open("w") as out:
+            self.process = subprocess.Popen(argv, stdout=out, stderr=subprocess.PIPE, text=True,
+                                            env=suite_env())  # fmt: skip
         assert self.process.stderr is not None
         started = [self.process.stderr.readline()]
         while "following" not in started[-1] and started[-1] and len(started) < 10:
             started.append(self.process.stderr.readline())
         assert "following" in started[-1], started
 
+    def events(self) -> list[dict[str, Any]]:
+        """The rate-limit events printed so far (whole lines: one being written is not yet one)."""
+        lines = self.out.read_text().split("\n")[:-1]
+        return [event for event in map(json.loads, lines) if event["event"] == "rate-limit"]
+
+    async def told(self, threshold: int) -> None:
+        with trio.move_on_after(30):
+            while not any(event["threshold"] == threshold for event in self.events()):  # noqa: ASYNC110 - another process writes it
+                await trio.sleep(0.1)
+            return
+        raise AssertionError(f"hctx watch told no {threshold}% within 30s: {self.events()}")
+
     def stop(self) -> list[dict[str, Any]]:
         self.process.send_signal(signal.SIGTERM)
-        out, err = self.process.communicate(timeout=30)
+        _, err = self.process.communicate(timeout=30)
         assert self.process.returncode == 0, err
-        return [event for event in map(json.loads, out.splitlines()) if event["event"] == "rate-limit"]
+        return self.events()
 
 
 async def _writes_until_limit(catalog: Path, agent: str, written: int, percent: int) -> list[str]:
@@ -490,7 +504,7 @@ async def test_idle_claude_seats_beside_a_busy_one_never_retell(version: str, tm
                 assert figure is not None and figure[:2] == (96, "claude-seat-B")
                 for seat in "AB":
                     await panes[seat].type("/exit")
-            await trio.sleep(3)  # watch's next tick reads the 96
+            await watch.told(95)  # watch's next tick reads the 96
         finally:
             told = watch.stop()
     assert [(e["agent"], e["window"], e["threshold"], e["agents"]) for e in told] == [

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import shlex
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +89,7 @@ async def test_claude_model_switch_and_resume_hooks_state_prompt_plus_output(tmp
             await pane.type(f"/model {OTHER_MODEL}")
             pre = await wait_hook(log, "PreModelSwitch", pane)
             await wait_pane(pane, "Switch model?")  # 2.1.332 asks before it forfeits a warm cache
+            switched_ms = time.time() * 1000
             await pane.tmux("send-keys", "-t", "live", "Enter")
             post = await wait_hook(log, "PostModelSwitch", pane)
             after = await wait_record(record_path, pane, "the switch", lambda r: r["model"] == OTHER_MODEL)
@@ -97,8 +99,7 @@ async def test_claude_model_switch_and_resume_hooks_state_prompt_plus_output(tmp
         command = wrap_argv(catalog, agent, "claude", *claude, "--continue", extra=("--record", str(resumed_rec)))
         async with tmux_session(command, work, env) as pane:
             resume = await wait_hook(log, "SessionStart", pane, "resume")
-            await trio.sleep(3)
-            resumed = json.loads(record_path.read_bytes())
+            resumed = await wait_record(record_path, pane, "the resumed occupancy", lambda r: r["usedTokens"] == 20_001)
             await pane.type("/exit")
             await wait_gone(work / ".claude", "/exit")
     keep_recording(log.read_bytes(), f"claude/switch-resume-{VERSION}/hooks.jsonl")
@@ -111,5 +112,5 @@ async def test_claude_model_switch_and_resume_hooks_state_prompt_plus_output(tmp
     assert resume["context_tokens"] == prompt_plus_output
     # The status line: the new model's window at the switch, the occupancy before a resumed turn.
     assert (after["windowTokens"], after["usedTokens"]) == (1_000_000, 20_001)
-    assert after["observedAtMs"] - before["observedAtMs"] < 5_000  # sooner than the 5 s refresh
+    assert after["observedAtMs"] - switched_ms < 5_000  # from the confirming key: sooner than the 5 s refresh
     assert (resumed["usedTokens"], resumed["model"]) == (20_001, OTHER_MODEL)

@@ -251,7 +251,7 @@ async def test_a_plain_exec_resume_is_adopted_and_followed_from_where_it_resumes
         assert meta is not None
         await trio.sleep(LAUNCH_SLACK_MS / 1000 + 1)
         with trio.fail_after(LIMIT_S):
-            await _run(_exec(codex, "resume", str(meta["id"]), "resumed turn [[u:50000:500]] [[sleep:3]]"), work, env)
+            await _run(_exec(codex, "resume", str(meta["id"]), "resumed turn [[u:50000:500]] [[sleep:6]]"), work, env)
         await _stopped(agent, codex_home)  # the same seat, free again, took the resumed session
         assert list((codex_home / "sessions").rglob("rollout-*.jsonl")) == [rollout]
         record = parse_record((agent / "harness-context").read_bytes())

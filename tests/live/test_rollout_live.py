@@ -189,8 +189,9 @@ async def test_two_wrapped_seats_in_one_directory_each_publish_their_own_rollout
 async def test_a_wrapped_exec_resume_is_followed_in_the_rollout_it_appends_to(version: str, tmp_path: Path) -> None:
     """`codex exec resume <id>` appends to the earlier session's rollout, whose session_meta predates the
     launch by more than the launch slack: the seat publishes the resumed turn, counting no old edge.
-    The turn takes 2 s, as a resumed session at a person's pace does: a resume over within one poll
-    is never seen holding its file, and the end-of-session fallback only knows new rollouts."""
+    The turn takes 6 s, as a resumed session at a person's pace does (a sidecar on a loaded machine
+    may take seconds to start): a resume over within one poll is never seen holding its file, and
+    the end-of-session fallback only knows new rollouts."""
     assert _tui_plan_follows_rollouts()
     from sidecar.harnesses.codex.rollout import LAUNCH_SLACK_MS, read_session_meta
 
@@ -204,7 +205,7 @@ async def test_a_wrapped_exec_resume_is_followed_in_the_rollout_it_appends_to(ve
             assert meta is not None
             before = rollout.stat().st_size
             await trio.sleep(LAUNCH_SLACK_MS / 1000 + 1)
-            resume = _exec("resume", str(meta["id"]), "resumed turn [[u:50000:500]] [[sleep:2]]")
+            resume = _exec("resume", str(meta["id"]), "resumed turn [[u:50000:500]] [[sleep:6]]")
             await _wrapped_seat(codex, catalog, "resumed", work, env, *resume)
     assert list((codex_home / "sessions").rglob("rollout-*.jsonl")) == [rollout]  # appended, no new file
     assert rollout.stat().st_size > before
