@@ -1596,6 +1596,9 @@ LEAVER = (
     "(setsid sh -c 'sleep 300 & echo $! >> {pids}; wait' &); "
     "nohup sleep 300 >/dev/null 2>&1 & echo $! >> {pids}; {tail}"
 )
+# The command returns once all four children wrote their pids: the double-forked one writes its
+# own, and one not written by the return would be ended before it could.
+RETURNS = "while [ $(wc -l < {pids}) -lt 4 ]; do sleep 0.05; done; exit 0"
 
 
 @fault("exec-leftovers")
@@ -1607,13 +1610,14 @@ def exec_leftovers(work: Path, scale: Scale) -> Row:
     tried = left = 0
     slowest_eof = 0.0
     for round_ in range(rounds):
-        for tail in ("sleep 0.3", "exec sleep 300"):
+        for tail in (RETURNS, "exec sleep 300"):
             catalog, pids = work / f"c{round_}-{len(tail)}", work / f"pids{round_}-{len(tail)}"
             put_watch_record(catalog, HOST, "a", 85.0)
-            process = watch_process(catalog, "--exec", LEAVER.format(pids=pids, tail=tail), "--reread", "600")
+            command = LEAVER.format(pids=pids, tail=tail.format(pids=pids))
+            process = watch_process(catalog, "--exec", command, "--reread", "600")
             wait_for(lambda p=pids: p.exists() and len(p.read_text().split()) == 4, timeout=30)  # type: ignore[misc]
             children = [int(pid) for pid in pids.read_text().split()]
-            if tail == "sleep 0.3":  # the command returned: its children go then, the watch runs on
+            if tail == RETURNS:  # the command returned: its children go then, the watch runs on
                 with contextlib.suppress(TimeoutError):
                     wait_for(lambda c=children: all(map(gone, c)), timeout=10)  # type: ignore[misc]
             started = time.monotonic()

@@ -1,11 +1,12 @@
 """`hctx top`: the frame (sorted by fill, bar, percent, tokens, window, compactions, age, cost), and
-the live view run in tmux: it shows a changed record within a second and q / Ctrl-C restore the
-terminal."""
+the live view run in tmux: it shows a changed record by its file event, its ages tick, and q / Ctrl-C
+restore the terminal."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -22,6 +23,7 @@ from hypothesis import strategies as st
 from readers_catalog import HOST, HOUR, NOW, REPO, agent_path, hctx, put_claim, put_record
 
 from guard.record import Subagent
+from tests.wrapping import wait_for
 from wrapper.readers.roster import collect_roster, now_ms
 from wrapper.readers.top import BAR_CELLS, BAR_MIN_CELLS, COLUMNS, View, bar, decode_keys, render_frame
 
@@ -206,24 +208,29 @@ def test_once_on_an_unreadable_catalog(tmp_path: Path) -> None:
 # --- live, in tmux ---------------------------------------------------------------------------------
 
 
+# The whole catalog's periodic re-read (REREAD_S), where a test sets it: longer than any wait here,
+# so what the view shows then came by a file event or the ages' tick, never by that re-read.
+NO_REREAD_S = 3600.0
+
+
 class Tmux:
     def __init__(self) -> None:
         self.socket = f"hctx-test-{uuid.uuid4().hex[:8]}"
 
     def __call__(self, *args: str) -> str:
-        done = subprocess.run(["tmux", "-L", self.socket, *args], capture_output=True, text=True, timeout=10,
+        done = subprocess.run(["tmux", "-L", self.socket, *args], capture_output=True, text=True, timeout=30,
                               check=True)  # fmt: skip
         return done.stdout
 
     def pane(self) -> str:
         return self("capture-pane", "-p", "-t", "top")
 
-    def wait_for(self, text: str, timeout: float = 10.0) -> float:
-        """Seconds until `text` is on the pane."""
-        started = time.monotonic()
-        while time.monotonic() - started < timeout:
+    def wait_for(self, text: str, timeout: float = 30.0) -> None:
+        """Until `text` is on the pane: a liveness bound, generous for a loaded machine."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
             if text in self.pane():
-                return time.monotonic() - started
+                return
             time.sleep(0.02)
         raise AssertionError(f"{text!r} not on the pane after {timeout}s:\n{self.pane()}")
 
@@ -239,10 +246,18 @@ def tmux() -> Iterator[Tmux]:
     subprocess.run(["tmux", "-L", session.socket, "kill-server"], capture_output=True, timeout=10, check=False)
 
 
-def start_top(tmux: Tmux, catalog: Path) -> None:
+def top_argv(catalog: Path, *, reread_s: float | None = None) -> list[str]:
+    """`hctx top` on `catalog`; with `reread_s`, that process sets the view's REREAD_S to it first."""
+    cli = ["-m", "wrapper.cli"]
+    if reread_s is not None:
+        cli = ["-c", f"import sys, wrapper.readers.top as top; top.REREAD_S = {reread_s!r}; "
+                     "from wrapper.cli import main; sys.exit(main())"]  # fmt: skip
+    return [sys.executable, *cli, "top", "--catalog", str(catalog), "--host", HOST]
+
+
+def start_top(tmux: Tmux, catalog: Path, *, reread_s: float | None = None) -> None:
     """Run `hctx top` in a shell that reports, after it, its exit status and the terminal modes."""
-    top = " ".join(shlex.quote(part) for part in
-                   [sys.executable, "-m", "wrapper.cli", "top", "--catalog", str(catalog), "--host", HOST])  # fmt: skip
+    top = " ".join(shlex.quote(part) for part in top_argv(catalog, reread_s=reread_s))
     # `trap : INT`, not `trap '' INT`: the shell survives Ctrl-C while the child still gets SIGINT.
     modes = "stty -a | tr ' ;' '\\n\\n' | grep -x -- '-\\?\\(echo\\|icanon\\)'"
     script = f"trap : INT; echo BEFORE-TOP; {top}; echo EXITED $?; {modes}; sleep 60"
@@ -256,16 +271,13 @@ def test_a_terminal_that_hangs_up_ends_the_view_quietly(tmp_path: Path, tmux: Tm
     the signal handlers given back (a wrapping `hctx demo` still has its fleet to stop)."""
     put_record(tmp_path, "alpha", usedPercent=33.0, observedAtMs=now_ms())
     err, done = tmp_path / "stderr", tmp_path / "done"
-    argv = [sys.executable, "-m", "wrapper.cli", "top", "--catalog", str(tmp_path), "--host", HOST]
-    top = " ".join(shlex.quote(part) for part in argv)
+    top = " ".join(shlex.quote(part) for part in top_argv(tmp_path))
     # The shell ignores the hang-up to report after it; top sets its own handler, so it still gets it.
     script = f"trap '' HUP; {top} 2> {err}; echo $? > {done}"
     tmux("new-session", "-d", "-s", "top", "-x", "132", "-y", "30", "-e", f"PYTHONPATH={REPO}", "sh", "-c", script)
     tmux.wait_for("box/alpha")
     tmux("kill-server")
-    deadline = time.monotonic() + 10
-    while not done.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for(done.exists, what="top's exit status")
     assert done.read_text().strip() == "0" and err.read_text() == ""
 
 
@@ -277,30 +289,35 @@ def rewrite_atomically(path: Path, **fields: object) -> None:
     os.replace(staging, path)
 
 
-def test_live_view_updates_within_a_second_and_q_restores_the_terminal(tmp_path: Path, tmux: Tmux) -> None:
+def test_live_view_shows_file_events_and_q_restores_the_terminal(tmp_path: Path, tmux: Tmux) -> None:
     now = now_ms()
     put_record(tmp_path, "alpha", usedPercent=33.0, observedAtMs=now)
     put_record(tmp_path, "bravo", usedPercent=50.0, usedTokens=100_000, windowTokens=200_000, observedAtMs=now)
     put_claim(tmp_path, "alpha")
-    start_top(tmux, tmp_path)
+    start_top(tmux, tmp_path, reread_s=NO_REREAD_S)
     tmux.wait_for("box/alpha")
     pane = tmux.pane().splitlines()
     assert "BEFORE-TOP" not in "\n".join(pane)  # on the alternate screen
     assert [line.split()[0] for line in pane[5:7]] == ["box/bravo", "box/alpha"]
-    time.sleep(1.2)  # let it settle into its steady cadence before timing it
 
-    rewrite_atomically(tmp_path / "agents" / HOST / "alpha" / "harness-context", usedPercent=97.0,
-                       usedTokens=194_000, windowTokens=200_000, observedAtMs=now_ms())  # fmt: skip
-    assert tmux.wait_for("97%") < 1.0
+    record = tmp_path / "agents" / HOST / "alpha" / "harness-context"
+    # Beside file events, the view reads the whole catalog for its first frame, as its loop starts and
+    # once its file watching is armed. Two changes shown one after the other outlast the last two:
+    # with the periodic re-read off, what is shown after them came by a file event.
+    for percent in (40, 41):
+        rewrite_atomically(record, usedPercent=float(percent), observedAtMs=now_ms())
+        tmux.wait_for(f" {percent}% ")
+    rewrite_atomically(record, usedPercent=97.0, usedTokens=194_000, windowTokens=200_000, observedAtMs=now_ms())
+    tmux.wait_for("97%")
     pane = tmux.pane().splitlines()
     assert [line.split()[0] for line in pane[5:7]] == ["box/alpha", "box/bravo"]  # re-sorted by fill
 
     put_record(tmp_path, "charlie", usedPercent=1.0, observedAtMs=now_ms())
-    assert tmux.wait_for("box/charlie") < 1.0  # a new agent too
+    tmux.wait_for("box/charlie")  # a new agent too
 
     tmux("send-keys", "-t", "top", "q")
-    tmux.wait_for("EXITED 0", timeout=5)
-    tmux.wait_for("icanon", timeout=5)
+    tmux.wait_for("EXITED 0")
+    tmux.wait_for("icanon")
     pane_text = tmux.pane()
     assert "BEFORE-TOP" in pane_text and "box/alpha" not in pane_text  # main screen back
     assert "\necho\n" in f"\n{pane_text}" and "\nicanon\n" in pane_text  # echo and line mode restored
@@ -311,21 +328,40 @@ def test_ctrl_c_quits_and_restores_the_terminal(tmp_path: Path, tmux: Tmux) -> N
     start_top(tmux, tmp_path)
     tmux.wait_for("box/alpha")
     tmux("send-keys", "-t", "top", "C-c")
-    tmux.wait_for("EXITED 0", timeout=5)
-    tmux.wait_for("icanon", timeout=5)
+    tmux.wait_for("EXITED 0")
+    tmux.wait_for("icanon")
     pane_text = tmux.pane()
     assert "BEFORE-TOP" in pane_text and "box/alpha" not in pane_text
     assert "\nicanon\n" in pane_text and "-echo" not in pane_text
 
 
+def alpha_age_s(pane: str) -> int:
+    """The AGE on box/alpha's row in seconds (`12s`, `1m05s`); 0 while that row is not drawn."""
+    for line in pane.splitlines():
+        cells = line.split()
+        if cells and cells[0] == "box/alpha":
+            for cell in cells:
+                if age := re.fullmatch(r"(?:(\d+)m)?(\d+)s", cell):
+                    return int(age[1] or 0) * 60 + int(age[2])
+    return 0
+
+
+def age_above(tmux: Tmux, seconds: int) -> int:
+    """box/alpha's age on the pane, once it is above `seconds`."""
+    return int(wait_for(lambda: (age := alpha_age_s(tmux.pane())) > seconds and age, what=f"an age above {seconds}s"))
+
+
 def test_ages_tick_without_any_change(tmp_path: Path, tmux: Tmux) -> None:
     put_record(tmp_path, "alpha", usedPercent=33.0, observedAtMs=now_ms() - 10_000)
-    start_top(tmux, tmp_path)
-    tmux.wait_for("box/alpha")
-    tmux.wait_for(" 12s ", timeout=3)
-    tmux.wait_for(" 13s ", timeout=2)
+    start_top(tmux, tmp_path, reread_s=NO_REREAD_S)
+    # Nothing is written and the periodic re-read is off: past the whole reads of the start (two after
+    # the first frame, see above), only the ages' tick draws a newer age. Seen rising three times in
+    # turn, it ticked, however long the start took.
+    age = age_above(tmux, 0)
+    for _ in range(3):
+        age = age_above(tmux, age)
     tmux("send-keys", "-t", "top", "q")
-    tmux.wait_for("EXITED 0", timeout=5)
+    tmux.wait_for("EXITED 0")
 
 
 def test_resize_redraws_to_the_new_width(tmp_path: Path, tmux: Tmux) -> None:
@@ -333,9 +369,7 @@ def test_resize_redraws_to_the_new_width(tmp_path: Path, tmux: Tmux) -> None:
     start_top(tmux, tmp_path)
     tmux.wait_for("$12.50")
     tmux("resize-window", "-t", "top", "-x", "50", "-y", "20")
-    started = time.monotonic()
-    while "$12.50" in tmux.pane() and time.monotonic() - started < 3:
-        time.sleep(0.05)
+    wait_for(lambda: "$12.50" not in tmux.pane(), what="the frame at the new width")
     pane = tmux.pane().splitlines()
     assert "$12.50" not in "\n".join(pane) and "box/alpha" in "\n".join(pane)
     assert all(len(line) <= 50 for line in pane)
@@ -350,8 +384,8 @@ def test_sigterm_quits_and_restores_the_terminal(tmp_path: Path, tmux: Tmux) -> 
                               check=True).stdout.split()  # fmt: skip
     (top_pid,) = [int(pid) for pid in children]
     os.kill(top_pid, signal.SIGTERM)
-    tmux.wait_for("EXITED 0", timeout=5)
-    tmux.wait_for("icanon", timeout=5)
+    tmux.wait_for("EXITED 0")
+    tmux.wait_for("icanon")
     pane_text = tmux.pane()
     assert "BEFORE-TOP" in pane_text and "box/alpha" not in pane_text and "-echo" not in pane_text
 
@@ -476,12 +510,11 @@ def test_sort_keys_and_the_filter_pick_and_order_the_rows(tmp_path: Path) -> Non
 def test_live_view_scrolls_sorts_and_filters_from_the_keyboard(tmp_path: Path, tmux: Tmux) -> None:
     """At 300 agents in a 100x30 terminal (issue 27: 25 rows and `… 275 more`, with no way on)."""
     big_fleet(tmp_path, now_ms())
-    argv = [sys.executable, "-m", "wrapper.cli", "top", "--catalog", str(tmp_path), "--host", HOST]
-    top = " ".join(shlex.quote(part) for part in argv)
+    top = " ".join(shlex.quote(part) for part in top_argv(tmp_path))
     # COLUMNS/LINES from the test's environment would override the pane's real size.
     tmux("new-session", "-d", "-s", "top", "-x", "100", "-y", "30", "-e", f"PYTHONPATH={REPO}", "-e", "NO_COLOR=",
          "env", "-u", "COLUMNS", "-u", "LINES", "sh", "-c", f"{top}; echo EXITED $?; sleep 60")  # fmt: skip
-    tmux.wait_for("rows 1–24 of 300", timeout=20)
+    tmux.wait_for("rows 1–24 of 300")
     assert BIG_SUMMARY in tmux.pane()
     for keys, shown in [("End", "rows 277–300 of 300"), ("Home", "rows 1–24 of 300"), ("NPage", "rows 25–48 of 300"),
                         ("k", "rows 24–47 of 300"), ("Down", "rows 25–48 of 300"), ("j", "rows 26–49 of 300"),
@@ -502,4 +535,4 @@ def test_live_view_scrolls_sorts_and_filters_from_the_keyboard(tmp_path: Path, t
     tmux("send-keys", "-t", "top", "Escape")
     tmux.wait_for("rows 1–24 of 300")
     tmux("send-keys", "-t", "top", "q")
-    tmux.wait_for("EXITED 0", timeout=5)
+    tmux.wait_for("EXITED 0")

@@ -154,21 +154,23 @@ def test_a_hostile_state_or_lock_file_is_set_aside_and_the_watch_goes_on(tmp_pat
 
 # --- 7. what a command leaves behind goes with it ----------------------------------------------------
 
+# The command returns once all three children wrote their pids: the double-forked one writes
+# its own, and one not written by the return would be ended before it could.
 LEAVER = (
     "sleep 300 & echo $! >> {pids}; setsid sleep 300 & echo $! >> {pids}; "
-    "(setsid sh -c 'sleep 300 & echo $! >> {pids}; wait' &); sleep 0.3; exit 0"
+    "(setsid sh -c 'sleep 300 & echo $! >> {pids}; wait' &); "
+    "while [ $(wc -l < {pids}) -lt 3 ]; do sleep 0.05; done; exit 0"
 )
 
 
 async def test_children_a_command_leaves_behind_are_ended_when_it_returns(tmp_path: Path) -> None:
     pids = tmp_path / "pids"
-    await exec_command(LEAVER.format(pids=pids), 10)(_event("i"))
+    await exec_command(LEAVER.format(pids=pids), 30)(_event("i"))  # 30 s: a liveness bound on the third pid
     left = [int(pid) for pid in pids.read_text().split()]
     assert len(left) == 3
-    for _ in range(250):
-        if all(pid_gone(pid) for pid in left):
-            break
-        await trio.sleep(0.02)
+    with trio.move_on_after(30):
+        while not all(pid_gone(pid) for pid in left):  # noqa: ASYNC110 (other processes: nothing to wait on in trio)
+            await trio.sleep(0.02)
     assert [pid for pid in left if not pid_gone(pid)] == []
 
 
