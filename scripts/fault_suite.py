@@ -392,6 +392,15 @@ def held_lock(catalog: Path, agent: str, host: str = HOST) -> Iterator[None]:
         os.close(fd)
 
 
+def waits_for_lock(catalog: Path, agent: str, pid: int, host: str = HOST) -> bool:
+    """Whether process `pid` waits for the agent's record lock (`held_lock`'s): a blocked flock, a
+    `->` line of /proc/locks."""
+    lock = os.stat(AgentDir(catalog, host, agent).path / ".harness-context.lock")
+    device = f"{os.major(lock.st_dev):02x}:{os.minor(lock.st_dev):02x}:{lock.st_ino}"
+    waiting = ["->", "FLOCK", "ADVISORY", "WRITE", str(pid), device]
+    return any(line.split()[1:7] == waiting for line in Path("/proc/locks").read_text().splitlines())
+
+
 def address_space_limit() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))  # an unbounded queue must not take the machine
 
