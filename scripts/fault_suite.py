@@ -56,6 +56,7 @@ if str(REPO) not in sys.path:
 
 import trio  # noqa: E402
 
+from guard.catalog import RACY_NS  # noqa: E402
 from guard.errors import RecordRefused  # noqa: E402
 from guard.layout import AgentDir, log_path  # noqa: E402
 from guard.record import HarnessContext, parse_record  # noqa: E402
@@ -390,6 +391,15 @@ def held_lock(catalog: Path, agent: str, host: str = HOST) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+def waits_for_lock(catalog: Path, agent: str, pid: int, host: str = HOST) -> bool:
+    """Whether process `pid` waits for the agent's record lock (`held_lock`'s): a blocked flock, a
+    `->` line of /proc/locks."""
+    lock = os.stat(AgentDir(catalog, host, agent).path / ".harness-context.lock")
+    device = f"{os.major(lock.st_dev):02x}:{os.minor(lock.st_dev):02x}:{lock.st_ino}"
+    waiting = ["->", "FLOCK", "ADVISORY", "WRITE", str(pid), device]
+    return any(line.split()[1:7] == waiting for line in Path("/proc/locks").read_text().splitlines())
 
 
 def address_space_limit() -> None:
@@ -1836,8 +1846,9 @@ def _read_chars(pid: int) -> int:
 
 
 def _settled_read_chars(pid: int, timeout: float = 30) -> int:
-    """The board's read bytes once it stops reading: its whole read once the file watching arms
-    (sooner since its reads keep the accounts' history under .st2, issue 39) is not the burst's."""
+    """The board's read bytes once it stops reading: what its whole read once the file watching arms
+    reads (the accounts' history under .st2, issue 39; no record, each written RACY_NS before the
+    board started) is not the burst's."""
     before, deadline = _read_chars(pid), time.monotonic() + timeout
     while time.monotonic() < deadline:
         time.sleep(0.5)
@@ -1858,7 +1869,13 @@ def board_api_agents_burst(work: Path, scale: Scale) -> Row:
     agents, concurrent = pick(scale, ci=2000, full=10000), pick(scale, ci=20, full=50)
     catalog = work / "catalog"
     build_catalog(catalog, agents, int(time.time() * 1000))
-    record_bytes = sum(path.stat().st_size for path in catalog.glob("agents/*/*/harness-*"))
+    records = list(catalog.glob("agents/*/*/harness-*"))
+    record_bytes = sum(path.stat().st_size for path in records)
+    # Written well before the board's first read, no record is racily clean (guard.catalog.RACY_NS):
+    # the whole read once the file watching arms reads none again, however late it comes.
+    past = time.time_ns() - 2 * RACY_NS
+    for path in records:
+        os.utime(path, ns=(past, past))
     with board_serving(catalog) as (board, port):
         wait_for(lambda: _board_status(port)["agents"] == agents, timeout=120, what="the board's first read")
         read_before = _settled_read_chars(board.pid)

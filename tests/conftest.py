@@ -126,25 +126,31 @@ class Received(list[dict[str, Any]]):
 
 
 class FailingStore:
-    """The writer's own store, failing with `error` while `broken` is set; every attempt kept."""
+    """The writer's own store, failing with `error` while `broken` is set, or (`failures` given) for
+    its first `failures` attempts: healing itself, it fails exactly that many whatever the timing of
+    the test's loop beside the writer's retry timer; every attempt kept."""
 
-    def __init__(self, store: Store, error: OSError) -> None:
+    def __init__(self, store: Store, error: OSError, failures: int | None = None) -> None:
         self.store = store
         self.error = error
         self.broken = True
+        self.failures = failures
         self.attempts: list[HarnessContext] = []
 
     async def write(self, record: HarnessContext) -> HarnessContext:
         self.attempts.append(record)
+        if self.failures is not None and len(self.attempts) > self.failures:
+            self.broken = False
         if self.broken:
             raise self.error
         return await self.store.write(record)
 
 
-def failing_writer(config: SidecarConfig, error: OSError) -> tuple[Writer, FailingStore]:
-    """The sidecar's own writer for `config`, its store failing until told otherwise."""
+def failing_writer(config: SidecarConfig, error: OSError, failures: int | None = None) -> tuple[Writer, FailingStore]:
+    """The sidecar's own writer for `config`, its store failing until told otherwise (`failures`:
+    for that many attempts)."""
     _, writer = open_writer(config)
-    writer.store = store = FailingStore(writer.store, error)
+    writer.store = store = FailingStore(writer.store, error, failures)
     return writer, store
 
 

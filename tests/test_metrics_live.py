@@ -84,8 +84,12 @@ class Prometheus:
         return next(iter(found.values()), None)
 
     def scraped_since(self, moment: float) -> bool:
+        """Both targets scraped after `moment`, and served: a scrape past its 1 s timeout (a loaded
+        machine) is a scrape too, but it leaves every series of its target stale."""
         targets = self.api("targets")["activeTargets"]
-        return len(targets) == 2 and all(_unix(target["lastScrape"]) > moment + 0.05 for target in targets)
+        return len(targets) == 2 and all(
+            target["health"] == "up" and _unix(target["lastScrape"]) > moment + 0.05 for target in targets
+        )
 
 
 def _unix(stamp: str) -> float:
@@ -190,9 +194,9 @@ def scenario(prometheus: str, tmp_path: Path, *, in_namespace: bool) -> None:
         for alert in ("HctxContextNearlyFull", "HctxContextFilling", "HctxContextHeadroomLow", "HctxRateLimitHigh"):
             wait_for(lambda alert=alert: _firing(prom, alert) == {"hot"}, timeout=60, what=f"{alert} firing")
         wait_for(lambda: _firing(prom, "HctxContextStale") == {"old"}, timeout=60, what="HctxContextStale firing")
-        time.sleep(4)  # past every `for`: nothing else joins them
+        time.sleep(4)  # past every `for`: nothing else joins them (`hot` may have left with a scrape timed out)
         for alert in ("HctxContextNearlyFull", "HctxContextFilling", "HctxContextHeadroomLow", "HctxRateLimitHigh"):
-            assert _firing(prom, alert) | _pending(prom, alert) == {"hot"}, alert
+            assert _firing(prom, alert) | _pending(prom, alert) <= {"hot"}, alert
         assert _firing(prom, "HctxExporterDown") | _firing(prom, "HctxExporterAbsent") == set()
         annotations = _annotations(prom, "HctxContextHeadroomLow")
         assert annotations["summary"] == f"{SECOND_HOST}/hot: 5k tokens left before it compacts", annotations

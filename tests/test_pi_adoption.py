@@ -94,9 +94,11 @@ async def test_a_plain_session_starts_its_adopter_once_and_reports_to_the_adopti
 ) -> None:
     runtime, jiti = _runtime(loader, harness, version)
     argv = [runtime, os.fspath(DRIVER), os.fspath(_adopting_loader(short_dir)), "populated", "pi", *jiti]
-    # The driver lingers after its last event: the stand-in sidecar comes up while it runs.
-    env = _env(short_dir, HCTX_DRIVER_LINGER_MS="4000")
-    process = await trio.lowlevel.open_process(argv, env=env, cwd=short_dir, stdout=subprocess.DEVNULL)
+    # The driver lingers after its last event until the test is done with it: the stand-in sidecar
+    # comes up while it runs.
+    done = short_dir / "done"
+    env = _env(short_dir, HCTX_DRIVER_LINGER_UNTIL=os.fspath(done))
+    process = await trio.lowlevel.open_process(argv, env=env, cwd=short_dir, stdout=subprocess.PIPE)
     try:
         with trio.fail_after(RUN_TIMEOUT_S):
             while True:
@@ -105,12 +107,21 @@ async def test_a_plain_session_starts_its_adopter_once_and_reports_to_the_adopti
                 await trio.sleep(0.02)
         ticks = process_start_ticks(process.pid)
         assert ticks is not None
-        # Late, as an adoption's sidecar is: the extension has sent its first frames by now.
-        await trio.sleep(0.5)
+        # Late, as an adoption's sidecar is: the driver's summary line comes once every event was
+        # fired, so the extension has sent all its frames (into its queue) by then.
+        assert process.stdout is not None
+        with trio.fail_after(RUN_TIMEOUT_S):
+            output = b""
+            while not output.endswith(b"\n"):
+                chunk = await process.stdout.receive_some()
+                assert chunk, f"the driver's stdout closed before its summary line: {output!r}"
+                output += chunk
+        assert _summary(output)["threw"] == []
         make_adoption_dir(process.pid, ticks)
         channel_path = Path(adoption_channel(process.pid, ticks))
         async with recording_channel(channel_path) as recording:
             await recording.wait_for(lambda frame: frame["event"] == "session_stop", RUN_TIMEOUT_S)
+        done.touch()
         with trio.fail_after(RUN_TIMEOUT_S):
             result = await process.wait()
     finally:

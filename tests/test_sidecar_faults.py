@@ -11,13 +11,16 @@ from __future__ import annotations
 import codecs
 import contextlib
 import errno
+import fcntl
 import json
 import logging
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import termios
 import time
 from functools import partial
 from pathlib import Path
@@ -48,13 +51,14 @@ from scripts.fault_suite import (
     running,
     send,
     tiny_filesystem,
+    waits_for_lock,
 )
 from sidecar.decoding import Dropped
 from sidecar.pipeline import Pipeline
 from sidecar.spec import ConfigError
 from tests.conftest import Received, failing_writer, raw_channel_decoder, submit_channel_bytes
 from tests.guard_factory import record, wire_bytes
-from tests.wrapping import HOST, agent_dir, context_frame, env
+from tests.wrapping import HOST, agent_dir, context_frame, env, wait_for
 
 DAY_MS = 24 * 60 * 60 * 1000
 
@@ -156,10 +160,17 @@ def test_a_stalled_lock_with_megabyte_frames_keeps_memory_bounded_and_coalesces(
         assert sidecar.process is not None
         with held_lock(tmp_path, "stalled"):
             send(sidecar.channel, frame(2.0))  # this write stalls in the lock
-            time.sleep(0.3)  # past STALLED_WRITE_S: from here on only the newest is owed
+            # Once it waits there it is in flight; 0.3 s on, past STALLED_WRITE_S, only the newest
+            # is owed. Slept from the send, a starved sidecar could take up the write with the burst.
+            wait_for(lambda: waits_for_lock(tmp_path, "stalled", sidecar.pid), what="the write blocked on the lock")
+            time.sleep(0.3)
             # One connection: frames on separate ones have no order, and the newest is the last sent.
-            send(sidecar.channel, b"".join(HOSTILE_FRAME + frame(float(2 + i)) for i in range(60)))
-            time.sleep(0.5)
+            with socket.socket(socket.AF_UNIX) as client:
+                client.connect(str(sidecar.channel))
+                client.sendall(b"".join(HOSTILE_FRAME + frame(float(2 + i)) for i in range(60)))
+                # Every byte read, so the newest decided (a chunk's frames go through without a
+                # checkpoint) before the lock is free: a starved sidecar could queue it behind a write.
+                wait_for(lambda: unread(client) == 0, what="the sidecar to read the burst")
             assert sidecar.process.poll() is None
             peak = peak_rss_mb(sidecar.process.pid)
         assert sidecar.wait_percent(61.0) is not None  # the newest reading, once the lock is free
@@ -167,6 +178,12 @@ def test_a_stalled_lock_with_megabyte_frames_keeps_memory_bounded_and_coalesces(
     assert peak < RSS_BOUND_MB, f"peak RSS {peak:.0f} MB"
     writes = [e for e in log_events(tmp_path, "stalled") if e["event"] == "write"]
     assert [w["usedPercent"] for w in writes] == [1.0, 2.0, 61.0]  # the stalled one, then the newest: not sixty
+
+
+def unread(client: socket.socket) -> int:
+    """The bytes sent on unix socket `client` that its peer has not read yet (SIOCOUTQ)."""
+    queued: int = struct.unpack("i", fcntl.ioctl(client.fileno(), termios.TIOCOUTQ, bytes(4)))[0]
+    return queued
 
 
 # --- 3. a sidecar restarted for the same incarnation and channel ---------------------------------
@@ -274,9 +291,14 @@ def tapped_message(frame: dict[str, Any]) -> object:
 # --- 5. held connections never starve the harness's frames -----------------------------------------
 
 
-async def test_two_thousand_idle_connections_do_not_keep_a_frame_out(channel_dir: Path) -> None:
+async def test_two_thousand_idle_connections_do_not_keep_a_frame_out(
+    channel_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from sidecar import channel
 
+    # A frame kept out until silent connections are cut would wait a minute: far past the bound
+    # below, which allows a loaded machine to accept the 2,000 connections first.
+    monkeypatch.setattr(channel, "SILENT_TIMEOUT_S", 60.0)
     path = channel_dir / "s"
     received = Received()
     held: list[socket.socket] = []
@@ -292,7 +314,7 @@ async def test_two_thousand_idle_connections_do_not_keep_a_frame_out(channel_dir
             await trio.sleep(0.2)
             # The frame's connection queues behind the 2,000 in the listen backlog: the bound allows
             # a loaded machine to accept them all (each a logged eviction), and fails a frame kept out.
-            with trio.fail_after(5):
+            with trio.fail_after(30):
                 stream = await trio.open_unix_socket(os.fspath(path))
                 async with stream:
                     await stream.send_all(frame(12.0))
@@ -385,9 +407,14 @@ async def test_a_channel_budget_holds_only_its_own_connections() -> None:
         channel.ChannelBudget(-1)
 
 
-async def test_half_open_megabyte_frames_cannot_hold_more_than_the_buffer_budget(channel_dir: Path) -> None:
+async def test_half_open_megabyte_frames_cannot_hold_more_than_the_buffer_budget(
+    channel_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from sidecar import channel
 
+    # A frame kept out until the half-open ones time out would wait a minute: far past the bound below.
+    monkeypatch.setattr(channel, "PARTIAL_FRAME_TIMEOUT_S", 60.0)
+    monkeypatch.setattr(channel, "SILENT_TIMEOUT_S", 60.0)
     path = channel_dir / "s"
     received = Received()
     streams: list[trio.SocketStream] = []
@@ -401,7 +428,7 @@ async def test_half_open_megabyte_frames_cannot_hold_more_than_the_buffer_budget
                 await stream.send_all(b'{"type":"context","x":"' + b"y" * (1024 * 1024 - 100))
         await trio.sleep(0.2)
         assert budget.total <= channel.BUFFER_BUDGET_BYTES
-        with trio.fail_after(1):
+        with trio.fail_after(30):  # a liveness bound, under the timeouts above
             stream = await trio.open_unix_socket(os.fspath(path))
             async with stream:
                 await stream.send_all(frame(9.0))

@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from guard.layout import log_path
 from guard.record import parse_record
 from tests.wrapping import (
+    HOST,
     STANDIN,
     agent_dir,
     children,
@@ -141,11 +143,29 @@ def test_a_bad_hctx_heartbeat_s_is_refused_before_the_claim(tmp_path: Path, valu
     assert not (tmp_path / "agents").exists()  # nothing claimed, no sidecar started
 
 
-# A stand-in idle harness: the same pi reading, redrawn every 0.4 s for 3.2 s, as an idle seat's
-# status line is redrawn; each a fresh reading in the same bucket, which only the heartbeat writes.
+# A stand-in idle harness: the same pi reading (argv[1]) redrawn every 0.4 s, as an idle seat's
+# status line is redrawn, each a fresh reading in the same bucket, which only the heartbeat writes;
+# until the sidecar's log (argv[2]) holds two heartbeat writes, 30 s at most (a liveness bound: a
+# fixed count of redraws would leave a sidecar slow to start on a loaded machine no time to beat).
 REDRAWS = r"""
-import os, socket, sys, time
-for _ in range(9):
+import json, os, socket, sys, time
+
+def heartbeats():
+    count = 0
+    try:
+        with open(sys.argv[2]) as log:
+            for line in log:
+                try:
+                    event = json.loads(line)
+                except ValueError:  # a line still being written
+                    continue
+                count += event.get("event") == "write" and event.get("reason") == "heartbeat"
+    except FileNotFoundError:
+        pass
+    return count
+
+deadline = time.monotonic() + 30
+while heartbeats() < 2 and time.monotonic() < deadline:
     s = socket.socket(socket.AF_UNIX)
     s.connect(os.environ["HCTX_CHANNEL"])
     s.sendall(sys.argv[1].encode() + b"\n")
@@ -164,7 +184,7 @@ async def test_hctx_heartbeat_s_sets_the_sidecar_s_heartbeat_and_its_recording_r
 
     catalog, recording = tmp_path / "catalog", tmp_path / "idle.rec"
     argv = wrap_argv(catalog, "idle", "pi", sys.executable, "-c", REDRAWS, context_frame(2500, 10000, 25.0),
-                     extra=("--record", str(recording)))  # fmt: skip
+                     str(log_path(catalog, HOST, "idle")), extra=("--record", str(recording)))  # fmt: skip
     result = await trio.run_process(argv, env=env() | {"HCTX_HEARTBEAT_S": "1"}, capture_stderr=True, check=False)
     assert result.returncode == 0, result.stderr
     reasons = [event["reason"] for event in log_events(catalog, "idle") if event.get("event") == "write"]
@@ -246,16 +266,36 @@ def test_signals_to_the_wrapper_reach_the_harness_and_stop_relaunching(tmp_path:
     assert pid_gone(harness_pid) and pid_gone(sidecar_pid)
 
 
+# A stand-in harness for Ctrl-C: each SIGINT is a line of the file argv[1]; once its handler is set
+# it says READY (on stdout, and by creating the file argv[2]), waits for the first SIGINT (30 s at
+# most: a liveness bound, so a Ctrl-C sent late on a loaded machine still finds it running), then
+# 1 s more, in which a duplicate (the wrapper forwarding the terminal's) would be counted, and exits 3.
+CTRL_C_HARNESS = r"""
+import signal, sys, time
+counter, ready = sys.argv[1:3]
+interrupted = False
+def on_int(*_):
+    global interrupted
+    interrupted = True
+    with open(counter, "a") as out:
+        out.write("INT\n")
+signal.signal(signal.SIGINT, on_int)
+open(ready, "w").close()
+print("READY", flush=True)
+deadline = time.monotonic() + 30
+while not interrupted and time.monotonic() < deadline:
+    time.sleep(0.05)
+time.sleep(1)
+sys.exit(3)
+"""
+
+
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 def test_ctrl_c_in_a_terminal_reaches_the_harness_exactly_once(tmp_path: Path) -> None:
     counter = tmp_path / "sigints"
-    script = (
-        "import signal, sys, time\n"
-        f"def on_int(*_):\n    open({str(counter)!r}, 'a').write('INT\\n')\n"
-        "signal.signal(signal.SIGINT, on_int)\nprint('READY', flush=True)\ntime.sleep(3)\nsys.exit(3)\n"
-    )
-    (tmp_path / "harness.py").write_text(script)
-    command = " ".join(wrap_argv(tmp_path / "c", "tty", "pi", sys.executable, str(tmp_path / "harness.py")))
+    (tmp_path / "harness.py").write_text(CTRL_C_HARNESS)
+    harness = (sys.executable, str(tmp_path / "harness.py"), str(counter), str(tmp_path / "ready"))
+    command = " ".join(wrap_argv(tmp_path / "c", "tty", "pi", *harness))
     session = f"hctx-test-{os.getpid()}"
     done = tmp_path / "done"
     shell = f"PYTHONPATH={os.fspath(Path(__file__).parent.parent)} {command}; echo $? > {done}"
@@ -267,7 +307,7 @@ def test_ctrl_c_in_a_terminal_reaches_the_harness_exactly_once(tmp_path: Path) -
             what="harness ready in tmux",
         )  # fmt: skip
         subprocess.run(["tmux", "send-keys", "-t", session, "C-c"], check=True)
-        wait_for(done.exists, timeout=10, what="wrapper exit")
+        wait_for(done.exists, what="wrapper exit")
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
     assert counter.read_text() == "INT\n"  # delivered by the terminal, not doubled by the wrapper
@@ -344,16 +384,12 @@ def test_ctrl_c_reaches_the_harness_once_even_when_stdin_is_not_the_terminal(tmp
 
     counter = tmp_path / "sigints"
     harness = tmp_path / "harness.py"
-    harness.write_text(
-        "import signal, sys, time\n"
-        f"signal.signal(signal.SIGINT, lambda *_: open({str(counter)!r}, 'a').write('INT\\n'))\n"
-        f"open({str(tmp_path / 'ready')!r}, 'w').close()\ntime.sleep(2)\nsys.exit(3)\n"
-    )
+    harness.write_text(CTRL_C_HARNESS)
+    argv = wrap_argv(tmp_path / "c", "tty2", "pi", sys.executable, str(harness), str(counter), str(tmp_path / "ready"))
     pid, terminal = pty.fork()
     if pid == 0:  # the child: a session whose controlling terminal is the pty, stdin from /dev/null
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
-        argv = wrap_argv(tmp_path / "c", "tty2", "pi", sys.executable, str(harness))
         os.execve(argv[0], argv, env())
     try:
         wait_for((tmp_path / "ready").exists, what="harness ready")

@@ -7,9 +7,12 @@
 // SCRIPT's harness at window 32000: a plain object for pi, prototype getters for omp), or "throwing"
 // (every telemetry pull throws). SCRIPT ("pi" or "omp") is that harness's event order and payloads.
 // Every handler the asset registers is driven; the asset sends its frames to
-// $HCTX_CHANNEL. Prints {"registered": [...], "threw": [...]} and exits once the frames had time to go.
+// $HCTX_CHANNEL. Prints {"registered": [...], "threw": [...]} and exits once the frames had time to go
+// (or, with $HCTX_DRIVER_LINGER_UNTIL, once that file exists).
 // ASSET may also be the loader `hctx setup` places (sidecar/harnesses/pi/setup.py): its factory is
 // async and reaches the asset's `adopt`, which reports to the adoption's channel instead.
+
+import { existsSync } from "node:fs";
 
 const [assetPath, contextKind, scriptName, jitiPath] = process.argv.slice(2);
 
@@ -144,8 +147,16 @@ async function main() {
 	// Every handler runs, including ones this script's harness never fires.
 	for (const name of handlers.keys()) if (!driven.has(name)) await fire(name, {});
 	console.log(JSON.stringify({ registered: [...handlers.keys()].sort(), threw }));
-	// An adopted run lingers while the test's stand-in sidecar comes up (HCTX_DRIVER_LINGER_MS).
-	setTimeout(() => process.exit(0), Number(process.env.HCTX_DRIVER_LINGER_MS ?? 400));
+	// An adopted run lingers while the test's stand-in sidecar comes up: until the test creates the
+	// file $HCTX_DRIVER_LINGER_UNTIL (60 s at most: a liveness bound, whatever the machine's load).
+	const until = process.env.HCTX_DRIVER_LINGER_UNTIL;
+	if (!until) {
+		setTimeout(() => process.exit(0), 400);
+		return;
+	}
+	const deadline = Date.now() + 60_000;
+	const linger = () => (existsSync(until) || Date.now() > deadline ? process.exit(0) : setTimeout(linger, 20));
+	linger();
 }
 
 main().catch((error) => {
