@@ -355,7 +355,7 @@ def test_a_session_started_again_while_its_adoption_ends_is_the_same_agent(seat:
         first.wait()
         second = seat.harness()
         assert seat.adopt(second.pid).returncode == 0
-        wait_for(lambda: "waiting for the adoption of an ended process" in seat.adopt_log(), what="the wait")
+        wait_for(lambda: "waiting for the adoptions of 1 ended process(es)" in seat.adopt_log(), what="the wait")
         assert seat.claim("proj-2") is None
     finally:
         os.kill(resident, signal.SIGCONT)
@@ -365,7 +365,10 @@ def test_a_session_started_again_while_its_adoption_ends_is_the_same_agent(seat:
         fresh = again is not None and again["incarnation"] != claim["incarnation"]
         return again if fresh and again["desiredState"] == "running" else None
 
-    again = wait_for(claimed_again, what="proj claimed by the new session")
+    try:
+        again = wait_for(claimed_again, what="proj claimed by the new session")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; proj-2: {seat.claim('proj-2')}; log: {seat.adopt_log()}") from None
     assert again["adopted"] is True and seat.claim("proj-2") is None, seat.adopt_log()
     assert pid_gone(resident)
 

@@ -74,8 +74,9 @@ __all__ = [
 DELIVER_TIMEOUT_S = 15.0
 # The most an adopter waits for the adoptions of processes that have ended to be over before it names
 # its seat: a resident finishing holds its seat until its sidecar has drained (at most the resident's
-# SIDECAR_EXIT_TIMEOUT_S, 5 s) and its claim is marked stopped.
-ENDING_WAIT_S = 10.0
+# SIDECAR_EXIT_TIMEOUT_S, 5 s) and its claim is marked stopped (a step of its own, a Python start):
+# on a loaded one-core machine that took over 10 s. The adopter is detached: the harness never waits.
+ENDING_WAIT_S = 30.0
 # The most `--frame-stdin` reads: a status-line payload is a few kilobytes.
 MAX_FRAME_BYTES = 1024 * 1024
 _WRAPPED = 0  # the status of an adopter that stands down (a wrapped seat, a second adopter): nothing wrong
@@ -210,38 +211,47 @@ def _sweep_refusals(base: str) -> None:
 
 
 def _await_ending_adoptions(base: str) -> None:
-    """Returns once no resident of a process that has ended still holds its adoption's flock (it is
-    draining its sidecar and marking its claim stopped: its seat is about to be free), or after
-    ENDING_WAIT_S. A directory whose flock nobody holds was left by a resident that was killed."""
-    ending = [path for path in _ended_adoptions(base) if _flock_held(path)]
-    if not ending:
-        return
-    _log(f"waiting for the adoption of an ended process to be over before naming a seat: {', '.join(ending)}")
-    deadline = time.monotonic() + ENDING_WAIT_S
-    while any(map(_flock_held, _ended_adoptions(base))):
-        if time.monotonic() > deadline:
-            _log(f"still not over after {ENDING_WAIT_S:g} s; naming a seat all the same")
-            return
-        time.sleep(0.05)
-
-
-def _flock_held(directory: str) -> bool:
-    """Whether a process holds the adopter's flock in `directory`, probed with a shared one let go at
-    once. The process has ended: only an adopter that checked it just before its end could take the
-    flock now, and only in the microseconds between creating the lock file and locking it would the
-    probe turn it away (it would stand down as if another adopter had the process)."""
+    """Returns once every resident of a process that has ended has exited, or after ENDING_WAIT_S.
+    A resident holds its adoption's flock for its whole life, and with it its seat: it drains its
+    sidecar, removes the adoption's directory, marks its claim stopped and exits. The lock files are
+    held open here, so their flocks are still watched once that directory is gone. One nobody holds
+    was left by a resident that was killed: no wait."""
+    locks = [fd for fd in map(_open_lock, _ended_adoptions(base)) if fd is not None]
     try:
-        fd = os.open(os.path.join(directory, LOCK_NAME), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        ending = [fd for fd in locks if _flock_held(fd)]
+        if not ending:
+            return
+        _log(f"waiting for the adoptions of {len(ending)} ended process(es) to be over before naming a seat")
+        deadline = time.monotonic() + ENDING_WAIT_S
+        while any(map(_flock_held, ending)):
+            if time.monotonic() > deadline:
+                _log(f"still not over after {ENDING_WAIT_S:g} s; naming a seat all the same")
+                return
+            time.sleep(0.05)
+    finally:
+        for fd in locks:
+            os.close(fd)
+
+
+def _open_lock(directory: str) -> int | None:
+    try:
+        return os.open(os.path.join(directory, LOCK_NAME), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
-        return False
+        return None
+
+
+def _flock_held(fd: int) -> bool:
+    """Whether another process holds the adopter's flock on this lock file, probed with a shared one
+    let go at once. Its process has ended: only an adopter that checked it just before its end could
+    take the flock now, and only in the microseconds between creating the lock file and locking it
+    would the probe turn it away (it would stand down as if another adopter had the process)."""
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
         return True
     except OSError:
         return False
-    finally:
-        os.close(fd)  # lets the probe's lock go with it
+    fcntl.flock(fd, fcntl.LOCK_UN)
     return False
 
 
